@@ -1,0 +1,35 @@
+"""Self-contained, verifiable bundles of rollout samples and the media they reference.
+
+A bundle is a directory: a manifest, msgpack+zstandard sample shards, and every referenced
+media file stored once by content digest. See docs/FORMAT.md for the on-disk format.
+"""
+
+from bundles._errors import (
+    BundleError,
+    BundleExistsError,
+    BundleFormatError,
+    BundleNotFoundError,
+    BundleVerificationError,
+    MediaMissingError,
+    UnsafeBundleError,
+    UnsupportedValueError,
+)
+from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
+from bundles._media import MediaRef
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMAT_VERSION",
+    "PACK_SUFFIX",
+    "BundleError",
+    "BundleExistsError",
+    "BundleFormatError",
+    "BundleNotFoundError",
+    "BundleVerificationError",
+    "MediaMissingError",
+    "MediaRef",
+    "UnsafeBundleError",
+    "UnsupportedValueError",
+    "__version__",
+]

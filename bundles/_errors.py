@@ -1,0 +1,63 @@
+"""The exception hierarchy of :mod:`bundles`.
+
+Every error the package raises derives from :class:`BundleError`; where a built-in
+exception describes the situation too, the subclass mixes it in, so that callers who
+already catch ``FileNotFoundError`` or ``ValueError`` keep working.
+
+Messages name the bundle (or file) path, the key path of the value inside a sample
+(``samples[3].multimodal_inputs.images[1]``), what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "BundleError",
+    "BundleExistsError",
+    "BundleFormatError",
+    "BundleNotFoundError",
+    "BundleVerificationError",
+    "MediaMissingError",
+    "UnsafeBundleError",
+    "UnsupportedValueError",
+]
+
+
+class BundleError(Exception):
+    """Root of every error raised by :mod:`bundles`."""
+
+
+class BundleNotFoundError(BundleError, FileNotFoundError):
+    """The path holds no bundle (no directory, or no manifest inside it)."""
+
+
+class BundleExistsError(BundleError, FileExistsError):
+    """The destination exists and ``overwrite`` was not given."""
+
+
+class BundleFormatError(BundleError, ValueError):
+    """A file of the bundle does not follow the format (see docs/FORMAT.md)."""
+
+
+class UnsafeBundleError(BundleFormatError):
+    """A bundle or packed file tries to escape its directory, holds a link or a special file,
+    or exceeds a size limit."""
+
+
+class UnsupportedValueError(BundleError, TypeError):
+    """A sample holds a value that the format cannot store without pickle."""
+
+
+class MediaMissingError(BundleError, FileNotFoundError):
+    """A sample references a media file that does not exist or disagrees with its reference."""
+
+
+class BundleVerificationError(BundleError):
+    """Verification found problems; ``problems`` lists every one, not just the first."""
+
+    def __init__(self, path: object, problems: Sequence[str]) -> None:
+        self.path = path
+        self.problems = list(problems)
+        shown = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{path}: bundle failed verification with {len(self.problems)} problem(s):\n{shown}")

@@ -1,0 +1,60 @@
+"""Every name and number that appears on disk, in one place (see docs/FORMAT.md).
+
+Changing any value here changes the bytes of a bundle: bump ``FORMAT_VERSION`` and update
+``tests/vectors/`` and CHANGELOG.md in the same commit.
+"""
+
+from __future__ import annotations
+
+import re
+
+FORMAT_NAME = "rollout-bundle"
+FORMAT_VERSION = 1
+SUPPORTED_FORMAT_VERSIONS = frozenset({1})
+
+MANIFEST_NAME = "manifest.json"
+SHARDS_DIR = "samples"
+MEDIA_DIR = "media"
+SHARD_SUFFIX = ".msgpack.zst"
+SHARD_NAME_FORMAT = "{index:06d}" + SHARD_SUFFIX
+SHARD_PATH_RE = re.compile(r"samples/[0-9]{6}\.msgpack\.zst")
+
+# A packed bundle is one uncompressed POSIX tar of the bundle directory.
+PACK_SUFFIX = ".rbundle"
+
+# Staging directories live beside the destination: ".<dest name>.staging.<host>.<pid>.<random>".
+STAGING_MARKER = ".staging."
+STAGING_RE = re.compile(r"\.(?P<dest>.+)\.staging\.(?P<host>[^.]+)\.(?P<pid>[0-9]+)\.(?P<nonce>[0-9a-f]+)")
+# Where ``overwrite=True`` parks the previous bundle until it is removed.
+RETIRED_MARKER = ".retired."
+
+DIGEST_ALGORITHM = "sha256"
+DIGEST_PREFIX = "sha256:"
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+HEX_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+# One to three dot-separated parts, e.g. ".png", ".tar.gz"; no path separators by construction.
+SUFFIX_RE = re.compile(r"(\.[A-Za-z0-9_-]{1,16}){0,3}")
+
+# msgpack extension type codes used in sample shards.
+EXT_MEDIA_REF = 1  # a MediaRef: [digest, size, suffix]
+EXT_PATH_REF = 2  # a plain string path into a media root: [digest, size, suffix]
+EXT_TUPLE = 3  # a tuple: packed list
+EXT_NDARRAY = 4  # header [dtype.str, shape] packed, then the raw bytes
+EXT_NPSCALAR = 5  # header [dtype.str] packed, then the raw bytes
+EXT_TENSOR = 6  # header [torch dtype name, shape] packed, then the raw little-endian bytes
+
+# Limits a reader enforces before trusting a file.
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+MAX_SHARD_RAW_BYTES = 16 * 1024**3
+MAX_NESTING_DEPTH = 64
+# Writers close a shard once its encoded samples pass this size.
+SHARD_TARGET_RAW_BYTES = 64 * 1024 * 1024
+ZSTD_LEVEL = 3
+
+# Files are written with these modes; stored media are read-only.
+MEDIA_MODE = 0o444
+FILE_MODE = 0o444
+DIR_MODE = 0o755
+
+MANIFEST_KEYS_REQUIRED = ("format", "format_version", "kind", "meta", "sample_count", "shards", "media")
+KINDS = ("debug_dump", "rollout_checkpoint")

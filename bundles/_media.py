@@ -1,0 +1,95 @@
+"""Media references and the hashing they rely on."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bundles._errors import BundleError, MediaMissingError
+from bundles._layout import DIGEST_PREFIX, DIGEST_RE, HEX_DIGEST_RE, SUFFIX_RE
+
+HASH_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """A reference to one media file by content.
+
+    ``digest`` is ``"sha256:<64 lowercase hex>"``, ``size`` the file's length in bytes and
+    ``suffix`` its extension (``".png"``). ``path`` locates the bytes on this machine; it is
+    not stored in a bundle: a bundle rewrites it on write and sets it on open.
+    """
+
+    digest: str
+    size: int
+    suffix: str
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.digest, str) or not DIGEST_RE.fullmatch(self.digest):
+            raise BundleError(f"MediaRef.digest: expected 'sha256:<64 lowercase hex>', found {self.digest!r}")
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
+            raise BundleError(f"MediaRef.size: expected a non-negative int, found {self.size!r}")
+        if not isinstance(self.suffix, str) or not SUFFIX_RE.fullmatch(self.suffix):
+            raise BundleError(f"MediaRef.suffix: expected e.g. '.png', found {self.suffix!r}")
+        if self.path is not None and not isinstance(self.path, str):
+            object.__setattr__(self, "path", os.fspath(self.path))
+
+    @property
+    def hexdigest(self) -> str:
+        return self.digest[len(DIGEST_PREFIX) :]
+
+    @property
+    def filename(self) -> str:
+        """The content-addressed file name, ``<hex><suffix>``, used in bundles and run media dirs."""
+        return self.hexdigest + self.suffix
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> MediaRef:
+        """Hash ``path`` and return a reference to it (with ``path`` set to its absolute path)."""
+        p = Path(path)
+        try:
+            hexdigest, size = sha256_file(p)
+        except FileNotFoundError:
+            raise MediaMissingError(f"{p}: media file not found") from None
+        return cls(DIGEST_PREFIX + hexdigest, size, media_suffix(p.name), str(p.absolute()))
+
+    def with_path(self, path: str | os.PathLike[str] | None) -> MediaRef:
+        return MediaRef(self.digest, self.size, self.suffix, None if path is None else os.fspath(path))
+
+
+def media_suffix(name: str) -> str:
+    """The suffix a media file keeps in content-addressed storage: its last extension, if sane."""
+    suffix = os.path.splitext(name)[1]
+    return suffix if SUFFIX_RE.fullmatch(suffix) else ""
+
+
+def digest_from_name(name: str) -> str | None:
+    """``"sha256:<hex>"`` when ``name`` is ``<64 lowercase hex><suffix>``, as content-addressed stores
+    name files; otherwise None."""
+    stem = name.split(".", 1)[0]
+    if len(stem) == 64 and HEX_DIGEST_RE.fullmatch(stem):
+        return DIGEST_PREFIX + stem
+    return None
+
+
+def sha256_file(path: str | os.PathLike[str]) -> tuple[str, int]:
+    """Hex sha256 and size of a file, read in large chunks with the GIL released by hashlib."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(HASH_CHUNK)
+        view = memoryview(buf)
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            size += n
+    return h.hexdigest(), size
+
+
+def sha256_bytes(data: bytes | bytearray | memoryview) -> str:
+    return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
