@@ -16,12 +16,16 @@ from bundles._errors import (
 )
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
 from bundles._media import MediaRef
+from bundles._pack import pack_bundle, unpack_bundle
+from bundles._reader import Bundle, open_bundle
+from bundles._writer import write_bundle
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FORMAT_VERSION",
     "PACK_SUFFIX",
+    "Bundle",
     "BundleError",
     "BundleExistsError",
     "BundleFormatError",
@@ -32,4 +36,8 @@ __all__ = [
     "UnsafeBundleError",
     "UnsupportedValueError",
     "__version__",
+    "open_bundle",
+    "pack_bundle",
+    "unpack_bundle",
+    "write_bundle",
 ]

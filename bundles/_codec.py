@@ -1,0 +1,272 @@
+"""Sample encoding: msgpack with extension types, never pickle.
+
+Encoding walks a sample once. JSON-like values map to msgpack's own types; everything else the
+format supports becomes an extension type (see ``_layout.EXT_*`` and docs/FORMAT.md):
+
+* ``MediaRef`` anywhere, and ``str`` values that are absolute paths inside a media root, become
+  references by digest. The writer decides which strings are references through a callback, so
+  this module knows nothing about files.
+* tuples, ``bytes``, numpy arrays and scalars of numeric or bool dtype, and torch tensors of any
+  dtype (bfloat16 included) round-trip exactly. torch is imported only when a tensor is met.
+
+Any other type raises :class:`UnsupportedValueError` naming the key path. Decoding only ever
+builds the same closed set of types, so opening a bundle cannot run code from the file.
+
+Dict keys keep their insertion order: the same input gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from bundles._errors import BundleFormatError, UnsupportedValueError
+from bundles._layout import (
+    EXT_MEDIA_REF,
+    EXT_NDARRAY,
+    EXT_NPSCALAR,
+    EXT_PATH_REF,
+    EXT_TENSOR,
+    EXT_TUPLE,
+    MAX_NESTING_DEPTH,
+)
+from bundles._media import MediaRef
+
+_INT_MIN = -(2**63)
+_UINT_MAX = 2**64 - 1
+_NUMERIC_KINDS = frozenset("biufc")
+
+# (digest, size, suffix) of a media file, or None when the string is not a reference.
+StringRefResolver = Callable[[str, str], "MediaRef | None"]
+MediaRefResolver = Callable[[MediaRef, str], MediaRef]
+
+
+class PathRef:
+    """A decoded plain-string reference, before the reader turns it back into a path string."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: MediaRef) -> None:
+        self.ref = ref
+
+
+def key_path(parent: str, key: object) -> str:
+    if isinstance(key, str) and key.isidentifier():
+        return f"{parent}.{key}"
+    return f"{parent}[{key!r}]"
+
+
+def _torch_module() -> Any:
+    return sys.modules.get("torch")
+
+
+def _pack_header_and_bytes(header: list[Any], data: bytes | memoryview) -> bytes:
+    return msgpack.packb(header) + bytes(data)
+
+
+class SampleEncoder:
+    """Turns one sample into msgpack bytes, collecting the media references it holds.
+
+    ``resolve_string(value, where)`` returns a MediaRef for strings that reference media, else
+    None; ``resolve_ref(ref, where)`` checks a MediaRef and returns it complete (digest known).
+    Both are given the key path so that their errors can name it.
+    """
+
+    def __init__(self, resolve_string: StringRefResolver, resolve_ref: MediaRefResolver) -> None:
+        self._resolve_string = resolve_string
+        self._resolve_ref = resolve_ref
+        self._packer = msgpack.Packer(use_bin_type=True, strict_types=True, autoreset=True)
+
+    def encode(self, sample: Any, where: str) -> bytes:
+        converted = self._convert(sample, where, 0)
+        try:
+            return self._packer.pack(converted)
+        except (OverflowError, ValueError, TypeError) as e:  # pragma: no cover - _convert screens these
+            raise UnsupportedValueError(f"{where}: cannot encode: {e}") from e
+
+    def _ref_ext(self, code: int, ref: MediaRef) -> msgpack.ExtType:
+        return msgpack.ExtType(code, msgpack.packb([ref.digest, ref.size, ref.suffix]))
+
+    def _convert(self, obj: Any, where: str, depth: int) -> Any:
+        if depth > MAX_NESTING_DEPTH:
+            raise UnsupportedValueError(f"{where}: nesting deeper than {MAX_NESTING_DEPTH} levels")
+        t = type(obj)
+        if t is str:
+            ref = self._resolve_string(obj, where)
+            return obj if ref is None else self._ref_ext(EXT_PATH_REF, ref)
+        if obj is None or t is bool or t is float:
+            return obj
+        if t is int:
+            if obj < _INT_MIN or obj > _UINT_MAX:
+                raise UnsupportedValueError(f"{where}: int {obj} does not fit in 64 bits")
+            return obj
+        if t is dict:
+            out = {}
+            for k, v in obj.items():
+                if type(k) not in (str, int):
+                    raise UnsupportedValueError(
+                        f"{where}: dict keys must be str or int, found {type(k).__name__} {k!r}"
+                    )
+                out[k] = self._convert(v, key_path(where, k), depth + 1)
+            return out
+        if t is list:
+            return [self._convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)]
+        if t is tuple:
+            items = [self._convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)]
+            return msgpack.ExtType(EXT_TUPLE, self._packer.pack(items))
+        if t is bytes:
+            return obj
+        if t is bytearray or t is memoryview:
+            raise UnsupportedValueError(f"{where}: {t.__name__} is not stored; convert it to bytes")
+        if t is MediaRef:
+            return self._ref_ext(EXT_MEDIA_REF, self._resolve_ref(obj, where))
+        if isinstance(obj, np.ndarray):
+            return self._ndarray(obj, where)
+        if isinstance(obj, np.generic):
+            dtype = obj.dtype
+            if dtype.kind not in _NUMERIC_KINDS:
+                raise UnsupportedValueError(f"{where}: numpy scalar of dtype {dtype} is not numeric or bool")
+            return msgpack.ExtType(EXT_NPSCALAR, _pack_header_and_bytes([dtype.str], obj.tobytes()))
+        torch = _torch_module()
+        if torch is not None and isinstance(obj, torch.Tensor):
+            return self._tensor(obj, where, torch)
+        raise UnsupportedValueError(
+            f"{where}: values of type {t.__module__}.{t.__qualname__} cannot be stored without pickle; "
+            "expected None, bool, int, float, str, bytes, list, tuple, dict, MediaRef, a numpy array or "
+            "scalar of numeric/bool dtype, or a torch tensor"
+        )
+
+    def _ndarray(self, arr: np.ndarray, where: str) -> msgpack.ExtType:
+        if arr.dtype.kind not in _NUMERIC_KINDS or arr.dtype.fields is not None:
+            raise UnsupportedValueError(
+                f"{where}: numpy array of dtype {arr.dtype} is not numeric or bool; object and "
+                "structured arrays are not stored"
+            )
+        data = np.ascontiguousarray(arr)
+        return msgpack.ExtType(
+            EXT_NDARRAY, _pack_header_and_bytes([data.dtype.str, list(data.shape)], memoryview(data).cast("B"))
+        )
+
+    def _tensor(self, tensor: Any, where: str, torch: Any) -> msgpack.ExtType:
+        if tensor.is_sparse or tensor.layout != torch.strided:
+            raise UnsupportedValueError(f"{where}: only dense tensors are stored, found layout {tensor.layout}")
+        dtype_name = str(tensor.dtype).removeprefix("torch.")
+        # Raw bytes through a uint8 view: numpy has no bfloat16/float8, and bytes are bytes.
+        try:
+            raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+        except (RuntimeError, TypeError) as e:
+            raise UnsupportedValueError(f"{where}: tensor of dtype {tensor.dtype} cannot be stored: {e}") from None
+        return msgpack.ExtType(
+            EXT_TENSOR, _pack_header_and_bytes([dtype_name, list(tensor.shape)], memoryview(raw).cast("B"))
+        )
+
+
+class SampleDecoder:
+    """Decodes shard bytes; references come back as ``MediaRef`` (path None) or ``PathRef``."""
+
+    def __init__(self, where: str) -> None:
+        self._where = where
+
+    def unpacker(self, data: bytes) -> msgpack.Unpacker:
+        up = msgpack.Unpacker(
+            ext_hook=self._ext_hook,
+            raw=False,
+            strict_map_key=False,
+            use_list=True,
+            max_buffer_size=max(len(data), 1),
+        )
+        up.feed(data)
+        return up
+
+    def _fail(self, what: str) -> BundleFormatError:
+        return BundleFormatError(f"{self._where}: {what}")
+
+    def _split_header(self, data: bytes) -> tuple[Any, memoryview]:
+        up = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(data), 1))
+        up.feed(data)
+        try:
+            header = up.unpack()
+        except Exception as e:
+            raise self._fail(f"malformed extension header: {e}") from None
+        return header, memoryview(data)[up.tell() :]
+
+    def _ext_hook(self, code: int, data: bytes) -> Any:
+        if code in (EXT_MEDIA_REF, EXT_PATH_REF):
+            try:
+                digest, size, suffix = msgpack.unpackb(data, raw=False)
+                ref = MediaRef(digest, size, suffix)
+            except Exception as e:
+                raise self._fail(f"malformed media reference: {e}") from None
+            return ref if code == EXT_MEDIA_REF else PathRef(ref)
+        if code == EXT_TUPLE:
+            items = msgpack.unpackb(data, ext_hook=self._ext_hook, raw=False, strict_map_key=False)
+            if not isinstance(items, list):
+                raise self._fail("tuple extension does not hold an array")
+            return tuple(items)
+        if code == EXT_NDARRAY:
+            header, raw = self._split_header(data)
+            dtype, shape = self._dtype_and_shape(header, 2)
+            return self._array(dtype, shape, raw)
+        if code == EXT_NPSCALAR:
+            header, raw = self._split_header(data)
+            dtype, _ = self._dtype_and_shape([*header, []] if isinstance(header, list) else header, 2)
+            return self._array(dtype, [], raw)[()]
+        if code == EXT_TENSOR:
+            header, raw = self._split_header(data)
+            return self._tensor(header, raw)
+        raise self._fail(f"unknown msgpack extension type {code}")
+
+    def _dtype_and_shape(self, header: Any, n: int) -> tuple[np.dtype[Any], list[int]]:
+        if not (isinstance(header, list) and len(header) == n and isinstance(header[0], str)):
+            raise self._fail(f"malformed array header {header!r}")
+        try:
+            dtype = np.dtype(header[0])
+        except TypeError:
+            raise self._fail(f"unknown dtype {header[0]!r}") from None
+        if dtype.kind not in _NUMERIC_KINDS or dtype.fields is not None:
+            raise self._fail(f"dtype {header[0]!r} is not numeric or bool")
+        shape = header[1]
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise self._fail(f"malformed shape {shape!r}")
+        return dtype, shape
+
+    def _array(self, dtype: np.dtype[Any], shape: list[int], raw: memoryview) -> np.ndarray:
+        count = 1
+        for d in shape:
+            count *= d
+        if count * dtype.itemsize != len(raw):
+            raise self._fail(
+                f"array of dtype {dtype} and shape {tuple(shape)} needs {count * dtype.itemsize} bytes, "
+                f"found {len(raw)}"
+            )
+        # A private, writable copy: the shard buffer is freed after decoding.
+        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+    def _tensor(self, header: Any, raw: memoryview) -> Any:
+        if not (isinstance(header, list) and len(header) == 2 and isinstance(header[0], str)):
+            raise self._fail(f"malformed tensor header {header!r}")
+        import torch
+
+        dtype = getattr(torch, header[0], None)
+        if not isinstance(dtype, torch.dtype):
+            raise self._fail(f"unknown torch dtype {header[0]!r}")
+        shape = header[1]
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise self._fail(f"malformed tensor shape {shape!r}")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        count = 1
+        for d in shape:
+            count *= d
+        if count * itemsize != len(raw):
+            raise self._fail(
+                f"tensor of dtype {header[0]} and shape {tuple(shape)} needs {count * itemsize} bytes, "
+                f"found {len(raw)}"
+            )
+        buf = bytearray(raw)
+        if count == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)

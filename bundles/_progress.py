@@ -1,0 +1,77 @@
+"""A dependency-free progress line for long work: drawn on a terminal, silent otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class Progress:
+    """``with Progress("verify", total=n_bytes, unit="B") as bar: bar.advance(k)``.
+
+    ``enabled=None`` draws only when the stream is a terminal, so logs and CI stay clean.
+    Redraws are throttled to ten a second; the cost when disabled is one attribute check.
+    """
+
+    def __init__(
+        self,
+        desc: str,
+        total: int | None = None,
+        unit: str = "",
+        enabled: bool | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        if enabled is None:
+            enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.enabled = enabled
+        self.desc = desc
+        self.total = total
+        self.unit = unit
+        self.done = 0
+        self._start = time.monotonic()
+        self._last_draw = 0.0
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fmt(self, n: float) -> str:
+        return _human_bytes(n) if self.unit == "B" else f"{n:.0f}{(' ' + self.unit) if self.unit else ''}"
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        if self.enabled:
+            now = time.monotonic()
+            if now - self._last_draw >= 0.1:
+                self._last_draw = now
+                self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        elapsed = max(now - self._start, 1e-9)
+        rate = f"{self._fmt(self.done / elapsed)}/s"
+        if self.total:
+            frac = min(self.done / self.total, 1.0)
+            bar = "#" * int(frac * 30)
+            line = f"{self.desc} [{bar:<30}] {frac:6.1%} {self._fmt(self.done)}/{self._fmt(self.total)} {rate}"
+        else:
+            line = f"{self.desc} {self._fmt(self.done)} {rate}"
+        self.stream.write("\r" + line[:120])
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw(time.monotonic())
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,430 @@
+"""``open_bundle`` and :class:`Bundle`: read, verify and rehydrate a bundle.
+
+Nothing read from a bundle is trusted before it is checked: the manifest's size is capped before
+it is parsed, every path in it must match the layout (so none can escape the directory), each
+shard's compressed bytes must match their digest and decompress to no more than their recorded
+size (a zstd bomb stops at the cap), and decoding builds only plain values, numpy arrays and
+tensors: nothing from a file is ever executed or unpickled.
+
+Verification levels: ``"none"`` parses the manifest; ``"fast"`` also checks that the directory
+holds exactly the listed regular files with their recorded sizes and that shard digests match;
+``"full"`` also re-hashes every media file (in a few threads: hashlib releases the GIL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from bundles._codec import PathRef, SampleDecoder, key_path
+from bundles._commit import is_staging_name
+from bundles._errors import (
+    BundleFormatError,
+    BundleNotFoundError,
+    BundleVerificationError,
+    UnsafeBundleError,
+)
+from bundles._fs import check_link_mode, copy_and_hash, ingest, make_read_only
+from bundles._layout import (
+    DIGEST_RE,
+    FORMAT_NAME,
+    MANIFEST_KEYS_REQUIRED,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    MAX_SHARD_RAW_BYTES,
+    MEDIA_DIR,
+    PACK_SUFFIX,
+    SHARD_PATH_RE,
+    SHARDS_DIR,
+    SUFFIX_RE,
+    SUPPORTED_FORMAT_VERSIONS,
+)
+from bundles._media import MediaRef, sha256_file
+from bundles._progress import Progress
+
+VERIFY_LEVELS = ("none", "fast", "full")
+
+
+def parse_format_version(manifest: dict[str, Any], where: Path) -> int:
+    version = manifest.get("format_version")
+    if type(version) is not int or version not in SUPPORTED_FORMAT_VERSIONS:
+        raise BundleFormatError(
+            f"{where}: format_version: expected one of {sorted(SUPPORTED_FORMAT_VERSIONS)}, found {version!r}; "
+            "a newer rollout-bundles may read it"
+        )
+    return version
+
+
+def _is_int(v: Any, minimum: int = 0) -> bool:
+    return type(v) is int and v >= minimum
+
+
+def parse_manifest(path: Path) -> dict[str, Any]:
+    """Read and validate ``<path>/manifest.json``; raise naming the field on any deviation."""
+    mpath = path / MANIFEST_NAME
+    try:
+        st = os.lstat(mpath)
+    except FileNotFoundError:
+        raise BundleNotFoundError(f"{path}: not a bundle: {MANIFEST_NAME} is missing") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeBundleError(f"{mpath}: expected a regular file, found {_kind_of(st.st_mode)}")
+    if st.st_size > MAX_MANIFEST_BYTES:
+        raise UnsafeBundleError(f"{mpath}: {st.st_size} bytes exceeds the manifest cap of {MAX_MANIFEST_BYTES}")
+    with open(mpath, "rb") as f:
+        raw = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise UnsafeBundleError(f"{mpath}: exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes")
+
+    def reject_constant(name: str) -> None:
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        manifest = json.loads(raw, parse_constant=reject_constant)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BundleFormatError(f"{mpath}: not valid JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise BundleFormatError(f"{mpath}: expected a JSON object, found {type(manifest).__name__}")
+    if manifest.get("format") != FORMAT_NAME:
+        raise BundleFormatError(f"{mpath}: format: expected {FORMAT_NAME!r}, found {manifest.get('format')!r}")
+    parse_format_version(manifest, mpath)
+    for key in MANIFEST_KEYS_REQUIRED:
+        if key not in manifest:
+            raise BundleFormatError(f"{mpath}: {key}: required field is missing")
+    if not isinstance(manifest["kind"], str):
+        raise BundleFormatError(f"{mpath}: kind: expected a string, found {manifest['kind']!r}")
+    if not isinstance(manifest["meta"], dict):
+        raise BundleFormatError(f"{mpath}: meta: expected an object, found {type(manifest['meta']).__name__}")
+    if not _is_int(manifest["sample_count"]):
+        raise BundleFormatError(f"{mpath}: sample_count: expected an int >= 0, found {manifest['sample_count']!r}")
+    shards = manifest["shards"]
+    if not isinstance(shards, list):
+        raise BundleFormatError(f"{mpath}: shards: expected a list")
+    seen: set[str] = set()
+    total = 0
+    for i, e in enumerate(shards):
+        field = f"shards[{i}]"
+        if not isinstance(e, dict):
+            raise BundleFormatError(f"{mpath}: {field}: expected an object")
+        p = e.get("path")
+        if not isinstance(p, str) or not SHARD_PATH_RE.fullmatch(p):
+            raise UnsafeBundleError(f"{mpath}: {field}.path: expected 'samples/NNNNNN.msgpack.zst', found {p!r}")
+        if p in seen:
+            raise BundleFormatError(f"{mpath}: {field}.path: {p} is listed twice")
+        seen.add(p)
+        for k in ("samples", "size", "raw_size"):
+            if not _is_int(e.get(k)):
+                raise BundleFormatError(f"{mpath}: {field}.{k}: expected an int >= 0, found {e.get(k)!r}")
+        if e["raw_size"] > MAX_SHARD_RAW_BYTES:
+            raise UnsafeBundleError(
+                f"{mpath}: {field}.raw_size: {e['raw_size']} exceeds the cap of {MAX_SHARD_RAW_BYTES} bytes"
+            )
+        if not isinstance(e.get("digest"), str) or not DIGEST_RE.fullmatch(e["digest"]):
+            raise BundleFormatError(f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {e.get('digest')!r}")
+        total += e["samples"]
+    if total != manifest["sample_count"]:
+        raise BundleFormatError(
+            f"{mpath}: sample_count: {manifest['sample_count']} disagrees with the shards' total of {total}"
+        )
+    media = manifest["media"]
+    if not isinstance(media, list):
+        raise BundleFormatError(f"{mpath}: media: expected a list")
+    for i, e in enumerate(media):
+        field = f"media[{i}]"
+        if not isinstance(e, dict):
+            raise BundleFormatError(f"{mpath}: {field}: expected an object")
+        if not isinstance(e.get("digest"), str) or not DIGEST_RE.fullmatch(e["digest"]):
+            raise BundleFormatError(f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {e.get('digest')!r}")
+        if not isinstance(e.get("suffix"), str) or not SUFFIX_RE.fullmatch(e["suffix"]):
+            raise UnsafeBundleError(f"{mpath}: {field}.suffix: expected e.g. '.png', found {e.get('suffix')!r}")
+        if not _is_int(e.get("size")):
+            raise BundleFormatError(f"{mpath}: {field}.size: expected an int >= 0, found {e.get('size')!r}")
+        name = e["digest"][7:] + e["suffix"]
+        if name in seen:
+            raise BundleFormatError(f"{mpath}: {field}: {e['digest']}{e['suffix']} is listed twice")
+        seen.add(name)
+    return manifest
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+
+
+class Bundle:
+    """An open bundle. Create with :func:`open_bundle`."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+        self.path = path
+        self.manifest = manifest
+        self._media: dict[str, MediaRef] = {}
+        for e in manifest["media"]:
+            ref = MediaRef(e["digest"], e["size"], e["suffix"])
+            self._media[ref.filename] = ref.with_path(str(path / MEDIA_DIR / ref.filename))
+
+    def __repr__(self) -> str:
+        return f"Bundle({str(self.path)!r}, kind={self.kind!r}, samples={len(self)}, media={len(self._media)})"
+
+    def __len__(self) -> int:
+        return int(self.manifest["sample_count"])
+
+    @property
+    def kind(self) -> str:
+        return str(self.manifest["kind"])
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.manifest["meta"]  # type: ignore[no-any-return]
+
+    @property
+    def media(self) -> list[MediaRef]:
+        """Every stored media file, with ``path`` set inside the bundle."""
+        return list(self._media.values())
+
+    @property
+    def media_bytes(self) -> int:
+        return sum(r.size for r in self._media.values())
+
+    @property
+    def media_references(self) -> int:
+        """How many references the samples hold (each stored file may serve many)."""
+        return int(self.manifest.get("media_references", len(self._media)))
+
+    # -- verification ----------------------------------------------------------------------------
+    def problems(self, full: bool = True, progress: bool | None = False) -> list[str]:
+        """Every problem found, as messages naming the file and field; empty when sound."""
+        problems: list[str] = []
+        expected: dict[str, int] = {MANIFEST_NAME: -1}
+        for e in self.manifest["shards"]:
+            expected[e["path"]] = e["size"]
+        for ref in self._media.values():
+            expected[f"{MEDIA_DIR}/{ref.filename}"] = ref.size
+        found: set[str] = set()  # listed files present as regular files of the right size
+        reported: set[str] = set()
+        for root, dirs, files in os.walk(self.path):
+            rel_root = os.path.relpath(root, self.path)
+            for name in dirs + files:
+                rel = name if rel_root == "." else f"{rel_root}/{name}"
+                st = os.lstat(os.path.join(root, name))
+                if stat.S_ISDIR(st.st_mode):
+                    if rel not in (SHARDS_DIR, MEDIA_DIR):
+                        problems.append(f"{self.path}/{rel}: unexpected directory")
+                        dirs.remove(name)
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    problems.append(f"{self.path}/{rel}: expected a regular file, found {_kind_of(st.st_mode)}")
+                    reported.add(rel)
+                    continue
+                if rel not in expected:
+                    problems.append(f"{self.path}/{rel}: file is not listed in the manifest")
+                    continue
+                if expected[rel] >= 0 and st.st_size != expected[rel]:
+                    problems.append(f"{self.path}/{rel}: size: expected {expected[rel]} bytes, found {st.st_size}")
+                    reported.add(rel)
+                    continue
+                found.add(rel)
+        for rel in sorted(set(expected) - found - reported):
+            problems.append(f"{self.path}/{rel}: listed in the manifest but missing")
+
+        # Only files that passed the listing checks are hashed: one problem per file.
+        jobs: list[tuple[str, str, int]] = [
+            (e["path"], e["digest"], e["size"]) for e in self.manifest["shards"] if e["path"] in found
+        ]
+        if full:
+            jobs += [
+                (f"{MEDIA_DIR}/{r.filename}", r.digest, r.size)
+                for r in self._media.values()
+                if f"{MEDIA_DIR}/{r.filename}" in found
+            ]
+        total = sum(size for _, _, size in jobs)
+        with Progress(f"verifying {self.path.name}", total=total, unit="B", enabled=progress) as bar:
+
+            def check(job: tuple[str, str, int]) -> str | None:
+                rel, digest, size = job
+                try:
+                    hexdigest, _ = sha256_file(self.path / rel)
+                except OSError as e:
+                    return f"{self.path}/{rel}: cannot read: {e}"
+                finally:
+                    bar.advance(size)
+                if "sha256:" + hexdigest != digest:
+                    return f"{self.path}/{rel}: digest: expected {digest}, found sha256:{hexdigest}"
+                return None
+
+            workers = min(4, os.cpu_count() or 1, max(1, len(jobs)))
+            with ThreadPoolExecutor(workers) as pool:
+                problems += [p for p in pool.map(check, jobs) if p is not None]
+        return problems
+
+    def verify(self, full: bool = True, progress: bool | None = None) -> None:
+        """Raise :class:`BundleVerificationError` listing every bad file; return None when sound."""
+        problems = self.problems(full=full, progress=progress)
+        if problems:
+            raise BundleVerificationError(self.path, problems)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _read_shard(self, entry: dict[str, Any]) -> bytes:
+        path = self.path / entry["path"]
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise BundleVerificationError(self.path, [f"{path}: listed in the manifest but missing"]) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeBundleError(f"{path}: expected a regular file, found {_kind_of(st.st_mode)}")
+        if st.st_size != entry["size"]:
+            raise BundleVerificationError(
+                self.path, [f"{path}: size: expected {entry['size']} bytes, found {st.st_size}"]
+            )
+        with open(path, "rb") as f:
+            data = f.read(entry["size"] + 1)
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if digest != entry["digest"]:
+            raise BundleVerificationError(self.path, [f"{path}: digest: expected {entry['digest']}, found {digest}"])
+        limit = entry["raw_size"]
+        reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
+        try:
+            raw = reader.read(limit + 1)
+            while len(raw) <= limit:
+                more = reader.read(limit + 1 - len(raw))
+                if not more:
+                    break
+                raw += more
+        except zstandard.ZstdError as e:
+            raise BundleFormatError(f"{path}: not a valid zstandard stream: {e}") from None
+        if len(raw) != limit:
+            what = f"more than {limit}" if len(raw) > limit else str(len(raw))
+            raise UnsafeBundleError(f"{path}: raw_size: expected {limit} decompressed bytes, found {what}")
+        return raw
+
+    def samples(self) -> Iterator[dict[Any, Any]]:
+        """Yield every sample, with references resolved to files inside the bundle."""
+        return self._samples(self._media)
+
+    def _samples(self, media: dict[str, MediaRef]) -> Iterator[dict[Any, Any]]:
+        index = 0
+        for entry in self.manifest["shards"]:
+            where = f"{self.path}/{entry['path']}"
+            raw = self._read_shard(entry)
+            count = 0
+            for obj in SampleDecoder(where).unpacker(raw):
+                if not isinstance(obj, dict):
+                    raise BundleFormatError(
+                        f"{where}: samples[{index}]: expected a map, found {type(obj).__name__}"
+                    )
+                yield _resolve(obj, media, where, f"samples[{index}]")
+                index += 1
+                count += 1
+            if count != entry["samples"]:
+                raise BundleFormatError(f"{where}: samples: expected {entry['samples']}, found {count}")
+
+    def rehydrate(
+        self, media_dir: str | os.PathLike[str], link: str = "auto", progress: bool | None = None
+    ) -> list[dict[Any, Any]]:
+        """Place every media file into ``media_dir`` (content-addressed, ``<hex><suffix>``) and
+        return the samples with their references pointing there.
+
+        Files already present with the right size are kept (content-addressed names make them
+        the same bytes); others are written to a temporary name and renamed, so a concurrent
+        reader never sees a partial file.
+        """
+        check_link_mode(link)
+        target = Path(os.path.abspath(media_dir))
+        target.mkdir(parents=True, exist_ok=True)
+        placed: dict[str, MediaRef] = {}
+        with Progress(f"rehydrating {self.path.name}", total=len(self._media), unit="files", enabled=progress) as bar:
+            for name, ref in self._media.items():
+                dst = target / name
+                try:
+                    if os.stat(dst).st_size == ref.size:
+                        placed[name] = ref.with_path(str(dst))
+                        bar.advance()
+                        continue
+                except FileNotFoundError:
+                    pass
+                tmp = target / f".{name}.{os.getpid()}.rehydrate"
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+                if ingest(str(ref.path), str(tmp), link) == "copy":
+                    copy_and_hash(str(ref.path), str(tmp))
+                make_read_only(str(tmp))
+                os.replace(tmp, dst)
+                placed[name] = ref.with_path(str(dst))
+                bar.advance()
+        return list(self._samples(placed))
+
+
+_RESOLVABLE = (dict, list, tuple, MediaRef, PathRef)
+
+
+def _resolve(obj: Any, media: dict[str, MediaRef], where: str, path: str) -> Any:
+    """Replace decoded references in place (tuples are rebuilt) by the files in ``media``."""
+    t = type(obj)
+    if t is dict:
+        for k, v in obj.items():
+            if type(v) in _RESOLVABLE:
+                obj[k] = _resolve(v, media, where, key_path(path, k))
+        return obj
+    if t is list:
+        for i, v in enumerate(obj):
+            if type(v) in _RESOLVABLE:
+                obj[i] = _resolve(v, media, where, f"{path}[{i}]")
+        return obj
+    if t is tuple:
+        return tuple(
+            _resolve(v, media, where, f"{path}[{i}]") if type(v) in _RESOLVABLE else v for i, v in enumerate(obj)
+        )
+    ref = obj.ref if t is PathRef else obj
+    stored = media.get(ref.filename)
+    if stored is None or stored.size != ref.size:
+        raise BundleFormatError(
+            f"{where}: {path}: references {ref.digest}{ref.suffix} ({ref.size} bytes), which the manifest does not list"
+        )
+    return stored.path if t is PathRef else stored
+
+
+def open_bundle(path: str | os.PathLike[str], *, verify: str = "fast") -> Bundle:
+    """Open the bundle directory at ``path`` and verify it to the given level.
+
+    Args:
+        path: a bundle directory (a packed file must be unpacked first: :func:`unpack_bundle`).
+        verify: ``"none"``, ``"fast"`` (files present with their sizes, shard digests) or
+            ``"full"`` (also every media digest).
+
+    Raises:
+        BundleNotFoundError: no bundle there (or only a staging directory of an unfinished write).
+        BundleFormatError: the manifest does not follow the format, e.g. an unknown ``format_version``.
+        BundleVerificationError: verification failed; ``.problems`` lists every bad file.
+    """
+    if verify not in VERIFY_LEVELS:
+        raise BundleFormatError(f"verify: expected one of {', '.join(VERIFY_LEVELS)}, found {verify!r}")
+    p = Path(os.path.abspath(path))
+    if is_staging_name(p.name):
+        raise BundleNotFoundError(f"{p}: is the staging directory of an unfinished write, not a bundle")
+    if not p.exists():
+        raise BundleNotFoundError(f"{p}: no bundle here (path does not exist)")
+    if p.is_file():
+        hint = " (a packed bundle)" if p.name.endswith(PACK_SUFFIX) else ""
+        raise BundleFormatError(
+            f"{p}: is a file{hint}, not a bundle directory; unpack it first with unpack_bundle() or "
+            "`rollout-bundle unpack`"
+        )
+    bundle = Bundle(p.resolve(), parse_manifest(p.resolve()))
+    if verify != "none":
+        bundle.verify(full=verify == "full", progress=False)
+    return bundle
