@@ -14,6 +14,7 @@ the bytes in the bundle are the bytes that were named.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -222,10 +223,8 @@ def tree_size(path: str | os.PathLike[str]) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 total += os.lstat(os.path.join(root, name)).st_size
-            except FileNotFoundError:
-                pass
     return total
 
 

@@ -126,7 +126,7 @@ def unpack_bundle(
     try:
         seen: set[str] = set()
         try:
-            tar = tarfile.open(src, mode="r:")
+            tar = tarfile.open(src, mode="r:")  # noqa: SIM115 - closed by the with below
         except tarfile.TarError as e:
             raise UnsafeBundleError(f"{src}: not a packed bundle (uncompressed tar): {e}") from None
         with tar, Progress(f"unpacking {src.name}", total=src.stat().st_size, unit="B", enabled=progress) as bar:
