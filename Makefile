@@ -1,0 +1,76 @@
+# A newcomer needs two commands: `make demo` and `make test`. Both create .venv when it is
+# missing and install what they need; stamp files inside .venv make repeat runs skip the installs.
+#
+#   make demo    walk-through: screenshots -> bundle -> delete run dir -> open, fully verify
+#   make test    tox: format tests on py310-py313 (no torch/Ray), everything on py311-full
+#   make lint    ruff + mypy
+#   make bench   benchmarks/bench_save.py (BENCH_ARGS="--n 600 --repeats 3")
+#   make clean   remove build/test/demo/bench outputs (keeps .venv); `make distclean` also .venv
+
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+# The CPU wheel in pip's find-links. Installed before anything else, so that no resolver ever
+# pulls a multi-GB CUDA build to satisfy some later package.
+TORCH  := torch==2.13.0
+BENCH_ARGS ?=
+TOX_ARGS   ?=
+
+# Tests and the demo never reach a model hub or a Ray cluster's auth service.
+export HF_HUB_OFFLINE := 1
+export RAY_AUTH_MODE := disabled
+
+# With pyenv, shims answer `python3.10` etc. only for the selected versions. Select the newest
+# installed 3.11, 3.10, 3.12 and 3.13 (3.11 first, so `python3` stays 3.11) so that tox finds
+# every interpreter; tox.ini passes PYENV_VERSION through to its interpreter discovery.
+ifeq ($(origin PYENV_VERSION),undefined)
+ifneq ($(shell command -v pyenv 2>/dev/null),)
+PYENV_PICK := $(shell for m in 11 10 12 13; do pyenv versions --bare --skip-aliases 2>/dev/null | grep -E '^3\.'$$m'\.[0-9]+$$' | sort -V | tail -n1; done | paste -sd: -)
+ifneq ($(PYENV_PICK),)
+export PYENV_VERSION := $(PYENV_PICK)
+endif
+endif
+endif
+
+VENV_OK   := $(VENV)/.stamp-venv
+TORCH_OK  := $(VENV)/.stamp-torch
+DEV_OK    := $(VENV)/.stamp-dev
+
+.PHONY: demo test lint bench venv clean distclean
+
+demo: $(DEV_OK)
+	$(BIN)/python examples/demo.py
+
+test: $(DEV_OK)
+	$(BIN)/tox run-parallel --parallel auto --parallel-no-spinner $(TOX_ARGS)
+
+lint: $(DEV_OK)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(DEV_OK)
+	$(BIN)/python benchmarks/bench_save.py $(BENCH_ARGS)
+
+venv: $(DEV_OK)
+
+$(VENV_OK):
+	$(PYTHON) -m venv $(VENV)
+	touch $@
+
+$(TORCH_OK): $(VENV_OK)
+	$(PIP) install --progress-bar off $(TORCH)
+	touch $@
+
+# Editable, with the test extra (Pillow for the demo) and dev tools (tox, ruff, mypy). Ray and
+# transformers live only in tox's py311-full env: the demo does not need them.
+$(DEV_OK): $(TORCH_OK) pyproject.toml
+	$(PIP) install --progress-bar off -e '.[test,dev]' $(TORCH)
+	touch $@
+
+clean:
+	rm -rf .tox build dist *.egg-info demo-out bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+distclean: clean
+	rm -rf $(VENV)
