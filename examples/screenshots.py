@@ -19,10 +19,32 @@ from PIL import Image, ImageDraw, ImageFont
 
 WIDTH, HEIGHT = 1920, 1080
 
-_WORDS = (
-    "rollout reward policy tokens sample trajectory screenshot click scroll browser terminal "
-    "settings file edit view window search open save close submit cancel login profile"
-).split()
+_WORDS = [
+    "rollout",
+    "reward",
+    "policy",
+    "tokens",
+    "sample",
+    "trajectory",
+    "screenshot",
+    "click",
+    "scroll",
+    "browser",
+    "terminal",
+    "settings",
+    "file",
+    "edit",
+    "view",
+    "window",
+    "search",
+    "open",
+    "save",
+    "close",
+    "submit",
+    "cancel",
+    "login",
+    "profile",
+]
 
 
 def render_screenshot(seed: int, *, noise_pixels: int = 340_000) -> bytes:
@@ -48,7 +70,9 @@ def render_screenshot(seed: int, *, noise_pixels: int = 340_000) -> bytes:
         draw.rectangle((x0 + 6, y0 + 6, x1 + 6, y1 + 6), fill=(20, 20, 20))  # shadow
         draw.rectangle((x0, y0, x1, y1), fill=(245, 245, 245), outline=(90, 90, 90))
         draw.rectangle((x0, y0, x1, y0 + 32), fill=(60, 64, 72))
-        draw.text((x0 + 12, y0 + 6), f"Window {seed}.{w} — {rng.choice(_WORDS)}", fill="white", font=title_font)
+        draw.text(
+            (x0 + 12, y0 + 6), f"Window {seed}.{w} — {rng.choice(_WORDS)}", fill="white", font=title_font
+        )
         for i, colour in enumerate(((237, 106, 94), (245, 191, 79), (98, 197, 84))):
             cx = x1 - 20 - 26 * i
             draw.ellipse((cx - 8, y0 + 8, cx + 8, y0 + 24), fill=colour)
