@@ -64,8 +64,9 @@ def _torch_module() -> Any:
     return sys.modules.get("torch")
 
 
-def _pack_header_and_bytes(header: list[Any], data: bytes | memoryview) -> bytes:
-    return msgpack.packb(header) + bytes(data)
+def _pack_header_and_bytes(header: list[Any], data: bytes | np.ndarray) -> bytes:
+    """The packed header followed by the raw bytes of ``data`` (bytes or a numpy view)."""
+    return msgpack.packb(header) + (data if isinstance(data, bytes) else data.tobytes())
 
 
 class SampleEncoder:
@@ -146,9 +147,10 @@ class SampleEncoder:
                 f"{where}: numpy array of dtype {arr.dtype} is not numeric or bool; object and "
                 "structured arrays are not stored"
             )
-        data = np.ascontiguousarray(arr)
+        # np.ascontiguousarray would turn a 0-d array into a 1-d one.
+        data = arr if arr.flags.c_contiguous else arr.copy(order="C")
         return msgpack.ExtType(
-            EXT_NDARRAY, _pack_header_and_bytes([data.dtype.str, list(data.shape)], memoryview(data).cast("B"))
+            EXT_NDARRAY, _pack_header_and_bytes([data.dtype.str, list(data.shape)], data.reshape(-1).view(np.uint8))
         )
 
     def _tensor(self, tensor: Any, where: str, torch: Any) -> msgpack.ExtType:
@@ -161,7 +163,7 @@ class SampleEncoder:
         except (RuntimeError, TypeError) as e:
             raise UnsupportedValueError(f"{where}: tensor of dtype {tensor.dtype} cannot be stored: {e}") from None
         return msgpack.ExtType(
-            EXT_TENSOR, _pack_header_and_bytes([dtype_name, list(tensor.shape)], memoryview(raw).cast("B"))
+            EXT_TENSOR, _pack_header_and_bytes([dtype_name, list(tensor.shape)], raw)
         )
 
 
@@ -244,7 +246,7 @@ class SampleDecoder:
                 f"found {len(raw)}"
             )
         # A private, writable copy: the shard buffer is freed after decoding.
-        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+        return np.frombuffer(raw, dtype=dtype).reshape(tuple(shape)).copy()
 
     def _tensor(self, header: Any, raw: memoryview) -> Any:
         if not (isinstance(header, list) and len(header) == 2 and isinstance(header[0], str)):
@@ -269,4 +271,4 @@ class SampleDecoder:
         buf = bytearray(raw)
         if count == 0:
             return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+        return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(tuple(shape))

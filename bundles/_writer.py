@@ -295,7 +295,13 @@ def write_bundle(
         count = 0
         with Progress(f"writing {dest.name}", unit="samples", enabled=progress) as bar:
             for index, sample in enumerate(samples):
-                shards.add(encoder.encode(_as_dict(sample, dest, index), f"samples[{index}]"))
+                try:
+                    encoded = encoder.encode(_as_dict(sample, dest, index), f"samples[{index}]")
+                except UnsupportedValueError as e:
+                    if str(e).startswith(str(dest)):
+                        raise
+                    raise UnsupportedValueError(f"{dest}: {e}") from None
+                shards.add(encoded)
                 count += 1
                 bar.advance()
             shards.flush()
