@@ -94,13 +94,21 @@ def ingest(src: str, dst: str, link: str) -> str:
     """
     if link == "copy":
         return "copy"
-    if link == "hardlink":
-        os.link(src, dst)
-        _fsync_path(dst)
-        return "hardlink"
-    if link == "reflink":
-        _reflink(src, dst)
-        return "reflink"
+    if link in ("hardlink", "reflink"):
+        try:
+            if link == "hardlink":
+                os.link(src, dst)
+                _fsync_path(dst)
+            else:
+                _reflink(src, dst)
+        except OSError as e:
+            if e.errno not in _UNSUPPORTED_ERRNOS:
+                raise
+            raise BundleError(
+                f"{src}: link={link!r} is not possible into {os.path.dirname(dst)} ({e.strerror}); "
+                "use link='auto' to fall back to a copy"
+            ) from e
+        return link
     key = (os.stat(src).st_dev, os.stat(os.path.dirname(dst)).st_dev)
     known = _probed.get(key)
     for method in ("hardlink", "reflink"):
