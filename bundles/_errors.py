@@ -17,6 +17,7 @@ __all__ = [
     "BundleExistsError",
     "BundleFormatError",
     "BundleNotFoundError",
+    "BundleReplacedError",
     "BundleVerificationError",
     "MediaMissingError",
     "UnsafeBundleError",
@@ -61,3 +62,8 @@ class BundleVerificationError(BundleError):
         self.problems = list(problems)
         shown = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{path}: bundle failed verification with {len(self.problems)} problem(s):\n{shown}")
+
+
+class BundleReplacedError(BundleError):
+    """The bundle directory was replaced (``overwrite=True``) while this ``Bundle`` was open;
+    open it again to read the new one."""

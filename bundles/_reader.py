@@ -27,8 +27,10 @@ import zstandard
 from bundles._codec import PathRef, SampleDecoder, key_path
 from bundles._commit import is_staging_name
 from bundles._errors import (
+    BundleError,
     BundleFormatError,
     BundleNotFoundError,
+    BundleReplacedError,
     BundleVerificationError,
     UnsafeBundleError,
 )
@@ -273,13 +275,41 @@ class Bundle:
         return problems
 
     def verify(self, full: bool = True, progress: bool | None = None) -> None:
-        """Raise :class:`BundleVerificationError` listing every bad file; return None when sound."""
+        """Raise :class:`BundleVerificationError` listing every bad file; return None when sound.
+
+        Raises :class:`BundleReplacedError` instead when the directory was swapped for another
+        bundle since it was opened.
+        """
         problems = self.problems(full=full, progress=progress)
         if problems:
+            self._check_not_replaced()
             raise BundleVerificationError(self.path, problems)
+
+    def _check_not_replaced(self) -> None:
+        """Tell a bundle swapped in by ``overwrite=True`` from a damaged one.
+
+        Inode numbers are reused at once and directory times are coarse, so the test is the
+        manifest itself: a replaced bundle with an identical manifest has identical files.
+        """
+        try:
+            current = parse_manifest(self.path)
+        except BundleError:
+            current = None
+        if current != self.manifest:
+            raise BundleReplacedError(
+                f"{self.path}: the bundle was replaced or removed while open (overwrite=True by another "
+                "writer); open it again"
+            )
 
     # -- reading ---------------------------------------------------------------------------------
     def _read_shard(self, entry: dict[str, Any]) -> bytes:
+        try:
+            return self._read_shard_unchecked(entry)
+        except (BundleVerificationError, UnsafeBundleError, BundleFormatError):
+            self._check_not_replaced()
+            raise
+
+    def _read_shard_unchecked(self, entry: dict[str, Any]) -> bytes:
         path = self.path / entry["path"]
         try:
             st = os.lstat(path)
@@ -424,7 +454,16 @@ def open_bundle(path: str | os.PathLike[str], *, verify: str = "fast") -> Bundle
             f"{p}: is a file{hint}, not a bundle directory; unpack it first with unpack_bundle() or "
             "`rollout-bundle unpack`"
         )
-    bundle = Bundle(p.resolve(), parse_manifest(p.resolve()))
-    if verify != "none":
-        bundle.verify(full=verify == "full", progress=False)
-    return bundle
+    resolved = p.resolve()
+    for attempt in range(3):
+        bundle = Bundle(resolved, parse_manifest(resolved))
+        if verify == "none":
+            return bundle
+        try:
+            bundle.verify(full=verify == "full", progress=False)
+        except BundleReplacedError:
+            if attempt == 2:
+                raise
+            continue  # an overwrite swapped the directory between reading the manifest and checking
+        return bundle
+    raise AssertionError("unreachable")
