@@ -95,9 +95,9 @@ class RunDisposer:
             return None
         first_name, first = self.errors[0]
         _note(first, f"raised by teardown step {first_name!r}")
-        for name, e in self.errors[1:]:
-            _note(first, f"teardown step {name!r} also failed: {type(e).__name__}: {e}")
-        first.teardown_errors = [e for _, e in self.errors[1:]]  # type: ignore[attr-defined]
+        for later_name, later in self.errors[1:]:
+            _note(first, f"teardown step {later_name!r} also failed: {type(later).__name__}: {later}")
+        first.teardown_errors = [later for _, later in self.errors[1:]]  # type: ignore[attr-defined]
         return first
 
     def __enter__(self) -> RunDisposer:
@@ -112,8 +112,8 @@ class RunDisposer:
         if exc is None:
             raise first
         # The body's error is the cause of the failure; teardown errors ride along as notes.
-        for name, e in self.errors:
-            _note(exc, f"during teardown, step {name!r} failed: {type(e).__name__}: {e}")
+        for name, err in self.errors:
+            _note(exc, f"during teardown, step {name!r} failed: {type(err).__name__}: {err}")
 
 
 def _name_of(fn: Callable[..., Any]) -> str:

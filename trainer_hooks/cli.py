@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from trainer_hooks._lease import (
     DEFAULT_SWEEP_OLDER_THAN_S,
@@ -43,7 +44,7 @@ def _size(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def add_sweep_command(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_sweep_command(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "sweep",
         help="list (and with --delete remove) media directories left by crashed runs",

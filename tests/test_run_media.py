@@ -1,0 +1,211 @@
+"""Run media directories: content-addressed atomic stores, and a release that only ever
+removes the run's own directory."""
+
+from __future__ import annotations
+
+import os
+import stat
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from bundles import BundleError, MediaRef
+from trainer_hooks import (
+    RunMediaError,
+    UnsafeRunDirError,
+    release_run_media,
+    run_media_dir,
+    store_media,
+)
+from trainer_hooks.testing import png_bytes
+
+
+def _args(shared: Path | None, run_uuid: str = "run-a") -> Namespace:
+    return Namespace(shared_media_dir=None if shared is None else str(shared), run_uuid=run_uuid)
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, bytes | str | None]]:
+    """Every path under root (links not followed) with its mode and content or link target."""
+    out: dict[str, tuple[int, bytes | str | None]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath, name)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                out[str(p.relative_to(root))] = (st.st_mode, os.readlink(p))
+            elif stat.S_ISREG(st.st_mode):
+                out[str(p.relative_to(root))] = (st.st_mode, p.read_bytes())
+            else:
+                out[str(p.relative_to(root))] = (st.st_mode, None)
+    return out
+
+
+def test_run_media_dir_is_shared_dir_slash_run_uuid(tmp_path: Path) -> None:
+    assert run_media_dir(_args(tmp_path, "abc")) == tmp_path / "abc"
+    assert run_media_dir(_args(None)) is None
+
+
+def test_store_media_is_content_addressed_read_only_and_idempotent(tmp_path: Path) -> None:
+    args = _args(tmp_path / "shared")
+    data = png_bytes(4, 4, (1, 2, 3))
+    ref = store_media(args, data)
+    assert isinstance(ref, MediaRef)
+    path = Path(ref.path)
+    assert path == tmp_path / "shared" / "run-a" / ref.filename
+    assert path.read_bytes() == data
+    assert stat.S_IMODE(path.stat().st_mode) == 0o444
+    assert ref == MediaRef.from_file(path)
+    again = store_media(args, bytearray(data))
+    assert again == ref and again.path == ref.path
+    # No temporary file is left behind, and equal content is stored once.
+    assert sorted(os.listdir(path.parent)) == [ref.filename]
+    other = store_media(args, b"other bytes", suffix=".bin")
+    assert other.filename.endswith(".bin") and other.digest != ref.digest
+    assert sorted(os.listdir(path.parent)) == sorted([ref.filename, other.filename])
+
+
+def test_store_media_replaces_a_damaged_file_of_the_wrong_size(tmp_path: Path) -> None:
+    args = _args(tmp_path)
+    ref = store_media(args, b"abcdef", suffix=".bin")
+    os.chmod(ref.path, 0o644)
+    Path(ref.path).write_bytes(b"abc")
+    assert store_media(args, b"abcdef", suffix=".bin") == ref
+    assert Path(ref.path).read_bytes() == b"abcdef"
+
+
+def test_store_media_takes_a_pil_image(tmp_path: Path) -> None:
+    Image = pytest.importorskip("PIL.Image")
+    image = Image.new("RGB", (3, 2), (10, 20, 30))
+    ref = store_media(_args(tmp_path), image, suffix=".png")
+    with Image.open(ref.path) as reread:
+        assert reread.size == (3, 2) and reread.getpixel((0, 0)) == (10, 20, 30)
+    assert store_media(_args(tmp_path), image, suffix=".png") == ref
+
+
+def test_store_media_errors_name_what_is_wrong(tmp_path: Path) -> None:
+    with pytest.raises(RunMediaError, match="--shared-media-dir is not set"):
+        store_media(_args(None), b"x")
+    with pytest.raises(TypeError, match="expected bytes or a PIL image, found str"):
+        store_media(_args(tmp_path), "not bytes")
+    with pytest.raises(BundleError, match="suffix"):
+        store_media(_args(tmp_path), b"x", suffix="/png")
+    assert not (tmp_path / "run-a").exists()
+
+
+def test_release_removes_the_run_and_returns_bytes_freed(tmp_path: Path) -> None:
+    args = _args(tmp_path)
+    a = store_media(args, b"a" * 100, suffix=".bin")
+    store_media(args, b"b" * 50, suffix=".bin")
+    nested = tmp_path / "run-a" / "sub"
+    nested.mkdir()
+    (nested / "f").write_bytes(b"c" * 7)
+    os.chmod(nested / "f", 0o444)
+    os.chmod(nested, 0o555)  # a read-only subdirectory must not stop the release
+    assert release_run_media(args) == 157
+    assert not (tmp_path / "run-a").exists()
+    assert tmp_path.is_dir()
+    assert release_run_media(args) == 0  # idempotent
+    assert not Path(a.path).exists()
+
+
+def test_release_counts_hard_linked_files_as_not_freed(tmp_path: Path) -> None:
+    args = _args(tmp_path / "shared")
+    ref = store_media(args, b"x" * 1000, suffix=".bin")
+    store_media(args, b"y" * 10, suffix=".bin")
+    os.link(ref.path, tmp_path / "kept-by-a-bundle.bin")
+    assert release_run_media(args) == 10
+    assert (tmp_path / "kept-by-a-bundle.bin").read_bytes() == b"x" * 1000
+
+
+def test_release_leaves_other_runs_and_the_shared_root_intact(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    store_media(_args(shared, "run-a"), b"mine", suffix=".bin")
+    store_media(_args(shared, "run-b"), b"theirs", suffix=".bin")
+    store_media(_args(shared, "run-b"), b"mine", suffix=".bin")  # same content, other run
+    (shared / "README").write_text("not a run")
+    before = {k: v for k, v in _snapshot(shared).items() if not k.startswith("run-a")}
+    shared_mode = shared.stat().st_mode
+    assert release_run_media(_args(shared, "run-a")) == 4
+    assert _snapshot(shared) == before
+    assert shared.stat().st_mode == shared_mode
+
+
+def test_release_without_shared_media_dir_is_a_no_op(tmp_path: Path) -> None:
+    assert release_run_media(_args(None)) == 0
+
+
+@pytest.mark.parametrize(
+    "run_id, why",
+    [
+        ("", "it is empty"),
+        ("..", "'..'"),
+        ("../shared", "path separator"),
+        ("a..b", "'..'"),
+        ("a/b", "path separator"),
+        ("a\\b", "path separator"),
+        (".", "starts with '.'"),
+        (".hidden", "starts with '.'"),
+        ("a\0b", "NUL"),
+    ],
+)
+def test_release_refuses_unsafe_run_ids_and_deletes_nothing(tmp_path: Path, run_id: str, why: str) -> None:
+    shared = tmp_path / "shared"
+    store_media(_args(shared, "run-b"), b"theirs", suffix=".bin")
+    (tmp_path / "outside").write_text("keep me")
+    before = _snapshot(tmp_path)
+    with pytest.raises(UnsafeRunDirError, match=why) as info:
+        release_run_media(_args(shared, run_id))
+    assert "--run-uuid" in str(info.value) and repr(run_id) in str(info.value)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, BundleError)
+    assert _snapshot(tmp_path) == before
+
+
+def test_release_refuses_a_symlinked_run_dir_and_deletes_nothing(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    store_media(_args(shared, "run-b"), b"theirs", suffix=".bin")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep me")
+    (shared / "run-a").symlink_to(victim, target_is_directory=True)
+    (shared / "run-c").symlink_to(shared / "run-b", target_is_directory=True)
+    before = _snapshot(tmp_path)
+    for run_id in ("run-a", "run-c"):
+        with pytest.raises(UnsafeRunDirError, match=r"is a symlink") as info:
+            release_run_media(_args(shared, run_id))
+        assert str(shared / run_id) in str(info.value)
+    assert _snapshot(tmp_path) == before
+    # Storing into a symlinked run directory is refused too.
+    with pytest.raises(UnsafeRunDirError, match="is a symlink"):
+        store_media(_args(shared, "run-a"), b"x")
+    assert _snapshot(tmp_path) == before
+
+
+def test_release_refuses_a_run_path_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "run-a").write_text("a file")
+    with pytest.raises(UnsafeRunDirError, match="found a regular file"):
+        release_run_media(_args(tmp_path))
+    assert (tmp_path / "run-a").read_text() == "a file"
+
+
+def test_release_works_through_a_symlinked_shared_root(tmp_path: Path) -> None:
+    real = tmp_path / "real-shared"
+    real.mkdir()
+    link = tmp_path / "shared-link"
+    link.symlink_to(real, target_is_directory=True)
+    store_media(_args(link, "run-a"), b"x" * 5, suffix=".bin")
+    store_media(_args(link, "run-b"), b"y", suffix=".bin")
+    assert release_run_media(_args(link, "run-a")) == 5
+    assert sorted(os.listdir(real)) == ["run-b"] and link.is_symlink()
+
+
+def test_release_does_not_follow_symlinks_inside_the_run_dir(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    store_media(_args(shared), b"x", suffix=".bin")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep me")
+    (shared / "run-a" / "link").symlink_to(victim, target_is_directory=True)
+    release_run_media(_args(shared))
+    assert (victim / "precious").read_text() == "keep me"
+    assert not (shared / "run-a").exists()
