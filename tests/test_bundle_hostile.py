@@ -103,7 +103,7 @@ def test_manifest_symlink_is_rejected(bundle, tmp_path):
     os.chmod(bundle, 0o755)
     (bundle / "manifest.json").unlink()
     (bundle / "manifest.json").symlink_to(real)
-    with pytest.raises(UnsafeBundleError, match="manifest.json: expected a regular file, found a symlink"):
+    with pytest.raises(UnsafeBundleError, match=r"manifest\.json: expected a regular file, found a symlink"):
         open_bundle(bundle, verify="none")
 
 

@@ -27,7 +27,7 @@ def assert_same(a, b, where="sample"):
             assert_same(a[k], b[k], f"{where}.{k}")
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same(x, y, f"{where}[{i}]")
     elif isinstance(a, np.ndarray):
         assert a.dtype == b.dtype and a.shape == b.shape, where
@@ -93,7 +93,7 @@ def test_nested_references_resolve_after_run_dir_is_deleted(tmp_path_factory, pa
     root = tmp_path_factory.mktemp("refs")
     run = root / "shared" / "run-a"
     paths = [put_media(run, p) for p in payloads]
-    by_path = dict(zip(paths, payloads))
+    by_path = dict(zip(paths, payloads, strict=True))
     samples = []
     for i, (n, how) in enumerate(picks):
         p = paths[n % len(paths)]
@@ -125,12 +125,12 @@ def test_nested_references_resolve_after_run_dir_is_deleted(tmp_path_factory, pa
                 check(original[k], loaded[k])
         elif isinstance(original, (list, tuple)):
             assert type(original) is type(loaded) and len(original) == len(loaded)
-            for x, y in zip(original, loaded):
+            for x, y in zip(original, loaded, strict=True):
                 check(x, y)
         else:
             assert original == loaded
 
-    for original, loaded in zip(samples, bundle.samples()):
+    for original, loaded in zip(samples, bundle.samples(), strict=True):
         check(original, loaded)
 
 
