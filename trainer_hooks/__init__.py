@@ -9,14 +9,28 @@
   :class:`RolloutEngineProcessorArgs`, which refuses engine groups that disagree on the image
   processor at launch.
 * :class:`Sample`, compatible with Miles' ``Sample``.
+* Bundled artifacts: :class:`FullyAsyncRolloutFn` (with ``save``/``load`` of rollout checkpoints,
+  written in the background), :func:`save_rollout_checkpoint` / :func:`load_rollout_checkpoint`,
+  :func:`save_debug_rollout_data` / :func:`load_debug_rollout_data`, and
+  :func:`import_legacy_dump` for old ``torch.save`` dumps.
 
 ``trainer_hooks`` imports :mod:`bundles`, never the reverse. Stand-in rollout manager and
 trainer objects for tests and demos live in :mod:`trainer_hooks.testing`.
 """
 
 from trainer_hooks._args import add_arguments, parse_args, validate_args
+from trainer_hooks._checkpoint import (
+    CheckpointSaveError,
+    RolloutCheckpoint,
+    RolloutCheckpointer,
+    load_rollout_checkpoint,
+    read_rollout_checkpoint,
+    save_rollout_checkpoint,
+)
+from trainer_hooks._debug_dump import load_debug_rollout_data, save_debug_rollout_data
 from trainer_hooks._disposer import RunDisposer
 from trainer_hooks._drivers import DriverReport, train, train_async
+from trainer_hooks._fully_async import FullyAsyncRolloutFn, GroupBuffer, ListDataSource, RolloutWorkerError
 from trainer_hooks._lease import (
     LEASE_NAME,
     RunLease,
@@ -26,6 +40,7 @@ from trainer_hooks._lease import (
     read_lease,
     sweep_run_media,
 )
+from trainer_hooks._legacy import LegacyDumpError, PickleRefusedError, import_legacy_dump
 from trainer_hooks._processor_args import RolloutEngineProcessorArgs
 from trainer_hooks._run_media import (
     RunMediaError,
@@ -39,8 +54,17 @@ from trainer_hooks._sample import Sample
 
 __all__ = [
     "LEASE_NAME",
+    "CheckpointSaveError",
     "DriverReport",
+    "FullyAsyncRolloutFn",
+    "GroupBuffer",
+    "LegacyDumpError",
+    "ListDataSource",
+    "PickleRefusedError",
+    "RolloutCheckpoint",
+    "RolloutCheckpointer",
     "RolloutEngineProcessorArgs",
+    "RolloutWorkerError",
     "RunDisposer",
     "RunLease",
     "RunMediaError",
@@ -50,11 +74,17 @@ __all__ = [
     "acquire_run_lease",
     "add_arguments",
     "check_run_id",
+    "import_legacy_dump",
+    "load_debug_rollout_data",
+    "load_rollout_checkpoint",
     "parse_args",
     "parse_duration",
     "read_lease",
+    "read_rollout_checkpoint",
     "release_run_media",
     "run_media_dir",
+    "save_debug_rollout_data",
+    "save_rollout_checkpoint",
     "store_media",
     "sweep_run_media",
     "train",

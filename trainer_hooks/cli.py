@@ -5,6 +5,9 @@ directories under a shared media root with what sweep makes of them (see
 :mod:`trainer_hooks._lease` for the rules) and, with ``--delete``, removes the crashed, stale
 and orphaned ones. Without ``--delete`` nothing is changed. A live run is never deleted.
 
+``import-dump OLD.pt -o BUNDLE --trust-pickle`` converts a legacy ``torch.save`` debug dump into
+a bundle (see :mod:`trainer_hooks._legacy`); without ``--trust-pickle`` it refuses (exit 2).
+
 Exit status: 0 on success, 1 when a directory could not be removed or the root is missing,
 2 on a usage error (argparse).
 """
@@ -126,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_commands(subparsers)
     add_sweep_command(subparsers)
+    from trainer_hooks._legacy import add_import_dump_command  # import-dump OLD.pt -o BUNDLE --trust-pickle
+
+    add_import_dump_command(subparsers)
     return parser
 
 

@@ -1,0 +1,225 @@
+"""Debug rollout dumps as bundles, with Miles' call shapes and path templates.
+
+``save_debug_rollout_data(args, data, rollout_id, evaluation, metadata=None)`` writes the
+samples of one rollout to ``args.save_debug_rollout_data.format(rollout_id=...)`` (prefixed
+``eval_`` for evaluation rollouts, whose ``{name: {"samples": [...]}}`` data is flattened in
+dataset order), and ``load_debug_rollout_data(args, rollout_id) -> (samples, metadata)`` reads
+``args.load_debug_rollout_data.format(rollout_id=rollout_id)`` back, keeping the first and last
+halves of ``int(len * r)`` samples with ``--load-debug-rollout-data-subsample r``.
+
+Where Miles writes ``torch.save({"rollout_id", "metadata", "samples"})`` with absolute paths
+into the run media directory, the file at the formatted path is a bundle of kind
+``"debug_dump"``: the samples' media are linked or copied in (``--bundle-link-mode``), so the
+dump outlives ``release_run_media`` and can move to another machine; nothing is pickled.
+Its manifest meta::
+
+    {"rollout_id": "eval_3" | 3, "evaluation": bool, "metadata": {...}, "run_uuid": ...,
+     "training_dtype": "bf16", "processor": {...} | null}
+
+``metadata`` must be JSON-compatible (it lives in the manifest); anything else is refused with
+an error naming the key.
+
+Directory or single file
+------------------------
+A formatted path ending in :data:`bundles.PACK_SUFFIX` (``.rbundle``) holds a *packed* bundle: it
+is written as a directory beside it (a hidden staging-style name), packed into the file
+atomically and the directory removed. Loading a packed dump unpacks it (fully verified) into a
+cache directory beside the file, ``.<file name>.<size>-<mtime_ns>.unpacked``, reused while the
+file is unchanged, so the returned media paths stay valid after the call: they point into that
+directory, which this module never deletes (remove it with the file). When the file's directory
+is not writable the cache goes under ``$XDG_CACHE_HOME/rollout-bundles`` (``~/.cache``) instead.
+
+Loaded samples reference media inside the dump itself (no rehydration into the run directory):
+a replay starts no rollout engine and the dump is not removed by the run's teardown.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from argparse import Namespace
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from bundles import PACK_SUFFIX, Bundle, BundleError, open_bundle, pack_bundle, unpack_bundle
+from bundles._commit import _sibling_name
+from bundles._fs import remove_tree
+from bundles._layout import STAGING_MARKER
+from trainer_hooks._checkpoint import _media_roots, run_meta, snapshot_value, write_samples_bundle
+from trainer_hooks._sample import Sample
+
+__all__ = [
+    "DEBUG_DUMP_KIND",
+    "load_debug_rollout_data",
+    "open_debug_dump",
+    "save_debug_rollout_data",
+    "write_dump_bundle",
+]
+
+DEBUG_DUMP_KIND = "debug_dump"
+
+
+def _flatten(data: Any, evaluation: bool) -> list[Any]:
+    if evaluation:
+        if not isinstance(data, Mapping):
+            raise TypeError(
+                f"save_debug_rollout_data: evaluation data: expected {{dataset_name: {{'samples': [...]}}}}, "
+                f"found {type(data).__name__}"
+            )
+        out = []
+        for name, entry in data.items():
+            if not isinstance(entry, Mapping) or "samples" not in entry:
+                raise TypeError(
+                    f"save_debug_rollout_data: evaluation data[{name!r}]: expected a dict with 'samples', "
+                    f"found {type(entry).__name__}"
+                )
+            out.extend(entry["samples"])
+        return out
+    # Training data: a flat list of samples, or the list of groups a rollout function returns.
+    out = []
+    for item in data:
+        if isinstance(item, (list, tuple)):
+            out.extend(item)
+        else:
+            out.append(item)
+    return out
+
+
+def write_dump_bundle(
+    dest: str | os.PathLike[str],
+    samples: Iterable[dict[Any, Any]],
+    *,
+    media_roots: Iterable[str | os.PathLike[str]] = (),
+    kind: str = DEBUG_DUMP_KIND,
+    meta: dict[str, Any],
+    link: str = "auto",
+) -> Path:
+    """Write (replacing) a bundle at ``dest``, packed into one file when it ends in ``.rbundle``."""
+    path = Path(os.path.abspath(dest))
+    rows = list(samples)
+    roots = list(media_roots)
+    if path.name.endswith(PACK_SUFFIX):
+        # The bundle is built at <staging-style dir>/bundle: a dead writer's leftover container is
+        # swept by the next bundle write into this directory, and the bundle's own name is not a
+        # staging name (readers refuse those).
+        container = _sibling_name(path, STAGING_MARKER)
+        container.mkdir(parents=True)
+        try:
+            bundle = write_samples_bundle(container / "bundle", rows, media_roots=roots, kind=kind, meta=meta,
+                                          link=link, overwrite=False)
+            return pack_bundle(bundle, path, overwrite=True, progress=False)
+        finally:
+            remove_tree(container)
+    return write_samples_bundle(path, rows, media_roots=roots, kind=kind, meta=meta, link=link, overwrite=True)
+
+
+def save_debug_rollout_data(
+    args: Namespace, data: Any, rollout_id: int, evaluation: bool, metadata: dict[str, Any] | None = None
+) -> Path | None:
+    """Dump one rollout's samples as a bundle; a no-op (None) without ``--save-debug-rollout-data``.
+
+    Args:
+        args: with ``save_debug_rollout_data`` (a template with ``{rollout_id}``) and the run
+            media options; ``bundle_link_mode`` is used when present.
+        data: a list of samples (or of groups), or for evaluation ``{name: {"samples": [...]}}``.
+        rollout_id: the step; evaluation dumps are named ``eval_<rollout_id>``.
+        evaluation: whether ``data`` is evaluation data.
+        metadata: JSON-compatible, kept in the manifest and returned by the loader.
+
+    Returns:
+        The path written.
+    """
+    template = getattr(args, "save_debug_rollout_data", None)
+    if template is None:
+        return None
+    name = ("eval_" if evaluation else "") + str(rollout_id)
+    path = template.format(rollout_id=name)
+    samples = [
+        snapshot_value(s.to_dict() if hasattr(s, "to_dict") else s) for s in _flatten(data, evaluation)
+    ]
+    meta = {"rollout_id": name if evaluation else rollout_id, "evaluation": bool(evaluation),
+            "metadata": dict(metadata or {}), **run_meta(args)}
+    check_json(meta["metadata"], f"{path}: metadata")
+    return write_dump_bundle(path, samples, media_roots=_media_roots(args), meta=meta,
+                             link=getattr(args, "bundle_link_mode", None) or "auto")
+
+
+def check_json(value: Any, where: str) -> None:
+    """Raise :class:`BundleError` naming the first key path whose value is not JSON-compatible."""
+    t = type(value)
+    if value is None or t in (str, int, bool):
+        return
+    if t is float:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise BundleError(f"{where}: expected a finite number (the manifest is JSON), found {value!r}")
+        return
+    if t is dict:
+        for k, v in value.items():
+            if type(k) is not str:
+                raise BundleError(f"{where}: keys must be strings (the manifest is JSON), found {k!r}")
+            check_json(v, f"{where}.{k}")
+        return
+    if t in (list, tuple):
+        for i, v in enumerate(value):
+            check_json(v, f"{where}[{i}]")
+        return
+    raise BundleError(
+        f"{where}: expected a JSON-compatible value (the manifest is JSON), found {t.__module__}.{t.__qualname__}"
+    )
+
+
+def _cache_dir_for(pack: Path) -> Path:
+    st = os.stat(pack)
+    name = f".{pack.name}.{st.st_size}-{st.st_mtime_ns}.unpacked"
+    if os.access(pack.parent, os.W_OK):
+        return pack.parent / name
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rollout-bundles"
+    tag = hashlib.sha256(str(pack).encode()).hexdigest()[:16]
+    return base / f"{tag}{name}"
+
+
+def open_debug_dump(path: str | os.PathLike[str], verify: str = "fast") -> Bundle:
+    """Open a dump at ``path``: a bundle directory, or a packed file (unpacked into a cache
+    directory beside it; see the module docstring)."""
+    p = Path(os.path.abspath(path))
+    if p.is_file():
+        cache = _cache_dir_for(p)
+        if cache.is_dir():
+            return open_bundle(cache, verify=verify)
+        # unpack_bundle verifies the result fully before committing it.
+        return unpack_bundle(p, cache, overwrite=False, progress=False)
+    return open_bundle(p, verify=verify)
+
+
+def _subsample(samples: list[Any], ratio: float | None) -> list[Any]:
+    if ratio is None:
+        return samples
+    n = int(len(samples) * ratio)
+    head = n // 2
+    tail = n - head
+    # Miles: samples[: n // 2] + samples[-n // 2 :], which keeps everything when n == 0; here n == 0
+    # keeps nothing. Otherwise the same rows: the first floor(n/2) and the last ceil(n/2).
+    return samples[:head] + (samples[len(samples) - tail :] if tail else [])
+
+
+def load_debug_rollout_data(args: Namespace, rollout_id: int | str) -> tuple[list[Sample], dict[str, Any]]:
+    """Read ``args.load_debug_rollout_data.format(rollout_id=rollout_id)``; return the samples and
+    the metadata given to :func:`save_debug_rollout_data`.
+
+    Verification follows ``args.bundle_verify`` (default ``"fast"``). Media references point into
+    the dump (or its unpacked cache directory).
+    """
+    template = getattr(args, "load_debug_rollout_data", None)
+    if template is None:
+        raise ValueError("--load-debug-rollout-data is not set: expected a path template with {rollout_id}")
+    path = template.format(rollout_id=rollout_id)
+    bundle = open_debug_dump(path, verify=getattr(args, "bundle_verify", None) or "fast")
+    if bundle.kind != DEBUG_DUMP_KIND:
+        raise BundleError(f"{bundle.path}: kind: expected {DEBUG_DUMP_KIND!r}, found {bundle.kind!r}")
+    samples = [Sample.from_dict(d) for d in bundle.samples()]
+    samples = _subsample(samples, getattr(args, "load_debug_rollout_data_subsample", None))
+    metadata = bundle.meta.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise BundleError(f"{bundle.path}: meta.metadata: expected an object, found {type(metadata).__name__}")
+    return samples, metadata
