@@ -64,13 +64,14 @@ def tensor_samples() -> list[dict]:
     ]
 
 
-def write_vectors(out: Path) -> None:
+def write_vectors(out: Path, tensors: bool = True) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         media = make_media(Path(tmp) / "run")
         write_bundle(out / "v1_basic", basic_samples(media), media_roots=[Path(tmp) / "run"],
                      meta={"purpose": "test vector", "rollout_id": 7})
     pack_bundle(out / "v1_basic", out / "v1_basic.rbundle")
-    write_bundle(out / "v1_tensor", tensor_samples(), kind="rollout_checkpoint")
+    if tensors:
+        write_bundle(out / "v1_tensor", tensor_samples(), kind="rollout_checkpoint")
 
 
 if __name__ == "__main__":
