@@ -47,7 +47,7 @@ def is_staging_name(name: str) -> bool:
 
 def remove_stale_staging(parent: Path) -> list[Path]:
     """Remove staging/retired directories in ``parent`` left by dead writers on this host."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(parent))
     except FileNotFoundError:

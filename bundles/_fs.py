@@ -25,6 +25,7 @@ import shutil
 import stat
 import sys
 import threading
+from typing import Any
 
 from bundles._errors import BundleError
 
@@ -206,7 +207,7 @@ def rename_noreplace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
 def remove_tree(path: str | os.PathLike[str]) -> None:
     """Remove a directory tree whose files may be read-only (stored media are)."""
 
-    def retry_writable(func, p, _exc):  # type: ignore[no-untyped-def]
+    def retry_writable(func: Any, p: str, _exc: object) -> None:
         # Removing an entry needs a writable parent; a read-only file itself is fine.
         os.chmod(os.path.dirname(p), 0o755)
         func(p)

@@ -111,26 +111,26 @@ def parse_manifest(path: Path) -> dict[str, Any]:
         raise BundleFormatError(f"{mpath}: shards: expected a list")
     seen: set[str] = set()
     total = 0
-    for i, e in enumerate(shards):
+    for i, ent in enumerate(shards):
         field = f"shards[{i}]"
-        if not isinstance(e, dict):
+        if not isinstance(ent, dict):
             raise BundleFormatError(f"{mpath}: {field}: expected an object")
-        p = e.get("path")
+        p = ent.get("path")
         if not isinstance(p, str) or not SHARD_PATH_RE.fullmatch(p):
             raise UnsafeBundleError(f"{mpath}: {field}.path: expected 'samples/NNNNNN.msgpack.zst', found {p!r}")
         if p in seen:
             raise BundleFormatError(f"{mpath}: {field}.path: {p} is listed twice")
         seen.add(p)
         for k in ("samples", "size", "raw_size"):
-            if not _is_int(e.get(k)):
-                raise BundleFormatError(f"{mpath}: {field}.{k}: expected an int >= 0, found {e.get(k)!r}")
-        if e["raw_size"] > MAX_SHARD_RAW_BYTES:
+            if not _is_int(ent.get(k)):
+                raise BundleFormatError(f"{mpath}: {field}.{k}: expected an int >= 0, found {ent.get(k)!r}")
+        if ent["raw_size"] > MAX_SHARD_RAW_BYTES:
             raise UnsafeBundleError(
-                f"{mpath}: {field}.raw_size: {e['raw_size']} exceeds the cap of {MAX_SHARD_RAW_BYTES} bytes"
+                f"{mpath}: {field}.raw_size: {ent['raw_size']} exceeds the cap of {MAX_SHARD_RAW_BYTES} bytes"
             )
-        if not isinstance(e.get("digest"), str) or not DIGEST_RE.fullmatch(e["digest"]):
-            raise BundleFormatError(f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {e.get('digest')!r}")
-        total += e["samples"]
+        if not isinstance(ent.get("digest"), str) or not DIGEST_RE.fullmatch(ent["digest"]):
+            raise BundleFormatError(f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {ent.get('digest')!r}")
+        total += ent["samples"]
     if total != manifest["sample_count"]:
         raise BundleFormatError(
             f"{mpath}: sample_count: {manifest['sample_count']} disagrees with the shards' total of {total}"
@@ -138,19 +138,19 @@ def parse_manifest(path: Path) -> dict[str, Any]:
     media = manifest["media"]
     if not isinstance(media, list):
         raise BundleFormatError(f"{mpath}: media: expected a list")
-    for i, e in enumerate(media):
+    for i, ent in enumerate(media):
         field = f"media[{i}]"
-        if not isinstance(e, dict):
+        if not isinstance(ent, dict):
             raise BundleFormatError(f"{mpath}: {field}: expected an object")
-        if not isinstance(e.get("digest"), str) or not DIGEST_RE.fullmatch(e["digest"]):
-            raise BundleFormatError(f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {e.get('digest')!r}")
-        if not isinstance(e.get("suffix"), str) or not SUFFIX_RE.fullmatch(e["suffix"]):
-            raise UnsafeBundleError(f"{mpath}: {field}.suffix: expected e.g. '.png', found {e.get('suffix')!r}")
-        if not _is_int(e.get("size")):
-            raise BundleFormatError(f"{mpath}: {field}.size: expected an int >= 0, found {e.get('size')!r}")
-        name = e["digest"][7:] + e["suffix"]
+        if not isinstance(ent.get("digest"), str) or not DIGEST_RE.fullmatch(ent["digest"]):
+            raise BundleFormatError(f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {ent.get('digest')!r}")
+        if not isinstance(ent.get("suffix"), str) or not SUFFIX_RE.fullmatch(ent["suffix"]):
+            raise UnsafeBundleError(f"{mpath}: {field}.suffix: expected ent.g. '.png', found {ent.get('suffix')!r}")
+        if not _is_int(ent.get("size")):
+            raise BundleFormatError(f"{mpath}: {field}.size: expected an int >= 0, found {ent.get('size')!r}")
+        name = ent["digest"][7:] + ent["suffix"]
         if name in seen:
-            raise BundleFormatError(f"{mpath}: {field}: {e['digest']}{e['suffix']} is listed twice")
+            raise BundleFormatError(f"{mpath}: {field}: {ent['digest']}{ent['suffix']} is listed twice")
         seen.add(name)
     return manifest
 
@@ -192,7 +192,7 @@ class Bundle:
 
     @property
     def meta(self) -> dict[str, Any]:
-        return self.manifest["meta"]  # type: ignore[no-any-return]
+        return self.manifest["meta"]  # type: ignore[no-any-return,unused-ignore]
 
     @property
     def media(self) -> list[MediaRef]:

@@ -66,7 +66,7 @@ def _check_meta(meta: Any, dest: Path) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise BundleError(f"{dest}: meta: expected a JSON-compatible dict, found {type(meta).__name__}")
     try:
-        return json.loads(json.dumps(meta, allow_nan=False))  # type: ignore[no-any-return]
+        return dict(json.loads(json.dumps(meta, allow_nan=False)))
     except (TypeError, ValueError) as e:
         raise BundleError(f"{dest}: meta: expected a JSON-compatible dict: {e}") from None
 

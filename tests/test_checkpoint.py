@@ -1,0 +1,375 @@
+"""Rollout checkpoints: teardown-then-resume, snapshots, background errors, retention, SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bundles import BundleFormatError, BundleNotFoundError, MediaMissingError, MediaRef, open_bundle
+from bundles._media import sha256_bytes
+from trainer_hooks import (
+    CheckpointSaveError,
+    RolloutCheckpointer,
+    RolloutEngineProcessorArgs,
+    RunMediaError,
+    Sample,
+    load_rollout_checkpoint,
+    parse_args,
+    read_rollout_checkpoint,
+    release_run_media,
+    run_media_dir,
+    save_rollout_checkpoint,
+    store_media,
+)
+from trainer_hooks._checkpoint import checkpoint_path, list_rollout_checkpoints
+from trainer_hooks.testing import png_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_args(tmp_path: Path, run: str, *extra: str):
+    return parse_args([
+        "--shared-media-dir", str(tmp_path / "shared"), "--run-uuid", run,
+        "--save", str(tmp_path / "ckpt"), "--load", str(tmp_path / "ckpt"), *extra,
+    ])
+
+
+def make_group(args, group_index: int, n: int = 2, *, status=Sample.Status.COMPLETED) -> list[Sample]:
+    group = []
+    for i in range(n):
+        ref = store_media(args, png_bytes(4, 4, (group_index, i, 7)))
+        path_str = store_media(args, png_bytes(3, 3, (i, group_index, 9))).path  # a plain path reference
+        group.append(Sample(
+            group_index=group_index, index=group_index * n + i, prompt=f"p{group_index}.{i}",
+            tokens=[1, 2, 3, group_index, i], multimodal_inputs={"images": [ref, path_str]},
+            multimodal_train_inputs={"image_grid_thw": np.array([[1, 2, 2]], dtype=np.int64)},
+            response="r", response_length=1, reward={"acc": 1.0}, loss_mask=[1],
+            rollout_log_probs=[-0.25], status=status, metadata={"k": [group_index, i]},
+            rollout_routed_experts=np.arange(6, dtype=np.int32).reshape(2, 3),
+        ))
+    return group
+
+
+def media_of(sample: Sample) -> list[str]:
+    out = []
+    for item in sample.multimodal_inputs["images"]:
+        out.append(item.path if isinstance(item, MediaRef) else item)
+    return out
+
+
+def assert_sample_equal(a: Sample, b: Sample) -> None:
+    da, db = a.to_dict(), b.to_dict()
+    assert da.keys() == db.keys()
+    for k in da:
+        if k == "multimodal_inputs":
+            continue
+        va, vb = da[k], db[k]
+        if k == "multimodal_train_inputs":
+            assert va.keys() == vb.keys()
+            for kk in va:
+                np.testing.assert_array_equal(va[kk], vb[kk])
+        elif isinstance(va, np.ndarray):
+            assert va.dtype == vb.dtype
+            np.testing.assert_array_equal(va, vb)
+        else:
+            assert va == vb, k
+
+
+def test_save_release_resume_in_new_run(tmp_path):
+    args = make_args(tmp_path, "run-a", "--bf16")
+    pending = [make_group(args, 0, status=Sample.Status.PENDING)]
+    completed = [make_group(args, 1), make_group(args, 2, n=3)]
+    originals = {p: Path(p).read_bytes() for g in pending + completed for s in g for p in media_of(s)}
+
+    path = save_rollout_checkpoint(args, 5, pending, completed)
+    assert path == tmp_path / "ckpt" / "rollout" / "fully_async_5"
+    bundle = open_bundle(path, verify="full")
+    assert bundle.kind == "rollout_checkpoint"
+    assert bundle.meta["rollout_id"] == 5
+    assert bundle.meta["run_uuid"] == "run-a"
+    assert bundle.meta["training_dtype"] == "bf16"
+    assert bundle.meta["processor"] is None
+    assert bundle.meta["pending_group_sizes"] == [2]
+    assert bundle.meta["completed_group_sizes"] == [2, 3]
+
+    release_run_media(args)  # frees ~0 bytes: the checkpoint hard-links the same files
+    assert not (tmp_path / "shared" / "run-a").exists()
+
+    args_b = make_args(tmp_path, "run-b")
+    got_pending, got_completed = load_rollout_checkpoint(args_b, 5)
+    run_b = run_media_dir(args_b)
+    assert [len(g) for g in got_pending] == [2] and [len(g) for g in got_completed] == [2, 3]
+    for old_g, new_g in zip(pending + completed, got_pending + got_completed, strict=True):
+        for old, new in zip(old_g, new_g, strict=True):
+            old_paths, new_paths = media_of(old), media_of(new)
+            assert isinstance(new.multimodal_inputs["images"][0], MediaRef)
+            assert isinstance(new.multimodal_inputs["images"][1], str)
+            for op, np_ in zip(old_paths, new_paths, strict=True):
+                assert Path(np_).parent == run_b, np_
+                assert Path(np_).read_bytes() == originals[op]
+                assert Path(np_).name == Path(op).name  # content-addressed in both runs
+    for old, new in zip(completed[1], got_completed[1], strict=True):
+        assert_sample_equal(old, new)
+        assert new.status is Sample.Status.COMPLETED
+    # Pending groups come back reset for retry: prompt and media kept, generation cleared.
+    for old, new in zip(pending[0], got_pending[0], strict=True):
+        assert new.prompt == old.prompt and new.index == old.index and new.metadata == old.metadata
+        assert new.tokens == [] and new.response == "" and new.status is Sample.Status.PENDING
+
+    # The resumed run's teardown removes only its own copies; the checkpoint stays whole.
+    release_run_media(args_b)
+    open_bundle(path, verify="full")
+
+
+def test_meta_records_dtype_and_processor(tmp_path):
+    args = make_args(tmp_path, "run-a", "--fp16")
+    args.rollout_processor_args = RolloutEngineProcessorArgs("Qwen/Qwen2-VL-2B", "pil", {"max_pixels": 1024})
+    path = save_rollout_checkpoint(args, 0, [], [make_group(args, 0)])
+    meta = open_bundle(path).meta
+    assert meta["training_dtype"] == "fp16"
+    assert meta["processor"]["model_path"] == "Qwen/Qwen2-VL-2B"
+    assert meta["processor"]["mm_process_config"] == {"max_pixels": 1024}
+
+
+def test_mutation_after_save_does_not_change_checkpoint(tmp_path):
+    args = make_args(tmp_path, "run-a")
+    group = make_group(args, 0)
+    expected = [Sample.from_dict({**s.to_dict(), "tokens": list(s.tokens)}) for s in group]
+    keep_arrays = [s.rollout_routed_experts.copy() for s in group]
+    extra = store_media(args, png_bytes(2, 2, (1, 1, 1)))
+
+    saver = RolloutCheckpointer(args)
+    fut = saver.save(1, [], [group])
+    for s in group:  # in place, everywhere, before the background write can have finished
+        s.tokens.append(999)
+        s.metadata["k"].append("changed")
+        s.multimodal_inputs["images"].append(extra)
+        s.rollout_routed_experts[:] = -1
+        s.multimodal_train_inputs["image_grid_thw"][0, 0] = 42
+        s.reward["acc"] = -1.0
+        s.response = "mutated"
+    assert saver.flush() == [fut.result()]
+    saver.close()
+
+    release_run_media(args)
+    _, completed = load_rollout_checkpoint(make_args(tmp_path, "run-b"), 1)
+    for exp, arr, got in zip(expected, keep_arrays, completed[0], strict=True):
+        assert got.tokens == [t for t in exp.tokens if t != 999]
+        assert got.metadata == {"k": [exp.group_index, got.index % 2]}
+        assert len(got.multimodal_inputs["images"]) == 2
+        np.testing.assert_array_equal(got.rollout_routed_experts, arr)
+        assert got.multimodal_train_inputs["image_grid_thw"].tolist() == [[1, 2, 2]]
+        assert got.reward == {"acc": 1.0} and got.response == "r"
+
+
+@pytest.mark.torch
+def test_mutating_a_tensor_after_save_does_not_change_checkpoint(tmp_path):
+    torch = pytest.importorskip("torch")
+    args = make_args(tmp_path, "run-a")
+    group = make_group(args, 0, n=1)
+    pv = torch.arange(12, dtype=torch.float32).reshape(2, 6)
+    group[0].multimodal_train_inputs["pixel_values"] = pv
+    group[0].multimodal_train_inputs["bf"] = torch.ones(3, dtype=torch.bfloat16)
+    saver = RolloutCheckpointer(args)
+    saver.save(0, [], [group])
+    pv.mul_(0)
+    group[0].multimodal_train_inputs["bf"].add_(5)
+    saver.close()
+    _, completed = load_rollout_checkpoint(args, 0)
+    got = completed[0][0].multimodal_train_inputs
+    assert torch.equal(got["pixel_values"], torch.arange(12, dtype=torch.float32).reshape(2, 6))
+    assert got["bf"].dtype == torch.bfloat16 and torch.equal(got["bf"], torch.ones(3, dtype=torch.bfloat16))
+
+
+def _broken_group(args) -> list[Sample]:
+    """A sample referencing a file under the run directory that does not exist."""
+    group = make_group(args, 9, n=1)
+    missing = str(run_media_dir(args) / ("0" * 64 + ".png"))
+    group[0].multimodal_inputs["images"].append(missing)
+    return group
+
+
+def test_background_failure_is_raised_at_flush_once(tmp_path):
+    args = make_args(tmp_path, "run-a")
+    saver = RolloutCheckpointer(args)
+    saver.save(3, [], [_broken_group(args)])  # returns: the error happens in the background
+    with pytest.raises(CheckpointSaveError) as info:
+        saver.flush()
+    msg = str(info.value)
+    assert "fully_async_3" in msg and "rollout 3" in msg and "0" * 64 + ".png" in msg
+    assert "samples[0].multimodal_inputs.images[2]" in msg
+    assert isinstance(info.value.__cause__, MediaMissingError)
+    assert not checkpoint_path(args.save, 3).exists()
+    saver.flush()  # raised once, not again
+    saver.close()
+
+
+def test_background_failure_is_raised_at_next_save(tmp_path):
+    args = make_args(tmp_path, "run-a")
+    saver = RolloutCheckpointer(args)
+    fut = saver.save(1, [], [_broken_group(args)])
+    assert isinstance(fut.exception(timeout=30), MediaMissingError)
+    good = [make_group(args, 0)]
+    with pytest.raises(CheckpointSaveError, match="rollout 1"):
+        saver.save(2, [], good)
+    assert saver.pending_saves == 0  # the new save was not queued
+    saver.save(2, [], good)  # the caller may retry; the error is gone
+    assert saver.flush() == [checkpoint_path(args.save, 2)]
+    saver.close()
+
+
+def test_retention_keeps_exactly_k_committed(tmp_path):
+    args = make_args(tmp_path, "run-a", "--keep-rollout-checkpoints", "2")
+    saver = RolloutCheckpointer(args)
+    for rid in range(5):
+        saver.save(rid, [], [make_group(args, rid)])
+    saver.flush()
+    assert sorted(list_rollout_checkpoints(args.save)) == [3, 4]
+    # A failing save deletes nothing: retention runs only after a commit.
+    saver.save(5, [], [_broken_group(args)])
+    with pytest.raises(CheckpointSaveError):
+        saver.flush()
+    assert sorted(list_rollout_checkpoints(args.save)) == [3, 4]
+    for rid in (3, 4):
+        open_bundle(checkpoint_path(args.save, rid), verify="full")
+    # Entries that are not committed checkpoints are neither counted nor touched.
+    rollout = Path(args.save) / "rollout"
+    (rollout / "fully_async_1").mkdir()  # no manifest: not a checkpoint
+    (rollout / "global_dataset_state_dict_4.json").write_text("{}")
+    saver.save(6, [], [make_group(args, 6)])
+    saver.close()
+    assert sorted(list_rollout_checkpoints(args.save)) == [4, 6]
+    assert (rollout / "fully_async_1").is_dir() and (rollout / "global_dataset_state_dict_4.json").exists()
+    assert not [p for p in rollout.iterdir() if p.name.startswith(".")]
+
+
+def test_retention_never_deletes_the_one_just_committed(tmp_path):
+    args = make_args(tmp_path, "run-a", "--keep-rollout-checkpoints", "1")
+    for rid in (7, 8):
+        save_rollout_checkpoint(args, rid, [], [make_group(args, rid)])
+    save_rollout_checkpoint(args, 2, [], [make_group(args, 2)])  # resumed from an earlier step
+    assert sorted(list_rollout_checkpoints(args.save)) == [2, 8]
+
+
+def test_pil_images_become_png_media(tmp_path):
+    Image = pytest.importorskip("PIL.Image")
+    args = make_args(tmp_path, "run-a")
+    img = Image.new("RGB", (5, 4), (10, 20, 30))
+    s = Sample(index=0, prompt="x", multimodal_inputs={"images": [img]}, status=Sample.Status.COMPLETED)
+    path = save_rollout_checkpoint(args, 0, [], [[s]])
+    assert s.multimodal_inputs["images"][0] is img  # the caller's sample is not modified
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]
+    _, completed = load_rollout_checkpoint(make_args(tmp_path, "run-b"), 0)
+    ref = completed[0][0].multimodal_inputs["images"][0]
+    assert isinstance(ref, MediaRef) and ref.suffix == ".png"
+    with Image.open(ref.path) as back:
+        assert back.size == (5, 4) and back.getpixel((0, 0)) == (10, 20, 30)
+
+
+def test_load_errors_name_path_and_field(tmp_path):
+    args = make_args(tmp_path, "run-a")
+    with pytest.raises(BundleNotFoundError, match="fully_async_4"):
+        load_rollout_checkpoint(args, 4)
+    save_rollout_checkpoint(args, 1, [], [make_group(args, 1)])
+    from bundles import write_bundle
+
+    write_bundle(checkpoint_path(args.save, 2), [{"status": "completed"}], kind="debug_dump")
+    with pytest.raises(BundleFormatError, match=r"fully_async_2: kind: expected 'rollout_checkpoint', found 'debug_dump'"):
+        load_rollout_checkpoint(args, 2)
+    no_media = parse_args(["--load", args.save, "--run-uuid", "x"])
+    with pytest.raises(RunMediaError, match=r"fully_async_1: the checkpoint holds 4 media file\(s\) but --shared-media-dir"):
+        load_rollout_checkpoint(no_media, 1)
+    with pytest.raises(ValueError, match="--load is not set"):
+        load_rollout_checkpoint(parse_args([]), 1)
+
+
+def test_loading_from_another_root_and_verify_full(tmp_path):
+    args = make_args(tmp_path, "run-a", "--bundle-verify", "full")
+    save_rollout_checkpoint(args, 0, [], [make_group(args, 0)])
+    ckpt = read_rollout_checkpoint(args, 0, root=args.save)
+    assert ckpt.meta["run_uuid"] == "run-a" and len(ckpt.completed_groups) == 1
+    # Corrupt one stored media file's bytes (same size): full verification names it.
+    media = next((checkpoint_path(args.save, 0) / "media").iterdir())
+    os.chmod(media, 0o644)
+    data = bytearray(media.read_bytes())
+    data[-1] ^= 0xFF
+    media.write_bytes(bytes(data))
+    with pytest.raises(Exception, match=media.name):
+        read_rollout_checkpoint(make_args(tmp_path, "run-b", "--bundle-verify", "full"), 0)
+
+
+CHILD = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {repo!r})
+    from trainer_hooks import Sample, parse_args, save_rollout_checkpoint, store_media
+    from bundles import MediaRef
+
+    root, target = sys.argv[1], int(sys.argv[2])
+    args = parse_args(["--shared-media-dir", root + "/shared", "--run-uuid", "victim", "--save", root + "/ckpt",
+                       "--bundle-link-mode", "copy"])
+    refs = [store_media(args, os.urandom(512 * 1024) + bytes([i % 256]), ".bin") for i in range(400)]
+    def group(rs):
+        return [Sample(index=i, prompt="p", multimodal_inputs={{"images": [r]}}, status=Sample.Status.COMPLETED)
+                for i, r in enumerate(rs)]
+    save_rollout_checkpoint(args, 1, [], [group(refs[:3])])
+    print("committed", flush=True)
+    save_rollout_checkpoint(args, target, [], [group(refs)])
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", [2, 1], ids=["new-id", "overwrite-same-id"])
+def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path, target):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(repo=str(REPO)))
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(target)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "committed", proc.stderr.read()
+        rollout = tmp_path / "ckpt" / "rollout"
+        deadline = time.monotonic() + 60
+        killed_in = None
+        while time.monotonic() < deadline and killed_in is None:
+            for staging in rollout.glob(".fully_async_*.staging.*"):
+                media = staging / "media"
+                if media.is_dir() and sum(1 for _ in media.iterdir()) >= 5:
+                    proc.send_signal(signal.SIGKILL)
+                    killed_in = staging
+                    break
+            time.sleep(0.001)
+        assert killed_in is not None, "the child's save never reached its staging directory"
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+        assert "done" not in proc.stdout.read(), "the save finished before the kill; the test proved nothing"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    # The previous checkpoint is complete, fully verifiable and loadable into a new run.
+    assert killed_in.exists()
+    committed = checkpoint_path(tmp_path / "ckpt", 1)
+    bundle = open_bundle(committed, verify="full")
+    assert len(bundle) == 3
+    if target == 2:
+        assert not checkpoint_path(tmp_path / "ckpt", 2).exists()
+    assert sorted(list_rollout_checkpoints(tmp_path / "ckpt")) == [1]
+    args = make_args(tmp_path, "next-run")
+    _, completed = load_rollout_checkpoint(args, 1)
+    assert len(completed[0]) == 3
+    for s in completed[0]:
+        ref = s.multimodal_inputs["images"][0]
+        assert sha256_bytes(Path(ref.path).read_bytes()) == ref.digest
+
+    # The next save into the same directory sweeps the dead writer's staging directory.
+    save_rollout_checkpoint(args, 3, [], [make_group(args, 3)])
+    assert not killed_in.exists()
