@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import zstandard
 
 from bundles._codec import PathRef, SampleDecoder, key_path
@@ -399,7 +400,8 @@ class Bundle:
         return list(self._samples(placed))
 
 
-_RESOLVABLE = (dict, list, tuple, MediaRef, PathRef)
+# msgpack decodes extension -1 to a Timestamp by itself, without asking the ext hook.
+_RESOLVABLE = (dict, list, tuple, MediaRef, PathRef, msgpack.Timestamp)
 
 
 def _resolve(obj: Any, media: dict[str, MediaRef], where: str, path: str) -> Any:
@@ -407,6 +409,8 @@ def _resolve(obj: Any, media: dict[str, MediaRef], where: str, path: str) -> Any
     t = type(obj)
     if t is dict:
         for k, v in obj.items():
+            if type(k) is not str and type(k) is not int:
+                raise BundleFormatError(f"{where}: {path}: map key {k!r} is not a str or int")
             if type(v) in _RESOLVABLE:
                 obj[k] = _resolve(v, media, where, key_path(path, k))
         return obj
@@ -419,6 +423,8 @@ def _resolve(obj: Any, media: dict[str, MediaRef], where: str, path: str) -> Any
         return tuple(
             _resolve(v, media, where, f"{path}[{i}]") if type(v) in _RESOLVABLE else v for i, v in enumerate(obj)
         )
+    if t is msgpack.Timestamp:
+        raise BundleFormatError(f"{where}: {path}: msgpack timestamps are not a value bundles store")
     ref = obj.ref if t is PathRef else obj
     stored = media.get(ref.filename)
     if stored is None or stored.size != ref.size:

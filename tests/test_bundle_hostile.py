@@ -161,6 +161,13 @@ def test_unknown_extension_types_are_refused(bundle):
         list(open_bundle(bundle).samples())
 
 
+def test_msgpack_timestamps_are_not_a_bundle_type(bundle):
+    timestamp = b"\x81\xa1x\xd6\xff\x00\x00\x00\x00"  # {"x": ext -1 (a msgpack timestamp)}
+    _rewrite_shard(bundle, timestamp * 3)
+    with pytest.raises(BundleFormatError, match=r"samples\[0\]\.x: msgpack timestamps are not"):
+        list(open_bundle(bundle).samples())
+
+
 def test_reference_to_unlisted_media_names_the_key_path(bundle):
     ref = msgpack.ExtType(2, msgpack.packb(["sha256:" + "ab" * 32, 3, ".png"]))
     raw = b"".join(msgpack.packb({"i": i, "deep": {"imgs": [1, ref]}}) for i in range(3))
