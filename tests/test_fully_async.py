@@ -1,0 +1,206 @@
+"""FullyAsyncRolloutFn: background generation, drain, automatic checkpoints, resume, drivers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from bundles import MediaRef, open_bundle
+from bundles._media import sha256_bytes
+from trainer_hooks import (
+    CheckpointSaveError,
+    FullyAsyncRolloutFn,
+    ListDataSource,
+    RolloutWorkerError,
+    RunDisposer,
+    Sample,
+    parse_args,
+    release_run_media,
+    run_media_dir,
+    store_media,
+    train_async,
+)
+from trainer_hooks._checkpoint import checkpoint_path, list_rollout_checkpoints
+from trainer_hooks.testing import StandInTrainer, png_bytes
+
+
+def make_args(tmp_path: Path, run: str, *extra: str):
+    return parse_args([
+        "--shared-media-dir", str(tmp_path / "shared"), "--run-uuid", run, "--save", str(tmp_path / "ckpt"),
+        "--load", str(tmp_path / "ckpt"), "--rollout-batch-size", "2", *extra,
+    ])
+
+
+def prompts(n_groups: int, start: int = 0, size: int = 2) -> list[list[Sample]]:
+    return [[Sample(group_index=g, index=g * size + i, prompt=f"prompt {g}") for i in range(size)]
+            for g in range(start, start + n_groups)]
+
+
+class Generator:
+    """Stores one image per sample in the run directory and answers; can be held at a gate."""
+
+    def __init__(self, gate_from: int | None = None) -> None:
+        self.gate = threading.Event()
+        self.gate_from = gate_from
+        self.started: list[int] = []
+        self.lock = threading.Lock()
+
+    async def __call__(self, args, group):
+        gi = group[0].group_index
+        with self.lock:
+            self.started.append(gi)
+        if self.gate_from is not None and gi >= self.gate_from:
+            while not self.gate.is_set():
+                await asyncio.sleep(0.005)
+        for s in group:
+            ref = store_media(args, png_bytes(4, 4, (gi % 256, s.index % 256, 3)))
+            s.multimodal_inputs = {"images": [ref]}
+            s.tokens = [1, 2, 3, s.index]
+            s.response = f"answer {s.index}"
+            s.response_length = 1
+            s.reward = 1.0
+            s.status = Sample.Status.COMPLETED
+            await asyncio.sleep(0)
+        return group
+
+
+def test_drain_returns_batches_sorted_by_index(tmp_path):
+    args = make_args(tmp_path, "run-a")
+    with FullyAsyncRolloutFn(args, ListDataSource(prompts(6)), Generator(), max_in_flight=4) as fn:
+        seen = []
+        for rid in range(3):
+            groups = fn(rid)
+            assert len(groups) == 2
+            idx = [g[0].index for g in groups]
+            assert idx == sorted(idx)
+            seen += [g[0].group_index for g in groups]
+            assert all(s.status is Sample.Status.COMPLETED for g in groups for s in g)
+        assert sorted(seen) == list(range(6))
+        with pytest.raises(RolloutWorkerError, match="exhausted"):
+            fn.drain(timeout=5)
+
+
+def test_save_holds_in_flight_and_buffered_groups_then_resume_in_new_run(tmp_path):
+    args = make_args(tmp_path, "run-a")
+    gen = Generator(gate_from=4)  # groups 0-3 finish, 4 and 5 stay in flight
+    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(6)), gen, max_in_flight=6, max_buffered=6)
+    first = fn(0)
+    assert [g[0].group_index for g in first] == [0, 1]
+    with fn._changed:  # wait until groups 2, 3 are buffered and 4, 5 in flight
+        assert fn._changed.wait_for(lambda: len(fn.buffer) == 2 and len(fn._in_flight) == 2, timeout=10)
+    buffered_media = {s.index: s.multimodal_inputs["images"][0] for g in fn.buffer.groups() for s in g}
+    fut = fn.save(0)
+    fn.stop()
+    fn.flush()
+    path = fut.result()
+    assert path == checkpoint_path(args.save, 0)
+    bundle = open_bundle(path, verify="full")
+    assert bundle.meta["pending_group_sizes"] == [2, 2]
+    assert bundle.meta["completed_group_sizes"] == [2, 2]
+    fn.close()
+
+    # Teardown of run A, then a new run resumes: pending first, then new prompts.
+    release_run_media(args)
+    args_b = make_args(tmp_path, "run-b")
+    gen_b = Generator()
+    fn_b = FullyAsyncRolloutFn(args_b, ListDataSource(prompts(2, start=10)), gen_b, max_in_flight=2)
+    fn_b.load(0)
+    batch = fn_b(1)  # the restored completed groups come first
+    assert [g[0].group_index for g in batch] == [2, 3]
+    run_b = run_media_dir(args_b)
+    for g in batch:
+        for s in g:
+            ref = s.multimodal_inputs["images"][0]
+            assert isinstance(ref, MediaRef) and Path(ref.path).parent == run_b
+            assert ref.digest == buffered_media[s.index].digest
+            assert sha256_bytes(Path(ref.path).read_bytes()) == ref.digest
+    assert [g[0].group_index for g in fn_b(2)] == [4, 5]
+    assert [g[0].group_index for g in fn_b(3)] == [10, 11]
+    assert gen_b.started[:2] == [4, 5]  # resubmitted before any new prompt
+    fn_b.close()
+
+
+def test_a_mutated_buffered_group_is_saved_as_it_was(tmp_path):
+    args = make_args(tmp_path, "run-a")
+    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(2)), Generator(), max_in_flight=2)
+    fn.start()
+    with fn._changed:
+        assert fn._changed.wait_for(lambda: len(fn.buffer) == 2, timeout=10)
+    fn.stop()
+    fn.save(0)
+    for g in fn.buffer.groups():
+        for s in g:
+            s.tokens.append(-1)
+            s.response = "changed"
+    fn.close()
+    bundle = open_bundle(checkpoint_path(args.save, 0))
+    for row in bundle.samples():
+        assert -1 not in row["tokens"] and row["response"].startswith("answer")
+
+
+def test_generator_errors_surface_at_drain_and_the_group_stays_checkpointable(tmp_path):
+    args = make_args(tmp_path, "run-a")
+
+    async def broken(args, group):
+        raise ValueError("engine exploded")
+
+    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(1)), broken)
+    with pytest.raises(RolloutWorkerError, match="engine exploded"):
+        fn.drain(timeout=10)
+    fn.save(0)
+    fn.close()
+    assert open_bundle(checkpoint_path(args.save, 0)).meta["pending_group_sizes"] == [2]
+
+
+def test_background_save_failure_surfaces_at_next_save(tmp_path):
+    args = make_args(tmp_path, "run-a")
+    fn = FullyAsyncRolloutFn(args, ListDataSource([]), Generator())
+    bad = Sample(index=0, status=Sample.Status.COMPLETED,
+                 multimodal_inputs={"images": [str(run_media_dir(args) / ("f" * 64 + ".png"))]})
+    fn.buffer.put([bad])
+    fn.save(0).exception(timeout=30)
+    with pytest.raises(CheckpointSaveError, match="rollout 0"):
+        fn.save(1)
+    fn.close()
+
+
+def test_reference_driver_flushes_checkpoints_before_releasing_media(tmp_path):
+    """train_async with the rollout function as its rollout manager: every step is checkpointed
+    in the background, teardown flushes before release_run_media, and a new run resumes."""
+    args = make_args(tmp_path, "run-a", "--num-rollout", "3", "--save-interval", "1",
+                     "--keep-rollout-checkpoints", "2")
+
+    class Manager(FullyAsyncRolloutFn):
+        def generate(self, rollout_id):  # the stand-in trainer takes a flat list of samples
+            return [s for g in super().generate(rollout_id) for s in g]
+
+    made: list[Manager] = []
+
+    def create(a):
+        made.append(Manager(a, ListDataSource(prompts(12)), Generator(), max_in_flight=4))
+        return made[0]
+
+    disposer = RunDisposer()
+    report = train_async(args, create_rollout_manager=create, create_actor=StandInTrainer,
+                         disposer=disposer, lease_interval=60)
+    assert report.trained_rollout_ids == [0, 1, 2]
+    history = report.teardown
+    assert history.index("dispose_rollout_manager") < history.index("flush_pending_writes")
+    assert history.index("flush_pending_writes") < history.index("release_run_media") == len(history) - 1
+    assert not run_media_dir(args).exists()
+    assert sorted(list_rollout_checkpoints(args.save)) == [1, 2]
+    for rid in (1, 2):
+        open_bundle(checkpoint_path(args.save, rid), verify="full")
+
+    args_b = make_args(tmp_path, "run-b")
+    fn_b = FullyAsyncRolloutFn(args_b, ListDataSource([]), Generator())
+    fn_b.load(2)
+    restored = fn_b.buffer.groups()
+    assert restored
+    trainer = StandInTrainer(args_b)
+    trainer.train(3, [s for g in restored for s in g])  # reads and checks every image
+    assert trainer.images_read == sum(len(g) for g in restored)
+    fn_b.close()
