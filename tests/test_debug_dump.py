@@ -1,0 +1,138 @@
+"""Debug rollout dumps as bundles: Miles' templates, eval naming, subsample, packed files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bundles import PACK_SUFFIX, BundleError, MediaRef, open_bundle
+from bundles._media import sha256_bytes
+from trainer_hooks import (
+    Sample,
+    load_debug_rollout_data,
+    parse_args,
+    release_run_media,
+    save_debug_rollout_data,
+    store_media,
+)
+from trainer_hooks.testing import png_bytes
+
+
+def make_args(tmp_path: Path, template: str, *extra: str):
+    return parse_args([
+        "--shared-media-dir", str(tmp_path / "shared"), "--run-uuid", "run-a",
+        "--save-debug-rollout-data", str(tmp_path / "dumps" / template),
+        "--load-debug-rollout-data", str(tmp_path / "dumps" / template), *extra,
+    ])
+
+
+def samples(args, n: int, start: int = 0) -> list[Sample]:
+    out = []
+    for i in range(start, start + n):
+        ref = store_media(args, png_bytes(3, 3, (i % 256, 1, 2)))
+        out.append(Sample(index=i, prompt=f"p{i}", tokens=[i, i + 1], multimodal_inputs={"images": [ref]},
+                          multimodal_train_inputs={"image_grid_thw": np.array([[1, 2, 2]])},
+                          reward=float(i), status=Sample.Status.COMPLETED))
+    return out
+
+
+@pytest.mark.parametrize("template", ["rollout_{rollout_id}", "rollout_{rollout_id}" + PACK_SUFFIX],
+                         ids=["directory", "packed"])
+def test_round_trip_survives_release_of_the_run_media(tmp_path, template):
+    args = make_args(tmp_path, template, "--bf16")
+    data = samples(args, 4)
+    digests = [s.multimodal_inputs["images"][0].digest for s in data]
+    path = save_debug_rollout_data(args, data, 3, evaluation=False, metadata={"step": 3, "note": "x"})
+    assert path == tmp_path / "dumps" / template.format(rollout_id=3)
+    assert path.is_file() == template.endswith(PACK_SUFFIX)
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no staging left behind
+    release_run_media(args)
+
+    loaded, metadata = load_debug_rollout_data(args, 3)
+    assert metadata == {"step": 3, "note": "x"}
+    assert [s.index for s in loaded] == [0, 1, 2, 3]
+    for s, digest in zip(loaded, digests, strict=True):
+        ref = s.multimodal_inputs["images"][0]
+        assert isinstance(ref, MediaRef) and ref.digest == digest
+        assert sha256_bytes(Path(ref.path).read_bytes()) == digest
+        assert s.status is Sample.Status.COMPLETED
+        assert s.multimodal_train_inputs["image_grid_thw"].tolist() == [[1, 2, 2]]
+    if template.endswith(PACK_SUFFIX):
+        # Unpacked once into a cache directory beside the file, reused while the file is unchanged.
+        cache = Path(loaded[0].multimodal_inputs["images"][0].path).parents[1]
+        assert cache.parent == path.parent and cache.name.startswith(f".{path.name}.")
+        again, _ = load_debug_rollout_data(args, 3)
+        assert again[0].multimodal_inputs["images"][0].path == loaded[0].multimodal_inputs["images"][0].path
+    else:
+        bundle = open_bundle(path, verify="full")
+        assert bundle.kind == "debug_dump"
+        assert bundle.meta["rollout_id"] == 3 and bundle.meta["evaluation"] is False
+        assert bundle.meta["training_dtype"] == "bf16" and bundle.meta["run_uuid"] == "run-a"
+
+
+def test_eval_naming_and_flattening(tmp_path):
+    args = make_args(tmp_path, "dump_{rollout_id}")
+    data = {"math": {"samples": samples(args, 2)}, "gui": {"samples": samples(args, 3, start=10)}}
+    path = save_debug_rollout_data(args, data, 7, evaluation=True)
+    assert path.name == "dump_eval_7"
+    loaded, metadata = load_debug_rollout_data(args, "eval_7")
+    assert [s.index for s in loaded] == [0, 1, 10, 11, 12]
+    assert metadata == {}
+    assert open_bundle(path).meta["rollout_id"] == "eval_7"
+
+
+def test_groups_are_flattened_and_unset_template_is_a_no_op(tmp_path):
+    args = make_args(tmp_path, "d_{rollout_id}")
+    s = samples(args, 4)
+    save_debug_rollout_data(args, [s[:2], s[2:]], 0, evaluation=False)
+    assert [x.index for x in load_debug_rollout_data(args, 0)[0]] == [0, 1, 2, 3]
+    off = parse_args([])
+    assert save_debug_rollout_data(off, s, 0, evaluation=False) is None
+    with pytest.raises(ValueError, match="--load-debug-rollout-data is not set"):
+        load_debug_rollout_data(off, 0)
+
+
+@pytest.mark.parametrize(("n", "ratio", "expected"), [
+    (10, 0.5, [0, 1, 7, 8, 9]),     # int(5): first 2, last 3 (as Miles)
+    (10, 0.4, [0, 1, 8, 9]),
+    (10, 1.0, list(range(10))),
+    (3, 0.2, []),                   # int(0.6) == 0 keeps nothing (Miles would keep everything)
+])
+def test_subsample_keeps_first_and_last_halves(tmp_path, n, ratio, expected):
+    args = make_args(tmp_path, "d_{rollout_id}", "--load-debug-rollout-data-subsample", str(ratio))
+    save_debug_rollout_data(args, samples(args, n), 1, evaluation=False)
+    loaded, _ = load_debug_rollout_data(args, 1)
+    assert [s.index for s in loaded] == expected
+
+
+def test_mutation_after_save_and_metadata_must_be_json(tmp_path):
+    args = make_args(tmp_path, "d_{rollout_id}")
+    s = samples(args, 1)
+    save_debug_rollout_data(args, s, 0, evaluation=False)
+    s[0].tokens.append(5)
+    assert load_debug_rollout_data(args, 0)[0][0].tokens == [0, 1]
+    with pytest.raises(BundleError, match=r"d_1: metadata\.when: expected a JSON-compatible value"):
+        save_debug_rollout_data(args, s, 1, evaluation=False, metadata={"when": object()})
+    assert not (tmp_path / "dumps" / "d_1").exists()
+
+
+def test_pil_images_in_dumps(tmp_path):
+    Image = pytest.importorskip("PIL.Image")
+    args = make_args(tmp_path, "d_{rollout_id}" + PACK_SUFFIX)
+    s = Sample(index=0, multimodal_inputs={"images": [Image.new("RGB", (6, 2), (1, 2, 3))]},
+               status=Sample.Status.COMPLETED)
+    save_debug_rollout_data(args, [s], 0, evaluation=False)
+    (loaded,), _ = load_debug_rollout_data(args, 0)
+    with Image.open(loaded.multimodal_inputs["images"][0].path) as img:
+        assert img.size == (6, 2) and img.getpixel((5, 1)) == (1, 2, 3)
+
+
+def test_loading_a_checkpoint_as_a_dump_names_the_kind(tmp_path):
+    from bundles import write_bundle
+
+    args = make_args(tmp_path, "d_{rollout_id}")
+    write_bundle(tmp_path / "dumps" / "d_0", [{"status": "completed"}], kind="rollout_checkpoint")
+    with pytest.raises(BundleError, match=r"d_0: kind: expected 'debug_dump', found 'rollout_checkpoint'"):
+        load_debug_rollout_data(args, 0)
