@@ -172,6 +172,7 @@ class SampleDecoder:
 
     def __init__(self, where: str) -> None:
         self._where = where
+        self._tuple_depth = 0
 
     def unpacker(self, data: bytes) -> msgpack.Unpacker:
         up = msgpack.Unpacker(
@@ -205,7 +206,17 @@ class SampleDecoder:
                 raise self._fail(f"malformed media reference: {e}") from None
             return ref if code == EXT_MEDIA_REF else PathRef(ref)
         if code == EXT_TUPLE:
-            items = msgpack.unpackb(data, ext_hook=self._ext_hook, raw=False, strict_map_key=False)
+            self._tuple_depth += 1
+            try:
+                if self._tuple_depth > MAX_NESTING_DEPTH:
+                    raise self._fail(f"tuples nested deeper than {MAX_NESTING_DEPTH} levels")
+                items = msgpack.unpackb(data, ext_hook=self._ext_hook, raw=False, strict_map_key=False)
+            except BundleFormatError:
+                raise
+            except Exception as e:
+                raise self._fail(f"malformed tuple: {e}") from None
+            finally:
+                self._tuple_depth -= 1
             if not isinstance(items, list):
                 raise self._fail("tuple extension does not hold an array")
             return tuple(items)

@@ -353,7 +353,7 @@ class Bundle:
             where = f"{self.path}/{entry['path']}"
             raw = self._read_shard(entry)
             count = 0
-            for obj in SampleDecoder(where).unpacker(raw):
+            for obj in _decoded(SampleDecoder(where).unpacker(raw), where, index):
                 if not isinstance(obj, dict):
                     raise BundleFormatError(
                         f"{where}: samples[{index}]: expected a map, found {type(obj).__name__}"
@@ -401,6 +401,22 @@ class Bundle:
 
 
 # msgpack decodes extension -1 to a Timestamp by itself, without asking the ext hook.
+def _decoded(unpacker: Any, where: str, first_index: int) -> Iterator[Any]:
+    """Iterate an unpacker, turning msgpack's own errors into a BundleFormatError naming the sample."""
+    index = first_index
+    while True:
+        try:
+            obj = next(unpacker)
+        except StopIteration:
+            return
+        except BundleError:
+            raise
+        except Exception as e:  # msgpack raises ValueError subclasses, TypeError, RecursionError
+            raise BundleFormatError(f"{where}: samples[{index}]: malformed msgpack: {e}") from None
+        yield obj
+        index += 1
+
+
 _RESOLVABLE = (dict, list, tuple, MediaRef, PathRef, msgpack.Timestamp)
 
 

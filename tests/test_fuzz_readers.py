@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from bundles import BundleError, open_bundle, unpack_bundle, write_bundle
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _fresh(tmp_path_factory) -> Path:
@@ -37,10 +38,8 @@ def _read_all(path: Path) -> None:
 def test_fuzz_manifest_bytes(tmp_path_factory, data):
     b = _fresh(tmp_path_factory)
     _replace(b / "manifest.json", data)
-    try:
+    with contextlib.suppress(BundleError):
         _read_all(b)
-    except BundleError:
-        pass
 
 
 json_values = st.recursive(
@@ -58,10 +57,8 @@ def test_fuzz_manifest_fields(tmp_path_factory, field, value):
     m = json.loads((b / "manifest.json").read_text())
     m[field] = value
     _replace(b / "manifest.json", json.dumps(m).encode())
-    try:
+    with contextlib.suppress(BundleError):
         _read_all(b)
-    except BundleError:
-        pass
 
 
 @FUZZ
@@ -77,10 +74,8 @@ def test_fuzz_shard_contents(tmp_path_factory, raw, compress, msgpack_objs):
     m = json.loads((b / "manifest.json").read_text())
     m["shards"][0].update(size=len(data), digest="sha256:" + hashlib.sha256(data).hexdigest(), raw_size=len(raw))
     _replace(b / "manifest.json", json.dumps(m).encode())
-    try:
+    with contextlib.suppress(BundleError):
         _read_all(b)
-    except BundleError:
-        pass
 
 
 @FUZZ
