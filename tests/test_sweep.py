@@ -284,3 +284,20 @@ def test_a_live_lease_is_not_taken_over_but_a_crashed_one_is(tmp_path: Path, run
         assert lease is not None and lease["pid"] == os.getpid()
     # Taking over keeps the crashed process's media: a resumed run may still need it.
     assert [n for n in os.listdir(tmp_path / "run-a") if n.endswith(".bin")]
+
+
+def test_release_stops_this_process_lease_first(tmp_path: Path) -> None:
+    from argparse import Namespace
+
+    from trainer_hooks import acquire_run_lease, release_run_media, store_media
+
+    args = Namespace(shared_media_dir=str(tmp_path), run_uuid="run-a")
+    lease = acquire_run_lease(args, interval=0.0005)  # heartbeats as fast as it can
+    assert lease is not None
+    for i in range(50):
+        store_media(args, bytes([i]) * 10, suffix=".bin")
+    assert release_run_media(args) >= 500
+    assert not lease.active and not (tmp_path / "run-a").exists()
+    time.sleep(0.05)
+    assert not (tmp_path / "run-a").exists()
+    lease.close()  # idempotent

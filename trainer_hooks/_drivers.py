@@ -148,7 +148,7 @@ def train(
                 args, disposer, report, create_rollout_manager, create_actor, create_critic, lease_interval
             )
             actor.update_weights()
-            for rollout_id in range(args.start_rollout_id, args.num_rollout):
+            for rollout_id in range(getattr(args, "start_rollout_id", 0) or 0, args.num_rollout):
                 data = rollout_manager.generate(rollout_id)
                 if critic is not None:
                     critic.train(rollout_id, data)
@@ -188,7 +188,7 @@ def train_async(
             # the run directory must not be released under it.
             disposer.callback(pool.shutdown, wait=True, cancel_futures=True, name="shutdown_rollout_thread")
             actor.update_weights()
-            start, stop = args.start_rollout_id, args.num_rollout
+            start, stop = getattr(args, "start_rollout_id", 0) or 0, args.num_rollout
             update_interval = getattr(args, "update_weights_interval", 1) or 1
             next_future: Future[Any] | None = (
                 pool.submit(rollout_manager.generate, start) if start < stop else None

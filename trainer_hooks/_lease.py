@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_hooks._run_media import (
+    _BEFORE_REMOVE,
     RUN_DIR_MODE,
     RunMediaError,
     UnsafeRunDirError,
@@ -306,6 +307,8 @@ class RunLease:
             "heartbeat_interval_s": self.interval,
         }
         _write_json_atomic(self.path, self._record)
+        with _ACTIVE_LOCK:
+            _ACTIVE[_key(self.run_dir)] = self
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._beat, name=f"run-lease-{self.run_dir.name[:8]}", daemon=True
@@ -343,6 +346,9 @@ class RunLease:
             record, self._record = self._record, None
         if record is None:
             return
+        with _ACTIVE_LOCK:
+            if _ACTIVE.get(_key(self.run_dir)) is self:
+                del _ACTIVE[_key(self.run_dir)]
         current = read_lease(self.run_dir)
         if current is not None and (current.get("pid"), current.get("host"), current.get("started_at")) == (
             record["pid"],
@@ -351,6 +357,26 @@ class RunLease:
         ):
             with suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+
+# Leases started by this process, by run directory, so that releasing the directory can stop
+# the heartbeat first (see _run_media._BEFORE_REMOVE).
+_ACTIVE: dict[str, RunLease] = {}
+_ACTIVE_LOCK = threading.Lock()
+
+
+def _key(run_dir: Path) -> str:
+    return os.path.realpath(run_dir)
+
+
+def _close_leases_for(run_dir: Path) -> None:
+    with _ACTIVE_LOCK:
+        lease = _ACTIVE.get(_key(run_dir))
+    if lease is not None:
+        lease.close()
+
+
+_BEFORE_REMOVE.append(_close_leases_for)
 
 
 def acquire_run_lease(args: Namespace, *, interval: float = DEFAULT_HEARTBEAT_INTERVAL_S) -> RunLease | None:

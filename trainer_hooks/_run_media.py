@@ -33,11 +33,13 @@ Trade-offs
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
 import tempfile
 from argparse import Namespace
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,12 +249,20 @@ def release_run_media(args: Namespace) -> int:
     return remove_run_dir(run_dir.parent, run_dir.name)
 
 
+# Called with the run directory before it is removed. trainer_hooks._lease registers one that
+# closes this process's lease on it, so that no heartbeat writes into a directory being deleted
+# (the dependency runs that way round: _lease imports this module).
+_BEFORE_REMOVE: list[Callable[[Path], None]] = []
+
+
 def remove_run_dir(shared: Path, run_id: str) -> int:
     """Remove ``shared/run_id`` after the safety checks of :func:`release_run_media`."""
     check_run_id(run_id)
     run_dir = Path(shared) / run_id
     if _check_run_dir(Path(shared), run_dir) is None:
         return 0
+    for hook in _BEFORE_REMOVE:
+        hook(run_dir)
     return _remove_tree(run_dir)
 
 
@@ -293,7 +303,7 @@ def dir_usage(path: Path) -> DirUsage:
     return usage
 
 
-def _remove_tree(root: Path, *, top: bool = True) -> int:
+def _remove_tree(root: Path, *, top: bool = True, again: bool = True) -> int:
     """Delete ``root`` bottom-up without following symlinks; return the bytes freed.
 
     Written out rather than ``shutil.rmtree`` to count freed bytes as files go and to handle a
@@ -309,15 +319,25 @@ def _remove_tree(root: Path, *, top: bool = True) -> int:
         os.chmod(root, os.lstat(root).st_mode | stat.S_IRWXU)
         entries = list(os.scandir(root))
     for entry in entries:
-        st = entry.stat(follow_symlinks=False)
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # a temporary file renamed away meanwhile
         if stat.S_ISDIR(st.st_mode):
             freed += _remove_tree(Path(entry.path), top=False)
         else:
             _retry_writable(os.unlink, entry.path, root)
             if st.st_nlink == 1:
                 freed += st.st_size
-    # The run directory's parent is the shared root: never ours to chmod.
-    _retry_writable(os.rmdir, root, None if top else root.parent)
+    try:
+        # The run directory's parent is the shared root: never ours to chmod.
+        _retry_writable(os.rmdir, root, None if top else root.parent)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not (top and again):
+            raise
+        # Something wrote while we deleted (a lease heartbeat that was not closed first, a
+        # late store): go round once more; a second failure is reported.
+        return freed + _remove_tree(root, top=True, again=False)
     return freed
 
 
