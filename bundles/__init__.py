@@ -15,6 +15,7 @@ from bundles._errors import (
     UnsafeBundleError,
     UnsupportedValueError,
 )
+from bundles._commit import remove_bundle
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
 from bundles._media import MediaRef
 from bundles._pack import pack_bundle, unpack_bundle
@@ -40,6 +41,7 @@ __all__ = [
     "__version__",
     "open_bundle",
     "pack_bundle",
+    "remove_bundle",
     "unpack_bundle",
     "write_bundle",
 ]

@@ -28,7 +28,7 @@ import secrets
 import socket
 from pathlib import Path
 
-from bundles._errors import BundleExistsError
+from bundles._errors import BundleExistsError, BundleNotFoundError
 from bundles._fs import exchange, fsync_dir, pid_alive, remove_tree, rename_noreplace
 from bundles._layout import MANIFEST_NAME, RETIRED_MARKER, STAGING_MARKER, STAGING_RE
 
@@ -79,6 +79,24 @@ def _replaceable(dest: Path) -> bool:
     if dest.is_symlink() or not dest.is_dir():
         return False
     return (dest / MANIFEST_NAME).is_file() or not any(dest.iterdir())
+
+
+def remove_bundle(path: str | os.PathLike[str]) -> None:
+    """Delete the bundle at ``path`` so that no reader ever finds half of it.
+
+    The bundle is first renamed to a retired name (atomic), then removed; a crash in between
+    leaves a retired directory that the next write into the same parent cleans up. Only a
+    bundle (a directory with a manifest) is removed: anything else raises.
+    """
+    dest = Path(os.path.abspath(path))
+    if dest.is_symlink() or not (dest / MANIFEST_NAME).is_file():
+        if not os.path.lexists(dest):
+            raise BundleNotFoundError(f"{dest}: no bundle here (path does not exist)")
+        raise BundleNotFoundError(f"{dest}: not a bundle ({MANIFEST_NAME} is missing); refusing to remove it")
+    retired = _sibling_name(dest, RETIRED_MARKER)
+    os.rename(dest, retired)
+    fsync_dir(dest.parent)
+    remove_tree(retired)
 
 
 def commit(staging: Path, dest: Path, overwrite: bool) -> None:

@@ -173,3 +173,26 @@ def test_same_input_gives_the_same_bytes(tmp_path):
     a = write_bundle(tmp_path / "a", samples, media_roots=[run], meta={"k": [1, 2]})
     b = write_bundle(tmp_path / "b", samples, media_roots=[run], meta={"k": [1, 2]}, link="copy")
     assert tree_snapshot(a) == tree_snapshot(b)
+
+
+def test_remove_bundle_removes_only_bundles(tmp_path):
+    from bundles import BundleNotFoundError, remove_bundle
+
+    dest = write_bundle(tmp_path / "b", [{"i": 1}])
+    remove_bundle(dest)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(BundleNotFoundError, match="not a bundle"):
+        remove_bundle(tmp_path / "notes")
+    with pytest.raises(FileNotFoundError):
+        remove_bundle(tmp_path / "gone")
+    assert (tmp_path / "notes").is_dir()
+
+
+def test_media_ref_from_bytes_matches_from_file(tmp_path):
+    from bundles import MediaRef
+
+    (tmp_path / "x.png").write_bytes(b"png bytes")
+    a = MediaRef.from_bytes(b"png bytes", ".png")
+    b = MediaRef.from_file(tmp_path / "x.png")
+    assert (a.digest, a.size, a.suffix) == (b.digest, b.size, b.suffix) and a.path is None
