@@ -4,6 +4,7 @@ A bundle is a directory: a manifest, msgpack+zstandard sample shards, and every 
 media file stored once by content digest. See docs/FORMAT.md for the on-disk format.
 """
 
+from bundles._commit import remove_bundle
 from bundles._errors import (
     BundleError,
     BundleExistsError,
@@ -15,7 +16,6 @@ from bundles._errors import (
     UnsafeBundleError,
     UnsupportedValueError,
 )
-from bundles._commit import remove_bundle
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
 from bundles._media import MediaRef
 from bundles._pack import pack_bundle, unpack_bundle
