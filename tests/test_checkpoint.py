@@ -373,3 +373,24 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path, target):
     # The next save into the same directory sweeps the dead writer's staging directory.
     save_rollout_checkpoint(args, 3, [], [make_group(args, 3)])
     assert not killed_in.exists()
+
+
+def test_a_long_scalar_list_hiding_a_mutable_item_fails_the_save(tmp_path):
+    """Long scalar-ended lists are copied shallowly at save() and checked on the worker: one that
+    holds a mutable item fails loudly instead of yielding a checkpoint a later mutation changed."""
+    args = make_args(tmp_path, "run-a")
+    s = make_group(args, 0, n=1)[0]
+    s.tokens = list(range(100))
+    s.tokens[5] = np.array([7])
+    saver = RolloutCheckpointer(args)
+    saver.save(0, [], [[s]])
+    with pytest.raises(CheckpointSaveError, match=r"completed_groups\[0\]\[0\]\.tokens\[5\]: a list whose first and last items are scalars holds a numpy\.ndarray"):
+        saver.flush()
+    saver.close()
+    assert not checkpoint_path(args.save, 0).exists()
+    # Short lists and lists that start with a container are copied item by item instead.
+    s.tokens = [np.array([1]), *range(100)]
+    save_rollout_checkpoint(args, 1, [], [[s]])
+    s.tokens[0][0] = 99
+    _, completed = load_rollout_checkpoint(args, 1)
+    assert completed[0][0].tokens[0].tolist() == [1]

@@ -22,8 +22,9 @@ an error naming the key.
 Directory or single file
 ------------------------
 A formatted path ending in :data:`bundles.PACK_SUFFIX` (``.rbundle``) holds a *packed* bundle: it
-is written as a directory beside it (a hidden staging-style name), packed into the file
-atomically and the directory removed. Loading a packed dump unpacks it (fully verified) into a
+is written as a directory in a hidden temporary directory beside it, packed into the file
+atomically and the directory removed (a crash can leave that ``.<name>.packing.*`` directory
+behind; it is never mistaken for the dump). Loading a packed dump unpacks it (fully verified) into a
 cache directory beside the file, ``.<file name>.<size>-<mtime_ns>.unpacked``, reused while the
 file is unchanged, so the returned media paths stay valid after the call: they point into that
 directory, which this module never deletes (remove it with the file). When the file's directory
@@ -37,15 +38,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import tempfile
 from argparse import Namespace
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bundles import PACK_SUFFIX, Bundle, BundleError, open_bundle, pack_bundle, unpack_bundle
-from bundles._commit import _sibling_name
-from bundles._fs import remove_tree
-from bundles._layout import STAGING_MARKER
+from bundles import PACK_SUFFIX, Bundle, BundleError, open_bundle, pack_bundle, remove_bundle, unpack_bundle
 from trainer_hooks._checkpoint import _media_roots, run_meta, snapshot_value, write_samples_bundle
 from trainer_hooks._sample import Sample
 
@@ -100,17 +100,18 @@ def write_dump_bundle(
     rows = list(samples)
     roots = list(media_roots)
     if path.name.endswith(PACK_SUFFIX):
-        # The bundle is built at <staging-style dir>/bundle: a dead writer's leftover container is
-        # swept by the next bundle write into this directory, and the bundle's own name is not a
-        # staging name (readers refuse those).
-        container = _sibling_name(path, STAGING_MARKER)
-        container.mkdir(parents=True)
+        # Built in a hidden temporary directory beside the file (same filesystem: media can be
+        # hard-linked), packed atomically onto the file, then removed.
+        path.parent.mkdir(parents=True, exist_ok=True)
+        container = Path(tempfile.mkdtemp(prefix=f".{path.name}.packing.", dir=path.parent))
+        bundle = container / "bundle"
         try:
-            bundle = write_samples_bundle(container / "bundle", rows, media_roots=roots, kind=kind, meta=meta,
-                                          link=link, overwrite=False)
+            write_samples_bundle(bundle, rows, media_roots=roots, kind=kind, meta=meta, link=link, overwrite=False)
             return pack_bundle(bundle, path, overwrite=True, progress=False)
         finally:
-            remove_tree(container)
+            if bundle.exists():
+                remove_bundle(bundle)
+            shutil.rmtree(container, ignore_errors=True)
     return write_samples_bundle(path, rows, media_roots=roots, kind=kind, meta=meta, link=link, overwrite=True)
 
 

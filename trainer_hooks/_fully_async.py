@@ -312,15 +312,14 @@ class FullyAsyncRolloutFn:
         """
         self.checkpointer._raise_failed(wait=False)
         dest = checkpoint_path(self.args.save, rollout_id)
+        checks: list[Callable[[], None]] = []
         with self._lock:
             pending = list(self._in_flight.values())  # submission snapshots: immutable by contract
-            queued = list(self._resubmit)
-            completed = self.buffer.groups()
-            # Buffered groups belong to the caller now and may be mutated: copy them while no
-            # group can move between the two sets.
-            completed_snap = snapshot_groups(completed, where="completed_groups")
-        pending = pending + snapshot_groups(queued, where="pending_groups")
-        return self.checkpointer.submit_snapshot(rollout_id, dest, pending, completed_snap)
+            # Buffered groups belong to the caller now and may be mutated: copy them (and the
+            # queued resubmissions) while no group can move between the sets.
+            pending += snapshot_groups(list(self._resubmit), where="pending_groups", deferred=checks)
+            completed = snapshot_groups(self.buffer.groups(), where="completed_groups", deferred=checks)
+        return self.checkpointer.submit_snapshot(rollout_id, dest, pending, completed, checks)
 
     def load(self, rollout_id: int) -> None:
         """Resume from ``<args.load>/rollout/fully_async_<rollout_id>``: pending groups are
