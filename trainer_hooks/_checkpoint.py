@@ -131,7 +131,7 @@ class SnapshotError(BundleError, TypeError):
 
 def _pil_image_type() -> type | None:
     pil = sys.modules.get("PIL.Image")
-    return None if pil is None else pil.Image  # type: ignore[no-any-return]
+    return None if pil is None else pil.Image
 
 
 # Immutable values, shared between the caller and a snapshot. (MediaRef is a frozen dataclass.)
@@ -191,7 +191,7 @@ class _Snapshotter:
             return value.detach().to("cpu", copy=True)
         pil = _pil_image_type()
         if pil is not None and isinstance(value, pil):
-            return value.copy()
+            return value.copy()  # type: ignore[attr-defined]
         if isinstance(value, dict):
             return {k: self.value(v, (*path, k)) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
@@ -234,8 +234,10 @@ def _sample_dict(sample: Any, where: str) -> dict[Any, Any]:
     to_dict = getattr(sample, "to_dict", None)
     if callable(to_dict):
         d = to_dict()
-        if type(d) is dict:
-            return d if d is not getattr(sample, "__dict__", None) else dict(d)
+        if isinstance(d, dict):
+            # Miles' to_dict() returns a fresh shallow copy; a to_dict() that hands out the
+            # instance's own __dict__ (or a dict subclass) is copied once more.
+            return d if type(d) is dict and d is not getattr(sample, "__dict__", None) else dict(d)
     raise TypeError(f"{where}: expected a Sample (an object with to_dict()) or a dict, found {type(sample).__name__}")
 
 
@@ -389,7 +391,7 @@ def training_dtype(args: Namespace) -> str:
 def processor_settings(args: Namespace) -> dict[str, Any] | None:
     """The engines' resolved processor settings (``args.rollout_processor_args``), or None."""
     proc = getattr(args, "rollout_processor_args", None)
-    return None if proc is None else proc.to_dict()  # type: ignore[no-any-return]
+    return None if proc is None else proc.to_dict()
 
 
 def run_meta(args: Namespace) -> dict[str, Any]:

@@ -69,7 +69,7 @@ class ListDataSource:
         self._groups = deque(groups)
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
-        out = []
+        out: list[list[Any]] = []
         while self._groups and len(out) < num_samples:
             out.append(self._groups.popleft())
         return out
@@ -100,15 +100,6 @@ class GroupBuffer:
 
     def groups(self) -> list[list[Any]]:
         return list(self._groups)
-
-    def generate(self, rollout_id: int) -> list[list[Any]]:
-        """The reference drivers' rollout-manager call (see :mod:`trainer_hooks._drivers`)."""
-        return self(rollout_id)
-
-    def dispose(self) -> None:
-        """The drivers' ``dispose_rollout_manager`` step: stop generating. Their next step,
-        ``flush_pending_writes``, calls :meth:`flush` before ``release_run_media``."""
-        self.stop()
 
     def get_metrics(self) -> dict[str, int]:
         return {"buffer/size": len(self._groups), "buffer/total_put": self.total_put,
