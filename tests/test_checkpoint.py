@@ -197,12 +197,13 @@ def _broken_group(args) -> list[Sample]:
     return group
 
 
-def test_background_failure_is_raised_at_flush_once(tmp_path):
+def test_background_failure_is_raised_at_flush_once(tmp_path, caplog):
     args = make_args(tmp_path, "run-a")
     saver = RolloutCheckpointer(args)
     saver.save(3, [], [_broken_group(args)])  # returns: the error happens in the background
     with pytest.raises(CheckpointSaveError) as info:
         saver.flush()
+    assert "rollout 3 failed (raised at the next save() or flush())" in caplog.text  # also logged at once
     msg = str(info.value)
     assert "fully_async_3" in msg and "rollout 3" in msg and "0" * 64 + ".png" in msg
     assert "samples[0].multimodal_inputs.images[2]" in msg

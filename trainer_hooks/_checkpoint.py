@@ -441,6 +441,18 @@ def _write_checkpoint(
     return path
 
 
+def _write_logged(args: Namespace, rollout_id: int, pending: list[list[dict[Any, Any]]],
+                  completed: list[list[dict[Any, Any]]], checks: Sequence[Callable[[], None]]) -> Path:
+    """:func:`_write_checkpoint` on the worker. A failure is also logged at once: it is raised at
+    the next ``save()``/``flush()``, but a process that never calls either still shows it."""
+    try:
+        return _write_checkpoint(args, rollout_id, pending, completed, checks)
+    except BaseException as e:
+        logger.error("background save of the rollout checkpoint for rollout %s failed (raised at the next "
+                     "save() or flush()): %s: %s", rollout_id, type(e).__name__, e)
+        raise
+
+
 def apply_retention(root: str | os.PathLike[str], keep: int | None, *, keep_id: int) -> list[Path]:
     """Delete committed checkpoints beyond the ``keep`` highest ids; never ``keep_id``. Returns
     the deleted paths. Call only after ``keep_id`` is committed."""
@@ -511,7 +523,10 @@ class RolloutCheckpointer:
                 break  # saves complete in order: nothing after an unfinished one is done
             exc = fut.exception()
             with self._lock:
-                self._futures.remove((rid, dest, fut))
+                entry = (rid, dest, fut)
+                if entry not in self._futures:
+                    continue  # another thread reported it already
+                self._futures.remove(entry)
                 if exc is None:
                     self.committed.append(fut.result())
             if exc is not None:
@@ -541,7 +556,7 @@ class RolloutCheckpointer:
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-checkpoint")
-            fut = self._executor.submit(_write_checkpoint, self.args, rollout_id, pending, completed, checks)
+            fut = self._executor.submit(_write_logged, self.args, rollout_id, pending, completed, checks)
             self._futures.append((rollout_id, dest, fut))
         return fut
 

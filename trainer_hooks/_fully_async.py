@@ -46,6 +46,7 @@ from typing import Any
 
 from trainer_hooks._checkpoint import (
     RolloutCheckpointer,
+    _require,
     checkpoint_path,
     read_rollout_checkpoint,
     snapshot_groups,
@@ -302,7 +303,7 @@ class FullyAsyncRolloutFn:
         Raises :class:`trainer_hooks.CheckpointSaveError` when an earlier background save failed.
         """
         self.checkpointer._raise_failed(wait=False)
-        dest = checkpoint_path(self.args.save, rollout_id)
+        dest = checkpoint_path(_require(self.args, "save", "--save"), rollout_id)
         checks: list[Callable[[], None]] = []
         with self._lock:
             pending = list(self._in_flight.values())  # submission snapshots: immutable by contract
