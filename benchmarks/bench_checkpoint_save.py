@@ -44,11 +44,15 @@ async def _never(args, group):  # the benchmark never generates
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--n", type=int, default=600, help="screenshots (default 600, ~0.6 GB)")
     parser.add_argument("--turns", type=int, default=8, help="screenshots per trajectory = samples per group")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--dir", type=Path, default=Path("bench-out"), help="cache and outputs (one filesystem)")
+    parser.add_argument(
+        "--dir", type=Path, default=Path("bench-out"), help="cache and outputs (one filesystem)"
+    )
     parser.add_argument("--link", default="auto", choices=["auto", "hardlink", "reflink", "copy"])
     ns = parser.parse_args(argv)
 
@@ -58,15 +62,28 @@ def main(argv: list[str] | None = None) -> int:
     assert run_dir.name == f"run-v{CACHE_VERSION}-n{ns.n}"
     media_bytes = sum(p.stat().st_size for p in paths)
     ckpt = bench_dir / "checkpoint-out"  # not bench_save.py's "out", which it wipes
-    args = parse_args([
-        "--shared-media-dir", str(run_dir.parent), "--run-uuid", run_dir.name, "--save", str(ckpt),
-        "--bundle-link-mode", ns.link, "--keep-rollout-checkpoints", "2", "--bf16",
-    ])
+    args = parse_args(
+        [
+            "--shared-media-dir",
+            str(run_dir.parent),
+            "--run-uuid",
+            run_dir.name,
+            "--save",
+            str(ckpt),
+            "--bundle-link-mode",
+            ns.link,
+            "--keep-rollout-checkpoints",
+            "2",
+            "--bf16",
+        ]
+    )
 
     groups: dict[int, list[Sample]] = {}
     for d in make_samples(paths, ns.turns):
         n_images = len(d["multimodal_inputs"]["images"])
-        d["multimodal_train_inputs"] = {"image_grid_thw": np.tile(np.array([[1, 78, 138]], np.int64), (n_images, 1))}
+        d["multimodal_train_inputs"] = {
+            "image_grid_thw": np.tile(np.array([[1, 78, 138]], np.int64), (n_images, 1))
+        }
         groups.setdefault(d["group_index"], []).append(Sample.from_dict(d))
     n_samples = sum(len(g) for g in groups.values())
     n_refs = sum(len(s.multimodal_inputs["images"]) for g in groups.values() for s in g)
@@ -76,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         fn.buffer.put(g)
 
     print(machine_description(bench_dir))
-    print(f"{len(paths)} screenshots, {media_bytes / 1e9:.2f} GB; {n_samples} samples in {len(groups)} groups, "
-          f"{n_refs} references; link={ns.link}")
+    print(
+        f"{len(paths)} screenshots, {media_bytes / 1e9:.2f} GB; {n_samples} samples in {len(groups)} groups, "
+        f"{n_refs} references; link={ns.link}"
+    )
     blocked, commit = [], []
     for rid in range(ns.repeats):
         os.sync()
@@ -89,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         fut.result()
         blocked.append(t1 - t0)
         commit.append(t2 - t1)
-        print(f"  repeat {rid}: save() blocked {1000 * (t1 - t0):7.1f} ms; background commit {t2 - t1:6.2f} s")
+        print(
+            f"  repeat {rid}: save() blocked {1000 * (t1 - t0):7.1f} ms; background commit {t2 - t1:6.2f} s"
+        )
     # Back to back: the second save() runs while the first commit holds the worker (and at times
     # the GIL), the worst case for the caller.
     busy = []
@@ -104,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     fn.close()
 
     def row(name: str, xs: list[float], scale: float, unit: str) -> str:
-        return (f"{name:<34} {scale * statistics.median(xs):9.1f} {scale * min(xs):9.1f} "
-                f"{scale * max(xs):9.1f}  {unit}")
+        return (
+            f"{name:<34} {scale * statistics.median(xs):9.1f} {scale * min(xs):9.1f} "
+            f"{scale * max(xs):9.1f}  {unit}"
+        )
 
     print(f"\n{'':<34} {'median':>9} {'min':>9} {'max':>9}")
     print(row("save() blocks the caller", blocked, 1000, "ms"))

@@ -36,10 +36,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def make_args(tmp_path: Path, run: str, *extra: str):
-    return parse_args([
-        "--shared-media-dir", str(tmp_path / "shared"), "--run-uuid", run,
-        "--save", str(tmp_path / "ckpt"), "--load", str(tmp_path / "ckpt"), *extra,
-    ])
+    return parse_args(
+        [
+            "--shared-media-dir",
+            str(tmp_path / "shared"),
+            "--run-uuid",
+            run,
+            "--save",
+            str(tmp_path / "ckpt"),
+            "--load",
+            str(tmp_path / "ckpt"),
+            *extra,
+        ]
+    )
 
 
 def make_group(args, group_index: int, n: int = 2, *, status=Sample.Status.COMPLETED) -> list[Sample]:
@@ -47,14 +56,24 @@ def make_group(args, group_index: int, n: int = 2, *, status=Sample.Status.COMPL
     for i in range(n):
         ref = store_media(args, png_bytes(4, 4, (group_index, i, 7)))
         path_str = store_media(args, png_bytes(3, 3, (i, group_index, 9))).path  # a plain path reference
-        group.append(Sample(
-            group_index=group_index, index=group_index * n + i, prompt=f"p{group_index}.{i}",
-            tokens=[1, 2, 3, group_index, i], multimodal_inputs={"images": [ref, path_str]},
-            multimodal_train_inputs={"image_grid_thw": np.array([[1, 2, 2]], dtype=np.int64)},
-            response="r", response_length=1, reward={"acc": 1.0}, loss_mask=[1],
-            rollout_log_probs=[-0.25], status=status, metadata={"k": [group_index, i]},
-            rollout_routed_experts=np.arange(6, dtype=np.int32).reshape(2, 3),
-        ))
+        group.append(
+            Sample(
+                group_index=group_index,
+                index=group_index * n + i,
+                prompt=f"p{group_index}.{i}",
+                tokens=[1, 2, 3, group_index, i],
+                multimodal_inputs={"images": [ref, path_str]},
+                multimodal_train_inputs={"image_grid_thw": np.array([[1, 2, 2]], dtype=np.int64)},
+                response="r",
+                response_length=1,
+                reward={"acc": 1.0},
+                loss_mask=[1],
+                rollout_log_probs=[-0.25],
+                status=status,
+                metadata={"k": [group_index, i]},
+                rollout_routed_experts=np.arange(6, dtype=np.int32).reshape(2, 3),
+            )
+        )
     return group
 
 
@@ -283,10 +302,14 @@ def test_load_errors_name_path_and_field(tmp_path):
     from bundles import write_bundle
 
     write_bundle(checkpoint_path(args.save, 2), [{"status": "completed"}], kind="debug_dump")
-    with pytest.raises(BundleFormatError, match=r"fully_async_2: kind: expected 'rollout_checkpoint', found 'debug_dump'"):
+    with pytest.raises(
+        BundleFormatError, match=r"fully_async_2: kind: expected 'rollout_checkpoint', found 'debug_dump'"
+    ):
         load_rollout_checkpoint(args, 2)
     no_media = parse_args(["--load", args.save, "--run-uuid", "x"])
-    with pytest.raises(RunMediaError, match=r"fully_async_1: the checkpoint holds 4 media file\(s\) but --shared-media-dir"):
+    with pytest.raises(
+        RunMediaError, match=r"fully_async_1: the checkpoint holds 4 media file\(s\) but --shared-media-dir"
+    ):
         load_rollout_checkpoint(no_media, 1)
     with pytest.raises(ValueError, match="--load is not set"):
         load_rollout_checkpoint(parse_args([]), 1)
@@ -332,8 +355,12 @@ CHILD = textwrap.dedent("""
 def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path, target):
     script = tmp_path / "child.py"
     script.write_text(CHILD.format(repo=str(REPO)))
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(target)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path), str(target)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "committed", proc.stderr.read()
         rollout = tmp_path / "ckpt" / "rollout"
@@ -385,7 +412,10 @@ def test_a_long_scalar_list_hiding_a_mutable_item_fails_the_save(tmp_path):
     s.tokens[5] = np.array([7])
     saver = RolloutCheckpointer(args)
     saver.save(0, [], [[s]])
-    with pytest.raises(CheckpointSaveError, match=r"completed_groups\[0\]\[0\]\.tokens\[5\]: a list whose first and last items are scalars holds a numpy\.ndarray"):
+    with pytest.raises(
+        CheckpointSaveError,
+        match=r"completed_groups\[0\]\[0\]\.tokens\[5\]: a list whose first and last items are scalars holds a numpy\.ndarray",
+    ):
         saver.flush()
     saver.close()
     assert not checkpoint_path(args.save, 0).exists()

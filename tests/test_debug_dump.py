@@ -21,25 +21,42 @@ from trainer_hooks.testing import png_bytes
 
 
 def make_args(tmp_path: Path, template: str, *extra: str):
-    return parse_args([
-        "--shared-media-dir", str(tmp_path / "shared"), "--run-uuid", "run-a",
-        "--save-debug-rollout-data", str(tmp_path / "dumps" / template),
-        "--load-debug-rollout-data", str(tmp_path / "dumps" / template), *extra,
-    ])
+    return parse_args(
+        [
+            "--shared-media-dir",
+            str(tmp_path / "shared"),
+            "--run-uuid",
+            "run-a",
+            "--save-debug-rollout-data",
+            str(tmp_path / "dumps" / template),
+            "--load-debug-rollout-data",
+            str(tmp_path / "dumps" / template),
+            *extra,
+        ]
+    )
 
 
 def samples(args, n: int, start: int = 0) -> list[Sample]:
     out = []
     for i in range(start, start + n):
         ref = store_media(args, png_bytes(3, 3, (i % 256, 1, 2)))
-        out.append(Sample(index=i, prompt=f"p{i}", tokens=[i, i + 1], multimodal_inputs={"images": [ref]},
-                          multimodal_train_inputs={"image_grid_thw": np.array([[1, 2, 2]])},
-                          reward=float(i), status=Sample.Status.COMPLETED))
+        out.append(
+            Sample(
+                index=i,
+                prompt=f"p{i}",
+                tokens=[i, i + 1],
+                multimodal_inputs={"images": [ref]},
+                multimodal_train_inputs={"image_grid_thw": np.array([[1, 2, 2]])},
+                reward=float(i),
+                status=Sample.Status.COMPLETED,
+            )
+        )
     return out
 
 
-@pytest.mark.parametrize("template", ["rollout_{rollout_id}", "rollout_{rollout_id}" + PACK_SUFFIX],
-                         ids=["directory", "packed"])
+@pytest.mark.parametrize(
+    "template", ["rollout_{rollout_id}", "rollout_{rollout_id}" + PACK_SUFFIX], ids=["directory", "packed"]
+)
 def test_round_trip_survives_release_of_the_run_media(tmp_path, template):
     args = make_args(tmp_path, template, "--bf16")
     data = samples(args, 4)
@@ -94,12 +111,15 @@ def test_groups_are_flattened_and_unset_template_is_a_no_op(tmp_path):
         load_debug_rollout_data(off, 0)
 
 
-@pytest.mark.parametrize(("n", "ratio", "expected"), [
-    (10, 0.5, [0, 1, 7, 8, 9]),     # int(5): first 2, last 3 (as Miles)
-    (10, 0.4, [0, 1, 8, 9]),
-    (10, 1.0, list(range(10))),
-    (3, 0.2, []),                   # int(0.6) == 0 keeps nothing (Miles would keep everything)
-])
+@pytest.mark.parametrize(
+    ("n", "ratio", "expected"),
+    [
+        (10, 0.5, [0, 1, 7, 8, 9]),  # int(5): first 2, last 3 (as Miles)
+        (10, 0.4, [0, 1, 8, 9]),
+        (10, 1.0, list(range(10))),
+        (3, 0.2, []),  # int(0.6) == 0 keeps nothing (Miles would keep everything)
+    ],
+)
 def test_subsample_keeps_first_and_last_halves(tmp_path, n, ratio, expected):
     args = make_args(tmp_path, "d_{rollout_id}", "--load-debug-rollout-data-subsample", str(ratio))
     save_debug_rollout_data(args, samples(args, n), 1, evaluation=False)
@@ -121,8 +141,11 @@ def test_mutation_after_save_and_metadata_must_be_json(tmp_path):
 def test_pil_images_in_dumps(tmp_path):
     Image = pytest.importorskip("PIL.Image")
     args = make_args(tmp_path, "d_{rollout_id}" + PACK_SUFFIX)
-    s = Sample(index=0, multimodal_inputs={"images": [Image.new("RGB", (6, 2), (1, 2, 3))]},
-               status=Sample.Status.COMPLETED)
+    s = Sample(
+        index=0,
+        multimodal_inputs={"images": [Image.new("RGB", (6, 2), (1, 2, 3))]},
+        status=Sample.Status.COMPLETED,
+    )
     save_debug_rollout_data(args, [s], 0, evaluation=False)
     (loaded,), _ = load_debug_rollout_data(args, 0)
     with Image.open(loaded.multimodal_inputs["images"][0].path) as img:

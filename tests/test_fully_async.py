@@ -28,15 +28,28 @@ from trainer_hooks.testing import StandInTrainer, png_bytes
 
 
 def make_args(tmp_path: Path, run: str, *extra: str):
-    return parse_args([
-        "--shared-media-dir", str(tmp_path / "shared"), "--run-uuid", run, "--save", str(tmp_path / "ckpt"),
-        "--load", str(tmp_path / "ckpt"), "--rollout-batch-size", "2", *extra,
-    ])
+    return parse_args(
+        [
+            "--shared-media-dir",
+            str(tmp_path / "shared"),
+            "--run-uuid",
+            run,
+            "--save",
+            str(tmp_path / "ckpt"),
+            "--load",
+            str(tmp_path / "ckpt"),
+            "--rollout-batch-size",
+            "2",
+            *extra,
+        ]
+    )
 
 
 def prompts(n_groups: int, start: int = 0, size: int = 2) -> list[list[Sample]]:
-    return [[Sample(group_index=g, index=g * size + i, prompt=f"prompt {g}") for i in range(size)]
-            for g in range(start, start + n_groups)]
+    return [
+        [Sample(group_index=g, index=g * size + i, prompt=f"prompt {g}") for i in range(size)]
+        for g in range(start, start + n_groups)
+    ]
 
 
 class Generator:
@@ -158,8 +171,11 @@ def test_generator_errors_surface_at_drain_and_the_group_stays_checkpointable(tm
 def test_background_save_failure_surfaces_at_next_save(tmp_path):
     args = make_args(tmp_path, "run-a")
     fn = FullyAsyncRolloutFn(args, ListDataSource([]), Generator())
-    bad = Sample(index=0, status=Sample.Status.COMPLETED,
-                 multimodal_inputs={"images": [str(run_media_dir(args) / ("f" * 64 + ".png"))]})
+    bad = Sample(
+        index=0,
+        status=Sample.Status.COMPLETED,
+        multimodal_inputs={"images": [str(run_media_dir(args) / ("f" * 64 + ".png"))]},
+    )
     fn.buffer.put([bad])
     fn.save(0).exception(timeout=30)
     with pytest.raises(CheckpointSaveError, match="rollout 0"):
@@ -170,8 +186,9 @@ def test_background_save_failure_surfaces_at_next_save(tmp_path):
 def test_reference_driver_flushes_checkpoints_before_releasing_media(tmp_path):
     """train_async with the rollout function as its rollout manager: every step is checkpointed
     in the background, teardown flushes before release_run_media, and a new run resumes."""
-    args = make_args(tmp_path, "run-a", "--num-rollout", "3", "--save-interval", "1",
-                     "--keep-rollout-checkpoints", "2")
+    args = make_args(
+        tmp_path, "run-a", "--num-rollout", "3", "--save-interval", "1", "--keep-rollout-checkpoints", "2"
+    )
 
     class Manager(FullyAsyncRolloutFn):
         def generate(self, rollout_id):  # the stand-in trainer takes a flat list of samples
@@ -184,8 +201,9 @@ def test_reference_driver_flushes_checkpoints_before_releasing_media(tmp_path):
         return made[0]
 
     disposer = RunDisposer()
-    report = train_async(args, create_rollout_manager=create, create_actor=StandInTrainer,
-                         disposer=disposer, lease_interval=60)
+    report = train_async(
+        args, create_rollout_manager=create, create_actor=StandInTrainer, disposer=disposer, lease_interval=60
+    )
     assert report.trained_rollout_ids == [0, 1, 2]
     history = report.teardown
     assert history.index("dispose_rollout_manager") < history.index("flush_pending_writes")

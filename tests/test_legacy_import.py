@@ -33,19 +33,29 @@ def write_legacy_dump(tmp_path: Path, *, missing: bool = False) -> tuple[Path, P
     gone = str(old_run / "deleted.png")
     samples = [
         {
-            "group_index": 0, "index": 0, "prompt": "click OK", "tokens": [1, 2, 3],
+            "group_index": 0,
+            "index": 0,
+            "prompt": "click OK",
+            "tokens": [1, 2, 3],
             "multimodal_inputs": {"images": [Image.new("RGB", (4, 3), (0, 128, 255)), str(shot)]},
             "multimodal_train_inputs": {
                 "pixel_values": torch.arange(24, dtype=torch.float32).reshape(2, 12),
                 "image_grid_thw": torch.tensor([[1, 2, 2]], dtype=torch.int64),
                 "bf": torch.ones(2, dtype=torch.bfloat16),
             },
-            "response": "ok", "response_length": 1, "reward": 1.0, "status": "completed",
+            "response": "ok",
+            "response_length": 1,
+            "reward": 1.0,
+            "status": "completed",
             "metadata": {"source": "gui"},
         },
         {
-            "group_index": 0, "index": 1, "prompt": "text only", "tokens": [4],
-            "multimodal_inputs": {"images": [gone] if missing else []}, "status": "truncated",
+            "group_index": 0,
+            "index": 1,
+            "prompt": "text only",
+            "tokens": [4],
+            "multimodal_inputs": {"images": [gone] if missing else []},
+            "status": "truncated",
         },
     ]
     src = tmp_path / "rollout_3.pt"
@@ -96,7 +106,9 @@ def test_import_converts_images_and_keeps_tensors(tmp_path, suffix, capsys):
 
 def test_missing_media_is_named_or_kept(tmp_path):
     src, _ = write_legacy_dump(tmp_path, missing=True)
-    with pytest.raises(LegacyDumpError, match=r"samples\[1\]\.multimodal_inputs\.images\[0\]: media file .*deleted\.png"):
+    with pytest.raises(
+        LegacyDumpError, match=r"samples\[1\]\.multimodal_inputs\.images\[0\]: media file .*deleted\.png"
+    ):
         import_legacy_dump(src, tmp_path / "out", trust_pickle=True)
     assert not (tmp_path / "out").exists()
     import_legacy_dump(src, tmp_path / "out", trust_pickle=True, missing_media="keep")
@@ -111,6 +123,18 @@ def test_not_a_dump_and_existing_output(tmp_path):
         import_legacy_dump(bad, tmp_path / "o", trust_pickle=True)
     src, _ = write_legacy_dump(tmp_path)
     (tmp_path / "o").mkdir()
-    r = subprocess.run([sys.executable, "-m", "trainer_hooks.cli", "import-dump", str(src), "-o",
-                        str(tmp_path / "o"), "--trust-pickle"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer_hooks.cli",
+            "import-dump",
+            str(src),
+            "-o",
+            str(tmp_path / "o"),
+            "--trust-pickle",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1 and "destination exists" in r.stderr

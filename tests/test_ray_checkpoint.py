@@ -15,8 +15,18 @@ pytestmark = pytest.mark.ray
 
 def test_actor_saves_then_driver_releases_run_dir_and_resumes(tmp_path, ray_local):
     ray = ray_local
-    argv = ["--shared-media-dir", str(tmp_path / "shared"), "--run-uuid", "run-a", "--save", str(tmp_path / "ckpt"),
-            "--load", str(tmp_path / "ckpt"), "--rollout-batch-size", "2"]
+    argv = [
+        "--shared-media-dir",
+        str(tmp_path / "shared"),
+        "--run-uuid",
+        "run-a",
+        "--save",
+        str(tmp_path / "ckpt"),
+        "--load",
+        str(tmp_path / "ckpt"),
+        "--rollout-batch-size",
+        "2",
+    ]
 
     # Defined here so that Ray ships the class by value; the worker imports trainer_hooks itself.
     @ray.remote(num_cpus=0)
@@ -39,14 +49,20 @@ def test_actor_saves_then_driver_releases_run_dir_and_resumes(tmp_path, ray_loca
                     s.status = Sample.Status.COMPLETED
                 return group
 
-            groups = [[Sample(group_index=g, index=2 * g + i, prompt=f"p{g}") for i in range(2)] for g in range(4)]
+            groups = [
+                [Sample(group_index=g, index=2 * g + i, prompt=f"p{g}") for i in range(2)] for g in range(4)
+            ]
             self.fn = FullyAsyncRolloutFn(self.args, ListDataSource(groups), generate, max_in_flight=4)
 
         def run_and_save(self, rollout_id: int) -> dict[int, str]:
             self.fn.start()
             with self.fn._changed:
-                self.fn._changed.wait_for(lambda: len(self.fn.buffer) == 2 and len(self.fn._in_flight) == 2, 30)
-            digests = {s.index: s.multimodal_inputs["images"][0].digest for g in self.fn.buffer.groups() for s in g}
+                self.fn._changed.wait_for(
+                    lambda: len(self.fn.buffer) == 2 and len(self.fn._in_flight) == 2, 30
+                )
+            digests = {
+                s.index: s.multimodal_inputs["images"][0].digest for g in self.fn.buffer.groups() for s in g
+            }
             self.fn.save(rollout_id)  # returns at once; written by the actor's background thread
             return digests
 
@@ -79,7 +95,9 @@ def test_actor_saves_then_driver_releases_run_dir_and_resumes(tmp_path, ray_loca
     args_b = parse_args([*argv[:3], "run-b", *argv[4:]])
     pending, completed = load_rollout_checkpoint(args_b, 4)
     assert [[s.index for s in g] for g in pending] == [[4, 5], [6, 7]]
-    assert all(s.multimodal_inputs is None or not s.multimodal_inputs.get("images") for g in pending for s in g)
+    assert all(
+        s.multimodal_inputs is None or not s.multimodal_inputs.get("images") for g in pending for s in g
+    )
     run_b = run_media_dir(args_b)
     for g in completed:
         for s in g:

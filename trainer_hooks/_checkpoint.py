@@ -176,7 +176,9 @@ class _Snapshotter:
         if t is tuple:
             if _SCALAR_TYPES.issuperset(set(map(type, value))):
                 return value
-            return tuple(v if type(v) in _SCALAR_TYPES else self.value(v, (*path, i)) for i, v in enumerate(value))
+            return tuple(
+                v if type(v) in _SCALAR_TYPES else self.value(v, (*path, i)) for i, v in enumerate(value)
+            )
         if t is bytearray or t is memoryview:
             return bytes(value)
         np = sys.modules.get("numpy")
@@ -238,7 +240,9 @@ def _sample_dict(sample: Any, where: str) -> dict[Any, Any]:
             # Miles' to_dict() returns a fresh shallow copy; a to_dict() that hands out the
             # instance's own __dict__ (or a dict subclass) is copied once more.
             return d if type(d) is dict and d is not getattr(sample, "__dict__", None) else dict(d)
-    raise TypeError(f"{where}: expected a Sample (an object with to_dict()) or a dict, found {type(sample).__name__}")
+    raise TypeError(
+        f"{where}: expected a Sample (an object with to_dict()) or a dict, found {type(sample).__name__}"
+    )
 
 
 def _snapshot_sample(snap: _Snapshotter, sample: Any, path: Path_) -> dict[Any, Any]:
@@ -251,7 +255,10 @@ def _snapshot_sample(snap: _Snapshotter, sample: Any, path: Path_) -> dict[Any, 
 
 
 def snapshot_groups(
-    groups: Iterable[Iterable[Any]], *, where: str = "groups", deferred: list[Callable[[], None]] | None = None
+    groups: Iterable[Iterable[Any]],
+    *,
+    where: str = "groups",
+    deferred: list[Callable[[], None]] | None = None,
 ) -> list[list[dict[Any, Any]]]:
     """Snapshot groups of samples (``Sample`` objects or dicts) into independent sample dicts.
 
@@ -266,7 +273,9 @@ def snapshot_groups(
     out: list[list[dict[Any, Any]]] = []
     for gi, group in enumerate(groups):
         if isinstance(group, (dict, str, bytes)) or not isinstance(group, Iterable):
-            raise TypeError(f"{where}[{gi}]: expected a group (a list of samples), found {type(group).__name__}")
+            raise TypeError(
+                f"{where}[{gi}]: expected a group (a list of samples), found {type(group).__name__}"
+            )
         out.append([_snapshot_sample(snap, s, (where, gi, si)) for si, s in enumerate(group)])
     if deferred is None:
         snap.check()
@@ -295,7 +304,9 @@ class ImageSink:
         try:
             image.save(buf, format="PNG")
         except (OSError, ValueError, KeyError) as e:
-            raise BundleError(f"{where}: PIL image (mode {image.mode}) cannot be written as PNG: {e}") from None
+            raise BundleError(
+                f"{where}: PIL image (mode {image.mode}) cannot be written as PNG: {e}"
+            ) from None
         data = buf.getvalue()
         ref = MediaRef.from_bytes(data, ".png")
         path = self.media_dir / ref.filename
@@ -348,8 +359,16 @@ def write_samples_bundle(
         sink = ImageSink(tmp)
         prepared = [sink.replace(s, f"samples[{i}]") for i, s in enumerate(samples)]
         roots = [*media_roots, tmp] if sink.count else list(media_roots)
-        return write_bundle(dest, prepared, media_roots=roots, kind=kind, meta=meta, link=link,
-                            overwrite=overwrite, progress=False)
+        return write_bundle(
+            dest,
+            prepared,
+            media_roots=roots,
+            kind=kind,
+            meta=meta,
+            link=link,
+            overwrite=overwrite,
+            progress=False,
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -419,7 +438,10 @@ def _require(args: Namespace, name: str, option: str) -> Any:
 
 
 def _write_checkpoint(
-    args: Namespace, rollout_id: int, pending: list[list[dict[Any, Any]]], completed: list[list[dict[Any, Any]]],
+    args: Namespace,
+    rollout_id: int,
+    pending: list[list[dict[Any, Any]]],
+    completed: list[list[dict[Any, Any]]],
     checks: Sequence[Callable[[], None]] = (),
 ) -> Path:
     for check in checks:  # the snapshot's deferred checks, before anything is written
@@ -434,22 +456,37 @@ def _write_checkpoint(
     }
     samples = [s for g in pending for s in g] + [s for g in completed for s in g]
     path = write_samples_bundle(
-        dest, samples, media_roots=_media_roots(args), kind=CHECKPOINT_KIND, meta=meta,
-        link=getattr(args, "bundle_link_mode", None) or "auto", overwrite=True,
+        dest,
+        samples,
+        media_roots=_media_roots(args),
+        kind=CHECKPOINT_KIND,
+        meta=meta,
+        link=getattr(args, "bundle_link_mode", None) or "auto",
+        overwrite=True,
     )
     apply_retention(args.save, getattr(args, "keep_rollout_checkpoints", None), keep_id=rollout_id)
     return path
 
 
-def _write_logged(args: Namespace, rollout_id: int, pending: list[list[dict[Any, Any]]],
-                  completed: list[list[dict[Any, Any]]], checks: Sequence[Callable[[], None]]) -> Path:
+def _write_logged(
+    args: Namespace,
+    rollout_id: int,
+    pending: list[list[dict[Any, Any]]],
+    completed: list[list[dict[Any, Any]]],
+    checks: Sequence[Callable[[], None]],
+) -> Path:
     """:func:`_write_checkpoint` on the worker. A failure is also logged at once: it is raised at
     the next ``save()``/``flush()``, but a process that never calls either still shows it."""
     try:
         return _write_checkpoint(args, rollout_id, pending, completed, checks)
     except BaseException as e:
-        logger.error("background save of the rollout checkpoint for rollout %s failed (raised at the next "
-                     "save() or flush()): %s: %s", rollout_id, type(e).__name__, e)
+        logger.error(
+            "background save of the rollout checkpoint for rollout %s failed (raised at the next "
+            "save() or flush()): %s: %s",
+            rollout_id,
+            type(e).__name__,
+            e,
+        )
         raise
 
 
@@ -478,7 +515,10 @@ def apply_retention(root: str | os.PathLike[str], keep: int | None, *, keep_id: 
 
 
 def save_rollout_checkpoint(
-    args: Namespace, rollout_id: int, pending_groups: Iterable[Iterable[Any]], completed_groups: Iterable[Iterable[Any]]
+    args: Namespace,
+    rollout_id: int,
+    pending_groups: Iterable[Iterable[Any]],
+    completed_groups: Iterable[Iterable[Any]],
 ) -> Path:
     """Write the checkpoint of ``rollout_id`` now, in this thread, and apply retention.
 
@@ -535,8 +575,12 @@ class RolloutCheckpointer:
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
 
-    def save(self, rollout_id: int, pending_groups: Iterable[Iterable[Any]],
-             completed_groups: Iterable[Iterable[Any]]) -> Future[Path]:
+    def save(
+        self,
+        rollout_id: int,
+        pending_groups: Iterable[Iterable[Any]],
+        completed_groups: Iterable[Iterable[Any]],
+    ) -> Future[Path]:
         """Snapshot the groups and queue the write; returns the future of the committed path.
 
         Raises :class:`CheckpointSaveError` (and queues nothing) when an earlier save failed.
@@ -548,9 +592,14 @@ class RolloutCheckpointer:
         completed = snapshot_groups(completed_groups, where="completed_groups", deferred=checks)
         return self.submit_snapshot(rollout_id, dest, pending, completed, checks)
 
-    def submit_snapshot(self, rollout_id: int, dest: Path, pending: list[list[dict[Any, Any]]],
-                        completed: list[list[dict[Any, Any]]],
-                        checks: Sequence[Callable[[], None]] = ()) -> Future[Path]:
+    def submit_snapshot(
+        self,
+        rollout_id: int,
+        dest: Path,
+        pending: list[list[dict[Any, Any]]],
+        completed: list[list[dict[Any, Any]]],
+        checks: Sequence[Callable[[], None]] = (),
+    ) -> Future[Path]:
         """Queue already-snapshotted groups (nothing may mutate them afterwards) and the
         snapshot's deferred checks, which run on the worker before anything is written."""
         with self._lock:
@@ -603,12 +652,17 @@ class RolloutCheckpoint:
 def _check_sizes(meta: dict[str, Any], key: str, where: Path) -> list[int]:
     sizes = meta.get(key)
     if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
-        raise BundleFormatError(f"{where}: meta.{key}: expected a list of group sizes (ints >= 0), found {sizes!r}")
+        raise BundleFormatError(
+            f"{where}: meta.{key}: expected a list of group sizes (ints >= 0), found {sizes!r}"
+        )
     return sizes
 
 
 def read_rollout_checkpoint(
-    args: Namespace, rollout_id: int, *, root: str | os.PathLike[str] | None = None,
+    args: Namespace,
+    rollout_id: int,
+    *,
+    root: str | os.PathLike[str] | None = None,
     sample_factory: Callable[[dict[Any, Any]], Any] = Sample.from_dict,
 ) -> RolloutCheckpoint:
     """Open ``<root or args.load>/rollout/fully_async_<rollout_id>`` and rehydrate it into
@@ -627,9 +681,13 @@ def read_rollout_checkpoint(
     meta = bundle.meta
     version = meta.get("checkpoint_version")
     if version != CHECKPOINT_VERSION:
-        raise BundleFormatError(f"{path}: meta.checkpoint_version: expected {CHECKPOINT_VERSION}, found {version!r}")
+        raise BundleFormatError(
+            f"{path}: meta.checkpoint_version: expected {CHECKPOINT_VERSION}, found {version!r}"
+        )
     if meta.get("rollout_id") != rollout_id:
-        raise BundleFormatError(f"{path}: meta.rollout_id: expected {rollout_id}, found {meta.get('rollout_id')!r}")
+        raise BundleFormatError(
+            f"{path}: meta.rollout_id: expected {rollout_id}, found {meta.get('rollout_id')!r}"
+        )
     pending_sizes = _check_sizes(meta, "pending_group_sizes", path)
     completed_sizes = _check_sizes(meta, "completed_group_sizes", path)
     if sum(pending_sizes) + sum(completed_sizes) != len(bundle):
@@ -644,8 +702,9 @@ def read_rollout_checkpoint(
                 f"{path}: the checkpoint holds {len(bundle.media)} media file(s) but --shared-media-dir is not "
                 "set: there is no run media directory to rehydrate them into"
             )
-        rows = bundle.rehydrate(_ensure_run_dir(args), link=getattr(args, "bundle_link_mode", None) or "auto",
-                                progress=False)
+        rows = bundle.rehydrate(
+            _ensure_run_dir(args), link=getattr(args, "bundle_link_mode", None) or "auto", progress=False
+        )
     else:
         rows = list(bundle.samples())
     samples = [sample_factory(r) for r in rows]
@@ -663,18 +722,22 @@ def read_rollout_checkpoint(
     for n in completed_sizes:
         completed.append(samples[pos : pos + n])
         pos += n
-    return RolloutCheckpoint(path=path, rollout_id=rollout_id, meta=meta, pending_groups=pending,
-                             completed_groups=completed)
+    return RolloutCheckpoint(
+        path=path, rollout_id=rollout_id, meta=meta, pending_groups=pending, completed_groups=completed
+    )
 
 
 def _warn_on_mismatch(args: Namespace, meta: dict[str, Any], path: Path) -> None:
     for key, now in (("training_dtype", training_dtype(args)), ("processor", processor_settings(args))):
         if key in meta and meta[key] != now:
-            logger.warning("%s: meta.%s: the checkpoint was written with %r, this run uses %r",
-                           path, key, meta[key], now)
+            logger.warning(
+                "%s: meta.%s: the checkpoint was written with %r, this run uses %r", path, key, meta[key], now
+            )
 
 
-def load_rollout_checkpoint(args: Namespace, rollout_id: int) -> tuple[list[list[Sample]], list[list[Sample]]]:
+def load_rollout_checkpoint(
+    args: Namespace, rollout_id: int
+) -> tuple[list[list[Sample]], list[list[Sample]]]:
     """``(pending_groups, completed_groups)`` of ``<args.load>/rollout/fully_async_<rollout_id>``,
     with media rehydrated into the current run's media directory (see
     :func:`read_rollout_checkpoint`)."""

@@ -106,13 +106,17 @@ def write_dump_bundle(
         container = Path(tempfile.mkdtemp(prefix=f".{path.name}.packing.", dir=path.parent))
         bundle = container / "bundle"
         try:
-            write_samples_bundle(bundle, rows, media_roots=roots, kind=kind, meta=meta, link=link, overwrite=False)
+            write_samples_bundle(
+                bundle, rows, media_roots=roots, kind=kind, meta=meta, link=link, overwrite=False
+            )
             return pack_bundle(bundle, path, overwrite=True, progress=False)
         finally:
             if bundle.exists():
                 remove_bundle(bundle)
             shutil.rmtree(container, ignore_errors=True)
-    return write_samples_bundle(path, rows, media_roots=roots, kind=kind, meta=meta, link=link, overwrite=True)
+    return write_samples_bundle(
+        path, rows, media_roots=roots, kind=kind, meta=meta, link=link, overwrite=True
+    )
 
 
 def save_debug_rollout_data(
@@ -139,11 +143,20 @@ def save_debug_rollout_data(
     samples = [
         snapshot_value(s.to_dict() if hasattr(s, "to_dict") else s) for s in _flatten(data, evaluation)
     ]
-    meta = {"rollout_id": name if evaluation else rollout_id, "evaluation": bool(evaluation),
-            "metadata": dict(metadata or {}), **run_meta(args)}
+    meta = {
+        "rollout_id": name if evaluation else rollout_id,
+        "evaluation": bool(evaluation),
+        "metadata": dict(metadata or {}),
+        **run_meta(args),
+    }
     check_json(meta["metadata"], f"{path}: metadata")
-    return write_dump_bundle(path, samples, media_roots=_media_roots(args), meta=meta,
-                             link=getattr(args, "bundle_link_mode", None) or "auto")
+    return write_dump_bundle(
+        path,
+        samples,
+        media_roots=_media_roots(args),
+        meta=meta,
+        link=getattr(args, "bundle_link_mode", None) or "auto",
+    )
 
 
 def check_json(value: Any, where: str) -> None:
@@ -222,5 +235,7 @@ def load_debug_rollout_data(args: Namespace, rollout_id: int | str) -> tuple[lis
     samples = _subsample(samples, getattr(args, "load_debug_rollout_data_subsample", None))
     metadata = bundle.meta.get("metadata", {})
     if not isinstance(metadata, dict):
-        raise BundleError(f"{bundle.path}: meta.metadata: expected an object, found {type(metadata).__name__}")
+        raise BundleError(
+            f"{bundle.path}: meta.metadata: expected an object, found {type(metadata).__name__}"
+        )
     return samples, metadata

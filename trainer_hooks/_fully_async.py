@@ -103,8 +103,11 @@ class GroupBuffer:
         return list(self._groups)
 
     def get_metrics(self) -> dict[str, int]:
-        return {"buffer/size": len(self._groups), "buffer/total_put": self.total_put,
-                "buffer/total_got": self.total_got}
+        return {
+            "buffer/size": len(self._groups),
+            "buffer/total_put": self.total_put,
+            "buffer/total_got": self.total_got,
+        }
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -198,8 +201,10 @@ class FullyAsyncRolloutFn:
         try:
             while not self._stop.is_set():
                 with self._lock:
-                    room = min(self.max_in_flight - len(self._in_flight),
-                               self.max_buffered - len(self._in_flight) - len(self.buffer))
+                    room = min(
+                        self.max_in_flight - len(self._in_flight),
+                        self.max_buffered - len(self._in_flight) - len(self.buffer),
+                    )
                 if room > 0:
                     # Taking groups and recording them as in flight is one step under the lock, so
                     # a concurrent save() sees each group exactly once (queued, in flight or
@@ -214,8 +219,9 @@ class FullyAsyncRolloutFn:
                     for key, group in started:
                         tasks.add(asyncio.create_task(self._run_group(key, group)))
                 if tasks:
-                    done, _ = await asyncio.wait(tasks, timeout=self.poll_interval,
-                                                 return_when=asyncio.FIRST_COMPLETED)
+                    done, _ = await asyncio.wait(
+                        tasks, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED
+                    )
                     tasks -= done
                     for t in done:
                         t.result()
@@ -322,8 +328,12 @@ class FullyAsyncRolloutFn:
             for g in ckpt.completed_groups:
                 self.buffer.put(g)
             self._changed.notify_all()
-        logger.info("loaded %s: %d pending and %d completed groups", ckpt.path, len(ckpt.pending_groups),
-                    len(ckpt.completed_groups))
+        logger.info(
+            "loaded %s: %d pending and %d completed groups",
+            ckpt.path,
+            len(ckpt.pending_groups),
+            len(ckpt.completed_groups),
+        )
 
     def flush(self) -> list[Path]:
         """Wait for background checkpoint saves; raise the first failure."""

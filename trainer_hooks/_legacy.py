@@ -108,28 +108,40 @@ def import_legacy_dump(
         raise ValueError(f"missing_media: expected 'error' or 'keep', found {missing_media!r}")
     dest_path = Path(os.path.abspath(dest))
     if os.path.lexists(dest_path) and not overwrite:
-        raise BundleExistsError(f"{dest_path}: destination exists; pass overwrite=True (--force) to replace it")
+        raise BundleExistsError(
+            f"{dest_path}: destination exists; pass overwrite=True (--force) to replace it"
+        )
     try:
         import torch
     except ImportError:
-        raise LegacyDumpError(f"{src_path}: reading a torch.save file needs torch, which is not installed") from None
+        raise LegacyDumpError(
+            f"{src_path}: reading a torch.save file needs torch, which is not installed"
+        ) from None
     if not src_path.is_file():
         raise LegacyDumpError(f"{src_path}: no such file")
     try:
         data = torch.load(src_path, map_location="cpu", weights_only=False)
     except Exception as e:
-        raise LegacyDumpError(f"{src_path}: not a readable torch.save file: {type(e).__name__}: {e}") from None
+        raise LegacyDumpError(
+            f"{src_path}: not a readable torch.save file: {type(e).__name__}: {e}"
+        ) from None
     if not isinstance(data, Mapping) or "samples" not in data:
         found = sorted(map(str, data)) if isinstance(data, Mapping) else type(data).__name__
-        raise LegacyDumpError(f"{src_path}: expected a dict with 'samples', 'rollout_id', 'metadata'; found {found}")
+        raise LegacyDumpError(
+            f"{src_path}: expected a dict with 'samples', 'rollout_id', 'metadata'; found {found}"
+        )
     raw_samples = data["samples"]
     if not isinstance(raw_samples, (list, tuple)):
-        raise LegacyDumpError(f"{src_path}: samples: expected a list of sample dicts, found {type(raw_samples).__name__}")
+        raise LegacyDumpError(
+            f"{src_path}: samples: expected a list of sample dicts, found {type(raw_samples).__name__}"
+        )
     samples = []
     for i, s in enumerate(raw_samples):
         d = s.to_dict() if hasattr(s, "to_dict") else s
         if not isinstance(d, dict):
-            raise LegacyDumpError(f"{src_path}: samples[{i}]: expected a sample dict, found {type(d).__name__}")
+            raise LegacyDumpError(
+                f"{src_path}: samples[{i}]: expected a sample dict, found {type(d).__name__}"
+            )
         d = dict(d)
         status = d.get("status")
         if status is not None and not isinstance(status, str) and hasattr(status, "value"):
@@ -159,8 +171,14 @@ def _run_import(ns: argparse.Namespace) -> int:
     if not ns.trust_pickle:
         print(f"rollout-bundle import-dump: {ns.file}: refusing to load: {PICKLE_WARNING}", file=sys.stderr)
         return 2
-    out = import_legacy_dump(ns.file, ns.output, trust_pickle=True, link=ns.link, overwrite=ns.force,
-                             missing_media="keep" if ns.keep_missing_media else "error")
+    out = import_legacy_dump(
+        ns.file,
+        ns.output,
+        trust_pickle=True,
+        link=ns.link,
+        overwrite=ns.force,
+        missing_media="keep" if ns.keep_missing_media else "error",
+    )
     print(f"imported {ns.file} -> {out}")
     return 0
 
@@ -173,13 +191,28 @@ def add_import_dump_command(subparsers: Any) -> None:
         description="Convert a legacy torch.save debug rollout dump into a bundle. " + PICKLE_WARNING + ".",
     )
     p.add_argument("file", metavar="OLD.pt")
-    p.add_argument("-o", "--output", required=True, metavar="BUNDLE",
-                   help="bundle directory to write, or a packed file ending in .rbundle")
-    p.add_argument("--trust-pickle", action="store_true",
-                   help="allow loading the file with pickle (it can run code from the file)")
-    p.add_argument("--link", choices=("auto", "hardlink", "reflink", "copy"), default="auto",
-                   help="how media files named by path are taken into the bundle")
-    p.add_argument("--keep-missing-media", action="store_true",
-                   help="keep paths of media files that no longer exist as plain strings")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="BUNDLE",
+        help="bundle directory to write, or a packed file ending in .rbundle",
+    )
+    p.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="allow loading the file with pickle (it can run code from the file)",
+    )
+    p.add_argument(
+        "--link",
+        choices=("auto", "hardlink", "reflink", "copy"),
+        default="auto",
+        help="how media files named by path are taken into the bundle",
+    )
+    p.add_argument(
+        "--keep-missing-media",
+        action="store_true",
+        help="keep paths of media files that no longer exist as plain strings",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.set_defaults(func=_run_import)
