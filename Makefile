@@ -3,7 +3,7 @@
 #
 #   make demo    walk-through: screenshots -> bundle -> delete run dir -> open, fully verify
 #   make test    tox: format tests on py310-py313 (no torch/Ray), everything on py311-full
-#   make lint    ruff + mypy
+#   make lint    ruff check + mypy (`make format` applies ruff format)
 #   make bench   benchmarks/bench_save.py (BENCH_ARGS="--n 600 --repeats 3")
 #   make clean   remove build/test/demo/bench outputs (keeps .venv); `make distclean` also .venv
 
@@ -37,7 +37,7 @@ VENV_OK   := $(VENV)/.stamp-venv
 TORCH_OK  := $(VENV)/.stamp-torch
 DEV_OK    := $(VENV)/.stamp-dev
 
-.PHONY: demo test lint bench venv clean distclean
+.PHONY: demo test lint format bench venv clean distclean
 
 demo: $(DEV_OK)
 	$(BIN)/python examples/demo.py
@@ -47,8 +47,11 @@ test: $(DEV_OK)
 
 lint: $(DEV_OK)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+format: $(DEV_OK)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 bench: $(DEV_OK)
 	$(BIN)/python benchmarks/bench_save.py $(BENCH_ARGS)

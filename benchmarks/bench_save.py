@@ -36,6 +36,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,7 +74,7 @@ def ensure_media(bench_dir: Path, n: int) -> list[Path]:
     return [run_dir / name for name in index.read_text().split()]
 
 
-def make_samples(paths: list[Path], turns: int) -> list[dict[str, Any]]:
+def make_samples(paths: list[Path], turns: int, tokens: int = 1024) -> list[dict[str, Any]]:
     """Sample dicts shaped like Miles' ``Sample.to_dict()``, referencing screenshots by absolute path."""
     rng = np.random.default_rng(0)
     samples = []
@@ -85,7 +86,7 @@ def make_samples(paths: list[Path], turns: int) -> list[dict[str, Any]]:
                     "group_index": t // turns,
                     "index": len(samples),
                     "prompt": f"<|im_start|>user\nstep {k}: finish the task on screen<|im_end|>",
-                    "tokens": rng.integers(0, 150_000, 1024).tolist(),
+                    "tokens": rng.integers(0, 150_000, tokens).tolist(),
                     "multimodal_inputs": {"images": shots[: k + 1]},
                     "response": "<tool_call>click(960, 540)</tool_call>",
                     "response_length": 256,
@@ -175,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--n", type=int, default=600, help="screenshots (default 600, ~0.6 GB)")
     parser.add_argument("--turns", type=int, default=8, help="screenshots per trajectory (default 8)")
+    parser.add_argument(
+        "--tokens", type=int, default=1024, help="token ids per sample, a plain list (default 1024)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--dir", type=Path, default=Path("bench-out"), help="cache and outputs (one filesystem)"
@@ -191,15 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     bench_dir = args.dir.resolve()
     paths = ensure_media(bench_dir, args.n)
     run_dir = paths[0].parent
-    samples = make_samples(paths, args.turns)
+    samples = make_samples(paths, args.turns, args.tokens)
     blobs = {str(p): p.read_bytes() for p in paths}
     media_bytes = sum(len(b) for b in blobs.values())
     refs = sum(len(s["multimodal_inputs"]["images"]) for s in samples)
     heavy = with_image_bytes(samples, blobs)
-    out = bench_dir / "out"
+    # A fresh folder per run: a concurrent run (or anything else under --dir) is never touched.
+    out = Path(tempfile.mkdtemp(prefix="out-", dir=bench_dir))
     print(machine_description(bench_dir))
     print(
-        f"{len(samples)} samples, {refs} references to {len(paths)} screenshots "
+        f"{len(samples)} samples ({args.tokens} tokens each), {refs} references to {len(paths)} screenshots "
         f"({media_bytes / 1e6:.0f} MB); {args.repeats} repeats; outputs in {out}\n",
         flush=True,
     )
@@ -221,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     profile_of = {"write_bundle(link='auto')": "auto", "write_bundle(link='copy')": "copy"}
     times: dict[str, list[float]] = {name: [] for name in methods}
     for r in range(args.repeats):
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
+        shutil.rmtree(out)
+        out.mkdir()
         for name, fn in methods.items():
             prof = profiles.get(profile_of.get(name, "")) if r == 0 else None
             times[name].append(timed(fn, prof))
@@ -274,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "" if ok is None else ("PASS" if ok else "MISS")
         print(f"{text}   target {target:7} {verdict}")
 
+    shutil.rmtree(out)
     for name, prof in profiles.items():
         print(f"\n--- cProfile: {name} (first repeat), top 25 by cumulative time ---")
         s = io.StringIO()
