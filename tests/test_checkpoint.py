@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import trainer_hooks
 from bundles import BundleFormatError, BundleNotFoundError, MediaMissingError, MediaRef, open_bundle
 from bundles._media import sha256_bytes
 from trainer_hooks import (
@@ -32,7 +33,9 @@ from trainer_hooks import (
 from trainer_hooks._checkpoint import checkpoint_path, list_rollout_checkpoints
 from trainer_hooks.testing import png_bytes
 
-REPO = Path(__file__).resolve().parents[1]
+# Where this process imports trainer_hooks from (the source tree or an installed wheel): the
+# child imports the same code.
+IMPORT_ROOT = Path(trainer_hooks.__file__).resolve().parents[1]
 
 
 def make_args(tmp_path: Path, run: str, *extra: str):
@@ -354,7 +357,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("target", [2, 1], ids=["new-id", "overwrite-same-id"])
 def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path, target):
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(repo=str(REPO)))
+    script.write_text(CHILD.format(repo=str(IMPORT_ROOT)))
     proc = subprocess.Popen(
         [sys.executable, str(script), str(tmp_path), str(target)],
         stdout=subprocess.PIPE,
