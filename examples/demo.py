@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shutil
 import sys
 import tempfile
@@ -171,7 +172,11 @@ def step_summary(d: Demo) -> None:
     print(f"  media          {stored} files, {b.media_bytes / 1e6:.1f} MB")
     print(f"  references     {b.media_references} (dedup ratio {b.media_references / max(stored, 1):.2f}x)")
     print(f"  write + verify {(d.timings['write'] + d.timings['verify']) * 1e3:.0f} ms")
-    print(f"  try:           rollout-bundle inspect {b.path}")
+    # The CLI lives beside this interpreter (.venv/bin under `make demo`), which may not be on PATH.
+    cli = "rollout-bundle"
+    if shutil.which(cli) is None:
+        cli = os.path.relpath(Path(sys.executable).with_name(cli))
+    print(f"  try:           {cli} inspect {b.path}")
 
 
 STEPS: list[tuple[str, Callable[[Demo], None]]] = [
