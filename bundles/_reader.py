@@ -224,7 +224,10 @@ class Bundle:
             rel_root = os.path.relpath(root, self.path)
             for name in dirs + files:
                 rel = name if rel_root == "." else f"{rel_root}/{name}"
-                st = os.lstat(os.path.join(root, name))
+                try:
+                    st = os.lstat(os.path.join(root, name))
+                except FileNotFoundError:
+                    continue  # vanished while listing: reported as missing below if listed
                 if stat.S_ISDIR(st.st_mode):
                     if rel not in (SHARDS_DIR, MEDIA_DIR):
                         problems.append(f"{self.path}/{rel}: unexpected directory")
@@ -477,14 +480,15 @@ def open_bundle(path: str | os.PathLike[str], *, verify: str = "fast") -> Bundle
             "`rollout-bundle unpack`"
         )
     resolved = p.resolve()
-    for attempt in range(3):
+    attempts = 10
+    for attempt in range(attempts):
         bundle = Bundle(resolved, parse_manifest(resolved))
         if verify == "none":
             return bundle
         try:
             bundle.verify(full=verify == "full", progress=False)
         except BundleReplacedError:
-            if attempt == 2:
+            if attempt == attempts - 1:
                 raise
             continue  # an overwrite swapped the directory between reading the manifest and checking
         return bundle
