@@ -81,6 +81,13 @@ def _replaceable(dest: Path) -> bool:
     return (dest / MANIFEST_NAME).is_file() or not any(dest.iterdir())
 
 
+def is_bundle(path: str | os.PathLike[str]) -> bool:
+    """True for a committed bundle directory: not a symlink, not a staging directory, with a
+    manifest. Cheap (two stats); :func:`open_bundle` is what validates it."""
+    p = Path(path)
+    return not p.is_symlink() and not is_staging_name(p.name) and (p / MANIFEST_NAME).is_file()
+
+
 def remove_bundle(path: str | os.PathLike[str]) -> None:
     """Delete the bundle at ``path`` so that no reader ever finds half of it.
 
@@ -89,7 +96,7 @@ def remove_bundle(path: str | os.PathLike[str]) -> None:
     bundle (a directory with a manifest) is removed: anything else raises.
     """
     dest = Path(os.path.abspath(path))
-    if dest.is_symlink() or not (dest / MANIFEST_NAME).is_file():
+    if not is_bundle(dest):
         if not os.path.lexists(dest):
             raise BundleNotFoundError(f"{dest}: no bundle here (path does not exist)")
         raise BundleNotFoundError(f"{dest}: not a bundle ({MANIFEST_NAME} is missing); refusing to remove it")

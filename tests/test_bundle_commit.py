@@ -196,3 +196,15 @@ def test_media_ref_from_bytes_matches_from_file(tmp_path):
     a = MediaRef.from_bytes(b"png bytes", ".png")
     b = MediaRef.from_file(tmp_path / "x.png")
     assert (a.digest, a.size, a.suffix) == (b.digest, b.size, b.suffix) and a.path is None
+
+
+def test_is_bundle_tells_committed_bundles_apart(tmp_path):
+    from bundles import is_bundle
+
+    dest = write_bundle(tmp_path / "b", [{"i": 1}])
+    (tmp_path / "link").symlink_to(dest)
+    (tmp_path / ".b.staging.h.1.ab").mkdir()
+    assert is_bundle(dest)
+    assert not is_bundle(tmp_path / "link")
+    assert not is_bundle(tmp_path / ".b.staging.h.1.ab")
+    assert not is_bundle(tmp_path / "missing")

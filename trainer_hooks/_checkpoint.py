@@ -83,11 +83,11 @@ from bundles import (
     BundleFormatError,
     BundleNotFoundError,
     MediaRef,
+    is_bundle,
     open_bundle,
     remove_bundle,
     write_bundle,
 )
-from bundles._layout import MANIFEST_NAME  # the on-disk marker of a committed bundle
 from trainer_hooks._run_media import RunMediaError, _ensure_run_dir, run_media_dir
 from trainer_hooks._sample import Sample
 
@@ -394,7 +394,7 @@ def list_rollout_checkpoints(root: str | os.PathLike[str]) -> dict[int, Path]:
         return found
     for e in entries:
         m = _CHECKPOINT_RE.fullmatch(e.name)
-        if m and e.is_dir(follow_symlinks=False) and os.path.isfile(os.path.join(e.path, MANIFEST_NAME)):
+        if m and e.is_dir(follow_symlinks=False) and is_bundle(e.path):
             found[int(m["id"])] = Path(e.path)
     return dict(sorted(found.items()))
 

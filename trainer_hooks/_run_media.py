@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleError, MediaRef
-from bundles._media import sha256_bytes
 
 __all__ = [
     "RunMediaError",
@@ -206,7 +205,7 @@ def store_media(args: Namespace, data: Any, suffix: str = ".png") -> MediaRef:
         '9f86d0…08.png'
     """
     payload = _to_bytes(data, suffix)
-    digest = sha256_bytes(payload)
+    digest = MediaRef.from_bytes(payload).digest
     probe = MediaRef(digest, len(payload), suffix)  # validates the suffix before touching disk
     run_dir = _ensure_run_dir(args)
     dest = run_dir / probe.filename

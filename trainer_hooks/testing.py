@@ -21,7 +21,6 @@ from argparse import Namespace
 from pathlib import Path
 
 from bundles import MediaRef
-from bundles._media import sha256_bytes
 from trainer_hooks._run_media import store_media
 from trainer_hooks._sample import Sample
 
@@ -153,7 +152,7 @@ class StandInTrainer:
         for sample in samples:
             for ref in (sample.multimodal_inputs or {}).get("images", []):
                 data = Path(ref.path).read_bytes()
-                if sha256_bytes(data) != ref.digest:
+                if MediaRef.from_bytes(data).digest != ref.digest:
                     raise RuntimeError(f"{ref.path}: content does not match {ref.digest}")
                 self.images_read += 1
         if rollout_id == self.fail_at:
