@@ -380,6 +380,7 @@ class Bundle:
         check_link_mode(link)
         target = Path(os.path.abspath(media_dir))
         target.mkdir(parents=True, exist_ok=True)
+        target_dev = os.stat(target).st_dev
         placed: dict[str, MediaRef] = {}
         with Progress(f"rehydrating {self.path.name}", total=len(self._media), unit="files", enabled=progress) as bar:
             for name, ref in self._media.items():
@@ -394,9 +395,17 @@ class Bundle:
                 tmp = target / f".{name}.{os.getpid()}.rehydrate"
                 if os.path.lexists(tmp):
                     os.unlink(tmp)
-                if ingest(str(ref.path), str(tmp), link) == "copy":
-                    copy_and_hash(str(ref.path), str(tmp))
-                make_read_only(str(tmp))
+                src_st = os.stat(str(ref.path))
+                if ingest(str(ref.path), str(tmp), link, src_st.st_dev, target_dev) == "copy":
+                    hexdigest, _ = copy_and_hash(str(ref.path), str(tmp))
+                    if "sha256:" + hexdigest != ref.digest:
+                        os.unlink(tmp)
+                        raise BundleVerificationError(
+                            self.path, [f"{ref.path}: digest: expected {ref.digest}, found sha256:{hexdigest}"]
+                        )
+                    make_read_only(str(tmp))
+                else:
+                    make_read_only(str(tmp), src_st.st_mode)
                 os.replace(tmp, dst)
                 placed[name] = ref.with_path(str(dst))
                 bar.advance()

@@ -31,7 +31,15 @@ import zstandard
 from bundles._codec import SampleEncoder
 from bundles._commit import commit, create_staging
 from bundles._errors import BundleError, BundleExistsError, MediaMissingError, UnsupportedValueError
-from bundles._fs import check_link_mode, copy_and_hash, fsync_dir, ingest, make_read_only, remove_tree
+from bundles._fs import (
+    Durability,
+    check_link_mode,
+    copy_and_hash,
+    fsync_dir,
+    ingest,
+    make_read_only,
+    remove_tree,
+)
 from bundles._layout import (
     DIGEST_PREFIX,
     FORMAT_NAME,
@@ -89,6 +97,8 @@ class _MediaIngester:
         self.by_source: dict[str, MediaRef] = {}  # source path -> ref
         self.references = 0
         self.methods: dict[str, int] = {}
+        self.durability = Durability()
+        self.media_dev = os.stat(self.media_dir).st_dev
         self._tmp_counter = 0
 
     # -- encoder callbacks -------------------------------------------------------------------
@@ -156,16 +166,23 @@ class _MediaIngester:
                         f"file already stored under that digest has {stored.size}"
                     )
                 return stored
+        if claimed is not None and self.link != "copy":
+            # A trusted name can be linked straight to its final name: no temporary, no rename.
+            final = MediaRef(claimed, st.st_size, suffix)
+            target = str(self.media_dir / final.filename)
+            method = ingest(source, target, self.link, st.st_dev, self.media_dev)
+            if method != "copy":
+                self._stored_file(final, target, method, st.st_mode)
+                return final
         self._tmp_counter += 1
         tmp = str(self.media_dir / f".ingest-{self._tmp_counter}")
-        method = ingest(source, tmp, self.link)
+        method = ingest(source, tmp, self.link, st.st_dev, self.media_dev)
         if method == "copy":
             hexdigest, size = copy_and_hash(source, tmp)
-        elif claimed is not None:
-            hexdigest, size = claimed[len(DIGEST_PREFIX) :], st.st_size
+            mode = None
         else:
             hexdigest, size = sha256_file(tmp)
-        self.methods[method] = self.methods.get(method, 0) + 1
+            mode = st.st_mode
         digest = DIGEST_PREFIX + hexdigest
         if claimed is not None and claimed != digest:
             os.unlink(tmp)
@@ -179,11 +196,19 @@ class _MediaIngester:
         final = MediaRef(digest, size, suffix)
         if final.filename in self.stored:
             os.unlink(tmp)
-        else:
-            make_read_only(tmp)
-            os.rename(tmp, self.media_dir / final.filename)
-            self.stored[final.filename] = final
+            return final
+        target = str(self.media_dir / final.filename)
+        os.rename(tmp, target)
+        self._stored_file(final, target, method, mode)
         return final
+
+    def _stored_file(self, ref: MediaRef, path: str, method: str, mode: int | None) -> None:
+        # A hard link shares the source's inode, so its known mode saves a stat; run media
+        # stores write files read-only already, and then there is nothing to change.
+        make_read_only(path, mode)
+        self.durability.add(path)
+        self.stored[ref.filename] = ref
+        self.methods[method] = self.methods.get(method, 0) + 1
 
 
 class _ShardWriter:
@@ -322,6 +347,7 @@ def write_bundle(
             f.flush()
             os.fsync(f.fileno())
         make_read_only(str(staging / MANIFEST_NAME))
+        media.durability.sync()
         fsync_dir(staging / SHARDS_DIR)
         fsync_dir(staging / MEDIA_DIR)
         commit(staging, dest, overwrite)
