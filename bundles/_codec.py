@@ -59,17 +59,14 @@ _FLOAT_TYPES = frozenset({float, bool})
 
 
 def _is_flat_numbers(items: list[Any]) -> bool:
-    """True for a list of only ints (within 64 bits) or only floats, checked with C-level calls.
+    """True for a list of only ints or only floats, checked at C speed.
 
     Walking such lists item by item in Python was most of a save's cost (a 1,024-token sample
-    is 1,024 calls); ``set(map(type, ...))``, ``min`` and ``max`` do it at C speed.
+    is 1,024 calls). An int beyond 64 bits makes the packer raise; :meth:`SampleEncoder.encode`
+    then walks the sample item by item to name it.
     """
     types = set(map(type, items))
-    if types <= _FLOAT_TYPES:
-        return True
-    if types <= _INT_TYPES:
-        return min(items) >= _INT_MIN and max(items) <= _UINT_MAX
-    return False
+    return types <= _FLOAT_TYPES or types <= _INT_TYPES
 
 
 def key_path(parent: str, key: object) -> str:
@@ -104,8 +101,21 @@ class SampleEncoder:
         converted = self._convert(sample, where, 0)
         try:
             return self._packer.pack(converted)
-        except (OverflowError, ValueError, TypeError) as e:  # pragma: no cover - _convert screens these
-            raise UnsupportedValueError(f"{where}: cannot encode: {e}") from e
+        except OverflowError:
+            # A fast-pathed list of ints holds one beyond 64 bits: walk it slowly to name it.
+            self._check_ints(sample, where)
+            raise  # pragma: no cover - _check_ints always finds it
+
+    def _check_ints(self, obj: Any, where: str) -> None:
+        t = type(obj)
+        if t is int and not _INT_MIN <= obj <= _UINT_MAX:
+            raise UnsupportedValueError(f"{where}: int {obj} does not fit in 64 bits")
+        if t is dict:
+            for k, v in obj.items():
+                self._check_ints(v, key_path(where, k))
+        elif t is list or t is tuple:
+            for i, v in enumerate(obj):
+                self._check_ints(v, f"{where}[{i}]")
 
     def _ref_ext(self, code: int, ref: MediaRef) -> msgpack.ExtType:
         return msgpack.ExtType(code, msgpack.packb([ref.digest, ref.size, ref.suffix]))

@@ -210,3 +210,10 @@ def test_many_samples_split_into_shards_and_stream_back(tmp_path, monkeypatch):
     bundle = open_bundle(tmp_path / "b", verify="full")
     assert len(bundle.manifest["shards"]) > 5
     assert list(bundle.samples()) == samples
+
+
+def test_big_int_inside_a_long_token_list_is_named(tmp_path):
+    tokens = [1] * 100 + [2**64] + [2] * 10
+    with pytest.raises(UnsupportedValueError, match=r"samples\[1\]\.tokens\[100\]: int 18446744073709551616"):
+        write_bundle(tmp_path / "b", [{"tokens": [1] * 10}, {"tokens": tokens}])
+    assert list(tmp_path.iterdir()) == []
