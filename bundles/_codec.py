@@ -54,6 +54,8 @@ class PathRef:
         self.ref = ref
 
 
+# Stored as they are; ints beyond 64 bits make the packer raise, and encode() then names them.
+_PASSTHROUGH = frozenset({type(None), bool, int, float, bytes})
 _INT_TYPES = frozenset({int, bool})
 _FLOAT_TYPES = frozenset({float, bool})
 
@@ -92,17 +94,25 @@ class SampleEncoder:
     Both are given the key path so that their errors can name it.
     """
 
-    def __init__(self, resolve_string: StringRefResolver, resolve_ref: MediaRefResolver) -> None:
+    def __init__(
+        self,
+        resolve_string: StringRefResolver,
+        resolve_ref: MediaRefResolver,
+        string_prefixes: tuple[str, ...] | None = None,
+    ) -> None:
         self._resolve_string = resolve_string
         self._resolve_ref = resolve_ref
+        # Strings that cannot be references (no media-root prefix) skip the resolver call; None
+        # means every string is offered to it.
+        self._prefixes = string_prefixes
         self._packer = msgpack.Packer(use_bin_type=True, strict_types=True, autoreset=True)
+        self._ext_cache: dict[tuple[int, str, int, str], msgpack.ExtType] = {}
 
     def encode(self, sample: Any, where: str) -> bytes:
-        converted = self._convert(sample, where, 0)
         try:
-            return self._packer.pack(converted)
+            return self._packer.pack(self._convert(sample, where, 0))  # tuples are packed inside
         except OverflowError:
-            # A fast-pathed list of ints holds one beyond 64 bits: walk it slowly to name it.
+            # An int beyond 64 bits (ints are not range-checked on the way): name it.
             self._check_ints(sample, where)
             raise  # pragma: no cover - _check_ints always finds it
 
@@ -118,39 +128,45 @@ class SampleEncoder:
                 self._check_ints(v, f"{where}[{i}]")
 
     def _ref_ext(self, code: int, ref: MediaRef) -> msgpack.ExtType:
-        return msgpack.ExtType(code, msgpack.packb([ref.digest, ref.size, ref.suffix]))
+        key = (code, ref.digest, ref.size, ref.suffix)
+        ext = self._ext_cache.get(key)
+        if ext is None:
+            ext = self._ext_cache[key] = msgpack.ExtType(code, msgpack.packb([ref.digest, ref.size, ref.suffix]))
+        return ext
+
+    def _plain(self, v: Any) -> bool:
+        """True when ``v`` is stored as it is: scalars, bytes, and strings that cannot be references."""
+        tv = type(v)
+        if tv in _PASSTHROUGH:
+            return True
+        return tv is str and self._prefixes is not None and not v.startswith(self._prefixes)
 
     def _convert(self, obj: Any, where: str, depth: int) -> Any:
         if depth > MAX_NESTING_DEPTH:
             raise UnsupportedValueError(f"{where}: nesting deeper than {MAX_NESTING_DEPTH} levels")
         t = type(obj)
+        if t in _PASSTHROUGH:
+            return obj
         if t is str:
             ref = self._resolve_string(obj, where)
             return obj if ref is None else self._ref_ext(EXT_PATH_REF, ref)
-        if obj is None or t is bool or t is float:
-            return obj
-        if t is int:
-            if obj < _INT_MIN or obj > _UINT_MAX:
-                raise UnsupportedValueError(f"{where}: int {obj} does not fit in 64 bits")
-            return obj
         if t is dict:
             out = {}
             for k, v in obj.items():
-                if type(k) not in (str, int):
+                tk = type(k)
+                if tk is not str and tk is not int:
                     raise UnsupportedValueError(
-                        f"{where}: dict keys must be str or int, found {type(k).__name__} {k!r}"
+                        f"{where}: dict keys must be str or int, found {tk.__name__} {k!r}"
                     )
-                out[k] = self._convert(v, key_path(where, k), depth + 1)
+                out[k] = v if self._plain(v) else self._convert(v, key_path(where, k), depth + 1)
             return out
         if t is list:
             if len(obj) > 4 and _is_flat_numbers(obj):
                 return obj  # token ids, masks, log-probs: msgpack packs them as they are
-            return [self._convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)]
+            return [v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)]
         if t is tuple:
-            items = [self._convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)]
+            items = [v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)]
             return msgpack.ExtType(EXT_TUPLE, self._packer.pack(items))
-        if t is bytes:
-            return obj
         if t is bytearray or t is memoryview:
             raise UnsupportedValueError(f"{where}: {t.__name__} is not stored; convert it to bytes")
         if t is MediaRef:

@@ -3,8 +3,9 @@
 1. A writer creates a staging directory *beside* the destination, named
    ``.<dest name>.staging.<host>.<pid>.<nonce>``, so that the final step is a rename within one
    filesystem and the owner of a staging directory can be told from its name.
-2. It writes every file into it, fsyncs each file, each subdirectory and the staging directory.
-   The manifest is written last: a directory without one is never a bundle.
+2. It writes every file into it, the manifest last (a directory without one is never a bundle),
+   then makes them durable together: an fsync of each file, each subdirectory and the staging
+   directory, or, for many files, one ``syncfs`` of the filesystem (see ``_fs.Durability``).
 3. It renames the staging directory to the destination with ``renameat2(RENAME_NOREPLACE)`` (or
    a plain rename after an existence check where the kernel lacks it), then fsyncs the parent.
    With ``overwrite=True`` and an existing bundle at the destination, ``renameat2(RENAME_EXCHANGE)``
@@ -108,7 +109,6 @@ def remove_bundle(path: str | os.PathLike[str]) -> None:
 
 def commit(staging: Path, dest: Path, overwrite: bool) -> None:
     """Publish a fully written and fsynced staging directory at ``dest`` (see module docstring)."""
-    fsync_dir(staging)
     if os.path.lexists(dest):
         if not overwrite:
             raise BundleExistsError(f"{dest}: destination exists; pass overwrite=True to replace it")

@@ -98,12 +98,17 @@ def copy_and_hash(src: str, dst: str) -> tuple[str, int]:
 
 
 class Durability:
-    """Files to fsync before a commit, fsynced together at the end.
+    """Files to make durable before a commit, all at once at the end.
 
     An fsync right after each link commits the filesystem journal once per file (~0.5 ms each on
-    ext4); fsyncing after all links and copies are made lets the first fsync commit every pending
-    metadata change, and the rest find little left to do.
+    ext4). Instead the writer collects the files and, before the manifest is committed, either
+    fsyncs each (a few files) or calls ``syncfs`` once on the bundle's filesystem (many files:
+    one flush instead of hundreds). The trade-off of ``syncfs``: it also flushes other dirty data
+    on that filesystem, so it can take longer when another process is writing heavily there; it
+    never makes anything less durable.
     """
+
+    SYNCFS_THRESHOLD = 32
 
     def __init__(self) -> None:
         self.paths: list[str] = []
@@ -111,10 +116,43 @@ class Durability:
     def add(self, path: str) -> None:
         self.paths.append(path)
 
-    def sync(self) -> None:
+    def sync(self, dirs: list[str | os.PathLike[str]]) -> None:
+        """Make the collected files and ``dirs`` (deepest first, the staging directory last)
+        durable."""
+        if len(self.paths) > self.SYNCFS_THRESHOLD and _syncfs(os.fspath(dirs[-1])):
+            self.paths.clear()  # syncfs covers file data and every directory's metadata
+            return
         for path in self.paths:
             _fsync_path(path)
+        for d in dirs:
+            fsync_dir(d)
         self.paths.clear()
+
+
+def _load_syncfs() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name, use_errno=True).syncfs if name else None
+    except (OSError, AttributeError):
+        return None
+    if fn is not None:
+        fn.argtypes = [ctypes.c_int]
+        fn.restype = ctypes.c_int
+    return fn
+
+
+_syncfs_fn = _load_syncfs()
+
+
+def _syncfs(path: str) -> bool:
+    """``syncfs`` on the filesystem holding ``path``; False where libc lacks it or it fails."""
+    if _syncfs_fn is None:
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return bool(_syncfs_fn(fd) == 0)
+    finally:
+        os.close(fd)
 
 
 def ingest(src: str, dst: str, link: str, src_dev: int, dst_dev: int) -> str:

@@ -159,6 +159,7 @@ def unpack_bundle(
         for sub in (SHARDS_DIR, MEDIA_DIR):
             (staging / sub).mkdir(exist_ok=True)
             fsync_dir(staging / sub)
+        fsync_dir(staging)
         Bundle(staging, parse_manifest(staging)).verify(full=True, progress=False)
         commit(staging, dest, overwrite)
     except BaseException:

@@ -35,7 +35,6 @@ from bundles._fs import (
     Durability,
     check_link_mode,
     copy_and_hash,
-    fsync_dir,
     ingest,
     make_read_only,
     remove_tree,
@@ -222,8 +221,9 @@ class _MediaIngester:
 
 
 class _ShardWriter:
-    def __init__(self, shards_dir: Path) -> None:
+    def __init__(self, shards_dir: Path, durability: Durability) -> None:
         self.shards_dir = shards_dir
+        self.durability = durability
         self.entries: list[dict[str, Any]] = []
         self._parts: list[bytes] = []
         self._raw = 0
@@ -246,9 +246,8 @@ class _ShardWriter:
         path = self.shards_dir / name
         with open(path, "xb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         make_read_only(str(path))
+        self.durability.add(str(path))
         self.entries.append(
             {
                 "path": f"{SHARDS_DIR}/{name}",
@@ -325,8 +324,8 @@ def write_bundle(
         (staging / SHARDS_DIR).mkdir()
         (staging / MEDIA_DIR).mkdir()
         media = _MediaIngester(dest, staging, media_roots, link)
-        encoder = SampleEncoder(media.resolve_string, media.resolve_ref)
-        shards = _ShardWriter(staging / SHARDS_DIR)
+        encoder = SampleEncoder(media.resolve_string, media.resolve_ref, media.root_prefixes)
+        shards = _ShardWriter(staging / SHARDS_DIR, media.durability)
         count = 0
         with Progress(f"writing {dest.name}", unit="samples", enabled=progress) as bar:
             for index, sample in enumerate(samples):
@@ -354,12 +353,9 @@ def write_bundle(
         }
         with open(staging / MANIFEST_NAME, "xb") as f:
             f.write(manifest_bytes(manifest))
-            f.flush()
-            os.fsync(f.fileno())
         make_read_only(str(staging / MANIFEST_NAME))
-        media.durability.sync()
-        fsync_dir(staging / SHARDS_DIR)
-        fsync_dir(staging / MEDIA_DIR)
+        media.durability.add(str(staging / MANIFEST_NAME))
+        media.durability.sync([staging / SHARDS_DIR, staging / MEDIA_DIR, staging])
         commit(staging, dest, overwrite)
     except BaseException:
         if staging.exists():

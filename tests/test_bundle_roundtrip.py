@@ -217,3 +217,8 @@ def test_big_int_inside_a_long_token_list_is_named(tmp_path):
     with pytest.raises(UnsupportedValueError, match=r"samples\[1\]\.tokens\[100\]: int 18446744073709551616"):
         write_bundle(tmp_path / "b", [{"tokens": [1] * 10}, {"tokens": tokens}])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_big_int_inside_a_tuple_is_named(tmp_path):
+    with pytest.raises(UnsupportedValueError, match=r"samples\[0\]\.t\[1\]\[0\]: int -9223372036854775809"):
+        write_bundle(tmp_path / "b", [{"t": (1, (-(2**63) - 1,))}])
