@@ -1,30 +1,39 @@
-"""Walk-through of a bundle surviving the teardown of its run (``make demo``).
+"""Walk-through of a computer-use (CUA) RL run whose artifacts survive its teardown (``make demo``).
 
 A multimodal RL run keeps its screenshots content-addressed under
-``<shared_media_dir>/<run_uuid>/`` and deletes that directory as its last teardown step. This
-demo plays that out:
+``<shared_media_dir>/<run_uuid>/`` and deletes that directory as its last teardown step. Rollout
+checkpoints and debug dumps are bundles, so they carry the screenshots they need. This demo plays
+a whole run out with the public APIs of ``trainer_hooks`` and ``bundles``:
 
-1. render a few 1920x1080 desktop screenshots into a run media directory;
-2. build samples shaped like Miles' ``Sample.to_dict()`` that reference them by absolute path;
-3. write a debug-dump bundle from them;
-4. tear the run down: delete the run media directory;
-5. open the bundle with full verification and check every image against the original bytes;
-6. print a summary.
+1. parse real arguments (``trainer_hooks.parse_args``), including the parse-time processor check;
+2. run a small fully-async CUA run with the reference driver ``train_async`` and a
+   ``FullyAsyncRolloutFn`` whose group generator "acts" on a desktop: it renders 1920x1080
+   screenshots with Pillow, stores them with ``trainer_hooks.store_media`` and builds ``Sample``s
+   referencing them; rollout checkpoints and debug dumps are written along the way, and the
+   driver's teardown releases the run's media directory last;
+3. resume in a new run (new run uuid, ``--load`` = the first run's ``--save``): the last checkpoint's
+   media are rehydrated into the new run's directory, and the new run trains on them;
+4. replay elsewhere: pack a debug dump into one file, "send" it to a colleague, delete the shared
+   media directory, and load the dump there with ``load_debug_rollout_data``;
+5. ``rollout-bundle inspect`` the checkpoint.
 
-Each step is a function over one shared ``Demo`` state, so later walk-throughs (checkpoint
-resume, replay, ...) append steps instead of rewriting this file.
+Everything happens under one temporary directory (``$DEMO`` in the output), removed at the end
+unless ``--keep`` is given. Each step is a function over one shared ``Demo`` state.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import textwrap
+import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,158 +43,480 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for screenshots.py beside this file
 
-from screenshots import render_into
+from screenshots import HEIGHT, WIDTH, render_screenshot
 
 import bundles
+import trainer_hooks
+from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, Sample
+
+TRAJECTORIES = 2  # samples per prompt group: two attempts at the same task
+TURNS = 3  # screenshots per trajectory; turn 0 (the task's start screen) is shared by both attempts
+STEPS = 3  # rollout steps of the first run; one prompt group per step
+TASKS = [
+    "Open Settings and turn on dark mode.",
+    "Rename report.txt on the desktop to report-final.txt.",
+    "Search the browser for 'rollout bundles' and open the first result.",
+    "Empty the trash.",
+    "Set the clock to 24-hour format.",
+    "Pin the terminal to the taskbar.",
+]
+ACTIONS = ["click(212, 148)", "double_click(960, 540)", "type('dark')", "scroll(0, -3)", "key('enter')"]
+
+SGLANG_CONFIG = """\
+sglang:
+  - name: actor
+    model_path: Qwen/Qwen2.5-VL-3B-Instruct
+    server_groups:
+      - {worker_type: regular, num_gpus: 4, num_gpus_per_engine: 2}
+      - worker_type: regular
+        num_gpus: 2
+        num_gpus_per_engine: 1
+        overrides: {mem_fraction_static: 0.7%s}
+"""
+DISAGREEING_OVERRIDE = ", mm_process_config: {image: {max_pixels: 1003520}}"
 
 
 @dataclass
 class Demo:
-    out_dir: Path
-    n_screenshots: int
-    shared_media_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="shared-media-")))
-    run_uuid: str = field(default_factory=lambda: str(uuid.uuid4()))
-    originals: dict[str, str] = field(default_factory=dict)  # absolute path -> sha256 hex of its bytes
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    bundle_path: Path | None = None
-    bundle: bundles.Bundle | None = None
+    root: Path
+    t0: float = field(default_factory=time.perf_counter)
+    base_argv: list[str] = field(default_factory=list)
+    args1: argparse.Namespace | None = None
+    args2: argparse.Namespace | None = None
+    # What the first run's generator stored: digest -> size, and (group, sample index) -> digests.
+    stored: dict[str, int] = field(default_factory=dict)
+    images_of: dict[tuple[Any, Any], list[str]] = field(default_factory=dict)
+    stored_lock: threading.Lock = field(default_factory=threading.Lock)
+    save_block_ms: list[float] = field(default_factory=list)
+    last_checkpoint: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    numbers: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def run_dir(self) -> Path:
-        return self.shared_media_dir / self.run_uuid
+    def shared(self) -> Path:
+        return self.root / "shared-media"
+
+    def show(self, text: object) -> str:
+        """``text`` with the temporary root as ``$DEMO`` and run uuids cut to 8 characters."""
+        out = str(text).replace(str(self.root), "$DEMO")
+        for args in (self.args1, self.args2):
+            if args is not None:
+                out = out.replace(args.run_uuid, args.run_uuid[:8] + "…")
+        return out
 
 
-def step_render_screenshots(d: Demo) -> None:
-    """The environment's screenshots, stored as the run media store stores them: ``<sha256>.png``."""
-    for i in range(d.n_screenshots):
-        path = render_into(d.run_dir, seed=1000 + i)
-        d.originals[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
-    total = sum(Path(p).stat().st_size for p in d.originals)
-    print(f"  {len(d.originals)} screenshots, {total / 1e6:.1f} MB, in {d.run_dir}")
+def say(d: Demo, text: str) -> None:
+    print(textwrap.indent(d.show(text), "  "))
 
 
-def step_build_samples(d: Demo) -> None:
-    """One trajectory: turn k sees every screenshot so far, as a multi-turn agent's prompt does."""
-    shots = list(d.originals)
-    for k in range(len(shots)):
-        images = shots[: k + 1]
-        n_tokens = 64 + 16 * k
-        d.samples.append(
-            {
-                "group_index": 0,
-                "index": k,
-                "prompt": f"<|im_start|>user\nTurn {k}: click the OK button.<|im_end|>",
-                "tokens": list(range(100, 100 + n_tokens)),
-                "multimodal_inputs": {"images": images},
-                "multimodal_train_inputs": {
-                    # Qwen2-VL's processor output: one (t, h, w) row per image.
-                    "image_grid_thw": np.tile(np.array([[1, 78, 138]], dtype=np.int64), (len(images), 1)),
-                },
-                "response": "<tool_call>click(960, 540)</tool_call>",
-                "response_length": 12,
-                "label": None,
-                "reward": 1.0 if k == len(shots) - 1 else 0.0,
-                "loss_mask": [1] * 12,
-                "rollout_log_probs": np.linspace(-2.0, -0.1, 12, dtype=np.float32),
-                "status": "completed",
-                "metadata": {"env": "desktop-sim", "turn": k, "screen": (1920, 1080)},
+def mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# -- the "environment": a desktop that answers actions with screenshots ------------------------------
+
+
+class Desktop:
+    """The group generator of a CUA run: plays every trajectory of a prompt group on a desktop.
+
+    Each turn's screenshot is rendered (Pillow, 1920x1080, ~1 MB PNG) and stored with
+    ``trainer_hooks.store_media``, which puts it, content-addressed, in the run's media directory;
+    the samples hold the returned ``MediaRef``s. Tasks listed in ``stall`` never finish (an app
+    that hangs): they are still in flight when a checkpoint is taken, and are cancelled at teardown.
+    """
+
+    def __init__(self, d: Demo | None, stall: frozenset[int] = frozenset()) -> None:
+        self.d = d
+        self.stall = stall
+        self.stalled = 0  # groups waiting in the stall right now
+
+    def shoot(self, args: argparse.Namespace, seed: int) -> bundles.MediaRef:
+        ref = trainer_hooks.store_media(args, render_screenshot(seed))
+        if self.d is not None:
+            with self.d.stored_lock:
+                self.d.stored[ref.digest] = ref.size
+        return ref
+
+    async def __call__(self, args: argparse.Namespace, group: list[Sample]) -> list[Sample]:
+        task = group[0].group_index
+        assert task is not None
+        if task in self.stall:
+            self.stalled += 1
+            try:
+                await asyncio.Event().wait()  # until the worker is stopped at teardown
+            finally:
+                self.stalled -= 1
+        start = await asyncio.to_thread(self.shoot, args, 1000 * task)
+        for j, sample in enumerate(group):
+            shots = [start]
+            for turn in range(1, TURNS):
+                shots.append(await asyncio.to_thread(self.shoot, args, 1000 * task + 10 * j + turn))
+            actions = [ACTIONS[(task + j + t) % len(ACTIONS)] for t in range(TURNS)]
+            n_tokens = 96 + 48 * TURNS
+            sample.tokens = [151644 + (7 * i + task) % 997 for i in range(n_tokens)]
+            sample.response = "".join(f"<tool_call>{a}</tool_call>" for a in actions)
+            sample.response_length = 16 * TURNS
+            sample.loss_mask = [1] * sample.response_length
+            sample.rollout_log_probs = [-0.05 - 0.01 * (i % 17) for i in range(sample.response_length)]
+            sample.multimodal_inputs = {"images": shots}
+            # Qwen2-VL's processor output for a 1920x1080 image: one (t, h, w) row per image.
+            sample.multimodal_train_inputs = {
+                "image_grid_thw": np.tile(np.array([[1, 78, 138]], dtype=np.int64), (len(shots), 1))
             }
+            sample.reward = 1.0 if (task + j) % 2 == 0 else 0.0
+            sample.metadata = {**sample.metadata, "actions": actions, "screen": [WIDTH, HEIGHT]}
+            sample.status = Sample.Status.COMPLETED
+            if self.d is not None:
+                with self.d.stored_lock:
+                    self.d.images_of[(task, sample.index)] = [s.digest for s in shots]
+        return group
+
+
+def prompt_groups(task_ids: range) -> list[list[Sample]]:
+    """The data source's prompt groups: one per task, ``TRAJECTORIES`` samples each."""
+    return [
+        [
+            Sample(
+                group_index=t,
+                index=TRAJECTORIES * t + j,
+                prompt=f"<|im_start|>user\n{TASKS[t % len(TASKS)]}<|im_end|>",
+                label=None,
+                metadata={"task": t, "attempt": j},
+            )
+            for j in range(TRAJECTORIES)
+        ]
+        for t in task_ids
+    ]
+
+
+class DesktopRollout(FullyAsyncRolloutFn):
+    """The rollout manager: ``FullyAsyncRolloutFn`` plus Miles' per-step debug dump.
+
+    ``save`` is wrapped only to time how long it blocks the caller, and to let the worker settle
+    first (demo only, so that the printed counts don't depend on thread timing).
+    """
+
+    def __init__(self, args: argparse.Namespace, source: ListDataSource, desktop: Desktop, d: Demo) -> None:
+        super().__init__(args, source, desktop, max_in_flight=2, max_buffered=3)
+        self.source, self.desktop, self.d = source, desktop, d
+
+    def generate(self, rollout_id: int) -> list[list[Sample]]:
+        groups = super().generate(rollout_id)
+        # As Miles' RolloutManager does after each generate; a no-op without --save-debug-rollout-data.
+        trainer_hooks.save_debug_rollout_data(
+            self.args,
+            groups,
+            rollout_id,
+            evaluation=False,
+            metadata={"env": "desktop-sim", "step": rollout_id},
         )
-    refs = sum(len(s["multimodal_inputs"]["images"]) for s in d.samples)
-    print(f"  {len(d.samples)} samples holding {refs} image paths into the run directory")
+        return groups
+
+    def settle(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = self.get_metrics()
+            in_flight, buffered = m["rollout/in_flight"], m["buffer/size"]
+            budget_full = in_flight + buffered >= self.max_buffered or len(self.source) == 0
+            if budget_full and in_flight == self.desktop.stalled:
+                return
+            time.sleep(0.01)
+        raise TimeoutError("the rollout worker did not settle")
+
+    def save(self, rollout_id: int) -> Any:
+        self.settle()
+        t = time.perf_counter()
+        future = super().save(rollout_id)
+        self.d.save_block_ms.append((time.perf_counter() - t) * 1e3)
+        return future
 
 
-def step_write_bundle(d: Demo) -> None:
-    d.bundle_path = d.out_dir / "debug_dump.bundle"
-    t = time.perf_counter()
-    bundles.write_bundle(
-        d.bundle_path,
-        d.samples,
-        media_roots=[d.run_dir],
-        kind="debug_dump",
-        meta={"run_uuid": d.run_uuid, "rollout_id": 0, "source": "examples/demo.py"},
-        overwrite=True,
+class DesktopTrainer:
+    """The trainer: reads every screenshot a sample references, as building pixel values would."""
+
+    def __init__(self, args: argparse.Namespace, d: Demo, sweep_at: int | None = None) -> None:
+        self.args, self.d, self.sweep_at = args, d, sweep_at
+        self.groups_trained: list[int | None] = []
+        self.images_read = 0
+        self.sweep: list[trainer_hooks.SweepEntry] = []
+
+    def train(self, rollout_id: int, groups: list[list[Sample]]) -> None:
+        for group in groups:
+            for sample in group:
+                for ref in (sample.multimodal_inputs or {})["images"]:
+                    if sha256_of(ref.path) != ref.digest:
+                        raise SystemExit(f"{ref.path}: bytes differ from {ref.digest}")
+                    self.images_read += 1
+            self.groups_trained.append(group[0].group_index)
+        if rollout_id == self.sweep_at:
+            # An operator runs `rollout-bundle sweep --delete` on the shared root while this run lives.
+            self.sweep = trainer_hooks.sweep_run_media(
+                self.args.shared_media_dir, older_than=3600, delete=True
+            )
+
+    def save_model(self, rollout_id: int) -> None:
+        pass
+
+    def update_weights(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# -- steps ----------------------------------------------------------------------------------------------
+
+
+def step_parse_args(d: Demo) -> None:
+    """Real arguments, with Miles' option names; the processor check runs while parsing."""
+    config = d.root / "sglang.yaml"
+    config.write_text(SGLANG_CONFIG % "")
+    d.base_argv = [
+        "--shared-media-dir", str(d.shared),
+        "--bf16",
+        "--rollout-batch-size", "1",
+        "--enable-token-space-processor",
+        "--sglang-config", str(config),
+        "--sglang-image-processor-backend", "pil",
+        "--sglang-mm-process-config", '{"image": {"max_pixels": 2073600}}',
+    ]  # fmt: skip
+    d.args1 = trainer_hooks.parse_args(
+        [
+            *d.base_argv,
+            "--save", str(d.root / "run1" / "ckpt"),
+            "--save-interval", "1",
+            "--keep-rollout-checkpoints", "2",
+            "--save-debug-rollout-data", str(d.root / "run1" / "debug" / "rollout_{rollout_id}.bundle"),
+            "--num-rollout", str(STEPS),
+        ]
+    )  # fmt: skip
+    a = d.args1
+    say(d, f"run {a.run_uuid}: media in {trainer_hooks.run_media_dir(a)}")
+    say(d, f"--save {a.save}  (--keep-rollout-checkpoints {a.keep_rollout_checkpoints})")
+    say(d, f"--save-debug-rollout-data {a.save_debug_rollout_data}")
+    proc = a.rollout_processor_args
+    say(
+        d,
+        f"engine groups agree on the processor: {proc.model_path}, backend {proc.image_processor_backend!r}, "
+        f"{proc.mm_process_config} ({len(proc.engine_groups)} groups)",
     )
-    d.timings["write"] = time.perf_counter() - t
-    print(f"  wrote {d.bundle_path} in {d.timings['write'] * 1e3:.0f} ms")
+    # What parse time refuses: engine groups that disagree, and external engines.
+    bad_config = d.root / "sglang-bad.yaml"
+    bad_config.write_text(SGLANG_CONFIG % DISAGREEING_OVERRIDE)
+    bad_argvs = [
+        [*d.base_argv, "--sglang-config", str(bad_config)],
+        [*d.base_argv, "--rollout-external-engine-addrs", "10.0.0.7:30000"],
+    ]
+    for argv in bad_argvs:
+        try:
+            trainer_hooks.parse_args(argv)
+        except ValueError as e:
+            say(d, textwrap.fill(d.show(f"refused: {e}"), width=104, subsequent_indent="    "))
+        else:
+            raise SystemExit(f"parse_args accepted {argv}")
 
 
-def step_teardown_run(d: Demo) -> None:
-    """The run's last teardown step: its media directory goes away, and every path above dangles."""
-    shutil.rmtree(d.shared_media_dir)
-    dangling = sum(not Path(p).exists() for p in d.originals)
-    print(f"  deleted {d.shared_media_dir}; {dangling}/{len(d.originals)} original paths now dangle")
+def step_first_run(d: Demo) -> None:
+    """A fully-async run with the reference driver; checkpoints and dumps along the way."""
+    a = d.args1
+    assert a is not None
+    # A directory left behind by a run that crashed hours ago (no lease, nothing changed for 2 h).
+    crashed = d.shared / "0c7a5e1f4b2d4e6f8a9b1c2d3e4f5a6b"
+    crashed.mkdir(parents=True)
+    (crashed / ("0" * 64 + ".png")).write_bytes(b"\0" * 300_000)
+    for p in (crashed / ("0" * 64 + ".png"), crashed):
+        os.utime(p, (time.time() - 7200, time.time() - 7200))
 
+    desktop = Desktop(d, stall=frozenset({STEPS + 2}))  # the last task hangs: in flight at the last save
+    source = ListDataSource(prompt_groups(range(STEPS + 3)))
+    trainers: list[DesktopTrainer] = []
 
-def step_open_and_verify(d: Demo) -> None:
-    assert d.bundle_path is not None
+    def make_trainer(args: argparse.Namespace) -> DesktopTrainer:
+        trainers.append(DesktopTrainer(args, d, sweep_at=0))
+        return trainers[-1]
+
+    run_dir = trainer_hooks.run_media_dir(a)
+    assert run_dir is not None
     t = time.perf_counter()
-    d.bundle = bundles.open_bundle(d.bundle_path, verify="full")
-    d.timings["verify"] = time.perf_counter() - t
+    report = trainer_hooks.train_async(
+        a,
+        create_rollout_manager=lambda args: DesktopRollout(args, source, desktop, d),
+        create_actor=make_trainer,
+    )
+    d.timings["run 1"] = time.perf_counter() - t
+    trainer = trainers[0]
+    stored_bytes = sum(d.stored.values())
+    d.numbers.update(screenshots=len(d.stored), stored_bytes=stored_bytes)
+
+    for e in trainer.sweep:
+        verdict = "deleted" if e.deleted else "kept"
+        say(d, f"sweep during the run: {e.run_id[:8]}… {e.state} ({e.reason.split(';')[0]}): {verdict}")
+    if {(e.run_id, e.deleted) for e in trainer.sweep} != {(crashed.name, True), (a.run_uuid, False)}:
+        raise SystemExit(
+            f"sweep: expected the crashed dir deleted and the live run kept, found {trainer.sweep}"
+        )
+    say(
+        d,
+        f"trained rollouts {report.trained_rollout_ids} on groups {trainer.groups_trained} (in completion order); "
+        f"{trainer.images_read} screenshot reads checked against their digests",
+    )
+    say(d, f"stored {len(d.stored)} screenshots ({mib(stored_bytes)}) in {run_dir}")
+    say(
+        d,
+        f"save() blocked the caller {max(d.save_block_ms):.1f} ms at most (bundles are written in the background)",
+    )
+    ckpt_root = Path(a.save) / "rollout"
+    kept = sorted(p.name for p in ckpt_root.iterdir() if bundles.is_bundle(p))
+    dumps = sorted(p.name for p in Path(a.save_debug_rollout_data).parent.iterdir() if bundles.is_bundle(p))
+    say(d, f"checkpoints kept: {', '.join(kept)} (of {STEPS} saved); debug dumps: {', '.join(dumps)}")
+    d.last_checkpoint = ckpt_root / kept[-1]
+    say(d, "teardown: " + " -> ".join(report.teardown))
+    if run_dir.exists() or report.teardown[-1] != "release_run_media":
+        raise SystemExit(f"{run_dir}: expected release_run_media to run last and remove it")
+    freed = report.media_bytes_freed or 0
+    say(
+        d,
+        f"release_run_media ran last; the run dir is gone ({run_dir.exists()=}). It freed {mib(freed)}: the "
+        f"checkpoints and dumps hard-link the other {mib(stored_bytes - freed)} of screenshots",
+    )
+
+
+def step_resume(d: Demo) -> None:
+    """A new run loads the last checkpoint: its media come back into the *new* run's directory."""
+    assert d.args1 is not None and d.last_checkpoint is not None
+    last_id = int(d.last_checkpoint.name.rsplit("_", 1)[1])
+    d.args2 = trainer_hooks.parse_args(
+        [
+            *d.base_argv,
+            "--load", d.args1.save,
+            "--start-rollout-id", str(last_id + 1),
+            "--num-rollout", str(last_id + 4),
+        ]
+    )  # fmt: skip
+    a = d.args2
+    run_dir = trainer_hooks.run_media_dir(a)
+    assert run_dir is not None
+    say(d, f"new run {a.run_uuid} (--load {a.load})")
+    t = time.perf_counter()
+    ckpt = trainer_hooks.read_rollout_checkpoint(a, last_id)
+    d.timings["load"] = time.perf_counter() - t
+    pending = [s for g in ckpt.pending_groups for s in g]
+    completed = [s for g in ckpt.completed_groups for s in g]
+    say(
+        d,
+        f"{d.last_checkpoint.name}: {len(ckpt.pending_groups)} pending group(s) ({len(pending)} prompts, "
+        f"resubmitted first), {len(ckpt.completed_groups)} completed group(s) ({len(completed)} samples) "
+        f"in {d.timings['load'] * 1e3:.0f} ms",
+    )
     checked = 0
-    for original, sample in zip(d.samples, d.bundle.samples(), strict=True):
-        for old, new in zip(
-            original["multimodal_inputs"]["images"], sample["multimodal_inputs"]["images"], strict=True
-        ):
-            new_path = Path(new)
-            if not new_path.is_relative_to(d.bundle_path):
-                raise SystemExit(f"reference {new!r} does not point into the bundle")
-            digest = hashlib.sha256(new_path.read_bytes()).hexdigest()
-            if digest != d.originals[old]:
-                raise SystemExit(f"{new}: bytes differ from the original {old}")
+    for s in completed:
+        refs = (s.multimodal_inputs or {})["images"]
+        if [r.digest for r in refs] != d.images_of[(s.group_index, s.index)]:
+            raise SystemExit(f"sample {s.index}: references differ from what the first run stored")
+        for r in refs:
+            if not Path(r.path).is_relative_to(run_dir) or sha256_of(r.path) != r.digest:
+                raise SystemExit(f"{r.path}: not inside {run_dir} with the original bytes")
             checked += 1
-        # Everything that is not a media reference comes back as it went in.
-        np.testing.assert_array_equal(sample["rollout_log_probs"], original["rollout_log_probs"])
-        np.testing.assert_array_equal(
-            sample["multimodal_train_inputs"]["image_grid_thw"],
-            original["multimodal_train_inputs"]["image_grid_thw"],
-        )
-        if sample["tokens"] != original["tokens"] or sample["metadata"] != original["metadata"]:
-            raise SystemExit(f"sample {original['index']} did not round-trip")
-    _check_images_decode(d)
-    print(
-        f"  opened with verify='full' in {d.timings['verify'] * 1e3:.0f} ms; {checked} image references match the originals"
+    files = [p for p in run_dir.iterdir() if not p.name.startswith(".")]
+    linked = sum(p.stat().st_nlink > 1 for p in files)
+    say(
+        d,
+        f"{checked}/{checked} image references resolve inside {run_dir} with the original bytes "
+        f"({len(files)} files rehydrated, {linked} of them hard links into the checkpoint)",
     )
 
+    # Keep training from there: the pending group is regenerated, the completed ones train as they are.
+    trainers: list[DesktopTrainer] = []
 
-def _check_images_decode(d: Demo) -> None:
-    """Every stored screenshot still decodes as a 1920x1080 image."""
+    def make_rollout(args: argparse.Namespace) -> DesktopRollout:
+        fn = DesktopRollout(args, ListDataSource([]), Desktop(None), d)
+        fn.load(last_id)  # as Miles' rollout manager does with --load
+        return fn
+
+    def make_trainer(args: argparse.Namespace) -> DesktopTrainer:
+        trainers.append(DesktopTrainer(args, d))
+        return trainers[-1]
+
+    t = time.perf_counter()
+    report = trainer_hooks.train_async(a, create_rollout_manager=make_rollout, create_actor=make_trainer)
+    d.timings["run 2"] = time.perf_counter() - t
+    say(
+        d,
+        f"trained rollouts {report.trained_rollout_ids} on groups {trainers[0].groups_trained}; "
+        f"its teardown removed its run dir ({run_dir.exists()=})",
+    )
+    bundles.open_bundle(d.last_checkpoint, verify="full")
+    say(d, f"{d.last_checkpoint.name} is untouched: it still opens with verify='full'")
+
+
+def step_replay(d: Demo) -> None:
+    """Pack a debug dump into one file, hand it over, delete the shared media, replay it there."""
+    a = d.args1
+    assert a is not None
+    rollout_id = STEPS - 1
+    dump = Path(a.save_debug_rollout_data.format(rollout_id=rollout_id))
+    outbox = d.root / "outbox" / f"rollout_{rollout_id}{bundles.PACK_SUFFIX}"
+    bundles.pack_bundle(dump, outbox)
+    colleague = d.root / "colleague"
+    colleague.mkdir()
+    sent = Path(shutil.copy(outbox, colleague / outbox.name))
+    say(d, f"packed {dump.name} into one file, {mib(sent.stat().st_size)}; copied to {sent}")
+    # Nothing of the original run is left but the colleague's copy (and the checkpoints).
+    for path in (d.shared, dump.parent, outbox.parent):
+        shutil.rmtree(path)
+    say(d, f"deleted {d.shared}, the original dumps and the outbox")
+
+    replay = trainer_hooks.parse_args(
+        ["--load-debug-rollout-data", str(colleague / f"rollout_{{rollout_id}}{bundles.PACK_SUFFIX}"),
+         "--bundle-verify", "full"]
+    )  # fmt: skip
+    t = time.perf_counter()
+    samples, metadata = trainer_hooks.load_debug_rollout_data(replay, rollout_id)
+    d.timings["replay load"] = time.perf_counter() - t
     from PIL import Image
 
-    assert d.bundle is not None
-    for ref in d.bundle.media:
-        assert ref.path is not None
-        with Image.open(ref.path) as im:
-            im.load()
-            if im.size != (1920, 1080):
-                raise SystemExit(f"{ref.path}: expected 1920x1080, found {im.size}")
+    opened = 0
+    for s in samples:
+        refs = (s.multimodal_inputs or {})["images"]
+        if [r.digest for r in refs] != d.images_of[(s.group_index, s.index)]:
+            raise SystemExit(f"sample {s.index}: references differ from what the first run stored")
+        for r in refs:
+            if sha256_of(r.path) != r.digest:
+                raise SystemExit(f"{r.path}: bytes differ from {r.digest}")
+            with Image.open(r.path) as im:
+                im.load()
+                if im.size != (WIDTH, HEIGHT):
+                    raise SystemExit(f"{r.path}: expected {WIDTH}x{HEIGHT}, found {im.size}")
+            opened += 1
+    where = Path((samples[0].multimodal_inputs or {})["images"][0].path).parents[1]
+    say(
+        d,
+        f"load_debug_rollout_data: {len(samples)} samples, metadata {metadata}, unpacked and fully verified "
+        f"in {d.timings['replay load'] * 1e3:.0f} ms into {where}",
+    )
+    say(
+        d, f"{opened}/{opened} images open with Pillow at {WIDTH}x{HEIGHT}, bytes as the first run wrote them"
+    )
 
 
-def step_summary(d: Demo) -> None:
-    assert d.bundle is not None
-    b = d.bundle
-    stored = len(b.media)
-    print(f"  bundle         {b.path}")
-    print(f"  kind           {b.kind}")
-    print(f"  samples        {len(b)}")
-    print(f"  media          {stored} files, {b.media_bytes / 1e6:.1f} MB")
-    print(f"  references     {b.media_references} (dedup ratio {b.media_references / max(stored, 1):.2f}x)")
-    print(f"  write + verify {(d.timings['write'] + d.timings['verify']) * 1e3:.0f} ms")
-    # The CLI lives beside this interpreter (.venv/bin under `make demo`), which may not be on PATH.
-    cli = "rollout-bundle"
-    if shutil.which(cli) is None:
-        cli = os.path.relpath(Path(sys.executable).with_name(cli))
-    print(f"  try:           {cli} inspect {b.path}")
+def step_inspect(d: Demo) -> None:
+    """``rollout-bundle inspect`` on the last checkpoint (the CLI, through this interpreter)."""
+    assert d.last_checkpoint is not None
+    cmd = [sys.executable, "-m", "trainer_hooks.cli", "inspect", str(d.last_checkpoint)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    say(d, "$ rollout-bundle inspect " + str(d.last_checkpoint) + "\n" + out.rstrip())
 
 
-STEPS: list[tuple[str, Callable[[Demo], None]]] = [
-    ("render screenshots into the run media directory", step_render_screenshots),
-    ("build samples that reference them", step_build_samples),
-    ("write a debug-dump bundle", step_write_bundle),
-    ("tear the run down (delete its media directory)", step_teardown_run),
-    ("open the bundle, fully verify, compare bytes", step_open_and_verify),
-    ("summary", step_summary),
+STEPS_: list[tuple[str, Callable[[Demo], None]]] = [
+    ("parse arguments", step_parse_args),
+    (f"fully-async CUA run: {STEPS} steps x {TRAJECTORIES} trajectories x {TURNS} turns", step_first_run),
+    ("resume in a new run from the last checkpoint", step_resume),
+    ("replay a debug dump on another machine", step_replay),
+    ("inspect the checkpoint", step_inspect),
 ]
 
 
@@ -193,19 +524,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="where the bundle is written")
-    parser.add_argument("--screenshots", type=int, default=4)
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    d = Demo(out_dir=args.out.resolve(), n_screenshots=args.screenshots)
-    start = time.perf_counter()
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory and print its path")
+    ns = parser.parse_args(argv)
+    d = Demo(root=Path(tempfile.mkdtemp(prefix="rollout-bundles-demo-")).resolve())
     try:
-        for i, (title, step) in enumerate(STEPS, 1):
-            print(f"[{i}/{len(STEPS)}] {title}")
+        for i, (title, step) in enumerate(STEPS_, 1):
+            print(f"[{i}/{len(STEPS_)}] {title}")
             step(d)
     finally:
-        shutil.rmtree(d.shared_media_dir, ignore_errors=True)
-    print(f"demo OK in {time.perf_counter() - start:.1f} s")
+        if ns.keep:
+            print(f"kept $DEMO = {d.root}")
+        else:
+            shutil.rmtree(d.root, ignore_errors=True)
+    print(
+        f"demo OK in {time.perf_counter() - d.t0:.1f} s: {d.numbers['screenshots']} screenshots "
+        f"({mib(d.numbers['stored_bytes'])}) rendered, 2 runs, 1 replay"
+    )
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Synthetic 1920x1080 desktop screenshots, stored the way a run media store stores them.
+"""Synthetic 1920x1080 desktop screenshots.
 
 Shared by ``examples/demo.py`` and ``benchmarks/bench_save.py``. A screenshot is a desktop
 (wallpaper, taskbar, a few windows with text) plus one "photo" window of seeded noise: real
@@ -9,13 +9,14 @@ the same seed gives the same bytes and so the same content-addressed name.
 
 from __future__ import annotations
 
-import hashlib
 import io
-import os
 import random
+from argparse import Namespace
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
+
+import trainer_hooks
 
 WIDTH, HEIGHT = 1920, 1080
 
@@ -108,19 +109,14 @@ def render_screenshot(seed: int, *, noise_pixels: int = 340_000) -> bytes:
 
 
 def store_media(run_dir: Path, data: bytes, suffix: str = ".png") -> Path:
-    """Write ``data`` into ``run_dir`` as ``<sha256 hex><suffix>``, as a run media store does.
+    """Store ``data`` in ``run_dir`` as ``<sha256 hex><suffix>``; return the file's absolute path.
 
-    Written to a temporary name and renamed, so a half-written file never carries a digest name.
+    A path-based shim over :func:`trainer_hooks.store_media` (atomic, idempotent, read-only), for
+    callers such as ``benchmarks/bench_save.py`` that hold a directory rather than parsed run
+    arguments: ``run_dir``'s parent plays ``--shared-media-dir`` and its name ``--run-uuid``.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / (hashlib.sha256(data).hexdigest() + suffix)
-    if not path.exists():
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    return path
-
-
-def render_into(run_dir: Path, seed: int) -> Path:
-    """Render screenshot ``seed`` and store it in ``run_dir``; returns its absolute path."""
-    return store_media(run_dir, render_screenshot(seed)).absolute()
+    run_dir = Path(run_dir).absolute()
+    args = Namespace(shared_media_dir=str(run_dir.parent), run_uuid=run_dir.name)
+    ref = trainer_hooks.store_media(args, data, suffix)
+    assert ref.path is not None  # store_media always sets it
+    return Path(ref.path)
