@@ -87,7 +87,7 @@ class _MediaIngester:
 
     def __init__(self, dest: Path, staging: Path, media_roots: Sequence[str | os.PathLike[str]], link: str):
         self.dest = dest
-        self.media_dir = staging / MEDIA_DIR
+        self.media_dir = str(staging / MEDIA_DIR)  # a str: pathlib costs more than the link itself
         self.link = link
         roots: list[str] = []
         for r in media_roots:
@@ -178,13 +178,13 @@ class _MediaIngester:
         if claimed is not None and self.link != "copy":
             # A trusted name can be linked straight to its final name: no temporary, no rename.
             final = MediaRef(claimed, st.st_size, suffix)
-            target = str(self.media_dir / final.filename)
+            target = os.path.join(self.media_dir, final.filename)
             method = ingest(source, target, self.link, st.st_dev, self.media_dev)
             if method != "copy":
                 self._stored_file(final, target, method, st.st_mode)
                 return final
         self._tmp_counter += 1
-        tmp = str(self.media_dir / f".ingest-{self._tmp_counter}")
+        tmp = os.path.join(self.media_dir, f".ingest-{self._tmp_counter}")
         method = ingest(source, tmp, self.link, st.st_dev, self.media_dev)
         if method == "copy":
             hexdigest, size = copy_and_hash(source, tmp)
@@ -206,7 +206,7 @@ class _MediaIngester:
         if final.filename in self.stored:
             os.unlink(tmp)
             return final
-        target = str(self.media_dir / final.filename)
+        target = os.path.join(self.media_dir, final.filename)
         os.rename(tmp, target)
         self._stored_file(final, target, method, mode)
         return final
