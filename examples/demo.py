@@ -380,7 +380,7 @@ def step_first_run(d: Demo) -> None:
     freed = report.media_bytes_freed or 0
     say(
         d,
-        f"release_run_media ran last; the run dir is gone ({run_dir.exists()=}). It freed {mib(freed)}: the "
+        f"release_run_media ran last; {run_dir} is gone (exists: {run_dir.exists()}). It freed {mib(freed)}: the "
         f"checkpoints and dumps hard-link the other {mib(stored_bytes - freed)} of screenshots",
     )
 
@@ -447,7 +447,7 @@ def step_resume(d: Demo) -> None:
     say(
         d,
         f"trained rollouts {report.trained_rollout_ids} on groups {trainers[0].groups_trained}; "
-        f"its teardown removed its run dir ({run_dir.exists()=})",
+        f"its teardown removed {run_dir} (exists: {run_dir.exists()})",
     )
     bundles.open_bundle(d.last_checkpoint, verify="full")
     say(d, f"{d.last_checkpoint.name} is untouched: it still opens with verify='full'")
