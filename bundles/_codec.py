@@ -17,8 +17,10 @@ Dict keys keep their insertion order: the same input gives the same bytes.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgpack
@@ -35,6 +37,25 @@ from bundles._layout import (
     MAX_NESTING_DEPTH,
 )
 from bundles._media import MediaRef
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while encoding or decoding many containers.
+
+    Encoding and decoding build thousands of dicts and lists and no reference cycles; each
+    allocation burst triggers collections that walk every tracked object of the process (with
+    torch imported, hundreds of thousands), which made a save up to twice as slow. msgpack's own
+    documentation recommends the same. The pause is process-wide and lasts one save or one shard.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
 
 _INT_MIN = -(2**63)
 _UINT_MAX = 2**64 - 1

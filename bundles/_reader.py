@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 import zstandard
 
-from bundles._codec import PathRef, SampleDecoder, key_path
+from bundles._codec import PathRef, SampleDecoder, gc_paused, key_path
 from bundles._commit import is_staging_name
 from bundles._errors import (
     BundleError,
@@ -355,17 +355,22 @@ class Bundle:
         for entry in self.manifest["shards"]:
             where = f"{self.path}/{entry['path']}"
             raw = self._read_shard(entry)
-            count = 0
-            for obj in _decoded(SampleDecoder(where).unpacker(raw), where, index):
-                if not isinstance(obj, dict):
-                    raise BundleFormatError(
-                        f"{where}: samples[{index}]: expected a map, found {type(obj).__name__}"
-                    )
-                yield _resolve(obj, media, where, f"samples[{index}]")
+            # A whole shard is decoded with the collector paused (see gc_paused), then yielded.
+            decoded: list[dict[Any, Any]] = []
+            with gc_paused():
+                for obj in _decoded(SampleDecoder(where).unpacker(raw), where, index + len(decoded)):
+                    if not isinstance(obj, dict):
+                        raise BundleFormatError(
+                            f"{where}: samples[{index + len(decoded)}]: expected a map, found {type(obj).__name__}"
+                        )
+                    decoded.append(_resolve(obj, media, where, f"samples[{index + len(decoded)}]"))
+            del raw
+            if len(decoded) != entry["samples"]:
+                raise BundleFormatError(f"{where}: samples: expected {entry['samples']}, found {len(decoded)}")
+            for sample in decoded:
+                yield sample
                 index += 1
-                count += 1
-            if count != entry["samples"]:
-                raise BundleFormatError(f"{where}: samples: expected {entry['samples']}, found {count}")
+            del decoded
 
     def rehydrate(
         self, media_dir: str | os.PathLike[str], link: str = "auto", progress: bool | None = None

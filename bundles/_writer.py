@@ -28,7 +28,7 @@ from typing import Any
 
 import zstandard
 
-from bundles._codec import SampleEncoder
+from bundles._codec import SampleEncoder, gc_paused
 from bundles._commit import commit, create_staging
 from bundles._errors import BundleError, BundleExistsError, MediaMissingError, UnsupportedValueError
 from bundles._fs import (
@@ -327,7 +327,7 @@ def write_bundle(
         encoder = SampleEncoder(media.resolve_string, media.resolve_ref, media.root_prefixes)
         shards = _ShardWriter(staging / SHARDS_DIR, media.durability)
         count = 0
-        with Progress(f"writing {dest.name}", unit="samples", enabled=progress) as bar:
+        with gc_paused(), Progress(f"writing {dest.name}", unit="samples", enabled=progress) as bar:
             for index, sample in enumerate(samples):
                 try:
                     encoded = encoder.encode(_as_dict(sample, dest, index), f"samples[{index}]")
