@@ -4,7 +4,7 @@ A bundle is a directory: a manifest, msgpack+zstandard sample shards, and every 
 media file stored once by content digest. See docs/FORMAT.md for the on-disk format.
 """
 
-from bundles._commit import is_bundle, remove_bundle
+from bundles._commit import is_bundle, remove_bundle, scratch_dir
 from bundles._errors import (
     BundleError,
     BundleExistsError,
@@ -43,6 +43,7 @@ __all__ = [
     "open_bundle",
     "pack_bundle",
     "remove_bundle",
+    "scratch_dir",
     "unpack_bundle",
     "write_bundle",
 ]

@@ -59,11 +59,35 @@ def remove_stale_staging(parent: Path) -> list[Path]:
         if m is None or m["host"] != me or pid_alive(int(m["pid"])):
             continue
         try:
-            remove_tree(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree(entry.path)
+            else:
+                os.unlink(entry.path)  # a packer's temporary file
         except FileNotFoundError:
             continue  # another writer cleaned it first
         removed.append(Path(entry.path))
     return removed
+
+
+def staging_name(dest: Path) -> Path:
+    """A fresh staging name beside ``dest`` (directory or file) for this process."""
+    return _sibling_name(dest, STAGING_MARKER)
+
+
+def scratch_dir(beside: str | os.PathLike[str], purpose: str = "scratch") -> Path:
+    """A new empty directory beside ``beside`` for work that feeds a bundle write.
+
+    It is named like a staging directory (``.<name>.<purpose>.staging.<host>.<pid>.<nonce>``), so
+    that if this process dies before removing it, the next bundle write into the same parent
+    removes it. Same filesystem as the bundle, so files made there can be hard-linked into it.
+    Remove it when done.
+    """
+    target = Path(os.path.abspath(beside))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(target.parent)
+    path = _sibling_name(target.with_name(f"{target.name}.{purpose}"), STAGING_MARKER)
+    path.mkdir()
+    return path
 
 
 def create_staging(dest: Path) -> Path:

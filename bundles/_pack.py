@@ -17,7 +17,7 @@ import os
 import tarfile
 from pathlib import Path
 
-from bundles._commit import commit, create_staging
+from bundles._commit import commit, create_staging, remove_stale_staging, staging_name
 from bundles._errors import BundleError, UnsafeBundleError
 from bundles._fs import fsync_dir, make_read_only, remove_tree
 from bundles._layout import (
@@ -66,7 +66,8 @@ def pack_bundle(
     members += [e["path"] for e in bundle.manifest["shards"]]
     members += [f"{MEDIA_DIR}/{r.filename}" for r in bundle.media]
     members.sort()
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.packing")
+    remove_stale_staging(out.parent)
+    tmp = staging_name(out)  # a dead packer's leftover is removed by the next write here
     total = sum(os.path.getsize(bundle.path / m) for m in members if m not in (MEDIA_DIR, SHARDS_DIR))
     try:
         with open(tmp, "wb") as raw, Progress(f"packing {bundle.path.name}", total=total, unit="B",

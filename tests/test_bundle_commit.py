@@ -208,3 +208,25 @@ def test_is_bundle_tells_committed_bundles_apart(tmp_path):
     assert not is_bundle(tmp_path / "link")
     assert not is_bundle(tmp_path / ".b.staging.h.1.ab")
     assert not is_bundle(tmp_path / "missing")
+
+
+def test_scratch_dirs_and_pack_files_of_dead_processes_are_cleaned_up(tmp_path):
+    leave_behind = textwrap.dedent(
+        """
+        import sys
+        from pathlib import Path
+        from bundles import scratch_dir
+        from bundles._commit import staging_name
+        d = scratch_dir(Path(sys.argv[1]) / "ckpt", "images")
+        (d / "x.png").write_bytes(b"png")
+        staging_name(Path(sys.argv[1]) / "dump.rbundle").write_bytes(b"half a tar")
+        print(d)
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", leave_behind, str(tmp_path)], capture_output=True, text=True,
+                       check=True)
+    scratch = Path(r.stdout.strip())
+    assert scratch.is_dir() and scratch.name.startswith(".ckpt.images.staging.")
+    assert len(list(tmp_path.iterdir())) == 2
+    write_bundle(tmp_path / "next", [{"i": 1}])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["next"]

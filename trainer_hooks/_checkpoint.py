@@ -69,7 +69,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import threading
 from argparse import Namespace
 from collections.abc import Callable, Iterable, Sequence
@@ -86,6 +85,7 @@ from bundles import (
     is_bundle,
     open_bundle,
     remove_bundle,
+    scratch_dir,
     write_bundle,
 )
 from trainer_hooks._run_media import RunMediaError, _ensure_run_dir, run_media_dir
@@ -354,7 +354,7 @@ def write_samples_bundle(
     """``write_bundle`` after turning PIL images into PNG media in a temporary directory beside
     ``dest`` (same filesystem, so the bundle can hard-link them); the directory is removed after."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.images.", dir=dest.parent))
+    tmp = scratch_dir(dest, "images")  # removed by the next save if this process dies
     try:
         sink = ImageSink(tmp)
         prepared = [sink.replace(s, f"samples[{i}]") for i, s in enumerate(samples)]

@@ -39,13 +39,21 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 from argparse import Namespace
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bundles import PACK_SUFFIX, Bundle, BundleError, open_bundle, pack_bundle, remove_bundle, unpack_bundle
+from bundles import (
+    PACK_SUFFIX,
+    Bundle,
+    BundleError,
+    open_bundle,
+    pack_bundle,
+    remove_bundle,
+    scratch_dir,
+    unpack_bundle,
+)
 from trainer_hooks._checkpoint import _media_roots, run_meta, snapshot_value, write_samples_bundle
 from trainer_hooks._sample import Sample
 
@@ -103,7 +111,7 @@ def write_dump_bundle(
         # Built in a hidden temporary directory beside the file (same filesystem: media can be
         # hard-linked), packed atomically onto the file, then removed.
         path.parent.mkdir(parents=True, exist_ok=True)
-        container = Path(tempfile.mkdtemp(prefix=f".{path.name}.packing.", dir=path.parent))
+        container = scratch_dir(path, "packing")  # removed by a later write if this process dies
         bundle = container / "bundle"
         try:
             write_samples_bundle(
