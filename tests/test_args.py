@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from pathlib import Path
 
@@ -150,7 +151,7 @@ def test_add_arguments_skips_options_the_parser_already_has() -> None:
     parser.add_argument("--fp16", action="store_true")
     add_arguments(parser)
     args = validate_args(parser.parse_args(["--shared-media-dir", "/m"]))
-    assert args.save == "miles-default" and args.shared_media_dir == "/m"
+    assert args.save == os.path.abspath("miles-default") and args.shared_media_dir == "/m"
 
 
 # ---------------------------------------------------------------- processor agreement
@@ -290,3 +291,10 @@ def test_malformed_sglang_config_names_the_file_and_key(tmp_path: Path, content:
 def test_missing_sglang_config_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"--sglang-config .*missing\.yaml: cannot read it"):
         parse_args([TSP, "--sglang-config", str(tmp_path / "missing.yaml")])
+
+
+def test_rollout_paths_are_made_absolute_at_parse_time(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = parse_args(["--save", "ckpt", "--load", "old", "--save-debug-rollout-data", "dumps/r_{rollout_id}"])
+    assert args.save == str(tmp_path / "ckpt") and args.load == str(tmp_path / "old")
+    assert args.save_debug_rollout_data == str(tmp_path / "dumps" / "r_{rollout_id}")

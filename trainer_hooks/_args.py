@@ -3,7 +3,8 @@
 ``add_arguments`` adds to an existing parser and skips any option the parser already has, so
 it can be called on Miles' own parser (which defines ``--save``, ``--fp16``, … itself).
 ``validate_args`` raises ``ValueError`` naming the option; it normalizes some values in place
-(``shared_media_dir`` made absolute, because Ray workers may run in another directory;
+(``shared_media_dir``, ``save``, ``load`` and the debug-dump templates made absolute, because
+Ray workers may run in another directory;
 ``sglang_mm_process_config`` parsed from JSON) and sets ``args.rollout_processor_args``.
 """
 
@@ -131,6 +132,11 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         if os.path.exists(path) and not os.path.isdir(path):
             raise ValueError(f"--shared-media-dir {path}: expected a directory, found a file")
         args.shared_media_dir = path
+    # Every path the rollout side writes or reads is resolved now, on the driver: a Ray actor
+    # may run in another working directory.
+    for name in ("save", "load", "save_debug_rollout_data", "load_debug_rollout_data"):
+        if g(name) is not None:
+            setattr(args, name, os.path.abspath(os.fspath(getattr(args, name))))
     if g("run_uuid") is None:
         args.run_uuid = uuid.uuid4().hex
     check_run_id(args.run_uuid, option="--run-uuid")

@@ -5,7 +5,7 @@ Both build everything inside a :class:`RunDisposer` and register, in this order:
 
     1. release_run_media        (runs last)
     2. close_run_lease
-    3. flush_pending_writes     rollout_manager.flush(), if the manager has one
+    3. flush_pending_writes     rollout_manager.close() (else .flush()), if the manager has one
     4. dispose_rollout_manager  rollout_manager.dispose()
     5. close_<role>             trainer.close(), for the actor then the critic, if present
     6. shutdown_rollout_thread  (train_async only) waits for the in-flight generate() to end
@@ -115,9 +115,11 @@ def _setup(
 
 
 def _flush(rollout_manager: Any) -> None:
-    flush = getattr(rollout_manager, "flush", None)
-    if flush is not None:
-        flush()
+    # close() when there is one: it flushes and also stops the writer thread, which a process
+    # that runs several trainings would otherwise keep one of per run.
+    finish = getattr(rollout_manager, "close", None) or getattr(rollout_manager, "flush", None)
+    if finish is not None:
+        finish()
 
 
 def _register_close(disposer: RunDisposer, trainer: Any, role: str) -> None:
