@@ -221,17 +221,30 @@ class _MediaIngester:
 
 
 class _ShardWriter:
+    """Streams encoded samples into zstandard frames, one shard file per ~64 MiB of samples.
+
+    Compression runs in zstd's own worker thread (``threads=1``) while Python encodes the next
+    samples, so it costs the save almost nothing. zstd's multi-threaded output does not depend on
+    the machine's core count, so the same samples still give the same bytes everywhere.
+    """
+
     def __init__(self, shards_dir: Path, durability: Durability) -> None:
         self.shards_dir = shards_dir
         self.durability = durability
         self.entries: list[dict[str, Any]] = []
-        self._parts: list[bytes] = []
+        self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, threads=1)
+        self._start_shard()
+
+    def _start_shard(self) -> None:
+        self._stream = self._compressor.compressobj()
+        self._chunks: list[bytes] = []
         self._raw = 0
         self._count = 0
-        self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=True)
 
     def add(self, encoded: bytes) -> None:
-        self._parts.append(encoded)
+        chunk = self._stream.compress(encoded)
+        if chunk:
+            self._chunks.append(chunk)
         self._raw += len(encoded)
         self._count += 1
         if self._raw >= SHARD_TARGET_RAW_BYTES:
@@ -240,9 +253,9 @@ class _ShardWriter:
     def flush(self) -> None:
         if not self._count:
             return
+        self._chunks.append(self._stream.flush())
+        data = b"".join(self._chunks)
         name = SHARD_NAME_FORMAT.format(index=len(self.entries))
-        raw = b"".join(self._parts)
-        data = self._compressor.compress(raw)
         path = self.shards_dir / name
         with open(path, "xb") as f:
             f.write(data)
@@ -253,11 +266,11 @@ class _ShardWriter:
                 "path": f"{SHARDS_DIR}/{name}",
                 "samples": self._count,
                 "size": len(data),
-                "raw_size": len(raw),
+                "raw_size": self._raw,
                 "digest": DIGEST_PREFIX + hashlib.sha256(data).hexdigest(),
             }
         )
-        self._parts, self._raw, self._count = [], 0, 0
+        self._start_shard()
 
 
 def _as_dict(sample: Any, dest: Path, index: int) -> dict[Any, Any]:

@@ -25,7 +25,7 @@ _spec.loader.exec_module(generator)  # type: ignore[union-attr]
 
 def raw_shards(path: Path) -> list[bytes]:
     return [
-        zstandard.ZstdDecompressor().decompress((path / e["path"]).read_bytes())
+        zstandard.ZstdDecompressor().decompressobj().decompress((path / e["path"]).read_bytes())
         for e in json.loads((path / "manifest.json").read_text())["shards"]
     ]
 
