@@ -1,9 +1,12 @@
-"""Helpers shared by the bundle tests: a run media directory with content-addressed files."""
+"""Helpers shared by the tests: content-addressed media files and trainer arguments."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
+
+from bundles import MediaRef
 
 
 def put_media(run_dir: Path, data: bytes, suffix: str = ".png") -> str:
@@ -17,3 +20,18 @@ def put_media(run_dir: Path, data: bytes, suffix: str = ".png") -> str:
 
 def tree_snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def digest_of(data: bytes) -> str:
+    return MediaRef.from_bytes(data).digest
+
+
+def trainer_args(tmp_path: Path, run: str, *extra: str) -> Any:
+    """Parsed trainer options for a run ``run`` under ``tmp_path``: shared media, --save and
+    --load in ``tmp_path``, plus ``extra``."""
+    from trainer_hooks import parse_args
+
+    return parse_args(
+        ["--shared-media-dir", str(tmp_path / "shared"), "--run-uuid", run,
+         "--save", str(tmp_path / "ckpt"), "--load", str(tmp_path / "ckpt"), *extra]
+    )

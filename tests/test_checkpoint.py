@@ -12,16 +12,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from media_helpers import digest_of, trainer_args
 
 import trainer_hooks
 from bundles import BundleFormatError, BundleNotFoundError, MediaMissingError, MediaRef, open_bundle
-from bundles._media import sha256_bytes
 from trainer_hooks import (
     CheckpointSaveError,
     RolloutCheckpointer,
     RolloutEngineProcessorArgs,
     RunMediaError,
     Sample,
+    checkpoint_path,
+    list_rollout_checkpoints,
     load_rollout_checkpoint,
     parse_args,
     read_rollout_checkpoint,
@@ -30,7 +32,6 @@ from trainer_hooks import (
     save_rollout_checkpoint,
     store_media,
 )
-from trainer_hooks._checkpoint import checkpoint_path, list_rollout_checkpoints
 from trainer_hooks.testing import png_bytes
 
 # Where this process imports trainer_hooks from (the source tree or an installed wheel): the
@@ -39,19 +40,7 @@ IMPORT_ROOT = Path(trainer_hooks.__file__).resolve().parents[1]
 
 
 def make_args(tmp_path: Path, run: str, *extra: str):
-    return parse_args(
-        [
-            "--shared-media-dir",
-            str(tmp_path / "shared"),
-            "--run-uuid",
-            run,
-            "--save",
-            str(tmp_path / "ckpt"),
-            "--load",
-            str(tmp_path / "ckpt"),
-            *extra,
-        ]
-    )
+    return trainer_args(tmp_path, run, *extra)
 
 
 def make_group(args, group_index: int, n: int = 2, *, status=Sample.Status.COMPLETED) -> list[Sample]:
@@ -399,7 +388,7 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path, target):
     assert len(completed[0]) == 3
     for s in completed[0]:
         ref = s.multimodal_inputs["images"][0]
-        assert sha256_bytes(Path(ref.path).read_bytes()) == ref.digest
+        assert digest_of(Path(ref.path).read_bytes()) == ref.digest
 
     # The next save into the same directory sweeps the dead writer's staging directory.
     save_rollout_checkpoint(args, 3, [], [make_group(args, 3)])

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from media_helpers import digest_of
 
 from bundles import PACK_SUFFIX, BundleError, MediaRef, open_bundle
-from bundles._media import sha256_bytes
 from trainer_hooks import (
     Sample,
     load_debug_rollout_data,
@@ -73,7 +73,7 @@ def test_round_trip_survives_release_of_the_run_media(tmp_path, template):
     for s, digest in zip(loaded, digests, strict=True):
         ref = s.multimodal_inputs["images"][0]
         assert isinstance(ref, MediaRef) and ref.digest == digest
-        assert sha256_bytes(Path(ref.path).read_bytes()) == digest
+        assert digest_of(Path(ref.path).read_bytes()) == digest
         assert s.status is Sample.Status.COMPLETED
         assert s.multimodal_train_inputs["image_grid_thw"].tolist() == [[1, 2, 2]]
     if template.endswith(PACK_SUFFIX):

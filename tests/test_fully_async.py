@@ -7,9 +7,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from media_helpers import digest_of, trainer_args
 
 from bundles import MediaRef, open_bundle
-from bundles._media import sha256_bytes
 from trainer_hooks import (
     CheckpointSaveError,
     FullyAsyncRolloutFn,
@@ -17,32 +17,18 @@ from trainer_hooks import (
     RolloutWorkerError,
     RunDisposer,
     Sample,
-    parse_args,
+    checkpoint_path,
+    list_rollout_checkpoints,
     release_run_media,
     run_media_dir,
     store_media,
     train_async,
 )
-from trainer_hooks._checkpoint import checkpoint_path, list_rollout_checkpoints
 from trainer_hooks.testing import StandInTrainer, png_bytes
 
 
 def make_args(tmp_path: Path, run: str, *extra: str):
-    return parse_args(
-        [
-            "--shared-media-dir",
-            str(tmp_path / "shared"),
-            "--run-uuid",
-            run,
-            "--save",
-            str(tmp_path / "ckpt"),
-            "--load",
-            str(tmp_path / "ckpt"),
-            "--rollout-batch-size",
-            "2",
-            *extra,
-        ]
-    )
+    return trainer_args(tmp_path, run, "--rollout-batch-size", "2", *extra)
 
 
 def prompts(n_groups: int, start: int = 0, size: int = 2) -> list[list[Sample]]:
@@ -129,7 +115,7 @@ def test_save_holds_in_flight_and_buffered_groups_then_resume_in_new_run(tmp_pat
             ref = s.multimodal_inputs["images"][0]
             assert isinstance(ref, MediaRef) and Path(ref.path).parent == run_b
             assert ref.digest == buffered_media[s.index].digest
-            assert sha256_bytes(Path(ref.path).read_bytes()) == ref.digest
+            assert digest_of(Path(ref.path).read_bytes()) == ref.digest
     assert [g[0].group_index for g in fn_b(2)] == [4, 5]
     assert [g[0].group_index for g in fn_b(3)] == [10, 11]
     assert gen_b.started[:2] == [4, 5]  # resubmitted before any new prompt

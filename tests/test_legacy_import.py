@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from media_helpers import digest_of
 
 from bundles import PACK_SUFFIX, MediaRef, open_bundle
-from bundles._media import sha256_bytes
 from trainer_hooks import (
     LegacyDumpError,
     PickleRefusedError,
@@ -79,7 +79,7 @@ def test_import_converts_images_and_keeps_tensors(tmp_path, suffix, capsys):
     out = tmp_path / f"dump_3{suffix}"
     assert main(["import-dump", str(src), "-o", str(out), "--trust-pickle"]) == 0
     assert "imported" in capsys.readouterr().out
-    shot_digest = sha256_bytes(shot.read_bytes())
+    shot_digest = digest_of(shot.read_bytes())
     (tmp_path / "old_run" / "screen.png").unlink()  # the old run's media is gone; the bundle is not
 
     args = parse_args(["--load-debug-rollout-data", str(tmp_path / ("dump_{rollout_id}" + suffix))])
@@ -91,7 +91,7 @@ def test_import_converts_images_and_keeps_tensors(tmp_path, suffix, capsys):
     with Image.open(pil_ref.path) as img:
         assert img.size == (4, 3) and img.getpixel((3, 2)) == (0, 128, 255)
     assert isinstance(path_ref, MediaRef) and path_ref.digest == shot_digest
-    assert sha256_bytes(Path(path_ref.path).read_bytes()) == shot_digest
+    assert digest_of(Path(path_ref.path).read_bytes()) == shot_digest
     mti = first.multimodal_train_inputs
     assert torch.equal(mti["pixel_values"], torch.arange(24, dtype=torch.float32).reshape(2, 12))
     assert mti["image_grid_thw"].dtype == torch.int64

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from media_helpers import digest_of
 
 from bundles import MediaRef, open_bundle
-from bundles._media import sha256_bytes
 from trainer_hooks import load_rollout_checkpoint, parse_args, release_run_media, run_media_dir
 
 pytestmark = pytest.mark.ray
@@ -104,6 +104,6 @@ def test_actor_saves_then_driver_releases_run_dir_and_resumes(tmp_path, ray_loca
             ref = s.multimodal_inputs["images"][0]
             assert isinstance(ref, MediaRef) and Path(ref.path).parent == run_b
             assert ref.digest == digests[s.index]
-            assert sha256_bytes(Path(ref.path).read_bytes()) == ref.digest
+            assert digest_of(Path(ref.path).read_bytes()) == ref.digest
     release_run_media(args_b)
     open_bundle(path, verify="full")
