@@ -155,6 +155,13 @@ def _syncfs(path: str) -> bool:
         os.close(fd)
 
 
+def _link(method: str, src: str, dst: str) -> None:
+    if method == "hardlink":
+        os.link(src, dst)
+    else:
+        _reflink(src, dst)
+
+
 def ingest(src: str, dst: str, link: str, src_dev: int, dst_dev: int) -> str:
     """Place ``src``'s bytes at the new path ``dst`` by ``link`` mode; return the method used.
 
@@ -165,10 +172,7 @@ def ingest(src: str, dst: str, link: str, src_dev: int, dst_dev: int) -> str:
         return "copy"
     if link in ("hardlink", "reflink"):
         try:
-            if link == "hardlink":
-                os.link(src, dst)
-            else:
-                _reflink(src, dst)
+            _link(link, src, dst)
         except OSError as e:
             if e.errno not in _UNSUPPORTED_ERRNOS:
                 raise
@@ -183,10 +187,7 @@ def ingest(src: str, dst: str, link: str, src_dev: int, dst_dev: int) -> str:
         if known is not None and known != method:
             continue
         try:
-            if method == "hardlink":
-                os.link(src, dst)
-            else:
-                _reflink(src, dst)
+            _link(method, src, dst)
         except OSError as e:
             if e.errno not in _UNSUPPORTED_ERRNOS or known is not None:
                 raise
