@@ -222,3 +222,15 @@ def test_big_int_inside_a_long_token_list_is_named(tmp_path):
 def test_big_int_inside_a_tuple_is_named(tmp_path):
     with pytest.raises(UnsupportedValueError, match=r"samples\[0\]\.t\[1\]\[0\]: int -9223372036854775809"):
         write_bundle(tmp_path / "b", [{"t": (1, (-(2**63) - 1,))}])
+
+
+@pytest.mark.torch
+def test_cuda_tensors_are_stored_and_come_back_on_the_cpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    t = torch.randn(4, 1176, device="cuda").to(torch.bfloat16)
+    write_bundle(tmp_path / "b", [{"pixel_values": t}])
+    (loaded,) = open_bundle(tmp_path / "b").samples()
+    assert loaded["pixel_values"].device.type == "cpu"
+    assert torch.equal(loaded["pixel_values"], t.cpu())
