@@ -100,7 +100,6 @@ class _MediaIngester:
         self.by_source: dict[str, MediaRef] = {}  # normalized source path -> ref
         self.by_value: dict[str, MediaRef] = {}  # reference string as written in samples -> ref
         self.references = 0
-        self.methods: dict[str, int] = {}
         self.durability = Durability()
         self.media_dev = os.stat(self.media_dir).st_dev
         self._tmp_counter = 0
@@ -181,7 +180,7 @@ class _MediaIngester:
             target = os.path.join(self.media_dir, final.filename)
             method = ingest(source, target, self.link, st.st_dev, self.media_dev)
             if method != "copy":
-                self._stored_file(final, target, method, st.st_mode)
+                self._stored_file(final, target, st.st_mode)
                 return final
         self._tmp_counter += 1
         tmp = os.path.join(self.media_dir, f".ingest-{self._tmp_counter}")
@@ -208,16 +207,15 @@ class _MediaIngester:
             return final
         target = os.path.join(self.media_dir, final.filename)
         os.rename(tmp, target)
-        self._stored_file(final, target, method, mode)
+        self._stored_file(final, target, mode)
         return final
 
-    def _stored_file(self, ref: MediaRef, path: str, method: str, mode: int | None) -> None:
+    def _stored_file(self, ref: MediaRef, path: str, mode: int | None) -> None:
         # A hard link shares the source's inode, so its known mode saves a stat; run media
         # stores write files read-only already, and then there is nothing to change.
         make_read_only(path, mode)
         self.durability.add(path)
         self.stored[ref.filename] = ref
-        self.methods[method] = self.methods.get(method, 0) + 1
 
 
 class _ShardWriter:
