@@ -6,8 +6,8 @@ Protocol
   by ``--run-uuid``. Inside it, files are content-addressed: the name is the sha256 of the
   bytes plus a suffix, so storing the same image twice costs nothing and a name always means
   the same bytes.
-* A file is written to a hidden temporary name in the same directory, flushed, fsynced, made
-  read-only (0o444) and renamed onto its final name. A reader therefore sees either no file or
+* A file is written to a hidden temporary name in the same directory, made read-only (0o444)
+  and renamed onto its final name. A reader therefore sees either no file or
   the whole file; a crash leaves at most a hidden ``.<name>.*.tmp`` that the run's release (or
   ``rollout-bundle sweep``) removes with the directory.
 * The directory is keyed by run, not by rollout step: with the asynchronous driver a sample
@@ -21,8 +21,10 @@ Protocol
 
 Trade-offs
 ----------
-* The run directory itself is not fsynced after a rename: losing a just-stored file in a
-  machine crash only loses media of a run that is dead anyway.
+* Neither the file nor the run directory is fsynced: losing a just-stored file in a machine
+  crash only loses media of a run that is dead anyway, and a bundle that links the file makes
+  it durable when it commits. An fsync per screenshot would cost the rollout a journal commit
+  per image.
 * An existing file with the right name and size is trusted without rehashing it; rehashing a
   large file on every store would cost more than it protects against (only a tamperer can put
   other bytes under a content-addressed name, since every write is atomic).
@@ -195,7 +197,7 @@ def store_media(args: Namespace, data: Any, suffix: str = ".png") -> MediaRef:
     Returns:
         A :class:`bundles.MediaRef` whose ``path`` is the absolute path of the stored file.
 
-    The write is atomic (temporary name, fsync, rename), idempotent for equal content and
+    The write is atomic (temporary name, then rename), idempotent for equal content and
     leaves the file read-only. Raises :class:`RunMediaError` when ``--shared-media-dir`` is
     unset.
 
@@ -205,8 +207,7 @@ def store_media(args: Namespace, data: Any, suffix: str = ".png") -> MediaRef:
         '9f86d0…08.png'
     """
     payload = _to_bytes(data, suffix)
-    digest = MediaRef.from_bytes(payload).digest
-    probe = MediaRef(digest, len(payload), suffix)  # validates the suffix before touching disk
+    probe = MediaRef.from_bytes(payload, suffix)  # validates the suffix before touching disk
     run_dir = _ensure_run_dir(args)
     dest = run_dir / probe.filename
     try:
@@ -221,10 +222,11 @@ def store_media(args: Namespace, data: Any, suffix: str = ".png") -> MediaRef:
 def _write_atomic(dest: Path, payload: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
+        # No fsync: run media are scratch for one run, and whatever must survive a crash is in
+        # a bundle, whose commit makes the files it links durable (bundles' Durability). A
+        # screenshot cut short by a crash has the wrong size and is rewritten by the next call.
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
         os.chmod(tmp, MEDIA_FILE_MODE)
         # os.replace over an existing read-only file works on POSIX: only the directory's
         # permissions matter. Two writers of the same content race harmlessly.
