@@ -54,8 +54,9 @@ from bundles import (
     scratch_dir,
     unpack_bundle,
 )
-from trainer_hooks._checkpoint import _media_roots, run_meta, snapshot_value, write_samples_bundle
 from trainer_hooks._sample import Sample
+from trainer_hooks._sample_bundle import _media_roots, run_meta, write_samples_bundle
+from trainer_hooks._snapshot import snapshot_value
 
 __all__ = [
     "DEBUG_DUMP_KIND",

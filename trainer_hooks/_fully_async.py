@@ -44,13 +44,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from trainer_hooks._checkpoint import (
-    RolloutCheckpointer,
-    _require,
-    checkpoint_path,
-    read_rollout_checkpoint,
-    snapshot_groups,
-)
+from trainer_hooks._checkpoint import RolloutCheckpointer, _require, checkpoint_path, read_rollout_checkpoint
+from trainer_hooks._snapshot import snapshot_groups
 
 __all__ = ["FullyAsyncRolloutFn", "GroupBuffer", "ListDataSource", "RolloutWorkerError"]
 

@@ -188,7 +188,9 @@ def add_import_dump_command(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "import-dump",
         help="convert a legacy torch.save debug dump into a bundle (needs --trust-pickle)",
-        description="Convert a legacy torch.save debug rollout dump into a bundle. Note: " + PICKLE_WARNING + ".",
+        description="Convert a legacy torch.save debug rollout dump into a bundle. Note: "
+        + PICKLE_WARNING
+        + ".",
     )
     p.add_argument("file", metavar="OLD.pt")
     p.add_argument(

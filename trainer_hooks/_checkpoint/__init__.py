@@ -1,0 +1,70 @@
+"""Rollout checkpoints as bundles: snapshot now, write in the background, resume by rehydrating.
+
+Layout and content
+------------------
+A checkpoint of rollout ``N`` is one bundle of kind ``"rollout_checkpoint"`` at
+``<args.save>/rollout/fully_async_<N>`` (read back from ``<args.load>/rollout/…``). Its samples are
+the flattened groups, pending groups first, then completed groups, each in order; the group
+structure lives in the manifest's ``meta``::
+
+    {"checkpoint_version": 1, "rollout_id": N, "run_uuid": "...", "training_dtype": "bf16",
+     "processor": {...} | null, "pending_group_sizes": [4, 4], "completed_group_sizes": [4]}
+
+``processor`` is ``args.rollout_processor_args.to_dict()`` (the engines' resolved processor
+settings, see :mod:`trainer_hooks._processor_args`) or null when it was not resolved. The samples
+stay plain sample dicts, so ``rollout-bundle inspect`` and a replay read a checkpoint like a dump.
+Media are taken from ``run_media_dir(args)`` (any absolute path string under it, and every
+``MediaRef``) with ``args.bundle_link_mode``; PIL images are encoded to PNG media on the way.
+
+Modules, one concern each
+-------------------------
+* :mod:`._paths`: where checkpoints live and which are committed.
+* :mod:`._writer`: the save protocol (:class:`RolloutCheckpointer`, background writer).
+* :mod:`._retention`: ``--keep-rollout-checkpoints``.
+* :mod:`._reader`: resume (rehydrating media into the current run).
+* Shared with debug dumps: :mod:`trainer_hooks._snapshot` (snapshots on the caller's thread),
+  :mod:`trainer_hooks._images` (PIL images to PNG media), :mod:`trainer_hooks._sample_bundle`
+  (sample dicts to a bundle, and the run's meta).
+"""
+
+from trainer_hooks._checkpoint._paths import (
+    CHECKPOINT_KIND,
+    CHECKPOINT_PREFIX,
+    CHECKPOINT_SUBDIR,
+    CHECKPOINT_VERSION,
+    _require,
+    checkpoint_path,
+    list_rollout_checkpoints,
+)
+from trainer_hooks._checkpoint._reader import (
+    RolloutCheckpoint,
+    load_rollout_checkpoint,
+    read_rollout_checkpoint,
+)
+from trainer_hooks._checkpoint._retention import apply_retention
+from trainer_hooks._checkpoint._writer import (
+    CheckpointSaveError,
+    RolloutCheckpointer,
+    save_rollout_checkpoint,
+)
+from trainer_hooks._snapshot import SnapshotError, snapshot_groups, snapshot_value
+
+__all__ = [
+    "CHECKPOINT_KIND",
+    "CHECKPOINT_PREFIX",
+    "CHECKPOINT_SUBDIR",
+    "CHECKPOINT_VERSION",
+    "CheckpointSaveError",
+    "RolloutCheckpoint",
+    "RolloutCheckpointer",
+    "SnapshotError",
+    "_require",
+    "apply_retention",
+    "checkpoint_path",
+    "list_rollout_checkpoints",
+    "load_rollout_checkpoint",
+    "read_rollout_checkpoint",
+    "save_rollout_checkpoint",
+    "snapshot_groups",
+    "snapshot_value",
+]

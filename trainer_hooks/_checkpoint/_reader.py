@@ -1,0 +1,135 @@
+"""Reading rollout checkpoints back: resume by rehydrating media into the current run.
+
+:func:`read_rollout_checkpoint` opens the bundle with ``args.bundle_verify``, checks its kind and
+meta, and rehydrates its media into the *current* run's ``run_media_dir(args)`` (hard links when
+possible): the returned samples reference only the new run's directory, whose teardown removes
+them, and the checkpoint itself is left untouched. Pending samples are reset for retry
+(``Sample.reset_for_retry``): partial generations are not resumed, the prompts are resubmitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from argparse import Namespace
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bundles import BundleFormatError, open_bundle
+from trainer_hooks._checkpoint._paths import CHECKPOINT_KIND, CHECKPOINT_VERSION, _require, checkpoint_path
+from trainer_hooks._run_media import RunMediaError, _ensure_run_dir, run_media_dir
+from trainer_hooks._sample import Sample
+from trainer_hooks._sample_bundle import processor_settings, training_dtype
+
+__all__ = ["RolloutCheckpoint", "load_rollout_checkpoint", "read_rollout_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutCheckpoint:
+    """A loaded checkpoint; samples reference media in the current run's directory."""
+
+    path: Path
+    rollout_id: int
+    meta: dict[str, Any]
+    pending_groups: list[list[Sample]] = field(default_factory=list)
+    completed_groups: list[list[Sample]] = field(default_factory=list)
+
+
+def _check_sizes(meta: dict[str, Any], key: str, where: Path) -> list[int]:
+    sizes = meta.get(key)
+    if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
+        raise BundleFormatError(
+            f"{where}: meta.{key}: expected a list of group sizes (ints >= 0), found {sizes!r}"
+        )
+    return sizes
+
+
+def read_rollout_checkpoint(
+    args: Namespace,
+    rollout_id: int,
+    *,
+    root: str | os.PathLike[str] | None = None,
+    sample_factory: Callable[[dict[Any, Any]], Any] = Sample.from_dict,
+) -> RolloutCheckpoint:
+    """Open ``<root or args.load>/rollout/fully_async_<rollout_id>`` and rehydrate it into
+    ``run_media_dir(args)``.
+
+    Verification follows ``args.bundle_verify`` (default ``"fast"``); media are placed with
+    ``args.bundle_link_mode``. Raises :class:`bundles.BundleNotFoundError` when the checkpoint
+    does not exist, :class:`bundles.BundleFormatError` when it is not a rollout checkpoint, and
+    :class:`trainer_hooks.RunMediaError` when it holds media but ``--shared-media-dir`` is unset.
+    """
+    base = root if root is not None else _require(args, "load", "--load")
+    path = checkpoint_path(base, rollout_id)
+    bundle = open_bundle(path, verify=getattr(args, "bundle_verify", None) or "fast")
+    if bundle.kind != CHECKPOINT_KIND:
+        raise BundleFormatError(f"{path}: kind: expected {CHECKPOINT_KIND!r}, found {bundle.kind!r}")
+    meta = bundle.meta
+    version = meta.get("checkpoint_version")
+    if version != CHECKPOINT_VERSION:
+        raise BundleFormatError(
+            f"{path}: meta.checkpoint_version: expected {CHECKPOINT_VERSION}, found {version!r}"
+        )
+    if meta.get("rollout_id") != rollout_id:
+        raise BundleFormatError(
+            f"{path}: meta.rollout_id: expected {rollout_id}, found {meta.get('rollout_id')!r}"
+        )
+    pending_sizes = _check_sizes(meta, "pending_group_sizes", path)
+    completed_sizes = _check_sizes(meta, "completed_group_sizes", path)
+    if sum(pending_sizes) + sum(completed_sizes) != len(bundle):
+        raise BundleFormatError(
+            f"{path}: meta: group sizes add up to {sum(pending_sizes) + sum(completed_sizes)} samples, "
+            f"the bundle holds {len(bundle)}"
+        )
+    _warn_on_mismatch(args, meta, path)
+    if bundle.media:
+        if run_media_dir(args) is None:
+            raise RunMediaError(
+                f"{path}: the checkpoint holds {len(bundle.media)} media file(s) but --shared-media-dir is not "
+                "set: there is no run media directory to rehydrate them into"
+            )
+        rows = bundle.rehydrate(
+            _ensure_run_dir(args), link=getattr(args, "bundle_link_mode", None) or "auto", progress=False
+        )
+    else:
+        rows = list(bundle.samples())
+    samples = [sample_factory(r) for r in rows]
+    pending: list[list[Any]] = []
+    pos = 0
+    for n in pending_sizes:
+        group = samples[pos : pos + n]
+        for s in group:
+            reset = getattr(s, "reset_for_retry", None)
+            if callable(reset):
+                reset()
+        pending.append(group)
+        pos += n
+    completed = []
+    for n in completed_sizes:
+        completed.append(samples[pos : pos + n])
+        pos += n
+    return RolloutCheckpoint(
+        path=path, rollout_id=rollout_id, meta=meta, pending_groups=pending, completed_groups=completed
+    )
+
+
+def _warn_on_mismatch(args: Namespace, meta: dict[str, Any], path: Path) -> None:
+    for key, now in (("training_dtype", training_dtype(args)), ("processor", processor_settings(args))):
+        if key in meta and meta[key] != now:
+            logger.warning(
+                "%s: meta.%s: the checkpoint was written with %r, this run uses %r", path, key, meta[key], now
+            )
+
+
+def load_rollout_checkpoint(
+    args: Namespace, rollout_id: int
+) -> tuple[list[list[Sample]], list[list[Sample]]]:
+    """``(pending_groups, completed_groups)`` of ``<args.load>/rollout/fully_async_<rollout_id>``,
+    with media rehydrated into the current run's media directory (see
+    :func:`read_rollout_checkpoint`)."""
+    ckpt = read_rollout_checkpoint(args, rollout_id)
+    return ckpt.pending_groups, ckpt.completed_groups
