@@ -130,10 +130,11 @@ def test_save_release_resume_in_new_run(tmp_path):
     for old, new in zip(completed[1], got_completed[1], strict=True):
         assert_sample_equal(old, new)
         assert new.status is Sample.Status.COMPLETED
-    # Pending groups come back reset for retry: prompt and media kept, generation cleared.
+    # Pending groups come back reset for retry (Miles' reset_for_retry: status aborted): prompt
+    # and media kept, generation cleared.
     for old, new in zip(pending[0], got_pending[0], strict=True):
         assert new.prompt == old.prompt and new.index == old.index and new.metadata == old.metadata
-        assert new.tokens == [] and new.response == "" and new.status is Sample.Status.PENDING
+        assert new.tokens == [] and new.response == "" and new.status is Sample.Status.ABORTED
 
     # The resumed run's teardown removes only its own copies; the checkpoint stays whole.
     release_run_media(args_b)

@@ -8,7 +8,7 @@
 * Arguments: :func:`add_arguments`, :func:`validate_args`, :func:`parse_args`, and
   :class:`RolloutEngineProcessorArgs`, which refuses engine groups that disagree on the image
   processor at launch.
-* :class:`Sample`, compatible with Miles' ``Sample``.
+* :class:`Sample`, :class:`AdapterRef`, :class:`RewardSpec`: at parity with Miles' ``miles.utils.types``.
 * Bundled artifacts: :class:`FullyAsyncRolloutFn` (with ``save``/``load`` of rollout checkpoints,
   written in the background), :func:`save_rollout_checkpoint` / :func:`load_rollout_checkpoint`,
   :func:`save_debug_rollout_data` / :func:`load_debug_rollout_data`, and
@@ -53,10 +53,11 @@ from trainer_hooks._run_media import (
     run_media_dir,
     store_media,
 )
-from trainer_hooks._sample import Sample
+from trainer_hooks._sample import AdapterRef, RewardSpec, Sample
 
 __all__ = [
     "LEASE_NAME",
+    "AdapterRef",
     "CheckpointSaveError",
     "DriverReport",
     "FullyAsyncRolloutFn",
@@ -64,6 +65,7 @@ __all__ = [
     "LegacyDumpError",
     "ListDataSource",
     "PickleRefusedError",
+    "RewardSpec",
     "RolloutCheckpoint",
     "RolloutCheckpointer",
     "RolloutEngineProcessorArgs",
