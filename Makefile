@@ -2,7 +2,8 @@
 # missing and install what they need; stamp files inside .venv make repeat runs skip the installs.
 #
 #   make demo    walk-through: screenshots -> bundle -> delete run dir -> open, fully verify
-#   make test    tox: format tests on py310-py313 (no torch/Ray), everything on py311-full
+#   make test    tox: format tests on py310-py313 (no torch/Ray), everything on py311-full;
+#                ends with each env's pass/fail/skip counts
 #   make lint    ruff check + mypy (`make format` applies ruff format)
 #   make bench   benchmarks/bench_save.py (BENCH_ARGS="--n 600 --repeats 3")
 #   make clean   remove build/test/demo/bench outputs (keeps .venv); `make distclean` also .venv
@@ -42,8 +43,11 @@ DEV_OK    := $(VENV)/.stamp-dev
 demo: $(DEV_OK)
 	$(BIN)/python examples/demo.py
 
+# Ends with each tox env's passed/failed/skipped counts, whether or not tox passed.
 test: $(DEV_OK)
-	$(BIN)/tox run-parallel --parallel auto --parallel-no-spinner $(TOX_ARGS)
+	rm -rf .tox/junit
+	$(BIN)/tox run-parallel --parallel auto --parallel-no-spinner $(TOX_ARGS); \
+	status=$$?; $(BIN)/python .ci/test_summary.py .tox/junit; exit $$status
 
 lint: $(DEV_OK)
 	$(BIN)/ruff check .

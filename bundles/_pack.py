@@ -18,7 +18,7 @@ import tarfile
 from pathlib import Path
 
 from bundles._commit import commit, create_staging, remove_stale_staging, staging_name
-from bundles._errors import BundleError, UnsafeBundleError
+from bundles._errors import BundleExistsError, BundleFormatError, BundleNotFoundError, UnsafeBundleError
 from bundles._fs import fsync_dir, make_read_only, remove_tree
 from bundles._layout import (
     DIGEST_RE,
@@ -60,7 +60,7 @@ def pack_bundle(
     bundle = open_bundle(path, verify="fast")
     out = Path(os.path.abspath(out_file))
     if os.path.lexists(out) and not overwrite:
-        raise BundleError(f"{out}: output exists; pass overwrite=True to replace it")
+        raise BundleExistsError(f"{out}: output exists; pass overwrite=True to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     members = [MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR]
     members += [e["path"] for e in bundle.manifest["shards"]]
@@ -114,15 +114,19 @@ def unpack_bundle(
     """Unpack a packed bundle into the new directory ``out_dir``, fully verify it, commit it.
 
     Raises:
+        BundleNotFoundError: ``packed`` does not exist.
+        BundleExistsError: ``out_dir`` exists and ``overwrite`` is false.
         UnsafeBundleError: a member is absolute, holds ``..``, is a link or special file,
             appears twice or has a name outside the layout. Nothing is left at ``out_dir``.
     """
     src = Path(os.path.abspath(packed))
     dest = Path(os.path.abspath(out_dir))
+    if not os.path.lexists(src):
+        raise BundleNotFoundError(f"{src}: no packed bundle here (the file does not exist)")
     if not src.is_file():
-        raise BundleError(f"{src}: expected a packed bundle file")
+        raise BundleFormatError(f"{src}: expected a packed bundle file, found a directory or special file")
     if os.path.lexists(dest) and not overwrite:
-        raise BundleError(f"{dest}: output exists; pass overwrite=True to replace it")
+        raise BundleExistsError(f"{dest}: output exists; pass overwrite=True to replace it")
     staging = create_staging(dest)
     try:
         seen: set[str] = set()

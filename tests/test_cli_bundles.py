@@ -68,4 +68,4 @@ def test_pack_unpack_round_trip_as_a_real_process(tmp_path):
 def test_errors_are_messages_not_tracebacks(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "missing")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "missing" in err and "Traceback" not in err
+    assert err.startswith("rollout-bundle inspect: error: ") and "missing" in err and "Traceback" not in err

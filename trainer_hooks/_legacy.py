@@ -24,19 +24,21 @@ Conversion:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from bundles import BundleError, BundleExistsError, MediaRef
+from bundles._cli import CommandError, add_command, add_json_option, cli_message
 from trainer_hooks._debug_dump import DEBUG_DUMP_KIND, check_json, write_dump_bundle
 
-__all__ = ["LegacyDumpError", "PickleRefusedError", "add_import_dump_command", "import_legacy_dump"]
+__all__ = ["LegacyDumpError", "PickleRefusedError", "import_legacy_dump", "register"]
 
 PICKLE_WARNING = (
     "reading a torch.save file runs pickle, which can execute arbitrary code from the file; pass "
-    "--trust-pickle (trust_pickle=True) only for dumps from a source you trust"
+    "trust_pickle=True only for dumps from a source you trust"
 )
 MEDIA_KEYS = ("images", "videos", "audios")
 
@@ -69,7 +71,7 @@ def _convert_media_paths(sample: dict[Any, Any], where: str, missing_media: str)
             elif missing_media != "keep":
                 raise LegacyDumpError(
                     f"{where}.multimodal_inputs.{key}[{i}]: media file {path} does not exist (its run media "
-                    "directory was probably released); pass missing_media='keep' (--keep-missing-media) to "
+                    "directory was probably released); pass missing_media='keep' to "
                     "keep the path as a plain string"
                 )
         mm[key] = converted if isinstance(items, list) else tuple(converted)
@@ -166,11 +168,8 @@ def import_legacy_dump(
 
 
 def _run_import(ns: argparse.Namespace) -> int:
-    import sys
-
     if not ns.trust_pickle:
-        print(f"rollout-bundle import-dump: {ns.file}: refusing to load: {PICKLE_WARNING}", file=sys.stderr)
-        return 2
+        raise CommandError(f"{ns.file}: refusing to load: {PICKLE_WARNING}", status=2)
     out = import_legacy_dump(
         ns.file,
         ns.output,
@@ -179,20 +178,25 @@ def _run_import(ns: argparse.Namespace) -> int:
         overwrite=ns.force,
         missing_media="keep" if ns.keep_missing_media else "error",
     )
-    print(f"imported {ns.file} -> {out}")
+    if ns.json:
+        print(json.dumps({"source": os.path.abspath(ns.file), "output": str(out)}, indent=2, sort_keys=True))
+    else:
+        print(f"imported {ns.file} -> {out}")
     return 0
 
 
-def add_import_dump_command(subparsers: Any) -> None:
-    """Register ``import-dump OLD.pt -o BUNDLE --trust-pickle`` on a ``rollout-bundle`` parser."""
-    p = subparsers.add_parser(
+def register(subparsers: Any) -> None:
+    """Add ``import-dump OLD.pt -o BUNDLE --trust-pickle`` to a ``rollout-bundle`` parser."""
+    p = add_command(
+        subparsers,
         "import-dump",
-        help="convert a legacy torch.save debug dump into a bundle (needs --trust-pickle)",
+        "convert a legacy torch.save debug dump into a bundle (needs --trust-pickle)",
+        _run_import,
         description="Convert a legacy torch.save debug rollout dump into a bundle. Note: "
-        + PICKLE_WARNING
+        + cli_message(PICKLE_WARNING)
         + ".",
     )
-    p.add_argument("file", metavar="OLD.pt")
+    p.add_argument("file", metavar="OLD.pt", help="the legacy dump written by torch.save")
     p.add_argument(
         "-o",
         "--output",
@@ -217,4 +221,4 @@ def add_import_dump_command(subparsers: Any) -> None:
         help="keep paths of media files that no longer exist as plain strings",
     )
     p.add_argument("--force", action="store_true", help="replace an existing output")
-    p.set_defaults(func=_run_import)
+    add_json_option(p)

@@ -1,149 +1,41 @@
-"""The ``rollout-bundle`` command: bundle subcommands from :mod:`bundles.cli`, and ``sweep``.
+"""The ``rollout-bundle`` command.
 
-``sweep SHARED_MEDIA_DIR [--older-than DURATION] [--delete] [--json]`` lists the run media
-directories under a shared media root with what sweep makes of them (see
-:mod:`trainer_hooks._lease` for the rules) and, with ``--delete``, removes the crashed, stale
-and orphaned ones. Without ``--delete`` nothing is changed. A live run is never deleted.
+Each subcommand lives in a command module that exposes ``register(subparsers)``;
+:data:`COMMAND_MODULES` lists them in the order ``rollout-bundle --help`` shows them. A new
+subcommand is one new module and one line here. What every subcommand shares (the error prefix
+``rollout-bundle CMD: error: ...``, exit statuses, ``--json``, ``--progress/--no-progress``,
+``--version``) lives in :mod:`bundles._cli`.
 
-``import-dump OLD.pt -o BUNDLE --trust-pickle`` converts a legacy ``torch.save`` debug dump into
-a bundle (see :mod:`trainer_hooks._legacy`); without ``--trust-pickle`` it refuses (exit 2).
-
-Exit status: 0 on success, 1 when a directory could not be removed or the root is missing,
-2 on a usage error (argparse).
+Exit status: 0 on success, 1 when the work failed or found problems, 2 on a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-from trainer_hooks._lease import (
-    DEFAULT_SWEEP_OLDER_THAN_S,
-    SweepEntry,
-    format_duration,
-    parse_duration,
-    sweep_run_media,
+from bundles._cli import build_parser as _build_parser
+from bundles._cli import run_command
+
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+
+COMMAND_MODULES: tuple[str, ...] = (
+    "bundles.cli",  # inspect, verify, pack, unpack
+    "trainer_hooks._sweep_cli",  # sweep SHARED_MEDIA_DIR [--delete]
+    "trainer_hooks._legacy",  # import-dump OLD.pt -o BUNDLE --trust-pickle
 )
 
-__all__ = ["build_parser", "main"]
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def add_sweep_command(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "sweep",
-        help="list (and with --delete remove) media directories left by crashed runs",
-        description=(
-            "List run media directories under SHARED_MEDIA_DIR whose lease is stale or whose process is "
-            "gone on this host, or that have no lease and did not change for DURATION. Deletes them only "
-            "with --delete; a run whose lease is fresh is never deleted."
-        ),
-    )
-    p.add_argument("shared_media_dir", metavar="SHARED_MEDIA_DIR")
-    p.add_argument(
-        "--older-than",
-        type=_duration,
-        default=DEFAULT_SWEEP_OLDER_THAN_S,
-        metavar="DURATION",
-        help="heartbeat (or, without a lease, modification) age after which a run counts as dead: "
-        "30s, 10m, 2h, 1d (default: 1h)",
-    )
-    p.add_argument("--delete", action="store_true", help="remove the directories listed as removable")
-    p.add_argument(
-        "--json", action="store_true", help="print one JSON object per directory instead of a table"
-    )
-    p.set_defaults(func=run_sweep)
-
-
-def run_sweep(args: argparse.Namespace) -> int:
-    entries = sweep_run_media(args.shared_media_dir, older_than=args.older_than, delete=args.delete)
-    out = sys.stdout
-    if args.json:
-        for e in entries:
-            out.write(json.dumps(e.to_dict(), sort_keys=True) + "\n")
-    else:
-        _print_table(entries, args, out)
-    return 1 if any(e.error for e in entries) else 0
-
-
-def _print_table(entries: list[SweepEntry], args: argparse.Namespace, out: object) -> None:
-    write = out.write  # type: ignore[attr-defined]
-    if not entries:
-        write(f"{args.shared_media_dir}: no run directories\n")
-        return
-    rows = [("STATE", "SIZE", "AGE", "RUN", "DETAIL")]
-    for e in entries:
-        state = e.state
-        if e.deleted:
-            state += " (deleted)"
-        elif e.error:
-            state += " (FAILED)"
-        detail = e.reason if not e.error else f"{e.reason}; delete failed: {e.error}"
-        age = "-" if e.age_s is None else format_duration(e.age_s)
-        rows.append((state, _size(e.size), age, e.run_id, detail))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        write("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] + "\n")
-    removable = [e for e in entries if e.removable]
-    kept = len(entries) - len(removable)
-    total = sum(e.size for e in removable)
-    if args.delete:
-        deleted = [e for e in removable if e.deleted]
-        freed = sum(e.freed for e in deleted)
-        failed = len(removable) - len(deleted)
-        write(
-            f"deleted {len(deleted)} run director{'y' if len(deleted) == 1 else 'ies'}, freed {_size(freed)}; "
-            f"kept {kept}" + (f"; {failed} could not be deleted" if failed else "") + "\n"
-        )
-    elif removable:
-        write(
-            f"{len(removable)} of {len(entries)} run directories can be removed ({_size(total)}); "
-            "run again with --delete to remove them\n"
-        )
-    else:
-        write(f"nothing to remove ({len(entries)} run director{'y' if len(entries) == 1 else 'ies'} kept)\n")
+DESCRIPTION = "Rollout bundles and run media: look into, check, pack and convert bundles; sweep run media."
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bundles.cli import add_commands  # the bundle subcommands: inspect, verify, pack, unpack
-
-    parser = argparse.ArgumentParser(prog="rollout-bundle", description="Rollout bundles and run media.")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_commands(subparsers)
-    add_sweep_command(subparsers)
-    from trainer_hooks._legacy import add_import_dump_command  # import-dump OLD.pt -o BUNDLE --trust-pickle
-
-    add_import_dump_command(subparsers)
-    return parser
+    return _build_parser([importlib.import_module(name).register for name in COMMAND_MODULES], DESCRIPTION)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bundles.cli import run  # prints BundleErrors (every verification problem) and returns 1
-
-    args = build_parser().parse_args(argv)
-    try:
-        return run(args.func, args)
-    except OSError as e:
-        print(f"rollout-bundle {args.command}: error: {e}", file=sys.stderr)
-        return 1
+    return run_command(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

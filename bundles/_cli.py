@@ -1,0 +1,155 @@
+"""What every ``rollout-bundle`` subcommand shares: registration, common options, errors.
+
+A command module exposes ``register(subparsers)``, which calls :func:`add_command` once per
+subcommand it owns. The entry point (:mod:`trainer_hooks.cli`, or :mod:`bundles.cli` for the
+bundle commands alone) lists the command modules and builds one parser from them with
+:func:`build_parser`; :func:`run_command` then runs the chosen subcommand.
+
+The habits every subcommand follows, enforced here rather than in each command:
+
+- one error prefix, ``rollout-bundle CMD: error: ...`` (argparse's own usage errors already
+  read that way), and no traceback for an expected failure: a :class:`BundleError`, an
+  ``OSError`` on a path the user named, or a :class:`CommandError`;
+- exit status 0 on success, 1 when the work failed or found problems, 2 on a usage error;
+- messages name the CLI's flags, not the API arguments the library's messages mention
+  (``pass overwrite=True`` reads ``pass --force`` here);
+- ``--json`` on every command that reports, ``--progress/--no-progress`` (default: drawn only
+  when stderr is a terminal) on every command that does long work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from bundles._errors import BundleError, BundleVerificationError
+from bundles._layout import FORMAT_VERSION
+
+PROG = "rollout-bundle"
+
+# Library messages name API arguments ("pass overwrite=True to replace it"); a person at a shell
+# typed flags. Each advice is rewritten wherever it occurs in a message the command line prints.
+API_TO_FLAG: tuple[tuple[str, str], ...] = (
+    ("pass overwrite=True", "pass --force"),
+    ("pass trust_pickle=True", "pass --trust-pickle"),
+    ("pass missing_media='keep'", "pass --keep-missing-media"),
+)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CommandError(Exception):
+    """An expected failure a subcommand reports in one line; ``status`` 2 means bad usage."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def version_text() -> str:
+    from bundles import __version__
+
+    return (
+        f"{PROG} {__version__} (bundle format_version {FORMAT_VERSION}; Python {platform.python_version()})"
+    )
+
+
+def add_command(
+    subparsers: Any,
+    name: str,
+    summary: str,
+    handler: Handler,
+    *,
+    description: str | None = None,
+    epilog: str | None = None,
+) -> argparse.ArgumentParser:
+    """Add subcommand ``name``; ``summary`` is its one line in ``rollout-bundle --help``.
+
+    ``description`` (default: the summary) opens ``rollout-bundle NAME --help``.
+    """
+    if not summary or "\n" in summary:
+        raise ValueError(f"{name}: the summary must be one line")
+    p = subparsers.add_parser(
+        name,
+        help=summary,
+        description=description or summary[0].upper() + summary[1:] + ".",
+        epilog=epilog,
+    )
+    p.set_defaults(func=handler, command=name)
+    return p
+
+
+def add_json_option(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON instead of text")
+
+
+def add_progress_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="draw a progress line on stderr (default: only when stderr is a terminal)",
+    )
+
+
+def build_parser(registrars: Iterable[Callable[[Any], None]], description: str) -> argparse.ArgumentParser:
+    """One parser with the subcommands of every ``register(subparsers)`` in ``registrars``."""
+    parser = argparse.ArgumentParser(prog=PROG, description=description)
+    parser.add_argument("--version", action="version", version=version_text())
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in registrars:
+        register(subparsers)
+    return parser
+
+
+def cli_message(message: str) -> str:
+    for api, flag in API_TO_FLAG:
+        message = message.replace(api, flag)
+    return message
+
+
+def error(command: str, message: str) -> None:
+    """Print ``rollout-bundle COMMAND: error: MESSAGE`` to stderr."""
+    print(f"{PROG} {command}: error: {cli_message(message)}", file=sys.stderr)
+
+
+def run_command(ns: argparse.Namespace) -> int:
+    """Run the subcommand chosen in ``ns``; expected failures become one message and a status."""
+    command = getattr(ns, "command", None) or "?"
+    try:
+        return int(ns.func(ns))
+    except CommandError as e:
+        error(command, str(e))
+        return e.status
+    except BundleVerificationError as e:
+        error(command, f"{e.path}: {len(e.problems)} problem(s):")
+        for p in e.problems:
+            print(f"  - {cli_message(p)}", file=sys.stderr)
+        return 1
+    except BundleError as e:
+        error(command, str(e))
+        return 1
+    except OSError as e:  # a path the user named: missing, not a directory, no permission, disk full
+        error(command, _os_message(e))
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG} {command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _os_message(e: OSError) -> str:
+    """``[Errno 2] No such file or directory: 'x'`` reads ``x: No such file or directory``."""
+    if e.filename is not None and e.strerror:
+        where = str(e.filename) + (f" -> {e.filename2}" if e.filename2 is not None else "")
+        return f"{where}: {e.strerror}"
+    return str(e)
+
+
+def main_with(
+    registrars: Iterable[Callable[[Any], None]], description: str, argv: Sequence[str] | None = None
+) -> int:
+    ns = build_parser(registrars, description).parse_args(argv)
+    return run_command(ns)
