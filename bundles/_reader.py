@@ -346,9 +346,15 @@ class Bundle:
             raise UnsafeBundleError(f"{path}: raw_size: expected {limit} decompressed bytes, found {what}")
         return raw
 
-    def samples(self) -> Iterator[dict[Any, Any]]:
-        """Yield every sample, with references resolved to files inside the bundle."""
-        return self._samples(self._media)
+    def samples(self, sample_cls: Any = None) -> Iterator[Any]:
+        """Yield every sample, with references resolved to files inside the bundle.
+
+        Samples are dicts, or, with ``sample_cls`` (any class with a ``from_dict(dict)``
+        constructor, e.g. a trainer's ``Sample``), ``sample_cls.from_dict(row)``; ``None`` or
+        ``dict`` keeps the dicts. An error raised by ``from_dict`` becomes a
+        :class:`BundleFormatError` naming the sample.
+        """
+        return _built(self._samples(self._media), sample_cls, self.path)
 
     def _samples(self, media: dict[str, MediaRef]) -> Iterator[dict[Any, Any]]:
         index = 0
@@ -373,10 +379,15 @@ class Bundle:
             del decoded
 
     def rehydrate(
-        self, media_dir: str | os.PathLike[str], link: str = "auto", progress: bool | None = None
-    ) -> list[dict[Any, Any]]:
+        self,
+        media_dir: str | os.PathLike[str],
+        link: str = "auto",
+        progress: bool | None = None,
+        sample_cls: Any = None,
+    ) -> list[Any]:
         """Place every media file into ``media_dir`` (content-addressed, ``<hex><suffix>``) and
-        return the samples with their references pointing there.
+        return the samples with their references pointing there (built with ``sample_cls`` as
+        in :meth:`samples`).
 
         Files already present with the right size are kept (content-addressed names make them
         the same bytes); others are written to a temporary name and renamed, so a concurrent
@@ -414,7 +425,27 @@ class Bundle:
                 os.replace(tmp, dst)
                 placed[name] = ref.with_path(str(dst))
                 bar.advance()
-        return list(self._samples(placed))
+        return list(_built(self._samples(placed), sample_cls, self.path))
+
+
+def _built(rows: Iterator[dict[Any, Any]], sample_cls: Any, path: Path) -> Iterator[Any]:
+    """``rows``, or ``sample_cls.from_dict(row)`` of each; a ``from_dict`` error names the sample."""
+    if sample_cls is None or sample_cls is dict:
+        return rows
+    from_dict = getattr(sample_cls, "from_dict", None)
+    if not callable(from_dict):
+        raise TypeError(f"sample_cls: expected a class with from_dict(dict), found {sample_cls!r}")
+    name = getattr(sample_cls, "__qualname__", repr(sample_cls))
+
+    def build() -> Iterator[Any]:
+        for i, row in enumerate(rows):
+            try:
+                sample = from_dict(row)
+            except Exception as e:
+                raise BundleFormatError(f"{path}: samples[{i}]: {name}.from_dict: {type(e).__name__}: {e}") from e
+            yield sample
+
+    return build()
 
 
 # msgpack decodes extension -1 to a Timestamp by itself, without asking the ext hook.

@@ -53,7 +53,7 @@ from trainer_hooks._run_media import (
     run_media_dir,
     store_media,
 )
-from trainer_hooks._sample import AdapterRef, RewardSpec, Sample
+from trainer_hooks._sample import AdapterRef, RewardSpec, Sample, default_sample_cls
 
 __all__ = [
     "LEASE_NAME",
@@ -81,6 +81,7 @@ __all__ = [
     "add_arguments",
     "check_run_id",
     "checkpoint_path",
+    "default_sample_cls",
     "import_legacy_dump",
     "list_rollout_checkpoints",
     "load_debug_rollout_data",

@@ -54,7 +54,7 @@ from bundles import (
     scratch_dir,
     unpack_bundle,
 )
-from trainer_hooks._sample import Sample
+from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import _media_roots, run_meta, write_samples_bundle
 from trainer_hooks._snapshot import snapshot_value
 
@@ -226,13 +226,20 @@ def _subsample(samples: list[Any], ratio: float | None) -> list[Any]:
     return samples[:head] + (samples[len(samples) - tail :] if tail else [])
 
 
-def load_debug_rollout_data(args: Namespace, rollout_id: int | str) -> tuple[list[Sample], dict[str, Any]]:
+def load_debug_rollout_data(
+    args: Namespace, rollout_id: int | str, *, sample_cls: Any = None
+) -> tuple[list[Any], dict[str, Any]]:
     """Read ``args.load_debug_rollout_data.format(rollout_id=rollout_id)``; return the samples and
     the metadata given to :func:`save_debug_rollout_data`.
+
+    Samples are built with ``sample_cls.from_dict``: by default Miles' ``Sample`` when ``miles``
+    is importable, else :class:`trainer_hooks.Sample` (:func:`trainer_hooks.default_sample_cls`);
+    ``sample_cls=dict`` returns the stored dicts.
 
     Verification follows ``args.bundle_verify`` (default ``"fast"``). Media references point into
     the dump (or its unpacked cache directory).
     """
+    cls = resolve_sample_cls(sample_cls)
     template = getattr(args, "load_debug_rollout_data", None)
     if template is None:
         raise ValueError("--load-debug-rollout-data is not set: expected a path template with {rollout_id}")
@@ -240,7 +247,7 @@ def load_debug_rollout_data(args: Namespace, rollout_id: int | str) -> tuple[lis
     bundle = open_debug_dump(path, verify=getattr(args, "bundle_verify", None) or "fast")
     if bundle.kind != DEBUG_DUMP_KIND:
         raise BundleError(f"{bundle.path}: kind: expected {DEBUG_DUMP_KIND!r}, found {bundle.kind!r}")
-    samples = [Sample.from_dict(d) for d in bundle.samples()]
+    samples = list(bundle.samples(sample_cls=cls))
     samples = _subsample(samples, getattr(args, "load_debug_rollout_data_subsample", None))
     metadata = bundle.meta.get("metadata", {})
     if not isinstance(metadata, dict):

@@ -141,8 +141,10 @@ class FullyAsyncRolloutFn:
         max_in_flight: int | None = None,
         max_buffered: int | None = None,
         poll_interval: float = 0.01,
+        sample_cls: Any = None,
     ) -> None:
         self.args = args
+        self.sample_cls = sample_cls
         self.batch_size = int(getattr(args, "rollout_batch_size", None) or 1)
         self._get_groups: Callable[[int], list[list[Any]]] = (
             data_source.get_samples if hasattr(data_source, "get_samples") else data_source
@@ -314,10 +316,13 @@ class FullyAsyncRolloutFn:
             completed = snapshot_groups(self.buffer.groups(), where="completed_groups", deferred=checks)
         return self.checkpointer.submit_snapshot(rollout_id, dest, pending, completed, checks)
 
-    def load(self, rollout_id: int) -> None:
+    def load(self, rollout_id: int, *, sample_cls: Any = None) -> None:
         """Resume from ``<args.load>/rollout/fully_async_<rollout_id>``: pending groups are
-        resubmitted before new prompts, completed groups go back into the buffer."""
-        ckpt = read_rollout_checkpoint(self.args, rollout_id)
+        resubmitted before new prompts, completed groups go back into the buffer. Samples are
+        built with ``sample_cls``, else the constructor's ``sample_cls``, else
+        :func:`trainer_hooks.default_sample_cls` (Miles' class when ``miles`` imports)."""
+        cls = sample_cls if sample_cls is not None else self.sample_cls
+        ckpt = read_rollout_checkpoint(self.args, rollout_id, sample_cls=cls)
         with self._changed:
             self._resubmit.extendleft(reversed(ckpt.pending_groups))
             for g in ckpt.completed_groups:

@@ -23,11 +23,12 @@ Compatibility contract (what bundles and debug dumps rely on):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-__all__ = ["AdapterRef", "RewardSpec", "Sample"]
+__all__ = ["AdapterRef", "RewardSpec", "Sample", "default_sample_cls", "resolve_sample_cls"]
 
 
 @dataclass(frozen=True)
@@ -321,3 +322,50 @@ _FINISH_STATUS = {
     "abort": Sample.Status.ABORTED,
     "stop": Sample.Status.COMPLETED,
 }
+
+
+def default_sample_cls() -> type:
+    """The class loaders build samples with when the caller names none: Miles' own
+    ``miles.utils.types.Sample`` when ``miles`` is importable, else :class:`Sample`.
+
+    Miles compares ``sample.status == Sample.Status.TRUNCATED`` against its own enum, so a
+    Miles process must get Miles' class back. A ``miles`` package that is present but fails to
+    import (a missing dependency) falls back to :class:`Sample` with a warning.
+    """
+    try:
+        from miles.utils.types import Sample as miles_sample  # type: ignore[import-not-found,unused-ignore]
+    except ModuleNotFoundError as e:
+        if e.name not in ("miles", "miles.utils", "miles.utils.types"):
+            _warn_miles_unusable(e)
+        return Sample
+    except ImportError as e:
+        _warn_miles_unusable(e)
+        return Sample
+    return miles_sample  # type: ignore[no-any-return,unused-ignore]
+
+
+_warned: set[str] = set()
+
+
+def _warn_miles_unusable(e: ImportError) -> None:
+    msg = f"{type(e).__name__}: {e}"
+    if msg not in _warned:
+        _warned.add(msg)
+        logging.getLogger(__name__).warning(
+            "miles is installed but miles.utils.types does not import (%s); loaded samples are "
+            "trainer_hooks.Sample",
+            msg,
+        )
+
+
+def resolve_sample_cls(sample_cls: Any) -> Any:
+    """What loaders hand to ``Bundle.samples(sample_cls=...)``: ``None`` means
+    :func:`default_sample_cls`; ``dict`` keeps plain dicts; any other class must have
+    ``from_dict``."""
+    if sample_cls is None:
+        return default_sample_cls()
+    if sample_cls is dict:
+        return dict
+    if not callable(getattr(sample_cls, "from_dict", None)):
+        raise TypeError(f"sample_cls: expected dict or a class with from_dict(dict), found {sample_cls!r}")
+    return sample_cls

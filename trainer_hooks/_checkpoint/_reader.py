@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 from argparse import Namespace
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 from bundles import BundleFormatError, open_bundle
 from trainer_hooks._checkpoint._paths import CHECKPOINT_KIND, CHECKPOINT_VERSION, _require, checkpoint_path
 from trainer_hooks._run_media import RunMediaError, _ensure_run_dir, run_media_dir
-from trainer_hooks._sample import Sample
+from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import processor_settings, training_dtype
 
 __all__ = ["RolloutCheckpoint", "load_rollout_checkpoint", "read_rollout_checkpoint"]
@@ -35,8 +34,8 @@ class RolloutCheckpoint:
     path: Path
     rollout_id: int
     meta: dict[str, Any]
-    pending_groups: list[list[Sample]] = field(default_factory=list)
-    completed_groups: list[list[Sample]] = field(default_factory=list)
+    pending_groups: list[list[Any]] = field(default_factory=list)
+    completed_groups: list[list[Any]] = field(default_factory=list)
 
 
 def _check_sizes(meta: dict[str, Any], key: str, where: Path) -> list[int]:
@@ -53,16 +52,21 @@ def read_rollout_checkpoint(
     rollout_id: int,
     *,
     root: str | os.PathLike[str] | None = None,
-    sample_factory: Callable[[dict[Any, Any]], Any] = Sample.from_dict,
+    sample_cls: Any = None,
 ) -> RolloutCheckpoint:
     """Open ``<root or args.load>/rollout/fully_async_<rollout_id>`` and rehydrate it into
     ``run_media_dir(args)``.
+
+    Samples are built with ``sample_cls.from_dict``: by default Miles' ``Sample`` when ``miles``
+    is importable, else :class:`trainer_hooks.Sample` (see :func:`trainer_hooks.default_sample_cls`);
+    ``sample_cls=dict`` returns the stored dicts as they are (pending ones are then not reset).
 
     Verification follows ``args.bundle_verify`` (default ``"fast"``); media are placed with
     ``args.bundle_link_mode``. Raises :class:`bundles.BundleNotFoundError` when the checkpoint
     does not exist, :class:`bundles.BundleFormatError` when it is not a rollout checkpoint, and
     :class:`trainer_hooks.RunMediaError` when it holds media but ``--shared-media-dir`` is unset.
     """
+    cls = resolve_sample_cls(sample_cls)
     base = root if root is not None else _require(args, "load", "--load")
     path = checkpoint_path(base, rollout_id)
     bundle = open_bundle(path, verify=getattr(args, "bundle_verify", None) or "fast")
@@ -92,12 +96,14 @@ def read_rollout_checkpoint(
                 f"{path}: the checkpoint holds {len(bundle.media)} media file(s) but --shared-media-dir is not "
                 "set: there is no run media directory to rehydrate them into"
             )
-        rows = bundle.rehydrate(
-            _ensure_run_dir(args), link=getattr(args, "bundle_link_mode", None) or "auto", progress=False
+        samples = bundle.rehydrate(
+            _ensure_run_dir(args),
+            link=getattr(args, "bundle_link_mode", None) or "auto",
+            progress=False,
+            sample_cls=cls,
         )
     else:
-        rows = list(bundle.samples())
-    samples = [sample_factory(r) for r in rows]
+        samples = list(bundle.samples(sample_cls=cls))
     pending: list[list[Any]] = []
     pos = 0
     for n in pending_sizes:
@@ -126,10 +132,10 @@ def _warn_on_mismatch(args: Namespace, meta: dict[str, Any], path: Path) -> None
 
 
 def load_rollout_checkpoint(
-    args: Namespace, rollout_id: int
-) -> tuple[list[list[Sample]], list[list[Sample]]]:
+    args: Namespace, rollout_id: int, *, sample_cls: Any = None
+) -> tuple[list[list[Any]], list[list[Any]]]:
     """``(pending_groups, completed_groups)`` of ``<args.load>/rollout/fully_async_<rollout_id>``,
-    with media rehydrated into the current run's media directory (see
-    :func:`read_rollout_checkpoint`)."""
-    ckpt = read_rollout_checkpoint(args, rollout_id)
+    with media rehydrated into the current run's media directory and samples built with
+    ``sample_cls`` (see :func:`read_rollout_checkpoint`)."""
+    ckpt = read_rollout_checkpoint(args, rollout_id, sample_cls=sample_cls)
     return ckpt.pending_groups, ckpt.completed_groups
