@@ -14,16 +14,13 @@ the bytes in the bundle are the bytes that were named.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import errno
 import fcntl
 import hashlib
 import os
-import shutil
 import stat
-import sys
 import threading
 from typing import Any
 
@@ -35,8 +32,17 @@ _FICLONE = 0x40049409  # _IOW(0x94, 9, int) from linux/fs.h
 
 # Errors that mean "this mechanism is not available here", as opposed to a real failure.
 _UNSUPPORTED_ERRNOS = frozenset(
-    {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOTTY,
-     errno.EACCES, errno.ENOSYS}
+    {
+        errno.EXDEV,
+        errno.EPERM,
+        errno.EMLINK,
+        errno.ENOTSUP,
+        errno.EOPNOTSUPP,
+        errno.EINVAL,
+        errno.ENOTTY,
+        errno.EACCES,
+        errno.ENOSYS,
+    }
 )
 
 _probe_lock = threading.Lock()
@@ -273,18 +279,218 @@ def rename_noreplace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
     os.rename(src, dst)
 
 
-def remove_tree(path: str | os.PathLike[str]) -> None:
-    """Remove a directory tree whose files may be read-only (stored media are)."""
+# Flags for opening a directory to delete inside it: never through a symlink (O_NOFOLLOW), never
+# anything but a directory (O_DIRECTORY), never blocking on a FIFO swapped in (O_NONBLOCK).
+_DIR_OPEN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# How often one entry may change type under us (directory <-> not) before we give up on it.
+_MAX_ENTRY_ATTEMPTS = 4
 
-    def retry_writable(func: Any, p: str, _exc: object) -> None:
-        # Removing an entry needs a writable parent; a read-only file itself is fine.
-        os.chmod(os.path.dirname(p), 0o755)
-        func(p)
 
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=retry_writable)
-    else:
-        shutil.rmtree(path, onerror=retry_writable)
+class _Dir:
+    """One open directory on the deletion stack."""
+
+    __slots__ = ("display", "fd", "name", "names", "passes", "retries")
+
+    def __init__(self, fd: int, display: str, name: str, passes: int) -> None:
+        self.fd = fd
+        self.display = display  # for messages only; never used to reach the directory
+        self.name = name  # its name inside the directory below it on the stack
+        self.passes = passes
+        self.names = _list_dir(fd, display)
+        self.retries: dict[str, int] = {}
+
+    def retry(self, name: str) -> None:
+        """Handle ``name`` again: it changed type (directory <-> not) under us."""
+        count = self.retries[name] = self.retries.get(name, 0) + 1
+        if count > _MAX_ENTRY_ATTEMPTS:
+            raise BundleError(f"{self.display}/{name}: keeps changing type while being removed; giving up")
+        self.names.append(name)
+
+
+def _list_dir(fd: int, display: str) -> list[str]:
+    try:
+        with os.scandir(fd) as it:
+            return [entry.name for entry in it]
+    except OSError as e:
+        raise BundleError(f"{display}: cannot list the directory to remove it: {e.strerror}") from e
+
+
+def _open_subdir(parent_fd: int, name: str, display: str) -> int | None:
+    """Open ``name`` inside ``parent_fd`` as a directory without following a symlink.
+
+    None when it is gone or is not (any more) a directory. A directory we may not read (mode
+    0o000 inside a run directory) is made readable first: it is part of what we delete.
+    """
+    try:
+        return os.open(name, _DIR_OPEN_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            return None
+        if e.errno != errno.EACCES:
+            raise BundleError(f"{display}: cannot open the directory to remove it: {e.strerror}") from e
+    _chmod_unreadable_dir(parent_fd, name, display)
+    try:
+        return os.open(name, _DIR_OPEN_FLAGS, dir_fd=parent_fd)
+    except OSError as e:
+        raise BundleError(f"{display}: cannot open the directory to remove it: {e.strerror}") from e
+
+
+def _chmod_unreadable_dir(parent_fd: int, name: str, display: str) -> None:
+    # chmod by name would follow a symlink swapped in meanwhile (Linux has no lchmod), so pin
+    # the directory itself with O_PATH|O_NOFOLLOW and chmod it through /proc/self/fd.
+    o_path = getattr(os, "O_PATH", 0)
+    try:
+        if not o_path:
+            raise OSError(errno.ENOTSUP, "O_PATH is not available")
+        pfd = os.open(name, o_path | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+        try:
+            mode = os.fstat(pfd).st_mode
+            os.chmod(f"/proc/self/fd/{pfd}", stat.S_IMODE(mode) | stat.S_IRWXU)
+        finally:
+            os.close(pfd)
+    except OSError as e:
+        raise BundleError(f"{display}: directory is not readable and cannot be made so: {e.strerror}") from e
+
+
+def _make_dir_writable(fd: int, display: str) -> None:
+    try:
+        mode = os.fstat(fd).st_mode
+        os.fchmod(fd, stat.S_IMODE(mode) | stat.S_IRWXU)
+    except OSError as e:
+        raise BundleError(
+            f"{display}: directory is read-only and cannot be made writable: {e.strerror}"
+        ) from e
+
+
+def _unlink_entry(d: _Dir, name: str) -> int | None:
+    """Unlink the non-directory ``name`` in ``d``; return the bytes freed, or None when it
+    turned out to be a directory."""
+    try:
+        st = os.lstat(name, dir_fd=d.fd)
+    except FileNotFoundError:
+        return 0
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    for attempt in (0, 1):
+        try:
+            os.unlink(name, dir_fd=d.fd)  # unlinkat never follows a symlink: it removes the link
+            break
+        except FileNotFoundError:
+            return 0
+        except IsADirectoryError:
+            return None  # swapped for a directory since the lstat
+        except PermissionError as e:
+            if attempt:
+                raise BundleError(f"{d.display}/{name}: cannot remove: {e.strerror}") from e
+            _make_dir_writable(d.fd, d.display)  # d is inside the tree being removed
+        except OSError as e:
+            raise BundleError(f"{d.display}/{name}: cannot remove: {e.strerror}") from e
+    # What deleting freed: a file with other links (a bundle that linked it) keeps its data.
+    return st.st_size if st.st_nlink == 1 else 0
+
+
+def _rmdir_entry(parent: _Dir | None, parent_fd: int, name: str, display: str) -> str:
+    """rmdir ``name`` in ``parent_fd``: ``"done"``, ``"not-empty"`` or ``"not-a-dir"``."""
+    for attempt in (0, 1):
+        try:
+            os.rmdir(name, dir_fd=parent_fd)
+            return "done"
+        except FileNotFoundError:
+            return "done"
+        except NotADirectoryError:
+            return "not-a-dir"  # a symlink swapped in for the directory we just emptied
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return "not-empty"
+            # Only a directory inside the tree is ever made writable, never the tree's parent.
+            if e.errno in (errno.EACCES, errno.EPERM) and parent is not None and not attempt:
+                _make_dir_writable(parent.fd, parent.display)
+                continue
+            raise BundleError(f"{display}: cannot remove the directory: {e.strerror}") from e
+    raise AssertionError("unreachable")
+
+
+def remove_tree(path: str | os.PathLike[str]) -> int:
+    """Remove the directory tree at ``path``; return the bytes freed. The one tree deletion of
+    this project: bundle staging and retired directories, run media directories, sweeps.
+
+    Everything below ``path`` is reached through directory file descriptors, never by a full
+    path: each directory is opened with ``O_NOFOLLOW|O_DIRECTORY`` relative to its parent's
+    descriptor, listed, and its entries unlinked with ``unlinkat(dir_fd=…)``. A subdirectory
+    swapped for a symlink after it was listed (by anyone who can write inside the tree) is then
+    unlinked as a link, and a directory swapped away keeps being deleted where it now is: no
+    deletion ever reaches outside the tree. ``path``'s own parent directories may be symlinks
+    (a symlinked shared root); ``path`` itself must be a real directory.
+
+    Permissions: read-only or unreadable directories *inside* the tree (stored media are
+    read-only; users make run subdirectories so) are made accessible through their descriptors
+    first; nothing outside the tree, ``path``'s parent included, is ever chmodded.
+
+    A tree that is already gone is fine (returns 0). A directory that gains an entry while it is
+    being deleted (a late heartbeat) is gone over once more. The bytes freed count files with a
+    single link: a file also linked elsewhere (into a bundle) keeps its data. Failures raise
+    :class:`BundleError` naming the path, with the ``OSError`` as ``__cause__``.
+    """
+    target = os.path.abspath(os.fspath(path))
+    parent_path, top_name = os.path.split(target)
+    if not top_name:
+        raise BundleError(f"{target}: refusing to remove a filesystem root")
+    try:
+        parent_fd = os.open(parent_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    except OSError as e:
+        raise BundleError(f"{target}: cannot open its parent directory: {e.strerror}") from e
+    stack: list[_Dir] = []
+    try:
+        top_fd = _open_subdir(parent_fd, top_name, target)
+        if top_fd is None:
+            try:
+                st = os.lstat(top_name, dir_fd=parent_fd)
+            except FileNotFoundError:
+                return 0
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            raise BundleError(f"{target}: expected a directory to remove, found {what}; removing nothing")
+        stack.append(_Dir(top_fd, target, top_name, passes=0))
+        freed = 0
+        while stack:
+            d = stack[-1]
+            if d.names:
+                name = d.names.pop()
+                got = _unlink_entry(d, name)
+                if got is not None:
+                    freed += got
+                    continue
+                child = _open_subdir(d.fd, name, f"{d.display}/{name}")
+                if child is None:
+                    d.retry(name)  # not a directory any more: unlink it on the next turn
+                    continue
+                stack.append(_Dir(child, f"{d.display}/{name}", name, passes=0))
+                continue
+            # d is empty now: remove it from the directory below it on the stack.
+            stack.pop()
+            os.close(d.fd)
+            below = stack[-1] if stack else None
+            outcome = _rmdir_entry(below, below.fd if below else parent_fd, d.name, d.display)
+            if outcome == "not-a-dir" and below is not None:
+                below.retry(d.name)  # the name is a symlink now: unlink it, not its target
+            elif outcome == "not-a-dir":
+                raise BundleError(f"{target}: was replaced by a non-directory while being removed")
+            elif outcome == "not-empty":
+                if d.passes >= 1:
+                    raise BundleError(f"{d.display}: directory keeps getting new entries while being removed")
+                again = _open_subdir(below.fd if below else parent_fd, d.name, d.display)
+                if again is not None:
+                    stack.append(_Dir(again, d.display, d.name, passes=d.passes + 1))
+                elif below is not None:
+                    below.retry(d.name)
+        return freed
+    finally:
+        for d in stack:
+            os.close(d.fd)
+        os.close(parent_fd)
 
 
 def pid_alive(pid: int) -> bool:
@@ -295,15 +501,6 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def tree_size(path: str | os.PathLike[str]) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
 
 
 __all__ = [
@@ -318,5 +515,4 @@ __all__ = [
     "pid_alive",
     "remove_tree",
     "rename_noreplace",
-    "tree_size",
 ]

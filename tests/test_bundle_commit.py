@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from media_helpers import put_media, tree_snapshot
+from swap_helpers import make_victim, swap_after_listing, victim_intact
 
 from bundles import BundleExistsError, BundleReplacedError, open_bundle, write_bundle
 
@@ -230,3 +232,121 @@ def test_scratch_dirs_and_pack_files_of_dead_processes_are_cleaned_up(tmp_path):
     assert len(list(tmp_path.iterdir())) == 2
     write_bundle(tmp_path / "next", [{"i": 1}])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["next"]
+
+
+def test_removing_a_bundle_never_follows_a_directory_swapped_for_a_symlink(tmp_path, monkeypatch):
+    """Issue 8 defect 1 for bundles: retired and staging directories go through the same
+    fd-relative deletion as run media."""
+    from bundles import remove_bundle
+
+    run = tmp_path / "run"
+    paths = [put_media(run, bytes([i]) * 100) for i in range(20)]
+    dest = write_bundle(tmp_path / "b", [{"images": paths}], media_roots=[run])
+    names = sorted(os.listdir(dest / "media"))
+    content = make_victim(tmp_path / "outside", names)
+    with swap_after_listing(monkeypatch, dest / "media", tmp_path / "outside", tmp_path / "parking") as swap:
+        try:
+            remove_bundle(dest)
+        finally:
+            assert victim_intact(tmp_path / "outside", content) == [], "deleted files outside the bundle"
+    assert swap["swapped"] == 1
+    assert not dest.exists() and os.listdir(tmp_path / "parking") == []
+    assert not [p for p in tmp_path.iterdir() if ".retired." in p.name]
+
+
+def _as_unprivileged(fn, base: Path) -> None:
+    """Run ``fn(base)`` as an unprivileged user: directly when we are one, else in a forked child
+    that drops to nobody, since root ignores the permissions this is about."""
+    if os.geteuid() != 0:
+        fn(base)
+        return
+    os.chmod(base, 0o777)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            fn(base)
+            code = 0
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the unprivileged part failed (traceback above)"
+
+
+def _permissions_scenario(base: Path) -> None:
+    from bundles import BundleError
+    from bundles._fs import remove_tree
+
+    parent = base / "team"
+    parent.mkdir()
+    os.chmod(parent, 0o2770)
+    try:
+        assert remove_tree(parent / ".b.staging.h.1.ab") == 0  # already removed by another writer
+    finally:
+        assert stat.S_IMODE(parent.stat().st_mode) == 0o2770, "the parent's mode was changed"
+
+    # Read-only and unreadable directories inside the tree are opened up; the parent is not.
+    tree = parent / "tree"
+    (tree / "ro" / "unreadable").mkdir(parents=True)
+    (tree / "ro" / "f").write_bytes(b"12345")
+    (tree / "ro" / "unreadable" / "g").write_bytes(b"123")
+    os.link(tree / "ro" / "f", parent / "kept")  # a second link: deleting it frees nothing
+    (tree / "ro" / "h").write_bytes(b"1234567")
+    for p in (tree / "ro" / "f", tree / "ro" / "h"):
+        os.chmod(p, 0o444)
+    os.chmod(tree / "ro" / "unreadable", 0o000)
+    os.chmod(tree / "ro", 0o555)
+    os.chmod(tree, 0o555)
+    assert remove_tree(tree) == 7 + 3
+    assert not tree.exists() and (parent / "kept").read_bytes() == b"12345"
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o2770
+
+    write_bundle(parent / "b", [{"i": 1}])
+    write_bundle(parent / "b", [{"i": 2}], overwrite=True)
+    assert sorted(os.listdir(parent)) == ["b", "kept"]
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o2770
+
+    # A read-only parent is reported, never made writable.
+    (parent / "t2").mkdir()
+    os.chmod(parent, 0o2550)
+    with pytest.raises(BundleError, match=r"team/t2: cannot remove the directory: Permission denied"):
+        remove_tree(parent / "t2")
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o2550
+    os.chmod(parent, 0o2770)
+
+
+def test_remove_tree_never_chmods_outside_what_it_deletes(tmp_path):
+    """Issue 8 defect 5: a vanished staging directory, or a read-only tree, inside a setgid
+    group directory leaves that directory's mode alone."""
+    import tempfile
+
+    from bundles._fs import remove_tree
+
+    # Not under tmp_path: pytest makes that private to root, and the scenario may run as nobody.
+    base = Path(tempfile.mkdtemp(prefix="perm-", dir="/tmp"))
+    try:
+        _as_unprivileged(_permissions_scenario, base)
+    finally:
+        remove_tree(base)
+
+
+def test_remove_tree_refuses_a_symlink_or_a_file_and_removes_nothing(tmp_path):
+    from bundles import BundleError
+    from bundles._fs import remove_tree
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "keep").write_bytes(b"x")
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    (tmp_path / "file").write_bytes(b"y")
+    with pytest.raises(BundleError, match=r"link: expected a directory to remove, found a symlink"):
+        remove_tree(tmp_path / "link")
+    with pytest.raises(BundleError, match=r"file: expected a directory to remove, found not a directory"):
+        remove_tree(tmp_path / "file")
+    assert (tmp_path / "real" / "keep").exists() and (tmp_path / "link").is_symlink()
+    assert (tmp_path / "file").exists()

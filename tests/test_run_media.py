@@ -3,12 +3,16 @@ removes the run's own directory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import threading
+import time
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from swap_helpers import make_victim, swap_after_listing, victim_intact
 
 from bundles import BundleError, MediaRef
 from trainer_hooks import (
@@ -209,3 +213,72 @@ def test_release_does_not_follow_symlinks_inside_the_run_dir(tmp_path: Path) -> 
     release_run_media(_args(shared))
     assert (victim / "precious").read_text() == "keep me"
     assert not (shared / "run-a").exists()
+
+
+def _run_with_swappable_subdir(shared: Path, outside: Path) -> tuple[Namespace, Path, dict[str, bytes]]:
+    """A run directory whose ``sub`` holds files named like the ones in ``outside``."""
+    args = _args(shared)
+    store_media(args, b"z" * 10, suffix=".bin")
+    names = [f"n{i:03d}.png" for i in range(100)]
+    sub = shared / "run-a" / "sub"
+    (sub / "deeper").mkdir(parents=True)
+    for name in names:
+        (sub / name).write_bytes(b"run's own file")
+    (sub / "deeper" / "also-precious").write_bytes(b"run's own")
+    return args, sub, make_victim(outside, names)
+
+
+@pytest.mark.parametrize("moment", ["after listing the subdirectory", "after listing the run directory"])
+def test_release_never_deletes_through_a_subdirectory_swapped_for_a_symlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moment: str
+) -> None:
+    """Issue 8 defect 1: the swap happens after a listing and before the unlinks, every time."""
+    shared, outside, parking = tmp_path / "shared", tmp_path / "outside", tmp_path / "parking"
+    args, sub, content = _run_with_swappable_subdir(shared, outside)
+    trigger = sub if moment.endswith("subdirectory") else sub.parent
+    with swap_after_listing(monkeypatch, sub, outside, parking, trigger=trigger) as swap:
+        try:
+            release_run_media(args)
+        finally:
+            assert victim_intact(outside, content) == [], "deleted files outside the shared root"
+    assert swap["swapped"] == 1
+    assert not (shared / "run-a").exists() and os.listdir(shared) == []
+    if trigger == sub:
+        # The deletion went on inside the real directory, wherever it was moved: the run's own
+        # files are gone, the outside ones are not.
+        assert sorted(os.listdir(parking)) == []
+
+
+def test_release_racing_a_symlink_swapper_never_deletes_outside(tmp_path: Path) -> None:
+    """The same attack as a real race: a thread flips ``sub`` between the real directory and a
+    symlink to the outside directory as fast as it can while the run is released."""
+    for trial in range(6):
+        shared, outside = tmp_path / f"shared{trial}", tmp_path / f"outside{trial}"
+        args, sub, content = _run_with_swappable_subdir(shared, outside)
+        aside = tmp_path / f"aside{trial}"
+        stop = threading.Event()
+
+        def flip(
+            sub: Path = sub, outside: Path = outside, aside: Path = aside, stop: threading.Event = stop
+        ) -> None:
+            while not stop.is_set():
+                # Sleeping with the symlink in place hands the GIL to the deleter at that moment.
+                try:
+                    os.rename(sub, aside)
+                    os.symlink(outside, sub, target_is_directory=True)
+                    time.sleep(0.0005)
+                    os.unlink(sub)
+                    os.rename(aside, sub)
+                    time.sleep(0.0002)
+                except OSError:
+                    return  # the run directory is gone
+
+        t = threading.Thread(target=flip)
+        t.start()
+        try:
+            with contextlib.suppress(BundleError):  # it may give up on a tree that keeps changing
+                release_run_media(args)
+        finally:
+            stop.set()
+            t.join()
+            assert victim_intact(outside, content) == [], f"trial {trial}: deleted outside the shared root"

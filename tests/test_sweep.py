@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from swap_helpers import make_victim, swap_after_listing, victim_intact
 
 from trainer_hooks import LEASE_NAME, RunLease, RunMediaError, parse_duration, read_lease, sweep_run_media
 from trainer_hooks.cli import main
@@ -301,3 +302,28 @@ def test_release_stops_this_process_lease_first(tmp_path: Path) -> None:
     time.sleep(0.05)
     assert not (tmp_path / "run-a").exists()
     lease.close()  # idempotent
+
+
+def test_sweep_delete_never_follows_a_subdirectory_swapped_for_a_symlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 8 defect 1 through ``sweep --delete``: the swap lands after the deleter listed the
+    subdirectory (its two size walks, for the verdict and the re-check, are let through)."""
+    shared, outside, parking = tmp_path / "shared", tmp_path / "outside", tmp_path / "parking"
+    run = shared / "remote-stale"
+    _write_lease(run, host="elsewhere.invalid", heartbeat_age=7200)
+    names = [f"n{i:03d}.png" for i in range(100)]
+    (run / "sub").mkdir()
+    for name in names:
+        (run / "sub" / name).write_bytes(b"run's own file")
+    content = make_victim(outside, names)
+    with swap_after_listing(monkeypatch, run / "sub", outside, parking, skip=2) as swap:
+        try:
+            entries = sweep_run_media(shared, delete=True)
+        finally:
+            assert victim_intact(outside, content) == [], "deleted files outside the shared root"
+    assert swap == {"listings": 3, "swapped": 1}
+    assert [(e.run_id, e.state, e.deleted, e.error) for e in entries] == [
+        ("remote-stale", "stale", True, None)
+    ]
+    assert os.listdir(shared) == [] and os.listdir(parking) == []

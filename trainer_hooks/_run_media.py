@@ -35,7 +35,6 @@ Trade-offs
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import stat
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleError, MediaRef
+from bundles._fs import remove_tree  # the project's one tree deletion (fd-relative, no symlinks)
 
 __all__ = [
     "RunMediaError",
@@ -264,7 +264,7 @@ def remove_run_dir(shared: Path, run_id: str) -> int:
         return 0
     for hook in _BEFORE_REMOVE:
         hook(run_dir)
-    return _remove_tree(run_dir)
+    return remove_tree(run_dir)
 
 
 @dataclass
@@ -302,55 +302,3 @@ def dir_usage(path: Path) -> DirUsage:
                 if st.st_nlink == 1:
                     usage.unshared += st.st_size
     return usage
-
-
-def _remove_tree(root: Path, *, top: bool = True, again: bool = True) -> int:
-    """Delete ``root`` bottom-up without following symlinks; return the bytes freed.
-
-    Written out rather than ``shutil.rmtree`` to count freed bytes as files go and to handle a
-    subdirectory someone made read-only (unlinking needs write permission on the directory,
-    not on the read-only file).
-    """
-    freed = 0
-    try:
-        entries = list(os.scandir(root))
-    except PermissionError:
-        if top:
-            raise
-        os.chmod(root, os.lstat(root).st_mode | stat.S_IRWXU)
-        entries = list(os.scandir(root))
-    for entry in entries:
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            continue  # a temporary file renamed away meanwhile
-        if stat.S_ISDIR(st.st_mode):
-            freed += _remove_tree(Path(entry.path), top=False)
-        else:
-            _retry_writable(os.unlink, entry.path, root)
-            if st.st_nlink == 1:
-                freed += st.st_size
-    try:
-        # The run directory's parent is the shared root: never ours to chmod.
-        _retry_writable(os.rmdir, root, None if top else root.parent)
-    except OSError as e:
-        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not (top and again):
-            raise
-        # Something wrote while we deleted (a lease heartbeat that was not closed first, a
-        # late store): go round once more; a second failure is reported.
-        return freed + _remove_tree(root, top=True, again=False)
-    return freed
-
-
-def _retry_writable(op: Any, path: str | Path, parent: Path | None) -> None:
-    try:
-        op(path)
-    except FileNotFoundError:
-        return
-    except PermissionError:
-        if parent is None:
-            raise
-        # The containing directory (inside the run dir, which we own) is not writable: make it
-        # so and retry once.
-        os.chmod(parent, os.lstat(parent).st_mode | stat.S_IWUSR | stat.S_IXUSR | stat.S_IRUSR)
-        op(path)
