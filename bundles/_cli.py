@@ -20,6 +20,7 @@ The habits every subcommand follows, enforced here rather than in each command:
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -132,6 +133,10 @@ def run_command(ns: argparse.Namespace) -> int:
     except BundleError as e:
         error(command, str(e))
         return 1
+    except BrokenPipeError:  # `rollout-bundle show B | head`: the reader left; not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except OSError as e:  # a path the user named: missing, not a directory, no permission, disk full
         error(command, _os_message(e))
         return 1

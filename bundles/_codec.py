@@ -152,7 +152,9 @@ class SampleEncoder:
         key = (code, ref.digest, ref.size, ref.suffix)
         ext = self._ext_cache.get(key)
         if ext is None:
-            ext = self._ext_cache[key] = msgpack.ExtType(code, msgpack.packb([ref.digest, ref.size, ref.suffix]))
+            ext = self._ext_cache[key] = msgpack.ExtType(
+                code, msgpack.packb([ref.digest, ref.size, ref.suffix])
+            )
         return ext
 
     def _plain(self, v: Any) -> bool:
@@ -184,9 +186,15 @@ class SampleEncoder:
         if t is list:
             if len(obj) > 4 and _is_flat_numbers(obj):
                 return obj  # token ids, masks, log-probs: msgpack packs them as they are
-            return [v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)]
+            return [
+                v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1)
+                for i, v in enumerate(obj)
+            ]
         if t is tuple:
-            items = [v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)]
+            items = [
+                v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1)
+                for i, v in enumerate(obj)
+            ]
             return msgpack.ExtType(EXT_TUPLE, self._packer.pack(items))
         if t is bytearray or t is memoryview:
             raise UnsupportedValueError(f"{where}: {t.__name__} is not stored; convert it to bytes")
@@ -217,21 +225,24 @@ class SampleEncoder:
         # np.ascontiguousarray would turn a 0-d array into a 1-d one.
         data = arr if arr.flags.c_contiguous else arr.copy(order="C")
         return msgpack.ExtType(
-            EXT_NDARRAY, _pack_header_and_bytes([data.dtype.str, list(data.shape)], data.reshape(-1).view(np.uint8))
+            EXT_NDARRAY,
+            _pack_header_and_bytes([data.dtype.str, list(data.shape)], data.reshape(-1).view(np.uint8)),
         )
 
     def _tensor(self, tensor: Any, where: str, torch: Any) -> msgpack.ExtType:
         if tensor.is_sparse or tensor.layout != torch.strided:
-            raise UnsupportedValueError(f"{where}: only dense tensors are stored, found layout {tensor.layout}")
+            raise UnsupportedValueError(
+                f"{where}: only dense tensors are stored, found layout {tensor.layout}"
+            )
         dtype_name = str(tensor.dtype).removeprefix("torch.")
         # Raw bytes through a uint8 view: numpy has no bfloat16/float8, and bytes are bytes.
         try:
             raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
         except (RuntimeError, TypeError) as e:
-            raise UnsupportedValueError(f"{where}: tensor of dtype {tensor.dtype} cannot be stored: {e}") from None
-        return msgpack.ExtType(
-            EXT_TENSOR, _pack_header_and_bytes([dtype_name, list(tensor.shape)], raw)
-        )
+            raise UnsupportedValueError(
+                f"{where}: tensor of dtype {tensor.dtype} cannot be stored: {e}"
+            ) from None
+        return msgpack.ExtType(EXT_TENSOR, _pack_header_and_bytes([dtype_name, list(tensor.shape)], raw))
 
 
 class SampleDecoder:

@@ -16,6 +16,7 @@ __all__ = [
     "BundleError",
     "BundleExistsError",
     "BundleFormatError",
+    "BundleIndexError",
     "BundleNotFoundError",
     "BundleReplacedError",
     "BundleVerificationError",
@@ -39,6 +40,10 @@ class BundleExistsError(BundleError, FileExistsError):
 
 class BundleFormatError(BundleError, ValueError):
     """A file of the bundle does not follow the format (see docs/FORMAT.md)."""
+
+
+class BundleIndexError(BundleError, IndexError):
+    """A sample index is out of range (``bundle[i]``, ``bundle.samples(indices=...)``)."""
 
 
 class UnsafeBundleError(BundleFormatError):

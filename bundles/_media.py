@@ -60,7 +60,9 @@ class MediaRef:
         return cls(DIGEST_PREFIX + hexdigest, size, media_suffix(p.name), str(p.absolute()))
 
     @classmethod
-    def from_bytes(cls, data: bytes, suffix: str = ".png", path: str | os.PathLike[str] | None = None) -> MediaRef:
+    def from_bytes(
+        cls, data: bytes, suffix: str = ".png", path: str | os.PathLike[str] | None = None
+    ) -> MediaRef:
         """The reference of ``data`` (e.g. encoded PNG bytes) that would be stored as ``<hex><suffix>``."""
         return cls(sha256_bytes(data), len(data), suffix, None if path is None else os.fspath(path))
 

@@ -50,7 +50,10 @@ def _tarinfo(name: str, size: int, is_dir: bool) -> tarfile.TarInfo:
 
 
 def pack_bundle(
-    path: str | os.PathLike[str], out_file: str | os.PathLike[str], *, overwrite: bool = False,
+    path: str | os.PathLike[str],
+    out_file: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
     progress: bool | None = None,
 ) -> Path:
     """Pack the bundle at ``path`` into the single file ``out_file`` (written atomically).
@@ -70,8 +73,10 @@ def pack_bundle(
     tmp = staging_name(out)  # a dead packer's leftover is removed by the next write here
     total = sum(os.path.getsize(bundle.path / m) for m in members if m not in (MEDIA_DIR, SHARDS_DIR))
     try:
-        with open(tmp, "wb") as raw, Progress(f"packing {bundle.path.name}", total=total, unit="B",
-                                              enabled=progress) as bar:
+        with (
+            open(tmp, "wb") as raw,
+            Progress(f"packing {bundle.path.name}", total=total, unit="B", enabled=progress) as bar,
+        ):
             with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
                 for name in members:
                     if name in (MEDIA_DIR, SHARDS_DIR):
@@ -108,7 +113,10 @@ def _check_member_name(name: str, where: Path) -> None:
 
 
 def unpack_bundle(
-    packed: str | os.PathLike[str], out_dir: str | os.PathLike[str], *, overwrite: bool = False,
+    packed: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
     progress: bool | None = None,
 ) -> Bundle:
     """Unpack a packed bundle into the new directory ``out_dir``, fully verify it, commit it.
@@ -134,7 +142,10 @@ def unpack_bundle(
             tar = tarfile.open(src, mode="r:")  # noqa: SIM115 - closed by the with below
         except tarfile.TarError as e:
             raise UnsafeBundleError(f"{src}: not a packed bundle (uncompressed tar): {e}") from None
-        with tar, Progress(f"unpacking {src.name}", total=src.stat().st_size, unit="B", enabled=progress) as bar:
+        with (
+            tar,
+            Progress(f"unpacking {src.name}", total=src.stat().st_size, unit="B", enabled=progress) as bar,
+        ):
             for member in tar:
                 name = member.name
                 _check_member_name(name, src)
@@ -149,7 +160,9 @@ def unpack_bundle(
                 if not member.isreg():
                     raise UnsafeBundleError(f"{src}: member {name!r}: links and special files are refused")
                 if name == MANIFEST_NAME and member.size > MAX_MANIFEST_BYTES:
-                    raise UnsafeBundleError(f"{src}: member {name!r}: {member.size} bytes exceeds the manifest cap")
+                    raise UnsafeBundleError(
+                        f"{src}: member {name!r}: {member.size} bytes exceeds the manifest cap"
+                    )
                 target = staging / name
                 target.parent.mkdir(exist_ok=True)
                 fin = tar.extractfile(member)

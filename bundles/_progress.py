@@ -64,7 +64,9 @@ class Progress:
         if self.total:
             frac = min(self.done / self.total, 1.0)
             bar = "#" * int(frac * 30)
-            line = f"{self.desc} [{bar:<30}] {frac:6.1%} {self._fmt(self.done)}/{self._fmt(self.total)} {rate}"
+            line = (
+                f"{self.desc} [{bar:<30}] {frac:6.1%} {self._fmt(self.done)}/{self._fmt(self.total)} {rate}"
+            )
         else:
             line = f"{self.desc} {self._fmt(self.done)} {rate}"
         self.stream.write("\r" + line[:120])

@@ -13,14 +13,17 @@ holds exactly the listed regular files with their recorded sizes and that shard 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import json
+import operator
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import msgpack
 import zstandard
@@ -30,6 +33,7 @@ from bundles._commit import is_staging_name
 from bundles._errors import (
     BundleError,
     BundleFormatError,
+    BundleIndexError,
     BundleNotFoundError,
     BundleReplacedError,
     BundleVerificationError,
@@ -80,7 +84,9 @@ def parse_manifest(path: Path) -> dict[str, Any]:
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeBundleError(f"{mpath}: expected a regular file, found {_kind_of(st.st_mode)}")
     if st.st_size > MAX_MANIFEST_BYTES:
-        raise UnsafeBundleError(f"{mpath}: {st.st_size} bytes exceeds the manifest cap of {MAX_MANIFEST_BYTES}")
+        raise UnsafeBundleError(
+            f"{mpath}: {st.st_size} bytes exceeds the manifest cap of {MAX_MANIFEST_BYTES}"
+        )
     with open(mpath, "rb") as f:
         raw = f.read(MAX_MANIFEST_BYTES + 1)
     if len(raw) > MAX_MANIFEST_BYTES:
@@ -96,7 +102,9 @@ def parse_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise BundleFormatError(f"{mpath}: expected a JSON object, found {type(manifest).__name__}")
     if manifest.get("format") != FORMAT_NAME:
-        raise BundleFormatError(f"{mpath}: format: expected {FORMAT_NAME!r}, found {manifest.get('format')!r}")
+        raise BundleFormatError(
+            f"{mpath}: format: expected {FORMAT_NAME!r}, found {manifest.get('format')!r}"
+        )
     parse_format_version(manifest, mpath)
     for key in MANIFEST_KEYS_REQUIRED:
         if key not in manifest:
@@ -106,7 +114,9 @@ def parse_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(manifest["meta"], dict):
         raise BundleFormatError(f"{mpath}: meta: expected an object, found {type(manifest['meta']).__name__}")
     if not _is_int(manifest["sample_count"]):
-        raise BundleFormatError(f"{mpath}: sample_count: expected an int >= 0, found {manifest['sample_count']!r}")
+        raise BundleFormatError(
+            f"{mpath}: sample_count: expected an int >= 0, found {manifest['sample_count']!r}"
+        )
     shards = manifest["shards"]
     if not isinstance(shards, list):
         raise BundleFormatError(f"{mpath}: shards: expected a list")
@@ -118,7 +128,9 @@ def parse_manifest(path: Path) -> dict[str, Any]:
             raise BundleFormatError(f"{mpath}: {field}: expected an object")
         p = ent.get("path")
         if not isinstance(p, str) or not SHARD_PATH_RE.fullmatch(p):
-            raise UnsafeBundleError(f"{mpath}: {field}.path: expected 'samples/NNNNNN.msgpack.zst', found {p!r}")
+            raise UnsafeBundleError(
+                f"{mpath}: {field}.path: expected 'samples/NNNNNN.msgpack.zst', found {p!r}"
+            )
         if p in seen:
             raise BundleFormatError(f"{mpath}: {field}.path: {p} is listed twice")
         seen.add(p)
@@ -130,7 +142,9 @@ def parse_manifest(path: Path) -> dict[str, Any]:
                 f"{mpath}: {field}.raw_size: {ent['raw_size']} exceeds the cap of {MAX_SHARD_RAW_BYTES} bytes"
             )
         if not isinstance(ent.get("digest"), str) or not DIGEST_RE.fullmatch(ent["digest"]):
-            raise BundleFormatError(f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {ent.get('digest')!r}")
+            raise BundleFormatError(
+                f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {ent.get('digest')!r}"
+            )
         total += ent["samples"]
     if total != manifest["sample_count"]:
         raise BundleFormatError(
@@ -144,9 +158,13 @@ def parse_manifest(path: Path) -> dict[str, Any]:
         if not isinstance(ent, dict):
             raise BundleFormatError(f"{mpath}: {field}: expected an object")
         if not isinstance(ent.get("digest"), str) or not DIGEST_RE.fullmatch(ent["digest"]):
-            raise BundleFormatError(f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {ent.get('digest')!r}")
+            raise BundleFormatError(
+                f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {ent.get('digest')!r}"
+            )
         if not isinstance(ent.get("suffix"), str) or not SUFFIX_RE.fullmatch(ent["suffix"]):
-            raise UnsafeBundleError(f"{mpath}: {field}.suffix: expected ent.g. '.png', found {ent.get('suffix')!r}")
+            raise UnsafeBundleError(
+                f"{mpath}: {field}.suffix: expected ent.g. '.png', found {ent.get('suffix')!r}"
+            )
         if not _is_int(ent.get("size")):
             raise BundleFormatError(f"{mpath}: {field}.size: expected an int >= 0, found {ent.get('size')!r}")
         name = ent["digest"][7:] + ent["suffix"]
@@ -182,10 +200,26 @@ class Bundle:
             self._media[ref.filename] = ref.with_path(str(path / MEDIA_DIR / ref.filename))
 
     def __repr__(self) -> str:
-        return f"Bundle({str(self.path)!r}, kind={self.kind!r}, samples={len(self)}, media={len(self._media)})"
+        return (
+            f"Bundle({str(self.path)!r}, kind={self.kind!r}, samples={len(self)}, media={len(self._media)})"
+        )
 
     def __len__(self) -> int:
         return int(self.manifest["sample_count"])
+
+    def __iter__(self) -> Iterator[dict[Any, Any]]:
+        return self.samples()
+
+    @overload
+    def __getitem__(self, index: int) -> dict[Any, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[Any, Any]]: ...
+    def __getitem__(self, index: int | slice) -> dict[Any, Any] | list[dict[Any, Any]]:
+        """Sample ``index`` (negative counts from the end), reading only the shard that holds it;
+        a slice gives a list, reading each shard it touches once."""
+        if isinstance(index, slice):
+            return list(self.samples(indices=range(len(self))[index]))
+        return next(self.samples(indices=[index]))
 
     @property
     def kind(self) -> str:
@@ -234,14 +268,18 @@ class Bundle:
                         dirs.remove(name)
                     continue
                 if not stat.S_ISREG(st.st_mode):
-                    problems.append(f"{self.path}/{rel}: expected a regular file, found {_kind_of(st.st_mode)}")
+                    problems.append(
+                        f"{self.path}/{rel}: expected a regular file, found {_kind_of(st.st_mode)}"
+                    )
                     reported.add(rel)
                     continue
                 if rel not in expected:
                     problems.append(f"{self.path}/{rel}: file is not listed in the manifest")
                     continue
                 if expected[rel] >= 0 and st.st_size != expected[rel]:
-                    problems.append(f"{self.path}/{rel}: size: expected {expected[rel]} bytes, found {st.st_size}")
+                    problems.append(
+                        f"{self.path}/{rel}: size: expected {expected[rel]} bytes, found {st.st_size}"
+                    )
                     reported.add(rel)
                     continue
                 found.add(rel)
@@ -318,7 +356,9 @@ class Bundle:
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            raise BundleVerificationError(self.path, [f"{path}: listed in the manifest but missing"]) from None
+            raise BundleVerificationError(
+                self.path, [f"{path}: listed in the manifest but missing"]
+            ) from None
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeBundleError(f"{path}: expected a regular file, found {_kind_of(st.st_mode)}")
         if st.st_size != entry["size"]:
@@ -329,7 +369,9 @@ class Bundle:
             data = f.read(entry["size"] + 1)
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         if digest != entry["digest"]:
-            raise BundleVerificationError(self.path, [f"{path}: digest: expected {entry['digest']}, found {digest}"])
+            raise BundleVerificationError(
+                self.path, [f"{path}: digest: expected {entry['digest']}, found {digest}"]
+            )
         limit = entry["raw_size"]
         reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
         try:
@@ -346,19 +388,44 @@ class Bundle:
             raise UnsafeBundleError(f"{path}: raw_size: expected {limit} decompressed bytes, found {what}")
         return raw
 
-    def samples(self, sample_cls: Any = None) -> Iterator[Any]:
+    def samples(self, sample_cls: Any = None, *, indices: Iterable[int] | None = None) -> Iterator[Any]:
         """Yield every sample, with references resolved to files inside the bundle.
 
         Samples are dicts, or, with ``sample_cls`` (any class with a ``from_dict(dict)``
         constructor, e.g. a trainer's ``Sample``), ``sample_cls.from_dict(row)``; ``None`` or
         ``dict`` keeps the dicts. An error raised by ``from_dict`` becomes a
         :class:`BundleFormatError` naming the sample.
-        """
-        return _built(self._samples(self._media), sample_cls, self.path)
 
-    def _samples(self, media: dict[str, MediaRef]) -> Iterator[dict[Any, Any]]:
-        index = 0
-        for entry in self.manifest["shards"]:
+        With ``indices``, yield those samples in that order, reading only the shards that hold
+        them (each once when the indices ascend). An index out of range raises
+        :class:`BundleIndexError` before anything is read.
+        """
+        rows = self._samples(self._media) if indices is None else self._samples_at(list(indices))
+        return _built(rows, sample_cls, self.path)
+
+    def _samples_at(self, indices: list[int]) -> Iterator[dict[Any, Any]]:
+        n = len(self)
+        wanted = []
+        for i in indices:
+            k = operator.index(i)
+            if not -n <= k < n:
+                raise BundleIndexError(f"{self.path}: sample index {i} is out of range: the bundle holds {n}")
+            wanted.append(k % n)
+        starts = list(itertools.accumulate((e["samples"] for e in self.manifest["shards"]), initial=0))
+        shard = -1
+        decoded: list[dict[Any, Any]] = []
+        for i in wanted:
+            k = bisect.bisect_right(starts, i) - 1
+            if k != shard:
+                shard, decoded = k, []  # drop the previous shard's samples before decoding the next
+                decoded = list(self._samples(self._media, [self.manifest["shards"][k]], starts[k]))
+            yield decoded[i - starts[k]]
+
+    def _samples(
+        self, media: dict[str, MediaRef], shards: list[dict[str, Any]] | None = None, first_index: int = 0
+    ) -> Iterator[dict[Any, Any]]:
+        index = first_index
+        for entry in self.manifest["shards"] if shards is None else shards:
             where = f"{self.path}/{entry['path']}"
             raw = self._read_shard(entry)
             # A whole shard is decoded with the collector paused (see gc_paused), then yielded.
@@ -372,7 +439,9 @@ class Bundle:
                     decoded.append(_resolve(obj, media, where, f"samples[{index + len(decoded)}]"))
             del raw
             if len(decoded) != entry["samples"]:
-                raise BundleFormatError(f"{where}: samples: expected {entry['samples']}, found {len(decoded)}")
+                raise BundleFormatError(
+                    f"{where}: samples: expected {entry['samples']}, found {len(decoded)}"
+                )
             for sample in decoded:
                 yield sample
                 index += 1
@@ -398,7 +467,9 @@ class Bundle:
         target.mkdir(parents=True, exist_ok=True)
         target_dev = os.stat(target).st_dev
         placed: dict[str, MediaRef] = {}
-        with Progress(f"rehydrating {self.path.name}", total=len(self._media), unit="files", enabled=progress) as bar:
+        with Progress(
+            f"rehydrating {self.path.name}", total=len(self._media), unit="files", enabled=progress
+        ) as bar:
             for name, ref in self._media.items():
                 dst = target / name
                 try:
@@ -417,7 +488,8 @@ class Bundle:
                     if "sha256:" + hexdigest != ref.digest:
                         os.unlink(tmp)
                         raise BundleVerificationError(
-                            self.path, [f"{ref.path}: digest: expected {ref.digest}, found sha256:{hexdigest}"]
+                            self.path,
+                            [f"{ref.path}: digest: expected {ref.digest}, found sha256:{hexdigest}"],
                         )
                     make_read_only(str(tmp))
                 else:
@@ -485,7 +557,8 @@ def _resolve(obj: Any, media: dict[str, MediaRef], where: str, path: str) -> Any
         return obj
     if t is tuple:
         return tuple(
-            _resolve(v, media, where, f"{path}[{i}]") if type(v) in _RESOLVABLE else v for i, v in enumerate(obj)
+            _resolve(v, media, where, f"{path}[{i}]") if type(v) in _RESOLVABLE else v
+            for i, v in enumerate(obj)
         )
     if t is msgpack.Timestamp:
         raise BundleFormatError(f"{where}: {path}: msgpack timestamps are not a value bundles store")

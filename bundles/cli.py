@@ -1,4 +1,4 @@
-"""The bundle subcommands of ``rollout-bundle``: inspect, verify, pack, unpack.
+"""The bundle subcommands of ``rollout-bundle``: inspect, show, diff, verify, pack, unpack.
 
 :func:`register` adds them to a ``rollout-bundle`` parser (see :mod:`bundles._cli` for what
 every subcommand shares); the ``rollout-bundle`` entry point (:mod:`trainer_hooks.cli`) adds the
@@ -13,10 +13,13 @@ import os
 import sys
 from typing import Any
 
-from bundles._cli import add_command, add_json_option, add_progress_option, main_with
+from bundles._cli import CommandError, add_command, add_json_option, add_progress_option, main_with
+from bundles._diff import diff_bundles
+from bundles._layout import MEDIA_DIR
 from bundles._pack import pack_bundle, unpack_bundle
 from bundles._progress import _human_bytes
 from bundles._reader import open_bundle
+from bundles._show import dumps_pretty, parse_key_paths, select, to_json
 
 __all__ = ["main", "register"]
 
@@ -57,6 +60,97 @@ def _inspect(ns: argparse.Namespace) -> int:
         "meta          " + json.dumps(bundle.meta, sort_keys=True, indent=2).replace("\n", "\n              ")
     )
     return 0
+
+
+def _show(ns: argparse.Namespace) -> int:
+    bundle = open_bundle(ns.bundle, verify="none")
+    keys = parse_key_paths(ns.keys) if ns.keys is not None else None
+    n = len(bundle)
+    for i in ns.indices:
+        if not -n <= i < n:
+            raise CommandError(f"{bundle.path}: sample index {i} is out of range: the bundle holds {n}")
+    positions = [i % n for i in ns.indices] if ns.indices else range(n)
+    prefix = f"{bundle.path}/{MEDIA_DIR}/"
+    out = sys.stdout
+    out.write("[")
+    for k, (position, sample) in enumerate(zip(positions, bundle.samples(indices=positions), strict=True)):
+        shown = to_json(select(sample, keys) if keys else sample, media_prefix=prefix, full=ns.full)
+        item = {"position": position, "sample": shown}
+        out.write(("," if k else "") + "\n  " + dumps_pretty(item, _level=1))
+    out.write("\n]\n" if positions else "]\n")
+    return 0
+
+
+def _fmt_value(v: object) -> str:
+    """A changed value on one line: arrays as their kind, dtype and shape; long text cut."""
+    if isinstance(v, dict) and v.get("type") in ("ndarray", "tensor"):
+        return f"{v['type']} {v['dtype']}{v['shape']}"
+    if isinstance(v, dict) and v.get("type") == "bytes":
+        return f"bytes ({v['size']} B)"
+    if isinstance(v, dict) and v.get("type") == "list":
+        return f"list of {v['length']} numbers {json.dumps(v['head'])[:-1]}, ...]"
+    text = json.dumps(v, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _diff(ns: argparse.Namespace) -> int:
+    a = open_bundle(ns.a, verify="none")
+    b = open_bundle(ns.b, verify="none")
+    report = diff_bundles(a, b, by=ns.by, limit=ns.limit)
+    if ns.json:
+        _print_json(report)
+        return 0 if report["same"] else 1
+    for side in ("a", "b"):
+        r = report[side]
+        print(
+            f"{side.upper()}: {r['path']} ({r['kind']}, {r['samples']} samples, {r['media_files']} media files)"
+        )
+    if report["kind"]:
+        print(f"kind: {report['kind']['a']} -> {report['kind']['b']}")
+    for c in report["meta"]["changes"]:
+        print("  " + _change_line(c))
+    if report["meta"]["more"]:
+        print(f"  ... and {report['meta']['more']} more meta change(s)")
+    samples = report["samples"]
+    what = "sample" if report["by"] == "position" else f"sample {report['by']}="
+    for c in samples["changed"]:
+        where = f"{what}{c['key']}" if report["by"] != "position" else f"sample {c['key']}"
+        if report["by"] != "position" and c["position_a"] != c["position_b"]:
+            where += f" (position {c['position_a']} -> {c['position_b']})"
+        print(f"{where} changed:")
+        for change in c["changes"]:
+            print("  " + _change_line(change))
+        if c["more"]:
+            print(f"  ... and {c['more']} more")
+    sep = "" if report["by"] == "position" else f"{report['by']}="
+    for key in samples["removed"]:
+        print(f"sample {sep}{key} only in A (removed)")
+    for key in samples["added"]:
+        print(f"sample {sep}{key} only in B (added)")
+    media = report["media"]
+    for side, label in (("only_in_a", "A"), ("only_in_b", "B")):
+        for m in media[side]:
+            print(f"media only in {label}: {m['path']} ({_human_bytes(m['size'])})")
+    print(
+        f"{'same' if report['same'] else 'different'}: samples {len(samples['added'])} added, "
+        f"{len(samples['removed'])} removed, {len(samples['changed'])} changed, {samples['unchanged']} unchanged; "
+        f"media {len(media['only_in_a'])} only in A, {len(media['only_in_b'])} only in B, {media['common']} in both"
+    )
+    return 0 if report["same"] else 1
+
+
+def _change_line(c: dict[str, Any]) -> str:
+    if "items_differ" in c:
+        return (
+            f"{c['path']}: {c['items_differ']} of {c['length']} items differ, first at [{c['first']}]: "
+            f"{_fmt_value(c['a'])} -> {_fmt_value(c['b'])}"
+        )
+    if c.get("only_in") == "a":
+        return f"{c['path']}: only in A: {_fmt_value(c['a'])}"
+    if c.get("only_in") == "b":
+        return f"{c['path']}: only in B: {_fmt_value(c['b'])}"
+    a, b = _fmt_value(c["a"]), _fmt_value(c["b"])
+    return f"{c['path']}: {a} -> {b}" if a != b else f"{c['path']}: {a}, different content"
 
 
 def _verify(ns: argparse.Namespace) -> int:
@@ -121,6 +215,49 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("bundle", metavar="BUNDLE", help=BUNDLE_HELP)
     add_json_option(p)
+
+    p = add_command(
+        subparsers,
+        "show",
+        "print samples as JSON (arrays and tensors summarised, media as their bundle paths)",
+        _show,
+        description="Print samples as a JSON list of {position, sample}. Arrays and tensors are summarised "
+        "as dtype and shape, long number lists (token ids, log-probs) as length and first values, media as "
+        "their path inside the bundle (media/<sha256><suffix>); --full prints every value. Only the shards "
+        "that hold the chosen samples are read.",
+    )
+    p.add_argument("bundle", metavar="BUNDLE", help=BUNDLE_HELP)
+    p.add_argument(
+        "indices",
+        metavar="INDEX",
+        type=int,
+        nargs="*",
+        help="sample positions, from 0; negative counts from the end (default: every sample)",
+    )
+    p.add_argument(
+        "--keys",
+        metavar="A,B",
+        help="only these key paths of each sample, e.g. reward,status,multimodal_inputs.images",
+    )
+    p.add_argument("--full", action="store_true", help="print arrays, tensors, bytes and long lists in full")
+
+    p = add_command(
+        subparsers,
+        "diff",
+        "report samples added, removed and changed (by key path) and media only in one bundle",
+        _diff,
+        description="Compare two bundles: samples added, removed and changed (listing the key paths that "
+        "differ), meta changes and media stored in only one of them. Samples are matched by position, or "
+        "with --by by the value at a key path. Media and arrays compare by content. Exit status 0 when "
+        "the bundles hold the same samples and media, 1 when they differ.",
+    )
+    p.add_argument("a", metavar="A", help="the first bundle (directory or packed file)")
+    p.add_argument("b", metavar="B", help="the second bundle (directory or packed file)")
+    p.add_argument("--by", metavar="KEY", help="match samples by the value at this key path (e.g. index)")
+    p.add_argument(
+        "--limit", type=int, default=20, metavar="N", help="key paths listed per changed sample (default 20)"
+    )
+    add_json_option(p, "the differences")
 
     p = add_command(
         subparsers,

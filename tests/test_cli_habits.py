@@ -46,7 +46,7 @@ def test_every_subcommand_has_a_one_line_summary_and_helped_positionals():
     parser = build_parser()
     action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     summaries = {a.dest: a.help for a in action._choices_actions}
-    assert {"inspect", "verify", "pack", "unpack", "sweep", "import-dump"} <= set(summaries)
+    assert {"inspect", "show", "diff", "verify", "pack", "unpack", "sweep", "import-dump"} <= set(summaries)
     for name, sub in subcommands().items():
         assert summaries[name] and "\n" not in summaries[name], name
         assert sub.description, name
@@ -65,7 +65,7 @@ def test_version(capsys):
 
 
 def test_every_reporting_command_takes_json():
-    reporting = {"inspect", "verify", "pack", "unpack", "sweep", "import-dump"}
+    reporting = {"inspect", "diff", "verify", "pack", "unpack", "sweep", "import-dump"}  # show prints JSON
     for name, sub in subcommands().items():
         flags = {f for a in sub._actions for f in a.option_strings}
         if name in reporting:
