@@ -13,6 +13,10 @@
   written in the background), :func:`save_rollout_checkpoint` / :func:`load_rollout_checkpoint`,
   :func:`save_debug_rollout_data` / :func:`load_debug_rollout_data`, and
   :func:`import_legacy_dump` for old ``torch.save`` dumps.
+* Replay (:mod:`trainer_hooks.replay`): :func:`convert_samples_to_train_data` with the guard,
+  :func:`compute_multimodal_train_inputs` / :func:`get_rollout_data` / :func:`training_dtype`
+  (rebuild with cast), :func:`load_processor`, :func:`build_prefill_scoring_payload`,
+  :func:`check_image_tokens`, :func:`replay_bundle` and ``rollout-bundle replay``.
 
 ``trainer_hooks`` imports :mod:`bundles`, never the reverse. Stand-in rollout manager and
 trainer objects for tests and demos live in :mod:`trainer_hooks.testing`.
@@ -54,6 +58,17 @@ from trainer_hooks._run_media import (
     store_media,
 )
 from trainer_hooks._sample import AdapterRef, RewardSpec, Sample, default_sample_cls
+from trainer_hooks.replay import (
+    _build_prefill_scoring_payload,
+    build_prefill_scoring_payload,
+    check_image_tokens,
+    compute_multimodal_train_inputs,
+    convert_samples_to_train_data,
+    get_rollout_data,
+    load_processor,
+    replay_bundle,
+    training_dtype,
+)
 
 __all__ = [
     "LEASE_NAME",
@@ -77,20 +92,28 @@ __all__ = [
     "SnapshotError",
     "SweepEntry",
     "UnsafeRunDirError",
+    "_build_prefill_scoring_payload",
     "acquire_run_lease",
     "add_arguments",
+    "build_prefill_scoring_payload",
+    "check_image_tokens",
     "check_run_id",
     "checkpoint_path",
     "default_sample_cls",
+    "compute_multimodal_train_inputs",
+    "convert_samples_to_train_data",
+    "get_rollout_data",
     "import_legacy_dump",
     "list_rollout_checkpoints",
     "load_debug_rollout_data",
+    "load_processor",
     "load_rollout_checkpoint",
     "parse_args",
     "parse_duration",
     "read_lease",
     "read_rollout_checkpoint",
     "release_run_media",
+    "replay_bundle",
     "run_media_dir",
     "save_debug_rollout_data",
     "save_rollout_checkpoint",
@@ -98,5 +121,6 @@ __all__ = [
     "sweep_run_media",
     "train",
     "train_async",
+    "training_dtype",
     "validate_args",
 ]

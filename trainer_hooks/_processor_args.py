@@ -21,8 +21,9 @@ spacing don't matter; paths as strings, so ``./m`` and ``m`` disagree: a false a
 launch is cheap, a silent mismatch is not).
 
 The resolved settings are stored on ``args.rollout_processor_args``; bundles record
-:meth:`RolloutEngineProcessorArgs.to_dict` in their metadata so that replay rebuilds inputs
-with the engines' own processor.
+:meth:`RolloutEngineProcessorArgs.to_dict` in their metadata (``meta["processor"]``, with the
+model's ``image_token_id`` when its directory is local) so that replay rebuilds inputs with the
+engines' own processor and counts the right placeholder (:mod:`trainer_hooks.replay`).
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ class RolloutEngineProcessorArgs:
     mm_process_config: dict[str, Any] | None = field(default=None, hash=False)
     # Labels of the engine groups that were checked (and agree); not part of equality.
     engine_groups: tuple[str, ...] = field(default=(), compare=False)
+    # The image placeholder id (``image_token_id`` of the model's config.json) when the model is a
+    # local directory; replay counts these tokens per image (None: Qwen2-VL's 151655).
+    image_token_id: int | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, for bundle metadata."""
@@ -111,6 +115,7 @@ class RolloutEngineProcessorArgs:
             "image_processor_backend": self.image_processor_backend,
             "mm_process_config": None if self.mm_process_config is None else dict(self.mm_process_config),
             "engine_groups": list(self.engine_groups),
+            "image_token_id": self.image_token_id,
         }
 
     @classmethod
@@ -125,6 +130,7 @@ class RolloutEngineProcessorArgs:
             image_processor_backend=data["image_processor_backend"],
             mm_process_config=parse_mm_process_config(data["mm_process_config"], where="mm_process_config"),
             engine_groups=tuple(data.get("engine_groups", ())),
+            image_token_id=data.get("image_token_id"),
         )
 
     @classmethod
@@ -209,7 +215,20 @@ class RolloutEngineProcessorArgs:
             image_processor_backend=agreed["image_processor_backend"],
             mm_process_config=agreed["mm_process_config"],
             engine_groups=tuple(groups),
+            image_token_id=_image_token_id(agreed["model_path"]),
         )
+
+
+def _image_token_id(model_path: str | None) -> int | None:
+    """``image_token_id`` from ``<model_path>/config.json`` when that is a readable local file."""
+    if not model_path:
+        return None
+    try:
+        with open(Path(model_path) / "config.json") as f:
+            value = json.load(f).get("image_token_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if type(value) is int else None
 
 
 def _canonical(value: Any) -> str:

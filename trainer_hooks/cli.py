@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bundles.cli",  # inspect, verify, pack, unpack
     "trainer_hooks._sweep_cli",  # sweep SHARED_MEDIA_DIR [--delete]
     "trainer_hooks._legacy",  # import-dump OLD.pt -o BUNDLE --trust-pickle
+    "trainer_hooks.replay._cli",  # replay BUNDLE [--dtype] [--report] [--expect] [--ray]
 )
 
 DESCRIPTION = "Rollout bundles and run media: look into, check, pack and convert bundles; sweep run media."

@@ -1,0 +1,99 @@
+"""Debug dumps for the replay tests: real screenshots-like PNGs in a run's media directory,
+samples whose tokens hold each image's placeholders expanded as the token-space processor
+expands them (counts taken from the real Qwen2-VL processor), written with
+``save_debug_rollout_data``."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from media_helpers import trainer_args
+
+from trainer_hooks import Sample, load_processor, save_debug_rollout_data, store_media
+
+PAD = 151655
+PROMPT = [151644, 872, 198]  # <|im_start|>user\n
+VISION_START, VISION_END = 151652, 151653
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def expanded_counts(paths: list[str], settings: dict[str, Any] | None = None) -> list[int]:
+    """Placeholder tokens per image, as the token-space processor makes them."""
+    from PIL import Image
+
+    proc = load_processor(settings)
+    images = [Image.open(p).convert("RGB") for p in paths]
+    grid = proc(images=images, return_tensors="pt")["image_grid_thw"]
+    return [int(t * h * w) // proc.merge_size**2 for t, h, w in grid.tolist()]
+
+
+def make_dump(
+    tmp_path: Path,
+    n: int = 3,
+    *,
+    size: tuple[int, int] = (112, 84),
+    images_per_sample: int = 2,
+    dtype: str = "--bf16",
+    token_space: bool = True,
+    expanded_twice: tuple[int, ...] = (),
+    dense: tuple[int, ...] = (),
+    text_only: tuple[int, ...] = (),
+    name: str = "dump",
+) -> Path:
+    """Write a debug dump of ``n`` samples (positions in ``dense`` also carry multimodal_train_inputs,
+    in ``expanded_twice`` twice the placeholders, in ``text_only`` no image); return its path."""
+    import torch
+
+    extra = [dtype, "--save-debug-rollout-data", str(tmp_path / f"{name}_{{rollout_id}}")]
+    if token_space:
+        extra += [
+            "--enable-token-space-processor",
+            "--sglang-model-path", "Qwen/Qwen2-VL-7B-Instruct",
+            "--sglang-image-processor-backend", "pil",
+            "--sglang-mm-process-config", '{"image": {"max_pixels": 12845056, "min_pixels": 3136}}',
+        ]  # fmt: skip
+    args = trainer_args(tmp_path, f"run-{name}", *extra)
+    samples = []
+    for i in range(n):
+        tokens = list(PROMPT)
+        images = []
+        if i not in text_only:
+            for j in range(images_per_sample):
+                w, h = size[0] + 28 * j, size[1]
+                images.append(store_media(args, png(w, h, seed=100 * i + j), ".png"))
+            for count in expanded_counts([r.path for r in images]):
+                count *= 2 if i in expanded_twice else 1
+                tokens += [VISION_START, *[PAD] * count, VISION_END]
+        response = [9707 + i, 11, 1879, 151645]
+        s = Sample(
+            group_index=i // 2,
+            index=10 + i,
+            prompt="describe",
+            tokens=tokens + response,
+            multimodal_inputs={"images": images} if images else None,
+            response="ok",
+            response_length=len(response),
+            reward=1.0,
+            loss_mask=[1] * len(response),
+            rollout_log_probs=[-0.25] * len(response),
+            status=Sample.Status.COMPLETED,
+        )
+        if i in dense:
+            s.multimodal_train_inputs = {
+                "pixel_values": torch.zeros(4, 1176),
+                "image_grid_thw": torch.tensor([[1, 2, 2]]),
+            }
+        samples.append(s)
+    return save_debug_rollout_data(args, samples, 0, evaluation=False)

@@ -1,0 +1,42 @@
+"""Replay: what training would see of a checkpoint or a debug dump.
+
+* :func:`convert_samples_to_train_data` (Miles' call shape) with the guard: train data never
+  carries both media references and dense ``multimodal_train_inputs``.
+* :func:`compute_multimodal_train_inputs`, :func:`training_dtype`, :func:`get_rollout_data`:
+  rebuild vision tensors from media references, cast to the training dtype per sample.
+* :func:`load_processor`: the Qwen2-VL image processor from a bundle's recorded settings, offline.
+* :func:`build_prefill_scoring_payload` (alias ``_build_prefill_scoring_payload``): SGLang prefill
+  payloads, with ``mm_token_expansion_start_len`` in token space.
+* :func:`check_image_tokens`: placeholder counts against ``image_grid_thw``.
+* :func:`replay_bundle`: all of the above over a bundle, with fingerprints, ``expect`` and Ray;
+  ``rollout-bundle replay`` (:mod:`trainer_hooks.replay._cli`).
+
+torch, transformers, PIL and Ray are imported only when used.
+"""
+
+from trainer_hooks.replay._guard import convert_samples_to_train_data
+from trainer_hooks.replay._payload import (
+    _build_prefill_scoring_payload,
+    build_prefill_scoring_payload,
+    sglang_generate_fields,
+)
+from trainer_hooks.replay._processor import DEFAULT_IMAGE_TOKEN_ID, ReplayProcessor, load_processor
+from trainer_hooks.replay._rebuild import compute_multimodal_train_inputs, get_rollout_data, training_dtype
+from trainer_hooks.replay._report import compare_reports, replay_bundle
+from trainer_hooks.replay._tokens import check_image_tokens
+
+__all__ = [
+    "DEFAULT_IMAGE_TOKEN_ID",
+    "ReplayProcessor",
+    "_build_prefill_scoring_payload",
+    "build_prefill_scoring_payload",
+    "check_image_tokens",
+    "compare_reports",
+    "compute_multimodal_train_inputs",
+    "convert_samples_to_train_data",
+    "get_rollout_data",
+    "load_processor",
+    "replay_bundle",
+    "sglang_generate_fields",
+    "training_dtype",
+]

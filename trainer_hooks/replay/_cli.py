@@ -1,0 +1,215 @@
+"""``rollout-bundle replay BUNDLE``: the replay subcommand (registered by :func:`register`).
+
+    rollout-bundle replay BUNDLE [--dtype {bf16,fp16,fp32}] [--limit N] [--json]
+                          [--report FILE.json] [--payloads-out FILE.jsonl] [--expect FILE.json]
+                          [--mm-process-config JSON] [--ray [ADDRESS]]
+
+Opens the bundle (directory or packed file, fast verification), runs the conversion guard, the
+rebuild with cast, the token-space check and the prefill payload build for each sample, and
+prints a summary. Exit status: 0 when clean, 1 on any violation (``guard``, ``convert``,
+``rebuild``, ``token_count``, ``payload``, ``fingerprint``) or an unreadable bundle, 2 on bad
+usage. Processor disagreements (``processor``) are printed and counted but do not fail a replay:
+they describe this machine's processor, not the bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, TextIO
+
+from bundles._cli import CommandError, add_command, add_json_option, add_progress_option
+
+__all__ = ["VIOLATION_KINDS", "register", "run_replay"]
+
+VIOLATION_KINDS = frozenset({"guard", "convert", "rebuild", "token_count", "payload", "fingerprint"})
+_SHOWN = 20  # problems listed in the text summary; the report has them all
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, found {n}")
+    return n
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, found {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, found {text!r}")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add ``replay`` to the ``rollout-bundle`` subcommands."""
+    p = add_command(
+        subparsers,
+        "replay",
+        "replay a checkpoint or debug dump as training would see it (guard, cast, tokens, payloads)",
+        run_replay,
+        description=(
+            "Replay BUNDLE (a directory or packed file) as training would see it: the conversion guard, "
+            "the rebuild of vision tensors with the recorded processor settings, cast to the training "
+            "dtype, the token-space placeholder check, the SGLang prefill payloads, and a fingerprint of "
+            "every rebuilt image. Exit 0 when clean, 1 on any violation, 2 on bad usage."
+        ),
+    )
+    p.add_argument("bundle", metavar="BUNDLE")
+    p.add_argument(
+        "--dtype", choices=("bf16", "fp16", "fp32"), default=None,
+        help="cast floating tensors to this dtype (default: the training dtype the bundle recorded)",
+    )  # fmt: skip
+    p.add_argument(
+        "--limit", type=_positive, default=None, metavar="N", help="replay only the first N samples"
+    )
+    add_json_option(p, "the summary")
+    add_progress_option(p)
+    p.add_argument("--report", metavar="FILE.json", help="write per-sample results and fingerprints")
+    p.add_argument("--payloads-out", metavar="FILE.jsonl", help="write one SGLang prefill payload per sample")
+    p.add_argument(
+        "--expect", metavar="FILE.json",
+        help="compare fingerprints with an earlier --report; every changed image is a violation",
+    )  # fmt: skip
+    p.add_argument(
+        "--mm-process-config", type=_json_object, default=None, metavar="JSON",
+        help='replace the recorded mm_process_config, e.g. \'{"image": {"max_pixels": 1003520}}\'',
+    )  # fmt: skip
+    p.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help="shard samples over Ray tasks (the bundle must be on a filesystem the cluster shares); "
+        "ADDRESS as for ray.init (default: a running local cluster, else a new one)",
+    )  # fmt: skip
+
+
+class _Bar:
+    """A progress line on a terminal (stderr), nothing otherwise."""
+
+    def __init__(self, stream: TextIO, enabled: bool | None = None) -> None:
+        self.stream = stream
+        self.enabled = bool(getattr(stream, "isatty", lambda: False)()) if enabled is None else enabled
+        self.start = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self.last < 0.1 and done < total:
+            return
+        self.last = now
+        frac = done / total if total else 1.0
+        rate = done / max(now - self.start, 1e-9)
+        self.stream.write(f"\rreplay [{'#' * int(frac * 30):<30}] {done}/{total} samples {rate:.1f}/s")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _all_problems(report: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [p for e in report["samples"] for p in e["problems"]]
+    out += [{"kind": "processor", "message": m} for m in report["processor"].get("disagreements", [])]
+    out += list((report.get("expect") or {}).get("changed", []))
+    return out
+
+
+def _print_summary(report: dict[str, Any], out: TextIO) -> None:
+    s = report["summary"]
+    proc = report["processor"]
+    w = out.write
+    w(f"replay   {report['bundle']} ({report['kind']}), dtype {report['dtype']}"
+      f"{', token space' if report['token_space'] else ''}\n")  # fmt: skip
+    w(f"processor {proc['class']} from {proc['source']} (transformers {proc['transformers']}): "
+      f"min_pixels {proc['min_pixels']}, max_pixels {proc['max_pixels']}, merge_size {proc['merge_size']}, "
+      f"image token {proc['image_token_id']}\n")  # fmt: skip
+    for note in proc.get("notes", []):
+        w(f"  note: {note}\n")
+    w(f"samples        {s['samples']}\n")
+    w(f"images         {s['images']}\n")
+    w(f"vision tokens  {s['vision_tokens']}\n")
+    before, after = s["bytes_before_cast"], s["bytes_after_cast"]
+    ratio = f" ({after / before:.2f}x)" if before else ""
+    w(f"tensor bytes   {_size(before)} from the processor -> {_size(after)} as {report['dtype']}{ratio}\n")
+    w(f"peak memory    {_size(s['peak_rss_bytes'])} (RSS high-water mark)\n")
+    kinds = s["problems"]
+    if not kinds:
+        w("problems       none\n")
+        return
+    w("problems       " + ", ".join(f"{k} {n}" for k, n in kinds.items()) + "\n")
+    problems = _all_problems(report)
+    for p in problems[:_SHOWN]:
+        tag = "warning" if p["kind"] not in VIOLATION_KINDS else p["kind"]
+        w(f"  - [{tag}] {p['message']}\n")
+    if len(problems) > _SHOWN:
+        w(f"  ... {len(problems) - _SHOWN} more (see --report)\n")
+
+
+def run_replay(ns: argparse.Namespace) -> int:
+    from trainer_hooks.replay._report import REPORT_FORMAT, replay_bundle
+
+    err = sys.stderr
+    expect = None
+    if ns.expect is not None:
+        try:
+            with open(ns.expect) as f:
+                expect = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CommandError(f"--expect {ns.expect}: cannot read a replay report: {e}", status=2) from None
+        if not isinstance(expect, dict) or expect.get("format") != REPORT_FORMAT:
+            found = expect.get("format") if isinstance(expect, dict) else type(expect).__name__
+            raise CommandError(
+                f"--expect {ns.expect}: expected a replay report (format {REPORT_FORMAT!r}), found {found!r}",
+                status=2,
+            )
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise CommandError(
+            f"replay needs torch and transformers ({e}): pip install 'rollout-bundles[replay]' torch==2.13.0",
+            status=2,
+        ) from None
+    report = replay_bundle(
+        ns.bundle,
+        dtype=ns.dtype,
+        limit=ns.limit,
+        mm_process_config=ns.mm_process_config,
+        expect=expect,
+        payloads_out=ns.payloads_out,
+        use_ray=ns.ray is not None,
+        ray_address=ns.ray or None,
+        progress=_Bar(err, getattr(ns, "progress", None)),
+    )
+    if ns.report is not None:
+        with open(ns.report, "w") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
+    if ns.json:
+        print(
+            json.dumps(
+                {"bundle": report["bundle"], "dtype": report["dtype"], **report["summary"]}, sort_keys=True
+            )
+        )
+    else:
+        _print_summary(report, sys.stdout)
+        if ns.report is not None:
+            print(f"report         {ns.report}")
+        if ns.payloads_out is not None:
+            print(f"payloads       {ns.payloads_out}")
+    violated = any(kind in VIOLATION_KINDS for kind in report["summary"]["problems"])
+    return 1 if violated else 0

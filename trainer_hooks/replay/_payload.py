@@ -1,0 +1,127 @@
+"""Prefill scoring payloads for SGLang: :func:`build_prefill_scoring_payload`.
+
+With ``--recompute-logprobs-via-prefill`` the rollout's log-probs are recomputed by sending each
+finished sample back to the engine as a zero-token generation with ``return_logprob``. The
+payload uses SGLang's ``GenerateReqInput`` field names; the list of those names is generated from
+the pinned sglang release's source by ``scripts/sglang_fields.py`` (never importing sglang) and
+shipped as ``trainer_hooks/data/sglang_generate_req_input_fields.json``.
+
+Expanded prefix: with ``--enable-token-space-processor`` the trainer expands each image into its
+``<|image_pad|>`` placeholders while building ``sample.tokens``, and sends media as references.
+An engine handed those tokens with ``image_data`` would expand the placeholders a second time;
+``mm_token_expansion_start_len = len(sample.tokens)`` tells the token-space engine build that the
+whole input is already expanded. That field is the one documented addition to stock
+``GenerateReqInput`` (sglang 0.5.23 lacks it). Text-only samples carry neither ``image_data`` nor
+``mm_token_expansion_start_len``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+from argparse import Namespace
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from trainer_hooks.replay._rebuild import sample_images
+
+__all__ = [
+    "SGLANG_FIELDS_FILE",
+    "build_prefill_scoring_payload",
+    "is_token_space",
+    "sglang_generate_fields",
+]
+
+SGLANG_FIELDS_FILE = "sglang_generate_req_input_fields.json"
+
+
+@cache
+def _fields_doc() -> dict[str, Any]:
+    text = resources.files("trainer_hooks").joinpath(f"data/{SGLANG_FIELDS_FILE}").read_text()
+    doc: dict[str, Any] = json.loads(text)
+    return doc
+
+
+def sglang_generate_fields(*, token_space: bool = True) -> frozenset[str]:
+    """Field names of SGLang's ``GenerateReqInput`` (pinned release), plus, with ``token_space``,
+    the token-space engine build's ``mm_token_expansion_start_len``."""
+    doc = _fields_doc()
+    names = set(doc["fields"])
+    if token_space:
+        names.update(doc["token_space_additions"])
+    return frozenset(names)
+
+
+def is_token_space(args: Namespace) -> bool:
+    """Whether media reach the engine in token space (``--enable-token-space-processor``)."""
+    return bool(getattr(args, "enable_token_space_processor", False))
+
+
+def _image_datum(item: Any, where: str) -> str:
+    path = getattr(item, "path", None)
+    if path is not None and hasattr(item, "digest"):  # MediaRef
+        return str(path)
+    if isinstance(item, (str, os.PathLike)):
+        return os.fspath(item)
+    if hasattr(item, "save") and hasattr(item, "size"):  # a PIL image: no path to send
+        buf = io.BytesIO()
+        item.save(buf, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    raise ValueError(f"{where}: expected a path, a MediaRef or a PIL image, found {type(item).__name__}")
+
+
+def build_prefill_scoring_payload(
+    args: Namespace, sample: Any, sampling_params: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The SGLang ``/generate`` request that rescores ``sample``'s response by prefill.
+
+    ``input_ids`` = ``sample.tokens``; ``sampling_params`` = the given ones plus
+    ``max_new_tokens: 0``, ``temperature: 0``, ``skip_special_tokens: False``;
+    ``return_logprob: True``; ``logprob_start_len`` = prompt length - 1 (SGLang returns
+    ``input_token_logprobs`` from there, the first being None, so the tail covers every response
+    token); ``lora_path`` for a sample with an ``adapter`` (its ``name``); ``image_data`` = the
+    sample's image references as paths (PIL images as PNG data URLs); and, in token space
+    (``args.enable_token_space_processor``) for a sample with images,
+    ``mm_token_expansion_start_len = len(sample.tokens)``.
+
+    Raises:
+        ValueError: the prompt length (``len(tokens) - response_length``) is not positive, naming
+            both lengths and the sample index.
+    """
+    tokens = list(sample.tokens)
+    prompt_len = len(tokens) - int(sample.response_length)
+    if prompt_len <= 0:
+        raise ValueError(
+            f"prefill scoring payload: sample index {getattr(sample, 'index', None)}: needs at least one prompt "
+            f"token, found len(tokens) = {len(tokens)} and response_length = {sample.response_length} "
+            f"(prompt length {prompt_len})"
+        )
+    payload: dict[str, Any] = {
+        "input_ids": tokens,
+        "sampling_params": {
+            **dict(sampling_params or {}),
+            "max_new_tokens": 0,
+            "temperature": 0,
+            "skip_special_tokens": False,
+        },
+        "return_logprob": True,
+        "logprob_start_len": prompt_len - 1,
+    }
+    adapter = getattr(sample, "adapter", None)
+    if adapter is not None and getattr(adapter, "name", None):
+        payload["lora_path"] = adapter.name
+    images = sample_images(sample)
+    if images:
+        where = f"sample index {getattr(sample, 'index', None)}: multimodal_inputs.images"
+        payload["image_data"] = [_image_datum(img, f"{where}[{j}]") for j, img in enumerate(images)]
+        if is_token_space(args):
+            payload["mm_token_expansion_start_len"] = len(tokens)
+    return payload
+
+
+# Miles' private name, for drop-in use.
+_build_prefill_scoring_payload = build_prefill_scoring_payload

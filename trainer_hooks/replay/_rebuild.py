@@ -1,0 +1,188 @@
+"""Rebuild ``multimodal_train_inputs`` from media references, casting as the tensors leave the
+processor: :func:`compute_multimodal_train_inputs`, :func:`training_dtype`, :func:`get_rollout_data`.
+
+Why the cast happens here: the Qwen2-VL image processor returns float32 ``pixel_values``
+(``[patches, 1176]``), and the trainer's ``get_rollout_data`` holds every sample's rebuilt
+tensors for the whole step. At 1920x1080 one image is 10764 patches, 50.6 MB in float32; two
+screenshots per sample over a rollout batch ran H200 ranks out of memory in round 0. The vision
+tower runs in the training dtype, so casting floating tensors to bf16 (fp16 under ``--fp16``)
+changes nothing it sees; fp32 runs and integer tensors (``image_grid_thw``) stay exactly as the
+processor made them.
+
+Samples are processed one at a time and each floating tensor is cast before the next sample is
+processed, so the peak stays near one sample's float32 output plus the cast results so far
+(``benchmarks/bench_replay.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import os
+from argparse import Namespace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from trainer_hooks._checkpoint import training_dtype as _training_dtype_name
+
+__all__ = [
+    "DTYPE_NAMES",
+    "compute_multimodal_train_inputs",
+    "dtype_from_name",
+    "get_rollout_data",
+    "sample_images",
+    "training_dtype",
+]
+
+DTYPE_NAMES = ("bf16", "fp16", "fp32")
+# Processor outputs that belong to the language side, not to multimodal_train_inputs.
+_TEXT_KEYS = frozenset({"input_ids", "attention_mask"})
+
+
+def dtype_from_name(name: str) -> Any:
+    """``"bf16"``/``"fp16"``/``"fp32"`` (as bundle meta records ``training_dtype``) → ``torch.dtype``."""
+    import torch
+
+    table = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if name not in table:
+        raise ValueError(f"training dtype: expected one of {', '.join(DTYPE_NAMES)}, found {name!r}")
+    return table[name]
+
+
+def training_dtype(args: Namespace) -> Any:
+    """``torch.bfloat16`` under ``--bf16``, ``torch.float16`` under ``--fp16``, else ``torch.float32``.
+
+    Bundle meta keeps the string form (``meta["training_dtype"]``: ``"bf16"``, ``"fp16"``, ``"fp32"``).
+    """
+    return dtype_from_name(_training_dtype_name(args))
+
+
+def _image_path(item: Any) -> str | None:
+    path = getattr(item, "path", None)  # MediaRef
+    if path is not None and hasattr(item, "digest"):
+        return str(path)
+    if isinstance(item, (str, os.PathLike)):
+        return os.fspath(item)
+    return None
+
+
+def sample_images(sample: Any) -> list[Any]:
+    """The images of ``sample.multimodal_inputs`` (paths, ``MediaRef``s or PIL images), in order."""
+    mm = (
+        getattr(sample, "multimodal_inputs", None)
+        if not isinstance(sample, Mapping)
+        else sample.get("multimodal_inputs")
+    )
+    if not mm:
+        return []
+    images = mm.get("images") or []
+    return list(images)
+
+
+def _load_image(item: Any, where: str) -> Any:
+    """A PIL image in RGB for a path, a ``MediaRef`` or a PIL image."""
+    from PIL import Image
+
+    if isinstance(item, Image.Image):
+        return item
+    path = _image_path(item)
+    if path is None:
+        raise ValueError(f"{where}: expected a path, a MediaRef or a PIL image, found {type(item).__name__}")
+    try:
+        with Image.open(path) as im:
+            im.load()
+            return im.convert("RGB") if im.mode != "RGB" else im.copy()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{where}: media file not found: {path}") from None
+
+
+def _cast(value: Any, dtype: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+        return value.to(dtype)
+    return value
+
+
+def compute_multimodal_train_inputs(
+    samples: Iterable[Any],
+    processor: Callable[..., Any],
+    dtype: Any,
+    *,
+    on_sample: Callable[[int, dict[str, Any] | None, int], None] | None = None,
+) -> list[dict[str, Any] | None]:
+    """Rebuild each sample's vision tensors from its referenced images, cast to ``dtype``.
+
+    Args:
+        samples: objects (or dicts) with ``multimodal_inputs["images"]``: paths, ``MediaRef``s
+            (their ``path``) or PIL images.
+        processor: a transformers image processor, or a :class:`ReplayProcessor`; called once per
+            sample as ``processor(images=[...], return_tensors="pt")``.
+        dtype: the ``torch.dtype`` floating tensors are cast to (see :func:`training_dtype`);
+            float32 leaves them untouched. Integer tensors are never cast.
+        on_sample: called after each sample with ``(position, cast_inputs, fp32_bytes)``, where
+            ``fp32_bytes`` is what the processor returned before the cast (for accounting).
+
+    Returns:
+        One dict per sample (processor outputs except ``input_ids``/``attention_mask``), or None
+        for a sample without images.
+    """
+    import torch
+
+    out: list[dict[str, Any] | None] = []
+    for position, sample in enumerate(samples):
+        images = sample_images(sample)
+        if not images:
+            out.append(None)
+            if on_sample is not None:
+                on_sample(position, None, 0)
+            continue
+        index = getattr(sample, "index", None) if not isinstance(sample, Mapping) else sample.get("index")
+        where = f"sample {index} (position {position})"
+        pil = [_load_image(img, f"{where}: multimodal_inputs.images[{j}]") for j, img in enumerate(images)]
+        raw = processor(images=pil, return_tensors="pt")
+        del pil
+        cast: dict[str, Any] = {}
+        before = 0
+        for key in list(raw.keys()):
+            if key in _TEXT_KEYS:
+                continue
+            value = raw[key]
+            if isinstance(value, torch.Tensor):
+                before += value.numel() * value.element_size()
+            cast[key] = _cast(value, dtype)
+            # Drop the float32 original now: the next sample must not find it still alive.
+            raw[key] = None
+            del value
+        del raw
+        out.append(cast)
+        if on_sample is not None:
+            on_sample(position, cast, before)
+    return out
+
+
+def get_rollout_data(
+    args: Namespace,
+    samples: Sequence[Any],
+    processor: Callable[..., Any],
+    metadata: Mapping[str, Any] | None = None,
+    custom_convert_samples_to_train_data_func: Callable[..., Any] | None = None,
+    custom_reward_post_process_func: Callable[..., Any] | None = None,
+) -> dict[str, Any]:
+    """The trainer-side entry: train data with ``multimodal_train_inputs`` rebuilt in the training dtype.
+
+    Converts ``samples`` with :func:`convert_samples_to_train_data` (the guard included), then
+    rebuilds every sample's vision tensors from its media references with
+    :func:`compute_multimodal_train_inputs` at :func:`training_dtype` ``(args)``.
+    """
+    from trainer_hooks.replay._guard import convert_samples_to_train_data
+
+    data = convert_samples_to_train_data(
+        args,
+        list(samples),
+        metadata,
+        custom_convert_samples_to_train_data_func,
+        custom_reward_post_process_func,
+    )
+    rebuilt = compute_multimodal_train_inputs(samples, processor, training_dtype(args))
+    if any(r is not None for r in rebuilt):
+        data["multimodal_train_inputs"] = rebuilt
+    return data

@@ -1,0 +1,453 @@
+"""Replay a bundle the way training would see it, and report: :func:`replay_bundle`.
+
+For each sample (in bundle order, up to ``limit``): the conversion guard, the rebuild of its
+vision tensors with the recorded processor settings and the cast to the training dtype, the
+token-space check, the prefill payload, and a fingerprint of every image's rebuilt tensors.
+
+Report (``--report FILE.json``; read by ``rollout-bundle view --replay``)::
+
+    {"format": "rollout-bundle-replay", "version": 1, "bundle": str, "dtype": "bf16"|"fp16"|"fp32",
+     "processor": {...settings used, notes...},
+     "summary": {"samples", "images", "vision_tokens", "bytes_before_cast", "bytes_after_cast",
+                 "peak_rss_bytes", "problems": {kind: count}},
+     "samples": [{"position", "index", "group_index", "problems": [{"kind", "message", "image"}],
+                  "images": [{"image", "vision_tokens", "placeholder_tokens",
+                              "pixel_values": {"shape", "dtype", "sha256"},
+                              "image_grid_thw": {"shape", "dtype", "sha256", "values"}}],
+                  "bytes_before_cast", "bytes_after_cast", "logprob_diff": null}]}
+
+Problem kinds: ``guard`` (media references and dense tensors both shipped), ``convert`` (the
+converter refused the sample), ``rebuild`` (an image could not be loaded or processed),
+``token_count`` (placeholder count differs from the processor's), ``payload`` (no prefill
+payload can be built), ``processor`` (a recorded setting was not honoured), ``fingerprint``
+(with ``expect``: rebuilt tensors differ from an earlier replay).
+
+The per-sample work is :func:`replay_positions`, shared by the local loop and the Ray tasks
+(:mod:`trainer_hooks.replay._ray`), which is why a merged Ray report equals the local one.
+``summary`` is computed from the sample entries alone (plus the peak RSS, which is per process
+and so the one field that differs between a local and a Ray replay).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import sys
+from argparse import Namespace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bundles import Bundle, BundleError
+from trainer_hooks._sample import Sample
+from trainer_hooks.replay._guard import _default_convert, guard_violations
+from trainer_hooks.replay._payload import build_prefill_scoring_payload
+from trainer_hooks.replay._processor import ReplayProcessor, load_processor
+from trainer_hooks.replay._rebuild import DTYPE_NAMES, compute_multimodal_train_inputs, dtype_from_name
+from trainer_hooks.replay._tokens import check_image_tokens
+
+__all__ = [
+    "REPORT_FORMAT",
+    "REPORT_VERSION",
+    "ReplayPlan",
+    "compare_reports",
+    "open_replay_bundle",
+    "plan_replay",
+    "replay_bundle",
+    "replay_positions",
+    "summarize",
+]
+
+REPORT_FORMAT = "rollout-bundle-replay"
+REPORT_VERSION = 1
+
+
+def peak_rss_bytes() -> int:
+    """This process's RSS high-water mark (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def open_replay_bundle(path: str | os.PathLike[str]) -> Bundle:
+    """Open a bundle directory or packed file with fast verification."""
+    from trainer_hooks._debug_dump import open_debug_dump
+
+    return open_debug_dump(path, verify="fast")
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What every worker of one replay needs, JSON-ready so that it travels to Ray tasks as-is."""
+
+    bundle: str
+    dtype: str
+    processor_settings: dict[str, Any] | None
+    token_space: bool
+    positions: tuple[int, ...]
+
+    def args(self) -> Namespace:
+        """A Miles-style args namespace for the converter and the payload builder."""
+        return Namespace(
+            enable_token_space_processor=self.token_space,
+            bf16=self.dtype == "bf16",
+            fp16=self.dtype == "fp16",
+        )
+
+
+def plan_replay(
+    bundle: Bundle,
+    *,
+    dtype: str | None = None,
+    limit: int | None = None,
+    mm_process_config: Mapping[str, Any] | None = None,
+) -> ReplayPlan:
+    """The dtype (given, else the bundle's ``training_dtype``, else fp32), the processor settings
+    (``meta["processor"]``, with ``mm_process_config`` replaced when given) and the positions."""
+    meta = bundle.meta
+    recorded = meta.get("processor")
+    if recorded is not None and not isinstance(recorded, Mapping):
+        raise BundleError(f"{bundle.path}: meta.processor: expected an object or null, found {recorded!r}")
+    if dtype is None:
+        dtype = meta.get("training_dtype") or "fp32"
+    if dtype not in DTYPE_NAMES:
+        raise BundleError(
+            f"{bundle.path}: meta.training_dtype: expected one of {', '.join(DTYPE_NAMES)}, found {dtype!r}"
+        )
+    settings = dict(recorded) if recorded is not None else None
+    if mm_process_config is not None:
+        settings = {**(settings or {}), "mm_process_config": dict(mm_process_config)}
+    n = len(bundle) if limit is None else min(limit, len(bundle))
+    return ReplayPlan(
+        bundle=str(bundle.path),
+        dtype=dtype,
+        processor_settings=settings,
+        # The engines' processor settings are resolved (and recorded) only in token space.
+        token_space=recorded is not None,
+        positions=tuple(range(n)),
+    )
+
+
+def _digest(t: Any) -> str:
+    import torch
+
+    t = t.detach().contiguous().cpu()
+    if t.numel() == 0:
+        return hashlib.sha256(b"").hexdigest()
+    raw = t.reshape(-1).view(torch.uint8).numpy()
+    return hashlib.sha256(memoryview(raw)).hexdigest()
+
+
+def _dtype_str(t: Any) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _fingerprints(inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per image: shape, dtype and sha256 of its rows of ``pixel_values`` and of ``image_grid_thw``."""
+    grid = inputs.get("image_grid_thw")
+    pixels = inputs.get("pixel_values")
+    if grid is None:
+        return []
+    out = []
+    offset = 0
+    for j, row in enumerate(grid):
+        t, h, w = (int(x) for x in row.tolist())
+        patches = t * h * w
+        entry: dict[str, Any] = {"image": j}
+        if pixels is not None:
+            part = pixels[offset : offset + patches]
+            entry["pixel_values"] = {
+                "shape": list(part.shape),
+                "dtype": _dtype_str(part),
+                "sha256": _digest(part),
+            }
+        offset += patches
+        entry["image_grid_thw"] = {
+            "shape": list(row.shape),
+            "dtype": _dtype_str(row),
+            "sha256": _digest(row),
+            "values": [[t, h, w]],
+        }
+        out.append(entry)
+    return out
+
+
+def _nbytes(inputs: Mapping[str, Any] | None) -> int:
+    if not inputs:
+        return 0
+    return sum(v.numel() * v.element_size() for v in inputs.values() if hasattr(v, "element_size"))
+
+
+def replay_positions(
+    plan: ReplayPlan,
+    positions: Iterable[int],
+    *,
+    bundle: Bundle | None = None,
+    processor: ReplayProcessor | None = None,
+    with_payloads: bool = False,
+    on_sample: Callable[[int], None] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Replay the samples at ``positions`` of ``plan.bundle``.
+
+    Returns ``(sample entries, payloads (empty unless with_payloads), peak RSS of this process)``.
+    """
+    wanted = sorted(set(positions))
+    if bundle is None:
+        bundle = open_replay_bundle(plan.bundle)
+    if processor is None:
+        processor = load_processor(plan.processor_settings)
+    dtype = dtype_from_name(plan.dtype)
+    args = plan.args()
+    want = set(wanted)
+    last = wanted[-1] if wanted else -1
+    entries: list[dict[str, Any]] = []
+    payloads: list[dict[str, Any]] = []
+    for position, raw in enumerate(bundle.samples()):
+        if position > last:
+            break
+        if position not in want:
+            continue
+        sample = Sample.from_dict(raw)
+        entry, payload = _replay_one(position, sample, processor, dtype, args, plan)
+        entries.append(entry)
+        if with_payloads and payload is not None:
+            payloads.append(payload)
+        if on_sample is not None:
+            on_sample(position)
+    return entries, payloads, peak_rss_bytes()
+
+
+def _replay_one(
+    position: int, sample: Sample, processor: ReplayProcessor, dtype: Any, args: Namespace, plan: ReplayPlan
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    problems: list[dict[str, Any]] = []
+    entry: dict[str, Any] = {
+        "position": position,
+        "index": sample.index,
+        "group_index": sample.group_index,
+        "problems": problems,
+        "images": [],
+        "bytes_before_cast": 0,
+        "bytes_after_cast": 0,
+        "logprob_diff": None,
+    }
+    try:
+        train = _default_convert(args, [sample], {})
+        for _, _, message in guard_violations(train, first_position=position):
+            problems.append({"kind": "guard", "message": message, "image": None})
+    except (ValueError, TypeError, KeyError) as e:
+        problems.append({"kind": "convert", "message": f"sample index {sample.index}: {e}", "image": None})
+
+    before = [0]
+    try:
+        rebuilt = compute_multimodal_train_inputs(
+            [sample], processor, dtype, on_sample=lambda _p, _c, b: before.__setitem__(0, b)
+        )[0]
+    except (OSError, ValueError) as e:
+        problems.append({"kind": "rebuild", "message": f"sample index {sample.index}: {e}", "image": None})
+        rebuilt = None
+    if rebuilt is not None:
+        entry["bytes_before_cast"] = before[0]
+        entry["bytes_after_cast"] = _nbytes(rebuilt)
+        images = _fingerprints(rebuilt)
+        grid = rebuilt.get("image_grid_thw")
+        if grid is not None:
+            expected, found, token_problems = check_image_tokens(
+                sample.tokens,
+                grid,
+                merge_size=processor.merge_size,
+                image_token_id=processor.image_token_id,
+                sample_index=sample.index,
+            )
+            for img, want, got in zip(images, expected, found, strict=True):
+                img["vision_tokens"] = want
+                img["placeholder_tokens"] = got
+            if plan.token_space:
+                problems.extend(token_problems)
+        entry["images"] = [
+            {
+                k: img.get(k)
+                for k in ("image", "vision_tokens", "placeholder_tokens", "pixel_values", "image_grid_thw")
+            }
+            for img in images
+        ]
+        del rebuilt
+    payload = None
+    try:
+        payload = build_prefill_scoring_payload(args, sample, {})
+    except ValueError as e:
+        problems.append({"kind": "payload", "message": str(e), "image": None})
+    return entry, payload
+
+
+def summarize(
+    entries: Sequence[Mapping[str, Any]], peak_rss: int, extra_problems: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    kinds: dict[str, int] = {}
+    for e in entries:
+        for p in e["problems"]:
+            kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
+    for p in extra_problems:
+        kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
+    return {
+        "samples": len(entries),
+        "images": sum(len(e["images"]) for e in entries),
+        "vision_tokens": sum(int(i.get("vision_tokens") or 0) for e in entries for i in e["images"]),
+        "bytes_before_cast": sum(int(e.get("bytes_before_cast", 0)) for e in entries),
+        "bytes_after_cast": sum(int(e.get("bytes_after_cast", 0)) for e in entries),
+        "peak_rss_bytes": int(peak_rss),
+        "problems": dict(sorted(kinds.items())),
+    }
+
+
+def _image_key(entry: Mapping[str, Any], image: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (entry["position"], entry.get("index"), image["image"])
+
+
+def compare_reports(report: Mapping[str, Any], expected: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every image whose rebuilt tensors (shape, dtype, sha256) differ from ``expected``'s, and every
+    sample or image present in only one of the two; each as a ``fingerprint`` problem."""
+    if expected.get("format") != REPORT_FORMAT:
+        raise ValueError(
+            f"--expect: expected a report with format {REPORT_FORMAT!r}, found {expected.get('format')!r}"
+        )
+    problems: list[dict[str, Any]] = []
+    old = {_image_key(e, i): i for e in expected.get("samples", []) for i in e.get("images", [])}
+    new = {_image_key(e, i): i for e in report["samples"] for i in e["images"]}
+    old_positions = {e["position"] for e in expected.get("samples", [])}
+    for key, img in new.items():
+        position, index, j = key
+        if position not in old_positions:
+            continue  # a sample the earlier replay did not cover (another --limit)
+        if key not in old:
+            problems.append(
+                {"kind": "fingerprint", "image": j, "position": position,
+                 "message": f"sample index {index}, image {j}: not in the expected report"}
+            )  # fmt: skip
+            continue
+        changed = []
+        for tensor in ("pixel_values", "image_grid_thw"):
+            a, b = old[key].get(tensor) or {}, img.get(tensor) or {}
+            for field in ("shape", "dtype", "sha256"):
+                if a.get(field) != b.get(field):
+                    changed.append(
+                        f"{tensor}.{field} {a.get(field)} -> {b.get(field)}"
+                        if field != "sha256"
+                        else f"{tensor} bytes (sha256 {str(a.get(field))[:12]} -> {str(b.get(field))[:12]})"
+                    )
+        if changed:
+            problems.append(
+                {"kind": "fingerprint", "image": j, "position": position,
+                 "message": f"sample index {index}, image {j}: rebuilt tensors changed: " + "; ".join(changed)}
+            )  # fmt: skip
+    new_positions = {e["position"] for e in report["samples"]}
+    for key in old:
+        position, index, j = key
+        if position in new_positions and key not in new:
+            problems.append(
+                {"kind": "fingerprint", "image": j, "position": position,
+                 "message": f"sample index {index}, image {j}: in the expected report, missing now"}
+            )  # fmt: skip
+    old_proc, new_proc = expected.get("processor") or {}, report.get("processor") or {}
+    diffs = [
+        f"{k} {old_proc.get(k)!r} -> {new_proc.get(k)!r}"
+        for k in (
+            "min_pixels",
+            "max_pixels",
+            "patch_size",
+            "merge_size",
+            "temporal_patch_size",
+            "transformers",
+            "class",
+        )
+        if old_proc.get(k) != new_proc.get(k)
+    ]
+    if problems and diffs:
+        problems.append(
+            {"kind": "fingerprint", "image": None, "position": None,
+             "message": "processor settings differ from the expected report's: " + "; ".join(diffs)}
+        )  # fmt: skip
+    return problems
+
+
+def replay_bundle(
+    path: str | os.PathLike[str],
+    *,
+    dtype: str | None = None,
+    limit: int | None = None,
+    mm_process_config: Mapping[str, Any] | None = None,
+    expect: Mapping[str, Any] | None = None,
+    payloads_out: str | os.PathLike[str] | None = None,
+    ray_address: str | None = None,
+    use_ray: bool = False,
+    num_tasks: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Replay ``path`` (a bundle directory or packed file) and return the report (see module doc).
+
+    Args:
+        dtype: ``"bf16"``, ``"fp16"`` or ``"fp32"``; default the bundle's ``training_dtype``.
+        limit: replay only the first ``limit`` samples.
+        mm_process_config: replace the recorded ``mm_process_config`` (what-if replays).
+        expect: an earlier report; images whose rebuilt tensors changed become ``fingerprint``
+            problems (``report["expect"]`` lists them too).
+        payloads_out: write one SGLang prefill payload per sample (JSON lines, bundle order).
+        use_ray / ray_address: shard the samples over Ray tasks (see :mod:`._ray`).
+        progress: called as ``progress(done, total)`` after each sample (local replay).
+    """
+    bundle = open_replay_bundle(path)
+    plan = plan_replay(bundle, dtype=dtype, limit=limit, mm_process_config=mm_process_config)
+    processor = load_processor(plan.processor_settings)
+    want_payloads = payloads_out is not None
+    if use_ray or ray_address is not None:
+        from trainer_hooks.replay._ray import replay_on_ray
+
+        entries, payloads, peak = replay_on_ray(
+            plan, address=ray_address, with_payloads=want_payloads, num_tasks=num_tasks
+        )
+        peak = max(peak, peak_rss_bytes())
+    else:
+        total = len(plan.positions)
+        done = [0]
+
+        def tick(_position: int) -> None:
+            done[0] += 1
+            if progress is not None:
+                progress(done[0], total)
+
+        entries, payloads, peak = replay_positions(
+            plan,
+            plan.positions,
+            bundle=bundle,
+            processor=processor,
+            with_payloads=want_payloads,
+            on_sample=tick,
+        )
+    proc_problems = [{"kind": "processor", "message": n, "image": None} for n in processor.disagreements]
+    report: dict[str, Any] = {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        "bundle": str(bundle.path),
+        "kind": bundle.kind,
+        "dtype": plan.dtype,
+        "token_space": plan.token_space,
+        "processor": processor.settings,
+        "summary": {},
+        "samples": entries,
+    }
+    extra = list(proc_problems)
+    if expect is not None:
+        changed = compare_reports(report, expect)
+        report["expect"] = {"bundle": expect.get("bundle"), "changed": changed}
+        extra.extend(changed)
+    report["summary"] = summarize(entries, peak, extra)
+    if payloads_out is not None:
+        out = Path(payloads_out)
+        tmp = out.with_name(out.name + ".tmp")
+        with open(tmp, "w") as f:
+            for p in payloads:
+                f.write(json.dumps(p, separators=(",", ":")) + "\n")
+        os.replace(tmp, out)
+    return report
