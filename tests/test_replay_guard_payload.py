@@ -162,6 +162,19 @@ def test_payload_fields_for_media_and_text_samples_in_token_space(tmp_path):
         assert set(p) - stock <= {"mm_token_expansion_start_len"}
 
 
+def test_payload_lora_path_as_miles_names_adapters():
+    from trainer_hooks import AdapterRef
+
+    s = sample(1)
+    assert "lora_path" not in build_prefill_scoring_payload(Namespace(), s, {})
+    assert build_prefill_scoring_payload(Namespace(lora_rank=8), s, {})["lora_path"] == "miles_lora"
+    assert "lora_path" not in build_prefill_scoring_payload(
+        Namespace(lora_rank=8, lora_train_only=True), s, {}
+    )
+    s.adapter = AdapterRef(name="math", slot=3)
+    assert build_prefill_scoring_payload(Namespace(), s, {})["lora_path"] == "__miles_slot_3"
+
+
 def test_payload_refuses_a_sample_without_prompt_tokens():
     with pytest.raises(ValueError, match=r"sample index 5: .*len\(tokens\) = 3 and response_length = 3"):
         build_prefill_scoring_payload(Namespace(), sample(5, tokens=[1, 2, 3]), {})

@@ -62,7 +62,11 @@ def register(subparsers: Any) -> None:
             "every rebuilt image. Exit 0 when clean, 1 on any violation, 2 on bad usage."
         ),
     )
-    p.add_argument("bundle", metavar="BUNDLE")
+    p.add_argument(
+        "bundle",
+        metavar="BUNDLE",
+        help="a rollout checkpoint or debug dump: a bundle directory or packed file",
+    )
     p.add_argument(
         "--dtype", choices=("bf16", "fp16", "fp32"), default=None,
         help="cast floating tensors to this dtype (default: the training dtype the bundle recorded)",

@@ -74,6 +74,18 @@ def _image_datum(item: Any, where: str) -> str:
     raise ValueError(f"{where}: expected a path, a MediaRef or a PIL image, found {type(item).__name__}")
 
 
+def _lora_path(args: Namespace, sample: Any) -> str | None:
+    """Miles' adapter name to score under: the sample's multi-LoRA slot (``__miles_slot_<slot>``),
+    else ``miles_lora`` when LoRA takes part in rollout, else None."""
+    adapter = getattr(sample, "adapter", None)
+    if adapter is not None and getattr(adapter, "slot", None) is not None:
+        return f"__miles_slot_{adapter.slot}"
+    lora = (getattr(args, "lora_rank", 0) or 0) > 0 or getattr(args, "lora_adapter_path", None) is not None
+    if lora and not getattr(args, "lora_train_only", False):
+        return "miles_lora"
+    return None
+
+
 def build_prefill_scoring_payload(
     args: Namespace, sample: Any, sampling_params: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -83,7 +95,9 @@ def build_prefill_scoring_payload(
     ``max_new_tokens: 0``, ``temperature: 0``, ``skip_special_tokens: False``;
     ``return_logprob: True``; ``logprob_start_len`` = prompt length - 1 (SGLang returns
     ``input_token_logprobs`` from there, the first being None, so the tail covers every response
-    token); ``lora_path`` for a sample with an ``adapter`` (its ``name``); ``image_data`` = the
+    token); ``lora_path`` as Miles names adapters (``__miles_slot_<slot>`` for a sample with an
+    ``adapter``, ``miles_lora`` with ``--lora-rank``/``--lora-adapter-path`` unless
+    ``--lora-train-only``); ``image_data`` = the
     sample's image references as paths (PIL images as PNG data URLs); and, in token space
     (``args.enable_token_space_processor``) for a sample with images,
     ``mm_token_expansion_start_len = len(sample.tokens)``.
@@ -111,9 +125,8 @@ def build_prefill_scoring_payload(
         "return_logprob": True,
         "logprob_start_len": prompt_len - 1,
     }
-    adapter = getattr(sample, "adapter", None)
-    if adapter is not None and getattr(adapter, "name", None):
-        payload["lora_path"] = adapter.name
+    if (lora_path := _lora_path(args, sample)) is not None:
+        payload["lora_path"] = lora_path
     images = sample_images(sample)
     if images:
         where = f"sample index {getattr(sample, 'index', None)}: multimodal_inputs.images"

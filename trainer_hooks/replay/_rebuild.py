@@ -21,7 +21,7 @@ from argparse import Namespace
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from trainer_hooks._checkpoint import training_dtype as _training_dtype_name
+from trainer_hooks._sample_bundle import training_dtype as _training_dtype_name
 
 __all__ = [
     "DTYPE_NAMES",
