@@ -6,6 +6,7 @@
 #                ends with each env's pass/fail/skip counts
 #   make lint    ruff check + mypy (`make format` applies ruff format)
 #   make bench   benchmarks/bench_save.py (BENCH_ARGS="--n 600 --repeats 3")
+#   make mutants mutation testing with mutmut (not in CI; hours on 2 cores; docs/TESTING.md)
 #   make clean   remove build/test/demo/bench outputs (keeps .venv); `make distclean` also .venv
 
 PYTHON ?= python3.11
@@ -38,7 +39,7 @@ VENV_OK   := $(VENV)/.stamp-venv
 TORCH_OK  := $(VENV)/.stamp-torch
 DEV_OK    := $(VENV)/.stamp-dev
 
-.PHONY: demo test lint format bench venv clean distclean
+.PHONY: demo test lint format bench mutants venv clean distclean
 
 demo: $(DEV_OK)
 	$(BIN)/python examples/demo.py
@@ -60,6 +61,16 @@ format: $(DEV_OK)
 bench: $(DEV_OK)
 	$(BIN)/python benchmarks/bench_save.py $(BENCH_ARGS)
 
+# Config in pyproject.toml [tool.mutmut]. PYTHONPATH points subprocesses started by tests at the
+# mutated copy too (mutmut itself puts mutants/ first on its own sys.path); the mutants profile
+# derandomizes hypothesis. Results are cached in mutants/: a rerun only tests what changed.
+MUTMUT_ARGS ?= --max-children 2
+mutants: $(DEV_OK)
+	HYPOTHESIS_PROFILE=mutants PYTHONPATH=$(CURDIR)/mutants TRANSFORMERS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
+		nice -n 10 $(BIN)/mutmut run $(MUTMUT_ARGS)
+	$(BIN)/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
+	$(BIN)/mutmut results
+
 venv: $(DEV_OK)
 
 $(VENV_OK):
@@ -77,7 +88,7 @@ $(DEV_OK): $(TORCH_OK) pyproject.toml
 	touch $@
 
 clean:
-	rm -rf .tox build dist *.egg-info demo-out bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf .tox build dist *.egg-info demo-out bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis mutants
 
 distclean: clean
 	rm -rf $(VENV)

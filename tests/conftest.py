@@ -1,4 +1,13 @@
-"""Shared fixtures. Ray is started at most once per session, only by tests that ask for it."""
+"""Shared fixtures and hypothesis profiles. Ray is started at most once per session, only by tests
+that ask for it.
+
+Hypothesis profiles (``HYPOTHESIS_PROFILE=<name>``; tox sets ``ci``):
+  ci       derandomized and without an example database: the same examples on every run, so CI
+           never fails on a draw it cannot reproduce; a failure prints the blob to reproduce it.
+  mutants  as ci; `make mutants` uses it, so that a mutant is killed or not independently of luck.
+  dev      the default outside CI: fresh random examples every run, failures kept in .hypothesis/.
+Example counts are set per test (kept small so CI stays fast); ``FUZZ_EXAMPLES`` scales the fuzzers.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +18,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", deadline=None, derandomize=True, database=None, print_blob=True)
+settings.register_profile("mutants", deadline=None, derandomize=True, database=None)
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 @pytest.fixture(scope="session")
