@@ -208,3 +208,42 @@ def test_reference_driver_flushes_checkpoints_before_releasing_media(tmp_path):
     trainer.train(3, [s for g in restored for s in g])  # reads and checks every image
     assert trainer.images_read == sum(len(g) for g in restored)
     fn_b.close()
+
+
+def test_a_checkpoint_taken_while_a_group_is_half_generated_saves_it_as_submitted(tmp_path):
+    """The generator has written a partial answer, tokens and an image into the group and is
+    still running when save() is called: the checkpoint holds the prompt as the data source
+    gave it, not the half-generated group (which a resume would then treat as the prompt)."""
+    args = make_args(tmp_path, "run-a")
+    half_generated = threading.Event()
+    release = threading.Event()
+
+    async def generate(args, group):
+        first = group[0]
+        first.tokens = [7, 7, 7]
+        first.response = "partial ans"
+        first.response_length = 2
+        first.multimodal_inputs = {"images": [store_media(args, png_bytes(4, 4, (1, 2, 3)))]}
+        first.status = Sample.Status.TRUNCATED
+        half_generated.set()
+        while not release.is_set():  # an engine still decoding
+            await asyncio.sleep(0.005)
+        for s in group:
+            s.response = f"answer {s.index}"
+            s.status = Sample.Status.COMPLETED
+        return group
+
+    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(1)), generate, max_in_flight=1)
+    fn.start()
+    assert half_generated.wait(timeout=30), "the generator never started"
+    fut = fn.save(0)
+    release.set()
+    (done,) = fn.drain(1, timeout=30)  # generation finishes after the snapshot ...
+    assert done[0].response == "answer 0"
+    fn.flush()
+    fn.close()
+    bundle = open_bundle(fut.result(), verify="full")
+    # ... and the checkpoint holds the group as submitted: equal to a fresh copy of the prompt.
+    assert bundle.meta["pending_group_sizes"] == [2] and bundle.meta["completed_group_sizes"] == []
+    assert list(bundle.samples()) == [s.to_dict() for s in prompts(1)[0]]
+    assert bundle.media == []

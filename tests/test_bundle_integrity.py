@@ -1,0 +1,191 @@
+"""Checks a reader makes on every read, not only when a bundle is opened.
+
+``open_bundle(verify="none")`` trusts nothing but the manifest; shards are checked when they are
+read and media when they are copied out. Each test here builds the bad file with the public
+writer plus plain byte edits and asserts the exact error: a check that went missing would hand
+back wrong samples or wrong media bytes without a word.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import msgpack
+import pytest
+import zstandard
+from media_helpers import put_media
+
+from bundles import (
+    BundleFormatError,
+    BundleVerificationError,
+    MediaRef,
+    UnsafeBundleError,
+    open_bundle,
+    write_bundle,
+)
+
+SHARD = "samples/000000.msgpack.zst"
+
+
+def writable(path: Path) -> Path:
+    os.chmod(path, 0o644)
+    return path
+
+
+def rewrite_shard(bundle: Path, raw: bytes, raw_size: int | None = None, *, compressed: bytes | None = None) -> None:
+    """Replace the first shard by ``raw`` (or by ``compressed`` as it is) and list it in the
+    manifest with a matching digest, size and ``raw_size``, so that only the content is wrong."""
+    data = zstandard.ZstdCompressor().compress(raw) if compressed is None else compressed
+    writable(bundle / SHARD).write_bytes(data)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["shards"][0].update(
+        size=len(data),
+        digest="sha256:" + hashlib.sha256(data).hexdigest(),
+        raw_size=len(raw) if raw_size is None else raw_size,
+    )
+    writable(bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+# -- shards are checked when read ---------------------------------------------------------------
+
+
+def test_a_shard_swapped_after_opening_without_verification_is_refused_when_read(tmp_path):
+    # Two bundles whose shards have the same size (incompressible payloads of equal length):
+    # the size check cannot tell them apart, only the digest can.
+    a = write_bundle(tmp_path / "a", [{"i": 0, "blob": os.urandom(2000)}])
+    b = write_bundle(tmp_path / "b", [{"i": 0, "blob": os.urandom(2000)}])
+    swapped = (b / SHARD).read_bytes()
+    assert len(swapped) == (a / SHARD).stat().st_size  # precondition of the test
+
+    bundle = open_bundle(a, verify="none")
+    os.chmod(a / "samples", 0o755)
+    (a / SHARD).unlink()
+    (a / SHARD).write_bytes(swapped)
+    with pytest.raises(BundleVerificationError) as e:
+        list(bundle.samples())
+    expected = json.loads((a / "manifest.json").read_text())["shards"][0]["digest"]
+    found = "sha256:" + hashlib.sha256(swapped).hexdigest()
+    assert e.value.problems == [f"{a / SHARD}: digest: expected {expected}, found {found}"]
+
+
+def test_a_shard_that_decompresses_past_its_recorded_size_is_refused(tmp_path):
+    a = write_bundle(tmp_path / "a", [{"i": 0}])
+    raw = msgpack.packb({"i": 0, "x": b"\0" * 10_000})
+    rewrite_shard(a, raw, raw_size=100)
+    with pytest.raises(UnsafeBundleError, match=r"000000\.msgpack\.zst: raw_size"):
+        list(open_bundle(a, verify="fast").samples())
+
+
+# A zstd bomb: a few kilobytes that decompress to BOMB_MIB MiB of zeros, listed with a raw_size
+# of 1000 bytes. The reader must stop at the recorded size instead of inflating the stream; the
+# child process measures its own peak RSS (ru_maxrss, KiB on Linux) before and after the read.
+BOMB_MIB = 256
+BOMB_READER = textwrap.dedent(
+    """
+    import json, resource, sys
+    from bundles import UnsafeBundleError, open_bundle
+
+    bundle = open_bundle(sys.argv[1], verify="fast")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    try:
+        list(bundle.samples())
+    except UnsafeBundleError as e:
+        error = str(e)
+    else:
+        error = None
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"before_kib": before, "after_kib": after, "error": error}))
+    """
+)
+
+
+def _zero_bomb(mib: int) -> bytes:
+    """msgpack of one map holding ``mib`` MiB of zeros, zstd-compressed without ever holding it."""
+    cctx = zstandard.ZstdCompressor()
+    comp = cctx.compressobj()
+    out = [comp.compress(b"\x81\xa1x\xc6" + (mib * 2**20).to_bytes(4, "big"))]  # {"x": bin32 header}
+    zeros = bytes(2**20)
+    out += [comp.compress(zeros) for _ in range(mib)]
+    out.append(comp.flush())
+    return b"".join(out)
+
+
+def test_a_zstd_bomb_is_refused_within_bounded_memory(tmp_path):
+    a = write_bundle(tmp_path / "a", [{"i": 0}])
+    rewrite_shard(a, b"", raw_size=1000, compressed=_zero_bomb(BOMB_MIB))
+    assert (a / SHARD).stat().st_size < 64 * 1024
+    r = subprocess.run(
+        [sys.executable, "-c", BOMB_READER, str(a)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["error"] is not None and str(a / SHARD) in out["error"] and "raw_size" in out["error"], out
+    grown_mib = (out["after_kib"] - out["before_kib"]) / 1024
+    # Inflating the stream costs at least BOMB_MIB MiB; a bounded read stays within a few.
+    assert grown_mib < 32, f"peak RSS grew by {grown_mib:.0f} MiB while refusing a {BOMB_MIB} MiB bomb"
+
+
+# -- references are checked against the manifest ------------------------------------------------
+
+
+def test_a_reference_with_the_wrong_size_is_refused(tmp_path):
+    run = tmp_path / "run"
+    data = os.urandom(300)
+    a = write_bundle(tmp_path / "a", [{"img": put_media(run, data)}], media_roots=[run])
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    for code, size in ((1, 301), (2, 299)):  # a MediaRef and a path string, one byte off either way
+        ref = msgpack.ExtType(code, msgpack.packb([digest, size, ".png"]))
+        rewrite_shard(a, msgpack.packb({"deep": [0, {"img": ref}]}))
+        with pytest.raises(BundleFormatError) as e:
+            list(open_bundle(a, verify="fast").samples())
+        assert str(e.value) == (
+            f"{a / SHARD}: samples[0].deep[1].img: references {digest}.png ({size} bytes), "
+            "which the manifest does not list"
+        )
+
+
+# -- media copied out are checked ----------------------------------------------------------------
+
+
+def test_rehydrate_by_copy_refuses_corrupted_media_and_leaves_no_file(tmp_path):
+    run = tmp_path / "run"
+    good, bad = b"good bytes" * 30, b"other bytes" * 30
+    paths = [put_media(run, good), put_media(run, bad)]
+    a = write_bundle(tmp_path / "a", [{"imgs": paths}], media_roots=[run], link="copy")
+    ref = MediaRef.from_file(paths[1])
+    stored = a / "media" / ref.filename
+    corrupted = bytearray(stored.read_bytes())
+    corrupted[0] ^= 0xFF  # same size: only a digest sees it
+    writable(stored).write_bytes(bytes(corrupted))
+
+    target = tmp_path / "new-run"
+    bundle = open_bundle(a, verify="fast")
+    with pytest.raises(BundleVerificationError) as e:
+        bundle.rehydrate(target, link="copy")
+    found = "sha256:" + hashlib.sha256(corrupted).hexdigest()
+    assert e.value.problems == [f"{stored}: digest: expected {ref.digest}, found {found}"]
+    assert not (target / ref.filename).exists()
+    assert [n for n in os.listdir(target) if n.startswith(".")] == []  # no temporary file left
+
+
+def test_rehydrate_by_copy_of_sound_media_checks_and_places_every_file(tmp_path):
+    run = tmp_path / "run"
+    blobs = [os.urandom(100 + i) for i in range(3)]
+    paths = [put_media(run, b) for b in blobs]
+    a = write_bundle(tmp_path / "a", [{"imgs": paths}], media_roots=[run], link="copy")
+    target = tmp_path / "new-run"
+    (s,) = open_bundle(a, verify="fast").rehydrate(target, link="copy")
+    assert [Path(p).read_bytes() for p in s["imgs"]] == blobs
+    assert sorted(os.listdir(target)) == sorted(hashlib.sha256(b).hexdigest() + ".png" for b in blobs)
+    assert all(os.stat(p).st_nlink == 1 for p in s["imgs"])  # copies, not links into the bundle
