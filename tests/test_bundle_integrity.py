@@ -38,7 +38,9 @@ def writable(path: Path) -> Path:
     return path
 
 
-def rewrite_shard(bundle: Path, raw: bytes, raw_size: int | None = None, *, compressed: bytes | None = None) -> None:
+def rewrite_shard(
+    bundle: Path, raw: bytes, raw_size: int | None = None, *, compressed: bytes | None = None
+) -> None:
     """Replace the first shard by ``raw`` (or by ``compressed`` as it is) and list it in the
     manifest with a matching digest, size and ``raw_size``, so that only the content is wrong."""
     data = zstandard.ZstdCompressor().compress(raw) if compressed is None else compressed

@@ -108,7 +108,11 @@ def check_loaded(world: World, original: Any, loaded: Any, media_dir: Path, wher
         assert Path(loaded).read_bytes() == world.bytes_of[original], where
     elif isinstance(original, MediaRef):
         assert isinstance(loaded, MediaRef), where
-        assert (loaded.digest, loaded.size, loaded.suffix) == (original.digest, original.size, original.suffix), where
+        assert (loaded.digest, loaded.size, loaded.suffix) == (
+            original.digest,
+            original.size,
+            original.suffix,
+        ), where
         assert loaded.path is not None and Path(loaded.path).parent == media_dir, where
         assert hashlib.sha256(Path(loaded.path).read_bytes()).hexdigest() == original.hexdigest, where
     elif isinstance(original, dict):
@@ -154,9 +158,11 @@ long = (
 )
 nested = st.recursive(
     leaf | long,
-    lambda children: st.lists(children, max_size=4)
-    | st.lists(children, max_size=3).map(tuple)
-    | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.lists(children, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
     max_leaves=6,
 )
 samples_strategy = st.lists(
@@ -165,8 +171,14 @@ samples_strategy = st.lists(
     max_size=3,
 )
 
-FIXTURE_OK = settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                              HealthCheck.too_slow, HealthCheck.data_too_large])
+FIXTURE_OK = settings(
+    max_examples=30,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 
 
 @FIXTURE_OK
