@@ -16,7 +16,6 @@ from media_helpers import put_media
 
 import bundles._reader as reader
 from bundles import (
-    BundleError,
     BundleFormatError,
     BundleNotFoundError,
     BundleVerificationError,
@@ -250,6 +249,8 @@ def test_unpack_fully_verifies(bundle, tmp_path):
     data[at + 512 + 10] ^= 0xFF  # first byte region of that media file's content block
     evil = tmp_path / "corrupt.rbundle"
     evil.write_bytes(bytes(data))
-    with pytest.raises(BundleError):
+    with pytest.raises(BundleVerificationError) as e:
         unpack_bundle(evil, tmp_path / "out")
+    (problem,) = e.value.problems  # the corrupted media file, and only it
+    assert f"/media/{name.decode()}: digest: expected sha256:{name.decode().split('.')[0]}, found sha256:" in problem
     assert not (tmp_path / "out").exists()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from media_helpers import digest_of
 
-from bundles import PACK_SUFFIX, BundleError, MediaRef, open_bundle
+from bundles import PACK_SUFFIX, BundleError, BundleFormatError, MediaRef, open_bundle
 from trainer_hooks import (
     Sample,
     load_debug_rollout_data,
@@ -157,5 +157,5 @@ def test_loading_a_checkpoint_as_a_dump_names_the_kind(tmp_path):
 
     args = make_args(tmp_path, "d_{rollout_id}")
     write_bundle(tmp_path / "dumps" / "d_0", [{"status": "completed"}], kind="rollout_checkpoint")
-    with pytest.raises(BundleError, match=r"d_0: kind: expected 'debug_dump', found 'rollout_checkpoint'"):
+    with pytest.raises(BundleFormatError, match=r"d_0: kind: expected 'debug_dump', found 'rollout_checkpoint'"):
         load_debug_rollout_data(args, 0)

@@ -48,6 +48,7 @@ from bundles import (
     PACK_SUFFIX,
     Bundle,
     BundleError,
+    BundleFormatError,
     open_bundle,
     pack_bundle,
     remove_bundle,
@@ -246,12 +247,12 @@ def load_debug_rollout_data(
     path = template.format(rollout_id=rollout_id)
     bundle = open_debug_dump(path, verify=getattr(args, "bundle_verify", None) or "fast")
     if bundle.kind != DEBUG_DUMP_KIND:
-        raise BundleError(f"{bundle.path}: kind: expected {DEBUG_DUMP_KIND!r}, found {bundle.kind!r}")
+        raise BundleFormatError(f"{bundle.path}: kind: expected {DEBUG_DUMP_KIND!r}, found {bundle.kind!r}")
     samples = list(bundle.samples(sample_cls=cls))
     samples = _subsample(samples, getattr(args, "load_debug_rollout_data_subsample", None))
     metadata = bundle.meta.get("metadata", {})
     if not isinstance(metadata, dict):
-        raise BundleError(
+        raise BundleFormatError(
             f"{bundle.path}: meta.metadata: expected an object, found {type(metadata).__name__}"
         )
     return samples, metadata
