@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def put_media(run_dir: Path, data: bytes, suffix: str = ".png") -> str:
@@ -23,6 +27,20 @@ def tree_snapshot(root: Path) -> dict[str, bytes]:
 def digest_of(data: bytes) -> str:
     """``"sha256:<hex>"`` of ``data``, from hashlib: never from the code under test."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def wait_until(condition: Callable[[], T], what: str, timeout: float = 30.0, poll: float = 0.005) -> T:
+    """Poll ``condition`` until it returns something truthy and return that; fail the test naming
+    ``what`` after ``timeout`` seconds. Tests wait on conditions, never on a fixed sleep: a sleep
+    is too short on a loaded machine, and an "absent" check after one passes if nothing happened."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)
 
 
 def trainer_args(tmp_path: Path, run: str, *extra: str) -> Any:

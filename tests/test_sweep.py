@@ -12,11 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from media_helpers import wait_until
 from swap_helpers import make_victim, swap_after_listing, victim_intact
 
 from trainer_hooks import LEASE_NAME, RunLease, RunMediaError, parse_duration, read_lease, sweep_run_media
@@ -67,6 +69,17 @@ def _states(entries) -> dict[str, str]:
     return {e.run_id: e.state for e in entries}
 
 
+def _heartbeat(run_dir: Path) -> float:
+    lease = read_lease(run_dir)
+    assert lease is not None, f"{run_dir}: no lease"
+    return float(lease["heartbeat_at"])
+
+
+def _lease_threads(run_id: str) -> list[str]:
+    """The heartbeat threads of leases on ``run_id`` alive in this process (named by RunLease)."""
+    return [t.name for t in threading.enumerate() if t.name == f"run-lease-{run_id[:8]}"]
+
+
 def _tree(path: Path) -> dict[str, int]:
     return {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
 
@@ -100,7 +113,11 @@ def test_sweep_deletes_a_crashed_run_and_never_a_live_one(tmp_path: Path, runs: 
     }
     assert next(e for e in swept if e.run_id == "crashed-run").freed >= 1000
     assert not crashed.dir.exists()
-    time.sleep(0.5)  # a few heartbeats later the live run is still there, still heartbeating
+    # Two heartbeats after the sweep, the live run is still there and still heartbeating.
+    swept_at = time.time()
+    for _ in range(2):
+        beat = _heartbeat(live.dir)
+        wait_until(lambda b=beat: _heartbeat(live.dir) > max(b, swept_at), "a heartbeat of the live run")
     assert live.dir.is_dir() and set(_tree(live.dir)) == set(live_before)
     assert live.proc.poll() is None
 
@@ -254,22 +271,29 @@ def test_lease_heartbeats_and_is_removed_on_close(tmp_path: Path) -> None:
     with RunLease(tmp_path / "run", interval=0.05) as lease:
         first = read_lease(tmp_path / "run")
         assert first is not None and first["pid"] == os.getpid() and first["host"] == socket.gethostname()
-        time.sleep(0.3)
-        later = read_lease(tmp_path / "run")
-        assert later is not None and later["heartbeat_at"] > first["heartbeat_at"]
+
+        def a_later_heartbeat():
+            r = read_lease(tmp_path / "run")
+            return r if r is not None and r["heartbeat_at"] > first["heartbeat_at"] else None
+
+        later = wait_until(a_later_heartbeat, "a second heartbeat")
         assert later["started_at"] == first["started_at"]
         assert lease.active
     assert not (tmp_path / "run" / LEASE_NAME).exists()
     assert (tmp_path / "run").is_dir()  # the lease never removes media: release does
 
 
-def test_a_lease_stops_heartbeating_when_its_directory_is_removed(tmp_path: Path) -> None:
+def test_a_lease_stops_heartbeating_when_its_directory_is_removed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     import shutil
 
     lease = RunLease(tmp_path / "run", interval=0.05).start()
     shutil.rmtree(tmp_path / "run")
-    time.sleep(0.3)
-    assert not (tmp_path / "run").exists()  # not recreated by the heartbeat
+    # The heartbeat thread meets the missing directory, says so and ends ...
+    wait_until(lambda: not _lease_threads("run"), "the heartbeat thread to end")
+    assert any("vanished while the run holds it; heartbeat stops" in r.getMessage() for r in caplog.records)
+    assert not (tmp_path / "run").exists()  # ... without recreating it
     lease.close()
 
 
@@ -298,8 +322,8 @@ def test_release_stops_this_process_lease_first(tmp_path: Path) -> None:
     for i in range(50):
         store_media(args, bytes([i]) * 10, suffix=".bin")
     assert release_run_media(args) >= 500
-    assert not lease.active and not (tmp_path / "run-a").exists()
-    time.sleep(0.05)
+    # The heartbeat thread has ended before the directory went, so nothing can recreate it.
+    assert not lease.active and _lease_threads("run-a") == []
     assert not (tmp_path / "run-a").exists()
     lease.close()  # idempotent
 
