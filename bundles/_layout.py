@@ -58,4 +58,3 @@ FILE_MODE = 0o444
 DIR_MODE = 0o755
 
 MANIFEST_KEYS_REQUIRED = ("format", "format_version", "kind", "meta", "sample_count", "shards", "media")
-KINDS = ("debug_dump", "rollout_checkpoint")
