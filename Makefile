@@ -62,10 +62,13 @@ bench: $(DEV_OK)
 	$(BIN)/python benchmarks/bench_save.py $(BENCH_ARGS)
 
 # Config in pyproject.toml [tool.mutmut]. PYTHONPATH points subprocesses started by tests at the
-# mutated copy too (mutmut itself puts mutants/ first on its own sys.path); the mutants profile
-# derandomizes hypothesis. Results are cached in mutants/: a rerun only tests what changed.
+# mutated copy too (mutmut itself puts mutants/ first on its own sys.path). mutants/ must exist
+# before Python starts: a PYTHONPATH entry that does not exist yet is cached as "no importer"
+# and trainer_hooks would not be found later. The mutants profile derandomizes hypothesis.
+# Results are cached in mutants/: a rerun only tests what changed.
 MUTMUT_ARGS ?= --max-children 2
 mutants: $(DEV_OK)
+	mkdir -p mutants
 	HYPOTHESIS_PROFILE=mutants PYTHONPATH=$(CURDIR)/mutants TRANSFORMERS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 \
 		nice -n 10 $(BIN)/mutmut run $(MUTMUT_ARGS)
 	$(BIN)/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
