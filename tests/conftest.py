@@ -1,7 +1,7 @@
 """Shared fixtures and hypothesis profiles. Ray is started at most once per session, only by tests
 that ask for it.
 
-Hypothesis profiles (``HYPOTHESIS_PROFILE=<name>``; tox sets ``ci``):
+Hypothesis profiles (``HYPOTHESIS_PROFILE=<name>``; tox sets ``ci``, and ``CI=...`` selects it too):
   ci       derandomized and without an example database: the same examples on every run, so CI
            never fails on a draw it cannot reproduce; a failure prints the blob to reproduce it.
   mutants  as ci; `make mutants` uses it, so that a mutant is killed or not independently of luck.
@@ -23,7 +23,7 @@ from hypothesis import settings
 settings.register_profile("ci", deadline=None, derandomize=True, database=None, print_blob=True)
 settings.register_profile("mutants", deadline=None, derandomize=True, database=None)
 settings.register_profile("dev", deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 
 @pytest.fixture(scope="session")
