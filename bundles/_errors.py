@@ -16,6 +16,7 @@ __all__ = [
     "BundleError",
     "BundleExistsError",
     "BundleFormatError",
+    "BundleIOError",
     "BundleIndexError",
     "BundleNotFoundError",
     "BundleReplacedError",
@@ -49,6 +50,23 @@ class BundleIndexError(BundleError, IndexError):
 class UnsafeBundleError(BundleFormatError):
     """A bundle or packed file tries to escape its directory, holds a link or a special file,
     or exceeds a size limit."""
+
+
+class BundleIOError(BundleError, OSError):
+    """The filesystem refused a read or a write (no space left, file too large, permission
+    denied, I/O error). The message names the bundle and the file; the original ``OSError`` is
+    ``__cause__`` and its ``errno`` is kept. A failed write leaves nothing at its destination."""
+
+    @classmethod
+    def wrap(cls, dest: object, what: str, error: OSError) -> BundleIOError:
+        err = cls(f"{dest}: cannot {what}: {error}")
+        err.errno = error.errno
+        err.strerror = error.strerror
+        err.filename = error.filename
+        return err
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class UnsupportedValueError(BundleError, TypeError):

@@ -22,7 +22,7 @@ import hashlib
 import os
 import stat
 import threading
-from typing import Any
+from typing import Any, BinaryIO
 
 from bundles._errors import BundleError
 
@@ -84,16 +84,20 @@ def _copy_buffer() -> bytearray:
     return buf
 
 
-def copy_and_hash(src: str, dst: str) -> tuple[str, int]:
-    """Copy ``src`` to a new file ``dst``, hashing the bytes as they pass. The caller fsyncs
-    (see :class:`Durability`)."""
+def copy_and_hash(src: str | BinaryIO, dst: str) -> tuple[str, int]:
+    """Copy ``src`` (a path, or a binary file such as a member of a packed bundle) to a new file
+    ``dst``, hashing the bytes as they pass. The caller fsyncs (see :class:`Durability`)."""
+    if isinstance(src, str):
+        with open(src, "rb", buffering=0) as fin:
+            return copy_and_hash(fin, dst)
+    reader: Any = src
     h = hashlib.sha256()
     size = 0
     buf = _copy_buffer()
     view = memoryview(buf)
-    with open(src, "rb", buffering=0) as fin, open(dst, "xb", buffering=0) as fout:
+    with open(dst, "xb", buffering=0) as fout:
         while True:
-            n = fin.readinto(buf)
+            n = reader.readinto(buf)
             if not n:
                 break
             chunk = view[:n]

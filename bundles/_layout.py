@@ -47,6 +47,8 @@ EXT_TENSOR = 6  # header [torch dtype name, shape] packed, then the raw little-e
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 MAX_SHARD_RAW_BYTES = 16 * 1024**3
 MAX_NESTING_DEPTH = 64
+# Every int of a manifest (counts, sizes) is below 2**63: len() and sums of them cannot overflow.
+MAX_INT = 2**63 - 1
 # Writers close a shard once its encoded samples pass this size.
 SHARD_TARGET_RAW_BYTES = 64 * 1024 * 1024
 # Level 1: on token ids and log-probs it compresses within 2 % of level 3 at a quarter of the time.
@@ -57,4 +59,6 @@ MEDIA_MODE = 0o444
 FILE_MODE = 0o444
 DIR_MODE = 0o755
 
+# A bundle's kind, e.g. "debug_dump" or "rollout_checkpoint"; checked on write and on read.
+KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 MANIFEST_KEYS_REQUIRED = ("format", "format_version", "kind", "meta", "sample_count", "shards", "media")

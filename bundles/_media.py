@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from bundles._errors import BundleError, MediaMissingError
 from bundles._layout import DIGEST_PREFIX, DIGEST_RE, HEX_DIGEST_RE, SUFFIX_RE
@@ -87,19 +89,25 @@ def digest_from_name(name: str) -> str | None:
 
 def sha256_file(path: str | os.PathLike[str]) -> tuple[str, int]:
     """Hex sha256 and size of a file, read in large chunks with the GIL released by hashlib."""
+    with open(path, "rb", buffering=0) as f:
+        return sha256_stream(f)
+
+
+def sha256_stream(f: BinaryIO | io.RawIOBase) -> tuple[str, int]:
+    """Hex sha256 and size of what ``f.readinto`` gives until it returns 0 (a file, or a member
+    of a packed bundle)."""
     h = hashlib.sha256()
     size = 0
     buf: bytearray | None = getattr(_buffers, "hash", None)
     if buf is None:
         buf = _buffers.hash = bytearray(HASH_CHUNK)
-    with open(path, "rb", buffering=0) as f:
-        view = memoryview(buf)
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-            size += n
+    view = memoryview(buf)
+    while True:
+        n = f.readinto(buf)  # type: ignore[union-attr]
+        if not n:
+            break
+        h.update(view[:n])
+        size += n
     return h.hexdigest(), size
 
 

@@ -7,30 +7,37 @@ compression of its own.
 
 Unpacking trusts nothing: each member must be a regular file or one of the two layout
 directories, with a relative name that matches the layout (no absolute names, no ``..``, no
-links, no devices, no duplicates), and the result is fully verified inside a staging directory
-before it is committed with the protocol of :mod:`bundles._commit`.
+links, no devices, no sparse files, no duplicates). Those rules live in one place,
+:func:`bundles._source.read_tar_index`, which the in-place reader uses too, and every header is
+checked before a byte is written. The result is fully verified inside a staging directory before
+it is committed with the protocol of :mod:`bundles._commit`.
+
+Packing reads every byte of the bundle anyway, so it hashes while it streams and refuses a file
+whose digest disagrees with the manifest: a damaged bundle is never shipped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tarfile
 from pathlib import Path
+from typing import BinaryIO
 
 from bundles._commit import commit, create_staging, remove_stale_staging, staging_name
-from bundles._errors import BundleExistsError, BundleFormatError, BundleNotFoundError, UnsafeBundleError
-from bundles._fs import fsync_dir, make_read_only, remove_tree
-from bundles._layout import (
-    DIGEST_RE,
-    MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
-    MEDIA_DIR,
-    SHARD_PATH_RE,
-    SHARDS_DIR,
-    SUFFIX_RE,
+from bundles._errors import (
+    BundleError,
+    BundleExistsError,
+    BundleFormatError,
+    BundleIOError,
+    BundleNotFoundError,
+    BundleVerificationError,
 )
+from bundles._fs import fsync_dir, make_read_only, remove_tree
+from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
 from bundles._progress import Progress
-from bundles._reader import Bundle, open_bundle, parse_manifest
+from bundles._reader import Bundle, load_manifest, open_bundle
+from bundles._source import DirSource, PackedSource
 
 _CHUNK = 8 * 1024 * 1024
 
@@ -49,6 +56,33 @@ def _tarinfo(name: str, size: int, is_dir: bool) -> tarfile.TarInfo:
     return info
 
 
+class _HashingReader:
+    """Feeds tarfile a media file while hashing it, so that pack reads every byte only once and
+    refuses a file whose digest disagrees with the manifest (a damaged bundle is never shipped)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self.hash.update(data)
+        self.size += len(data)
+        return data
+
+
+def _refuse_overlap(src: Path, out: Path, what: str) -> None:
+    """Refuse an output that is the input, lies inside it, or contains it (replacing it would
+    delete the input)."""
+    s = os.path.realpath(src)
+    o = os.path.realpath(out)
+    if o == s or o.startswith(s.rstrip(os.sep) + os.sep) or s.startswith(o.rstrip(os.sep) + os.sep):
+        raise BundleError(
+            f"{out}: the {what} output must not be the input {src}, lie inside it or contain it"
+        )
+
+
 def pack_bundle(
     path: str | os.PathLike[str],
     out_file: str | os.PathLike[str],
@@ -58,20 +92,42 @@ def pack_bundle(
 ) -> Path:
     """Pack the bundle at ``path`` into the single file ``out_file`` (written atomically).
 
-    The bundle is verified (fast level) first, so a damaged bundle is never packed.
+    The bundle is verified (fast level) first, and every file's digest is checked while it is
+    packed, so a damaged bundle is never packed. ``path`` may itself be a packed file (repacking
+    reads it in place).
+
+    Raises:
+        BundleVerificationError: a file of the bundle disagrees with the manifest.
+        BundleError: ``out_file`` exists (without ``overwrite``), is a directory, or is the input,
+            inside it or around it; writing it failed (the ``OSError`` is the ``__cause__``).
     """
-    bundle = open_bundle(path, verify="fast")
     out = Path(os.path.abspath(out_file))
-    if os.path.lexists(out) and not overwrite:
-        raise BundleExistsError(f"{out}: output exists; pass overwrite=True to replace it")
+    with open_bundle(path, verify="fast") as bundle:
+        _refuse_overlap(bundle.path, out, "pack")
+        if os.path.isdir(out):
+            raise BundleError(f"{out}: output is a directory; expected the path of the packed file to write")
+        if os.path.lexists(out) and not overwrite:
+            raise BundleExistsError(f"{out}: output exists; pass overwrite=True to replace it")
+        try:
+            _write_packed(bundle, out, progress)
+        except OSError as e:
+            if isinstance(e, BundleError):
+                raise
+            raise BundleIOError.wrap(out, "write the packed bundle", e) from e
+    return out
+
+
+def _write_packed(bundle: Bundle, out: Path, progress: bool | None) -> None:
+    expected: dict[str, tuple[str, int]] = {
+        e["path"]: (e["digest"], e["size"]) for e in bundle.manifest["shards"]
+    }
+    expected.update({f"{MEDIA_DIR}/{r.filename}": (r.digest, r.size) for r in bundle.media})
+    members = sorted([MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR, *expected])
     out.parent.mkdir(parents=True, exist_ok=True)
-    members = [MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR]
-    members += [e["path"] for e in bundle.manifest["shards"]]
-    members += [f"{MEDIA_DIR}/{r.filename}" for r in bundle.media]
-    members.sort()
     remove_stale_staging(out.parent)
     tmp = staging_name(out)  # a dead packer's leftover is removed by the next write here
-    total = sum(os.path.getsize(bundle.path / m) for m in members if m not in (MEDIA_DIR, SHARDS_DIR))
+    source = bundle._source
+    total = sum(size for _, size in expected.values())
     try:
         with (
             open(tmp, "wb") as raw,
@@ -82,9 +138,30 @@ def pack_bundle(
                     if name in (MEDIA_DIR, SHARDS_DIR):
                         tar.addfile(_tarinfo(name, 0, True))
                         continue
-                    size = os.path.getsize(bundle.path / name)
-                    with open(bundle.path / name, "rb") as f:
-                        tar.addfile(_tarinfo(name, size, False), f)
+                    try:
+                        f, size = source.open(name)
+                    except FileNotFoundError:
+                        raise BundleVerificationError(
+                            bundle.path, [f"{source.where(name)}: listed in the manifest but missing"]
+                        ) from None
+                    with f:
+                        if name in expected and size != expected[name][1]:
+                            raise BundleVerificationError(
+                                bundle.path,
+                                [
+                                    f"{source.where(name)}: size: expected {expected[name][1]} bytes, found {size}"
+                                ],
+                            )
+                        reader = _HashingReader(f)
+                        tar.addfile(_tarinfo(name, size, False), reader)  # type: ignore[arg-type,unused-ignore]
+                    digest = "sha256:" + reader.hash.hexdigest()
+                    if name in expected and (digest != expected[name][0] or reader.size != size):
+                        raise BundleVerificationError(
+                            bundle.path,
+                            [
+                                f"{source.where(name)}: digest: expected {expected[name][0]}, found {digest}; not packed"
+                            ],
+                        )
                     bar.advance(size)
             raw.flush()
             os.fsync(raw.fileno())
@@ -94,22 +171,6 @@ def pack_bundle(
         if tmp.exists():
             tmp.unlink()
         raise
-    return out
-
-
-def _check_member_name(name: str, where: Path) -> None:
-    if name.startswith("/") or "\\" in name:
-        raise UnsafeBundleError(f"{where}: member {name!r}: absolute names are refused")
-    parts = name.split("/")
-    if ".." in parts or "." in parts or "" in parts:
-        raise UnsafeBundleError(f"{where}: member {name!r}: names with '..', '.' or empty parts are refused")
-    if name in (MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR) or SHARD_PATH_RE.fullmatch(name):
-        return
-    if len(parts) == 2 and parts[0] == MEDIA_DIR:
-        digest, dot, suffix = parts[1].partition(".")
-        if DIGEST_RE.fullmatch("sha256:" + digest) and SUFFIX_RE.fullmatch(dot + suffix):
-            return
-    raise UnsafeBundleError(f"{where}: member {name!r}: not a name the bundle layout allows")
 
 
 def unpack_bundle(
@@ -121,69 +182,67 @@ def unpack_bundle(
 ) -> Bundle:
     """Unpack a packed bundle into the new directory ``out_dir``, fully verify it, commit it.
 
+    Every member is checked before anything is written, by the rules the in-place reader applies
+    (:func:`bundles._source.read_tar_index`).
+
     Raises:
         BundleNotFoundError: ``packed`` does not exist.
         BundleExistsError: ``out_dir`` exists and ``overwrite`` is false.
-        UnsafeBundleError: a member is absolute, holds ``..``, is a link or special file,
-            appears twice or has a name outside the layout. Nothing is left at ``out_dir``.
+        UnsafeBundleError: a member is absolute, holds ``..``, is a link, sparse or special file,
+            appears twice or has a name outside the layout; or the file is truncated. Nothing is
+            left at ``out_dir``.
+        BundleError: ``out_dir`` is the packed file or contains it.
+        BundleIOError: writing failed (the ``OSError`` is the ``__cause__``).
     """
     src = Path(os.path.abspath(packed))
     dest = Path(os.path.abspath(out_dir))
     if not os.path.lexists(src):
         raise BundleNotFoundError(f"{src}: no packed bundle here (the file does not exist)")
     if not src.is_file():
-        raise BundleFormatError(f"{src}: expected a packed bundle file, found a directory or special file")
+        raise BundleFormatError(
+            f"{src}: expected a packed bundle file, found {'a directory' if src.is_dir() else 'a special file'}"
+        )
+    _refuse_overlap(src, dest, "unpack")
     if os.path.lexists(dest) and not overwrite:
         raise BundleExistsError(f"{dest}: output exists; pass overwrite=True to replace it")
-    staging = create_staging(dest)
+    source = PackedSource(src)  # every member is checked here, before anything is written
+    staging: Path | None = None
     try:
-        seen: set[str] = set()
-        try:
-            tar = tarfile.open(src, mode="r:")  # noqa: SIM115 - closed by the with below
-        except tarfile.TarError as e:
-            raise UnsafeBundleError(f"{src}: not a packed bundle (uncompressed tar): {e}") from None
-        with (
-            tar,
-            Progress(f"unpacking {src.name}", total=src.stat().st_size, unit="B", enabled=progress) as bar,
-        ):
-            for member in tar:
-                name = member.name
-                _check_member_name(name, src)
-                if name in seen:
-                    raise UnsafeBundleError(f"{src}: member {name!r} appears twice")
-                seen.add(name)
-                if member.isdir():
-                    if name not in (MEDIA_DIR, SHARDS_DIR):
-                        raise UnsafeBundleError(f"{src}: member {name!r}: unexpected directory")
-                    (staging / name).mkdir(exist_ok=True)
+        staging = create_staging(dest)
+        with Progress(f"unpacking {src.name}", total=src.stat().st_size, unit="B", enabled=progress) as bar:
+            for entry in source.entries():
+                target = staging / entry.name
+                if entry.kind == "dir":
+                    target.mkdir(exist_ok=True)
                     continue
-                if not member.isreg():
-                    raise UnsafeBundleError(f"{src}: member {name!r}: links and special files are refused")
-                if name == MANIFEST_NAME and member.size > MAX_MANIFEST_BYTES:
-                    raise UnsafeBundleError(
-                        f"{src}: member {name!r}: {member.size} bytes exceeds the manifest cap"
-                    )
-                target = staging / name
                 target.parent.mkdir(exist_ok=True)
-                fin = tar.extractfile(member)
-                assert fin is not None  # a regular member always has a file object
+                fin, _ = source.open(entry.name)
                 with fin, open(target, "xb") as fout:
                     while chunk := fin.read(_CHUNK):
                         fout.write(chunk)
                     fout.flush()
                     os.fsync(fout.fileno())
                 make_read_only(str(target))
-                bar.advance(member.size)
+                bar.advance(entry.size)
         for sub in (SHARDS_DIR, MEDIA_DIR):
             (staging / sub).mkdir(exist_ok=True)
             fsync_dir(staging / sub)
         fsync_dir(staging)
-        Bundle(staging, parse_manifest(staging)).verify(full=True, progress=False)
+        staged = DirSource(staging)
+        Bundle(staged, load_manifest(staged)).verify(full=True, progress=False)
         commit(staging, dest, overwrite)
+    except OSError as e:
+        if staging is not None and staging.exists():
+            remove_tree(staging)
+        if isinstance(e, BundleError):
+            raise
+        raise BundleIOError.wrap(dest, f"unpack {src}", e) from e
     except BaseException:
-        if staging.exists():
+        if staging is not None and staging.exists():
             remove_tree(staging)
         raise
+    finally:
+        source.close()
     return open_bundle(dest, verify="none")
 
 

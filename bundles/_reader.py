@@ -9,6 +9,10 @@ tensors: nothing from a file is ever executed or unpickled.
 Verification levels: ``"none"`` parses the manifest; ``"fast"`` also checks that the directory
 holds exactly the listed regular files with their recorded sizes and that shard digests match;
 ``"full"`` also re-hashes every media file (in a few threads: hashlib releases the GIL).
+
+The reader sees the bundle through a source (:mod:`bundles._source`): a directory, or a packed
+file read in place by member offsets. Everything here works the same on both; a packed file's
+members are checked by the rules ``unpack_bundle`` applies before anything is read.
 """
 
 from __future__ import annotations
@@ -16,14 +20,12 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
-import json
 import operator
 import os
-import stat
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, BinaryIO, overload
 
 import msgpack
 import zstandard
@@ -34,170 +36,61 @@ from bundles._errors import (
     BundleError,
     BundleFormatError,
     BundleIndexError,
+    BundleIOError,
     BundleNotFoundError,
     BundleReplacedError,
     BundleVerificationError,
+    MediaMissingError,
     UnsafeBundleError,
 )
 from bundles._fs import check_link_mode, copy_and_hash, ingest, make_read_only
-from bundles._layout import (
-    DIGEST_RE,
-    FORMAT_NAME,
-    MANIFEST_KEYS_REQUIRED,
-    MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
-    MAX_SHARD_RAW_BYTES,
-    MEDIA_DIR,
-    PACK_SUFFIX,
-    SHARD_PATH_RE,
-    SHARDS_DIR,
-    SUFFIX_RE,
-    SUPPORTED_FORMAT_VERSIONS,
-)
-from bundles._media import MediaRef, sha256_file
+from bundles._layout import MANIFEST_NAME, MEDIA_DIR
+from bundles._manifest import parse_manifest_bytes
+from bundles._media import MediaRef
 from bundles._progress import Progress
+from bundles._source import LAYOUT_DIRS, DirSource, PackedSource, Source, describe
 
 VERIFY_LEVELS = ("none", "fast", "full")
 
 
-def parse_format_version(manifest: dict[str, Any], where: Path) -> int:
-    version = manifest.get("format_version")
-    if type(version) is not int or version not in SUPPORTED_FORMAT_VERSIONS:
-        raise BundleFormatError(
-            f"{where}: format_version: expected one of {sorted(SUPPORTED_FORMAT_VERSIONS)}, found {version!r}; "
-            "a newer rollout-bundles may read it"
-        )
-    return version
+def read_at_most(f: BinaryIO, n: int) -> bytes:
+    """Up to ``n`` bytes of ``f``: a single read may return less (e.g. Linux's 2 GiB per call)."""
+    chunks: list[bytes] = []
+    left = n
+    while left > 0:
+        chunk = f.read(left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _is_int(v: Any, minimum: int = 0) -> bool:
-    return type(v) is int and v >= minimum
+def load_manifest(source: Source) -> dict[str, Any]:
+    """Read and validate the manifest of ``source`` (size capped before it is parsed)."""
+    return parse_manifest_bytes(source.read_manifest(), source.where(MANIFEST_NAME))
 
 
 def parse_manifest(path: Path) -> dict[str, Any]:
-    """Read and validate ``<path>/manifest.json``; raise naming the field on any deviation."""
-    mpath = path / MANIFEST_NAME
-    try:
-        st = os.lstat(mpath)
-    except FileNotFoundError:
-        raise BundleNotFoundError(f"{path}: not a bundle: {MANIFEST_NAME} is missing") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafeBundleError(f"{mpath}: expected a regular file, found {_kind_of(st.st_mode)}")
-    if st.st_size > MAX_MANIFEST_BYTES:
-        raise UnsafeBundleError(
-            f"{mpath}: {st.st_size} bytes exceeds the manifest cap of {MAX_MANIFEST_BYTES}"
-        )
-    with open(mpath, "rb") as f:
-        raw = f.read(MAX_MANIFEST_BYTES + 1)
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise UnsafeBundleError(f"{mpath}: exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes")
-
-    def reject_constant(name: str) -> None:
-        raise ValueError(f"{name} is not valid JSON")
-
-    try:
-        manifest = json.loads(raw, parse_constant=reject_constant)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BundleFormatError(f"{mpath}: not valid JSON: {e}") from None
-    if not isinstance(manifest, dict):
-        raise BundleFormatError(f"{mpath}: expected a JSON object, found {type(manifest).__name__}")
-    if manifest.get("format") != FORMAT_NAME:
-        raise BundleFormatError(
-            f"{mpath}: format: expected {FORMAT_NAME!r}, found {manifest.get('format')!r}"
-        )
-    parse_format_version(manifest, mpath)
-    for key in MANIFEST_KEYS_REQUIRED:
-        if key not in manifest:
-            raise BundleFormatError(f"{mpath}: {key}: required field is missing")
-    if not isinstance(manifest["kind"], str):
-        raise BundleFormatError(f"{mpath}: kind: expected a string, found {manifest['kind']!r}")
-    if not isinstance(manifest["meta"], dict):
-        raise BundleFormatError(f"{mpath}: meta: expected an object, found {type(manifest['meta']).__name__}")
-    if not _is_int(manifest["sample_count"]):
-        raise BundleFormatError(
-            f"{mpath}: sample_count: expected an int >= 0, found {manifest['sample_count']!r}"
-        )
-    shards = manifest["shards"]
-    if not isinstance(shards, list):
-        raise BundleFormatError(f"{mpath}: shards: expected a list")
-    seen: set[str] = set()
-    total = 0
-    for i, ent in enumerate(shards):
-        field = f"shards[{i}]"
-        if not isinstance(ent, dict):
-            raise BundleFormatError(f"{mpath}: {field}: expected an object")
-        p = ent.get("path")
-        if not isinstance(p, str) or not SHARD_PATH_RE.fullmatch(p):
-            raise UnsafeBundleError(
-                f"{mpath}: {field}.path: expected 'samples/NNNNNN.msgpack.zst', found {p!r}"
-            )
-        if p in seen:
-            raise BundleFormatError(f"{mpath}: {field}.path: {p} is listed twice")
-        seen.add(p)
-        for k in ("samples", "size", "raw_size"):
-            if not _is_int(ent.get(k)):
-                raise BundleFormatError(f"{mpath}: {field}.{k}: expected an int >= 0, found {ent.get(k)!r}")
-        if ent["raw_size"] > MAX_SHARD_RAW_BYTES:
-            raise UnsafeBundleError(
-                f"{mpath}: {field}.raw_size: {ent['raw_size']} exceeds the cap of {MAX_SHARD_RAW_BYTES} bytes"
-            )
-        if not isinstance(ent.get("digest"), str) or not DIGEST_RE.fullmatch(ent["digest"]):
-            raise BundleFormatError(
-                f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {ent.get('digest')!r}"
-            )
-        total += ent["samples"]
-    if total != manifest["sample_count"]:
-        raise BundleFormatError(
-            f"{mpath}: sample_count: {manifest['sample_count']} disagrees with the shards' total of {total}"
-        )
-    media = manifest["media"]
-    if not isinstance(media, list):
-        raise BundleFormatError(f"{mpath}: media: expected a list")
-    for i, ent in enumerate(media):
-        field = f"media[{i}]"
-        if not isinstance(ent, dict):
-            raise BundleFormatError(f"{mpath}: {field}: expected an object")
-        if not isinstance(ent.get("digest"), str) or not DIGEST_RE.fullmatch(ent["digest"]):
-            raise BundleFormatError(
-                f"{mpath}: {field}.digest: expected 'sha256:<hex>', found {ent.get('digest')!r}"
-            )
-        if not isinstance(ent.get("suffix"), str) or not SUFFIX_RE.fullmatch(ent["suffix"]):
-            raise UnsafeBundleError(
-                f"{mpath}: {field}.suffix: expected ent.g. '.png', found {ent.get('suffix')!r}"
-            )
-        if not _is_int(ent.get("size")):
-            raise BundleFormatError(f"{mpath}: {field}.size: expected an int >= 0, found {ent.get('size')!r}")
-        name = ent["digest"][7:] + ent["suffix"]
-        if name in seen:
-            raise BundleFormatError(f"{mpath}: {field}: {ent['digest']}{ent['suffix']} is listed twice")
-        seen.add(name)
-    return manifest
-
-
-def _kind_of(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+    """Read and validate ``<path>/manifest.json`` of a bundle directory; raise naming the field."""
+    return load_manifest(DirSource(path))
 
 
 class Bundle:
-    """An open bundle. Create with :func:`open_bundle`."""
+    """An open bundle: a directory, or a packed file read in place. Create with :func:`open_bundle`.
 
-    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
-        self.path = path
+    A bundle opened from a packed file holds the file open (see :mod:`bundles._source`); use it as
+    a context manager or call :meth:`close` to release it early.
+    """
+
+    def __init__(self, source: Source, manifest: dict[str, Any]) -> None:
+        self._source = source
+        self.path = source.path
         self.manifest = manifest
         self._media: dict[str, MediaRef] = {}
         for e in manifest["media"]:
             ref = MediaRef(e["digest"], e["size"], e["suffix"])
-            self._media[ref.filename] = ref.with_path(str(path / MEDIA_DIR / ref.filename))
+            self._media[ref.filename] = ref.with_path(source.media_path(f"{MEDIA_DIR}/{ref.filename}"))
 
     def __repr__(self) -> str:
         return (
@@ -221,6 +114,21 @@ class Bundle:
             return list(self.samples(indices=range(len(self))[index]))
         return next(self.samples(indices=[index]))
 
+    def __enter__(self) -> Bundle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the packed file a bundle opened from one holds (nothing for a directory)."""
+        self._source.close()
+
+    @property
+    def packed(self) -> bool:
+        """True when the bundle is read in place from a packed file."""
+        return self._source.packed
+
     @property
     def kind(self) -> str:
         return str(self.manifest["kind"])
@@ -231,7 +139,12 @@ class Bundle:
 
     @property
     def media(self) -> list[MediaRef]:
-        """Every stored media file, with ``path`` set inside the bundle."""
+        """Every stored media file, with ``path`` set inside the bundle.
+
+        For a packed bundle ``path`` is ``<packed file>/media/<name>``: it names the member and
+        cannot be opened as a file; read it with :meth:`open_media`, or :meth:`rehydrate` the
+        bundle to get files.
+        """
         return list(self._media.values())
 
     @property
@@ -243,9 +156,27 @@ class Bundle:
         """How many references the samples hold (each stored file may serve many)."""
         return int(self.manifest.get("media_references", len(self._media)))
 
+    def open_media(self, ref: MediaRef | str) -> BinaryIO:
+        """Open one stored media file for reading, in a directory or a packed bundle alike.
+
+        ``ref`` is a ``MediaRef`` or a path string as :meth:`samples` returns them, or a stored
+        file name ``<hex><suffix>``. The bytes are not verified here (:meth:`verify` does that).
+        """
+        name = ref.filename if isinstance(ref, MediaRef) else os.path.basename(os.fspath(ref))
+        if name not in self._media:
+            raise MediaMissingError(f"{self.path}: {MEDIA_DIR}/{name}: not a media file of this bundle")
+        try:
+            f, _ = self._source.open(f"{MEDIA_DIR}/{name}")
+        except FileNotFoundError:
+            raise MediaMissingError(
+                f"{self._source.where(MEDIA_DIR + '/' + name)}: listed in the manifest but missing"
+            ) from None
+        return f
+
     # -- verification ----------------------------------------------------------------------------
     def problems(self, full: bool = True, progress: bool | None = False) -> list[str]:
         """Every problem found, as messages naming the file and field; empty when sound."""
+        src = self._source
         problems: list[str] = []
         expected: dict[str, int] = {MANIFEST_NAME: -1}
         for e in self.manifest["shards"]:
@@ -254,37 +185,26 @@ class Bundle:
             expected[f"{MEDIA_DIR}/{ref.filename}"] = ref.size
         found: set[str] = set()  # listed files present as regular files of the right size
         reported: set[str] = set()
-        for root, dirs, files in os.walk(self.path):
-            rel_root = os.path.relpath(root, self.path)
-            for name in dirs + files:
-                rel = name if rel_root == "." else f"{rel_root}/{name}"
-                try:
-                    st = os.lstat(os.path.join(root, name))
-                except FileNotFoundError:
-                    continue  # vanished while listing: reported as missing below if listed
-                if stat.S_ISDIR(st.st_mode):
-                    if rel not in (SHARDS_DIR, MEDIA_DIR):
-                        problems.append(f"{self.path}/{rel}: unexpected directory")
-                        dirs.remove(name)
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    problems.append(
-                        f"{self.path}/{rel}: expected a regular file, found {_kind_of(st.st_mode)}"
-                    )
-                    reported.add(rel)
-                    continue
-                if rel not in expected:
-                    problems.append(f"{self.path}/{rel}: file is not listed in the manifest")
-                    continue
-                if expected[rel] >= 0 and st.st_size != expected[rel]:
-                    problems.append(
-                        f"{self.path}/{rel}: size: expected {expected[rel]} bytes, found {st.st_size}"
-                    )
-                    reported.add(rel)
-                    continue
-                found.add(rel)
+        for entry in src.entries():
+            rel = entry.name
+            if entry.kind == "dir":
+                if rel not in LAYOUT_DIRS:
+                    problems.append(f"{src.where(rel)}: unexpected directory")
+                continue
+            if entry.kind != "file":
+                problems.append(f"{src.where(rel)}: expected a regular file, found {describe(entry.kind)}")
+                reported.add(rel)
+                continue
+            if rel not in expected:
+                problems.append(f"{src.where(rel)}: file is not listed in the manifest")
+                continue
+            if expected[rel] >= 0 and entry.size != expected[rel]:
+                problems.append(f"{src.where(rel)}: size: expected {expected[rel]} bytes, found {entry.size}")
+                reported.add(rel)
+                continue
+            found.add(rel)
         for rel in sorted(set(expected) - found - reported):
-            problems.append(f"{self.path}/{rel}: listed in the manifest but missing")
+            problems.append(f"{src.where(rel)}: listed in the manifest but missing")
 
         # Only files that passed the listing checks are hashed: one problem per file.
         jobs: list[tuple[str, str, int]] = [
@@ -302,13 +222,13 @@ class Bundle:
             def check(job: tuple[str, str, int]) -> str | None:
                 rel, digest, size = job
                 try:
-                    hexdigest, _ = sha256_file(self.path / rel)
-                except OSError as e:
-                    return f"{self.path}/{rel}: cannot read: {e}"
+                    hexdigest, _ = src.hash(rel)
+                except (OSError, BundleError) as e:
+                    return f"{src.where(rel)}: cannot read: {e}"
                 finally:
                     bar.advance(size)
                 if "sha256:" + hexdigest != digest:
-                    return f"{self.path}/{rel}: digest: expected {digest}, found sha256:{hexdigest}"
+                    return f"{src.where(rel)}: digest: expected {digest}, found sha256:{hexdigest}"
                 return None
 
             workers = min(4, os.cpu_count() or 1, max(1, len(jobs)))
@@ -316,12 +236,17 @@ class Bundle:
                 problems += [p for p in pool.map(check, jobs) if p is not None]
         return problems
 
-    def verify(self, full: bool = True, progress: bool | None = None) -> None:
+    def verify(self, full: bool | str = True, progress: bool | None = None) -> None:
         """Raise :class:`BundleVerificationError` listing every bad file; return None when sound.
 
-        Raises :class:`BundleReplacedError` instead when the directory was swapped for another
-        bundle since it was opened.
+        ``full`` is a bool or a level, ``"fast"`` or ``"full"``. Raises
+        :class:`BundleReplacedError` instead when the directory was swapped for another bundle
+        since it was opened.
         """
+        if isinstance(full, str):
+            if full not in ("fast", "full"):
+                raise BundleError(f"{self.path}: verify: expected 'fast' or 'full', found {full!r}")
+            full = full == "full"
         problems = self.problems(full=full, progress=progress)
         if problems:
             self._check_not_replaced()
@@ -331,8 +256,11 @@ class Bundle:
         """Tell a bundle swapped in by ``overwrite=True`` from a damaged one.
 
         Inode numbers are reused at once and directory times are coarse, so the test is the
-        manifest itself: a replaced bundle with an identical manifest has identical files.
+        manifest itself: a replaced bundle with an identical manifest has identical files. A
+        packed bundle is read from the file it opened, whatever is renamed over its path since.
         """
+        if self._source.packed:
+            return
         try:
             current = parse_manifest(self.path)
         except BundleError:
@@ -352,21 +280,19 @@ class Bundle:
             raise
 
     def _read_shard_unchecked(self, entry: dict[str, Any]) -> bytes:
-        path = self.path / entry["path"]
+        path = self._source.where(entry["path"])
         try:
-            st = os.lstat(path)
+            f, size = self._source.open(entry["path"])
         except FileNotFoundError:
             raise BundleVerificationError(
                 self.path, [f"{path}: listed in the manifest but missing"]
             ) from None
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeBundleError(f"{path}: expected a regular file, found {_kind_of(st.st_mode)}")
-        if st.st_size != entry["size"]:
-            raise BundleVerificationError(
-                self.path, [f"{path}: size: expected {entry['size']} bytes, found {st.st_size}"]
-            )
-        with open(path, "rb") as f:
-            data = f.read(entry["size"] + 1)
+        with f:
+            if size != entry["size"]:
+                raise BundleVerificationError(
+                    self.path, [f"{path}: size: expected {entry['size']} bytes, found {size}"]
+                )
+            data = read_at_most(f, entry["size"] + 1)
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         if digest != entry["digest"]:
             raise BundleVerificationError(
@@ -462,7 +388,21 @@ class Bundle:
         the same bytes); others are written to a temporary name and renamed, so a concurrent
         reader never sees a partial file.
         """
+        try:
+            return list(_built(iter(self._rehydrate(media_dir, link, progress)), sample_cls, self.path))
+        except OSError as e:
+            if isinstance(e, BundleError):
+                raise
+            raise BundleIOError.wrap(self.path, f"rehydrate into {media_dir}", e) from e
+
+    def _rehydrate(
+        self, media_dir: str | os.PathLike[str], link: str, progress: bool | None
+    ) -> list[dict[Any, Any]]:
         check_link_mode(link)
+        if self._source.packed and link not in ("auto", "copy"):
+            raise BundleError(
+                f"{self.path}: link={link!r}: the members of a packed bundle can only be copied; use link='auto' or 'copy'"
+            )
         target = Path(os.path.abspath(media_dir))
         target.mkdir(parents=True, exist_ok=True)
         target_dev = os.stat(target).st_dev
@@ -482,9 +422,15 @@ class Bundle:
                 tmp = target / f".{name}.{os.getpid()}.rehydrate"
                 if os.path.lexists(tmp):
                     os.unlink(tmp)
-                src_st = os.stat(str(ref.path))
-                if ingest(str(ref.path), str(tmp), link, src_st.st_dev, target_dev) == "copy":
-                    hexdigest, _ = copy_and_hash(str(ref.path), str(tmp))
+                if self._source.packed:
+                    method = "copy"
+                else:
+                    src_st = os.stat(str(ref.path))
+                    method = ingest(str(ref.path), str(tmp), link, src_st.st_dev, target_dev)
+                if method == "copy":
+                    # Copied bytes are hashed on the way: a damaged member is never placed.
+                    with self.open_media(ref) as fin:
+                        hexdigest, _ = copy_and_hash(fin, str(tmp))
                     if "sha256:" + hexdigest != ref.digest:
                         os.unlink(tmp)
                         raise BundleVerificationError(
@@ -497,7 +443,7 @@ class Bundle:
                 os.replace(tmp, dst)
                 placed[name] = ref.with_path(str(dst))
                 bar.advance()
-        return list(_built(self._samples(placed), sample_cls, self.path))
+        return list(self._samples(placed))
 
 
 def _built(rows: Iterator[dict[Any, Any]], sample_cls: Any, path: Path) -> Iterator[Any]:
@@ -572,16 +518,20 @@ def _resolve(obj: Any, media: dict[str, MediaRef], where: str, path: str) -> Any
 
 
 def open_bundle(path: str | os.PathLike[str], *, verify: str = "fast") -> Bundle:
-    """Open the bundle directory at ``path`` and verify it to the given level.
+    """Open the bundle at ``path`` (a directory, or a packed file read in place) and verify it to
+    the given level.
 
     Args:
-        path: a bundle directory (a packed file must be unpacked first: :func:`unpack_bundle`).
+        path: a bundle directory, or a packed bundle file (``.rbundle``). A packed file is read
+            by member offsets without extracting it; its members are checked by the same rules
+            as :func:`unpack_bundle` before anything is read.
         verify: ``"none"``, ``"fast"`` (files present with their sizes, shard digests) or
             ``"full"`` (also every media digest).
 
     Raises:
         BundleNotFoundError: no bundle there (or only a staging directory of an unfinished write).
         BundleFormatError: the manifest does not follow the format, e.g. an unknown ``format_version``.
+        UnsafeBundleError: a packed file holds a member the unpack rules refuse, or is truncated.
         BundleVerificationError: verification failed; ``.problems`` lists every bad file.
     """
     if verify not in VERIFY_LEVELS:
@@ -591,16 +541,20 @@ def open_bundle(path: str | os.PathLike[str], *, verify: str = "fast") -> Bundle
         raise BundleNotFoundError(f"{p}: is the staging directory of an unfinished write, not a bundle")
     if not p.exists():
         raise BundleNotFoundError(f"{p}: no bundle here (path does not exist)")
-    if p.is_file():
-        hint = " (a packed bundle)" if p.name.endswith(PACK_SUFFIX) else ""
-        raise BundleFormatError(
-            f"{p}: is a file{hint}, not a bundle directory; unpack it first with unpack_bundle() or "
-            "`rollout-bundle unpack`"
-        )
     resolved = p.resolve()
+    if not p.is_dir():
+        source = PackedSource(resolved)
+        try:
+            bundle = Bundle(source, load_manifest(source))
+            if verify != "none":
+                bundle.verify(full=verify == "full", progress=False)
+        except BaseException:
+            source.close()
+            raise
+        return bundle
     attempts = 10
     for attempt in range(attempts):
-        bundle = Bundle(resolved, parse_manifest(resolved))
+        bundle = Bundle(DirSource(resolved), parse_manifest(resolved))
         if verify == "none":
             return bundle
         try:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -30,7 +29,13 @@ import zstandard
 
 from bundles._codec import SampleEncoder, gc_paused
 from bundles._commit import commit, create_staging
-from bundles._errors import BundleError, BundleExistsError, MediaMissingError, UnsupportedValueError
+from bundles._errors import (
+    BundleError,
+    BundleExistsError,
+    BundleIOError,
+    MediaMissingError,
+    UnsupportedValueError,
+)
 from bundles._fs import (
     Durability,
     check_link_mode,
@@ -43,6 +48,7 @@ from bundles._layout import (
     DIGEST_PREFIX,
     FORMAT_NAME,
     FORMAT_VERSION,
+    KIND_RE,
     MANIFEST_NAME,
     MEDIA_DIR,
     SHARD_NAME_FORMAT,
@@ -52,8 +58,6 @@ from bundles._layout import (
 )
 from bundles._media import MediaRef, digest_from_name, media_suffix, sha256_file
 from bundles._progress import Progress
-
-_KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 def _package_version() -> str:
@@ -318,18 +322,38 @@ def write_bundle(
             message names the sample index and key path. Nothing is written in that case.
         UnsupportedValueError: a value cannot be stored without pickle.
         BundleExistsError: ``dest`` exists and ``overwrite`` is false.
+        BundleIOError: the filesystem refused a write (no space, file too large, permissions);
+            it names the file, keeps the ``OSError`` as ``__cause__``, and leaves nothing at ``dest``.
 
     Example:
         >>> write_bundle("/ckpt/dump_3", [s.to_dict() for s in samples], media_roots=[run_dir])
     """
     dest = Path(os.path.abspath(dest))
     check_link_mode(link)
-    if not isinstance(kind, str) or not _KIND_RE.fullmatch(kind):
+    if not isinstance(kind, str) or not KIND_RE.fullmatch(kind):
         raise BundleError(f"{dest}: kind: expected lowercase letters, digits and '_', found {kind!r}")
     meta_clean = _check_meta(meta, dest)
     if os.path.lexists(dest) and not overwrite:
         raise BundleExistsError(f"{dest}: destination exists; pass overwrite=True to replace it")
 
+    try:
+        return _write(dest, samples, media_roots, kind, meta_clean, link, overwrite, progress)
+    except OSError as e:
+        if isinstance(e, BundleError):
+            raise
+        raise BundleIOError.wrap(dest, "write the bundle", e) from e
+
+
+def _write(
+    dest: Path,
+    samples: Iterable[Any],
+    media_roots: Sequence[str | os.PathLike[str]],
+    kind: str,
+    meta_clean: dict[str, Any],
+    link: str,
+    overwrite: bool,
+    progress: bool | None,
+) -> Path:
     staging = create_staging(dest)
     try:
         (staging / SHARDS_DIR).mkdir()

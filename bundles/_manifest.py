@@ -1,0 +1,209 @@
+"""Parsing and validating ``manifest.json`` exactly as docs/FORMAT.md §2 says.
+
+The bytes must be UTF-8 (no byte order mark; UTF-16 and UTF-32, which ``json.loads`` would
+otherwise detect and accept, are refused), hold one JSON object with no ``NaN``, ``Infinity`` or
+float that overflows to infinity, nested no deeper than 64 levels. Every field the reader uses is
+type- and range-checked here (ints are below 2**63, so ``len()`` and arithmetic on them cannot
+overflow), so a manifest that parses is one that ``inspect`` and the reader can use without
+meeting a value of the wrong type later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from bundles._errors import BundleFormatError, UnsafeBundleError
+from bundles._layout import (
+    DIGEST_RE,
+    FORMAT_NAME,
+    KIND_RE,
+    MANIFEST_KEYS_REQUIRED,
+    MAX_INT,
+    MAX_NESTING_DEPTH,
+    MAX_SHARD_RAW_BYTES,
+    SHARD_NAME_FORMAT,
+    SHARD_PATH_RE,
+    SHARDS_DIR,
+    SUFFIX_RE,
+    SUPPORTED_FORMAT_VERSIONS,
+)
+
+
+def parse_format_version(manifest: dict[str, Any], where: object) -> int:
+    version = manifest.get("format_version")
+    if type(version) is not int or version not in SUPPORTED_FORMAT_VERSIONS:
+        raise BundleFormatError(
+            f"{where}: format_version: expected one of {sorted(SUPPORTED_FORMAT_VERSIONS)}, found {_short(version)}; "
+            "a newer rollout-bundles may read it"
+        )
+    return version
+
+
+def nesting_depth_exceeds(value: Any, limit: int) -> bool:
+    """True when ``value`` (JSON-like) holds containers nested deeper than ``limit`` levels (a
+    top-level container is level 1). Iterative: a hostile depth cannot exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        items = obj.values() if type(obj) is dict else obj if type(obj) is list else None
+        if items is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((v, depth + 1) for v in items if type(v) is dict or type(v) is list)
+    return False
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int and 0 <= v <= MAX_INT
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} overflows a float64")
+    return value
+
+
+def decode_manifest_json(raw: bytes, where: object) -> Any:
+    """The JSON value in ``raw``, refusing what FORMAT.md §2 refuses (see the module docstring)."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raise BundleFormatError(
+            f"{where}: starts with a byte order mark; the manifest must be UTF-8 without one"
+        )
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw:
+        raise BundleFormatError(
+            f"{where}: not UTF-8 (a NUL byte or a UTF-16/32 byte order mark); the manifest must be UTF-8 JSON"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BundleFormatError(f"{where}: not UTF-8: {e}") from None
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise BundleFormatError(f"{where}: nested deeper than {MAX_NESTING_DEPTH} levels") from None
+    except ValueError as e:  # json.JSONDecodeError, a huge int, a non-finite number
+        raise BundleFormatError(f"{where}: not valid JSON: {e}") from None
+    if nesting_depth_exceeds(value, MAX_NESTING_DEPTH):
+        raise BundleFormatError(f"{where}: nested deeper than {MAX_NESTING_DEPTH} levels")
+    return value
+
+
+def _int_field(ent: dict[str, Any], key: str, field: str, where: object) -> int:
+    value: Any = ent.get(key)
+    if not _is_int(value):
+        raise BundleFormatError(
+            f"{where}: {field}.{key}: expected an int in [0, 2**63), found {_short(value)}"
+        )
+    return int(value)
+
+
+def _digest_field(ent: dict[str, Any], field: str, where: object) -> None:
+    digest = ent.get("digest")
+    if not isinstance(digest, str) or not DIGEST_RE.fullmatch(digest):
+        raise BundleFormatError(
+            f"{where}: {field}.digest: expected 'sha256:<64 lowercase hex>', found {_short(digest)}"
+        )
+
+
+def parse_manifest_bytes(raw: bytes, where: object) -> dict[str, Any]:
+    """Validate the manifest bytes ``raw`` (read from ``where``, which messages name)."""
+    manifest = decode_manifest_json(raw, where)
+    if not isinstance(manifest, dict):
+        raise BundleFormatError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
+    if manifest.get("format") != FORMAT_NAME:
+        raise BundleFormatError(
+            f"{where}: format: expected {FORMAT_NAME!r}, found {_short(manifest.get('format'))}"
+        )
+    parse_format_version(manifest, where)
+    for key in MANIFEST_KEYS_REQUIRED:
+        if key not in manifest:
+            raise BundleFormatError(f"{where}: {key}: required field is missing")
+    kind = manifest["kind"]
+    if not isinstance(kind, str) or not KIND_RE.fullmatch(kind):
+        raise BundleFormatError(
+            f"{where}: kind: expected lowercase letters, digits and '_' ([a-z][a-z0-9_]{{0,63}}), found {_short(kind)}"
+        )
+    if not isinstance(manifest["meta"], dict):
+        raise BundleFormatError(f"{where}: meta: expected an object, found {type(manifest['meta']).__name__}")
+    if not _is_int(manifest["sample_count"]):
+        raise BundleFormatError(
+            f"{where}: sample_count: expected an int in [0, 2**63), found {_short(manifest['sample_count'])}"
+        )
+    for key in ("media_references",):
+        if key in manifest and not _is_int(manifest[key]):
+            raise BundleFormatError(
+                f"{where}: {key}: expected an int in [0, 2**63), found {_short(manifest[key])}"
+            )
+    if "created_by" in manifest and not isinstance(manifest["created_by"], str):
+        raise BundleFormatError(
+            f"{where}: created_by: expected a string, found {_short(manifest['created_by'])}"
+        )
+
+    shards = manifest["shards"]
+    if not isinstance(shards, list):
+        raise BundleFormatError(f"{where}: shards: expected a list, found {type(shards).__name__}")
+    seen: set[str] = set()
+    total = 0
+    for i, ent in enumerate(shards):
+        field = f"shards[{i}]"
+        if not isinstance(ent, dict):
+            raise BundleFormatError(f"{where}: {field}: expected an object, found {type(ent).__name__}")
+        p = ent.get("path")
+        if not isinstance(p, str) or not SHARD_PATH_RE.fullmatch(p):
+            raise UnsafeBundleError(
+                f"{where}: {field}.path: expected 'samples/NNNNNN.msgpack.zst', found {_short(p)}"
+            )
+        expected_path = f"{SHARDS_DIR}/{SHARD_NAME_FORMAT.format(index=i)}"
+        if p != expected_path:
+            raise BundleFormatError(
+                f"{where}: {field}.path: expected {expected_path!r} (shards are numbered from 0 without gaps), found {p!r}"
+            )
+        seen.add(p)
+        samples = _int_field(ent, "samples", field, where)
+        _int_field(ent, "size", field, where)
+        raw_size = _int_field(ent, "raw_size", field, where)
+        if raw_size > MAX_SHARD_RAW_BYTES:
+            raise UnsafeBundleError(
+                f"{where}: {field}.raw_size: {raw_size} exceeds the cap of {MAX_SHARD_RAW_BYTES} bytes"
+            )
+        if samples > raw_size:
+            raise BundleFormatError(
+                f"{where}: {field}.samples: {samples} samples cannot fit in raw_size {raw_size} bytes (each takes at least one)"
+            )
+        _digest_field(ent, field, where)
+        total += samples
+    if total != manifest["sample_count"]:
+        raise BundleFormatError(
+            f"{where}: sample_count: {manifest['sample_count']} disagrees with the shards' total of {total}"
+        )
+
+    media = manifest["media"]
+    if not isinstance(media, list):
+        raise BundleFormatError(f"{where}: media: expected a list, found {type(media).__name__}")
+    for i, ent in enumerate(media):
+        field = f"media[{i}]"
+        if not isinstance(ent, dict):
+            raise BundleFormatError(f"{where}: {field}: expected an object, found {type(ent).__name__}")
+        _digest_field(ent, field, where)
+        suffix = ent.get("suffix")
+        if not isinstance(suffix, str) or not SUFFIX_RE.fullmatch(suffix):
+            raise UnsafeBundleError(f"{where}: {field}.suffix: expected e.g. '.png', found {_short(suffix)}")
+        _int_field(ent, "size", field, where)
+        name = ent["digest"][7:] + suffix
+        if name in seen:
+            raise BundleFormatError(f"{where}: {field}: {ent['digest']}{suffix} is listed twice")
+        seen.add(name)
+    return manifest

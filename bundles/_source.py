@@ -1,0 +1,464 @@
+"""Where a bundle's bytes come from: a directory, or a packed file read in place.
+
+The reader sees a bundle through a *source*, which lists its entries, reads the manifest under
+its size cap, and opens one member as a bounded binary file. :class:`DirSource` is a bundle
+directory; :class:`PackedSource` is a packed bundle (an uncompressed tar, see docs/FORMAT.md §7)
+read by member offsets, with no extraction and no temporary copy.
+
+A packed file is indexed once, when it is opened, by :func:`read_tar_index`: the one
+implementation of the rules for tar members, which ``unpack_bundle`` uses too. Every header is
+checked before any member's bytes are read or written: names must be ones the layout allows
+(no absolute names, no ``.``/``..`` parts, no backslashes), members must be regular files or the
+two layout directories (no links, devices, FIFOs or sparse files), no name may appear twice, the
+manifest must fit its cap, every member's data must lie inside the file, and the archive must end
+with its end-of-archive blocks followed by nothing but zeros (so a truncated file, or a second
+archive hidden after the first, is refused rather than read as whatever prefix parses).
+
+A :class:`PackedSource` keeps its file open and reads with ``pread`` at the recorded offsets: a
+packed file replaced on disk while open (``pack --force`` renames a new file into place) is never
+read as a mix of two files; the open bundle keeps reading the file it indexed. Member reads are
+thread-safe (no shared file position). Call ``close()`` (or use the bundle as a context manager)
+to release the descriptor early; it is closed when the object is collected otherwise.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat
+import tarfile
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from bundles._errors import BundleError, BundleIOError, BundleNotFoundError, UnsafeBundleError
+from bundles._layout import (
+    DIGEST_RE,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    MEDIA_DIR,
+    SHARD_PATH_RE,
+    SHARDS_DIR,
+    SUFFIX_RE,
+)
+from bundles._media import sha256_stream
+
+LAYOUT_DIRS = (MEDIA_DIR, SHARDS_DIR)
+_BLOCK = tarfile.BLOCKSIZE
+# Headers (ustar, and the pax/GNU extensions tarfile understands) are read through a file that
+# refuses any single read above this: an extended header declaring gigabytes is not buffered.
+_MAX_HEADER_READ = 1024 * 1024
+_REGULAR_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)
+_TYPE_NAMES = {
+    tarfile.SYMTYPE: "a symlink",
+    tarfile.LNKTYPE: "a hard link",
+    tarfile.CHRTYPE: "a character device",
+    tarfile.BLKTYPE: "a block device",
+    tarfile.FIFOTYPE: "a FIFO",
+    tarfile.CONTTYPE: "a contiguous file",
+    tarfile.GNUTYPE_SPARSE: "a sparse file",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a bundle: ``name`` relative to the bundle, ``kind`` ``"file"``, ``"dir"`` or a
+    description of anything else (``"a symlink"``), ``size`` in bytes for files."""
+
+    name: str
+    kind: str
+    size: int
+
+
+def kind_of(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a special file"
+
+
+def describe(kind: str) -> str:
+    return {"file": "a regular file", "dir": "a directory"}.get(kind, kind)
+
+
+def layout_name_ok(name: str) -> bool:
+    """True for the names a bundle's layout allows: the manifest, the two directories, a shard,
+    or ``media/<64 hex><suffix>``."""
+    if name in (MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR) or SHARD_PATH_RE.fullmatch(name):
+        return True
+    parts = name.split("/")
+    if len(parts) == 2 and parts[0] == MEDIA_DIR:
+        digest, dot, suffix = parts[1].partition(".")
+        return bool(DIGEST_RE.fullmatch("sha256:" + digest) and SUFFIX_RE.fullmatch(dot + suffix))
+    return False
+
+
+# -- directories ---------------------------------------------------------------------------------
+class DirSource:
+    """A bundle directory."""
+
+    packed = False
+
+    def __init__(self, root: Path) -> None:
+        self.path = root
+
+    def where(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def media_path(self, name: str) -> str:
+        return str(self.path / name)
+
+    def read_manifest(self) -> bytes:
+        mpath = self.path / MANIFEST_NAME
+        try:
+            f, size = self.open(MANIFEST_NAME)
+        except FileNotFoundError:
+            raise BundleNotFoundError(f"{self.path}: not a bundle: {MANIFEST_NAME} is missing") from None
+        with f:
+            if size > MAX_MANIFEST_BYTES:
+                raise UnsafeBundleError(
+                    f"{mpath}: {size} bytes exceeds the manifest cap of {MAX_MANIFEST_BYTES}"
+                )
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise UnsafeBundleError(f"{mpath}: exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes")
+        return raw
+
+    def entries(self) -> Iterator[Entry]:
+        """Every entry below the bundle directory, by ``lstat`` (links are not followed); the
+        contents of directories other than the two of the layout are not listed."""
+        for root, dirs, files in os.walk(self.path):
+            rel_root = os.path.relpath(root, self.path)
+            for name in dirs + files:
+                rel = name if rel_root == "." else f"{rel_root}/{name}"
+                try:
+                    st = os.lstat(os.path.join(root, name))
+                except FileNotFoundError:
+                    continue  # vanished while listing
+                kind = kind_of(st.st_mode)
+                if kind == "dir" and rel not in LAYOUT_DIRS:
+                    dirs.remove(name)
+                yield Entry(rel, kind, st.st_size if kind == "file" else 0)
+
+    def open(self, name: str) -> tuple[BinaryIO, int]:
+        """Open one regular file of the bundle; return it and its size.
+
+        Raises FileNotFoundError when it is missing and :class:`UnsafeBundleError` when it is a
+        link or a special file (checked on the opened descriptor, so nothing can be swapped in
+        between; ``O_NONBLOCK`` keeps a FIFO from blocking the open).
+        """
+        path = self.path / name
+        flags = (
+            os.O_RDONLY
+            | getattr(os, "O_NOFOLLOW", 0)
+            | getattr(os, "O_NONBLOCK", 0)
+            | getattr(os, "O_CLOEXEC", 0)
+        )
+        try:
+            fd = os.open(path, flags)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UnsafeBundleError(f"{path}: expected a regular file, found a symlink") from None
+            if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                raise FileNotFoundError(
+                    errno.ENOENT, "listed in the manifest but missing", str(path)
+                ) from None
+            raise BundleIOError.wrap(self.path, f"read {name}", e) from e
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafeBundleError(
+                    f"{path}: expected a regular file, found {describe(kind_of(st.st_mode))}"
+                )
+            return os.fdopen(fd, "rb", buffering=0), st.st_size
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def hash(self, name: str) -> tuple[str, int]:
+        f, _ = self.open(name)
+        with f:
+            return sha256_stream(f)
+
+    def close(self) -> None:
+        pass
+
+
+# -- packed files --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Member:
+    """One member of a packed bundle: where its data starts in the file, and its size."""
+
+    name: str
+    is_dir: bool
+    offset: int
+    size: int
+
+
+class MemberFile(io.RawIOBase):
+    """A read-only binary file over ``size`` bytes at ``offset`` of the descriptor ``fd``.
+
+    Reads use ``pread``, so many of these can share one descriptor across threads. Reaching the
+    end of the underlying file before ``size`` bytes raises :class:`UnsafeBundleError` (the packed
+    file was truncated after it was indexed).
+    """
+
+    def __init__(self, fd: int, offset: int, size: int, where: str) -> None:
+        super().__init__()
+        self._fd = fd
+        self._offset = offset
+        self._size = size
+        self._pos = 0
+        self._where = where
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        view = memoryview(b).cast("B")[:n]
+        try:
+            if hasattr(os, "preadv"):
+                got = os.preadv(self._fd, [view], self._offset + self._pos)
+            else:  # pragma: no cover - platforms without preadv
+                data = os.pread(self._fd, n, self._offset + self._pos)
+                got = len(data)
+                view[:got] = data
+        except OSError as e:
+            raise BundleIOError.wrap(self._where, "read", e) from e
+        if got == 0:
+            raise UnsafeBundleError(
+                f"{self._where}: truncated: the packed file ends {self._size - self._pos} bytes before this member does"
+            )
+        self._pos += got
+        return got
+
+
+class _HeaderFile:
+    """The file object tarfile reads headers through: positioned reads over a descriptor, each
+    capped at ``_MAX_HEADER_READ`` (tarfile seeks over member data; it only reads headers)."""
+
+    def __init__(self, fd: int, where: Path) -> None:
+        self._fd = fd
+        self._pos = 0
+        self._where = where
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0 or n > _MAX_HEADER_READ:
+            raise UnsafeBundleError(
+                f"{self._where}: a tar header at offset {self._pos} declares an extended header of {n} bytes; "
+                f"more than {_MAX_HEADER_READ} is refused"
+            )
+        data = os.pread(self._fd, n, self._pos)
+        self._pos += len(data)
+        return data
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            pos += self._pos
+        elif whence == io.SEEK_END:
+            pos += os.fstat(self._fd).st_size
+        self._pos = pos
+        return pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _type_name(info: tarfile.TarInfo) -> str:
+    return _TYPE_NAMES.get(info.type, f"tar member type {info.type!r}")
+
+
+def check_member(info: tarfile.TarInfo, where: Path, seen: set[str], file_size: int) -> Member:
+    """Check one tar header against the rules of docs/FORMAT.md §7; return the member it describes.
+
+    The single implementation used by ``unpack_bundle`` and by the in-place reader.
+    """
+    name = info.name
+    label = f"{where}: member {name!r}"
+    if name.startswith("/") or "\\" in name:
+        raise UnsafeBundleError(f"{label}: absolute names are refused")
+    parts = name.split("/")
+    if ".." in parts or "." in parts or "" in parts:
+        raise UnsafeBundleError(f"{label}: names with '..', '.' or empty parts are refused")
+    if not layout_name_ok(name):
+        raise UnsafeBundleError(f"{label}: not a name the bundle layout allows")
+    if name in seen:
+        raise UnsafeBundleError(f"{label}: appears twice")
+    seen.add(name)
+    if info.type == tarfile.DIRTYPE:
+        if name not in LAYOUT_DIRS:
+            raise UnsafeBundleError(f"{label}: expected a regular file, found a directory")
+        return Member(name, True, info.offset_data, 0)
+    if info.type not in _REGULAR_TYPES or info.sparse is not None:
+        what = "a sparse file" if info.sparse is not None else _type_name(info)
+        raise UnsafeBundleError(
+            f"{label}: expected a regular file, found {what}; links, sparse and special files are refused"
+        )
+    if name in LAYOUT_DIRS:
+        raise UnsafeBundleError(f"{label}: expected the directory {name}/, found a regular file")
+    if name == MANIFEST_NAME and info.size > MAX_MANIFEST_BYTES:
+        raise UnsafeBundleError(
+            f"{label}: {info.size} bytes exceeds the manifest cap of {MAX_MANIFEST_BYTES}"
+        )
+    if info.offset_data + info.size > file_size:
+        raise UnsafeBundleError(
+            f"{label}: truncated: its {info.size} bytes at offset {info.offset_data} end past the end of the "
+            f"file ({file_size} bytes)"
+        )
+    return Member(name, False, info.offset_data, info.size)
+
+
+def read_tar_index(fd: int, where: Path) -> dict[str, Member]:
+    """Index the packed bundle open at ``fd``: every member checked (see :func:`check_member`),
+    in archive order, before any member's data is read.
+
+    Raises:
+        UnsafeBundleError: the file is not a well-formed tar, is truncated, or holds a member the
+            rules refuse; the message names the file and the member.
+    """
+    file_size = os.fstat(fd).st_size
+    members: dict[str, Member] = {}
+    seen: set[str] = set()
+    end = 0
+    try:
+        header_file: Any = _HeaderFile(fd, where)
+        tar = tarfile.TarFile(fileobj=header_file, mode="r", encoding="utf-8", errors="surrogateescape")
+        while True:
+            info = tar.next()
+            if info is None:
+                break
+            tar.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every header; the index keeps only what it needs
+            m = check_member(info, where, seen, file_size)
+            members[m.name] = m
+            end = m.offset + -(-m.size // _BLOCK) * _BLOCK
+    except UnsafeBundleError:
+        raise
+    except (
+        Exception
+    ) as e:  # tarfile raises ReadError, but also ValueError, UnicodeError, EOFError on hostile headers
+        raise UnsafeBundleError(
+            f"{where}: not a packed bundle (uncompressed tar): {type(e).__name__}: {e}"
+        ) from None
+    if not members:
+        raise UnsafeBundleError(f"{where}: not a packed bundle: the archive holds no members")
+    _check_archive_end(fd, where, end, file_size)
+    return members
+
+
+def _check_archive_end(fd: int, where: Path, end: int, file_size: int) -> None:
+    """After the last member: at least the two zero blocks that end a tar, then only zeros."""
+    if file_size - end < 2 * _BLOCK:
+        raise UnsafeBundleError(
+            f"{where}: truncated: the archive's end-of-archive blocks are missing after offset {end} "
+            f"(the file has {file_size} bytes)"
+        )
+    pos = end
+    while pos < file_size:
+        chunk = os.pread(fd, min(1024 * 1024, file_size - pos), pos)
+        if not chunk:
+            break
+        if chunk.count(0) != len(chunk):
+            first = pos + next(i for i, b in enumerate(chunk) if b)
+            raise UnsafeBundleError(
+                f"{where}: unexpected data at offset {first}, after the archive's last member ending at {end} "
+                "(a malformed header, or data appended after the end of the archive)"
+            )
+        pos += len(chunk)
+
+
+class PackedSource:
+    """A packed bundle read in place (see the module docstring)."""
+
+    packed = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            raise BundleNotFoundError(f"{path}: no bundle here (path does not exist)") from None
+        except OSError as e:
+            raise BundleIOError.wrap(path, "open the packed bundle", e) from e
+        self._fd = fd
+        self._closer = weakref.finalize(self, os.close, fd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafeBundleError(
+                    f"{path}: expected a packed bundle file, found {describe(kind_of(st.st_mode))}"
+                )
+            self.members = read_tar_index(fd, path)
+        except BaseException:
+            self.close()
+            raise
+
+    def where(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def media_path(self, name: str) -> str:
+        """Where a member is, as a name: ``<packed file>/<member>``. It names the member inside the
+        packed file and cannot be opened as a file; read it with ``Bundle.open_media``."""
+        return self.where(name)
+
+    def read_manifest(self) -> bytes:
+        try:
+            f, _ = self.open(MANIFEST_NAME)
+        except FileNotFoundError:
+            raise BundleNotFoundError(
+                f"{self.path}: not a bundle: the packed file holds no {MANIFEST_NAME}"
+            ) from None
+        with f:
+            return f.read()  # the index capped its size
+
+    def entries(self) -> Iterator[Entry]:
+        for m in self.members.values():
+            yield Entry(m.name, "dir" if m.is_dir else "file", m.size)
+
+    def open(self, name: str) -> tuple[BinaryIO, int]:
+        m = self.members.get(name)
+        if m is None:
+            raise FileNotFoundError(errno.ENOENT, "listed in the manifest but missing", self.where(name))
+        if m.is_dir:
+            raise UnsafeBundleError(f"{self.where(name)}: expected a regular file, found a directory")
+        if self._fd < 0:
+            raise BundleError(f"{self.path}: the bundle was closed")
+        return MemberFile(self._fd, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]
+
+    def hash(self, name: str) -> tuple[str, int]:
+        f, _ = self.open(name)
+        with f:
+            return sha256_stream(f)
+
+    def close(self) -> None:
+        self._closer()
+        self._fd = -1
+
+
+Source = DirSource | PackedSource
