@@ -218,9 +218,22 @@ def test_remove_bundle_removes_only_bundles(tmp_path):
     (tmp_path / "notes").mkdir()
     with pytest.raises(BundleNotFoundError, match="not a bundle"):
         remove_bundle(tmp_path / "notes")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(BundleNotFoundError) as e:
         remove_bundle(tmp_path / "gone")
+    assert str(e.value) == f"{tmp_path / 'gone'}: no bundle here (path does not exist)"
+    assert isinstance(e.value, FileNotFoundError)
     assert (tmp_path / "notes").is_dir()
+
+
+def test_overwrite_never_replaces_a_symlink_even_to_a_bundle(tmp_path):
+    real = write_bundle(tmp_path / "real", [{"v": 1}])
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    with pytest.raises(BundleExistsError) as e:
+        write_bundle(tmp_path / "link", [{"v": 2}], overwrite=True)
+    assert str(e.value) == f"{tmp_path / 'link'}: destination exists and is not a bundle; refusing to replace it"
+    assert (tmp_path / "link").is_symlink() and os.readlink(tmp_path / "link") == str(real)
+    assert [s["v"] for s in open_bundle(real, verify="full").samples()] == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # no staging left
 
 
 def test_media_ref_from_bytes_matches_from_file(tmp_path):

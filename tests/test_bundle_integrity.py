@@ -26,6 +26,7 @@ from bundles import (
     BundleVerificationError,
     MediaRef,
     UnsafeBundleError,
+    UnsupportedValueError,
     open_bundle,
     write_bundle,
 )
@@ -73,7 +74,9 @@ def test_a_shard_swapped_after_opening_without_verification_is_refused_when_read
         list(bundle.samples())
     expected = json.loads((a / "manifest.json").read_text())["shards"][0]["digest"]
     found = "sha256:" + hashlib.sha256(swapped).hexdigest()
-    assert e.value.problems == [f"{a / SHARD}: digest: expected {expected}, found {found}"]
+    problem = f"{a / SHARD}: digest: expected {expected}, found {found}"
+    assert e.value.problems == [problem] and e.value.path == a
+    assert str(e.value) == f"{a}: bundle failed verification with 1 problem(s):\n  - {problem}"
 
 
 def test_a_shard_that_decompresses_past_its_recorded_size_is_refused(tmp_path):
@@ -191,3 +194,56 @@ def test_rehydrate_by_copy_of_sound_media_checks_and_places_every_file(tmp_path)
     assert [Path(p).read_bytes() for p in s["imgs"]] == blobs
     assert sorted(os.listdir(target)) == sorted(hashlib.sha256(b).hexdigest() + ".png" for b in blobs)
     assert all(os.stat(p).st_nlink == 1 for p in s["imgs"])  # copies, not links into the bundle
+
+
+# -- decoded tensors are checked -----------------------------------------------------------------
+
+
+def _tensor_ext(header: object, raw: bytes) -> msgpack.ExtType:
+    return msgpack.ExtType(6, msgpack.packb(header) + raw)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("header", "raw", "message"),
+    [
+        (["float32"], b"", "malformed tensor header ['float32']"),
+        ([7, [1]], b"\0" * 4, "malformed tensor header [7, [1]]"),
+        (["Tensor", [1]], b"\0" * 4, "unknown torch dtype 'Tensor'"),
+        (["no_such_dtype", [1]], b"\0" * 4, "unknown torch dtype 'no_such_dtype'"),
+        (["float32", 3], b"\0" * 12, "malformed tensor shape 3"),
+        (["float32", [-1]], b"", "malformed tensor shape [-1]"),
+        (["float32", [1.5]], b"\0" * 4, "malformed tensor shape [1.5]"),
+        (
+            ["float32", [2, 3]],
+            b"\0" * 20,
+            "tensor of dtype float32 and shape (2, 3) needs 24 bytes, found 20",
+        ),
+        (["bfloat16", [3]], b"\0" * 8, "tensor of dtype bfloat16 and shape (3,) needs 6 bytes, found 8"),
+    ],
+)
+def test_a_malformed_tensor_in_a_shard_is_refused_naming_it(tmp_path, header, raw, message):
+    pytest.importorskip("torch")
+    a = write_bundle(tmp_path / "a", [{"i": 0}])
+    rewrite_shard(a, msgpack.packb({"t": _tensor_ext(header, raw)}))
+    with pytest.raises(BundleFormatError) as e:
+        list(open_bundle(a, verify="fast").samples())
+    assert str(e.value) == f"{a / SHARD}: {message}"
+
+
+@pytest.mark.torch
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
+def test_sparse_tensors_are_refused_naming_the_layout(tmp_path):
+    torch = pytest.importorskip("torch")
+    dense = torch.eye(3)
+    for tensor, layout in (
+        (dense.to_sparse(), "torch.sparse_coo"),
+        (dense.to_sparse_csr(), "torch.sparse_csr"),
+    ):
+        with pytest.raises(UnsupportedValueError) as e:
+            write_bundle(tmp_path / "b", [{"x": {"t": tensor}}])
+        assert (
+            str(e.value)
+            == f"{tmp_path / 'b'}: samples[0].x.t: only dense tensors are stored, found layout {layout}"
+        )
+        assert not (tmp_path / "b").exists()

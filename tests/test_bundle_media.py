@@ -98,6 +98,21 @@ def test_media_ref_without_path_is_found_in_the_media_roots(tmp_path, run_dir):
     assert loaded["r"].digest == ref.digest and Path(loaded["r"].path).read_bytes() == b"abc"
     with pytest.raises(MediaMissingError, match="has no path"):
         write_bundle(tmp_path / "c", [{"r": ref}])
+    other_root = tmp_path / "other-run"
+    other_root.mkdir()
+    with pytest.raises(MediaMissingError) as e:
+        write_bundle(tmp_path / "d", [{"x": [0, {"r": ref}]}], media_roots=[other_root, str(run_dir) + "-gone/"])
+    assert str(e.value) == (
+        f"{tmp_path / 'd'}: samples[0].x[1].r: MediaRef {ref.digest} has no path and no file {ref.filename} "
+        f"exists in the media roots {[str(other_root), str(run_dir) + '-gone']}"
+    )
+
+
+def test_media_ref_from_a_missing_file_names_it(tmp_path):
+    with pytest.raises(MediaMissingError) as e:
+        MediaRef.from_file(tmp_path / "gone.png")
+    assert str(e.value) == f"{tmp_path / 'gone.png'}: media file not found"
+    assert isinstance(e.value, FileNotFoundError)
 
 
 def test_copied_file_with_a_lying_name_fails_the_write(tmp_path, run_dir):

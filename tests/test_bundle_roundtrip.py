@@ -234,3 +234,17 @@ def test_cuda_tensors_are_stored_and_come_back_on_the_cpu(tmp_path):
     (loaded,) = open_bundle(tmp_path / "b").samples()
     assert loaded["pixel_values"].device.type == "cpu"
     assert torch.equal(loaded["pixel_values"], t.cpu())
+
+
+def test_the_extreme_64_bit_ints_round_trip_and_the_first_int_beyond_them_is_named(tmp_path):
+    extremes = {"t": [2**64 - 1, -(2**63), 0, 2**63 - 1, -1]}
+    write_bundle(tmp_path / "ok", [extremes])
+    assert list(open_bundle(tmp_path / "ok").samples()) == [extremes]
+    # Each out-of-range int sits right after the extreme that is still allowed: the message names it.
+    for bad, value in (
+        ([2**64 - 1, 2**64], "18446744073709551616"),
+        ([-(2**63), -(2**63) - 1], "-9223372036854775809"),
+    ):
+        with pytest.raises(UnsupportedValueError) as e:
+            write_bundle(tmp_path / "b", [{"t": bad}])
+        assert str(e.value) == f"{tmp_path / 'b'}: samples[0].t[1]: int {value} does not fit in 64 bits"
