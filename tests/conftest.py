@@ -4,7 +4,8 @@ that ask for it.
 Hypothesis profiles (``HYPOTHESIS_PROFILE=<name>``; tox sets ``ci``, and ``CI=...`` selects it too):
   ci       derandomized and without an example database: the same examples on every run, so CI
            never fails on a draw it cannot reproduce; a failure prints the blob to reproduce it.
-  mutants  as ci; `make mutants` uses it, so that a mutant is killed or not independently of luck.
+  mutants  as ci, without shrinking; `make mutants` uses it, so that a mutant is killed or not
+           independently of luck.
   dev      the default outside CI: fresh random examples every run, failures kept in .hypothesis/.
 Example counts are set per test (kept small so CI stays fast); ``FUZZ_EXAMPLES`` scales the fuzzers.
 """
@@ -18,10 +19,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 settings.register_profile("ci", deadline=None, derandomize=True, database=None, print_blob=True)
-settings.register_profile("mutants", deadline=None, derandomize=True, database=None)
+# No shrinking for mutants: a failing example kills the mutant as it is, and shrinking it would
+# cost more than the rest of the run of that mutant.
+settings.register_profile(
+    "mutants",
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
 settings.register_profile("dev", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
