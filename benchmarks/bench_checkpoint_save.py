@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = bench_dir / "checkpoint-out"  # not bench_save.py's "out", which it wipes
     args = parse_args(
         [
+            "--rollout-batch-size",
+            "1",
             "--shared-media-dir",
             str(run_dir.parent),
             "--run-uuid",

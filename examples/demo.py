@@ -471,7 +471,7 @@ def step_replay(d: Demo) -> None:
     say(d, f"deleted {d.shared}, the original dumps and the outbox")
 
     replay = trainer_hooks.parse_args(
-        ["--load-debug-rollout-data", str(colleague / f"rollout_{{rollout_id}}{bundles.PACK_SUFFIX}"),
+        ["--rollout-batch-size", "1", "--load-debug-rollout-data", str(colleague / f"rollout_{{rollout_id}}{bundles.PACK_SUFFIX}"),
          "--bundle-verify", "full"]
     )  # fmt: skip
     t = time.perf_counter()

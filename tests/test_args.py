@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from trainer_hooks import (
+    MILES_OPTIONS,
+    OWN_OPTIONS,
     RolloutEngineProcessorArgs,
     UnsafeRunDirError,
     add_arguments,
@@ -61,9 +63,9 @@ def _group(worker_type: str = "regular", **overrides: object) -> dict:
 
 
 def test_defaults() -> None:
-    args = parse_args([])
+    args = parse_args(["--rollout-batch-size", "1"])
     assert re.fullmatch(r"[0-9a-f]{32}", args.run_uuid)
-    assert parse_args([]).run_uuid != args.run_uuid  # a new run per parse
+    assert parse_args(["--rollout-batch-size", "1"]).run_uuid != args.run_uuid  # a new run per parse
     assert args.shared_media_dir is None
     assert args.bundle_link_mode == "auto" and args.bundle_verify == "fast"
     assert args.keep_rollout_checkpoints is None
@@ -87,6 +89,7 @@ def test_every_option_parses(tmp_path: Path) -> None:
         "--recompute-logprobs-via-prefill",
         "--bundle-link-mode", "hardlink", "--keep-rollout-checkpoints", "3", "--bundle-verify", "full",
         "--sglang-mm-process-config", '{"image": {"max_pixels": 10}}',
+        "--rollout-batch-size", "4",
     ]  # fmt: skip
     args = parse_args(argv)
     assert Path(args.shared_media_dir).is_absolute() and args.shared_media_dir.endswith("rel/media")
@@ -109,7 +112,6 @@ def test_every_option_parses(tmp_path: Path) -> None:
         (["--load-debug-rollout-data-subsample", "0.5"], "--load-debug-rollout-data-subsample: requires"),
         (["--load-debug-rollout-data", "d", "--load-debug-rollout-data-subsample", "1.5"], "0 < r <= 1"),
         (["--keep-rollout-checkpoints", "0"], "--keep-rollout-checkpoints"),
-        (["--sglang-mm-process-config", "{not json"], "--sglang-mm-process-config: expected a JSON object"),
         (["--sglang-mm-process-config", "[1]"], "--sglang-mm-process-config: expected a JSON object"),
         (
             ["--rollout-external-engine-addrs", "nohost"],
@@ -120,18 +122,18 @@ def test_every_option_parses(tmp_path: Path) -> None:
 )
 def test_validation_errors_name_the_option(argv: list[str], option: str) -> None:
     with pytest.raises(ValueError, match=re.escape(option)):
-        parse_args(argv)
+        parse_args(["--rollout-batch-size", "1", *argv])
 
 
 def test_bad_run_uuid_is_an_unsafe_run_dir_error() -> None:
     with pytest.raises(UnsafeRunDirError):
-        parse_args(["--run-uuid", "a/b"])
+        parse_args(["--rollout-batch-size", "1", "--run-uuid", "a/b"])
 
 
 def test_choices_are_enforced_by_argparse_and_by_validate_args() -> None:
     with pytest.raises(SystemExit):
-        parse_args(["--bundle-link-mode", "symlink"])
-    args = parse_args([])
+        parse_args(["--rollout-batch-size", "1", "--bundle-link-mode", "symlink"])
+    args = parse_args(["--rollout-batch-size", "1"])
     args.bundle_verify = "paranoid"
     with pytest.raises(
         ValueError, match="--bundle-verify: expected one of none, fast, full, found 'paranoid'"
@@ -142,7 +144,7 @@ def test_choices_are_enforced_by_argparse_and_by_validate_args() -> None:
 def test_shared_media_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
     with pytest.raises(ValueError, match=r"--shared-media-dir .*expected a directory"):
-        parse_args(["--shared-media-dir", str(tmp_path / "f")])
+        parse_args(["--rollout-batch-size", "1", "--shared-media-dir", str(tmp_path / "f")])
 
 
 def test_add_arguments_skips_options_the_parser_already_has() -> None:
@@ -150,7 +152,7 @@ def test_add_arguments_skips_options_the_parser_already_has() -> None:
     parser.add_argument("--save", default="miles-default")
     parser.add_argument("--fp16", action="store_true")
     add_arguments(parser)
-    args = validate_args(parser.parse_args(["--shared-media-dir", "/m"]))
+    args = validate_args(parser.parse_args(["--shared-media-dir", "/m", "--rollout-batch-size", "1"]))
     assert args.save == os.path.abspath("miles-default") and args.shared_media_dir == "/m"
 
 
@@ -158,7 +160,7 @@ def test_add_arguments_skips_options_the_parser_already_has() -> None:
 
 
 def test_no_sglang_config_resolves_one_implicit_group() -> None:
-    args = parse_args([TSP, *_base_argv()])
+    args = parse_args(["--rollout-batch-size", "1", TSP, *_base_argv()])
     pa = args.rollout_processor_args
     assert isinstance(pa, RolloutEngineProcessorArgs)
     assert (pa.model_path, pa.image_processor_backend, pa.mm_process_config) == (
@@ -191,7 +193,7 @@ def test_agreeing_groups_resolve_with_overrides_over_model_over_base(tmp_path: P
             {"name": "judge", "model_path": OTHER["model_path"], "image_processor_backend": "torchvision"},
         ],
     )
-    args = parse_args([TSP, *_base_argv(mm_process_config={"a": 1, "b": 2}), "--sglang-config", cfg])
+    args = parse_args(["--rollout-batch-size", "1", TSP, *_base_argv(mm_process_config={"a": 1, "b": 2}), "--sglang-config", cfg])
     pa = args.rollout_processor_args
     assert pa.model_path == OTHER["model_path"]
     assert pa.image_processor_backend == "torchvision"
@@ -229,7 +231,7 @@ def test_every_processor_disagreement_fails_at_parse_time_naming_the_field(
         source = f"sglang[1].{field}"
     cfg = _config(tmp_path, models)
     with pytest.raises(ValueError) as info:
-        parse_args([TSP, *_base_argv(), "--sglang-config", cfg])
+        parse_args(["--rollout-batch-size", "1", TSP, *_base_argv(), "--sglang-config", cfg])
     msg = str(info.value)
     assert f"disagree on {field}," in msg
     assert cfg in msg
@@ -238,14 +240,14 @@ def test_every_processor_disagreement_fails_at_parse_time_naming_the_field(
     assert repr(BASE[field]) in msg and repr(OTHER[field]) in msg
     assert source in msg and f"--sglang-{field.replace('_', '-')}" in msg
     # Without --enable-token-space-processor the engines process their own inputs: no check.
-    assert parse_args([*_base_argv(), "--sglang-config", cfg]).rollout_processor_args is None
+    assert parse_args(["--rollout-batch-size", "1", *_base_argv(), "--sglang-config", cfg]).rollout_processor_args is None
 
 
 @pytest.mark.parametrize("field", FIELDS)
 def test_a_value_set_for_only_one_group_disagrees_with_the_unset_default(tmp_path: Path, field: str) -> None:
     cfg = _config(tmp_path, [{"name": "actor", "server_groups": [_group(), _group(**{field: OTHER[field]})]}])
-    with pytest.raises(ValueError, match=f"disagree on {field},.*= None"):
-        parse_args([TSP, "--sglang-config", cfg])
+    with pytest.raises(ValueError, match=f"disagree on {field},.*= (None|'auto') \\(from"):
+        parse_args(["--rollout-batch-size", "1", TSP, "--sglang-config", cfg])
 
 
 @pytest.mark.parametrize(
@@ -260,8 +262,8 @@ def test_a_value_set_for_only_one_group_disagrees_with_the_unset_default(tmp_pat
 )
 def test_external_engines_are_refused_with_token_space_processing(extra: list[str], option: str) -> None:
     with pytest.raises(ValueError, match=f"--enable-token-space-processor cannot be used with {option}"):
-        parse_args([TSP, *_base_argv(), *extra])
-    assert parse_args([*_base_argv(), *extra]).rollout_processor_args is None
+        parse_args(["--rollout-batch-size", "1", TSP, *_base_argv(), *extra])
+    assert parse_args(["--rollout-batch-size", "1", *_base_argv(), *extra]).rollout_processor_args is None
 
 
 @pytest.mark.parametrize(
@@ -286,17 +288,179 @@ def test_malformed_sglang_config_names_the_file_and_key(tmp_path: Path, content:
     path = tmp_path / "cfg.yaml"
     path.write_text(content)
     with pytest.raises(ValueError, match=message) as info:
-        parse_args([TSP, "--sglang-config", str(path)])
+        parse_args(["--rollout-batch-size", "1", TSP, "--sglang-config", str(path)])
     assert f"--sglang-config {path}" in str(info.value)
 
 
 def test_missing_sglang_config_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"--sglang-config .*missing\.yaml: cannot read it"):
-        parse_args([TSP, "--sglang-config", str(tmp_path / "missing.yaml")])
+        parse_args(["--rollout-batch-size", "1", TSP, "--sglang-config", str(tmp_path / "missing.yaml")])
 
 
 def test_rollout_paths_are_made_absolute_at_parse_time(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = parse_args(["--save", "ckpt", "--load", "old", "--save-debug-rollout-data", "dumps/r_{rollout_id}"])
+    args = parse_args(["--rollout-batch-size", "1", "--save", "ckpt", "--load", "old", "--save-debug-rollout-data", "dumps/r_{rollout_id}"])
     assert args.save == str(tmp_path / "ckpt") and args.load == str(tmp_path / "old")
     assert args.save_debug_rollout_data == str(tmp_path / "dumps" / "r_{rollout_id}")
+
+
+# ---------------------------------------------------------------- Miles' parser
+#
+# Miles is not installable here (it needs SGLang and a GPU stack), so these tests rebuild the
+# order in which Miles' parse_args builds its parser (miles/utils/arguments.py at radixark/miles
+# 31f1ca961): the training backend's options first (Megatron's --save/--load/--fp16/--bf16/
+# --save-interval, or FSDP's --fp16 BooleanOptionalAction), then add_custom_arguments(parser),
+# then Miles' own options (defined below as Miles defines them; --save/--load through its
+# reset_arg, which only resets the default of an existing option), then the rollout function
+# class's add_arguments(parser), then parse.
+
+# Miles' definitions of the options trainer_hooks uses, written down from its source
+# (type, default, choices, required, action); SGLang's for the --sglang-* ones (0.5.23).
+MILES_DEFS: dict[str, dict] = {
+    "--save-debug-rollout-data": dict(type=str, default=None),
+    "--save-debug-trajectory-data": dict(type=str, default=None),
+    "--load-debug-rollout-data": dict(type=str, default=None),
+    "--load-debug-rollout-data-subsample": dict(type=float, default=None),
+    "--num-rollout": dict(type=int, default=None),
+    "--start-rollout-id": dict(type=int, default=None),
+    "--rollout-batch-size": dict(type=int, required=True),
+    "--update-weights-interval": dict(type=int, default=1),
+    "--rollout-external-engine-addrs": dict(type=str, default=None, nargs="+"),
+    "--recompute-logprobs-via-prefill": dict(action="store_true", default=False),
+    "--reward-key": dict(type=str, default=None),
+    "--sglang-config": dict(type=str, default=None),
+    "--sglang-image-processor-backend": dict(type=str, choices=["auto", "torchvision", "pil"], default="auto"),
+    "--sglang-mm-process-config": dict(type=json.loads, default=None),
+}
+MEGATRON_DEFS: dict[str, dict] = {
+    "--save": dict(type=str, default=None),
+    "--load": dict(type=str, default=None),
+    "--fp16": dict(action="store_true"),
+    "--bf16": dict(action="store_true"),
+    "--save-interval": dict(type=int, default=None),
+}
+FSDP_DEFS: dict[str, dict] = {"--fp16": dict(action=argparse.BooleanOptionalAction, default=False)}
+
+
+def _reset_arg(parser: argparse.ArgumentParser, name: str, **kwargs: object) -> None:
+    for action in parser._actions:
+        if name in action.option_strings:
+            if "default" in kwargs:
+                action.default = kwargs["default"]
+            return
+    parser.add_argument(name, **kwargs)  # type: ignore[arg-type]
+
+
+def _miles_parse(argv, *, backend="megatron", custom=None, rollout_fn_hook=None):
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    for flag, kw in (MEGATRON_DEFS if backend == "megatron" else FSDP_DEFS).items():
+        parser.add_argument(flag, **kw)
+    if custom is not None:
+        parser = custom(parser)  # Miles: "Add custom arguments in front"
+    for flag, kw in MILES_DEFS.items():
+        parser.add_argument(flag, **kw)  # argparse.ArgumentError on a conflict, as in Miles
+    _reset_arg(parser, "--load", type=str, default=None)
+    _reset_arg(parser, "--save", type=str, default=None)
+    if rollout_fn_hook is not None:
+        rollout_fn_hook(parser)
+    return parser, parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("backend", ["megatron", "fsdp"])
+@pytest.mark.parametrize("where", ["before", "after", "both"])
+def test_add_arguments_plugs_into_miles_parser_whichever_comes_first(backend: str, where: str) -> None:
+    argv = ["--rollout-batch-size", "8", "--shared-media-dir", "/m", "--recompute-logprobs-via-prefill"]
+    parser, args = _miles_parse(
+        argv,
+        backend=backend,
+        custom=add_arguments if where in ("before", "both") else None,
+        rollout_fn_hook=add_arguments if where in ("after", "both") else None,
+    )
+    # Every option string is defined exactly once.
+    strings = [s for a in parser._actions for s in a.option_strings]
+    assert len(strings) == len(set(strings))
+    args = validate_args(args)
+    assert (args.rollout_batch_size, args.shared_media_dir, args.recompute_logprobs_via_prefill) == (8, "/m", True)
+    assert args.num_rollout is None and args.start_rollout_id is None
+    assert args.sglang_image_processor_backend == "auto"
+    assert args.bundle_link_mode == "auto" and args.run_uuid
+    # Miles' own definitions won: --rollout-batch-size stays required.
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--shared-media-dir", "/m"])
+    if backend == "fsdp":
+        # FSDP has no --bf16; Miles derives args.bf16 from --fp16. Nothing of ours shadows --fp16.
+        assert isinstance(parser._option_string_actions["--fp16"], argparse.BooleanOptionalAction)
+        assert "--no-fp16" in parser._option_string_actions
+
+
+def test_before_hook_adds_no_option_miles_defines() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    strings = {s for a in parser._actions for s in a.option_strings}
+    assert strings & set(MILES_OPTIONS) == set()
+    assert set(OWN_OPTIONS) <= strings
+    assert set(OWN_OPTIONS).isdisjoint(MILES_DEFS) and set(OWN_OPTIONS).isdisjoint(MEGATRON_DEFS)
+
+
+def test_a_plain_parser_gets_the_miles_options_it_lacks_at_parse_time() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--save", default="mine")
+    add_arguments(parser)
+    add_arguments(parser)  # twice: harmless
+    args = parser.parse_args(["--rollout-batch-size", "2", "--no-fp16"])
+    assert args.save == "mine" and args.rollout_batch_size == 2 and args.fp16 is False
+    args = parser.parse_args(["--rollout-batch-size", "2"])  # a second parse adds nothing again
+    strings = [s for a in parser._actions for s in a.option_strings]
+    assert len(strings) == len(set(strings))
+
+
+def _definition(action: argparse.Action) -> dict:
+    out: dict = {}
+    if type(action).__name__ == "_StoreTrueAction":
+        out["action"] = "store_true"
+    elif isinstance(action, argparse.BooleanOptionalAction):
+        out["action"] = argparse.BooleanOptionalAction
+    else:
+        out["type"] = action.type
+    if action.required:
+        out["required"] = True
+    else:
+        out["default"] = action.default
+    if action.choices is not None:
+        out["choices"] = list(action.choices)
+    if action.nargs is not None and out.get("action") is None:
+        out["nargs"] = action.nargs
+    return out
+
+
+@pytest.mark.parametrize("flag", [*MILES_DEFS, "--save", "--load", "--save-interval", "--fp16", "--bf16"])
+def test_options_that_exist_in_miles_keep_miles_definitions(flag: str) -> None:
+    from trainer_hooks._args import build_parser
+
+    expected = {**MEGATRON_DEFS, **FSDP_DEFS, **MILES_DEFS}[flag]
+    if flag == "--bf16":
+        expected = {"action": "store_true", "default": False}
+    assert _definition(build_parser()._option_string_actions[flag]) == expected
+
+
+def test_sglang_mm_process_config_is_parsed_by_json_loads_as_sglang_does() -> None:
+    args = parse_args(["--rollout-batch-size", "1", "--sglang-mm-process-config", '{"image": {"a": 1}}'])
+    assert args.sglang_mm_process_config == {"image": {"a": 1}}
+    with pytest.raises(SystemExit):
+        parse_args(["--rollout-batch-size", "1", "--sglang-mm-process-config", "{not json"])
+    with pytest.raises(SystemExit):
+        parse_args(["--rollout-batch-size", "1", "--sglang-image-processor-backend", "fast"])
+
+
+def test_rollout_batch_size_is_required_and_num_rollout_has_no_default(capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse_args([])
+    assert "the following arguments are required: --rollout-batch-size" in capsys.readouterr().err
+    args = parse_args(["--rollout-batch-size", "1"])
+    assert args.num_rollout is None and args.start_rollout_id is None
+
+
+def test_every_option_is_listed_in_the_docs() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "TRAINER_HOOKS.md").read_text()
+    for flag in (*OWN_OPTIONS, *MILES_OPTIONS):
+        assert f"`{flag}`" in doc, flag

@@ -309,13 +309,13 @@ def test_load_errors_name_path_and_field(tmp_path):
         BundleFormatError, match=r"fully_async_2: kind: expected 'rollout_checkpoint', found 'debug_dump'"
     ):
         load_rollout_checkpoint(args, 2)
-    no_media = parse_args(["--load", args.save, "--run-uuid", "x"])
+    no_media = parse_args(["--rollout-batch-size", "1", "--load", args.save, "--run-uuid", "x"])
     with pytest.raises(
         RunMediaError, match=r"fully_async_1: the checkpoint holds 4 media file\(s\) but --shared-media-dir"
     ):
         load_rollout_checkpoint(no_media, 1)
     with pytest.raises(ValueError, match="--load is not set"):
-        load_rollout_checkpoint(parse_args([]), 1)
+        load_rollout_checkpoint(parse_args(["--rollout-batch-size", "1"]), 1)
 
 
 def test_loading_from_another_root_and_verify_full(tmp_path):
@@ -344,7 +344,7 @@ CHILD = textwrap.dedent("""
     from bundles import MediaRef
 
     root, target = sys.argv[1], int(sys.argv[2])
-    args = parse_args(["--shared-media-dir", root + "/shared", "--run-uuid", "victim", "--save", root + "/ckpt",
+    args = parse_args(["--rollout-batch-size", "1", "--shared-media-dir", root + "/shared", "--run-uuid", "victim", "--save", root + "/ckpt",
                        "--bundle-link-mode", "copy"])
     refs = [store_media(args, os.urandom(512 * 1024) + bytes([i % 256]), ".bin") for i in range(400)]
     def group(rs):

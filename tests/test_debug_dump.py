@@ -23,6 +23,8 @@ from trainer_hooks.testing import png_bytes
 def make_args(tmp_path: Path, template: str, *extra: str):
     return parse_args(
         [
+            "--rollout-batch-size",
+            "1",
             "--shared-media-dir",
             str(tmp_path / "shared"),
             "--run-uuid",
@@ -105,7 +107,7 @@ def test_groups_are_flattened_and_unset_template_is_a_no_op(tmp_path):
     s = samples(args, 4)
     save_debug_rollout_data(args, [s[:2], s[2:]], 0, evaluation=False)
     assert [x.index for x in load_debug_rollout_data(args, 0)[0]] == [0, 1, 2, 3]
-    off = parse_args([])
+    off = parse_args(["--rollout-batch-size", "1"])
     assert save_debug_rollout_data(off, s, 0, evaluation=False) is None
     with pytest.raises(ValueError, match="--load-debug-rollout-data is not set"):
         load_debug_rollout_data(off, 0)

@@ -97,6 +97,8 @@ def test_enter_context_and_no_registration_after_close() -> None:
 def _args(tmp_path: Path, *extra: str) -> Namespace:
     return parse_args(
         [
+            "--rollout-batch-size",
+            "1",
             "--shared-media-dir",
             str(tmp_path / "shared"),
             "--num-rollout",
@@ -259,7 +261,7 @@ def test_driver_saves_like_miles(tmp_path: Path) -> None:
 
 
 def test_driver_without_shared_media_dir_runs_with_no_lease(tmp_path: Path) -> None:
-    args = parse_args(["--num-rollout", "1"])
+    args = parse_args(["--rollout-batch-size", "1", "--num-rollout", "1"])
 
     class NoMedia(StandInRolloutManager):
         def generate(self, rollout_id):  # type: ignore[no-untyped-def]
@@ -275,3 +277,11 @@ def test_driver_refuses_a_used_disposer(tmp_path: Path) -> None:
     d.callback(print)
     with pytest.raises(ValueError, match="must be empty"):
         train(_args(tmp_path), disposer=d)
+
+
+def test_drivers_need_num_rollout_which_has_no_default_as_in_miles():
+    args = parse_args(["--rollout-batch-size", "1"])
+    assert args.num_rollout is None
+    for driver in (train, train_async):
+        with pytest.raises(ValueError, match="--num-rollout is not set"):
+            driver(args)

@@ -82,7 +82,7 @@ def test_import_converts_images_and_keeps_tensors(tmp_path, suffix, capsys):
     shot_digest = digest_of(shot.read_bytes())
     (tmp_path / "old_run" / "screen.png").unlink()  # the old run's media is gone; the bundle is not
 
-    args = parse_args(["--load-debug-rollout-data", str(tmp_path / ("dump_{rollout_id}" + suffix))])
+    args = parse_args(["--rollout-batch-size", "1", "--load-debug-rollout-data", str(tmp_path / ("dump_{rollout_id}" + suffix))])
     loaded, metadata = load_debug_rollout_data(args, 3)
     assert metadata == {"kl": 0.1}
     first, second = loaded

@@ -92,7 +92,7 @@ def test_actor_saves_then_driver_releases_run_dir_and_resumes(tmp_path, ray_loca
     assert bundle.meta["pending_group_sizes"] == [2, 2] and bundle.meta["completed_group_sizes"] == [2, 2]
 
     # A new run loads the checkpoint: media rehydrated into its own directory, same bytes.
-    args_b = parse_args([*argv[:3], "run-b", *argv[4:]])
+    args_b = parse_args(["--rollout-batch-size", "1", *argv[:3], "run-b", *argv[4:]])
     pending, completed = load_rollout_checkpoint(args_b, 4)
     assert [[s.index for s in g] for g in pending] == [[4, 5], [6, 7]]
     assert all(

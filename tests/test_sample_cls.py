@@ -88,6 +88,8 @@ tmp = Path(sys.argv[1])
 assert th.default_sample_cls() is Sample
 
 args = th.parse_args([
+    "--rollout-batch-size",
+    "1",
     "--shared-media-dir", str(tmp / "shared"), "--run-uuid", "run-a",
     "--save", str(tmp / "ckpt"), "--load", str(tmp / "ckpt"),
     "--save-debug-rollout-data", str(tmp / "dumps" / "r_{rollout_id}"),

@@ -22,7 +22,7 @@
 trainer objects for tests and demos live in :mod:`trainer_hooks.testing`.
 """
 
-from trainer_hooks._args import add_arguments, parse_args, validate_args
+from trainer_hooks._args import MILES_OPTIONS, OWN_OPTIONS, add_arguments, parse_args, validate_args
 from trainer_hooks._checkpoint import (
     CheckpointSaveError,
     RolloutCheckpoint,
@@ -72,6 +72,8 @@ from trainer_hooks.replay import (
 
 __all__ = [
     "LEASE_NAME",
+    "MILES_OPTIONS",
+    "OWN_OPTIONS",
     "AdapterRef",
     "CheckpointSaveError",
     "DriverReport",

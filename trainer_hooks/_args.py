@@ -1,7 +1,15 @@
-"""Command-line options, with Miles' names, and their validation in one pass after parsing.
+"""Command-line options, with Miles' names and definitions, and their validation in one pass.
 
-``add_arguments`` adds to an existing parser and skips any option the parser already has, so
-it can be called on Miles' own parser (which defines ``--save``, ``--fp16``, … itself).
+Two kinds of options (listed in docs/TRAINER_HOOKS.md):
+
+* This project's own (and the token-space engine build's): :data:`OWN_OPTIONS`.
+  :func:`add_arguments` adds them to any parser that lacks them.
+* Miles' (``--save``, ``--fp16``, ``--rollout-batch-size``, ``--sglang-*``, …):
+  :data:`MILES_OPTIONS`, with Miles' type, default and choices (SGLang's for ``--sglang-*``).
+  :func:`add_arguments` never adds them directly, because Miles calls its
+  ``add_custom_arguments`` hook *before* defining its own options and argparse refuses an option
+  defined twice; it arranges for the parser to add the ones still missing when it parses.
+  :func:`parse_args` (no Miles) adds them all up front.
 ``validate_args`` raises ``ValueError`` naming the option; it normalizes some values in place
 (``shared_media_dir``, ``save``, ``load`` and the debug-dump templates made absolute, because
 Ray workers may run in another directory;
@@ -11,6 +19,7 @@ Ray workers may run in another directory;
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import uuid
@@ -20,7 +29,17 @@ from typing import Any
 from trainer_hooks._processor_args import RolloutEngineProcessorArgs, parse_mm_process_config
 from trainer_hooks._run_media import check_run_id
 
-__all__ = ["BUNDLE_LINK_MODES", "BUNDLE_VERIFY_MODES", "add_arguments", "parse_args", "validate_args"]
+__all__ = [
+    "BUNDLE_LINK_MODES",
+    "BUNDLE_VERIFY_MODES",
+    "MILES_OPTIONS",
+    "OWN_OPTIONS",
+    "add_arguments",
+    "add_miles_options",
+    "build_parser",
+    "parse_args",
+    "validate_args",
+]
 
 BUNDLE_LINK_MODES = ("auto", "hardlink", "reflink", "copy")
 BUNDLE_VERIFY_MODES = ("none", "fast", "full")
@@ -32,94 +51,183 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
     return set(parser._option_string_actions)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add this project's and the used Miles options to ``parser``; return it.
+# Options that exist only here, or only in the token-space engine build: Miles never defines
+# them, so they are safe to add in Miles' add_custom_arguments hook (which runs before Miles
+# adds its own options, where any option Miles defines later would be a conflict).
+def _own_options() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (
+            "--shared-media-dir",
+            dict(
+                default=None,
+                help="Shared filesystem directory for rollout media; each run writes under <dir>/<run uuid> "
+                "and removes that directory at teardown.",
+            ),
+        ),
+        # None until validate_args draws a uuid4: a default drawn here would be shared by every
+        # parse in the process.
+        (
+            "--run-uuid",
+            dict(default=None, help="Name of this run's media directory (default: a new uuid4 hex)."),
+        ),
+        (
+            "--bundle-link-mode",
+            dict(
+                choices=BUNDLE_LINK_MODES,
+                default="auto",
+                help="How bundles take media from the run directory: hardlink, reflink, copy, or auto "
+                "(the first that works).",
+            ),
+        ),
+        (
+            "--keep-rollout-checkpoints",
+            dict(
+                type=int, default=None, help="Keep only the newest N rollout checkpoints (default: keep all)."
+            ),
+        ),
+        (
+            "--bundle-verify",
+            dict(
+                choices=BUNDLE_VERIFY_MODES,
+                default="fast",
+                help="Verification when opening a bundle: none, fast (sizes), full (hashes).",
+            ),
+        ),
+        # Miles skips SGLang's model_path (it uses --hf-checkpoint); the processor check reads it.
+        (
+            "--sglang-model-path",
+            dict(default=None, help="The engines' model path (default: --hf-checkpoint)."),
+        ),
+        # The token-space engine build's trainer-side switch.
+        (
+            "--enable-token-space-processor",
+            dict(
+                action="store_true",
+                default=False,
+                help="Process multimodal inputs in the trainer with the engines' processor; requires every "
+                "engine group to share the processor settings (checked at parse time).",
+            ),
+        ),
+    ]
 
-    Options the parser already defines are left as they are.
+
+# Options Miles defines (itself, through its training backend, or from SGLang's ServerArgs), with
+# Miles' type, default and choices. They are added only where the parser lacks them, at parse time.
+def _miles_options() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        ("--save", dict(type=str, default=None, help="Checkpoint directory.")),
+        ("--load", dict(type=str, default=None, help="Checkpoint directory to resume from.")),
+        (
+            "--save-debug-rollout-data",
+            dict(
+                type=str,
+                default=None,
+                help="Path template with {rollout_id} for dumping each rollout's samples.",
+            ),
+        ),
+        (
+            "--save-debug-trajectory-data",
+            dict(
+                type=str,
+                default=None,
+                help="Path template with {rollout_id} for each rollout's trajectory JSONL (samples with "
+                "metadata['messages']).",
+            ),
+        ),
+        (
+            "--load-debug-rollout-data",
+            dict(
+                type=str,
+                default=None,
+                help="Path template with {rollout_id} to replay dumped samples instead of running engines.",
+            ),
+        ),
+        (
+            "--load-debug-rollout-data-subsample",
+            dict(type=float, default=None, help="Keep this fraction (0 < r <= 1) of the replayed samples."),
+        ),
+        # Miles' FSDP backend defines --fp16 as a BooleanOptionalAction; Megatron's --bf16 is a flag.
+        ("--fp16", dict(action=argparse.BooleanOptionalAction, default=False)),
+        ("--bf16", dict(action="store_true", default=False)),
+        (
+            "--num-rollout",
+            dict(type=int, default=None, help="Number of rollout steps (the reference drivers need it)."),
+        ),
+        ("--start-rollout-id", dict(type=int, default=None, help="The first rollout step (default 0).")),
+        ("--rollout-batch-size", dict(type=int, required=True, help="Prompt groups per rollout step.")),
+        ("--save-interval", dict(type=int, default=None, help="Save a checkpoint every N rollout steps.")),
+        ("--update-weights-interval", dict(type=int, default=1)),
+        (
+            "--sglang-config",
+            dict(
+                type=str,
+                default=None,
+                help="YAML: sglang: [{name, model_path, server_groups: [{worker_type, num_gpus, overrides: {...}}]}].",
+            ),
+        ),
+        # SGLang's ServerArgs definitions (0.5.23: arg_groups/fields/mm.py), as Miles exposes them.
+        (
+            "--sglang-image-processor-backend",
+            dict(type=str, choices=["auto", "torchvision", "pil"], default="auto"),
+        ),
+        ("--sglang-mm-process-config", dict(type=json.loads, default=None, help="JSON object.")),
+        ("--rollout-external-engine-addrs", dict(type=str, nargs="+", default=None, metavar="HOST:PORT")),
+        ("--custom-inference-engine-provider-path", dict(type=str, default=None)),
+        ("--recompute-logprobs-via-prefill", dict(action="store_true", default=False)),
+        (
+            "--reward-key",
+            dict(type=str, default=None, help="Key of the reward value when rewards are dicts."),
+        ),
+    ]
+
+
+#: Options ``add_arguments`` adds at once; the others (:data:`MILES_OPTIONS`) only where absent at parse time.
+OWN_OPTIONS = tuple(flag for flag, _ in _own_options())
+#: Options Miles defines; never added by ``add_arguments`` before Miles has had its turn.
+MILES_OPTIONS = tuple(flag for flag, _ in _miles_options())
+
+_DEFERRED_MARK = "_trainer_hooks_miles_options_deferred"
+
+
+def add_miles_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add, with Miles' definitions, the Miles options ``parser`` does not define yet."""
+    existing = _options(parser)
+    missing = [(flag, kw) for flag, kw in _miles_options() if flag not in existing]
+    if missing:
+        group = parser.add_argument_group("Miles options used by trainer_hooks (as Miles defines them)")
+        for flag, kw in missing:
+            group.add_argument(flag, **kw)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add this project's options to ``parser``; return it. Works as Miles'
+    ``parse_args(add_custom_arguments=add_arguments)`` hook and on a finished Miles parser.
+
+    * Options only this project (or the token-space engine build) defines are added now, unless
+      the parser already has them: calling it twice, or once as each hook, is harmless.
+    * Options Miles defines (``--save``, ``--fp16``, ``--rollout-batch-size``, the
+      ``--sglang-*`` ones, …) are never added now: Miles calls ``add_custom_arguments`` *before*
+      adding its own options, and argparse refuses an option defined twice. They are added, with
+      Miles' type, default and choices, when the parser parses and still lacks them (a parser
+      that is not Miles').
     """
     existing = _options(parser)
-    group = parser.add_argument_group("rollout bundles and run media")
+    own = [(flag, kw) for flag, kw in _own_options() if flag not in existing]
+    if own:
+        group = parser.add_argument_group("rollout bundles and run media")
+        for flag, kw in own:
+            group.add_argument(flag, **kw)
+    if not getattr(parser, _DEFERRED_MARK, False):
+        parse_known_args = parser.parse_known_args
 
-    def add(flag: str, **kwargs: Any) -> None:
-        if flag not in existing:
-            group.add_argument(flag, **kwargs)
+        def parse_known_args_with_miles_options(*a: Any, **kw: Any) -> Any:
+            add_miles_options(parser)
+            return parse_known_args(*a, **kw)
 
-    # Run media.
-    add(
-        "--shared-media-dir",
-        default=None,
-        help="Shared filesystem directory for rollout media; each run writes under <dir>/<run uuid> "
-        "and removes that directory at teardown.",
-    )
-    # None until validate_args draws a uuid4: a default drawn here would be shared by every
-    # parse in the process.
-    add("--run-uuid", default=None, help="Name of this run's media directory (default: a new uuid4 hex).")
-    # Checkpoints and debug dumps (Miles).
-    add("--save", default=None, help="Checkpoint directory.")
-    add("--load", default=None, help="Checkpoint directory to resume from.")
-    add(
-        "--save-debug-rollout-data",
-        default=None,
-        help="Path template with {rollout_id} for dumping each rollout's samples.",
-    )
-    add(
-        "--load-debug-rollout-data",
-        default=None,
-        help="Path template with {rollout_id} to replay dumped samples instead of running engines.",
-    )
-    add(
-        "--load-debug-rollout-data-subsample",
-        type=float,
-        default=None,
-        help="Keep this fraction (0 < r <= 1) of the replayed samples.",
-    )
-    add("--fp16", action="store_true", default=False)
-    add("--bf16", action="store_true", default=False)
-    # Driver loop (Miles); only what the reference drivers use.
-    add("--num-rollout", type=int, default=1, help="Number of rollout steps to run.")
-    add("--start-rollout-id", type=int, default=0)
-    add("--rollout-batch-size", type=int, default=1, help="Prompt groups per rollout step.")
-    add("--save-interval", type=int, default=None, help="Save a checkpoint every N rollout steps.")
-    add("--update-weights-interval", type=int, default=1)
-    # Engines and processing.
-    add(
-        "--enable-token-space-processor",
-        action="store_true",
-        default=False,
-        help="Process multimodal inputs in the trainer with the engines' processor; requires every "
-        "engine group to share the processor settings (checked at parse time).",
-    )
-    add(
-        "--sglang-config",
-        default=None,
-        help="YAML: sglang: [{name, model_path, server_groups: [{worker_type, num_gpus, overrides: {...}}]}].",
-    )
-    add("--sglang-model-path", default=None)
-    add("--sglang-image-processor-backend", default=None)
-    add("--sglang-mm-process-config", default=None, help="JSON object.")
-    add("--rollout-external-engine-addrs", nargs="+", default=None, metavar="HOST:PORT")
-    add("--custom-inference-engine-provider-path", default=None)
-    add("--recompute-logprobs-via-prefill", action="store_true", default=False)
-    # Bundles.
-    add(
-        "--bundle-link-mode",
-        choices=BUNDLE_LINK_MODES,
-        default="auto",
-        help="How bundles take media from the run directory: hardlink, reflink, copy, or auto "
-        "(the first that works).",
-    )
-    add(
-        "--keep-rollout-checkpoints",
-        type=int,
-        default=None,
-        help="Keep only the newest N rollout checkpoints (default: keep all).",
-    )
-    add(
-        "--bundle-verify",
-        choices=BUNDLE_VERIFY_MODES,
-        default="fast",
-        help="Verification when opening a bundle: none, fast (sizes), full (hashes).",
-    )
+        # parse_args and parse_known_args both go through the instance's parse_known_args.
+        setattr(parser, "parse_known_args", parse_known_args_with_miles_options)  # noqa: B010
+        setattr(parser, _DEFERRED_MARK, True)
     return parser
 
 
@@ -134,7 +242,13 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         args.shared_media_dir = path
     # Every path the rollout side writes or reads is resolved now, on the driver: a Ray actor
     # may run in another working directory.
-    for name in ("save", "load", "save_debug_rollout_data", "load_debug_rollout_data"):
+    for name in (
+        "save",
+        "load",
+        "save_debug_rollout_data",
+        "save_debug_trajectory_data",
+        "load_debug_rollout_data",
+    ):
         if g(name) is not None:
             setattr(args, name, os.path.abspath(os.fspath(getattr(args, name))))
     if g("run_uuid") is None:
@@ -199,8 +313,14 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse ``argv`` with a parser holding only :func:`add_arguments`' options, then validate."""
+def build_parser() -> argparse.ArgumentParser:
+    """A parser with this project's options and the Miles options it uses (Miles' definitions)."""
     parser = argparse.ArgumentParser(prog="trainer-hooks", allow_abbrev=False)
-    add_arguments(parser)
-    return validate_args(parser.parse_args(argv))
+    add_miles_options(parser)
+    return add_arguments(parser)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse ``argv`` with :func:`build_parser`, then validate. ``--rollout-batch-size`` is
+    required, as in Miles."""
+    return validate_args(build_parser().parse_args(argv))

@@ -128,6 +128,18 @@ def _register_close(disposer: RunDisposer, trainer: Any, role: str) -> None:
         disposer.callback(close, name=f"close_{role}")
 
 
+def _steps(args: Namespace) -> tuple[int, int]:
+    """``(start, stop)`` rollout ids. ``--num-rollout`` defaults to None as in Miles, which derives
+    it from the dataset; the reference drivers have no dataset size and need it given."""
+    stop = getattr(args, "num_rollout", None)
+    if stop is None:
+        raise ValueError(
+            "--num-rollout is not set: the reference drivers need the number of rollout steps "
+            "(Miles derives it from the dataset size; give it explicitly here)"
+        )
+    return getattr(args, "start_rollout_id", None) or 0, stop
+
+
 def train(
     args: Namespace,
     *,
@@ -142,6 +154,7 @@ def train(
     ``disposer``, if given, must be empty; passing one lets a caller read its ``history``
     even when the driver raises.
     """
+    start, stop = _steps(args)
     report = DriverReport()
     disposer = _fresh(disposer)
     try:
@@ -150,7 +163,7 @@ def train(
                 args, disposer, report, create_rollout_manager, create_actor, create_critic, lease_interval
             )
             actor.update_weights()
-            for rollout_id in range(getattr(args, "start_rollout_id", 0) or 0, args.num_rollout):
+            for rollout_id in range(start, stop):
                 data = rollout_manager.generate(rollout_id)
                 if critic is not None:
                     critic.train(rollout_id, data)
@@ -178,6 +191,7 @@ def train_async(
     As in Miles' train_async.py, weights are updated every ``update_weights_interval`` steps,
     after waiting for the in-flight rollout (engines can't take new weights mid-generation).
     """
+    start, stop = _steps(args)
     report = DriverReport()
     disposer = _fresh(disposer)
     try:
@@ -190,7 +204,6 @@ def train_async(
             # the run directory must not be released under it.
             disposer.callback(pool.shutdown, wait=True, cancel_futures=True, name="shutdown_rollout_thread")
             actor.update_weights()
-            start, stop = getattr(args, "start_rollout_id", 0) or 0, args.num_rollout
             update_interval = getattr(args, "update_weights_interval", 1) or 1
             next_future: Future[Any] | None = (
                 pool.submit(rollout_manager.generate, start) if start < stop else None
