@@ -13,15 +13,37 @@ import os
 import sys
 from typing import Any
 
-from bundles._cli import CommandError, add_command, add_json_option, add_progress_option, main_with
+# The toolkit every rollout-bundle subcommand uses (see bundles._cli), public for command modules
+# outside this package (trainer_hooks registers its commands with it).
+from bundles._cli import (
+    CommandError,
+    add_command,
+    add_json_option,
+    add_progress_option,
+    build_parser,
+    cli_message,
+    main_with,
+    run_command,
+)
 from bundles._diff import diff_bundles
 from bundles._layout import MEDIA_DIR
 from bundles._pack import pack_bundle, unpack_bundle
-from bundles._progress import _human_bytes
+from bundles._progress import Progress, _human_bytes
 from bundles._reader import open_bundle
 from bundles._show import dumps_pretty, parse_key_paths, select, to_json
 
-__all__ = ["main", "register"]
+__all__ = [
+    "CommandError",
+    "Progress",
+    "add_command",
+    "add_json_option",
+    "add_progress_option",
+    "build_parser",
+    "cli_message",
+    "main",
+    "register",
+    "run_command",
+]
 
 BUNDLE_HELP = "a bundle directory or a packed bundle file"
 

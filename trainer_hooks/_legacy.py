@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleError, BundleExistsError, MediaRef
-from bundles._cli import CommandError, add_command, add_json_option, cli_message
+from bundles.cli import CommandError, add_command, add_json_option, cli_message
 from trainer_hooks._debug_dump import DEBUG_DUMP_KIND, check_json, write_dump_bundle
 
 __all__ = ["LegacyDumpError", "PickleRefusedError", "import_legacy_dump", "register"]

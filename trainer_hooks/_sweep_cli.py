@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from bundles._cli import add_command
+from bundles.cli import add_command
 from trainer_hooks._lease import (
     DEFAULT_SWEEP_OLDER_THAN_S,
     SweepEntry,

@@ -1,0 +1,218 @@
+"""``rollout-bundle view``: one self-contained HTML report, checked as text and in a real Chromium."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import random
+import re
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from browser_helpers import INSTALL_HINT, find_chromium, render
+from media_helpers import put_media
+
+from bundles import MediaRef, write_bundle
+from trainer_hooks.cli import main
+
+Image = pytest.importorskip("PIL.Image")
+ImageDraw = pytest.importorskip("PIL.ImageDraw")
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+def screenshot(seed: int, w: int = 480, h: int = 270) -> bytes:
+    """A small synthetic desktop: a wallpaper, a taskbar and three windows (PNG)."""
+    r = random.Random(seed)
+    im = Image.new("RGB", (w, h), (r.randrange(40, 90), r.randrange(60, 120), r.randrange(120, 200)))
+    d = ImageDraw.Draw(im)
+    d.rectangle([0, h - 18, w, h], fill=(30, 30, 35))
+    for k in range(3):
+        x, y = r.randrange(0, w - 160), r.randrange(0, h - 120)
+        d.rectangle([x, y, x + 160, y + 100], fill=(245, 245, 245), outline=(90, 90, 90))
+        d.rectangle([x, y, x + 160, y + 14], fill=(210, 215, 225))
+        d.text((x + 5, y + 2), f"window {seed}-{k}", fill=(20, 20, 20))
+    out = io.BytesIO()
+    im.save(out, "PNG")
+    return out.getvalue()
+
+
+def cua_dump(tmp_path: Path) -> Path:
+    """A debug dump of two prompt groups x two attempts x three turns; turn 0 is shared within a
+    group; sample 2 also names a file that is not an image; prompts and actions carry HTML."""
+    run = tmp_path / "run"
+    samples = []
+    for i in range(4):
+        shots = [screenshot(100 * (i // 2))] + [screenshot(100 * i + t) for t in (1, 2)]
+        samples.append(
+            {
+                "group_index": i // 2,
+                "index": i,
+                "prompt": f"<|im_start|>user\nOpen Settings and turn on dark mode. {HOSTILE}<|im_end|>",
+                "tokens": list(range(240)),
+                "response": "<tool_call>click(212, 148)</tool_call>"
+                + ("<img src=x onerror=alert(2)>" if i == 3 else ""),
+                "response_length": 48,
+                "loss_mask": [1] * 48,
+                "rollout_log_probs": [-0.05] * 48,
+                "reward": 1.0 if i % 2 == 0 else 0.0,
+                "status": ["completed", "truncated", "completed", "failed"][i],
+                "multimodal_inputs": {"images": [MediaRef.from_file(put_media(run, s)) for s in shots]},
+                "multimodal_train_inputs": {"image_grid_thw": np.tile(np.array([[1, 26, 46]]), (3, 1))},
+                "metadata": {
+                    "task": i // 2,
+                    "actions": ["click(212, 148)", "type('dark')", "key('</code>')"],
+                },
+            }
+        )
+    samples[2]["multimodal_inputs"]["images"].append(
+        MediaRef.from_file(put_media(run, b"\x89PNG\r\n\x1a\nbroken"))
+    )
+    meta = {
+        "rollout_id": 3,
+        "run_uuid": "3f1c9a",
+        "training_dtype": "bf16",
+        "processor": {"model_path": "Qwen/Qwen2-VL-2B-Instruct", "image_processor_backend": "fast"},
+        "metadata": {"note": HOSTILE},
+    }
+    return write_bundle(tmp_path / "dump_3", samples, media_roots=[run], kind="debug_dump", meta=meta)
+
+
+def replay_report(bundle: Path) -> dict[str, Any]:
+    """A replay report of the shape `rollout-bundle replay --report` writes (hand-written)."""
+
+    def image(j: int, placeholders: int = 299) -> dict[str, Any]:
+        return {
+            "image": j,
+            "vision_tokens": 299,
+            "placeholder_tokens": placeholders,
+            "pixel_values": {"shape": [1196, 1176], "dtype": "bfloat16", "sha256": "0" * 64},
+            "image_grid_thw": {
+                "shape": [1, 3],
+                "dtype": "int64",
+                "sha256": "1" * 64,
+                "values": [[1, 26, 46]],
+            },
+        }
+
+    return {
+        "format": "rollout-bundle-replay",
+        "version": 1,
+        "bundle": str(bundle),
+        "dtype": "bf16",
+        "processor": {"class": "Qwen2VLImageProcessor", "merge_size": 2},
+        "summary": {
+            "samples": 3,
+            "images": 9,
+            "vision_tokens": 2691,
+            "bytes_before_cast": 4_000_000,
+            "bytes_after_cast": 2_000_000,
+            "peak_rss_bytes": 900_000_000,
+            "problems": {"token_count": 1},
+        },
+        "samples": [
+            {"position": 0, "index": 0, "group_index": 0, "problems": [], "images": [image(j) for j in range(3)],
+             "logprob_diff": None},
+            {"position": 1, "index": 1, "group_index": 0,
+             "problems": [{"kind": "token_count", "message": f"image 1: 299 vision tokens, 300 placeholders {HOSTILE}",
+                           "image": 1}],
+             "images": [image(0), image(1, placeholders=300), image(2)],
+             "logprob_diff": {"max_abs": 0.0123, "mean_abs": 0.0021, "tokens": 48}},
+            {"position": 3, "index": 3, "group_index": 1, "problems": [], "images": [], "logprob_diff": None},
+        ],
+    }  # fmt: skip
+
+
+def view(tmp_path: Path, *extra: str, replay: bool = True) -> tuple[Path, str]:
+    bundle = cua_dump(tmp_path)
+    args = ["view", str(bundle), "-o", str(tmp_path / "report.html"), *extra]
+    if replay:
+        (tmp_path / "replay.json").write_text(json.dumps(replay_report(bundle)))
+        args += ["--replay", str(tmp_path / "replay.json")]
+    assert main(args) == 0
+    return tmp_path / "report.html", (tmp_path / "report.html").read_text()
+
+
+def test_report_is_self_contained_and_escapes_sample_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, text = view(tmp_path)
+    assert f"wrote {out} (4 samples, 12 screenshots" in capsys.readouterr().out
+    assert "default-src 'none'" in text and "<script" not in text.lower()
+    assert HOSTILE not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "<img src=x" not in text and "&lt;img src=x onerror=alert(2)&gt;" in text
+    assert not re.search(r"(src|href)=[\"']?(https?:)?//", text)  # nothing fetched from a network
+    srcs = re.findall(r'<img src="([^"]+)"', text)
+    assert len(srcs) == 12 and all(s.startswith("data:image/jpeg;base64,") for s in srcs)
+    thumb = Image.open(io.BytesIO(base64.b64decode(srcs[0].split(",", 1)[1])))
+    assert thumb.format == "JPEG" and thumb.size == (400, 225)
+    # Full-size images by relative links that resolve while the bundle sits next to the report.
+    hrefs = re.findall(r'<a class="shot" href="([^"]+)"', text)
+    assert len(hrefs) == 12 and all(not h.startswith("/") for h in hrefs)
+    for h in hrefs:
+        assert (out.parent / urllib.parse.unquote(h)).is_file(), h
+    assert "cannot decode" in text  # the broken file is named, not shown as a broken image
+    # Header: kind, meta, counts, sizes, dedup ratio; per sample the replay's findings.
+    for needle in ("debug_dump", "3f1c9a", "bf16", "Qwen/Qwen2-VL-2B-Instruct", "dedup ratio", "1.18×",
+                   "299 vision tokens ≠ 300 placeholders", "token_count", "max <b>0.0123</b>",
+                   "not in the replay report", "pixel_values bfloat16 [1196, 1176]"):  # fmt: skip
+        assert needle in text, needle
+
+
+def test_vision_tokens_from_the_grid_without_a_replay(tmp_path: Path) -> None:
+    _, text = view(tmp_path, replay=False)
+    assert text.count("≈299 vision tokens") == 12  # 26 x 46 patches / merge 2x2
+    assert "Replay" not in text
+
+
+def test_samples_and_limit_choose_what_is_shown(tmp_path: Path) -> None:
+    _, text = view(tmp_path, "--samples", "3,1,2", "--limit", "2", replay=False)
+    assert re.findall(r'<section class="card sample" id="s(\d+)"', text) == ["3", "1"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--samples", "9"], "sample 9 is out of range: the bundle holds 4"),
+        (["--replay", "REPORT"], "format: expected 'rollout-bundle-replay', found 'zarr'"),
+        (["--replay", "MISSING"], "cannot read the replay report"),
+    ],
+)
+def test_bad_input_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    bundle = cua_dump(tmp_path)
+    (tmp_path / "REPORT").write_text(json.dumps({"format": "zarr"}))
+    args = [str(tmp_path / a) if a in ("REPORT", "MISSING") else a for a in args]
+    assert main(["view", str(bundle), "-o", str(tmp_path / "r.html"), *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rollout-bundle view: error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    if find_chromium() is None:
+        if os.environ.get("CI"):
+            pytest.fail(INSTALL_HINT + " (.ci/run installs it)")
+        pytest.skip(INSTALL_HINT)
+    out, _ = view(tmp_path)
+    check = """Promise.all(Array.from(document.images).map(
+        img => img.decode().then(() => img.naturalWidth, () => 0)))
+      .then(widths => ({widths: widths, scripts: document.scripts.length,
+                        title: document.title, samples: document.querySelectorAll('section.sample').length,
+                        hostile: document.body.innerText.includes('<script>alert(1)</script>')}))"""
+    shot = tmp_path / "report.png"
+    result = render(out.as_uri(), check, shot, width=1280, height=900)
+    print(f"view screenshot: {shot}")
+    assert result.errors == []
+    value = result.value
+    assert len(value["widths"]) == 12 and all(w > 0 for w in value["widths"]), value["widths"]
+    assert value["scripts"] == 0 and value["samples"] == 4 and value["hostile"] is True
+    assert value["title"] == "debug_dump · dump_3"
+    with Image.open(shot) as im:
+        assert im.width > 1200 and im.height > 2000  # the whole page, not just the 900 px viewport

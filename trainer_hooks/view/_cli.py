@@ -1,0 +1,78 @@
+"""``rollout-bundle view BUNDLE -o report.html [--replay REPORT.json] [--limit N] [--samples 3,7,12]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from bundles.cli import CommandError, add_command, add_json_option, add_progress_option
+
+__all__ = ["register"]
+
+
+def _positions(text: str) -> list[int]:
+    try:
+        out = [int(p) for p in text.replace(" ", "").split(",") if p]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated sample positions such as 3,7,12, found {text!r}"
+        ) from None
+    if not out or min(out) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sample positions >= 0, found {text!r}")
+    return out
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, found {text!r}")
+    return n
+
+
+def run_view(ns: argparse.Namespace) -> int:
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        raise CommandError("view needs Pillow for the thumbnails: pip install pillow", status=2) from None
+    from trainer_hooks.view._report import write_html_report
+
+    written = write_html_report(
+        ns.bundle, ns.output, replay=ns.replay, limit=ns.limit, samples=ns.samples, progress=ns.progress
+    )
+    if ns.json:
+        print(json.dumps({"output": str(written.path), "samples": written.samples, "images": written.images,
+                          "bytes": written.bytes}, indent=2, sort_keys=True))  # fmt: skip
+    else:
+        print(f"wrote {written.path} ({written.samples} samples, {written.images} screenshots, "
+              f"{written.bytes / 2**20:.1f} MiB): open it in a browser")  # fmt: skip
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``view`` to a ``rollout-bundle`` parser."""
+    p = add_command(
+        subparsers,
+        "view",
+        "write one self-contained HTML report of a bundle's samples and screenshots",
+        run_view,
+        description="Write one self-contained HTML file (inlined thumbnails and styles, no scripts, no network) "
+        "describing a bundle: kind, meta, counts, sizes, dedup ratio, then each sample with its status, reward, "
+        "lengths, turns and screenshots. Thumbnails link to the full-size images when the bundle is a "
+        "directory that stays next to the report. With --replay, each sample also shows the replay's guard "
+        "and token-check results and log-prob differences.",
+    )
+    p.add_argument("bundle", metavar="BUNDLE", help="a bundle directory or a packed bundle file")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write (replaced)")
+    p.add_argument(
+        "--replay", metavar="REPORT.json", help="a report written by `rollout-bundle replay --report`"
+    )
+    p.add_argument("--limit", type=_count, metavar="N", help="show at most N samples")
+    p.add_argument(
+        "--samples", type=_positions, metavar="3,7,12", help="show only these sample positions, in this order"
+    )
+    add_json_option(p, "what was written")
+    add_progress_option(p)
