@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from media_helpers import put_media
 
-from bundles import MediaRef, write_bundle
+from bundles import MediaRef, pack_bundle, write_bundle
 from trainer_hooks.cli import main
 
 
@@ -142,7 +142,7 @@ def test_diff_reports_added_changed_by_key_path_and_media(
     assert "sample 3 only in B (added)\n" in text and f"media only in A: media/{old} (64 B)\n" in text
 
 
-def test_diff_by_key_and_of_a_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_diff_by_key_and_of_copies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     s = samples(run)
     a = write_bundle(tmp_path / "a", s, media_roots=[run])
@@ -162,3 +162,8 @@ def test_diff_by_key_and_of_a_copy(tmp_path: Path, capsys: pytest.CaptureFixture
     )
     assert main(["diff", str(a), str(b), "--by", "nope"]) == 1
     assert "has no key path 'nope'" in capsys.readouterr().err
+    # A packed copy, read in place, is the same bundle; show reads it like the directory.
+    pack_bundle(a, tmp_path / "a.rbundle")
+    assert main(["diff", str(a), str(tmp_path / "a.rbundle")]) == 0
+    capsys.readouterr()
+    assert show(capsys, str(tmp_path / "a.rbundle"), "1") == show(capsys, str(a), "1")

@@ -17,7 +17,7 @@ import pytest
 from browser_helpers import INSTALL_HINT, find_chromium, render
 from media_helpers import put_media
 
-from bundles import MediaRef, write_bundle
+from bundles import MediaRef, pack_bundle, remove_bundle, write_bundle
 from trainer_hooks.cli import main
 
 Image = pytest.importorskip("PIL.Image")
@@ -216,3 +216,16 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     assert value["title"] == "debug_dump · dump_3"
     with Image.open(shot) as im:
         assert im.width > 1200 and im.height > 2000  # the whole page, not just the 900 px viewport
+
+
+def test_packed_bundle_is_read_in_place(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = cua_dump(tmp_path)
+    packed = tmp_path / "dump_3.rbundle"
+    pack_bundle(bundle, packed)
+    remove_bundle(bundle)  # nothing but the packed file is left
+    assert main(["view", str(packed), "-o", str(tmp_path / "r.html"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == 12
+    text = (tmp_path / "r.html").read_text()
+    assert len(re.findall(r'<img src="data:image/jpeg;base64,', text)) == 12
+    assert 'class="shot" href=' not in text  # no files to link to inside a packed file
+    assert "packed file" in text and not list(tmp_path.glob("*.unpacked"))

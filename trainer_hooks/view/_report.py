@@ -237,8 +237,8 @@ def _thumbnail(data: bytes, width: int) -> _Thumb:
 
 
 def _read_media(bundle: Bundle, name: str) -> bytes:
-    with open(bundle.path / "media" / name, "rb") as f:
-        return f.read()
+    with bundle.open_media(name) as f:  # a directory's file, or a packed file's member (pread)
+        return bytes(f.read())
 
 
 def _thumbnails(bundle: Bundle, names: Sequence[str], width: int, progress: bool | None) -> dict[str, _Thumb]:
@@ -370,7 +370,7 @@ def _facts(rows: Iterable[tuple[str, Any]]) -> str:
 
 
 def _bundle_bytes(bundle: Bundle) -> int:
-    if bundle.path.is_file():
+    if bundle.packed:
         return bundle.path.stat().st_size
     shards = sum(int(s["size"]) for s in bundle.manifest["shards"])
     try:
@@ -400,7 +400,7 @@ def _header(bundle: Bundle, views: list[_SampleView], shown_images: int, replay:
     out.append(_stat(f"{refs / stored:.2f}×" if stored else "–", "dedup ratio"))
     out.append(_stat(_size(bundle.media_bytes), "media"))
     out.append(
-        _stat(_size(_bundle_bytes(bundle)), "packed file" if bundle.path.is_file() else "bundle on disk")
+        _stat(_size(_bundle_bytes(bundle)), "packed file" if bundle.packed else "bundle on disk")
     )
     if rewards:
         out.append(_stat(f"{sum(rewards) / len(rewards):.3g}", "mean reward"))
@@ -697,8 +697,8 @@ def write_html_report(
     views = [_view(p, s, prefix) for p, s in zip(positions, b.samples(indices=positions), strict=True)]
     names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
     thumbs = _thumbnails(b, names, thumb_width, progress)
-    link_base = None
-    if b.path.is_dir():
+    link_base = None  # a packed bundle has no files to link to
+    if not b.packed:
         rel = os.path.relpath(b.path / "media", out.parent)
         link_base = "/".join(urllib.parse.quote(part) for part in Path(rel).parts) + "/"
     merge = _merge_size(b, report)
