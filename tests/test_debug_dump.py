@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from media_helpers import digest_of
 
 from bundles import PACK_SUFFIX, BundleError, BundleFormatError, MediaRef, open_bundle
@@ -116,10 +119,10 @@ def test_groups_are_flattened_and_unset_template_is_a_no_op(tmp_path):
 @pytest.mark.parametrize(
     ("n", "ratio", "expected"),
     [
-        (10, 0.5, [0, 1, 7, 8, 9]),  # int(5): first 2, last 3 (as Miles)
+        (10, 0.5, [0, 1, 7, 8, 9]),  # int(5): data[:2] + data[-3:] (-5 // 2 floors to -3)
         (10, 0.4, [0, 1, 8, 9]),
         (10, 1.0, list(range(10))),
-        (3, 0.2, []),  # int(0.6) == 0 keeps nothing (Miles would keep everything)
+        (3, 0.2, [0, 1, 2]),  # int(0.6) == 0: data[:0] + data[-0:] keeps everything, as in Miles
     ],
 )
 def test_subsample_keeps_first_and_last_halves(tmp_path, n, ratio, expected):
@@ -127,6 +130,30 @@ def test_subsample_keeps_first_and_last_halves(tmp_path, n, ratio, expected):
     save_debug_rollout_data(args, samples(args, n), 1, evaluation=False)
     loaded, _ = load_debug_rollout_data(args, 1)
     assert [s.index for s in loaded] == expected
+
+
+def miles_subsample(data: list, ratio: float) -> list:
+    """Miles' load_debug_rollout_data slicing (miles/ray/rollout/debug_data.py), verbatim."""
+    rough_subsample_num_rows = int(len(data) * ratio)
+    return data[: rough_subsample_num_rows // 2] + data[-rough_subsample_num_rows // 2 :]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(0, 40),
+    ratio=st.floats(min_value=0.0, max_value=1.0, exclude_min=True, allow_nan=False),
+)
+def test_subsample_matches_miles_slicing_for_every_ratio(tmp_path_factory, n, ratio):
+    root = tmp_path_factory.mktemp("sub")
+    args = parse_args(
+        ["--rollout-batch-size", "1", "--save-debug-rollout-data", str(root / "d_{rollout_id}"),
+         "--load-debug-rollout-data", str(root / "d_{rollout_id}"),
+         "--load-debug-rollout-data-subsample", repr(ratio)]
+    )  # fmt: skip
+    rows = [Sample(index=i, status=Sample.Status.COMPLETED) for i in range(n)]
+    save_debug_rollout_data(args, rows, 0, evaluation=False)
+    loaded, _ = load_debug_rollout_data(args, 0)
+    assert [s.index for s in loaded] == [s.index for s in miles_subsample(rows, ratio)]
 
 
 def test_mutation_after_save_and_metadata_must_be_json(tmp_path):
@@ -161,3 +188,49 @@ def test_loading_a_checkpoint_as_a_dump_names_the_kind(tmp_path):
     write_bundle(tmp_path / "dumps" / "d_0", [{"status": "completed"}], kind="rollout_checkpoint")
     with pytest.raises(BundleFormatError, match=r"d_0: kind: expected 'debug_dump', found 'rollout_checkpoint'"):
         load_debug_rollout_data(args, 0)
+
+
+def test_trajectory_sidecar_is_miles_jsonl_next_to_the_dump(tmp_path):
+    args = make_args(
+        tmp_path, "rollout_{rollout_id}", "--save-debug-trajectory-data", str(tmp_path / "dumps" / "traj_{rollout_id}.jsonl")
+    )
+    rows = samples(args, 3)
+    rows[0].metadata = {"messages": [{"role": "user", "content": "hi"}], "source": "gui"}
+    rows[0].group_index, rows[0].status = 4, Sample.Status.TRUNCATED
+    rows[2].metadata = {"messages": [{"role": "assistant", "content": "ok"}]}
+    rows[2].reward = {"score": 1.0}  # not a number: null in the sidecar
+    save_debug_rollout_data(args, rows, 7, evaluation=False)
+
+    lines = (tmp_path / "dumps" / "traj_7.jsonl").read_text().splitlines()
+    assert lines[0] == (
+        '{"sample_index":0,"group_index":4,"status":"truncated","reward":0.0,"prompt":"p0",'
+        '"messages":[{"role":"user","content":"hi"}]}'
+    )
+    assert json.loads(lines[1]) == {
+        "sample_index": 2,
+        "group_index": None,
+        "status": "completed",
+        "reward": None,
+        "prompt": "p2",
+        "messages": [{"role": "assistant", "content": "ok"}],
+    }
+    assert len(lines) == 2
+    # The sidecar is the messages' home: the dump leaves them out; the caller's samples keep them.
+    loaded, _ = load_debug_rollout_data(args, 7)
+    assert [s.metadata for s in loaded] == [{"source": "gui"}, {}, {}]
+    assert rows[0].metadata["messages"] == [{"role": "user", "content": "hi"}]
+
+    # Evaluation rollouts are named like their dump; no messages, no file.
+    save_debug_rollout_data(args, {"math": {"samples": [rows[2]]}}, 8, evaluation=True)
+    assert (tmp_path / "dumps" / "traj_eval_8.jsonl").is_file()
+    save_debug_rollout_data(args, samples(args, 2), 9, evaluation=False)
+    assert not (tmp_path / "dumps" / "traj_9.jsonl").exists()
+
+
+def test_without_the_trajectory_option_messages_stay_in_the_dump(tmp_path):
+    args = make_args(tmp_path, "rollout_{rollout_id}")
+    rows = samples(args, 1)
+    rows[0].metadata = {"messages": [{"role": "user", "content": "hi"}]}
+    save_debug_rollout_data(args, rows, 1, evaluation=False)
+    assert load_debug_rollout_data(args, 1)[0][0].metadata == {"messages": [{"role": "user", "content": "hi"}]}
+    assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == ["rollout_1"]

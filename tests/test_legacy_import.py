@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from media_helpers import digest_of
 
-from bundles import PACK_SUFFIX, MediaRef, open_bundle
+from bundles import PACK_SUFFIX, BundleFormatError, MediaRef, open_bundle
 from trainer_hooks import (
     LegacyDumpError,
     PickleRefusedError,
@@ -138,3 +138,46 @@ def test_not_a_dump_and_existing_output(tmp_path):
         text=True,
     )
     assert r.returncode == 1 and "destination exists" in r.stderr
+
+
+def test_a_legacy_dump_given_to_the_loader_names_the_import_command(tmp_path):
+    """Miles' tooling points --load-debug-rollout-data at its .pt files: say what they are."""
+    src, _ = write_legacy_dump(tmp_path)
+    args = parse_args(["--rollout-batch-size", "1", "--load-debug-rollout-data", str(tmp_path / "rollout_{rollout_id}.pt")])
+    with pytest.raises(BundleFormatError) as e:
+        load_debug_rollout_data(args, 3)
+    msg = str(e.value)
+    assert "a legacy torch.save debug dump, not a bundle" in msg
+    assert f"rollout-bundle import-dump {src} -o {tmp_path / ('rollout_3' + PACK_SUFFIX)} --trust-pickle" in msg
+    # A pickle written by torch.save's legacy (non-zip) format is recognised too.
+    old = tmp_path / "rollout_4.pt"
+    torch.save({"rollout_id": 4, "samples": []}, old, _use_new_zipfile_serialization=False)
+    with pytest.raises(BundleFormatError, match=r"rollout_4\.pt: a legacy torch\.save debug dump"):
+        load_debug_rollout_data(args, 4)
+    # The command it prints works.
+    assert main(["import-dump", str(src), "-o", str(tmp_path / f"rollout_3{PACK_SUFFIX}"), "--trust-pickle"]) == 0
+    args = parse_args(
+        ["--rollout-batch-size", "1", "--load-debug-rollout-data", str(tmp_path / f"rollout_{{rollout_id}}{PACK_SUFFIX}")]
+    )
+    assert len(load_debug_rollout_data(args, 3)[0]) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "stored_id", "evaluation", "rollout_id"),
+    [
+        ("eval_4.pt", 4, True, "eval_4"),  # Miles' template formatted with "eval_4"; stores 4
+        ("rollout_eval_4.pt", 4, True, "eval_4"),
+        ("rollout_4.pt", 4, False, 4),
+        ("eval_40.pt", 4, False, 4),  # eval_40 is not eval_4
+        ("x.pt", "eval_2", True, "eval_2"),
+    ],
+)
+def test_imported_eval_dumps_record_evaluation(tmp_path, name, stored_id, evaluation, rollout_id):
+    src = tmp_path / name
+    torch.save({"rollout_id": stored_id, "metadata": {}, "samples": [{"status": "completed"}]}, src)
+    out = import_legacy_dump(src, tmp_path / "out", trust_pickle=True)
+    meta = open_bundle(out).meta
+    assert (meta["evaluation"], meta["rollout_id"]) == (evaluation, rollout_id)
+    # An explicit answer wins (CLI: --evaluation / --no-evaluation).
+    assert main(["import-dump", str(src), "-o", str(tmp_path / "o2"), "--trust-pickle", "--no-evaluation"]) == 0
+    assert open_bundle(tmp_path / "o2").meta["evaluation"] is False

@@ -58,6 +58,7 @@ from trainer_hooks._run_media import (
     store_media,
 )
 from trainer_hooks._sample import AdapterRef, RewardSpec, Sample, default_sample_cls
+from trainer_hooks._trajectory import save_debug_trajectory_data
 from trainer_hooks.replay import (
     _build_prefill_scoring_payload,
     build_prefill_scoring_payload,
@@ -118,6 +119,7 @@ __all__ = [
     "replay_bundle",
     "run_media_dir",
     "save_debug_rollout_data",
+    "save_debug_trajectory_data",
     "save_rollout_checkpoint",
     "store_media",
     "sweep_run_media",

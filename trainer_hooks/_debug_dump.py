@@ -58,6 +58,7 @@ from bundles import (
 from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import _media_roots, run_meta, write_samples_bundle
 from trainer_hooks._snapshot import snapshot_value
+from trainer_hooks._trajectory import save_debug_trajectory_data, strip_messages
 
 __all__ = [
     "DEBUG_DUMP_KIND",
@@ -153,6 +154,9 @@ def save_debug_rollout_data(
     samples = [
         snapshot_value(s.to_dict() if hasattr(s, "to_dict") else s) for s in _flatten(data, evaluation)
     ]
+    # Miles writes the trajectory sidecar first; the messages then live there, not in the dump.
+    if save_debug_trajectory_data(args, samples, rollout_id, evaluation) is not None:
+        strip_messages(samples)
     meta = {
         "rollout_id": name if evaluation else rollout_id,
         "evaluation": bool(evaluation),
@@ -217,14 +221,43 @@ def open_debug_dump(path: str | os.PathLike[str], verify: str = "fast") -> Bundl
 
 
 def _subsample(samples: list[Any], ratio: float | None) -> list[Any]:
+    """Miles' slicing, exactly: the first ``n // 2`` and the rows from ``-n // 2`` on, with
+    ``n = int(len * ratio)``. ``-n // 2`` floors (10 rows at 0.5 keep 0, 1, 7, 8, 9) and ``n == 0``
+    keeps everything (``samples[-0:]``)."""
     if ratio is None:
         return samples
     n = int(len(samples) * ratio)
-    head = n // 2
-    tail = n - head
-    # Miles: samples[: n // 2] + samples[-n // 2 :], which keeps everything when n == 0; here n == 0
-    # keeps nothing. Otherwise the same rows: the first floor(n/2) and the last ceil(n/2).
-    return samples[:head] + (samples[len(samples) - tail :] if tail else [])
+    return samples[: n // 2] + samples[-n // 2 :]
+
+
+_PICKLE_PROTOCOL_BYTES = tuple(bytes([0x80, v]) for v in range(2, 6))
+
+
+def _refuse_legacy_dump(path: Path) -> None:
+    """A ``torch.save`` file (a zip holding ``data.pkl``, or a bare pickle) is a legacy dump:
+    say so, with the command that converts it, instead of failing as a malformed bundle."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return  # the bundle reader reports it
+    legacy = head in _PICKLE_PROTOCOL_BYTES
+    if head == b"PK":
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(path) as z:
+                legacy = any(n == "data.pkl" or n.endswith("/data.pkl") for n in z.namelist())
+        except (zipfile.BadZipFile, OSError):
+            legacy = False
+    if legacy:
+        stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+        out = path.with_name(stem + PACK_SUFFIX)
+        raise BundleFormatError(
+            f"{path}: a legacy torch.save debug dump, not a bundle. Convert it once (loading it runs "
+            f"pickle: only for a file you trust) with:\n    rollout-bundle import-dump {path} -o {out} "
+            f"--trust-pickle\nand point --load-debug-rollout-data at the {PACK_SUFFIX} file"
+        )
 
 
 def load_debug_rollout_data(
@@ -245,6 +278,8 @@ def load_debug_rollout_data(
     if template is None:
         raise ValueError("--load-debug-rollout-data is not set: expected a path template with {rollout_id}")
     path = template.format(rollout_id=rollout_id)
+    if os.path.isfile(path):
+        _refuse_legacy_dump(Path(os.path.abspath(path)))
     bundle = open_debug_dump(path, verify=getattr(args, "bundle_verify", None) or "fast")
     if bundle.kind != DEBUG_DUMP_KIND:
         raise BundleFormatError(f"{bundle.path}: kind: expected {DEBUG_DUMP_KIND!r}, found {bundle.kind!r}")

@@ -17,8 +17,11 @@ Conversion:
   ``missing_media="keep"`` keeps the string as it is;
 * tensors, arrays and everything else the bundle format stores are kept as they are; a value it
   cannot store raises naming the key path;
-* ``metadata`` must be JSON-compatible; ``meta`` records ``rollout_id``, ``metadata``,
-  ``imported_from`` (the file name) and ``legacy_format: "torch.save"``.
+* ``metadata`` must be JSON-compatible; ``meta`` records ``rollout_id``, ``evaluation``,
+  ``metadata``, ``imported_from`` (the file name) and ``legacy_format: "torch.save"``. Miles
+  names an evaluation dump ``…eval_<id>…`` but stores the bare ``rollout_id``; such a file is
+  recorded as ``evaluation: true`` with ``rollout_id: "eval_<id>"``, as
+  ``save_debug_rollout_data`` records it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -85,6 +89,7 @@ def import_legacy_dump(
     link: str = "auto",
     overwrite: bool = False,
     missing_media: str = "error",
+    evaluation: bool | None = None,
 ) -> Path:
     """Convert the legacy ``torch.save`` dump ``src`` into a bundle at ``dest``.
 
@@ -95,6 +100,9 @@ def import_legacy_dump(
         link: how media files named by path are taken into the bundle.
         overwrite: replace an existing ``dest``.
         missing_media: ``"error"`` (default) or ``"keep"`` for paths whose file is gone.
+        evaluation: whether the dump holds an evaluation rollout; by default, when its file name
+            holds ``eval_<rollout_id>`` (Miles names evaluation dumps so, but stores the bare id)
+            or its stored ``rollout_id`` is a string starting with ``eval_``.
 
     Returns:
         The path of the bundle written.
@@ -154,14 +162,26 @@ def import_legacy_dump(
     check_json(metadata, f"{src_path}: metadata")
     rollout_id = data.get("rollout_id")
     check_json(rollout_id, f"{src_path}: rollout_id")
+    evaluation = _is_evaluation(src_path, rollout_id) if evaluation is None else bool(evaluation)
+    if evaluation and isinstance(rollout_id, int) and not isinstance(rollout_id, bool):
+        rollout_id = f"eval_{rollout_id}"  # as save_debug_rollout_data names evaluation dumps
     meta = {
         "rollout_id": rollout_id,
-        "evaluation": isinstance(rollout_id, str) and rollout_id.startswith("eval_"),
+        "evaluation": evaluation,
         "metadata": dict(metadata),
         "imported_from": src_path.name,
         "legacy_format": "torch.save",
     }
     return write_dump_bundle(dest_path, samples, media_roots=(), kind=DEBUG_DUMP_KIND, meta=meta, link=link)
+
+
+def _is_evaluation(src: Path, rollout_id: Any) -> bool:
+    if isinstance(rollout_id, str):
+        return rollout_id.startswith("eval_")
+    if isinstance(rollout_id, int) and not isinstance(rollout_id, bool):
+        # Miles formats its template with "eval_<id>" and saves {"rollout_id": <id>, ...}.
+        return re.search(rf"(?<![0-9A-Za-z])eval_{rollout_id}(?![0-9])", src.name) is not None
+    return False
 
 
 # -- CLI -------------------------------------------------------------------------------------------------
@@ -177,6 +197,7 @@ def _run_import(ns: argparse.Namespace) -> int:
         link=ns.link,
         overwrite=ns.force,
         missing_media="keep" if ns.keep_missing_media else "error",
+        evaluation=ns.evaluation,
     )
     if ns.json:
         print(json.dumps({"source": os.path.abspath(ns.file), "output": str(out)}, indent=2, sort_keys=True))
@@ -219,6 +240,12 @@ def register(subparsers: Any) -> None:
         "--keep-missing-media",
         action="store_true",
         help="keep paths of media files that no longer exist as plain strings",
+    )
+    p.add_argument(
+        "--evaluation",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="record the dump as an evaluation rollout (default: when the file name holds eval_<rollout_id>)",
     )
     p.add_argument("--force", action="store_true", help="replace an existing output")
     add_json_option(p)
