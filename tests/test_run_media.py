@@ -4,6 +4,7 @@ removes the run's own directory."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import threading
@@ -45,6 +46,14 @@ def _snapshot(root: Path) -> dict[str, tuple[int, bytes | str | None]]:
     return out
 
 
+RUN_MARKER = ".run-media.json"
+
+
+def _marker_size(run_dir: Path) -> int:
+    """The run marker is freed with the run's files."""
+    return (run_dir / RUN_MARKER).stat().st_size
+
+
 def test_run_media_dir_is_shared_dir_slash_run_uuid(tmp_path: Path) -> None:
     assert run_media_dir(_args(tmp_path, "abc")) == tmp_path / "abc"
     assert run_media_dir(_args(None)) is None
@@ -62,11 +71,14 @@ def test_store_media_is_content_addressed_read_only_and_idempotent(tmp_path: Pat
     assert ref == MediaRef.from_file(path)
     again = store_media(args, bytearray(data))
     assert again == ref and again.path == ref.path
-    # No temporary file is left behind, and equal content is stored once.
-    assert sorted(os.listdir(path.parent)) == [ref.filename]
+    # No temporary file is left behind, and equal content is stored once; the run marker that
+    # sweep asks for was written when the directory was created.
+    assert sorted(os.listdir(path.parent)) == [RUN_MARKER, ref.filename]
+    marker = json.loads((path.parent / RUN_MARKER).read_text())
+    assert marker["run_id"] == "run-a" and marker["marker_version"] == 1
     other = store_media(args, b"other bytes", suffix=".bin")
     assert other.filename.endswith(".bin") and other.digest != ref.digest
-    assert sorted(os.listdir(path.parent)) == sorted([ref.filename, other.filename])
+    assert sorted(os.listdir(path.parent)) == sorted([RUN_MARKER, ref.filename, other.filename])
 
 
 def test_store_media_replaces_a_damaged_file_of_the_wrong_size(tmp_path: Path) -> None:
@@ -106,7 +118,8 @@ def test_release_removes_the_run_and_returns_bytes_freed(tmp_path: Path) -> None
     (nested / "f").write_bytes(b"c" * 7)
     os.chmod(nested / "f", 0o444)
     os.chmod(nested, 0o555)  # a read-only subdirectory must not stop the release
-    assert release_run_media(args) == 157
+    marker = _marker_size(tmp_path / "run-a")
+    assert release_run_media(args) == 157 + marker
     assert not (tmp_path / "run-a").exists()
     assert tmp_path.is_dir()
     assert release_run_media(args) == 0  # idempotent
@@ -118,7 +131,8 @@ def test_release_counts_hard_linked_files_as_not_freed(tmp_path: Path) -> None:
     ref = store_media(args, b"x" * 1000, suffix=".bin")
     store_media(args, b"y" * 10, suffix=".bin")
     os.link(ref.path, tmp_path / "kept-by-a-bundle.bin")
-    assert release_run_media(args) == 10
+    marker = _marker_size(tmp_path / "shared" / "run-a")
+    assert release_run_media(args) == 10 + marker
     assert (tmp_path / "kept-by-a-bundle.bin").read_bytes() == b"x" * 1000
 
 
@@ -130,7 +144,8 @@ def test_release_leaves_other_runs_and_the_shared_root_intact(tmp_path: Path) ->
     (shared / "README").write_text("not a run")
     before = {k: v for k, v in _snapshot(shared).items() if not k.startswith("run-a")}
     shared_mode = shared.stat().st_mode
-    assert release_run_media(_args(shared, "run-a")) == 4
+    marker = _marker_size(shared / "run-a")
+    assert release_run_media(_args(shared, "run-a")) == 4 + marker
     assert _snapshot(shared) == before
     assert shared.stat().st_mode == shared_mode
 
@@ -199,7 +214,8 @@ def test_release_works_through_a_symlinked_shared_root(tmp_path: Path) -> None:
     link.symlink_to(real, target_is_directory=True)
     store_media(_args(link, "run-a"), b"x" * 5, suffix=".bin")
     store_media(_args(link, "run-b"), b"y", suffix=".bin")
-    assert release_run_media(_args(link, "run-a")) == 5
+    marker = _marker_size(real / "run-a")
+    assert release_run_media(_args(link, "run-a")) == 5 + marker
     assert sorted(os.listdir(real)) == ["run-b"] and link.is_symlink()
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from argparse import Namespace
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,15 @@ import pytest
 from media_helpers import wait_until
 from swap_helpers import make_victim, swap_after_listing, victim_intact
 
-from trainer_hooks import LEASE_NAME, RunLease, RunMediaError, parse_duration, read_lease, sweep_run_media
+from trainer_hooks import (
+    LEASE_NAME,
+    RunLease,
+    RunMediaError,
+    parse_duration,
+    read_lease,
+    store_media,
+    sweep_run_media,
+)
 from trainer_hooks.cli import main
 
 # A run: lease its media directory with a fast heartbeat, store one file, say so, then idle.
@@ -204,27 +213,176 @@ def test_a_reused_pid_counts_as_gone(tmp_path: Path) -> None:
     assert _states(sweep_run_media(tmp_path)) == {"mine": "live", "reused": "crashed"}
 
 
+def _marked_run(run_dir: Path) -> None:
+    """A run directory as a run makes it (marker included), without a lease."""
+    store_media(
+        Namespace(shared_media_dir=str(run_dir.parent), run_uuid=run_dir.name), b"q" * 3, suffix=".bin"
+    )
+
+
+def _age(root: Path, seconds: float) -> None:
+    """Make everything under ``root``, and ``root``, look unchanged for ``seconds``."""
+    past = time.time() - seconds
+    for p in [*root.rglob("*"), root]:
+        os.utime(p, (past, past), follow_symlinks=False)
+
+
 def test_directories_without_a_lease_go_by_modification_time(tmp_path: Path) -> None:
     old, new = tmp_path / "old-run", tmp_path / "new-run"
     for d in (old, new):
-        (d / "sub").mkdir(parents=True)
+        _marked_run(d)
+        (d / "sub").mkdir()
         (d / "sub" / "f.bin").write_bytes(b"q" * 3)
-    past = time.time() - 7200
-    for p in (old / "sub" / "f.bin", old / "sub", old):
-        os.utime(p, (past, past))
+    _age(old, 7200)
     (new / LEASE_NAME).write_text("{not json")  # unreadable lease: judged like no lease
     entries = sweep_run_media(tmp_path, delete=True)
     assert {e.run_id: (e.state, e.deleted) for e in entries} == {
         "new-run": ("recent", False),
         "old-run": ("orphaned", True),
     }
-    assert "unreadable lease" in next(e.reason for e in entries if e.run_id == "new-run")
+    assert "corrupt lease (.lease.json is not JSON" in next(
+        e.reason for e in entries if e.run_id == "new-run"
+    )
     # A file changed recently deep inside keeps an otherwise old directory.
-    (tmp_path / "old2" / "sub").mkdir(parents=True)
+    _marked_run(tmp_path / "old2")
+    (tmp_path / "old2" / "sub").mkdir()
     (tmp_path / "old2" / "sub" / "fresh").write_bytes(b"")
-    for p in (tmp_path / "old2" / "sub", tmp_path / "old2"):
-        os.utime(p, (past, past))
+    _age(tmp_path / "old2", 7200)
+    os.utime(tmp_path / "old2" / "sub" / "fresh")
     assert _states(sweep_run_media(tmp_path, delete=True))["old2"] == "recent"
+
+
+def test_sweep_deletes_only_directories_that_prove_they_are_run_directories(tmp_path: Path) -> None:
+    """Issue 8 defect 2: pointed at a home directory, sweep --delete deletes nothing of it."""
+    home = tmp_path / "home"
+    for name in ("Documents", "dataset", "run-like-0123abcd"):
+        (home / name / "sub").mkdir(parents=True)
+        (home / name / "sub" / "file.txt").write_text("keep me")
+    _write_lease(home / "copied-lease", host="elsewhere.invalid", heartbeat_age=10**6, run_id="another-run")
+    (home / "garbage-lease").mkdir()
+    (home / "garbage-lease" / LEASE_NAME).write_text('{"heartbeat_at": "yesterday"}')
+    _marked_run(home / "real-run")
+    _write_lease(home / "leased-run", host="elsewhere.invalid", heartbeat_age=10**6)
+    for d in home.iterdir():
+        _age(d, 10**6)
+    before = _tree(home)
+    entries = sweep_run_media(home, older_than=0.0, delete=True)
+    assert {e.run_id: (e.state, e.deleted) for e in entries} == {
+        "Documents": ("skipped", False),
+        "copied-lease": ("skipped", False),
+        "dataset": ("skipped", False),
+        "garbage-lease": ("skipped", False),
+        "leased-run": ("stale", True),
+        "real-run": ("orphaned", True),
+        "run-like-0123abcd": ("skipped", False),
+    }
+    reasons = {e.run_id: e.reason for e in entries}
+    assert reasons["Documents"] == "not a run directory (no .run-media.json marker and no lease naming it)"
+    assert reasons["garbage-lease"].endswith(
+        "corrupt lease (heartbeat_at: expected a finite time, found 'yesterday')"
+    )
+    assert all(e.size == 0 for e in entries if e.state == "skipped")  # not even walked
+    assert _tree(home) == {k: v for k, v in before.items() if not k.startswith(("real-run", "leased-run"))}
+
+
+@pytest.mark.parametrize(
+    "heartbeat, fresh, expected",
+    [
+        # -Infinity once made the heartbeat infinitely old: a fresh run directory was deleted.
+        ("-Infinity", True, ("recent", False)),
+        # Infinity once made it live forever: an abandoned directory was never deleted.
+        ("Infinity", False, ("orphaned", True)),
+        ("NaN", False, ("orphaned", True)),
+        ("1e300", False, ("orphaned", True)),  # more than a day in the future
+        ("true", False, ("orphaned", True)),
+    ],
+)
+def test_a_lease_with_a_non_finite_or_garbage_heartbeat_is_reported_corrupt(
+    tmp_path: Path, heartbeat: str, fresh: bool, expected: tuple[str, bool]
+) -> None:
+    run = tmp_path / "run-a"
+    _marked_run(run)
+    lease = {"lease_version": 1, "run_id": "run-a", "host": "elsewhere.invalid", "pid": 1}
+    (run / LEASE_NAME).write_text(json.dumps(lease)[:-1] + f', "heartbeat_at": {heartbeat}}}')
+    if not fresh:
+        _age(run, 7200)
+    [entry] = sweep_run_media(tmp_path, delete=True)
+    assert (entry.state, entry.deleted) == expected
+    assert entry.reason.startswith("corrupt lease (heartbeat_at")
+    assert read_lease(run) is None
+
+
+def test_a_lease_from_another_boot_respects_older_than(tmp_path: Path) -> None:
+    """Same host name, another boot id: a reboot, or another machine with the same name. It is
+    crashed only once its heartbeat is older than both three beats and --older-than (issue 8
+    defect 2, issue 12 row 7)."""
+    from trainer_hooks._lease import _identity
+
+    me = _identity()
+    if me["boot_id"] is None:
+        pytest.skip("needs /proc/sys/kernel/random/boot_id")
+    other = {**me, "boot_id": "00000000-0000-0000-0000-000000000000"}
+    for name, age in (("beating", 60), ("missed-beats", 200), ("long-gone", 7200)):
+        _write_lease(tmp_path / name, heartbeat_age=age, **other)  # interval 30 s: grace 90 s
+    assert _states(sweep_run_media(tmp_path, older_than=3600.0)) == {
+        "beating": "live",
+        "long-gone": "crashed",
+        "missed-beats": "live",
+    }
+    entries = sweep_run_media(tmp_path, older_than=0.0, delete=True)
+    assert {e.run_id: (e.state, e.deleted) for e in entries} == {
+        "beating": ("live", False),  # within three heartbeats, whatever --older-than says
+        "long-gone": ("crashed", True),
+        "missed-beats": ("crashed", True),
+    }
+    assert "another boot" in next(e.reason for e in entries if e.run_id == "beating")
+
+
+def test_a_lease_from_another_pid_namespace_is_judged_by_heartbeat_only(tmp_path: Path) -> None:
+    """Same host name and boot, another pid namespace (a container): its pid means nothing here,
+    so a pid that is dead here does not make it crashed (issue 12 row 9)."""
+    from trainer_hooks._lease import _identity
+
+    me = _identity()
+    if me["pid_namespace"] is None:
+        pytest.skip("needs /proc/self/ns/pid")
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_pid = int(dead.stdout)
+    other = {**me, "pid": dead_pid, "pid_start_ticks": None, "pid_namespace": "pid:[1]"}
+    _write_lease(tmp_path / "container-run", heartbeat_age=5, **other)
+    _write_lease(tmp_path / "container-gone", heartbeat_age=7200, **other)
+    _write_lease(
+        tmp_path / "same-namespace", heartbeat_age=5, **{**other, "pid_namespace": me["pid_namespace"]}
+    )
+    entries = sweep_run_media(tmp_path, delete=True)
+    assert {e.run_id: (e.state, e.deleted) for e in entries} == {
+        "container-gone": ("stale", True),
+        "container-run": ("live", False),
+        "same-namespace": ("crashed", True),  # here the dead pid is proof
+    }
+
+
+def test_sweep_re_checks_right_before_deleting(tmp_path: Path) -> None:
+    """A run that comes alive between the verdict and the deletion is kept (issue 12 row 8)."""
+    from bundles._faults import on_fault_point
+
+    _write_lease(tmp_path / "resumed", host="elsewhere.invalid", heartbeat_age=7200)
+    leases: list[RunLease] = []
+
+    def resume(path: Path) -> None:  # the crashed run is resumed with the same --run-uuid
+        leases.append(RunLease(path, interval=30.0).start())
+
+    with on_fault_point("sweep.before-recheck", resume):
+        entries = sweep_run_media(tmp_path, delete=True)
+    try:
+        assert len(leases) == 1
+        assert [(e.run_id, e.state, e.deleted) for e in entries] == [("resumed", "live", False)]
+        assert (tmp_path / "resumed" / "a.bin").exists()
+    finally:
+        for lease in leases:
+            lease.close()
 
 
 def test_links_files_and_hidden_entries_are_never_touched(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -48,15 +49,18 @@ from argparse import Namespace
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
+from bundles._faults import fault_point
 from trainer_hooks._run_media import (
     _BEFORE_REMOVE,
-    RUN_DIR_MODE,
+    RUN_MARKER_NAME,
     RunMediaError,
     UnsafeRunDirError,
     check_run_id,
+    create_run_dir,
     dir_usage,
+    read_run_marker,
     remove_run_dir,
     run_media_dir,
 )
@@ -195,19 +199,48 @@ def _process_state(lease: dict[str, Any]) -> str:
 
 
 def read_lease(run_dir: Path) -> dict[str, Any] | None:
-    """The lease in ``run_dir`` as a dict, or None when there is none or it can't be parsed."""
-    path = Path(run_dir) / LEASE_NAME
+    """The lease in ``run_dir`` as a dict, or None when there is none or it is corrupt."""
+    return _load_lease(Path(run_dir))[0]
+
+
+# A heartbeat this far ahead of our clock is not clock skew but a broken (or hostile) lease that
+# would keep its directory "live" forever.
+MAX_FUTURE_HEARTBEAT_S = 86400.0
+
+
+def _finite_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _load_lease(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(lease, None) for a valid lease; (None, None) when there is no lease file; (None, why)
+    for a corrupt one: not JSON, not an object, or a heartbeat that is not a finite time."""
+    path = run_dir / LEASE_NAME
     try:
         with open(path, "rb") as f:
-            data = json.loads(f.read(64 * 1024))
+            raw = f.read(64 * 1024)
         mtime = os.stat(path).st_mtime
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("heartbeat_at"), (int, float)):
-        return None
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"lease unreadable ({e.strerror})"
+    try:
+        data = json.loads(raw)  # Infinity and NaN parse, and are refused as heartbeats below
+    except (ValueError, RecursionError) as e:
+        return None, f"corrupt lease ({LEASE_NAME} is not JSON: {e})"
+    if not isinstance(data, dict):
+        return None, f"corrupt lease (expected a JSON object, found {type(data).__name__})"
+    beat = data.get("heartbeat_at")
+    if not _finite_number(beat):
+        return None, f"corrupt lease (heartbeat_at: expected a finite time, found {beat!r})"
+    if float(beat) > time.time() + MAX_FUTURE_HEARTBEAT_S:
+        return None, f"corrupt lease (heartbeat_at {beat!r} is more than a day in the future)"
+    interval = data.get("heartbeat_interval_s")
+    if interval is not None and not (_finite_number(interval) and interval > 0):
+        return None, f"corrupt lease (heartbeat_interval_s: expected a positive number, found {interval!r})"
     # The freshest evidence of life: a writer whose clock runs slow still bumps the mtime.
-    data["_heartbeat"] = max(float(data["heartbeat_at"]), mtime)
-    return data
+    data["_heartbeat"] = max(float(beat), mtime)
+    return data, None
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -226,11 +259,7 @@ def _verdict(lease: dict[str, Any], now: float, older_than: float) -> tuple[str,
     """(state, reason, heartbeat age) for a parsed lease; see the module docstring."""
     age = now - lease["_heartbeat"]
     interval = lease.get("heartbeat_interval_s")
-    interval = (
-        float(interval)
-        if isinstance(interval, (int, float)) and interval > 0
-        else DEFAULT_HEARTBEAT_INTERVAL_S
-    )
+    interval = float(interval) if _finite_number(interval) and interval > 0 else DEFAULT_HEARTBEAT_INTERVAL_S
     grace = MISSED_BEATS * interval
     window = max(older_than, grace)
     who = f"pid {lease.get('pid')} on {lease.get('host')}"
@@ -241,9 +270,16 @@ def _verdict(lease: dict[str, Any], now: float, older_than: float) -> tuple[str,
     if proc == "gone":
         return "crashed", f"{who} is gone; {beat}", age
     if proc == "other-boot":
-        if age > grace:
-            return "crashed", f"{who} belongs to an earlier boot of this host; {beat}", age
-        return "live", f"lease held by {who} (another boot id); {beat}", age
+        # Another boot id under this host name: a reboot since (the process is gone) or another
+        # machine with the same name (it may be running). Only missed heartbeats tell, and like
+        # any lease whose process can't be checked, it must be older than --older-than too.
+        if age > window:
+            return "crashed", f"{who} belongs to another boot of this host name; {beat}", age
+        return (
+            "live",
+            f"lease held by {who} (another boot id); {beat}, fresh within {format_duration(window)}",
+            age,
+        )
     if age > window:
         return "stale", f"lease of {who} is stale: {beat}, older than {format_duration(window)}", age
     return "live", f"lease held by {who}; {beat}, fresh within {format_duration(window)}", age
@@ -283,11 +319,7 @@ class RunLease:
     def start(self) -> RunLease:
         if self._record is not None:
             return self
-        self.run_dir.parent.mkdir(parents=True, exist_ok=True)
-        with suppress(FileExistsError):
-            self.run_dir.mkdir(mode=RUN_DIR_MODE)
-        if self.run_dir.is_symlink():
-            raise UnsafeRunDirError(f"{self.run_dir}: run media directory is a symlink; refusing to lease it")
+        create_run_dir(self.run_dir, ensure_marker=True)  # refuses a symlinked run directory
         existing = read_lease(self.run_dir)
         now = time.time()
         if existing is not None:
@@ -420,15 +452,22 @@ class SweepEntry:
 REMOVABLE_STATES = frozenset({"crashed", "stale", "orphaned"})
 
 
+NOT_A_RUN_DIR = f"not a run directory (no {RUN_MARKER_NAME} marker and no lease naming it)"
+
+
 def _classify(run_dir: Path, now: float, older_than: float) -> tuple[str, str, float | None, int]:
+    lease, corrupt = _load_lease(run_dir)
+    # Proof first, and before walking the directory: a sweep pointed at a home directory must
+    # neither delete nor walk it.
+    if read_run_marker(run_dir) is None and (lease is None or lease.get("run_id") != run_dir.name):
+        reason = NOT_A_RUN_DIR if corrupt is None else f"{NOT_A_RUN_DIR}; {corrupt}"
+        return "skipped", reason, None, 0
     usage = dir_usage(run_dir)
-    lease = read_lease(run_dir)
     if lease is not None:
         state, reason, age = _verdict(lease, now, older_than)
         return state, reason, age, usage.total
     age = now - usage.newest_mtime
-    has_file = (run_dir / LEASE_NAME).exists()
-    what = "unreadable lease" if has_file else "no lease"
+    what = corrupt or "no lease"
     if age > older_than:
         return "orphaned", f"{what}; nothing changed for {format_duration(age)}", age, usage.total
     return (
@@ -483,6 +522,7 @@ def sweep_run_media(
 
 def _delete(shared: Path, entry: SweepEntry, older_than: float, now: float | None) -> SweepEntry:
     path = Path(entry.path)
+    fault_point("sweep.before-recheck", path)
     # Look again right before deleting: a lease may have appeared or a heartbeat landed since.
     try:
         state, reason, age, size = _classify(path, time.time() if now is None else now, older_than)

@@ -10,6 +10,9 @@ Protocol
   and renamed onto its final name. A reader therefore sees either no file or
   the whole file; a crash leaves at most a hidden ``.<name>.*.tmp`` that the run's release (or
   ``rollout-bundle sweep``) removes with the directory.
+* Creating the directory writes a marker, ``.run-media.json`` (``{"marker_version": 1,
+  "run_id": …, "created_at": …, "pid": …}``): ``rollout-bundle sweep`` deletes only directories
+  that carry it or a lease naming them, so a sweep pointed at the wrong directory deletes nothing.
 * The directory is keyed by run, not by rollout step: with the asynchronous driver a sample
   generated in step n trains in step n+1, and a step-keyed directory would have to be kept
   alive across steps anyway.
@@ -17,7 +20,9 @@ Protocol
   (see :mod:`trainer_hooks._disposer`). It is the only code that deletes media, so it is
   paranoid: it refuses run ids that could name anything other than one direct child of
   ``shared_media_dir`` and refuses a run directory that is a symlink or resolves elsewhere,
-  and it deletes nothing in those cases.
+  and it deletes nothing in those cases. The deletion goes through directory file descriptors
+  and never follows a symlink (``bundles._fs.remove_tree``), so a subdirectory swapped for a
+  symlink while it runs cannot redirect it outside the run directory.
 
 Trade-offs
 ----------
@@ -36,9 +41,12 @@ Trade-offs
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
 import tempfile
+import threading
+import time
 from argparse import Namespace
 from collections.abc import Callable
 from contextlib import suppress
@@ -60,6 +68,9 @@ __all__ = [
 
 MEDIA_FILE_MODE = 0o444
 RUN_DIR_MODE = 0o755
+# Written into every run media directory when it is created: the proof ``sweep`` asks for
+# before it deletes anything (a lease is the other proof).
+RUN_MARKER_NAME = ".run-media.json"
 
 
 class RunMediaError(BundleError):
@@ -117,11 +128,50 @@ def _ensure_run_dir(args: Namespace) -> Path:
         raise RunMediaError(
             "--shared-media-dir is not set: there is no run media directory to store media in"
         )
+    create_run_dir(run_dir)
+    return run_dir
+
+
+def create_run_dir(run_dir: Path, *, ensure_marker: bool = False) -> None:
+    """Create ``run_dir`` (and the shared root) if missing, with its run marker, and check it.
+
+    The marker (:data:`RUN_MARKER_NAME`) is what lets ``rollout-bundle sweep`` tell a run media
+    directory from any other directory under the root. It is written when this call creates the
+    directory, and with ``ensure_marker`` (a lease starting) also when it is missing.
+    """
     run_dir.parent.mkdir(parents=True, exist_ok=True)
+    created = False
     with suppress(FileExistsError):
         run_dir.mkdir(mode=RUN_DIR_MODE)
+        created = True
     _check_run_dir(run_dir.parent, run_dir)
-    return run_dir
+    if created or (ensure_marker and read_run_marker(run_dir) is None):
+        _write_run_marker(run_dir)
+
+
+def _write_run_marker(run_dir: Path) -> None:
+    record = {"marker_version": 1, "run_id": run_dir.name, "created_at": time.time(), "pid": os.getpid()}
+    tmp = run_dir / f"{RUN_MARKER_NAME}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(tmp, "x") as f:
+            json.dump(record, f, sort_keys=True)
+        os.replace(tmp, run_dir / RUN_MARKER_NAME)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_run_marker(run_dir: Path) -> dict[str, Any] | None:
+    """The run marker of ``run_dir`` when it is there and names this directory, else None."""
+    try:
+        with open(Path(run_dir) / RUN_MARKER_NAME, "rb") as f:
+            data = json.loads(f.read(64 * 1024))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("run_id") != Path(run_dir).name:
+        return None
+    return data
 
 
 def _check_run_dir(shared: Path, run_dir: Path) -> os.stat_result | None:
