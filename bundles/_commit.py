@@ -1,72 +1,202 @@
 """The commit protocol shared by every writer of a bundle directory.
 
-1. A writer creates a staging directory *beside* the destination, named
-   ``.<dest name>.staging.<host>.<pid>.<nonce>``, so that the final step is a rename within one
-   filesystem and the owner of a staging directory can be told from its name.
+1. A writer creates a staging directory *beside* the destination, named after itself,
+   ``.<dest name>.staging.<host>.<boot>.<pid namespace>.<pid>.<nonce>``, so that the final step is
+   a rename within one filesystem and whoever finds it later can tell whether its writer is dead.
 2. It writes every file into it, the manifest last (a directory without one is never a bundle),
    then makes them durable together: an fsync of each file, each subdirectory and the staging
    directory, or, for many files, one ``syncfs`` of the filesystem (see ``_fs.Durability``).
 3. It renames the staging directory to the destination with ``renameat2(RENAME_NOREPLACE)`` (or
    a plain rename after an existence check where the kernel lacks it), then fsyncs the parent.
    With ``overwrite=True`` and an existing bundle at the destination, ``renameat2(RENAME_EXCHANGE)``
-   swaps the two directories in one step, so that a reader sees the complete old or the complete new
-   bundle at every instant; the old one, now under the staging name, is then removed. Where the
-   exchange is unavailable the old bundle is first renamed aside (``.<name>.retired.…``): a reader
-   racing that window finds no bundle rather than a partial one.
+   swaps the two directories in one step, so that a reader sees the complete old or the complete
+   new bundle at every instant; the old one, now under the staging name, is then discarded. Where
+   the exchange is unavailable the old bundle is first renamed aside (``.<name>.retired.…``), then
+   the new one into place: a reader racing that window finds no bundle rather than a partial one.
+   Two writers of one destination with ``overwrite=True`` both succeed (the last one wins): a
+   destination that appears or vanishes under a writer sends it round again.
 
-A crash at any point leaves either no bundle or the complete previous one at the destination, plus
-at most a staging directory. Readers refuse staging directories. The next write into the same
-parent removes staging and retired directories whose writer is a dead process on this host;
-directories of other hosts are left alone, because their pids mean nothing here.
+Discarding a bundle directory (the previous one after an overwrite, or :func:`remove_bundle`)
+first unlinks its manifest, so that a directory half removed by a crash is never complete-looking.
+
+Recovery. A crash leaves either no bundle or a complete one at the destination, plus leftovers:
+staging and retired directories, and packer temporary files named like staging. The next write
+into the same parent (:func:`remove_stale_staging`) handles the leftovers of *provably dead*
+writers and leaves everything else alone:
+
+* dead means: the name's host tag, boot id and pid namespace are ours and no process has that pid
+  (or it is a zombie). A writer in another pid namespace on the same host (another container with
+  the same host name) is never judged: its pid means nothing here. A leftover from another boot of
+  this host name is judged dead once nothing in it changed for :data:`OTHER_BOOT_GRACE_S` (the
+  name may be shared by another machine on the same filesystem). Names of another host, and names
+  from before 0.2 (without boot and namespace), are never touched.
+* when the destination is missing and one dead writer left both a retired directory and a
+  complete staging directory (a manifest) for it, it died between the two renames of a fallback
+  overwrite, after its new bundle was durable: that bundle is renamed into place. Everything else
+  of dead writers is removed (through :func:`bundles._fs.remove_tree`, never following a symlink).
+
+Readers refuse staging and retired names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import secrets
 import socket
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from bundles._errors import BundleExistsError, BundleNotFoundError
-from bundles._fs import exchange, fsync_dir, pid_alive, remove_tree, rename_noreplace
+from bundles._errors import BundleError, BundleExistsError, BundleNotFoundError
+from bundles._faults import fault_point
+from bundles._fs import exchange, fsync_dir, remove_tree, rename_noreplace
 from bundles._layout import MANIFEST_NAME, RETIRED_MARKER, STAGING_MARKER, STAGING_RE
+from bundles._proc import boot_id, pid_alive, pid_namespace
+
+# A leftover of another boot of this host name is removed once nothing in it changed for this
+# long: after a reboot the writer is certainly dead, but the same host name on another machine
+# sharing the filesystem is possible and its writer may be alive (and slow).
+OTHER_BOOT_GRACE_S = 24 * 3600.0
+# How often a commit goes round when other writers keep creating or removing the destination.
+_COMMIT_ATTEMPTS = 16
 
 
 def host_tag() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
 
 
+def _boot_tag() -> str:
+    b = boot_id()
+    return b.replace("-", "")[:12].lower() if b else "0"
+
+
+def _pidns_tag() -> str:
+    ns = pid_namespace()
+    digits = re.sub(r"[^0-9]", "", ns) if ns else ""
+    return digits or "0"
+
+
+def _writer_tag() -> str:
+    """``<host>.<boot>.<pid namespace>.<pid>``: who writes, as leftovers will name it."""
+    return f"{host_tag()}.{_boot_tag()}.{_pidns_tag()}.{os.getpid()}"
+
+
 def _sibling_name(dest: Path, marker: str) -> Path:
-    return dest.parent / f".{dest.name}{marker}{host_tag()}.{os.getpid()}.{secrets.token_hex(4)}"
+    return dest.parent / f".{dest.name}{marker}{_writer_tag()}.{secrets.token_hex(4)}"
 
 
 def is_staging_name(name: str) -> bool:
+    """True for the name of a staging or retired directory (or a packer's temporary file)."""
     return STAGING_RE.fullmatch(name) is not None
 
 
-def remove_stale_staging(parent: Path) -> list[Path]:
-    """Remove staging/retired directories in ``parent`` left by dead writers on this host."""
-    removed: list[Path] = []
+@dataclass(frozen=True)
+class _Leftover:
+    path: Path
+    dest: str
+    kind: str  # "staging" or "retired"
+    writer: tuple[str, str, str, str]  # host, boot, pid namespace, pid
+    is_dir: bool
+
+
+def _writer_is_dead(m: re.Match[str], path: str) -> bool:
+    """See the module docstring: only a provably dead writer's leftovers are touched."""
+    if m["host"] != host_tag() or m["boot"] is None or m["pidns"] is None:
+        return False  # another host, or a name from before 0.2: its writer can't be judged
+    if m["pidns"] != _pidns_tag():
+        return False  # another pid namespace (a container with our host name): pids mean nothing
+    if m["boot"] != _boot_tag():
+        if m["boot"] == "0" or _boot_tag() == "0":
+            return False
+        return time.time() - _newest_mtime(path) > OTHER_BOOT_GRACE_S
+    return not pid_alive(int(m["pid"]))
+
+
+def _newest_mtime(path: str) -> float:
+    """The newest mtime of ``path`` and its direct children (a writer adds files to ``media/``
+    and ``samples/``, which changes those directories, not the staging directory itself)."""
+    newest = os.lstat(path).st_mtime
     try:
-        entries = list(os.scandir(parent))
+        with os.scandir(path) as it:
+            for entry in it:
+                try:
+                    newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+                except FileNotFoundError:
+                    continue
+    except (NotADirectoryError, FileNotFoundError):
+        pass
+    return newest
+
+
+def _dead_leftovers(parent: Path) -> list[_Leftover]:
+    try:
+        with os.scandir(parent) as it:
+            entries = list(it)
     except FileNotFoundError:
-        return removed
-    me = host_tag()
+        return []
+    found = []
     for entry in entries:
         m = STAGING_RE.fullmatch(entry.name)
-        if m is None or m["host"] != me or pid_alive(int(m["pid"])):
+        if m is None:
             continue
         try:
-            if entry.is_dir(follow_symlinks=False):
-                remove_tree(entry.path)
+            if not _writer_is_dead(m, entry.path):
+                continue
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # another writer cleaned it meanwhile
+        writer = (m["host"], m["boot"], m["pidns"], m["pid"])
+        found.append(_Leftover(Path(entry.path), m["dest"], m["kind"], writer, is_dir))
+    return found
+
+
+def remove_stale_staging(parent: Path) -> list[Path]:
+    """Recover or remove the leftovers of dead writers in ``parent`` (see the module docstring).
+
+    Returns the paths removed (a staging directory renamed into place is not among them).
+    """
+    leftovers = _dead_leftovers(parent)
+    recovered = _recover_interrupted_overwrites(parent, leftovers)
+    removed: list[Path] = []
+    for left in leftovers:
+        if left.path in recovered:
+            continue
+        try:
+            if left.is_dir:
+                _discard(left.path)
             else:
-                os.unlink(entry.path)  # a packer's temporary file
+                os.unlink(left.path)  # a packer's temporary file
         except FileNotFoundError:
             continue  # another writer cleaned it first
-        removed.append(Path(entry.path))
+        removed.append(left.path)
     return removed
+
+
+def _recover_interrupted_overwrites(parent: Path, leftovers: list[_Leftover]) -> set[Path]:
+    """Put back the new bundle of each dead writer that died between the two renames of a
+    fallback overwrite; return the staging paths so recovered."""
+    recovered: set[Path] = set()
+    retired = {(left.dest, left.writer) for left in leftovers if left.kind == "retired" and left.is_dir}
+    for left in leftovers:
+        if left.kind != "staging" or not left.is_dir or (left.dest, left.writer) not in retired:
+            continue
+        dest = parent / left.dest
+        if os.path.lexists(dest) or not (left.path / MANIFEST_NAME).is_file():
+            continue
+        try:
+            rename_noreplace(left.path, dest)
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOENT):
+                continue  # someone else recovered it, or wrote a new bundle meanwhile
+            raise BundleError(
+                f"{left.path}: cannot move the interrupted overwrite's bundle to {dest}: {e}"
+            ) from e
+        fsync_dir(parent)
+        recovered.add(left.path)
+    return recovered
 
 
 def staging_name(dest: Path) -> Path:
@@ -77,7 +207,7 @@ def staging_name(dest: Path) -> Path:
 def scratch_dir(beside: str | os.PathLike[str], purpose: str = "scratch") -> Path:
     """A new empty directory beside ``beside`` for work that feeds a bundle write.
 
-    It is named like a staging directory (``.<name>.<purpose>.staging.<host>.<pid>.<nonce>``), so
+    It is named like a staging directory (``.<name>.<purpose>.staging.<writer>.<nonce>``), so
     that if this process dies before removing it, the next bundle write into the same parent
     removes it. Same filesystem as the bundle, so files made there can be hard-linked into it.
     Remove it when done.
@@ -107,10 +237,23 @@ def _replaceable(dest: Path) -> bool:
 
 
 def is_bundle(path: str | os.PathLike[str]) -> bool:
-    """True for a committed bundle directory: not a symlink, not a staging directory, with a
-    manifest. Cheap (two stats); :func:`open_bundle` is what validates it."""
+    """True for a committed bundle directory: not a symlink, not a staging or retired directory,
+    with a manifest. Cheap (two stats); :func:`open_bundle` is what validates it."""
     p = Path(path)
     return not p.is_symlink() and not is_staging_name(p.name) and (p / MANIFEST_NAME).is_file()
+
+
+def _discard(path: Path) -> None:
+    """Remove a bundle directory that is no longer published (retired or swapped out): the
+    manifest first, so that a crash midway leaves an incomplete directory, never a bundle."""
+    try:
+        os.unlink(path / MANIFEST_NAME)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as e:
+        raise BundleError(f"{path}/{MANIFEST_NAME}: cannot remove: {e.strerror}") from e
+    fault_point("discard.after-manifest", path)
+    remove_tree(path)
 
 
 def remove_bundle(path: str | os.PathLike[str]) -> None:
@@ -118,7 +261,8 @@ def remove_bundle(path: str | os.PathLike[str]) -> None:
 
     The bundle is first renamed to a retired name (atomic), then removed; a crash in between
     leaves a retired directory that the next write into the same parent cleans up. Only a
-    bundle (a directory with a manifest) is removed: anything else raises.
+    bundle (a directory with a manifest) is removed: anything else raises. A bundle removed by
+    someone else meanwhile raises :class:`BundleNotFoundError`, as if it had never been there.
     """
     dest = Path(os.path.abspath(path))
     if not is_bundle(dest):
@@ -126,32 +270,80 @@ def remove_bundle(path: str | os.PathLike[str]) -> None:
             raise BundleNotFoundError(f"{dest}: no bundle here (path does not exist)")
         raise BundleNotFoundError(f"{dest}: not a bundle ({MANIFEST_NAME} is missing); refusing to remove it")
     retired = _sibling_name(dest, RETIRED_MARKER)
-    os.rename(dest, retired)
+    fault_point("remove_bundle.before-retire", dest)
+    try:
+        os.rename(dest, retired)
+    except FileNotFoundError:
+        raise BundleNotFoundError(f"{dest}: no bundle here (removed meanwhile by another process)") from None
     fsync_dir(dest.parent)
-    remove_tree(retired)
+    fault_point("remove_bundle.after-retire", dest)
+    _discard(retired)
 
 
 def commit(staging: Path, dest: Path, overwrite: bool) -> None:
     """Publish a fully written and fsynced staging directory at ``dest`` (see module docstring)."""
-    if os.path.lexists(dest):
-        if not overwrite:
-            raise BundleExistsError(f"{dest}: destination exists; pass overwrite=True to replace it")
-        if not _replaceable(dest):
-            raise BundleExistsError(f"{dest}: destination exists and is not a bundle; refusing to replace it")
-        if exchange(staging, dest):
-            fsync_dir(dest.parent)
-            remove_tree(staging)  # now holds the previous bundle
-            return
-        retired = _sibling_name(dest, RETIRED_MARKER)
-        os.rename(dest, retired)
-        os.rename(staging, dest)
+    fault_point("commit.before-rename", dest)
+    for _ in range(_COMMIT_ATTEMPTS):
+        if os.path.lexists(dest):
+            if not overwrite:
+                raise BundleExistsError(f"{dest}: destination exists; pass overwrite=True to replace it")
+            if not _replaceable(dest):
+                raise BundleExistsError(
+                    f"{dest}: destination exists and is not a bundle; refusing to replace it"
+                )
+            if _overwrite(staging, dest):
+                return
+            continue  # the destination vanished or reappeared under us: look again
+        fault_point("commit.before-noreplace", dest)
+        try:
+            rename_noreplace(staging, dest)
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            if not overwrite:
+                raise BundleExistsError(
+                    f"{dest}: destination appeared during the write; not replaced"
+                ) from None
+            continue  # another writer created it first: replace theirs
         fsync_dir(dest.parent)
-        remove_tree(retired)
+        fault_point("commit.after-rename", dest)
         return
+    raise BundleError(
+        f"{dest}: other writers kept replacing the destination; gave up after {_COMMIT_ATTEMPTS} tries"
+    )
+
+
+def _overwrite(staging: Path, dest: Path) -> bool:
+    """Replace the bundle at ``dest`` with ``staging``; False when ``dest`` changed under us
+    (vanished, or reappeared between the two renames) and the caller should look again."""
+    try:
+        exchanged = exchange(staging, dest)
+    except FileNotFoundError:
+        return False
+    if exchanged:
+        fsync_dir(dest.parent)
+        fault_point("commit.after-rename", dest)
+        _discard(staging)  # now holds the previous bundle
+        return True
+    retired = _sibling_name(dest, RETIRED_MARKER)
+    try:
+        os.rename(dest, retired)
+    except FileNotFoundError:
+        return False
+    fault_point("commit.between-renames", dest)
     try:
         rename_noreplace(staging, dest)
     except OSError as e:
-        if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
-            raise BundleExistsError(f"{dest}: destination appeared during the write; not replaced") from None
-        raise
+        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            # Put the previous bundle back rather than leave the destination empty.
+            with contextlib.suppress(OSError):  # someone published meanwhile: next cleanup's
+                rename_noreplace(retired, dest)
+            raise
+        # Another writer published meanwhile: ours goes round again, and the bundle we moved
+        # aside is no longer anyone's.
+        _discard(retired)
+        return False
     fsync_dir(dest.parent)
+    fault_point("commit.after-rename", dest)
+    _discard(retired)
+    return True

@@ -25,6 +25,7 @@ import threading
 from typing import Any, BinaryIO
 
 from bundles._errors import BundleError
+from bundles._faults import fault_point
 
 LINK_MODES = ("auto", "hardlink", "reflink", "copy")
 COPY_CHUNK = 1024 * 1024
@@ -463,6 +464,7 @@ def remove_tree(path: str | os.PathLike[str]) -> int:
             d = stack[-1]
             if d.names:
                 name = d.names.pop()
+                fault_point("remove_tree.entry", d.display, name)
                 got = _unlink_entry(d, name)
                 if got is not None:
                     freed += got
@@ -497,16 +499,6 @@ def remove_tree(path: str | os.PathLike[str]) -> int:
         os.close(parent_fd)
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 __all__ = [
     "LINK_MODES",
     "Durability",
@@ -516,7 +508,6 @@ __all__ = [
     "fsync_dir",
     "ingest",
     "make_read_only",
-    "pid_alive",
     "remove_tree",
     "rename_noreplace",
 ]

@@ -22,11 +22,18 @@ SHARD_PATH_RE = re.compile(r"samples/[0-9]{6}\.msgpack\.zst")
 # A packed bundle is one uncompressed POSIX tar of the bundle directory.
 PACK_SUFFIX = ".rbundle"
 
-# Staging directories live beside the destination: ".<dest name>.staging.<host>.<pid>.<random>".
+# Staging directories live beside the destination, named after the writer:
+# ".<dest name>.staging.<host>.<boot>.<pid namespace>.<pid>.<random>" (boot: the first 12 hex
+# digits of the boot id, pid namespace: its inode number; 0 where unknown). Names written before
+# 0.2 lack <boot>.<pid namespace>; they are still recognised (never read as bundles), never
+# cleaned up automatically.
 STAGING_MARKER = ".staging."
-STAGING_RE = re.compile(r"\.(?P<dest>.+)\.staging\.(?P<host>[^.]+)\.(?P<pid>[0-9]+)\.(?P<nonce>[0-9a-f]+)")
-# Where ``overwrite=True`` parks the previous bundle until it is removed.
+# Where ``overwrite=True`` and ``remove_bundle`` park a previous bundle until it is removed.
 RETIRED_MARKER = ".retired."
+STAGING_RE = re.compile(
+    r"\.(?P<dest>.+)\.(?P<kind>staging|retired)\.(?P<host>[^.]+)"
+    r"(?:\.(?P<boot>[0-9a-f]+)\.(?P<pidns>[0-9]+))?\.(?P<pid>[0-9]+)\.(?P<nonce>[0-9a-f]+)"
+)
 
 DIGEST_ALGORITHM = "sha256"
 DIGEST_PREFIX = "sha256:"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -16,7 +18,17 @@ import pytest
 from media_helpers import put_media, tree_snapshot
 from swap_helpers import make_victim, swap_after_listing, victim_intact
 
-from bundles import BundleExistsError, BundleReplacedError, open_bundle, remove_bundle, write_bundle
+from bundles import (
+    BundleExistsError,
+    BundleNotFoundError,
+    BundleReplacedError,
+    is_bundle,
+    open_bundle,
+    remove_bundle,
+    write_bundle,
+)
+
+MANIFEST = "manifest.json"
 
 
 def test_destination_appears_only_at_commit_and_nothing_is_left_behind(tmp_path):
@@ -230,7 +242,9 @@ def test_overwrite_never_replaces_a_symlink_even_to_a_bundle(tmp_path):
     (tmp_path / "link").symlink_to(real, target_is_directory=True)
     with pytest.raises(BundleExistsError) as e:
         write_bundle(tmp_path / "link", [{"v": 2}], overwrite=True)
-    assert str(e.value) == f"{tmp_path / 'link'}: destination exists and is not a bundle; refusing to replace it"
+    assert (
+        str(e.value) == f"{tmp_path / 'link'}: destination exists and is not a bundle; refusing to replace it"
+    )
     assert (tmp_path / "link").is_symlink() and os.readlink(tmp_path / "link") == str(real)
     assert [s["v"] for s in open_bundle(real, verify="full").samples()] == [1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # no staging left
@@ -270,8 +284,9 @@ def test_scratch_dirs_and_pack_files_of_dead_processes_are_cleaned_up(tmp_path):
         print(d)
         """
     )
-    r = subprocess.run([sys.executable, "-c", leave_behind, str(tmp_path)], capture_output=True, text=True,
-                       check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", leave_behind, str(tmp_path)], capture_output=True, text=True, check=True
+    )
     scratch = Path(r.stdout.strip())
     assert scratch.is_dir() and scratch.name.startswith(".ckpt.images.staging.")
     assert len(list(tmp_path.iterdir())) == 2
@@ -395,3 +410,217 @@ def test_remove_tree_refuses_a_symlink_or_a_file_and_removes_nothing(tmp_path):
         remove_tree(tmp_path / "file")
     assert (tmp_path / "real" / "keep").exists() and (tmp_path / "link").is_symlink()
     assert (tmp_path / "file").exists()
+
+
+# ---------------------------------------------------------------- leftovers of dead writers
+
+needs_proc = pytest.mark.skipif(
+    not (os.path.exists("/proc/self/ns/pid") and os.path.exists("/proc/sys/kernel/random/boot_id")),
+    reason="needs /proc for boot id and pid namespace",
+)
+
+
+def _writer_tags() -> tuple[str, str, str]:
+    """This process's host tag, boot tag and pid-namespace tag, read from the system."""
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:12]
+    ns = re.sub(r"[^0-9]", "", os.readlink("/proc/self/ns/pid"))
+    return host, boot, ns
+
+
+def _dead_pid() -> int:
+    r = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(r.stdout)  # exited and reaped
+
+
+def _age_tree(path: Path, seconds: float) -> None:
+    past = time.time() - seconds
+    for p in [*path.rglob("*"), path]:
+        os.utime(p, (past, past))
+
+
+@needs_proc
+def test_leftovers_are_removed_only_when_their_writer_is_provably_dead(tmp_path):
+    """Issue 8 defects 3 and 14, issue 12 row 6: the writer named by a leftover must be on this
+    host, this boot and this pid namespace, and gone."""
+    host, boot, ns = _writer_tags()
+    dead = _dead_pid()
+    cases = {
+        "dead writer here": (f".a.staging.{host}.{boot}.{ns}.{dead}.aa", True),
+        "dead writer's retired bundle": (f".a.retired.{host}.{boot}.{ns}.{dead}.ab", True),
+        "live writer here": (f".b.staging.{host}.{boot}.{ns}.{os.getpid()}.ac", False),
+        "another host, its pid dead here": (f".c.staging.other-host.{boot}.{ns}.{dead}.ad", False),
+        "another pid namespace, its pid dead here": (f".d.staging.{host}.{boot}.4026531999.{dead}.ae", False),
+        "another boot, changed an hour ago": (f".e.staging.{host}.00000000abcd.{ns}.{dead}.af", False),
+        "another boot, unchanged for 25 hours": (f".f.retired.{host}.00000000abcd.{ns}.{dead}.b0", True),
+        "a name from before 0.2": (f".g.staging.{host}.{dead}.b1", False),
+    }
+    for name, _ in cases.values():
+        (tmp_path / name / "media").mkdir(parents=True)
+        (tmp_path / name / "media" / "x.png").write_bytes(b"x")
+        (tmp_path / name / MANIFEST).write_text("{}")
+    _age_tree(tmp_path / cases["another boot, changed an hour ago"][0], 3600)
+    _age_tree(tmp_path / cases["another boot, unchanged for 25 hours"][0], 25 * 3600)
+    for name, _ in cases.values():
+        assert not is_bundle(tmp_path / name)
+        with pytest.raises(BundleNotFoundError, match="staging directory of an unfinished write"):
+            open_bundle(tmp_path / name)
+    write_bundle(tmp_path / "next", [{"i": 1}])  # any write into the parent cleans up
+    outcome = {what: not (tmp_path / name).exists() for what, (name, _) in cases.items()}
+    assert outcome == {what: removed for what, (_, removed) in cases.items()}
+
+
+@needs_proc
+def test_a_staging_name_records_host_boot_and_pid_namespace(tmp_path, monkeypatch):
+    from bundles._faults import on_fault_point
+
+    seen: list[str] = []
+    with on_fault_point("commit.before-rename", lambda dest: seen.extend(os.listdir(tmp_path))):
+        write_bundle(tmp_path / "b", [{"i": 1}])
+    host, boot, ns = _writer_tags()
+    [name] = seen
+    assert re.fullmatch(rf"\.b\.staging\.{re.escape(host)}\.{boot}\.{ns}\.{os.getpid()}\.[0-9a-f]+", name)
+
+
+KILLED_OVERWRITE = textwrap.dedent(
+    """
+    import sys
+    import bundles._commit
+    from bundles import write_bundle
+    if sys.argv[3] == "no-exchange":  # a kernel or filesystem without RENAME_EXCHANGE
+        bundles._commit.exchange = lambda a, b: False
+    write_bundle(sys.argv[1], [{"version": "new", "images": [sys.argv[2]]}], media_roots=[sys.argv[4]],
+                 overwrite=True)
+    """
+)
+
+
+def _killed_at(point: str, dest: Path, image: str, mode: str) -> None:
+    """Overwrite ``dest`` in a subprocess that SIGKILLs itself at the fault point ``point``."""
+    env = {**os.environ, "ROLLOUT_BUNDLES_KILL_AT": point}
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_OVERWRITE, str(dest), image, mode, str(Path(image).parent)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+def test_a_kill_between_the_two_renames_of_an_overwrite_is_recovered(tmp_path):
+    """Issue 8 defect 3: without RENAME_EXCHANGE an overwrite renames the old bundle aside, then
+    the new one into place. Killed in between, the destination is empty, and the next write
+    must put the complete new bundle there, not delete it."""
+    image = put_media(tmp_path / "run", b"new image" * 100)
+    dest = write_bundle(tmp_path / "b", [{"version": "old"}])
+    _killed_at("commit.between-renames", dest, image, "no-exchange")
+    assert not dest.exists()
+    leftovers = sorted(p.name.split(".")[2] for p in tmp_path.iterdir() if p.name.startswith(".b."))
+    assert leftovers == ["retired", "staging"]
+    with pytest.raises(BundleNotFoundError):
+        open_bundle(dest)
+    write_bundle(tmp_path / "other", [{"i": 1}])  # the next write into the parent recovers
+    bundle = open_bundle(dest, verify="full")
+    assert [s["version"] for s in bundle.samples()] == ["new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "other", "run"]
+
+
+@pytest.mark.parametrize(
+    "point, mode, version",
+    [
+        ("commit.before-rename", "exchange", "old"),
+        ("commit.after-rename", "exchange", "new"),
+        ("discard.after-manifest", "exchange", "new"),
+        ("remove_tree.entry@2", "exchange", "new"),
+        ("commit.after-rename", "no-exchange", "new"),
+        ("discard.after-manifest", "no-exchange", "new"),
+        ("remove_tree.entry@3", "no-exchange", "new"),
+    ],
+)
+def test_a_kill_while_discarding_the_previous_bundle_leaves_one_complete_bundle(
+    tmp_path, point, mode, version
+):
+    """Killed while the previous bundle is being removed, the destination holds a complete bundle
+    and the half-removed one (retired, or swapped out under the staging name) is never a bundle;
+    the next write removes it (issue 8 defect 3: retired directories leaked)."""
+    image = put_media(tmp_path / "run", b"new image" * 100)
+    old_images = [put_media(tmp_path / "run", bytes([i]) * 500) for i in range(5)]
+    dest = write_bundle(
+        tmp_path / "b", [{"version": "old", "images": old_images}], media_roots=[tmp_path / "run"]
+    )
+    _killed_at(point, dest, image, mode)
+    assert [s["version"] for s in open_bundle(dest, verify="full").samples()] == [version]
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".b.")]
+    assert len(left) == 1 and not is_bundle(left[0])
+    write_bundle(tmp_path / "other", [{"i": 1}])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "other", "run"]
+    assert [s["version"] for s in open_bundle(dest, verify="full").samples()] == [version]
+
+
+def test_remove_bundle_killed_midway_never_leaves_a_bundle_under_a_hidden_name(tmp_path):
+    from bundles import remove_bundle  # noqa: F401  (the script below uses it)
+
+    dest = write_bundle(tmp_path / "b", [{"i": 1}])
+    script = f"from bundles import remove_bundle; remove_bundle({str(dest)!r})"
+    for point in ("remove_bundle.after-retire", "discard.after-manifest"):
+        if not dest.exists():
+            dest = write_bundle(tmp_path / "b", [{"i": 1}])
+        env = {**os.environ, "ROLLOUT_BUNDLES_KILL_AT": point}
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        assert not dest.exists()
+        [left] = [p for p in tmp_path.iterdir() if p.name.startswith(".b.retired.")]
+        assert not is_bundle(left)
+        write_bundle(tmp_path / "other", [{"i": 2}], overwrite=True)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["other"], point  # removed, not restored
+
+
+def test_two_writers_creating_one_destination_with_overwrite_both_succeed(tmp_path):
+    """Issue 8 defect 14: the destination appears between a writer's existence check and its
+    rename; with overwrite=True that writer replaces it instead of failing."""
+    from bundles._faults import on_fault_point
+
+    dest = tmp_path / "b"
+    other: list[Path] = []
+
+    def another_writer_commits_first(_dest: Path) -> None:
+        if not other:
+            other.append(Path("pending"))
+            other[0] = write_bundle(_dest, [{"who": "other"}], overwrite=True)
+
+    with on_fault_point("commit.before-noreplace", another_writer_commits_first):
+        mine = write_bundle(dest, [{"who": "me"}], overwrite=True)
+    assert mine == other[0] == dest
+    assert [s["who"] for s in open_bundle(dest, verify="full").samples()] == ["me"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+    # Without overwrite the late writer is refused, naming the destination.
+    other.clear()
+    with (
+        on_fault_point("commit.before-noreplace", another_writer_commits_first),
+        pytest.raises(BundleExistsError, match="destination appeared during the write"),
+    ):
+        write_bundle(tmp_path / "c", [{"who": "me"}])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b", "c"]
+
+
+def test_remove_bundle_tolerates_a_concurrent_remover(tmp_path):
+    """Issue 8 defect 14: another process removes the bundle between the check and the rename."""
+    from bundles import remove_bundle
+    from bundles._faults import on_fault_point
+
+    dest = write_bundle(tmp_path / "b", [{"i": 1}])
+    raced: list[bool] = []
+
+    def other_remover(path: Path) -> None:
+        if not raced:
+            raced.append(True)
+            remove_bundle(path)
+
+    with (
+        on_fault_point("remove_bundle.before-retire", other_remover),
+        pytest.raises(BundleNotFoundError, match="removed meanwhile by another process"),
+    ):
+        remove_bundle(dest)
+    assert raced and list(tmp_path.iterdir()) == []

@@ -151,10 +151,10 @@ def test_driver_trains_then_releases_media_last(tmp_path: Path, driver) -> None:
     assert report.teardown[0] in ("close_actor", "shutdown_rollout_thread")
     assert rec.actor is not None and rec.actor.images_read == 6
     assert rec.manager is not None and rec.manager.media_present_at_dispose is True
-    # Six distinct images were stored and then released with the run directory.
-    assert (
-        report.media_bytes_freed == sum(m.size for m in {m.digest: m for m in rec.manager.media}.values()) > 0
-    )
+    # Six distinct images were stored and then released with the run directory, and with them
+    # the run marker (.run-media.json, about a hundred bytes).
+    media = sum(m.size for m in {m.digest: m for m in rec.manager.media}.values())
+    assert media > 0 and 0 < report.media_bytes_freed - media < 256
     assert not (tmp_path / "shared" / args.run_uuid).exists()
     assert (tmp_path / "shared").is_dir()
     assert rec.events.index("rollout_manager.dispose") < rec.events.index("rollout_manager.flush")

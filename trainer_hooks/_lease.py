@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from bundles._faults import fault_point
+from bundles._proc import boot_id, pid_namespace, proc_stat
 from trainer_hooks._run_media import (
     _BEFORE_REMOVE,
     RUN_MARKER_NAME,
@@ -115,47 +116,15 @@ def format_duration(seconds: float) -> str:
 # ---------------------------------------------------------------- process identity
 
 
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _boot_id() -> str | None:
-    return _read_text("/proc/sys/kernel/random/boot_id")
-
-
-def _pid_namespace() -> str | None:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks since boot) from /proc/<pid>/stat, if readable."""
-    text = _read_text(f"/proc/{pid}/stat")
-    if text is None:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    rest = text[text.rfind(")") + 2 :].split()
-    try:
-        return rest[0], int(rest[19])
-    except (IndexError, ValueError):
-        return None
-
-
 def _identity() -> dict[str, Any]:
     pid = os.getpid()
-    st = _proc_stat(pid)
+    st = proc_stat(pid)
     return {
         "host": socket.gethostname(),
         "pid": pid,
         "pid_start_ticks": st[1] if st else None,
-        "boot_id": _boot_id(),
-        "pid_namespace": _pid_namespace(),
+        "boot_id": boot_id(),
+        "pid_namespace": pid_namespace(),
     }
 
 
@@ -185,7 +154,7 @@ def _process_state(lease: dict[str, Any]) -> str:
         pass  # exists, owned by someone else
     except OSError:
         return "unknown"
-    st = _proc_stat(pid)
+    st = proc_stat(pid)
     if st is not None:
         state, start_ticks = st
         if state in ("Z", "X"):
