@@ -1,6 +1,7 @@
 """Save-path benchmark: bundles vs. torch.save, on a round of 1080p screenshots (not a test).
 
-    python benchmarks/bench_save.py [--n 600] [--repeats 3] [--dir bench-out] [--profile auto]
+    python benchmarks/bench_save.py [--n 600] [--repeats 3] [--tokens 1024 11000] [--dir bench-out]
+                                    [--profile auto]
 
 N screenshots (~1 MB PNGs, named by sha256 as a run media store names them) are rendered once
 and cached under ``<dir>/media/``. Samples share them the way a multi-turn agent's do: each
@@ -18,8 +19,10 @@ and every method pays only for its own durability:
                                   fsynced, plus ``torch.save`` of the samples (paths), fsynced.
 
 Then ``open_bundle(verify="full")`` on the auto bundle, against single-core ``hashlib.sha256``
-over the same bytes held in memory. Targets (issue 2): auto <= 5 % of copy; auto >= 20x faster
-than torch.save; full verify >= 70 % of single-core sha256 throughput.
+over the same bytes held in memory. Targets (issues 2 and 11), at 1,024 tokens a sample: auto <= 5 %
+of copy; auto >= 20x faster than torch.save; full verify >= 70 % of single-core sha256 throughput.
+``--tokens 1024 11000`` adds a computer-use-sized round (four 1080p screenshots are ~11,000 tokens)
+reported beside it.
 """
 
 from __future__ import annotations
@@ -170,52 +173,26 @@ def machine_description(path: Path) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--n", type=int, default=600, help="screenshots (default 600, ~0.6 GB)")
-    parser.add_argument("--turns", type=int, default=8, help="screenshots per trajectory (default 8)")
-    parser.add_argument(
-        "--tokens", type=int, default=1024, help="token ids per sample, a plain list (default 1024)"
-    )
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--warmup", type=int, default=1,
-        help="untimed runs of each method first (default 1): a training loop saves every step, so "
-        "the steady state is what counts, not a process's first call",
-    )
-    parser.add_argument(
-        "--dir", type=Path, default=Path("bench-out"), help="cache and outputs (one filesystem)"
-    )
-    parser.add_argument(
-        "--profile",
-        choices=["auto", "copy", "verify"],
-        action="append",
-        default=[],
-        help="print a cProfile of the first repeat of this method (repeatable)",
-    )
-    args = parser.parse_args(argv)
-
-    bench_dir = args.dir.resolve()
-    paths = ensure_media(bench_dir, args.n)
+def run_round(
+    args: argparse.Namespace,
+    tokens: int,
+    paths: list[Path],
+    blobs: dict[str, bytes],
+    out: Path,
+    profiles: dict[str, cProfile.Profile],
+) -> dict[str, float]:
+    """Time every save method on samples of ``tokens`` token ids; return their medians."""
     run_dir = paths[0].parent
-    samples = make_samples(paths, args.turns, args.tokens)
-    blobs = {str(p): p.read_bytes() for p in paths}
+    samples = make_samples(paths, args.turns, tokens)
     media_bytes = sum(len(b) for b in blobs.values())
     refs = sum(len(s["multimodal_inputs"]["images"]) for s in samples)
     heavy = with_image_bytes(samples, blobs)
     refs_only = [{"multimodal_inputs": s["multimodal_inputs"]} for s in samples]
-    # A fresh folder per run: a concurrent run (or anything else under --dir) is never touched.
-    out = Path(tempfile.mkdtemp(prefix="out-", dir=bench_dir))
-    print(machine_description(bench_dir))
     print(
-        f"{len(samples)} samples ({args.tokens} tokens each), {refs} references to {len(paths)} screenshots "
-        f"({media_bytes / 1e6:.0f} MB); {args.repeats} repeats; outputs in {out}\n",
+        f"--- {len(samples)} samples ({tokens} tokens each), {refs} references to {len(paths)} screenshots "
+        f"({media_bytes / 1e6:.0f} MB); {args.repeats} repeats",
         flush=True,
     )
-
-    profiles = {name: cProfile.Profile() for name in args.profile}
     methods: dict[str, Callable[[], Any]] = {
         "write_bundle(link='auto')": lambda: bundles.write_bundle(
             out / "auto.bundle", samples, media_roots=[run_dir], link="auto"
@@ -248,8 +225,78 @@ def main(argv: list[str] | None = None) -> int:
             prof = profiles.get(profile_of.get(name, "")) if r == 0 else None
             times[name].append(timed(fn, prof))
         print(f"repeat {r + 1}: " + ", ".join(f"{n} {ts[-1]:.3f} s" for n, ts in times.items()), flush=True)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    print()
+    print(f"| method ({tokens} tokens a sample) | median s (range) | throughput |")
+    print("|---|---:|---:|")
+    for name, m in med.items():
+        ts = times[name]
+        print(f"| {name} | {m:.3f} ({min(ts):.3f}-{max(ts):.3f}) | {media_bytes / m / 1e6:,.0f} MB/s |")
+    auto, copy = med["write_bundle(link='auto')"], med["write_bundle(link='copy')"]
+    ratios = [
+        a / c
+        for a, c in zip(times["write_bundle(link='auto')"], times["write_bundle(link='copy')"], strict=True)
+    ]
+    refs_only_time = med["write_bundle(link='auto'), references only"]
+    print(
+        f"\nauto / copy = {auto / copy:.2%} (per repeat {min(ratios):.2%}-{max(ratios):.2%}); "
+        f"torch.save / auto = {med['torch.save (images inside)'] / auto:.1f}x; "
+        f"auto, references only / copy = {refs_only_time / copy:.2%}\n",
+        flush=True,
+    )
+    return med
 
-    # Verification reads the same bytes, warm in the page cache like the sha256 baseline's.
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n", type=int, default=600, help="screenshots (default 600, ~0.6 GB)")
+    parser.add_argument("--turns", type=int, default=8, help="screenshots per trajectory (default 8)")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        nargs="+",
+        default=[1024],
+        help="token ids per sample, a plain list (default 1024); several values run one round each, "
+        "e.g. --tokens 1024 11000 (a computer-use round: four 1080p screenshots are ~11,000 tokens)",
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed runs of each method first (default 1): a training loop saves every step, so "
+        "the steady state is what counts, not a process's first call",
+    )
+    parser.add_argument(
+        "--dir", type=Path, default=Path("bench-out"), help="cache and outputs (one filesystem)"
+    )
+    parser.add_argument(
+        "--profile",
+        choices=["auto", "copy", "verify"],
+        action="append",
+        default=[],
+        help="print a cProfile of the first repeat of this method, first round (repeatable)",
+    )
+    args = parser.parse_args(argv)
+
+    bench_dir = args.dir.resolve()
+    paths = ensure_media(bench_dir, args.n)
+    blobs = {str(p): p.read_bytes() for p in paths}
+    media_bytes = sum(len(b) for b in blobs.values())
+    # A fresh folder per run: a concurrent run (or anything else under --dir) is never touched.
+    out = Path(tempfile.mkdtemp(prefix="out-", dir=bench_dir))
+    print(machine_description(bench_dir))
+    print(f"outputs in {out}\n", flush=True)
+
+    profiles = {name: cProfile.Profile() for name in args.profile}
+    rounds: dict[int, dict[str, float]] = {}
+    for i, tokens in enumerate(args.tokens):
+        rounds[tokens] = run_round(args, tokens, paths, blobs, out, profiles if i == 0 else {})
+
+    # Verification reads the bytes of the last round's auto bundle, warm in the page cache like
+    # the sha256 baseline's.
     bundle_files = [p for p in (out / "auto.bundle").rglob("*") if p.is_file() and p.name != "manifest.json"]
     verified_bytes = sum(p.stat().st_size for p in bundle_files)
     verify_times = [
@@ -266,36 +313,46 @@ def main(argv: list[str] | None = None) -> int:
         for data in in_memory:
             hashlib.sha256(data).digest()
         sha_times.append(time.perf_counter() - t)
-
-    med = {name: statistics.median(ts) for name, ts in times.items()}
-    auto, copy = med["write_bundle(link='auto')"], med["write_bundle(link='copy')"]
-    tsave, ctree = med["torch.save (images inside)"], med["copytree + torch.save"]
-    refs = med["write_bundle(link='auto'), references only"]
     verify_tp = verified_bytes / statistics.median(verify_times) / 1e6
     sha_tp = verified_bytes / statistics.median(sha_times) / 1e6
 
-    rows = [
-        *((name, f"{m:.3f}", f"{media_bytes / m / 1e6:,.0f} MB/s") for name, m in med.items()),
-        ("open_bundle(verify='full')", f"{statistics.median(verify_times):.3f}", f"{verify_tp:,.0f} MB/s"),
-        ("hashlib.sha256, 1 core, in memory", f"{statistics.median(sha_times):.3f}", f"{sha_tp:,.0f} MB/s"),
-    ]
-    print()
     print("| method | median s | throughput |")
     print("|---|---:|---:|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    for tokens, med in rounds.items():
+        for name, m in med.items():
+            print(f"| {name}, {tokens} tokens | {m:.3f} | {media_bytes / m / 1e6:,.0f} MB/s |")
+    print(f"| open_bundle(verify='full') | {statistics.median(verify_times):.3f} | {verify_tp:,.0f} MB/s |")
+    print(f"| hashlib.sha256, 1 core, in memory | {statistics.median(sha_times):.3f} | {sha_tp:,.0f} MB/s |")
 
-    checks = [
-        (f"auto / copy                 = {auto / copy:7.2%}", "<= 5 %", auto <= 0.05 * copy),
-        (f"torch.save / auto           = {tsave / auto:7.1f}x", ">= 20x", tsave >= 20 * auto),
-        (f"copytree+torch.save / auto  = {ctree / auto:7.1f}x", "(info)", None),
-        (f"auto, references only / copy = {refs / copy:7.2%}", "(info)", None),
-        (f"verify / sha256 throughput  = {verify_tp / sha_tp:7.1%}", ">= 70 %", verify_tp >= 0.7 * sha_tp),
-    ]
     print()
-    for text, target, ok in checks:
-        verdict = "" if ok is None else ("PASS" if ok else "MISS")
-        print(f"{text}   target {target:7} {verdict}")
+    for tokens, med in rounds.items():
+        auto, copy = med["write_bundle(link='auto')"], med["write_bundle(link='copy')"]
+        tsave, ctree = med["torch.save (images inside)"], med["copytree + torch.save"]
+        refs = med["write_bundle(link='auto'), references only"]
+        # Issue 2's 5 % target is set at 1,024 tokens a sample; other sizes are reported beside it.
+        target = tokens == 1024
+        checks = [
+            (
+                f"auto / copy                 = {auto / copy:7.2%}",
+                "<= 5 %",
+                auto <= 0.05 * copy if target else None,
+            ),
+            (
+                f"torch.save / auto           = {tsave / auto:7.1f}x",
+                ">= 20x",
+                tsave >= 20 * auto if target else None,
+            ),
+            (f"copytree+torch.save / auto  = {ctree / auto:7.1f}x", "(info)", None),
+            (f"auto, references only / copy = {refs / copy:7.2%}", "(info)", None),
+        ]
+        print(f"{tokens} tokens a sample:")
+        for text, tgt, ok in checks:
+            verdict = "" if ok is None else ("PASS" if ok else "MISS")
+            print(f"  {text}   target {tgt if ok is not None else '(info)':7} {verdict}")
+    ok = verify_tp >= 0.7 * sha_tp
+    print(
+        f"verify / sha256 throughput  = {verify_tp / sha_tp:7.1%}   target >= 70 %  {'PASS' if ok else 'MISS'}"
+    )
 
     shutil.rmtree(out)
     for name, prof in profiles.items():

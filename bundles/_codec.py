@@ -1,17 +1,38 @@
 """Sample encoding: msgpack with extension types, never pickle.
 
-Encoding walks a sample once. JSON-like values map to msgpack's own types; everything else the
-format supports becomes an extension type (see ``_layout.EXT_*`` and docs/FORMAT.md):
+JSON-like values map to msgpack's own types; everything else the format supports becomes an
+extension type (see ``_layout.EXT_*`` and docs/FORMAT.md §3):
 
 * ``MediaRef`` anywhere, and ``str`` values that are absolute paths inside a media root, become
   references by digest. The writer decides which strings are references through a callback, so
   this module knows nothing about files.
-* tuples, ``bytes``, numpy arrays and scalars of numeric or bool dtype, and torch tensors of any
-  dtype (bfloat16 included) round-trip exactly. torch is imported only when a tensor is met.
+* tuples, numpy arrays and scalars of numeric or bool dtype, and torch tensors of the dtypes in
+  ``_layout.TORCH_DTYPES`` (bfloat16 included) round-trip exactly. torch is imported only when
+  a tensor is met.
 
-Any other type raises :class:`UnsupportedValueError` naming the key path. Decoding only ever
-builds the same closed set of types, so opening a bundle cannot run code from the file.
+Extensions are dispatched through tables (:attr:`SampleEncoder.ext_by_type`,
+:attr:`SampleEncoder.ext_by_class`, :attr:`SampleDecoder.ext`), so a new one is a new entry.
 
+**Cost model: no Python call per element.** A sample of a long rollout is mostly three flat
+lists (token ids, loss mask, log-probs) of thousands of numbers, and msgpack handles those at C
+speed; the codec must not visit their elements in Python.
+
+* Encoding walks the containers of a sample (dicts, lists, tuples), not the numbers in them. A
+  list is proved to hold only numbers by :func:`only_numbers` (C speed) and handed to msgpack as
+  it is. The packer runs with ``strict_types``, so whatever could slip through that proof (an
+  ``int`` subclass, an int beyond 64 bits) makes msgpack raise; only then does a second walk,
+  item by item, name the value. Any other unsupported type raises :class:`UnsupportedValueError`
+  naming the key path.
+* Decoding resolves extensions where msgpack meets them: ``ext_hook`` turns a reference into the
+  stored file (looked up in the manifest's media once per distinct reference), and builds arrays,
+  tensors and tuples. ``list_hook`` and ``object_hook`` run once per container: they count the
+  sample's items, check map keys, refuse msgpack timestamps and compute each container's height
+  from its children's (bottom-up, so no recursion), again proving number lists at C speed.
+  A problem raises :class:`Defect` without a key path; the shard reader then decodes that one
+  sample again leniently (problems become :class:`Bad` markers) and walks it to name the key path:
+  the only walk over plain values, and it happens only on failure.
+
+Decoding builds only the closed set of types above: opening a bundle cannot run code from the file.
 Dict keys keep their insertion order: the same input gives the same bytes.
 """
 
@@ -20,13 +41,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgpack
 import numpy as np
 
-from bundles._errors import BundleFormatError, UnsupportedValueError
+from bundles._errors import UnsupportedValueError
 from bundles._layout import (
     EXT_MEDIA_REF,
     EXT_NDARRAY,
@@ -35,6 +56,9 @@ from bundles._layout import (
     EXT_TENSOR,
     EXT_TUPLE,
     MAX_NESTING_DEPTH,
+    MAX_SAMPLE_ITEMS,
+    MAX_SAMPLE_RAW_BYTES,
+    TORCH_DTYPES,
 )
 from bundles._media import MediaRef
 
@@ -46,7 +70,7 @@ def gc_paused() -> Iterator[None]:
     Encoding and decoding build thousands of dicts and lists and no reference cycles; each
     allocation burst triggers collections that walk every tracked object of the process (with
     torch imported, hundreds of thousands), which made a save up to twice as slow. msgpack's own
-    documentation recommends the same. The pause is process-wide and lasts one save or one shard.
+    documentation recommends the same. The pause is process-wide and lasts one save or one sample.
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -60,36 +84,45 @@ def gc_paused() -> Iterator[None]:
 _INT_MIN = -(2**63)
 _UINT_MAX = 2**64 - 1
 _NUMERIC_KINDS = frozenset("biufc")
+_NUMBER_TYPES = frozenset({int, float, bool})
+_SUM_TYPES = frozenset({int, float})
+_KEY_TYPES = frozenset({str, int})
+_CONTAINERS = frozenset({list, dict, tuple})
+# Values whose presence in a container needs a closer look when decoding.
+_NOTABLE = _CONTAINERS | {msgpack.Timestamp}
+TIMESTAMP_MESSAGE = "msgpack timestamps are not a value bundles store"
 
-# (digest, size, suffix) of a media file, or None when the string is not a reference.
 StringRefResolver = Callable[[str, str], "MediaRef | None"]
 MediaRefResolver = Callable[[MediaRef, str], MediaRef]
 
 
-class PathRef:
-    """A decoded plain-string reference, before the reader turns it back into a path string."""
+def only_numbers(items: list[Any], numpy_possible: bool = True) -> bool:
+    """True when ``items`` holds only ints, floats and bools; proved at C speed.
 
-    __slots__ = ("ref",)
-
-    def __init__(self, ref: MediaRef) -> None:
-        self.ref = ref
-
-
-# Stored as they are; ints beyond 64 bits make the packer raise, and encode() then names them.
-_PASSTHROUGH = frozenset({type(None), bool, int, float, bytes})
-_INT_TYPES = frozenset({int, bool})
-_FLOAT_TYPES = frozenset({float, bool})
-
-
-def _is_flat_numbers(items: list[Any]) -> bool:
-    """True for a list of only ints or only floats, checked at C speed.
-
-    Walking such lists item by item in Python was most of a save's cost (a 1,024-token sample
-    is 1,024 calls). An int beyond 64 bits makes the packer raise; :meth:`SampleEncoder.encode`
-    then walks the sample item by item to name it.
+    Long lists are summed: ``sum()`` adds in C (fast paths for ints and floats, ~3 ns an item
+    against ~20 for ``set(map(type, items))``), raises at the first str, None, bytes or container,
+    and its result is an exact ``int`` or ``float`` only when every item is an int, float or bool
+    (numpy scalars, arrays and tensors give numpy or torch values). Lists that start or end with
+    anything else are not summed, so a list of tensors is never added up. An ``int`` subclass
+    (say an ``IntEnum``) inside a long list passes; msgpack's strict packer refuses it, which is
+    why the encoder has a second walk. ``numpy_possible=False`` (the decoder knows when no numpy
+    value was built) skips silencing numpy's overflow warnings, which costs ~2 us.
     """
-    types = set(map(type, items))
-    return types <= _FLOAT_TYPES or types <= _INT_TYPES
+    if len(items) < _SUM_FROM:
+        return _NUMBER_TYPES.issuperset(map(type, items))
+    if type(items[0]) not in _NUMBER_TYPES or type(items[-1]) not in _NUMBER_TYPES:
+        return False
+    try:
+        if not numpy_possible:
+            return type(sum(items)) in _SUM_TYPES
+        with np.errstate(all="ignore"):
+            return type(sum(items)) in _SUM_TYPES
+    except Exception:  # TypeError at the first non-number; numpy/torch may raise others
+        return False
+
+
+# Below this length, checking each item's type costs less than entering np.errstate (~2 us).
+_SUM_FROM = 64
 
 
 def key_path(parent: str, key: object) -> str:
@@ -98,13 +131,22 @@ def key_path(parent: str, key: object) -> str:
     return f"{parent}[{key!r}]"
 
 
-def _torch_module() -> Any:
-    return sys.modules.get("torch")
-
-
 def _pack_header_and_bytes(header: list[Any], data: bytes | np.ndarray) -> bytes:
     """The packed header followed by the raw bytes of ``data`` (bytes or a numpy view)."""
     return msgpack.packb(header) + (data if isinstance(data, bytes) else data.tobytes())
+
+
+def _unsupported_type(obj: Any, where: str) -> UnsupportedValueError:
+    t = type(obj)
+    return UnsupportedValueError(
+        f"{where}: values of type {t.__module__}.{t.__qualname__} cannot be stored without pickle; "
+        "expected None, bool, int, float, str, bytes, list, tuple, dict, MediaRef, a numpy array or "
+        "scalar of numeric/bool dtype, or a torch tensor"
+    )
+
+
+# -- encoding ------------------------------------------------------------------------------------
+_PASSTHROUGH = frozenset({type(None), bool, int, float, bytes})
 
 
 class SampleEncoder:
@@ -128,25 +170,49 @@ class SampleEncoder:
         self._prefixes = string_prefixes
         self._packer = msgpack.Packer(use_bin_type=True, strict_types=True, autoreset=True)
         self._ext_cache: dict[tuple[int, str, int, str], msgpack.ExtType] = {}
+        self._items = 0
+        # Extensions by exact type (one dict lookup), then by isinstance for types whose
+        # subclasses count and whose modules are imported lazily: (class getter, handler).
+        self.ext_by_type: dict[type, Callable[[Any, str, int], Any]] = {
+            tuple: self._tuple,
+            MediaRef: self._media_ref,
+            bytearray: self._buffer,
+            memoryview: self._buffer,
+        }
+        self.ext_by_class: list[tuple[Callable[[], type | None], Callable[[Any, str, int], Any]]] = [
+            (lambda: np.ndarray, self._ndarray),
+            (lambda: np.generic, self._npscalar),
+            (_torch_tensor_class, self._tensor),
+        ]
 
     def encode(self, sample: Any, where: str) -> bytes:
+        self._items = 0
         try:
-            return self._packer.pack(self._convert(sample, where, 0))  # tuples are packed inside
-        except OverflowError:
-            # An int beyond 64 bits (ints are not range-checked on the way): name it.
-            self._check_ints(sample, where)
-            raise  # pragma: no cover - _check_ints always finds it
+            data: bytes = self._packer.pack(self._convert(sample, where, 0))
+        except (OverflowError, TypeError, ValueError) as e:
+            # Something inside a list passed as it is: an int beyond 64 bits or a subclass of
+            # int or float. Name it (the only per-item walk, and only on failure).
+            _explain(sample, where, self)
+            raise UnsupportedValueError(f"{where}: cannot be packed: {e}") from None
+        if self._items > MAX_SAMPLE_ITEMS:
+            raise UnsupportedValueError(
+                f"{where}: the sample holds {self._items} items (list, tuple and map elements, plus one "
+                f"per container); the format allows at most {MAX_SAMPLE_ITEMS} per sample: store long "
+                "numeric data as numpy arrays or tensors"
+            )
+        if len(data) > MAX_SAMPLE_RAW_BYTES:
+            raise UnsupportedValueError(
+                f"{where}: the sample encodes to {len(data)} bytes; the format allows at most "
+                f"{MAX_SAMPLE_RAW_BYTES} bytes per sample"
+            )
+        return data
 
-    def _check_ints(self, obj: Any, where: str) -> None:
-        t = type(obj)
-        if t is int and not _INT_MIN <= obj <= _UINT_MAX:
-            raise UnsupportedValueError(f"{where}: int {obj} does not fit in 64 bits")
-        if t is dict:
-            for k, v in obj.items():
-                self._check_ints(v, key_path(where, k))
-        elif t is list or t is tuple:
-            for i, v in enumerate(obj):
-                self._check_ints(v, f"{where}[{i}]")
+    def has_class_ext(self, obj: Any) -> bool:
+        for get_class, _ in self.ext_by_class:
+            cls = get_class()
+            if cls is not None and isinstance(obj, cls):
+                return True
+        return False
 
     def _ref_ext(self, code: int, ref: MediaRef) -> msgpack.ExtType:
         key = (code, ref.digest, ref.size, ref.suffix)
@@ -174,6 +240,7 @@ class SampleEncoder:
             ref = self._resolve_string(obj, where)
             return obj if ref is None else self._ref_ext(EXT_PATH_REF, ref)
         if t is dict:
+            self._items += len(obj) + 1
             out = {}
             for k, v in obj.items():
                 tk = type(k)
@@ -184,39 +251,39 @@ class SampleEncoder:
                 out[k] = v if self._plain(v) else self._convert(v, key_path(where, k), depth + 1)
             return out
         if t is list:
-            if len(obj) > 4 and _is_flat_numbers(obj):
+            self._items += len(obj) + 1
+            if only_numbers(obj):
                 return obj  # token ids, masks, log-probs: msgpack packs them as they are
             return [
                 v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1)
                 for i, v in enumerate(obj)
             ]
-        if t is tuple:
-            items = [
-                v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1)
-                for i, v in enumerate(obj)
-            ]
-            return msgpack.ExtType(EXT_TUPLE, self._packer.pack(items))
-        if t is bytearray or t is memoryview:
-            raise UnsupportedValueError(f"{where}: {t.__name__} is not stored; convert it to bytes")
-        if t is MediaRef:
-            return self._ref_ext(EXT_MEDIA_REF, self._resolve_ref(obj, where))
-        if isinstance(obj, np.ndarray):
-            return self._ndarray(obj, where)
-        if isinstance(obj, np.generic):
-            dtype = obj.dtype
-            if dtype.kind not in _NUMERIC_KINDS:
-                raise UnsupportedValueError(f"{where}: numpy scalar of dtype {dtype} is not numeric or bool")
-            return msgpack.ExtType(EXT_NPSCALAR, _pack_header_and_bytes([dtype.str], obj.tobytes()))
-        torch = _torch_module()
-        if torch is not None and isinstance(obj, torch.Tensor):
-            return self._tensor(obj, where, torch)
-        raise UnsupportedValueError(
-            f"{where}: values of type {t.__module__}.{t.__qualname__} cannot be stored without pickle; "
-            "expected None, bool, int, float, str, bytes, list, tuple, dict, MediaRef, a numpy array or "
-            "scalar of numeric/bool dtype, or a torch tensor"
-        )
+        handler = self.ext_by_type.get(t)
+        if handler is None:
+            for get_class, by_class in self.ext_by_class:
+                cls = get_class()
+                if cls is not None and isinstance(obj, cls):
+                    handler = by_class
+                    break
+            else:
+                raise _unsupported_type(obj, where)
+        return handler(obj, where, depth)
 
-    def _ndarray(self, arr: np.ndarray, where: str) -> msgpack.ExtType:
+    # -- extension handlers: (value, key path, depth) -> msgpack.ExtType ------------------------
+    def _tuple(self, obj: tuple[Any, ...], where: str, depth: int) -> msgpack.ExtType:
+        self._items += len(obj) + 1
+        items = [
+            v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)
+        ]
+        return msgpack.ExtType(EXT_TUPLE, self._packer.pack(items))
+
+    def _media_ref(self, obj: MediaRef, where: str, depth: int) -> msgpack.ExtType:
+        return self._ref_ext(EXT_MEDIA_REF, self._resolve_ref(obj, where))
+
+    def _buffer(self, obj: Any, where: str, depth: int) -> msgpack.ExtType:
+        raise UnsupportedValueError(f"{where}: {type(obj).__name__} is not stored; convert it to bytes")
+
+    def _ndarray(self, arr: np.ndarray, where: str, depth: int) -> msgpack.ExtType:
         if arr.dtype.kind not in _NUMERIC_KINDS or arr.dtype.fields is not None:
             raise UnsupportedValueError(
                 f"{where}: numpy array of dtype {arr.dtype} is not numeric or bool; object and "
@@ -229,12 +296,23 @@ class SampleEncoder:
             _pack_header_and_bytes([data.dtype.str, list(data.shape)], data.reshape(-1).view(np.uint8)),
         )
 
-    def _tensor(self, tensor: Any, where: str, torch: Any) -> msgpack.ExtType:
+    def _npscalar(self, obj: np.generic, where: str, depth: int) -> msgpack.ExtType:
+        dtype = obj.dtype
+        if dtype.kind not in _NUMERIC_KINDS:
+            raise UnsupportedValueError(f"{where}: numpy scalar of dtype {dtype} is not numeric or bool")
+        return msgpack.ExtType(EXT_NPSCALAR, _pack_header_and_bytes([dtype.str], obj.tobytes()))
+
+    def _tensor(self, tensor: Any, where: str, depth: int) -> msgpack.ExtType:
+        torch = sys.modules["torch"]
         if tensor.is_sparse or tensor.layout != torch.strided:
             raise UnsupportedValueError(
                 f"{where}: only dense tensors are stored, found layout {tensor.layout}"
             )
         dtype_name = str(tensor.dtype).removeprefix("torch.")
+        if dtype_name not in TORCH_DTYPES:
+            raise UnsupportedValueError(
+                f"{where}: tensors of dtype {tensor.dtype} are not stored; the format stores {', '.join(TORCH_DTYPES)}"
+            )
         # Raw bytes through a uint8 view: numpy has no bfloat16/float8, and bytes are bytes.
         try:
             raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
@@ -245,26 +323,217 @@ class SampleEncoder:
         return msgpack.ExtType(EXT_TENSOR, _pack_header_and_bytes([dtype_name, list(tensor.shape)], raw))
 
 
+def _torch_tensor_class() -> type | None:
+    torch = sys.modules.get("torch")  # a tensor cannot exist unless torch was imported
+    return None if torch is None else torch.Tensor
+
+
+def _explain(sample: Any, where: str, encoder: SampleEncoder) -> None:
+    """Raise :class:`UnsupportedValueError` naming the first value msgpack's strict packer refused.
+
+    Walks every item (iteratively: nesting is already bounded by the encoder's first pass), so it
+    runs only after the packer failed. Returns if it finds nothing to name.
+    """
+    stack: list[tuple[Any, str]] = [(sample, where)]
+    while stack:
+        obj, path = stack.pop()
+        t = type(obj)
+        if t is int:
+            if not _INT_MIN <= obj <= _UINT_MAX:
+                raise UnsupportedValueError(f"{path}: int {obj} does not fit in 64 bits")
+        elif t is dict:
+            stack.extend(reversed([(v, key_path(path, k)) for k, v in obj.items()]))
+        elif t is list or t is tuple:
+            stack.extend(reversed([(v, f"{path}[{i}]") for i, v in enumerate(obj)]))
+        elif not (t in _PASSTHROUGH or t is str or t in encoder.ext_by_type or encoder.has_class_ext(obj)):
+            raise _unsupported_type(obj, path)
+
+
+# -- decoding ------------------------------------------------------------------------------------
+class Defect(Exception):
+    """A problem inside one sample, raised from msgpack's hooks before its key path is known.
+
+    ``locate`` is False for limits (items, size), where decoding the sample again to find a key
+    path would cost what the limit is there to prevent.
+    """
+
+    def __init__(self, message: str, locate: bool = True) -> None:
+        super().__init__(message)
+        self.message = message
+        self.locate = locate
+
+
+class Bad:
+    """What a lenient decode puts where a strict one raised, for :func:`find_defect` to locate."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+_TORCH_DTYPE_OBJECTS: dict[str, Any] = {}
+
+
+def _torch_dtype(name: str) -> Any:
+    """The torch dtype of an allowlisted name (a constant, never a name read from a file)."""
+    if not _TORCH_DTYPE_OBJECTS:
+        import torch
+
+        for n in TORCH_DTYPES:
+            dtype = getattr(torch, n, None)
+            if isinstance(dtype, torch.dtype):
+                _TORCH_DTYPE_OBJECTS[n] = dtype
+    return _TORCH_DTYPE_OBJECTS.get(name)
+
+
 class SampleDecoder:
-    """Decodes shard bytes; references come back as ``MediaRef`` (path None) or ``PathRef``."""
+    """Decodes the samples of one shard; references resolve to the files listed in ``media``.
 
-    def __init__(self, where: str) -> None:
-        self._where = where
+    ``media`` maps a stored file name (``<hex><suffix>``) to its MediaRef with ``path`` set.
+    One decoder serves one shard, sample after sample: call :meth:`sample_done` after each.
+    A ``lenient`` decoder (used only to locate a problem) puts :class:`Bad` markers where the
+    strict one raises, and lets timestamps, odd map keys and deep nesting through for
+    :func:`find_defect`; it still enforces the limits on items and tuple depth.
+    """
+
+    def __init__(self, media: Mapping[str, MediaRef], lenient: bool = False) -> None:
+        self._media = media
+        self._lenient = lenient
+        self._refs: dict[tuple[int, bytes], Any] = {}
+        self._heights: dict[int, int] = {}  # id(container) -> height, for containers taller than 1
+        self._items = 0
         self._tuple_depth = 0
+        self._numpy_made = False  # a numpy or torch value was built: sums may involve numpy
+        self.ext: dict[int, Callable[[bytes], Any]] = {
+            EXT_MEDIA_REF: self._media_ref,
+            EXT_PATH_REF: self._path_ref,
+            EXT_TUPLE: self._tuple,
+            EXT_NDARRAY: self._ndarray,
+            EXT_NPSCALAR: self._npscalar,
+            EXT_TENSOR: self._tensor,
+        }
+        self.options: dict[str, Any] = {
+            "ext_hook": self._ext_hook,
+            "list_hook": self._list_hook,
+            "object_hook": self._object_hook,
+            "raw": False,
+            "strict_map_key": False,
+            "use_list": True,
+        }
 
-    def unpacker(self, data: bytes) -> msgpack.Unpacker:
-        up = msgpack.Unpacker(
-            ext_hook=self._ext_hook,
-            raw=False,
-            strict_map_key=False,
-            use_list=True,
-            max_buffer_size=max(len(data), 1),
+    def unpacker(self, buffer_size: int) -> msgpack.Unpacker:
+        """A streaming unpacker whose own limits match the per-sample ones of the format."""
+        return msgpack.Unpacker(
+            **self.options,
+            max_buffer_size=buffer_size,
+            max_str_len=MAX_SAMPLE_RAW_BYTES,
+            max_bin_len=MAX_SAMPLE_RAW_BYTES,
+            max_ext_len=MAX_SAMPLE_RAW_BYTES,
+            max_array_len=MAX_SAMPLE_ITEMS,
+            max_map_len=MAX_SAMPLE_ITEMS,
         )
-        up.feed(data)
-        return up
 
-    def _fail(self, what: str) -> BundleFormatError:
-        return BundleFormatError(f"{self._where}: {what}")
+    def sample_done(self) -> None:
+        self._heights.clear()
+        self._items = 0
+        self._numpy_made = False
+
+    # -- per-container hooks ----------------------------------------------------------------------
+    def _too_many(self) -> None:
+        raise Defect(
+            f"more than {MAX_SAMPLE_ITEMS} items (list, tuple and map elements, plus one per container); "
+            "the format's per-sample limit",
+            locate=False,
+        )
+
+    def _list_hook(self, items: list[Any]) -> list[Any]:
+        self._items += len(items) + 1
+        if self._items > MAX_SAMPLE_ITEMS:
+            self._too_many()
+        if not only_numbers(items, self._numpy_made):
+            self._check_children(items, items)
+        return items
+
+    def _object_hook(self, obj: dict[Any, Any]) -> dict[Any, Any]:
+        self._items += len(obj) + 1
+        if self._items > MAX_SAMPLE_ITEMS:
+            self._too_many()
+        if not self._lenient and not _KEY_TYPES.issuperset(map(type, obj)):
+            key = next(k for k in obj if type(k) not in _KEY_TYPES)
+            raise Defect(f"map key {key!r} is not a str or int")
+        self._check_children(obj, obj.values())
+        return obj
+
+    def _check_children(self, container: Any, values: Any) -> None:
+        """Refuse timestamps among ``values``; record the container's height if above 1."""
+        types = set(map(type, values))
+        if types.isdisjoint(_NOTABLE):
+            return
+        if msgpack.Timestamp in types and not self._lenient:
+            raise Defect(TIMESTAMP_MESSAGE)
+        heights = self._heights
+        height = 1 + max((heights.get(id(v), 1) for v in values if type(v) in _CONTAINERS), default=0)
+        if height > MAX_NESTING_DEPTH + 1 and not self._lenient:
+            raise Defect(f"nesting deeper than {MAX_NESTING_DEPTH} levels")
+        if height > 1:
+            heights[id(container)] = height
+
+    # -- extensions -------------------------------------------------------------------------------
+    def _ext_hook(self, code: int, data: bytes) -> Any:
+        handler = self.ext.get(code)
+        try:
+            if handler is None:
+                raise Defect(f"unknown msgpack extension type {code}")
+            return handler(data)
+        except Defect as d:
+            if self._lenient and d.locate:
+                return Bad(d.message)
+            raise
+
+    def _ref(self, code: int, data: bytes) -> MediaRef:
+        stored = self._refs.get((code, data))
+        if stored is not None:
+            return stored
+        try:
+            digest, size, suffix = msgpack.unpackb(data, raw=False)
+            ref = MediaRef(digest, size, suffix)
+        except Exception as e:
+            raise Defect(f"malformed media reference: {e}") from None
+        found = self._media.get(ref.filename)
+        if found is None or found.size != ref.size:
+            raise Defect(
+                f"references {ref.digest}{ref.suffix} ({ref.size} bytes), which the manifest does not list"
+            )
+        self._refs[(code, data)] = found
+        return found
+
+    def _media_ref(self, data: bytes) -> MediaRef:
+        return self._ref(EXT_MEDIA_REF, data)
+
+    def _path_ref(self, data: bytes) -> str:
+        return str(self._ref(EXT_PATH_REF, data).path)
+
+    def _tuple(self, data: bytes) -> Any:
+        if self._tuple_depth >= MAX_NESTING_DEPTH:
+            raise Defect(f"tuples nested deeper than {MAX_NESTING_DEPTH} levels")
+        self._tuple_depth += 1
+        try:
+            items = msgpack.unpackb(data, **self.options)
+        except Defect:
+            raise
+        except Exception as e:
+            raise Defect(f"malformed tuple: {e}") from None
+        finally:
+            self._tuple_depth -= 1
+        if type(items) is not list:
+            raise Defect("tuple extension does not hold an array")
+        # The list's height becomes the tuple's; the list itself is freed now, and its id with it.
+        height = self._heights.pop(id(items), 1)
+        result = tuple(items)
+        if height > 1:
+            self._heights[id(result)] = height
+        return result
 
     def _split_header(self, data: bytes) -> tuple[Any, memoryview]:
         up = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(data), 1))
@@ -272,92 +541,113 @@ class SampleDecoder:
         try:
             header = up.unpack()
         except Exception as e:
-            raise self._fail(f"malformed extension header: {e}") from None
+            raise Defect(f"malformed extension header: {e}") from None
         return header, memoryview(data)[up.tell() :]
 
-    def _ext_hook(self, code: int, data: bytes) -> Any:
-        if code in (EXT_MEDIA_REF, EXT_PATH_REF):
-            try:
-                digest, size, suffix = msgpack.unpackb(data, raw=False)
-                ref = MediaRef(digest, size, suffix)
-            except Exception as e:
-                raise self._fail(f"malformed media reference: {e}") from None
-            return ref if code == EXT_MEDIA_REF else PathRef(ref)
-        if code == EXT_TUPLE:
-            self._tuple_depth += 1
-            try:
-                if self._tuple_depth > MAX_NESTING_DEPTH:
-                    raise self._fail(f"tuples nested deeper than {MAX_NESTING_DEPTH} levels")
-                items = msgpack.unpackb(data, ext_hook=self._ext_hook, raw=False, strict_map_key=False)
-            except BundleFormatError:
-                raise
-            except Exception as e:
-                raise self._fail(f"malformed tuple: {e}") from None
-            finally:
-                self._tuple_depth -= 1
-            if not isinstance(items, list):
-                raise self._fail("tuple extension does not hold an array")
-            return tuple(items)
-        if code == EXT_NDARRAY:
-            header, raw = self._split_header(data)
-            dtype, shape = self._dtype_and_shape(header, 2)
-            return self._array(dtype, shape, raw)
-        if code == EXT_NPSCALAR:
-            header, raw = self._split_header(data)
-            dtype, _ = self._dtype_and_shape([*header, []] if isinstance(header, list) else header, 2)
-            return self._array(dtype, [], raw)[()]
-        if code == EXT_TENSOR:
-            header, raw = self._split_header(data)
-            return self._tensor(header, raw)
-        raise self._fail(f"unknown msgpack extension type {code}")
+    def _ndarray(self, data: bytes) -> np.ndarray:
+        header, raw = self._split_header(data)
+        dtype, shape = self._dtype_and_shape(header)
+        return self._array(dtype, shape, raw)
 
-    def _dtype_and_shape(self, header: Any, n: int) -> tuple[np.dtype[Any], list[int]]:
-        if not (isinstance(header, list) and len(header) == n and isinstance(header[0], str)):
-            raise self._fail(f"malformed array header {header!r}")
+    def _npscalar(self, data: bytes) -> Any:
+        header, raw = self._split_header(data)
+        dtype, _ = self._dtype_and_shape([*header, []] if isinstance(header, list) else header)
+        return self._array(dtype, [], raw)[()]
+
+    def _dtype_and_shape(self, header: Any) -> tuple[np.dtype[Any], list[int]]:
+        if not (isinstance(header, list) and len(header) == 2 and isinstance(header[0], str)):
+            raise Defect(f"malformed array header {header!r}")
         try:
             dtype = np.dtype(header[0])
         except TypeError:
-            raise self._fail(f"unknown dtype {header[0]!r}") from None
+            raise Defect(f"unknown dtype {header[0]!r}") from None
         if dtype.kind not in _NUMERIC_KINDS or dtype.fields is not None:
-            raise self._fail(f"dtype {header[0]!r} is not numeric or bool")
-        shape = header[1]
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-            raise self._fail(f"malformed shape {shape!r}")
-        return dtype, shape
+            raise Defect(f"dtype {header[0]!r} is not numeric or bool")
+        return dtype, _shape(header[1])
 
     def _array(self, dtype: np.dtype[Any], shape: list[int], raw: memoryview) -> np.ndarray:
-        count = 1
-        for d in shape:
-            count *= d
+        count = _product(shape)
         if count * dtype.itemsize != len(raw):
-            raise self._fail(
+            raise Defect(
                 f"array of dtype {dtype} and shape {tuple(shape)} needs {count * dtype.itemsize} bytes, "
                 f"found {len(raw)}"
             )
-        # A private, writable copy: the shard buffer is freed after decoding.
+        self._numpy_made = True
+        # A private, writable copy: the shard buffer is reused after decoding.
         return np.frombuffer(raw, dtype=dtype).reshape(tuple(shape)).copy()
 
-    def _tensor(self, header: Any, raw: memoryview) -> Any:
+    def _tensor(self, data: bytes) -> Any:
+        header, raw = self._split_header(data)
         if not (isinstance(header, list) and len(header) == 2 and isinstance(header[0], str)):
-            raise self._fail(f"malformed tensor header {header!r}")
-        import torch
-
-        dtype = getattr(torch, header[0], None)
-        if not isinstance(dtype, torch.dtype):
-            raise self._fail(f"unknown torch dtype {header[0]!r}")
-        shape = header[1]
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-            raise self._fail(f"malformed tensor shape {shape!r}")
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        count = 1
-        for d in shape:
-            count *= d
-        if count * itemsize != len(raw):
-            raise self._fail(
-                f"tensor of dtype {header[0]} and shape {tuple(shape)} needs {count * itemsize} bytes, "
+            raise Defect(f"malformed tensor header {header!r}")
+        name = header[0]
+        if name not in TORCH_DTYPES:
+            raise Defect(f"torch dtype {name!r} is not one the format stores ({', '.join(TORCH_DTYPES)})")
+        shape = _shape(header[1])
+        try:
+            import torch
+        except ImportError:
+            raise Defect(
+                f"a torch tensor ({name}, shape {tuple(shape)}) needs torch to be read, and torch is not "
+                "installed here"
+            ) from None
+        dtype = _torch_dtype(name)
+        if dtype is None:
+            raise Defect(f"torch dtype {name!r} is not available in torch {torch.__version__}")
+        count = _product(shape)
+        if count * dtype.itemsize != len(raw):
+            raise Defect(
+                f"tensor of dtype {name} and shape {tuple(shape)} needs {count * dtype.itemsize} bytes, "
                 f"found {len(raw)}"
             )
-        buf = bytearray(raw)
+        self._numpy_made = True
         if count == 0:
             return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(tuple(shape))
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(tuple(shape))
+
+
+def _shape(shape: Any) -> list[int]:
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        raise Defect(f"malformed shape {shape!r}")
+    return shape
+
+
+def _product(shape: list[int]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
+def find_defect(sample: Any, path: str) -> tuple[str, str] | None:
+    """The key path and message of the first problem in a leniently decoded sample, or None.
+
+    Iterative (a file may nest far deeper than Python's recursion limit), in document order;
+    only containers and markers are pushed, so long number lists cost one ``type()`` per item.
+    """
+    stack: list[tuple[Any, str, int]] = [(sample, path, 0)]
+    while stack:
+        obj, where, depth = stack.pop()
+        t = type(obj)
+        if t is Bad:
+            return where, obj.message
+        if t is msgpack.Timestamp:
+            return where, TIMESTAMP_MESSAGE
+        if depth > MAX_NESTING_DEPTH:
+            return where, f"nesting deeper than {MAX_NESTING_DEPTH} levels"
+        if t is dict:
+            for k in obj:
+                if type(k) is Bad:
+                    return where, k.message
+                if type(k) not in _KEY_TYPES:
+                    return where, f"map key {k!r} is not a str or int"
+            children = [(v, key_path(where, k), depth + 1) for k, v in obj.items() if type(v) in _FOUND]
+        elif t is list or t is tuple:
+            children = [(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj) if type(v) in _FOUND]
+        else:
+            continue
+        stack.extend(reversed(children))
+    return None
+
+
+_FOUND = _NOTABLE | {Bad}

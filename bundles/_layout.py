@@ -50,12 +50,40 @@ EXT_NDARRAY = 4  # header [dtype.str, shape] packed, then the raw bytes
 EXT_NPSCALAR = 5  # header [dtype.str] packed, then the raw bytes
 EXT_TENSOR = 6  # header [torch dtype name, shape] packed, then the raw little-endian bytes
 
+# The torch dtypes extension 6 may name: the only names a reader looks up in torch (never
+# getattr(torch, <name from a file>): "_inductor" imports hundreds of modules). Quantized, bit
+# and complex32 types are not stored.
+TORCH_DTYPES = (
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "float8_e4m3fn",
+    "float8_e5m2",
+)
+
 # Limits a reader enforces before trusting a file.
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 MAX_SHARD_RAW_BYTES = 16 * 1024**3
 MAX_NESTING_DEPTH = 64
 # Every int of a manifest (counts, sizes) is below 2**63: len() and sums of them cannot overflow.
 MAX_INT = 2**63 - 1
+# One sample: at most this many msgpack bytes, and this many items (every element of a list,
+# tuple or map, plus one per container), so that decoding one sample needs bounded memory
+# whatever a shard declares (see docs/FORMAT.md §8 for the bound).
+MAX_SAMPLE_RAW_BYTES = 1024**3
+MAX_SAMPLE_ITEMS = 2**24
 # Writers close a shard once its encoded samples pass this size.
 SHARD_TARGET_RAW_BYTES = 64 * 1024 * 1024
 # Level 1: on token ids and log-probs it compresses within 2 % of level 3 at a quarter of the time.

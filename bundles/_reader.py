@@ -27,10 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, overload
 
-import msgpack
-import zstandard
-
-from bundles._codec import PathRef, SampleDecoder, gc_paused, key_path
 from bundles._commit import is_staging_name
 from bundles._errors import (
     BundleError,
@@ -48,6 +44,7 @@ from bundles._layout import MANIFEST_NAME, MEDIA_DIR
 from bundles._manifest import parse_manifest_bytes
 from bundles._media import MediaRef
 from bundles._progress import Progress
+from bundles._shards import iter_shard
 from bundles._source import LAYOUT_DIRS, DirSource, PackedSource, Source, describe
 
 VERIFY_LEVELS = ("none", "fast", "full")
@@ -280,6 +277,7 @@ class Bundle:
             raise
 
     def _read_shard_unchecked(self, entry: dict[str, Any]) -> bytes:
+        """The shard's compressed bytes, read once and checked against their digest."""
         path = self._source.where(entry["path"])
         try:
             f, size = self._source.open(entry["path"])
@@ -298,21 +296,7 @@ class Bundle:
             raise BundleVerificationError(
                 self.path, [f"{path}: digest: expected {entry['digest']}, found {digest}"]
             )
-        limit = entry["raw_size"]
-        reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
-        try:
-            raw = reader.read(limit + 1)
-            while len(raw) <= limit:
-                more = reader.read(limit + 1 - len(raw))
-                if not more:
-                    break
-                raw += more
-        except zstandard.ZstdError as e:
-            raise BundleFormatError(f"{path}: not a valid zstandard stream: {e}") from None
-        if len(raw) != limit:
-            what = f"more than {limit}" if len(raw) > limit else str(len(raw))
-            raise UnsafeBundleError(f"{path}: raw_size: expected {limit} decompressed bytes, found {what}")
-        return raw
+        return data  # verified compressed bytes: bundles._shards decodes them as a stream
 
     def samples(self, sample_cls: Any = None, *, indices: Iterable[int] | None = None) -> Iterator[Any]:
         """Yield every sample, with references resolved to files inside the bundle.
@@ -338,40 +322,33 @@ class Bundle:
                 raise BundleIndexError(f"{self.path}: sample index {i} is out of range: the bundle holds {n}")
             wanted.append(k % n)
         starts = list(itertools.accumulate((e["samples"] for e in self.manifest["shards"]), initial=0))
-        shard = -1
-        decoded: list[dict[Any, Any]] = []
-        for i in wanted:
-            k = bisect.bisect_right(starts, i) - 1
-            if k != shard:
-                shard, decoded = k, []  # drop the previous shard's samples before decoding the next
-                decoded = list(self._samples(self._media, [self.manifest["shards"][k]], starts[k]))
-            yield decoded[i - starts[k]]
+        # Runs of wanted indices in one shard: each run streams its shard once and keeps only
+        # the samples it wants (so bundle[i] holds one sample, not its shard).
+        for k, run in itertools.groupby(wanted, key=lambda i: bisect.bisect_right(starts, i) - 1):
+            positions = list(run)
+            keep = set(positions)
+            found: dict[int, dict[Any, Any]] = {}
+            entry = self.manifest["shards"][k]
+            for i, sample in enumerate(self._samples(self._media, [entry], starts[k]), start=starts[k]):
+                if i in keep:
+                    found[i] = sample
+                    if len(found) == len(keep):
+                        break
+            for i in positions:
+                yield found[i]
 
     def _samples(
         self, media: dict[str, MediaRef], shards: list[dict[str, Any]] | None = None, first_index: int = 0
     ) -> Iterator[dict[Any, Any]]:
+        """The samples of ``shards`` (default: all), streamed one at a time from each shard after
+        its digest is checked (see :mod:`bundles._shards`): memory holds one compressed shard and
+        one sample, whatever the bundle's size."""
         index = first_index
         for entry in self.manifest["shards"] if shards is None else shards:
-            where = f"{self.path}/{entry['path']}"
-            raw = self._read_shard(entry)
-            # A whole shard is decoded with the collector paused (see gc_paused), then yielded.
-            decoded: list[dict[Any, Any]] = []
-            with gc_paused():
-                for obj in _decoded(SampleDecoder(where).unpacker(raw), where, index + len(decoded)):
-                    if not isinstance(obj, dict):
-                        raise BundleFormatError(
-                            f"{where}: samples[{index + len(decoded)}]: expected a map, found {type(obj).__name__}"
-                        )
-                    decoded.append(_resolve(obj, media, where, f"samples[{index + len(decoded)}]"))
-            del raw
-            if len(decoded) != entry["samples"]:
-                raise BundleFormatError(
-                    f"{where}: samples: expected {entry['samples']}, found {len(decoded)}"
-                )
-            for sample in decoded:
+            data = self._read_shard(entry)
+            for sample in iter_shard(data, entry, f"{self.path}/{entry['path']}", media, index):
                 yield sample
                 index += 1
-            del decoded
 
     def rehydrate(
         self,
@@ -464,57 +441,6 @@ def _built(rows: Iterator[dict[Any, Any]], sample_cls: Any, path: Path) -> Itera
             yield sample
 
     return build()
-
-
-# msgpack decodes extension -1 to a Timestamp by itself, without asking the ext hook.
-def _decoded(unpacker: Any, where: str, first_index: int) -> Iterator[Any]:
-    """Iterate an unpacker, turning msgpack's own errors into a BundleFormatError naming the sample."""
-    index = first_index
-    while True:
-        try:
-            obj = next(unpacker)
-        except StopIteration:
-            return
-        except BundleError:
-            raise
-        except Exception as e:  # msgpack raises ValueError subclasses, TypeError, RecursionError
-            raise BundleFormatError(f"{where}: samples[{index}]: malformed msgpack: {e}") from None
-        yield obj
-        index += 1
-
-
-_RESOLVABLE = (dict, list, tuple, MediaRef, PathRef, msgpack.Timestamp)
-
-
-def _resolve(obj: Any, media: dict[str, MediaRef], where: str, path: str) -> Any:
-    """Replace decoded references in place (tuples are rebuilt) by the files in ``media``."""
-    t = type(obj)
-    if t is dict:
-        for k, v in obj.items():
-            if type(k) is not str and type(k) is not int:
-                raise BundleFormatError(f"{where}: {path}: map key {k!r} is not a str or int")
-            if type(v) in _RESOLVABLE:
-                obj[k] = _resolve(v, media, where, key_path(path, k))
-        return obj
-    if t is list:
-        for i, v in enumerate(obj):
-            if type(v) in _RESOLVABLE:
-                obj[i] = _resolve(v, media, where, f"{path}[{i}]")
-        return obj
-    if t is tuple:
-        return tuple(
-            _resolve(v, media, where, f"{path}[{i}]") if type(v) in _RESOLVABLE else v
-            for i, v in enumerate(obj)
-        )
-    if t is msgpack.Timestamp:
-        raise BundleFormatError(f"{where}: {path}: msgpack timestamps are not a value bundles store")
-    ref = obj.ref if t is PathRef else obj
-    stored = media.get(ref.filename)
-    if stored is None or stored.size != ref.size:
-        raise BundleFormatError(
-            f"{where}: {path}: references {ref.digest}{ref.suffix} ({ref.size} bytes), which the manifest does not list"
-        )
-    return stored.path if t is PathRef else stored
 
 
 def open_bundle(path: str | os.PathLike[str], *, verify: str = "fast") -> Bundle:

@@ -1,0 +1,173 @@
+"""Reading one sample shard as a stream: verified bytes in, one sample at a time out.
+
+**Verify first.** The caller reads a shard's compressed bytes once into memory and checks them
+against the manifest's digest before this module sees them: the bytes decoded are the bytes
+verified, and no sample of a damaged or tampered shard is ever yielded. (Hashing while decoding
+would save nothing measurable, sha256 runs at ~1.4 GB/s against msgpack's ~100 MB/s of samples,
+and would hand out samples before the damage is known.)
+
+**Then stream.** The bytes are decompressed in chunks of :data:`FEED_CHUNK` into a streaming
+msgpack ``Unpacker`` and samples come out one by one, so memory holds the compressed shard, one
+chunk and one sample, never the decompressed shard: a small shard that declares (or really holds)
+gigabytes costs no more than its largest sample. Checked on the way: the decompressed total never
+passes the shard's ``raw_size`` (a zstd bomb stops there) and equals it at the end; one sample
+holds at most ``MAX_SAMPLE_RAW_BYTES`` bytes and ``MAX_SAMPLE_ITEMS`` items (docs/FORMAT.md §8).
+
+A problem found later in a shard (an unlisted reference in its 900th sample, a sample count that
+disagrees with the manifest) is raised when the reader reaches it; the samples yielded before it
+came from verified bytes and are whole.
+
+**Key paths on failure only.** Decoding raises :class:`~bundles._codec.Defect` without a key
+path; this module then decodes that one sample again leniently and walks it to name the path
+(:func:`~bundles._codec.find_defect`).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import msgpack
+import zstandard
+
+from bundles._codec import Defect, SampleDecoder, find_defect
+from bundles._errors import BundleError, BundleFormatError, UnsafeBundleError
+from bundles._layout import MAX_SAMPLE_ITEMS, MAX_SAMPLE_RAW_BYTES
+from bundles._media import MediaRef
+
+# Decompressed bytes fed to msgpack at a time: large enough that the per-chunk Python work is
+# noise, small enough to stay in cache.
+FEED_CHUNK = 1 << 20
+
+
+def iter_shard(
+    data: bytes, entry: Mapping[str, Any], where: str, media: Mapping[str, MediaRef], first_index: int
+) -> Iterator[dict[Any, Any]]:
+    """Yield the samples of one shard from its verified compressed bytes ``data``.
+
+    ``entry`` is the shard's manifest entry (``samples``, ``raw_size``), ``where`` names the file
+    in errors, ``media`` maps stored file names to their MediaRefs (with ``path``) and
+    ``first_index`` is the index of the shard's first sample in the bundle.
+    """
+    expected = entry["samples"]
+    index = first_index
+    try:
+        for obj in _objects(data, entry["raw_size"], where, SampleDecoder(media), first_index):
+            if type(obj) is not dict:
+                raise BundleFormatError(
+                    f"{where}: samples[{index}]: expected a map, found {type(obj).__name__}"
+                )
+            if index - first_index == expected:
+                raise BundleFormatError(f"{where}: samples: expected {expected}, found more")
+            yield obj
+            index += 1
+    except Defect as d:
+        raise _located(d, data, entry, where, media, first_index, index) from None
+    if index - first_index != expected:
+        raise BundleFormatError(f"{where}: samples: expected {expected}, found {index - first_index}")
+
+
+def _objects(
+    data: bytes, limit: int, where: str, decoder: SampleDecoder, first_index: int, skip: int = 0
+) -> Iterator[Any]:
+    """The decoded msgpack objects of a shard, one at a time; the first ``skip`` are skipped
+    without being built."""
+    # The buffer holds the unfinished sample's bytes that msgpack has not consumed yet (at most
+    # the sample limit, see below) plus one chunk.
+    unpacker = decoder.unpacker(MAX_SAMPLE_RAW_BYTES + 2 * FEED_CHUNK)
+    reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
+    total = 0  # decompressed bytes so far
+    start = 0  # where the current sample begins in the decompressed stream
+    index = first_index
+    while True:
+        try:
+            chunk = reader.read(min(FEED_CHUNK, limit + 1 - total))
+        except zstandard.ZstdError as e:
+            raise BundleFormatError(f"{where}: not a valid zstandard stream: {e}") from None
+        total += len(chunk)
+        if total > limit:
+            raise UnsafeBundleError(
+                f"{where}: raw_size: expected {limit} decompressed bytes, found more than {limit}"
+            )
+        try:
+            unpacker.feed(chunk)
+        except msgpack.BufferFull:
+            raise _too_large(where, index) from None
+        while True:
+            # The collector is paused while a sample is built (see gc_paused; inlined: this runs
+            # once per sample).
+            gc_was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                obj = unpacker.skip() if skip else unpacker.unpack()
+            except msgpack.OutOfData:
+                break  # every byte after ``start`` belongs to the unfinished sample
+            except (Defect, BundleError):
+                raise
+            except Exception as e:  # msgpack's ValueError subclasses, TypeError (unhashable keys)
+                raise _malformed(where, index, e) from None
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
+            decoder.sample_done()
+            end = unpacker.tell()
+            if end - start > MAX_SAMPLE_RAW_BYTES:
+                raise _too_large(where, index)
+            start = end
+            if skip:
+                skip -= 1
+            else:
+                yield obj
+            index += 1
+        if total - start > MAX_SAMPLE_RAW_BYTES:
+            raise _too_large(where, index)
+        if not chunk:
+            break
+    if total != limit:
+        raise UnsafeBundleError(f"{where}: raw_size: expected {limit} decompressed bytes, found {total}")
+    if start != total:  # bytes after the last whole sample: msgpack holds a partial one
+        raise BundleFormatError(f"{where}: samples[{index}]: truncated: the shard ends inside a sample")
+
+
+def _too_large(where: str, index: int) -> UnsafeBundleError:
+    return UnsafeBundleError(
+        f"{where}: samples[{index}]: more than {MAX_SAMPLE_RAW_BYTES} bytes; the format's per-sample limit"
+    )
+
+
+def _malformed(where: str, index: int, e: Exception) -> BundleFormatError:
+    if "exceeds max_" in str(e):  # msgpack's own length limits, set to the per-sample ones
+        return UnsafeBundleError(
+            f"{where}: samples[{index}]: {e}: beyond the format's per-sample limits of "
+            f"{MAX_SAMPLE_RAW_BYTES} bytes and {MAX_SAMPLE_ITEMS} items"
+        )
+    return BundleFormatError(f"{where}: samples[{index}]: malformed msgpack: {e}")
+
+
+def _located(
+    defect: Defect,
+    data: bytes,
+    entry: Mapping[str, Any],
+    where: str,
+    media: Mapping[str, MediaRef],
+    first_index: int,
+    index: int,
+) -> BundleFormatError:
+    """The error for ``defect`` in sample ``index``, with the key path when it can be found by
+    decoding that sample again leniently (a second pass, only on failure)."""
+    path = f"samples[{index}]"
+    if not defect.locate:
+        return UnsafeBundleError(f"{where}: {path}: {defect.message}")
+    found = None
+    lenient = SampleDecoder(media, lenient=True)
+    try:
+        sample = next(
+            _objects(data, entry["raw_size"], where, lenient, first_index, skip=index - first_index)
+        )
+        found = find_defect(sample, path)
+    except Exception:
+        pass  # the lenient pass failed otherwise: report what the strict one found, at the sample
+    if found is None:
+        return BundleFormatError(f"{where}: {path}: {defect.message}")
+    return BundleFormatError(f"{where}: {found[0]}: {found[1]}")
