@@ -47,7 +47,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from bundles._errors import UnsupportedValueError
+from bundles._errors import BundleError, UnsupportedValueError
 from bundles._layout import (
     EXT_MEDIA_REF,
     EXT_NDARRAY,
@@ -189,6 +189,8 @@ class SampleEncoder:
         self._items = 0
         try:
             data: bytes = self._packer.pack(self._convert(sample, where, 0))
+        except BundleError:
+            raise
         except (OverflowError, TypeError, ValueError) as e:
             # Something inside a list passed as it is: an int beyond 64 bits or a subclass of
             # int or float. Name it (the only per-item walk, and only on failure).
@@ -582,8 +584,8 @@ class SampleDecoder:
             raise Defect(f"malformed tensor header {header!r}")
         name = header[0]
         if name not in TORCH_DTYPES:
-            raise Defect(f"torch dtype {name!r} is not one the format stores ({', '.join(TORCH_DTYPES)})")
-        shape = _shape(header[1])
+            raise Defect(f"unknown torch dtype {name!r}: not in the format's list (docs/FORMAT.md §3)")
+        shape = _shape(header[1], "malformed tensor shape")
         try:
             import torch
         except ImportError:
@@ -606,9 +608,9 @@ class SampleDecoder:
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(tuple(shape))
 
 
-def _shape(shape: Any) -> list[int]:
+def _shape(shape: Any, what: str = "malformed shape") -> list[int]:
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-        raise Defect(f"malformed shape {shape!r}")
+        raise Defect(f"{what} {shape!r}")
     return shape
 
 

@@ -209,8 +209,16 @@ def _tensor_ext(header: object, raw: bytes) -> msgpack.ExtType:
     [
         (["float32"], b"", "malformed tensor header ['float32']"),
         ([7, [1]], b"\0" * 4, "malformed tensor header [7, [1]]"),
-        (["Tensor", [1]], b"\0" * 4, "unknown torch dtype 'Tensor'"),
-        (["no_such_dtype", [1]], b"\0" * 4, "unknown torch dtype 'no_such_dtype'"),
+        (
+            ["Tensor", [1]],
+            b"\0" * 4,
+            "unknown torch dtype 'Tensor': not in the format's list (docs/FORMAT.md §3)",
+        ),
+        (
+            ["no_such_dtype", [1]],
+            b"\0" * 4,
+            "unknown torch dtype 'no_such_dtype': not in the format's list (docs/FORMAT.md §3)",
+        ),
         (["float32", 3], b"\0" * 12, "malformed tensor shape 3"),
         (["float32", [-1]], b"", "malformed tensor shape [-1]"),
         (["float32", [1.5]], b"\0" * 4, "malformed tensor shape [1.5]"),
@@ -228,7 +236,7 @@ def test_a_malformed_tensor_in_a_shard_is_refused_naming_it(tmp_path, header, ra
     rewrite_shard(a, msgpack.packb({"t": _tensor_ext(header, raw)}))
     with pytest.raises(BundleFormatError) as e:
         list(open_bundle(a, verify="fast").samples())
-    assert str(e.value) == f"{a / SHARD}: {message}"
+    assert str(e.value) == f"{a / SHARD}: samples[0].t: {message}"
 
 
 @pytest.mark.torch

@@ -230,7 +230,7 @@ def test_the_decompressed_bytes_of_one_sample_are_capped(tmp_path, monkeypatch, 
         (
             {"t": tensor_ext("_inductor", [1], b"\0")},
             r"samples\[0\]\.v\.t",
-            "torch dtype '_inductor' is not one",
+            "unknown torch dtype '_inductor': not in the format's list",
         ),
     ],
 )
@@ -263,7 +263,7 @@ def test_torch_dtype_names_outside_the_allowlist_import_nothing(tmp_path, name):
     )
     assert result.returncode == 0, result.stderr
     message, modules = result.stdout.strip().rsplit("\n", 1)
-    assert f"samples[0].t: torch dtype {name!r} is not one the format stores" in message
+    assert f"samples[0].t: unknown torch dtype {name!r}: not in the format's list" in message
     assert modules == "[]"  # refused before torch (let alone torch._inductor) was imported
 
 
