@@ -89,8 +89,16 @@ def _check_meta(meta: Any, dest: Path) -> dict[str, Any]:
 class _MediaIngester:
     """Places referenced files into ``<staging>/media`` and answers the encoder's reference questions."""
 
-    def __init__(self, dest: Path, staging: Path, media_roots: Sequence[str | os.PathLike[str]], link: str):
+    def __init__(
+        self,
+        dest: Path,
+        staging: Path,
+        media_roots: Sequence[str | os.PathLike[str]],
+        link: str,
+        keep_missing: bool = False,
+    ):
         self.dest = dest
+        self.keep_missing = keep_missing
         self.media_dir = str(staging / MEDIA_DIR)  # a str: pathlib costs more than the link itself
         self.link = link
         roots: list[str] = []
@@ -121,6 +129,8 @@ class _MediaIngester:
             return None  # e.g. "<root>/../elsewhere": not inside a media root
         ref = self.by_source.get(norm)
         if ref is None:
+            if self.keep_missing and not os.path.lexists(norm):
+                return None  # missing_media="keep": the string stays a plain string
             ref = self._ingest(norm, None, where)
             self.by_source[norm] = ref
         self.by_value[value] = ref
@@ -298,6 +308,7 @@ def write_bundle(
     link: str = "auto",
     overwrite: bool = False,
     progress: bool | None = None,
+    missing_media: str = "error",
 ) -> Path:
     """Write ``samples`` and every media file they reference into a new bundle at ``dest``.
 
@@ -313,6 +324,9 @@ def write_bundle(
         link: ``"auto"`` (hardlink, else reflink, else copy), ``"hardlink"``, ``"reflink"`` or ``"copy"``.
         overwrite: replace an existing bundle at ``dest`` atomically.
         progress: draw a progress line (default: only on a terminal).
+        missing_media: ``"error"`` (default): a path string inside a media root whose file does
+            not exist is an error; ``"keep"``: it is kept as a plain string (a ``MediaRef`` to a
+            missing file is an error either way).
 
     Returns:
         The absolute path of the committed bundle.
@@ -333,11 +347,13 @@ def write_bundle(
     if not isinstance(kind, str) or not KIND_RE.fullmatch(kind):
         raise BundleError(f"{dest}: kind: expected lowercase letters, digits and '_', found {kind!r}")
     meta_clean = _check_meta(meta, dest)
+    if missing_media not in ("error", "keep"):
+        raise ValueError(f"missing_media: expected 'error' or 'keep', found {missing_media!r}")
     if os.path.lexists(dest) and not overwrite:
         raise BundleExistsError(f"{dest}: destination exists; pass overwrite=True to replace it")
 
     try:
-        return _write(dest, samples, media_roots, kind, meta_clean, link, overwrite, progress)
+        return _write(dest, samples, media_roots, kind, meta_clean, link, overwrite, progress, missing_media)
     except OSError as e:
         if isinstance(e, BundleError):
             raise
@@ -353,12 +369,13 @@ def _write(
     link: str,
     overwrite: bool,
     progress: bool | None,
+    missing_media: str = "error",
 ) -> Path:
     staging = create_staging(dest)
     try:
         (staging / SHARDS_DIR).mkdir()
         (staging / MEDIA_DIR).mkdir()
-        media = _MediaIngester(dest, staging, media_roots, link)
+        media = _MediaIngester(dest, staging, media_roots, link, keep_missing=missing_media == "keep")
         encoder = SampleEncoder(media.resolve_string, media.resolve_ref, media.root_prefixes)
         shards = _ShardWriter(staging / SHARDS_DIR, media.durability)
         count = 0

@@ -90,8 +90,9 @@ def test_import_converts_images_and_keeps_tensors(tmp_path, suffix, capsys):
     assert isinstance(pil_ref, MediaRef) and pil_ref.suffix == ".png"
     with Image.open(pil_ref.path) as img:
         assert img.size == (4, 3) and img.getpixel((3, 2)) == (0, 128, 255)
-    assert isinstance(path_ref, MediaRef) and path_ref.digest == shot_digest
-    assert digest_of(Path(path_ref.path).read_bytes()) == shot_digest
+    # A path string stays a path string: now a path to the file stored in the bundle.
+    assert type(path_ref) is str and path_ref != str(shot)
+    assert digest_of(Path(path_ref).read_bytes()) == shot_digest
     mti = first.multimodal_train_inputs
     assert torch.equal(mti["pixel_values"], torch.arange(24, dtype=torch.float32).reshape(2, 12))
     assert mti["image_grid_thw"].dtype == torch.int64

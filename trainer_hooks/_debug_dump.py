@@ -105,6 +105,7 @@ def write_dump_bundle(
     kind: str = DEBUG_DUMP_KIND,
     meta: dict[str, Any],
     link: str = "auto",
+    missing_media: str = "error",
 ) -> Path:
     """Write (replacing) a bundle at ``dest``, packed into one file when it ends in ``.rbundle``."""
     path = Path(os.path.abspath(dest))
@@ -118,7 +119,14 @@ def write_dump_bundle(
         bundle = container / "bundle"
         try:
             write_samples_bundle(
-                bundle, rows, media_roots=roots, kind=kind, meta=meta, link=link, overwrite=False
+                bundle,
+                rows,
+                media_roots=roots,
+                kind=kind,
+                meta=meta,
+                link=link,
+                overwrite=False,
+                missing_media=missing_media,
             )
             return pack_bundle(bundle, path, overwrite=True, progress=False)
         finally:
@@ -126,7 +134,14 @@ def write_dump_bundle(
                 remove_bundle(bundle)
             shutil.rmtree(container, ignore_errors=True)
     return write_samples_bundle(
-        path, rows, media_roots=roots, kind=kind, meta=meta, link=link, overwrite=True
+        path,
+        rows,
+        media_roots=roots,
+        kind=kind,
+        meta=meta,
+        link=link,
+        overwrite=True,
+        missing_media=missing_media,
     )
 
 

@@ -12,9 +12,11 @@ Conversion:
 
 * PIL images anywhere in a sample are encoded as PNG files and stored as ``MediaRef`` media;
 * strings in ``multimodal_inputs`` lists (``images``, ``videos``, ``audios``) that are absolute
-  paths become ``MediaRef`` media, hashed from the file; a missing file is an error naming the
-  sample and key path (its run directory was probably released already), unless
-  ``missing_media="keep"`` keeps the string as it is;
+  paths are stored as media and stay path strings (they read back as paths into the bundle):
+  their directories are the bundle's media roots, so any other absolute path string into those
+  directories is stored the same way; a missing file is an error naming the sample and key path
+  (its run directory was probably released already), unless ``missing_media="keep"`` keeps the
+  string as it is;
 * tensors, arrays and everything else the bundle format stores are kept as they are; a value it
   cannot store raises naming the key path;
 * ``metadata`` must be JSON-compatible; ``meta`` records ``rollout_id``, ``evaluation``,
@@ -34,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bundles import BundleError, BundleExistsError, MediaRef
+from bundles import BundleError, BundleExistsError
 from bundles.cli import CommandError, add_command, add_json_option, cli_message
 from trainer_hooks._debug_dump import DEBUG_DUMP_KIND, check_json, write_dump_bundle
 
@@ -55,7 +57,10 @@ class PickleRefusedError(LegacyDumpError):
     """Loading the legacy dump was refused because it needs pickle and trust was not given."""
 
 
-def _convert_media_paths(sample: dict[Any, Any], where: str, missing_media: str) -> None:
+def _media_dirs(sample: dict[Any, Any], where: str, missing_media: str, roots: set[str]) -> None:
+    """Add the directories of the absolute paths in the sample's media lists to ``roots`` (the
+    writer then stores their files and keeps the strings as path strings); a missing file is an
+    error naming the key path unless ``missing_media == "keep"``."""
     mm = sample.get("multimodal_inputs")
     if not isinstance(mm, dict):
         return
@@ -63,22 +68,16 @@ def _convert_media_paths(sample: dict[Any, Any], where: str, missing_media: str)
         items = mm.get(key)
         if not isinstance(items, (list, tuple)):
             continue
-        converted = list(items)
         for i, item in enumerate(items):
-            if not isinstance(item, (str, os.PathLike)):
+            if not isinstance(item, str) or not os.path.isabs(item):
                 continue
-            path = os.fspath(item)
-            if not os.path.isabs(path):
-                continue
-            if os.path.isfile(path):
-                converted[i] = MediaRef.from_file(path)
-            elif missing_media != "keep":
+            if not os.path.isfile(item) and missing_media != "keep":
                 raise LegacyDumpError(
-                    f"{where}.multimodal_inputs.{key}[{i}]: media file {path} does not exist (its run media "
+                    f"{where}.multimodal_inputs.{key}[{i}]: media file {item} does not exist (its run media "
                     "directory was probably released); pass missing_media='keep' to "
                     "keep the path as a plain string"
                 )
-        mm[key] = converted if isinstance(items, list) else tuple(converted)
+            roots.add(os.path.dirname(os.path.normpath(item)))
 
 
 def import_legacy_dump(
@@ -146,6 +145,7 @@ def import_legacy_dump(
             f"{src_path}: samples: expected a list of sample dicts, found {type(raw_samples).__name__}"
         )
     samples = []
+    roots: set[str] = set()
     for i, s in enumerate(raw_samples):
         d = s.to_dict() if hasattr(s, "to_dict") else s
         if not isinstance(d, dict):
@@ -156,7 +156,7 @@ def import_legacy_dump(
         status = d.get("status")
         if status is not None and not isinstance(status, str) and hasattr(status, "value"):
             d["status"] = status.value  # an Enum pickled by an older to_dict
-        _convert_media_paths(d, f"{src_path}: samples[{i}]", missing_media)
+        _media_dirs(d, f"{src_path}: samples[{i}]", missing_media, roots)
         samples.append(d)
     metadata = data.get("metadata") or {}
     check_json(metadata, f"{src_path}: metadata")
@@ -172,7 +172,15 @@ def import_legacy_dump(
         "imported_from": src_path.name,
         "legacy_format": "torch.save",
     }
-    return write_dump_bundle(dest_path, samples, media_roots=(), kind=DEBUG_DUMP_KIND, meta=meta, link=link)
+    return write_dump_bundle(
+        dest_path,
+        samples,
+        media_roots=sorted(roots),
+        kind=DEBUG_DUMP_KIND,
+        meta=meta,
+        link=link,
+        missing_media=missing_media,
+    )
 
 
 def _is_evaluation(src: Path, rollout_id: Any) -> bool:

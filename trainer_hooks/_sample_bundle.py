@@ -30,6 +30,7 @@ def write_samples_bundle(
     meta: dict[str, Any],
     link: str,
     overwrite: bool,
+    missing_media: str = "error",
 ) -> Path:
     """``write_bundle`` after turning PIL images into PNG media in a temporary directory beside
     ``dest`` (same filesystem, so the bundle can hard-link them); the directory is removed after."""
@@ -48,6 +49,7 @@ def write_samples_bundle(
             link=link,
             overwrite=overwrite,
             progress=False,
+            missing_media=missing_media,
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
