@@ -1,7 +1,7 @@
 # A newcomer needs two commands: `make demo` and `make test`. Both create .venv when it is
 # missing and install what they need; stamp files inside .venv make repeat runs skip the installs.
 #
-#   make demo    walk-through: screenshots -> bundle -> delete run dir -> open, fully verify
+#   make demo    walk-through: a CUA run, resume, replay elsewhere; ends writing demo-out/*.html
 #   make test    tox: format tests on py310-py313 (no torch/Ray), everything on py311-full;
 #                ends with each env's pass/fail/skip counts
 #   make lint    ruff check + mypy (`make format` applies ruff format)
@@ -84,10 +84,11 @@ $(TORCH_OK): $(VENV_OK)
 	$(PIP) install --progress-bar off $(TORCH)
 	touch $@
 
-# Editable, with the test extra (Pillow for the demo) and dev tools (tox, ruff, mypy). Ray and
-# transformers live only in tox's py311-full env: the demo does not need them.
+# Editable, with the test extra (Pillow for the demo), the replay extra (transformers: the demo
+# replays its last debug dump with the Qwen2-VL image processor, offline) and dev tools (tox, ruff,
+# mypy). Ray lives only in tox's py311-full env: the demo does not need it.
 $(DEV_OK): $(TORCH_OK) pyproject.toml
-	$(PIP) install --progress-bar off -e '.[test,dev]' $(TORCH)
+	$(PIP) install --progress-bar off -e '.[test,dev,replay]' $(TORCH)
 	touch $@
 
 clean:

@@ -15,10 +15,13 @@ a whole run out with the public APIs of ``trainer_hooks`` and ``bundles``:
    media are rehydrated into the new run's directory, and the new run trains on them;
 4. replay elsewhere: pack a debug dump into one file, "send" it to a colleague, delete the shared
    media directory, and load the dump there with ``load_debug_rollout_data``;
-5. ``rollout-bundle inspect`` the checkpoint.
+5. ``rollout-bundle inspect`` the checkpoint;
+6. look at the colleague's dump: replay it as training would (``trainer_hooks.replay``, when
+   transformers is installed) and write its HTML report (``rollout-bundle view``).
 
 Everything happens under one temporary directory (``$DEMO`` in the output), removed at the end
-unless ``--keep`` is given. Each step is a function over one shared ``Demo`` state.
+unless ``--keep`` is given, except what step 6 writes under ``--out`` (``demo-out/``): the dump
+unpacked, the replay report and the HTML page, for a person to open. Each step is a function over one shared ``Demo`` state.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
+import math
 import os
 import shutil
 import subprocess
@@ -38,8 +43,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for screenshots.py beside this file
 
@@ -89,6 +92,9 @@ class Demo:
     stored_lock: threading.Lock = field(default_factory=threading.Lock)
     save_block_ms: list[float] = field(default_factory=list)
     last_checkpoint: Path | None = None
+    received_dump: Path | None = None  # the packed debug dump as the colleague received it
+    out: Path = field(default_factory=lambda: Path("demo-out").resolve())
+    report: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
     numbers: dict[str, Any] = field(default_factory=dict)
 
@@ -115,6 +121,28 @@ def mib(n: int) -> str:
 
 def sha256_of(path: str | os.PathLike[str]) -> str:
     return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# Qwen2-VL's vision tokens: 14-pixel patches, merged 2x2 into one token; the image is resized to
+# multiples of 28 pixels with its area within [min_pixels, max_pixels] (the processor's smart_resize).
+VISION_START, IMAGE_PAD, VISION_END = 151652, 151655, 151653
+FACTOR, MIN_PIXELS = 28, 3136
+
+
+def max_pixels(args: argparse.Namespace) -> int:
+    config = getattr(args, "sglang_mm_process_config", None) or {}
+    return int((config.get("image") or {}).get("max_pixels", 12845056))
+
+
+def vision_tokens(width: int, height: int, max_px: int) -> int:
+    h, w = max(FACTOR, round(height / FACTOR) * FACTOR), max(FACTOR, round(width / FACTOR) * FACTOR)
+    if h * w > max_px:
+        beta = math.sqrt(height * width / max_px)
+        h, w = math.floor(height / beta / FACTOR) * FACTOR, math.floor(width / beta / FACTOR) * FACTOR
+    elif h * w < MIN_PIXELS:
+        beta = math.sqrt(MIN_PIXELS / (height * width))
+        h, w = math.ceil(height * beta / FACTOR) * FACTOR, math.ceil(width * beta / FACTOR) * FACTOR
+    return (h // 14) * (w // 14) // 4
 
 
 # -- the "environment": a desktop that answers actions with screenshots ------------------------------
@@ -156,17 +184,18 @@ class Desktop:
             for turn in range(1, TURNS):
                 shots.append(await asyncio.to_thread(self.shoot, args, 1000 * task + 10 * j + turn))
             actions = [ACTIONS[(task + j + t) % len(ACTIONS)] for t in range(TURNS)]
-            n_tokens = 96 + 48 * TURNS
-            sample.tokens = [151644 + (7 * i + task) % 997 for i in range(n_tokens)]
+            # Token space: each screenshot is <|vision_start|>, one <|image_pad|> per vision token
+            # (as many as the engines' processor makes of a 1920x1080 image), <|vision_end|>. The
+            # samples carry the references only: the trainer rebuilds the tensors (replay checks both).
+            prompt = [1000 + (7 * i + task) % 997 for i in range(96)]  # ordinary text ids, no specials
+            pads = [VISION_START, *[IMAGE_PAD] * vision_tokens(WIDTH, HEIGHT, max_pixels(args)), VISION_END]
+            response = [1000 + (5 * i + j) % 991 for i in range(16 * TURNS)]
+            sample.tokens = prompt + pads * len(shots) + response
             sample.response = "".join(f"<tool_call>{a}</tool_call>" for a in actions)
-            sample.response_length = 16 * TURNS
+            sample.response_length = len(response)
             sample.loss_mask = [1] * sample.response_length
             sample.rollout_log_probs = [-0.05 - 0.01 * (i % 17) for i in range(sample.response_length)]
             sample.multimodal_inputs = {"images": shots}
-            # Qwen2-VL's processor output for a 1920x1080 image: one (t, h, w) row per image.
-            sample.multimodal_train_inputs = {
-                "image_grid_thw": np.tile(np.array([[1, 78, 138]], dtype=np.int64), (len(shots), 1))
-            }
             sample.reward = 1.0 if (task + j) % 2 == 0 else 0.0
             sample.metadata = {**sample.metadata, "actions": actions, "screen": [WIDTH, HEIGHT]}
             sample.status = Sample.Status.COMPLETED
@@ -464,6 +493,7 @@ def step_replay(d: Demo) -> None:
     colleague = d.root / "colleague"
     colleague.mkdir()
     sent = Path(shutil.copy(outbox, colleague / outbox.name))
+    d.received_dump = sent
     say(d, f"packed {dump.name} into one file, {mib(sent.stat().st_size)}; copied to {sent}")
     # Nothing of the original run is left but the colleague's copy (and the checkpoints).
     for path in (d.shared, dump.parent, outbox.parent):
@@ -511,12 +541,51 @@ def step_inspect(d: Demo) -> None:
     say(d, "$ rollout-bundle inspect " + str(d.last_checkpoint) + "\n" + out.rstrip())
 
 
+def step_view(d: Demo) -> None:
+    """Replay the colleague's dump (if transformers is installed) and write its HTML report under
+    ``--out``, with the dump unpacked beside it so the thumbnails link to the full-size screenshots."""
+    from trainer_hooks.view import write_html_report
+
+    assert d.received_dump is not None
+    name = d.received_dump.name.removesuffix(bundles.PACK_SUFFIX)
+    d.out.mkdir(parents=True, exist_ok=True)
+    dump = bundles.unpack_bundle(d.received_dump, d.out / name, overwrite=True).path
+    replay_report = None
+    replay_path = d.out / f"{name}.replay.json"
+    try:
+        import transformers  # noqa: F401
+
+        from trainer_hooks.replay import replay_bundle
+    except ImportError:
+        say(d, "replay skipped: it needs transformers (pip install 'rollout-bundles[replay]')")
+    else:
+        t = time.perf_counter()
+        replay_report = replay_bundle(dump)
+        s = replay_report["summary"]
+        problems = ", ".join(f"{k} {n}" for k, n in s["problems"].items()) or "none"
+        replay_path.write_text(json.dumps(replay_report, indent=1) + "\n")
+        say(
+            d,
+            f"replay_bundle: {s['samples']} samples, {s['images']} images, {s['vision_tokens']} vision tokens, "
+            f"cast to {replay_report['dtype']}, problems: {problems} ({time.perf_counter() - t:.1f} s) "
+            f"-> {replay_path}",
+        )
+    written = write_html_report(dump, d.out / f"{name}.html", replay=replay_path if replay_report else None)
+    d.report = written.path
+    say(
+        d,
+        f"rollout-bundle view: {written.samples} samples, {written.images} screenshots, "
+        f"{mib(written.bytes)} in one file -> {written.path}",
+    )
+
+
 STEPS_: list[tuple[str, Callable[[Demo], None]]] = [
     ("parse arguments", step_parse_args),
     (f"fully-async CUA run: {STEPS} steps x {TRAJECTORIES} trajectories x {TURNS} turns", step_first_run),
     ("resume in a new run from the last checkpoint", step_resume),
     ("replay a debug dump on another machine", step_replay),
     ("inspect the checkpoint", step_inspect),
+    ("look at the dump: replay it and write its HTML report", step_view),
 ]
 
 
@@ -525,8 +594,15 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory and print its path")
+    parser.add_argument(
+        "--out",
+        default="demo-out",
+        help="where the last step writes the dump, replay and HTML report (demo-out)",
+    )
     ns = parser.parse_args(argv)
-    d = Demo(root=Path(tempfile.mkdtemp(prefix="rollout-bundles-demo-")).resolve())
+    d = Demo(
+        root=Path(tempfile.mkdtemp(prefix="rollout-bundles-demo-")).resolve(), out=Path(ns.out).resolve()
+    )
     try:
         for i, (title, step) in enumerate(STEPS_, 1):
             print(f"[{i}/{len(STEPS_)}] {title}")
@@ -540,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         f"demo OK in {time.perf_counter() - d.t0:.1f} s: {d.numbers['screenshots']} screenshots "
         f"({mib(d.numbers['stored_bytes'])}) rendered, 2 runs, 1 replay"
     )
+    print(f"open the report of the last debug dump: {d.report}")
     return 0
 
 
