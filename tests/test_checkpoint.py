@@ -432,3 +432,59 @@ def test_a_long_scalar_list_hiding_a_mutable_item_fails_the_save(tmp_path):
     s.tokens[0][0] = 99
     _, completed = load_rollout_checkpoint(args, 1)
     assert completed[0][0].tokens[0].tolist() == [1]
+
+
+def test_resume_hashes_the_media_it_places_by_default(tmp_path):
+    """Issue 8 defect 15: a hard-linked checkpoint file edited in place, or a file of the right
+    name and size already in the new run's directory, is caught at resume, not trained on."""
+    args = make_args(tmp_path, "run-a")
+    save_rollout_checkpoint(args, 0, [], [make_group(args, 0)])
+    release_run_media(args)
+    stored = sorted((checkpoint_path(args.save, 0) / "media").iterdir())
+    # An in-place edit of one stored file (same size): --bundle-verify fast cannot see it.
+    victim = stored[0]
+    os.chmod(victim, 0o644)
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    resumed = make_args(tmp_path, "run-b")
+    with pytest.raises(BundleVerificationError) as info:
+        load_rollout_checkpoint(resumed, 0)
+    placed = run_media_dir(resumed) / victim.name
+    expected = "sha256:" + victim.name.split(".")[0]
+    found = "sha256:" + hashlib.sha256(data).hexdigest()
+    assert info.value.problems[0] == f"{placed}: digest: expected {expected}, found {found}"
+    assert len(info.value.problems) == 2 and "--no-resume-verify-media" in info.value.problems[1]
+    assert str(checkpoint_path(args.save, 0)) in str(info.value)
+    # The check can be skipped: by keyword, or by option.
+    _, completed = load_rollout_checkpoint(resumed, 0, verify_media=False)
+    assert len(completed[0]) == 2
+    skipping = make_args(tmp_path, "run-c", "--no-resume-verify-media")
+    assert skipping.resume_verify_media is False
+    load_rollout_checkpoint(skipping, 0)
+
+    # A file already in the run directory with the right name and size is kept as it is by
+    # rehydration; the hash catches it too.
+    victim.write_bytes(bytes(data[:-1]) + bytes([data[-1] ^ 0xFF]))  # the original bytes again
+    os.chmod(victim, 0o444)
+    open_bundle(checkpoint_path(args.save, 0), verify="full")
+    fresh = make_args(tmp_path, "run-d")
+    other = run_media_dir(fresh) / stored[1].name
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"\0" * stored[1].stat().st_size)
+    with pytest.raises(BundleVerificationError, match=rf"{other}: digest: expected sha256:"):
+        load_rollout_checkpoint(fresh, 0)
+
+
+def test_a_failing_save_with_more_than_k_checkpoints_present_deletes_nothing(tmp_path):
+    """Retention runs only after a commit: a save that fails must not delete older checkpoints,
+    even when more than K are present (issue 12 row 10: retention in a `finally` went unseen)."""
+    args = make_args(tmp_path, "run-a")
+    for rid in range(3):
+        save_rollout_checkpoint(args, rid, [], [make_group(args, rid)])
+    args.keep_rollout_checkpoints = 1
+    with pytest.raises(MediaMissingError):
+        save_rollout_checkpoint(args, 3, [], [_broken_group(args)])
+    assert sorted(list_rollout_checkpoints(args.save)) == [0, 1, 2]
+    save_rollout_checkpoint(args, 3, [], [make_group(args, 3)])
+    assert sorted(list_rollout_checkpoints(args.save)) == [3]

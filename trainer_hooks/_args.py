@@ -93,6 +93,15 @@ def _own_options() -> list[tuple[str, dict[str, Any]]]:
                 help="Verification when opening a bundle: none, fast (sizes), full (hashes).",
             ),
         ),
+        (
+            "--resume-verify-media",
+            dict(
+                action=argparse.BooleanOptionalAction,
+                default=True,
+                help="Hash every media file a resume places in the run directory (default: on). Hard "
+                "links share inodes with the checkpoint, so an in-place edit would otherwise go unseen.",
+            ),
+        ),
         # Miles skips SGLang's model_path (it uses --hf-checkpoint); the processor check reads it.
         (
             "--sglang-model-path",

@@ -316,13 +316,15 @@ class FullyAsyncRolloutFn:
             completed = snapshot_groups(self.buffer.groups(), where="completed_groups", deferred=checks)
         return self.checkpointer.submit_snapshot(rollout_id, dest, pending, completed, checks)
 
-    def load(self, rollout_id: int, *, sample_cls: Any = None) -> None:
+    def load(self, rollout_id: int, *, sample_cls: Any = None, verify_media: bool | None = None) -> None:
         """Resume from ``<args.load>/rollout/fully_async_<rollout_id>``: pending groups are
         resubmitted before new prompts, completed groups go back into the buffer. Samples are
         built with ``sample_cls``, else the constructor's ``sample_cls``, else
-        :func:`trainer_hooks.default_sample_cls` (Miles' class when ``miles`` imports)."""
+        :func:`trainer_hooks.default_sample_cls` (Miles' class when ``miles`` imports). The
+        rehydrated media are hashed unless ``verify_media`` (default ``--resume-verify-media``,
+        on) is False."""
         cls = sample_cls if sample_cls is not None else self.sample_cls
-        ckpt = read_rollout_checkpoint(self.args, rollout_id, sample_cls=cls)
+        ckpt = read_rollout_checkpoint(self.args, rollout_id, sample_cls=cls, verify_media=verify_media)
         with self._changed:
             self._resubmit.extendleft(reversed(ckpt.pending_groups))
             for g in ckpt.completed_groups:
