@@ -39,6 +39,15 @@ _passes: dict[str, int] = {}
 _lock = threading.Lock()
 
 
+def arm_kill(spec: str | None) -> None:
+    """Arm (or with None disarm) the kill point as ``ROLLOUT_BUNDLES_KILL_AT`` would, for a
+    process forked after import (the crash-injection suite forks one child per kill point)."""
+    global _kill, _armed
+    _kill = _parse_kill(spec)
+    _passes.clear()
+    _armed = _kill is not None or bool(_callbacks)
+
+
 def fault_point(name: str, *args: Any) -> None:
     """Mark a moment named ``name``; ``args`` are passed to an in-process callback."""
     if not _armed:
@@ -71,4 +80,4 @@ def on_fault_point(name: str, callback: Callable[..., None]) -> Iterator[None]:
         _armed = _kill is not None or bool(_callbacks)
 
 
-__all__ = ["KILL_ENV", "fault_point", "on_fault_point"]
+__all__ = ["KILL_ENV", "arm_kill", "fault_point", "on_fault_point"]

@@ -134,6 +134,7 @@ class Durability:
             self.paths.clear()  # syncfs covers file data and every directory's metadata
             return
         for path in self.paths:
+            fault_point("durability.fsync")
             _fsync_path(path)
         for d in dirs:
             fsync_dir(d)

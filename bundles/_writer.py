@@ -36,6 +36,7 @@ from bundles._errors import (
     MediaMissingError,
     UnsupportedValueError,
 )
+from bundles._faults import fault_point
 from bundles._fs import (
     Durability,
     check_link_mode,
@@ -230,6 +231,7 @@ class _MediaIngester:
         make_read_only(path, mode)
         self.durability.add(path)
         self.stored[ref.filename] = ref
+        fault_point("write.media")
 
 
 class _ShardWriter:
@@ -271,6 +273,7 @@ class _ShardWriter:
         path = self.shards_dir / name
         with open(path, "xb") as f:
             f.write(data)
+        fault_point("write.shard")
         make_read_only(str(path))
         self.durability.add(str(path))
         self.entries.append(
@@ -403,10 +406,12 @@ def _write(
             "media": [{"digest": r.digest, "size": r.size, "suffix": r.suffix} for r in stored],
             "media_references": media.references,
         }
+        fault_point("write.manifest")
         with open(staging / MANIFEST_NAME, "xb") as f:
             f.write(manifest_bytes(manifest))
         make_read_only(str(staging / MANIFEST_NAME))
         media.durability.add(str(staging / MANIFEST_NAME))
+        fault_point("write.durability")
         media.durability.sync([staging / SHARDS_DIR, staging / MEDIA_DIR, staging])
         commit(staging, dest, overwrite)
     except BaseException:

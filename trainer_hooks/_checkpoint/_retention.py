@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from bundles import BundleNotFoundError, remove_bundle
+from bundles._faults import fault_point
 from trainer_hooks._checkpoint._paths import list_rollout_checkpoints
 
 __all__ = ["apply_retention"]
@@ -35,6 +36,7 @@ def apply_retention(root: str | os.PathLike[str], keep: int | None, *, keep_id: 
             continue
         # remove_bundle renames first: a crash mid-removal leaves a hidden leftover that the next
         # bundle write sweeps, never a half-deleted bundle under a checkpoint's name.
+        fault_point("retention.remove", path)
         try:
             remove_bundle(path)
         except BundleNotFoundError:
