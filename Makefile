@@ -6,6 +6,7 @@
 #                ends with each env's pass/fail/skip counts
 #   make lint    ruff check + mypy (`make format` applies ruff format)
 #   make bench   benchmarks/bench_save.py (BENCH_ARGS="--n 600 --repeats 3")
+#   make bench-replay   benchmarks/bench_replay.py: replay rebuild peak memory, fp32 vs bf16
 #   make mutants mutation testing with mutmut (not in CI; hours on 2 cores; docs/TESTING.md)
 #   make clean   remove build/test/demo/bench outputs (keeps .venv); `make distclean` also .venv
 
@@ -39,7 +40,7 @@ VENV_OK   := $(VENV)/.stamp-venv
 TORCH_OK  := $(VENV)/.stamp-torch
 DEV_OK    := $(VENV)/.stamp-dev
 
-.PHONY: demo test lint format bench mutants venv clean distclean
+.PHONY: demo test lint format bench bench-replay mutants venv clean distclean
 
 demo: $(DEV_OK)
 	$(BIN)/python examples/demo.py
@@ -60,6 +61,9 @@ format: $(DEV_OK)
 
 bench: $(DEV_OK)
 	$(BIN)/python benchmarks/bench_save.py $(BENCH_ARGS)
+
+bench-replay: $(DEV_OK)
+	$(BIN)/python benchmarks/bench_replay.py $(BENCH_ARGS)
 
 # Config in pyproject.toml [tool.mutmut]. PYTHONPATH points subprocesses started by tests at the
 # mutated copy too (mutmut itself puts mutants/ first on its own sys.path). mutants/ must exist

@@ -188,6 +188,9 @@ def run_replay(ns: argparse.Namespace) -> int:
             f"replay needs torch and transformers ({e}): pip install 'rollout-bundles[replay]' torch==2.13.0",
             status=2,
         ) from None
+    from trainer_hooks.replay._memory import tune_allocator
+
+    tune_allocator()  # this process exists to replay (see _memory)
     report = replay_bundle(
         ns.bundle,
         dtype=ns.dtype,

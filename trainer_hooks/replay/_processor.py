@@ -223,7 +223,8 @@ def load_processor(settings: Mapping[str, Any] | None = None) -> ReplayProcessor
         if model_path:
             notes.append(
                 f"model_path {model_path!r}: no local model directory or cached preprocessor_config.json; "
-                f"built from the shipped Qwen2-VL-7B-Instruct hub config (right for Qwen2-VL models only)"
+                f"built from the shipped Qwen2-VL-7B-Instruct hub config (right for the Qwen2-VL family: "
+                f"Qwen2-VL, Qwen2.5-VL)"
             )
     kwargs = {k: v for k, v in config.items() if k not in ("image_processor_type", "processor_class")}
     # Hub configs of transformers 4.x carry both min/max_pixels and size; min/max_pixels win there.

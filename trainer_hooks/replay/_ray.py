@@ -34,6 +34,9 @@ def shard_positions(positions: tuple[int, ...], shards: int) -> list[tuple[int, 
 def _replay_shard(
     plan: ReplayPlan, positions: tuple[int, ...], with_payloads: bool
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    from trainer_hooks.replay._memory import tune_allocator
+
+    tune_allocator()  # a Ray worker may be reused by other tasks; the setting only moves big buffers to mmap
     return replay_positions(plan, positions, with_payloads=with_payloads)
 
 

@@ -200,16 +200,10 @@ def replay_positions(
         processor = load_processor(plan.processor_settings)
     dtype = dtype_from_name(plan.dtype)
     args = plan.args()
-    want = set(wanted)
-    last = wanted[-1] if wanted else -1
     entries: list[dict[str, Any]] = []
     payloads: list[dict[str, Any]] = []
-    for position, raw in enumerate(bundle.samples()):
-        if position > last:
-            break
-        if position not in want:
-            continue
-        sample = Sample.from_dict(raw)
+    # Only the shards holding these positions are read (a Ray task reads its own part).
+    for position, sample in zip(wanted, bundle.samples(Sample, indices=wanted), strict=True):
         entry, payload = _replay_one(position, sample, processor, dtype, args, plan)
         entries.append(entry)
         if with_payloads and payload is not None:
@@ -429,7 +423,7 @@ def replay_bundle(
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
-        "bundle": str(bundle.path),
+        "bundle": str(Path(os.path.abspath(path))),
         "kind": bundle.kind,
         "dtype": plan.dtype,
         "token_space": plan.token_space,
@@ -442,6 +436,8 @@ def replay_bundle(
         changed = compare_reports(report, expect)
         report["expect"] = {"bundle": expect.get("bundle"), "changed": changed}
         extra.extend(changed)
+    if str(bundle.path) != report["bundle"]:
+        report["opened"] = str(bundle.path)  # a packed file's unpacked cache directory
     report["summary"] = summarize(entries, peak, extra)
     if payloads_out is not None:
         out = Path(payloads_out)
