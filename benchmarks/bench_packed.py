@@ -31,9 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_save import ensure_media, make_samples  # noqa: E402  (the same screenshots and samples)
+from bench_save import ensure_media, make_samples
 
-import bundles  # noqa: E402
+import bundles
 
 
 def median_time(fn: Callable[[], Any], repeats: int) -> float:
@@ -105,7 +105,7 @@ def main() -> None:
 
     print(f"\nmachine: {platform.processor() or platform.machine()}, Python {platform.python_version()}")
     print(f"medians of {ns.repeats} (page cache warm)\n")
-    print(f"| operation | directory s | packed, in place s | packed / directory |")
+    print("| operation | directory s | packed, in place s | packed / directory |")
     print("|---|---:|---:|---:|")
     for name, d, p in rows:
         print(f"| {name} | {d:.4f} | {p:.4f} | {p / d:.2f}x |")

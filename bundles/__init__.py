@@ -15,6 +15,8 @@ from bundles._errors import (
     BundleReplacedError,
     BundleVerificationError,
     MediaMissingError,
+    OutsidePathError,
+    OutsidePathWarning,
     UnsafeBundleError,
     UnsupportedValueError,
 )
@@ -40,6 +42,8 @@ __all__ = [
     "BundleVerificationError",
     "MediaMissingError",
     "MediaRef",
+    "OutsidePathError",
+    "OutsidePathWarning",
     "UnsafeBundleError",
     "UnsupportedValueError",
     "__version__",

@@ -22,6 +22,8 @@ __all__ = [
     "BundleReplacedError",
     "BundleVerificationError",
     "MediaMissingError",
+    "OutsidePathError",
+    "OutsidePathWarning",
     "UnsafeBundleError",
     "UnsupportedValueError",
 ]
@@ -75,6 +77,16 @@ class UnsupportedValueError(BundleError, TypeError):
 
 class MediaMissingError(BundleError, FileNotFoundError):
     """A sample references a media file that does not exist or disagrees with its reference."""
+
+
+class OutsidePathError(BundleError, ValueError):
+    """A sample holds an absolute path string to a file outside the media roots, and the writer
+    was asked (``outside_paths="error"``) to refuse paths that would dangle."""
+
+
+class OutsidePathWarning(UserWarning):
+    """A bundle keeps absolute path strings to files outside its media roots: they dangle once
+    those files are gone (``write_bundle(outside_paths="warn")``, the default)."""
 
 
 class BundleVerificationError(BundleError):

@@ -85,6 +85,15 @@ def _copy_buffer() -> bytearray:
     return buf
 
 
+def _write_all(f: Any, data: memoryview) -> None:
+    """Write all of ``data`` to the unbuffered file ``f``. A raw write may write less than asked
+    without an error (a file reaching ``RLIMIT_FSIZE`` or a full disk writes what fits first);
+    the next write then raises the ``OSError`` (EFBIG, ENOSPC) instead of a truncated copy."""
+    while data:
+        written = f.write(data)
+        data = data[written:]
+
+
 def copy_and_hash(src: str | BinaryIO, dst: str) -> tuple[str, int]:
     """Copy ``src`` (a path, or a binary file such as a member of a packed bundle) to a new file
     ``dst``, hashing the bytes as they pass. The caller fsyncs (see :class:`Durability`)."""
@@ -103,7 +112,7 @@ def copy_and_hash(src: str | BinaryIO, dst: str) -> tuple[str, int]:
                 break
             chunk = view[:n]
             h.update(chunk)
-            fout.write(chunk)
+            _write_all(fout, chunk)
             size += n
     return h.hexdigest(), size
 

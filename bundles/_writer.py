@@ -21,7 +21,8 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ from bundles._errors import (
     BundleExistsError,
     BundleIOError,
     MediaMissingError,
+    OutsidePathError,
+    OutsidePathWarning,
     UnsupportedValueError,
 )
 from bundles._faults import fault_point
@@ -51,14 +54,19 @@ from bundles._layout import (
     FORMAT_VERSION,
     KIND_RE,
     MANIFEST_NAME,
+    MAX_NESTING_DEPTH,
     MEDIA_DIR,
     SHARD_NAME_FORMAT,
     SHARD_TARGET_RAW_BYTES,
     SHARDS_DIR,
     ZSTD_LEVEL,
 )
+from bundles._manifest import nesting_depth_exceeds
 from bundles._media import MediaRef, digest_from_name, media_suffix, sha256_file
 from bundles._progress import Progress
+
+OUTSIDE_PATHS = ("keep", "warn", "error")
+OutsidePolicy = str | Callable[[str], str]
 
 
 def _package_version() -> str:
@@ -82,9 +90,13 @@ def _check_meta(meta: Any, dest: Path) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise BundleError(f"{dest}: meta: expected a JSON-compatible dict, found {type(meta).__name__}")
     try:
-        return dict(json.loads(json.dumps(meta, allow_nan=False)))
-    except (TypeError, ValueError) as e:
-        raise BundleError(f"{dest}: meta: expected a JSON-compatible dict: {e}") from None
+        clean = dict(json.loads(json.dumps(meta, allow_nan=False)))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise BundleError(f"{dest}: meta: expected a JSON-compatible dict: {type(e).__name__}: {e}") from None
+    # The manifest is level 1 and meta level 2: what readers accept (docs/FORMAT.md §2).
+    if nesting_depth_exceeds(clean, MAX_NESTING_DEPTH - 1):
+        raise BundleError(f"{dest}: meta: nested deeper than {MAX_NESTING_DEPTH} levels (counting the manifest)")
+    return clean
 
 
 class _MediaIngester:
@@ -94,12 +106,17 @@ class _MediaIngester:
         self,
         dest: Path,
         staging: Path,
-        media_roots: Sequence[str | os.PathLike[str]],
+        media_roots: Sequence[str],
         link: str,
+        outside_paths: OutsidePolicy = "warn",
         keep_missing: bool = False,
     ):
         self.dest = dest
         self.keep_missing = keep_missing
+        self.outside_paths = outside_paths
+        self.outside_files: dict[str, bool] = {}  # absolute string outside the roots -> names a file
+        self.outside_count = 0  # references to such files, for the one warning
+        self.outside_examples: list[str] = []
         self.media_dir = str(staging / MEDIA_DIR)  # a str: pathlib costs more than the link itself
         self.link = link
         roots: list[str] = []
@@ -109,6 +126,9 @@ class _MediaIngester:
                 if prefix not in roots:
                     roots.append(prefix)
         self.root_prefixes = tuple(roots)
+        # The strings the encoder offers to resolve_string: those under a root, and, unless outside
+        # paths are kept silently, every absolute one (so that one outside the roots can be told).
+        self.string_prefixes = self.root_prefixes if outside_paths == "keep" else (*self.root_prefixes, os.sep)
         self.stored: dict[str, MediaRef] = {}  # filename -> ref
         self.by_source: dict[str, MediaRef] = {}  # normalized source path -> ref
         self.by_value: dict[str, MediaRef] = {}  # reference string as written in samples -> ref
@@ -120,6 +140,8 @@ class _MediaIngester:
     # -- encoder callbacks -------------------------------------------------------------------
     def resolve_string(self, value: str, where: str) -> MediaRef | None:
         if not self.root_prefixes or not value.startswith(self.root_prefixes):
+            if self.outside_paths != "keep" and value.startswith(os.sep):
+                self._outside(value, where)
             return None
         known = self.by_value.get(value)
         if known is not None:  # the same screenshot path in many samples: resolved once
@@ -127,6 +149,8 @@ class _MediaIngester:
             return known
         norm = os.path.normpath(value)
         if not (norm + os.sep).startswith(self.root_prefixes) or norm + os.sep in self.root_prefixes:
+            if self.outside_paths != "keep":
+                self._outside(value, where)
             return None  # e.g. "<root>/../elsewhere": not inside a media root
         ref = self.by_source.get(norm)
         if ref is None:
@@ -137,6 +161,41 @@ class _MediaIngester:
         self.by_value[value] = ref
         self.references += 1
         return ref
+
+    def _outside(self, value: str, where: str) -> None:
+        """An absolute path string outside every media root: kept as a string, which dangles
+        once its file goes. Warn or refuse (by ``outside_paths``) when it names a file."""
+        is_file = self.outside_files.get(value)
+        if is_file is None:
+            is_file = self.outside_files[value] = len(value) < 4096 and "\0" not in value and os.path.isfile(value)
+        if not is_file:
+            return
+        action = self.outside_paths(value) if callable(self.outside_paths) else self.outside_paths
+        if action == "error":
+            raise OutsidePathError(
+                f"{self.dest}: {where}: {value} names a file outside the media roots "
+                f"{[p.rstrip(os.sep) for p in self.root_prefixes]}; the bundle would keep only the path, which "
+                "dangles once the file is gone. Pass it as a MediaRef or "
+                "its directory in media_roots to store it, or outside_paths='keep' to keep the path"
+            )
+        if action == "warn":
+            self.outside_count += 1
+            if len(self.outside_examples) < 3:
+                self.outside_examples.append(f"{where} = {value!r}")
+
+    def warn_outside(self) -> None:
+        if not self.outside_count:
+            return
+        files = sum(self.outside_files.values())
+        warnings.warn(
+            f"{self.dest}: {self.outside_count} absolute path string(s) to {files} existing file(s) outside the "
+            f"media roots were kept as plain strings and will dangle once those files are gone: "
+            f"{'; '.join(self.outside_examples)}{' ...' if self.outside_count > len(self.outside_examples) else ''}. "
+            "Add their directory to media_roots (or pass MediaRefs) to store them, or outside_paths='keep' to "
+            "silence this",
+            OutsidePathWarning,
+            stacklevel=4,
+        )
 
     def resolve_ref(self, ref: MediaRef, where: str) -> MediaRef:
         source = ref.path
@@ -305,23 +364,30 @@ def write_bundle(
     dest: str | os.PathLike[str],
     samples: Iterable[Any],
     *,
-    media_roots: Sequence[str | os.PathLike[str]] = (),
+    media_roots: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] = (),
     kind: str = "debug_dump",
     meta: Mapping[str, Any] | None = None,
     link: str = "auto",
     overwrite: bool = False,
     progress: bool | None = None,
     missing_media: str = "error",
+    outside_paths: OutsidePolicy = "warn",
 ) -> Path:
     """Write ``samples`` and every media file they reference into a new bundle at ``dest``.
 
     Args:
         dest: the bundle directory to create. Its parent is created if missing.
         samples: dicts (as ``Sample.to_dict()`` gives) or objects with ``to_dict()``.
-        media_roots: directories whose files may be referenced by absolute path strings. Any
-            ``str`` in a sample that is an absolute path inside one of them is a reference; all
-            other strings are kept as they are. ``MediaRef`` values are references wherever
-            they appear.
+        media_roots: a directory (``str`` or path-like), or an iterable of them, whose files may
+            be referenced by absolute path strings. Any ``str`` in a sample that is an absolute
+            path inside one of them is a reference; all other strings are kept as they are.
+            ``MediaRef`` values are references wherever they appear.
+        outside_paths: what to do with an absolute path string outside every media root that
+            names an existing file (kept as a string, it dangles once the file is gone):
+            ``"warn"`` (default: one :class:`OutsidePathWarning` per write with the count and the
+            first key paths), ``"error"`` (:class:`OutsidePathError` naming the key path, nothing
+            written), ``"keep"`` (silently), or a callable taking the path and returning one of
+            these, to decide per path (trainer_hooks refuses other runs' media this way).
         kind: what the bundle holds, e.g. ``"debug_dump"`` or ``"rollout_checkpoint"``.
         meta: a JSON-compatible dict kept in the manifest.
         link: ``"auto"`` (hardlink, else reflink, else copy), ``"hardlink"``, ``"reflink"`` or ``"copy"``.
@@ -338,6 +404,8 @@ def write_bundle(
         MediaMissingError: a referenced file is missing or disagrees with its reference; the
             message names the sample index and key path. Nothing is written in that case.
         UnsupportedValueError: a value cannot be stored without pickle.
+        OutsidePathError: with ``outside_paths="error"``, a path string outside the media roots
+            names a file.
         BundleExistsError: ``dest`` exists and ``overwrite`` is false.
         BundleIOError: the filesystem refused a write (no space, file too large, permissions);
             it names the file, keeps the ``OSError`` as ``__cause__``, and leaves nothing at ``dest``.
@@ -347,16 +415,21 @@ def write_bundle(
     """
     dest = Path(os.path.abspath(dest))
     check_link_mode(link)
+    roots = _media_roots(media_roots, dest)
+    if not callable(outside_paths) and outside_paths not in OUTSIDE_PATHS:
+        raise BundleError(f"{dest}: outside_paths: expected one of {', '.join(OUTSIDE_PATHS)} or a callable, found {outside_paths!r}")
     if not isinstance(kind, str) or not KIND_RE.fullmatch(kind):
         raise BundleError(f"{dest}: kind: expected lowercase letters, digits and '_', found {kind!r}")
     meta_clean = _check_meta(meta, dest)
     if missing_media not in ("error", "keep"):
-        raise ValueError(f"missing_media: expected 'error' or 'keep', found {missing_media!r}")
+        raise BundleError(f"{dest}: missing_media: expected 'error' or 'keep', found {missing_media!r}")
     if os.path.lexists(dest) and not overwrite:
         raise BundleExistsError(f"{dest}: destination exists; pass overwrite=True to replace it")
 
     try:
-        return _write(dest, samples, media_roots, kind, meta_clean, link, overwrite, progress, missing_media)
+        return _write(
+            dest, samples, roots, kind, meta_clean, link, overwrite, progress, missing_media, outside_paths
+        )
     except OSError as e:
         if isinstance(e, BundleError):
             raise
@@ -366,20 +439,23 @@ def write_bundle(
 def _write(
     dest: Path,
     samples: Iterable[Any],
-    media_roots: Sequence[str | os.PathLike[str]],
+    media_roots: Sequence[str],
     kind: str,
     meta_clean: dict[str, Any],
     link: str,
     overwrite: bool,
     progress: bool | None,
     missing_media: str = "error",
+    outside_paths: OutsidePolicy = "warn",
 ) -> Path:
     staging = create_staging(dest)
     try:
         (staging / SHARDS_DIR).mkdir()
         (staging / MEDIA_DIR).mkdir()
-        media = _MediaIngester(dest, staging, media_roots, link, keep_missing=missing_media == "keep")
-        encoder = SampleEncoder(media.resolve_string, media.resolve_ref, media.root_prefixes)
+        media = _MediaIngester(
+            dest, staging, media_roots, link, outside_paths, keep_missing=missing_media == "keep"
+        )
+        encoder = SampleEncoder(media.resolve_string, media.resolve_ref, media.string_prefixes)
         shards = _ShardWriter(staging / SHARDS_DIR, media.durability)
         count = 0
         with gc_paused(), Progress(f"writing {dest.name}", unit="samples", enabled=progress) as bar:
@@ -418,4 +494,28 @@ def _write(
         if staging.exists():
             remove_tree(staging)
         raise
+    media.warn_outside()
     return dest
+
+
+def _media_roots(media_roots: Any, dest: Path) -> list[str]:
+    """``media_roots`` as a list of path strings: one path (``str`` or path-like) is one root; an
+    iterable gives one root per item. A bare ``str`` must never be iterated: its characters
+    would make ``/`` a root, and every absolute path in a sample a reference."""
+    if isinstance(media_roots, (str, os.PathLike)):
+        items: list[Any] = [media_roots]
+    elif isinstance(media_roots, (bytes, bytearray, Mapping)) or not isinstance(media_roots, Iterable):
+        raise BundleError(
+            f"{dest}: media_roots: expected a path or an iterable of paths, found {type(media_roots).__name__}"
+        )
+    else:
+        items = list(media_roots)
+    roots = []
+    for i, r in enumerate(items):
+        if not isinstance(r, (str, os.PathLike)):
+            raise BundleError(f"{dest}: media_roots[{i}]: expected a str or path-like, found {type(r).__name__} {r!r}")
+        path = os.fspath(r)
+        if not isinstance(path, str) or not path:
+            raise BundleError(f"{dest}: media_roots[{i}]: expected a non-empty str path, found {path!r}")
+        roots.append(path)
+    return roots

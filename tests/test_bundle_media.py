@@ -65,7 +65,9 @@ def test_strings_outside_media_roots_are_untouched(tmp_path, run_dir):
         "sibling_prefix": str(run_dir) + "-other/x.png",
         "inside": inside,
     }
-    (loaded,) = open_bundle(write_bundle(tmp_path / "b", [sample], media_roots=[run_dir])).samples()
+    (loaded,) = open_bundle(
+        write_bundle(tmp_path / "b", [sample], media_roots=[run_dir], outside_paths="keep")
+    ).samples()
     for k in ("prompt", "outside", "relative", "escaping", "root_itself", "sibling_prefix"):
         assert loaded[k] == sample[k]
     assert loaded["inside"] != inside and Path(loaded["inside"]).read_bytes() == b"x"

@@ -187,7 +187,7 @@ def test_mixed_long_lists_round_trip(tmp_path_factory, drawn):
     base = tmp_path_factory.mktemp("mixed")
     world = World(base)
     samples = world.make(drawn)
-    dest = write_bundle(base / "bundle", samples, media_roots=world.roots)
+    dest = write_bundle(base / "bundle", samples, media_roots=world.roots, outside_paths="keep")
     bundle = open_bundle(dest, verify="full")
     assert len(bundle) == len(samples)
     assert {r.filename for r in bundle.media} == {Path(p).name for p in world.referenced(samples)}
@@ -201,7 +201,7 @@ def test_every_reference_resolves_inside_the_bundle_once_the_run_directory_is_go
     base = tmp_path_factory.mktemp("gone")
     world = World(base)
     samples = world.make(drawn)
-    dest = write_bundle(base / "bundle", samples, media_roots=world.roots)
+    dest = write_bundle(base / "bundle", samples, media_roots=world.roots, outside_paths="keep")
     shutil.rmtree(world.shared)
     bundle = open_bundle(dest, verify="full")
     loaded = list(bundle.samples())
@@ -226,7 +226,7 @@ def test_long_lists_of_paths_and_refs_are_references_not_numbers(tmp_path):
         "tokens": list(range(100)),
         "logprobs": [-0.5] * 100,
     }
-    dest = write_bundle(tmp_path / "bundle", [sample], media_roots=world.roots)
+    dest = write_bundle(tmp_path / "bundle", [sample], media_roots=world.roots, outside_paths="keep")
     shutil.rmtree(world.shared)
     (loaded,) = open_bundle(dest, verify="full").samples()
     check_loaded(world, sample, loaded, dest / "media")
@@ -238,7 +238,7 @@ def test_long_lists_of_paths_and_refs_are_references_not_numbers(tmp_path):
 def test_a_list_of_n_paths_survives_the_run_directory(tmp_path, n):
     world = World(tmp_path)
     paths = [world.paths[i % 6] for i in range(n)]
-    dest = write_bundle(tmp_path / "bundle", [{"images": paths}], media_roots=world.roots)
+    dest = write_bundle(tmp_path / "bundle", [{"images": paths}], media_roots=world.roots, outside_paths="keep")
     shutil.rmtree(world.shared)
     (loaded,) = open_bundle(dest, verify="full").samples()
     assert [Path(p).read_bytes() for p in loaded["images"]] == [PAYLOADS[i % 6] for i in range(n)]

@@ -56,7 +56,13 @@ from bundles import (
     unpack_bundle,
 )
 from trainer_hooks._sample import resolve_sample_cls
-from trainer_hooks._sample_bundle import _media_roots, run_meta, write_samples_bundle
+from trainer_hooks._sample_bundle import (
+    OutsidePolicy,
+    _media_roots,
+    other_run_media_policy,
+    run_meta,
+    write_samples_bundle,
+)
 from trainer_hooks._snapshot import snapshot_value
 from trainer_hooks._trajectory import save_debug_trajectory_data, strip_messages
 
@@ -106,6 +112,7 @@ def write_dump_bundle(
     meta: dict[str, Any],
     link: str = "auto",
     missing_media: str = "error",
+    outside_paths: OutsidePolicy = "warn",
 ) -> Path:
     """Write (replacing) a bundle at ``dest``, packed into one file when it ends in ``.rbundle``."""
     path = Path(os.path.abspath(dest))
@@ -127,6 +134,7 @@ def write_dump_bundle(
                 link=link,
                 overwrite=False,
                 missing_media=missing_media,
+                outside_paths=outside_paths,
             )
             return pack_bundle(bundle, path, overwrite=True, progress=False)
         finally:
@@ -142,6 +150,7 @@ def write_dump_bundle(
         link=link,
         overwrite=True,
         missing_media=missing_media,
+        outside_paths=outside_paths,
     )
 
 
@@ -185,6 +194,7 @@ def save_debug_rollout_data(
         media_roots=_media_roots(args),
         meta=meta,
         link=getattr(args, "bundle_link_mode", None) or "auto",
+        outside_paths=other_run_media_policy(args),
     )
 
 

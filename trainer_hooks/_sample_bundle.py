@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from argparse import Namespace
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,17 @@ from bundles import scratch_dir, write_bundle
 from trainer_hooks._images import ImageSink
 from trainer_hooks._run_media import run_media_dir
 
-__all__ = ["processor_settings", "run_meta", "training_dtype", "write_samples_bundle"]
+# write_bundle's outside_paths: "keep", "warn", "error", or a callable choosing one per path.
+OutsidePolicy = str | Callable[[str], str]
+
+__all__ = [
+    "OutsidePolicy",
+    "other_run_media_policy",
+    "processor_settings",
+    "run_meta",
+    "training_dtype",
+    "write_samples_bundle",
+]
 
 
 def write_samples_bundle(
@@ -31,9 +41,11 @@ def write_samples_bundle(
     link: str,
     overwrite: bool,
     missing_media: str = "error",
+    outside_paths: OutsidePolicy = "warn",
 ) -> Path:
     """``write_bundle`` after turning PIL images into PNG media in a temporary directory beside
-    ``dest`` (same filesystem, so the bundle can hard-link them); the directory is removed after."""
+    ``dest`` (same filesystem, so the bundle can hard-link them); the directory is removed after.
+    ``outside_paths`` is passed on (see :func:`other_run_media_policy`)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = scratch_dir(dest, "images")  # removed by the next save if this process dies
     try:
@@ -50,6 +62,7 @@ def write_samples_bundle(
             overwrite=overwrite,
             progress=False,
             missing_media=missing_media,
+            outside_paths=outside_paths,
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -76,6 +89,27 @@ def run_meta(args: Namespace) -> dict[str, Any]:
         "training_dtype": training_dtype(args),
         "processor": processor_settings(args),
     }
+
+
+def other_run_media_policy(args: Namespace) -> OutsidePolicy:
+    """The ``outside_paths`` policy of a run's saves: a path string under ``--shared-media-dir``
+    but outside this run's directory is another run's media, which that run deletes at teardown,
+    so the save is refused naming the key path; any other absolute path to a file outside the
+    media roots gets write_bundle's warning."""
+    shared = getattr(args, "shared_media_dir", None)
+    run_dir = run_media_dir(args)
+    if shared is None or run_dir is None:
+        return "warn"
+    shared_prefix = os.path.abspath(shared).rstrip(os.sep) + os.sep
+    run_prefix = os.path.abspath(run_dir).rstrip(os.sep) + os.sep
+
+    def policy(path: str) -> str:
+        norm = os.path.normpath(path)
+        if norm.startswith(shared_prefix) and not (norm + os.sep).startswith(run_prefix):
+            return "error"
+        return "warn"
+
+    return policy
 
 
 def _media_roots(args: Namespace) -> list[Path]:

@@ -35,7 +35,7 @@ from typing import Any
 from bundles import BundleError
 from trainer_hooks._checkpoint._paths import CHECKPOINT_KIND, CHECKPOINT_VERSION, _require, checkpoint_path
 from trainer_hooks._checkpoint._retention import apply_retention
-from trainer_hooks._sample_bundle import _media_roots, run_meta, write_samples_bundle
+from trainer_hooks._sample_bundle import _media_roots, other_run_media_policy, run_meta, write_samples_bundle
 from trainer_hooks._snapshot import snapshot_groups
 
 __all__ = ["CheckpointSaveError", "RolloutCheckpointer", "save_rollout_checkpoint"]
@@ -73,6 +73,7 @@ def _write_checkpoint(
         meta=meta,
         link=getattr(args, "bundle_link_mode", None) or "auto",
         overwrite=True,
+        outside_paths=other_run_media_policy(args),
     )
     apply_retention(args.save, getattr(args, "keep_rollout_checkpoints", None), keep_id=rollout_id)
     return path
