@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from media_helpers import put_media
 
-from bundles import MediaMissingError, MediaRef, open_bundle, write_bundle
+from bundles import BundleError, MediaMissingError, MediaRef, open_bundle, write_bundle
 
 
 def test_path_strings_and_media_refs_keep_their_type(tmp_path):
@@ -33,5 +33,5 @@ def test_missing_media_keep_leaves_the_string(tmp_path):
     write_bundle(tmp_path / "b", [{"images": [present, gone]}], media_roots=[run], missing_media="keep")
     (row,) = open_bundle(tmp_path / "b").samples()
     assert row["images"][1] == gone and Path(row["images"][0]).read_bytes() == b"there"
-    with pytest.raises(ValueError, match="missing_media: expected 'error' or 'keep'"):
+    with pytest.raises(BundleError, match="missing_media: expected 'error' or 'keep'"):
         write_bundle(tmp_path / "c", [], missing_media="drop")
