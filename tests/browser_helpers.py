@@ -32,6 +32,7 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
     "--remote-debugging-pipe",
 ]
+MAX_SHOT_HEIGHT = 12_000
 INSTALL_HINT = "headless Chromium not found: install it with `apt-get install -y chromium` (Debian/Ubuntu)"
 
 
@@ -181,9 +182,18 @@ def render(url: str, expression: str, screenshot: Path, width: int = 1280, heigh
         )
         if "exceptionDetails" in result:
             raise RuntimeError(f"evaluating the check failed: {result['exceptionDetails']}")
+        # The whole page, up to MAX_SHOT_HEIGHT pixels (Chromium refuses larger captures).
+        size = pipe.send("Page.getLayoutMetrics", session=session)["cssContentSize"]
+        clip = {
+            "x": 0,
+            "y": 0,
+            "width": size["width"],
+            "height": min(size["height"], MAX_SHOT_HEIGHT),
+            "scale": 1,
+        }
         shot = pipe.send(
             "Page.captureScreenshot",
-            {"format": "png", "captureBeyondViewport": True},
+            {"format": "png", "captureBeyondViewport": True, "clip": clip},
             session=session,
             timeout=60,
         )

@@ -147,10 +147,13 @@ def test_report_is_self_contained_and_escapes_sample_text(
     assert HOSTILE not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert "<img src=x" not in text and "&lt;img src=x onerror=alert(2)&gt;" in text
     assert not re.search(r"(src|href)=[\"']?(https?:)?//", text)  # nothing fetched from a network
-    srcs = re.findall(r'<img src="([^"]+)"', text)
-    assert len(srcs) == 12 and all(s.startswith("data:image/jpeg;base64,") for s in srcs)
-    thumb = Image.open(io.BytesIO(base64.b64decode(srcs[0].split(",", 1)[1])))
-    assert thumb.format == "JPEG" and thumb.size == (400, 225)
+    # Each stored screenshot is inlined once (10 decodable ones) and drawn at each of its 12 turns.
+    images = re.findall(r'<image id="(m\d+)" width="(\d+)" height="(\d+)" href="([^"]+)"/>', text)
+    assert len(images) == 10 and all(href.startswith("data:image/jpeg;base64,") for *_, href in images)
+    uses = re.findall(r'<use href="#(m\d+)"/>', text)
+    assert len(uses) == 12 and set(uses) == {i for i, *_ in images}
+    thumb = Image.open(io.BytesIO(base64.b64decode(images[0][3].split(",", 1)[1])))
+    assert thumb.format == "JPEG" and thumb.size == (400, 225) and images[0][1:3] == ("400", "225")
     # Full-size images by relative links that resolve while the bundle sits next to the report.
     hrefs = re.findall(r'<a class="shot" href="([^"]+)"', text)
     assert len(hrefs) == 12 and all(not h.startswith("/") for h in hrefs)
@@ -201,17 +204,25 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
             pytest.fail(INSTALL_HINT + " (.ci/run installs it)")
         pytest.skip(INSTALL_HINT)
     out, _ = view(tmp_path)
-    check = """Promise.all(Array.from(document.images).map(
-        img => img.decode().then(() => img.naturalWidth, () => 0)))
-      .then(widths => ({widths: widths, scripts: document.scripts.length,
-                        title: document.title, samples: document.querySelectorAll('section.sample').length,
-                        hostile: document.body.innerText.includes('<script>alert(1)</script>')}))"""
+    # Every inlined screenshot decodes (naturalWidth of an image loaded from its data URI), every
+    # turn's <use> resolves to one, and each drawn thumbnail has a size on the page.
+    check = """Promise.all(Array.from(document.querySelectorAll('svg.defs image')).map(el => {
+        const img = new Image(); img.src = el.getAttribute('href');
+        return img.decode().then(() => img.naturalWidth, () => 0); }))
+      .then(widths => ({widths: widths,
+        unresolved: Array.from(document.querySelectorAll('svg.thumb use')).filter(
+            u => !document.getElementById(u.getAttribute('href').slice(1))).length,
+        drawn: Array.from(document.querySelectorAll('svg.thumb')).map(s => s.getBoundingClientRect().width),
+        scripts: document.scripts.length, title: document.title,
+        samples: document.querySelectorAll('section.sample').length,
+        hostile: document.body.innerText.includes('<script>alert(1)</script>')}))"""
     shot = tmp_path / "report.png"
     result = render(out.as_uri(), check, shot, width=1280, height=900)
     print(f"view screenshot: {shot}")
     assert result.errors == []
     value = result.value
-    assert len(value["widths"]) == 12 and all(w > 0 for w in value["widths"]), value["widths"]
+    assert len(value["widths"]) == 10 and all(w == 400 for w in value["widths"]), value["widths"]
+    assert value["unresolved"] == 0 and len(value["drawn"]) == 12 and all(w > 200 for w in value["drawn"])
     assert value["scripts"] == 0 and value["samples"] == 4 and value["hostile"] is True
     assert value["title"] == "debug_dump · dump_3"
     with Image.open(shot) as im:
@@ -226,6 +237,7 @@ def test_packed_bundle_is_read_in_place(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["view", str(packed), "-o", str(tmp_path / "r.html"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["images"] == 12
     text = (tmp_path / "r.html").read_text()
-    assert len(re.findall(r'<img src="data:image/jpeg;base64,', text)) == 12
+    assert len(re.findall(r'<image id="m\d+" [^>]*href="data:image/jpeg;base64,', text)) == 10
+    assert len(re.findall(r'<use href="#m\d+"/>', text)) == 12
     assert 'class="shot" href=' not in text  # no files to link to inside a packed file
     assert "packed file" in text and not list(tmp_path.glob("*.unpacked"))

@@ -2,7 +2,13 @@
 
 The page is a single file a person can mail or attach to a bug: the stylesheet is inlined, the
 screenshots are small JPEG thumbnails inlined as ``data:`` URIs, and a Content-Security-Policy
-forbids scripts and every network fetch, so opening it never reaches anything. Every string that
+forbids scripts and every network fetch, so opening it never reaches anything.
+
+Each stored screenshot is inlined once, as an SVG ``<image>`` in one hidden ``<defs>``, and every
+turn that shows it draws it with ``<use href="#m7">``: a trajectory's samples often repeat the
+same screenshots (a dump with one sample per turn and all earlier turns' images repeats each one
+several times), and inlining per occurrence made a 600-screenshot dump a 32 MiB page instead of
+about 8. No script is needed for that, so the page still runs none. Every string that
 comes from the bundle (prompts, responses, actions, metadata, even file names) is untrusted and
 goes through :func:`html.escape`.
 
@@ -47,6 +53,7 @@ __all__ = ["REPLAY_FORMAT", "THUMB_WIDTH", "ReportWritten", "load_replay_report"
 REPLAY_FORMAT = "rollout-bundle-replay"
 THUMB_WIDTH = 400  # px; a 1080p screenshot becomes a ~15-25 KB JPEG
 THUMB_QUALITY = 72
+INDEX_OPEN_MAX = 60  # samples listed unfolded in the index table
 MAX_TEXT = 20_000  # characters of a prompt or response shown before the rest is cut
 DEFAULT_MERGE_SIZE = 2  # Qwen2-VL: 2x2 patches make one vision token
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -96,6 +103,7 @@ class _SampleView:
 
 @dataclass
 class _Thumb:
+    ref: str | None = None  # the id of its <image> in the page's <defs>, once it has a uri
     uri: str | None = None
     size: tuple[int, int] | None = None  # the original's width and height
     thumb: tuple[int, int] | None = None
@@ -380,8 +388,8 @@ def _bundle_bytes(bundle: Bundle) -> int:
     return manifest + shards + bundle.media_bytes
 
 
-def _header(bundle: Bundle, views: list[_SampleView], shown_images: int, replay: dict[str, Any] | None,
-            replay_name: str | None) -> str:  # fmt: skip
+def _header(bundle: Bundle, views: list[_SampleView], shown_images: int, distinct: int,
+            replay: dict[str, Any] | None, replay_name: str | None) -> str:  # fmt: skip
     meta = bundle.meta
     refs, stored = bundle.media_references, len(bundle.media)
     statuses = Counter(v.status or "no status" for v in views)
@@ -399,12 +407,10 @@ def _header(bundle: Bundle, views: list[_SampleView], shown_images: int, replay:
     out.append(_stat(str(refs), "media references"))
     out.append(_stat(f"{refs / stored:.2f}×" if stored else "–", "dedup ratio"))
     out.append(_stat(_size(bundle.media_bytes), "media"))
-    out.append(
-        _stat(_size(_bundle_bytes(bundle)), "packed file" if bundle.packed else "bundle on disk")
-    )
+    out.append(_stat(_size(_bundle_bytes(bundle)), "packed file" if bundle.packed else "bundle on disk"))
     if rewards:
         out.append(_stat(f"{sum(rewards) / len(rewards):.3g}", "mean reward"))
-    out.append(_stat(str(shown_images), "screenshots shown"))
+    out.append(_stat(str(shown_images), f"screenshots shown, {distinct} distinct"))
     out.append("</div>")
     processor = meta.get("processor")
     rows: list[tuple[str, Any]] = [
@@ -484,8 +490,11 @@ def _index_table(views: list[_SampleView], replay_by_pos: dict[int, dict[str, An
                 + "</td>"
             )  # fmt: skip
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<div class="card section"><table class="index"><thead>{head}</thead>'
-            f'<tbody>{"".join(rows)}</tbody></table></div>')  # fmt: skip
+    table = f'<table class="index"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+    # A long index starts folded, so the samples themselves are a scroll away, not a page of rows.
+    if len(views) <= INDEX_OPEN_MAX:
+        return f'<div class="card section">{table}</div>'
+    return f'<div class="card section"><details><summary>all {len(views)} samples</summary>{table}</details></div>'
 
 
 def _dash(v: Any) -> str:
@@ -523,9 +532,12 @@ def _turns(v: _SampleView, thumbs: dict[str, _Thumb], link_base: str | None, mer
     items = []
     for j, img in enumerate(v.images):
         thumb = thumbs.get(img.name) if img.name else None
-        if thumb is not None and thumb.uri and thumb.thumb:
+        if thumb is not None and thumb.ref and thumb.thumb:
             tw, th = thumb.thumb
-            picture = f'<img src="{thumb.uri}" width="{tw}" height="{th}" alt="turn {j}" decoding="async">'
+            picture = (
+                f'<svg class="thumb" viewBox="0 0 {tw} {th}" width="{tw}" height="{th}" role="img" '
+                f'aria-label="turn {j}"><use href="#{thumb.ref}"/></svg>'
+            )
             if link_base is not None and img.name:
                 href = link_base + urllib.parse.quote(img.name)
                 picture = f'<a class="shot" href="{e(href)}" title="open the full-size image">{picture}</a>'
@@ -704,6 +716,12 @@ def write_html_report(
     merge = _merge_size(b, report)
     by_pos = {s["position"]: s for s in report["samples"]} if report is not None else None
 
+    defs: list[str] = []
+    for name in names:
+        t = thumbs[name]
+        if t.uri and t.thumb:
+            t.ref = f"m{len(defs)}"
+            defs.append(f'<image id="{t.ref}" width="{t.thumb[0]}" height="{t.thumb[1]}" href="{t.uri}"/>')
     shown_images = sum(
         1 for v in views for img in v.images if img.name and thumbs.get(img.name, _Thumb()).uri
     )
@@ -713,7 +731,7 @@ def write_html_report(
         f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\">",
         "<meta name='referrer' content='no-referrer'>",
         f"<title>{e(b.kind)} · {e(b.path.name)}</title><style>{CSS}</style></head><body><div class='wrap'>",
-        _header(b, views, shown_images, report, replay_name),
+        _header(b, views, shown_images, len(defs), report, replay_name),
         "<h3>Samples</h3>",
         _index_table(views, by_pos),
     ]
@@ -724,7 +742,11 @@ def write_html_report(
     parts.append(
         f"<footer>rollout-bundles {e(bundles.__version__)} · rollout-bundle view · {e(stamp)}</footer>"
     )
-    parts.append("</div></body></html>\n")
+    parts.append("</div>")
+    parts.append(
+        f'<svg class="defs" width="0" height="0" aria-hidden="true"><defs>{"".join(defs)}</defs></svg>'
+    )
+    parts.append("</body></html>\n")
     data = "".join(parts).encode("utf-8")
 
     out.parent.mkdir(parents=True, exist_ok=True)

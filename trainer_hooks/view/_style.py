@@ -65,7 +65,8 @@ pre.text { margin: 0; padding: 10px 12px; background: var(--code); border: 1px s
   padding: 0; margin: 0; }
 .turn { border: 1px solid var(--line); border-radius: 10px; overflow: hidden; background: var(--card); }
 .turn .shot { display: block; background: var(--code); line-height: 0; }
-.turn img { display: block; width: 100%; height: auto; }
+.turn svg.thumb { display: block; width: 100%; height: auto; }
+svg.defs { position: absolute; width: 0; height: 0; overflow: hidden; }
 .turn .cap { padding: 8px 10px; font-size: 12.5px; }
 .turn .cap .t { font-weight: 650; }
 .turn .cap .action { display: block; margin-top: 2px; }
