@@ -22,6 +22,7 @@ import hashlib
 import os
 import stat
 import threading
+from collections.abc import Collection
 from typing import Any, BinaryIO
 
 from bundles._errors import BundleError
@@ -304,7 +305,7 @@ _MAX_ENTRY_ATTEMPTS = 4
 class _Dir:
     """One open directory on the deletion stack."""
 
-    __slots__ = ("display", "fd", "name", "names", "passes", "retries")
+    __slots__ = ("deferred", "display", "fd", "name", "names", "passes", "retries")
 
     def __init__(self, fd: int, display: str, name: str, passes: int) -> None:
         self.fd = fd
@@ -313,6 +314,7 @@ class _Dir:
         self.passes = passes
         self.names = _list_dir(fd, display)
         self.retries: dict[str, int] = {}
+        self.deferred: list[str] = []  # names to remove once everything else is gone
 
     def retry(self, name: str) -> None:
         """Handle ``name`` again: it changed type (directory <-> not) under us."""
@@ -427,7 +429,13 @@ def _rmdir_entry(parent: _Dir | None, parent_fd: int, name: str, display: str) -
     raise AssertionError("unreachable")
 
 
-def remove_tree(path: str | os.PathLike[str]) -> int:
+def _defer(d: _Dir, last: Collection[str]) -> None:
+    if last:
+        d.deferred = [name for name in d.names if name in last]
+        d.names = [name for name in d.names if name not in last]
+
+
+def remove_tree(path: str | os.PathLike[str], *, last: Collection[str] = ()) -> int:
     """Remove the directory tree at ``path``; return the bytes freed. The one tree deletion of
     this project: bundle staging and retired directories, run media directories, sweeps.
 
@@ -447,6 +455,10 @@ def remove_tree(path: str | os.PathLike[str]) -> int:
     being deleted (a late heartbeat) is gone over once more. The bytes freed count files with a
     single link: a file also linked elsewhere (into a bundle) keeps its data. Failures raise
     :class:`BundleError` naming the path, with the ``OSError`` as ``__cause__``.
+
+    ``last`` names entries of ``path`` itself to remove after everything else (a run directory's
+    marker and lease): a deletion that fails midway leaves them, so the directory is still
+    recognised, and retried, by whoever sweeps it next.
     """
     target = os.path.abspath(os.fspath(path))
     parent_path, top_name = os.path.split(target)
@@ -469,6 +481,7 @@ def remove_tree(path: str | os.PathLike[str]) -> int:
             what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
             raise BundleError(f"{target}: expected a directory to remove, found {what}; removing nothing")
         stack.append(_Dir(top_fd, target, top_name, passes=0))
+        _defer(stack[0], last)
         freed = 0
         while stack:
             d = stack[-1]
@@ -485,6 +498,18 @@ def remove_tree(path: str | os.PathLike[str]) -> int:
                     continue
                 stack.append(_Dir(child, f"{d.display}/{name}", name, passes=0))
                 continue
+            if d.deferred:
+                # Everything else is gone: unless something appeared meanwhile, the deferred
+                # names go now.
+                fresh = [name for name in _list_dir(d.fd, d.display) if name not in last]
+                if fresh and d.passes >= 1:
+                    raise BundleError(f"{d.display}: directory keeps getting new entries while being removed")
+                if fresh:
+                    d.passes += 1
+                    d.names = fresh
+                else:
+                    d.names, d.deferred = d.deferred, []
+                continue
             # d is empty now: remove it from the directory below it on the stack.
             stack.pop()
             os.close(d.fd)
@@ -500,6 +525,8 @@ def remove_tree(path: str | os.PathLike[str]) -> int:
                 again = _open_subdir(below.fd if below else parent_fd, d.name, d.display)
                 if again is not None:
                     stack.append(_Dir(again, d.display, d.name, passes=d.passes + 1))
+                    if below is None:
+                        _defer(stack[0], last)
                 elif below is not None:
                     below.retry(d.name)
         return freed

@@ -509,3 +509,32 @@ def test_sweep_delete_never_follows_a_subdirectory_swapped_for_a_symlink(
         ("remote-stale", "stale", True, None)
     ]
     assert os.listdir(shared) == [] and os.listdir(parking) == []
+
+
+def test_a_directory_that_cannot_be_removed_is_reported_and_the_sweep_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run directory that keeps getting new files while it is deleted (something still writes
+    there) fails with the path named on its entry; the other directories are still swept."""
+    from bundles._faults import on_fault_point
+
+    for name in ("a-busy-run", "b-dead-run"):
+        _write_lease(tmp_path / name, host="elsewhere.invalid", heartbeat_age=7200)
+    busy = tmp_path / "a-busy-run"
+    written = iter(range(10**6))
+
+    def keep_writing(directory: str, _name: str) -> None:
+        if Path(directory) == busy and busy.is_dir():
+            (busy / f"late-{next(written)}.bin").write_bytes(b"x")
+
+    with on_fault_point("remove_tree.entry", keep_writing):
+        entries = sweep_run_media(tmp_path, delete=True)
+        # Its marker and lease are removed last, so it is still a run directory to sweep again.
+        assert (busy / LEASE_NAME).is_file()
+        assert main(["sweep", str(tmp_path), "--delete"]) == 1
+    by_id = {e.run_id: e for e in entries}
+    assert by_id["b-dead-run"].deleted and not (tmp_path / "b-dead-run").exists()
+    failed = by_id["a-busy-run"]
+    assert not failed.deleted and failed.error is not None
+    assert f"{busy}: directory keeps getting new entries while being removed" in failed.error
+    assert "delete failed" in capsys.readouterr().out

@@ -51,10 +51,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from bundles import BundleError
 from bundles._faults import fault_point
 from bundles._proc import boot_id, pid_namespace, proc_stat
 from trainer_hooks._run_media import (
     _BEFORE_REMOVE,
+    LEASE_NAME,
     RUN_MARKER_NAME,
     RunMediaError,
     UnsafeRunDirError,
@@ -81,7 +83,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LEASE_NAME = ".lease.json"
 LEASE_VERSION = 1
 DEFAULT_HEARTBEAT_INTERVAL_S = 30.0
 DEFAULT_SWEEP_OLDER_THAN_S = 3600.0
@@ -501,7 +502,7 @@ def _delete(shared: Path, entry: SweepEntry, older_than: float, now: float | Non
         return SweepEntry(entry.run_id, entry.path, state, reason, size, age)
     try:
         freed = remove_run_dir(shared, entry.run_id)
-    except (OSError, RunMediaError) as e:
+    except (OSError, BundleError) as e:  # reported on the entry; the sweep goes on
         return _replace(entry, error=str(e))
     return _replace(entry, deleted=True, freed=freed)
 

@@ -71,6 +71,8 @@ RUN_DIR_MODE = 0o755
 # Written into every run media directory when it is created: the proof ``sweep`` asks for
 # before it deletes anything (a lease is the other proof).
 RUN_MARKER_NAME = ".run-media.json"
+# A live run's lease (see trainer_hooks._lease, which writes it).
+LEASE_NAME = ".lease.json"
 
 
 class RunMediaError(BundleError):
@@ -314,7 +316,9 @@ def remove_run_dir(shared: Path, run_id: str) -> int:
         return 0
     for hook in _BEFORE_REMOVE:
         hook(run_dir)
-    return remove_tree(run_dir)
+    # The marker and a lease go last: a deletion that fails midway leaves a directory that sweep
+    # still recognises as a run directory, and retries.
+    return remove_tree(run_dir, last=(RUN_MARKER_NAME, LEASE_NAME))
 
 
 @dataclass
