@@ -445,7 +445,9 @@ def remove_tree(path: str | os.PathLike[str], *, last: Collection[str] = ()) -> 
     swapped for a symlink after it was listed (by anyone who can write inside the tree) is then
     unlinked as a link, and a directory swapped away keeps being deleted where it now is: no
     deletion ever reaches outside the tree. ``path``'s own parent directories may be symlinks
-    (a symlinked shared root); ``path`` itself must be a real directory.
+    (a symlinked shared root); ``path`` itself must be a real directory. A mount point inside
+    the tree is not crossed: the deletion stops with an error before touching the other
+    filesystem.
 
     Permissions: read-only or unreadable directories *inside* the tree (stored media are
     read-only; users make run subdirectories so) are made accessible through their descriptors
@@ -482,6 +484,7 @@ def remove_tree(path: str | os.PathLike[str], *, last: Collection[str] = ()) -> 
             raise BundleError(f"{target}: expected a directory to remove, found {what}; removing nothing")
         stack.append(_Dir(top_fd, target, top_name, passes=0))
         _defer(stack[0], last)
+        top_dev = os.fstat(top_fd).st_dev
         freed = 0
         while stack:
             d = stack[-1]
@@ -496,6 +499,12 @@ def remove_tree(path: str | os.PathLike[str], *, last: Collection[str] = ()) -> 
                 if child is None:
                     d.retry(name)  # not a directory any more: unlink it on the next turn
                     continue
+                if os.fstat(child).st_dev != top_dev:
+                    os.close(child)
+                    raise BundleError(
+                        f"{d.display}/{name}: is a mount point (another filesystem); not removing "
+                        "anything on it: unmount it first"
+                    )
                 stack.append(_Dir(child, f"{d.display}/{name}", name, passes=0))
                 continue
             if d.deferred:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import stat
+import subprocess
 import threading
 import time
 from argparse import Namespace
@@ -298,3 +299,26 @@ def test_release_racing_a_symlink_swapper_never_deletes_outside(tmp_path: Path) 
             stop.set()
             t.join()
             assert victim_intact(outside, content) == [], f"trial {trial}: deleted outside the shared root"
+
+
+def test_release_never_crosses_into_a_filesystem_mounted_inside_the_run_dir(tmp_path: Path) -> None:
+    """A bind or tmpfs mount inside a run directory (anything but the run's own files) stops the
+    deletion before a file on it is touched."""
+    args = _args(tmp_path / "shared")
+    store_media(args, b"x" * 10, suffix=".bin")
+    mnt = tmp_path / "shared" / "run-a" / "mnt"
+    mnt.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "none", str(mnt)], capture_output=True).returncode
+    ):
+        pytest.skip("needs to mount a tmpfs (root)")
+    try:
+        (mnt / "on-another-filesystem").write_bytes(b"keep me")
+        with pytest.raises(BundleError, match=r"run-a/mnt: is a mount point \(another filesystem\)"):
+            release_run_media(args)
+        assert (mnt / "on-another-filesystem").read_bytes() == b"keep me"
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+    release_run_media(args)
+    assert not (tmp_path / "shared" / "run-a").exists()
