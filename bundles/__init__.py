@@ -24,6 +24,7 @@ from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
 from bundles._media import MediaRef
 from bundles._pack import pack_bundle, unpack_bundle
 from bundles._reader import Bundle, open_bundle
+from bundles._records import Record, register_record_type
 from bundles._writer import write_bundle
 
 __version__ = "0.1.0"
@@ -44,12 +45,14 @@ __all__ = [
     "MediaRef",
     "OutsidePathError",
     "OutsidePathWarning",
+    "Record",
     "UnsafeBundleError",
     "UnsupportedValueError",
     "__version__",
     "is_bundle",
     "open_bundle",
     "pack_bundle",
+    "register_record_type",
     "remove_bundle",
     "scratch_dir",
     "unpack_bundle",

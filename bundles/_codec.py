@@ -39,6 +39,7 @@ Dict keys keep their insertion order: the same input gives the same bytes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -49,10 +50,12 @@ import numpy as np
 
 from bundles._errors import BundleError, UnsupportedValueError
 from bundles._layout import (
+    EXT_IMAGE,
     EXT_MEDIA_REF,
     EXT_NDARRAY,
     EXT_NPSCALAR,
     EXT_PATH_REF,
+    EXT_RECORD,
     EXT_TENSOR,
     EXT_TUPLE,
     MAX_NESTING_DEPTH,
@@ -61,6 +64,8 @@ from bundles._layout import (
     TORCH_DTYPES,
 )
 from bundles._media import MediaRef
+from bundles._pil import open_image, pil_image_class
+from bundles._records import Record, build_record, record_fields, registered_types
 
 
 @contextlib.contextmanager
@@ -94,6 +99,8 @@ TIMESTAMP_MESSAGE = "msgpack timestamps are not a value bundles store"
 
 StringRefResolver = Callable[[str, str], "MediaRef | None"]
 MediaRefResolver = Callable[[MediaRef, str], MediaRef]
+# Stores a PIL image as a media file and returns its complete reference (the writer's job).
+ImageStore = Callable[[Any, str], MediaRef]
 
 
 def only_numbers(items: list[Any], numpy_possible: bool = True) -> bool:
@@ -138,10 +145,16 @@ def _pack_header_and_bytes(header: list[Any], data: bytes | np.ndarray) -> bytes
 
 def _unsupported_type(obj: Any, where: str) -> UnsupportedValueError:
     t = type(obj)
+    hint = ""
+    if dataclasses.is_dataclass(t):
+        hint = (
+            f"; a frozen dataclass is stored once its class is registered: "
+            f"bundles.register_record_type({t.__qualname__}, name)"
+        )
     return UnsupportedValueError(
         f"{where}: values of type {t.__module__}.{t.__qualname__} cannot be stored without pickle; "
         "expected None, bool, int, float, str, bytes, list, tuple, dict, MediaRef, a numpy array or "
-        "scalar of numeric/bool dtype, or a torch tensor"
+        "scalar of numeric/bool dtype, a torch tensor, a PIL image or a registered record" + hint
     )
 
 
@@ -162,8 +175,10 @@ class SampleEncoder:
         resolve_string: StringRefResolver,
         resolve_ref: MediaRefResolver,
         string_prefixes: tuple[str, ...] | None = None,
+        store_image: ImageStore | None = None,
     ) -> None:
         self._resolve_string = resolve_string
+        self._store_image = store_image
         self._resolve_ref = resolve_ref
         # Strings that cannot be references (no media-root prefix) skip the resolver call; None
         # means every string is offered to it.
@@ -178,11 +193,16 @@ class SampleEncoder:
             MediaRef: self._media_ref,
             bytearray: self._buffer,
             memoryview: self._buffer,
+            Record: self._record,
         }
+        # Classes registered as records when the encoder is made (bundles._records).
+        for cls in registered_types():
+            self.ext_by_type[cls] = self._record
         self.ext_by_class: list[tuple[Callable[[], type | None], Callable[[Any, str, int], Any]]] = [
             (lambda: np.ndarray, self._ndarray),
             (lambda: np.generic, self._npscalar),
             (_torch_tensor_class, self._tensor),
+            (pil_image_class, self._pil_image),
         ]
 
     def encode(self, sample: Any, where: str) -> bytes:
@@ -281,6 +301,19 @@ class SampleEncoder:
 
     def _media_ref(self, obj: MediaRef, where: str, depth: int) -> msgpack.ExtType:
         return self._ref_ext(EXT_MEDIA_REF, self._resolve_ref(obj, where))
+
+    def _record(self, obj: Any, where: str, depth: int) -> msgpack.ExtType:
+        name, fields = record_fields(obj)
+        self._items += len(fields) + 1
+        converted = {
+            k: v if self._plain(v) else self._convert(v, key_path(where, k), depth + 1) for k, v in fields.items()
+        }
+        return msgpack.ExtType(EXT_RECORD, self._packer.pack([name, converted]))
+
+    def _pil_image(self, obj: Any, where: str, depth: int) -> msgpack.ExtType:
+        if self._store_image is None:
+            raise UnsupportedValueError(f"{where}: a PIL image can only be stored by a bundle writer")
+        return self._ref_ext(EXT_IMAGE, self._store_image(obj, where))
 
     def _buffer(self, obj: Any, where: str, depth: int) -> msgpack.ExtType:
         raise UnsupportedValueError(f"{where}: {type(obj).__name__} is not stored; convert it to bytes")
@@ -414,6 +447,8 @@ class SampleDecoder:
             EXT_NDARRAY: self._ndarray,
             EXT_NPSCALAR: self._npscalar,
             EXT_TENSOR: self._tensor,
+            EXT_RECORD: self._record,
+            EXT_IMAGE: self._image,
         }
         self.options: dict[str, Any] = {
             "ext_hook": self._ext_hook,
@@ -516,18 +551,46 @@ class SampleDecoder:
     def _path_ref(self, data: bytes) -> str:
         return str(self._ref(EXT_PATH_REF, data).path)
 
-    def _tuple(self, data: bytes) -> Any:
+    def _image(self, data: bytes) -> Any:
+        """A PIL image opened lazily on the stored PNG; its MediaRef when Pillow is not installed."""
+        ref = self._ref(EXT_IMAGE, data)
+        try:
+            image = open_image(str(ref.path))
+        except (OSError, ValueError, SyntaxError) as e:
+            raise Defect(f"stored image {ref.filename} cannot be read as a PNG: {e}") from None
+        return ref if image is None else image
+
+    def _record(self, data: bytes) -> Any:
+        """A registered class rebuilt from ``[name, {field: value}]``, else a :class:`Record`."""
+        items = self._nested(data, "record")
+        if not (type(items) is list and len(items) == 2):
+            raise Defect("record extension does not hold [name, fields]")
+        name, fields = items
+        height = self._heights.pop(id(fields), 1) if type(fields) is dict else 1
+        try:
+            result = build_record(name, fields)
+        except ValueError as e:
+            raise Defect(str(e)) from None
+        if height > 1:
+            self._heights[id(result)] = height
+        return result
+
+    def _nested(self, data: bytes, what: str) -> Any:
+        """Unpack an extension payload that holds values (a tuple's items, a record's fields)."""
         if self._tuple_depth >= MAX_NESTING_DEPTH:
-            raise Defect(f"tuples nested deeper than {MAX_NESTING_DEPTH} levels")
+            raise Defect(f"{what}s nested deeper than {MAX_NESTING_DEPTH} levels")
         self._tuple_depth += 1
         try:
-            items = msgpack.unpackb(data, **self.options)
+            return msgpack.unpackb(data, **self.options)
         except Defect:
             raise
         except Exception as e:
-            raise Defect(f"malformed tuple: {e}") from None
+            raise Defect(f"malformed {what}: {e}") from None
         finally:
             self._tuple_depth -= 1
+
+    def _tuple(self, data: bytes) -> Any:
+        items = self._nested(data, "tuple")
         if type(items) is not list:
             raise Defect("tuple extension does not hold an array")
         # The list's height becomes the tuple's; the list itself is freed now, and its id with it.

@@ -49,6 +49,8 @@ EXT_TUPLE = 3  # a tuple: packed list
 EXT_NDARRAY = 4  # header [dtype.str, shape] packed, then the raw bytes
 EXT_NPSCALAR = 5  # header [dtype.str] packed, then the raw bytes
 EXT_TENSOR = 6  # header [torch dtype name, shape] packed, then the raw little-endian bytes
+EXT_RECORD = 7  # a registered frozen dataclass (or a Record): packed [name, {field: value}]
+EXT_IMAGE = 8  # a PIL image stored as a PNG media file: [digest, size, suffix]
 
 # The torch dtypes extension 6 may name: the only names a reader looks up in torch (never
 # getattr(torch, <name from a file>): "_inductor" imports hundreds of modules). Quantized, bit

@@ -31,6 +31,8 @@ import numpy as np
 from bundles._errors import BundleError
 from bundles._layout import MEDIA_DIR
 from bundles._media import MediaRef
+from bundles._pil import pil_image_class
+from bundles._records import Record, record_fields, record_name
 
 __all__ = ["dumps_pretty", "fingerprint", "parse_key_paths", "select", "summarise", "to_json"]
 
@@ -134,6 +136,17 @@ class _Converter:
                 out["sha256"] = hashlib.sha256(_tensor_bytes(v)).hexdigest()
             elif self.full:
                 out["data"] = _plain(_tensor_numpy(v).tolist())
+            return out
+        if t is Record or record_name(t) is not None:
+            name, fields = record_fields(v)
+            return {"type": "record", "name": name, "fields": {k: self(x) for k, x in fields.items()}}
+        pil = pil_image_class()
+        if pil is not None and isinstance(v, pil):
+            filename = getattr(v, "filename", "") or ""
+            image: Any = v
+            out = {"type": "image", "mode": image.mode, "size": list(image.size)}
+            if filename and self.media_prefix and filename.startswith(self.media_prefix):
+                out["media"] = self.media(filename[len(self.media_prefix) :])
             return out
         return repr(v)  # not a type decoding produces; shown rather than refused
 

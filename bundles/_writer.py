@@ -63,6 +63,7 @@ from bundles._layout import (
 )
 from bundles._manifest import nesting_depth_exceeds
 from bundles._media import MediaRef, digest_from_name, media_suffix, sha256_file
+from bundles._pil import png_bytes
 from bundles._progress import Progress
 
 OUTSIDE_PATHS = ("keep", "warn", "error")
@@ -133,6 +134,7 @@ class _MediaIngester:
         self.by_source: dict[str, MediaRef] = {}  # normalized source path -> ref
         self.by_value: dict[str, MediaRef] = {}  # reference string as written in samples -> ref
         self.references = 0
+        self.images: dict[int, tuple[Any, MediaRef]] = {}  # id(PIL image) -> (image, ref)
         self.durability = Durability()
         self.media_dev = os.stat(self.media_dir).st_dev
         self._tmp_counter = 0
@@ -214,6 +216,31 @@ class _MediaIngester:
             self.by_source[norm] = known
         self.references += 1
         return MediaRef(ref.digest, ref.size, ref.suffix)
+
+    def store_image(self, image: Any, where: str) -> MediaRef:
+        """Store a PIL image as a PNG media file (lossless) and return its reference."""
+        key = id(image)
+        cached = self.images.get(key)
+        if cached is not None and cached[0] is image:
+            self.references += 1
+            return cached[1]
+        try:
+            data = png_bytes(image, where)
+        except ValueError as e:
+            raise UnsupportedValueError(f"{self.dest}: {e}") from None
+        ref = MediaRef(DIGEST_PREFIX + hashlib.sha256(data).hexdigest(), len(data), ".png")
+        if ref.filename not in self.stored:
+            self._tmp_counter += 1
+            tmp = os.path.join(self.media_dir, f".ingest-{self._tmp_counter}")
+            with open(tmp, "xb") as f:
+                f.write(data)
+            target = os.path.join(self.media_dir, ref.filename)
+            os.rename(tmp, target)
+            self._stored_file(ref, target, None)
+        # The image is kept alive with its entry, so its id cannot be reused during this write.
+        self.images[key] = (image, ref)
+        self.references += 1
+        return ref
 
     def _find_in_roots(self, ref: MediaRef, where: str) -> str:
         for prefix in self.root_prefixes:
@@ -455,7 +482,9 @@ def _write(
         media = _MediaIngester(
             dest, staging, media_roots, link, outside_paths, keep_missing=missing_media == "keep"
         )
-        encoder = SampleEncoder(media.resolve_string, media.resolve_ref, media.string_prefixes)
+        encoder = SampleEncoder(
+            media.resolve_string, media.resolve_ref, media.string_prefixes, store_image=media.store_image
+        )
         shards = _ShardWriter(staging / SHARDS_DIR, media.durability)
         count = 0
         with gc_paused(), Progress(f"writing {dest.name}", unit="samples", enabled=progress) as bar:

@@ -282,7 +282,7 @@ def test_retention_never_deletes_the_one_just_committed(tmp_path):
     assert sorted(list_rollout_checkpoints(args.save)) == [2, 8]
 
 
-def test_pil_images_become_png_media(tmp_path):
+def test_pil_images_come_back_as_pil_images(tmp_path):
     Image = pytest.importorskip("PIL.Image")
     args = make_args(tmp_path, "run-a")
     img = Image.new("RGB", (5, 4), (10, 20, 30))
@@ -290,11 +290,12 @@ def test_pil_images_become_png_media(tmp_path):
     path = save_rollout_checkpoint(args, 0, [], [[s]])
     assert s.multimodal_inputs["images"][0] is img  # the caller's sample is not modified
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]
-    _, completed = load_rollout_checkpoint(make_args(tmp_path, "run-b"), 0)
-    ref = completed[0][0].multimodal_inputs["images"][0]
-    assert isinstance(ref, MediaRef) and ref.suffix == ".png"
-    with Image.open(ref.path) as back:
-        assert back.size == (5, 4) and back.getpixel((0, 0)) == (10, 20, 30)
+    args_b = make_args(tmp_path, "run-b")
+    _, completed = load_rollout_checkpoint(args_b, 0)
+    back = completed[0][0].multimodal_inputs["images"][0]
+    assert isinstance(back, Image.Image) and (back.mode, back.size) == ("RGB", (5, 4))
+    assert Path(back.filename).parent == run_media_dir(args_b)  # opened on the rehydrated file
+    assert back.tobytes() == img.tobytes()  # PNG: lossless
 
 
 def test_load_errors_name_path_and_field(tmp_path):

@@ -177,8 +177,8 @@ def test_pil_images_in_dumps(tmp_path):
     )
     save_debug_rollout_data(args, [s], 0, evaluation=False)
     (loaded,), _ = load_debug_rollout_data(args, 0)
-    with Image.open(loaded.multimodal_inputs["images"][0].path) as img:
-        assert img.size == (6, 2) and img.getpixel((5, 1)) == (1, 2, 3)
+    img = loaded.multimodal_inputs["images"][0]
+    assert isinstance(img, Image.Image) and img.size == (6, 2) and img.getpixel((5, 1)) == (1, 2, 3)
 
 
 def test_loading_a_checkpoint_as_a_dump_names_the_kind(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from media_helpers import digest_of
 
-from bundles import PACK_SUFFIX, BundleFormatError, MediaRef, open_bundle
+from bundles import PACK_SUFFIX, BundleFormatError, open_bundle
 from trainer_hooks import (
     LegacyDumpError,
     PickleRefusedError,
@@ -86,10 +86,10 @@ def test_import_converts_images_and_keeps_tensors(tmp_path, suffix, capsys):
     loaded, metadata = load_debug_rollout_data(args, 3)
     assert metadata == {"kl": 0.1}
     first, second = loaded
-    pil_ref, path_ref = first.multimodal_inputs["images"]
-    assert isinstance(pil_ref, MediaRef) and pil_ref.suffix == ".png"
-    with Image.open(pil_ref.path) as img:
-        assert img.size == (4, 3) and img.getpixel((3, 2)) == (0, 128, 255)
+    pil_img, path_ref = first.multimodal_inputs["images"]
+    # A PIL image stays a PIL image (stored as PNG, opened from the bundle).
+    assert isinstance(pil_img, Image.Image) and pil_img.size == (4, 3)
+    assert pil_img.getpixel((3, 2)) == (0, 128, 255)
     # A path string stays a path string: now a path to the file stored in the bundle.
     assert type(path_ref) is str and path_ref != str(shot)
     assert digest_of(Path(path_ref).read_bytes()) == shot_digest

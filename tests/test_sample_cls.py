@@ -38,6 +38,18 @@ from enum import Enum
 from typing import Any
 
 
+@dataclass(frozen=True)
+class AdapterRef:
+    name: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    rm_type: str | None = None
+    custom_rm_path: str | None = None
+
+
 @dataclass
 class Sample:
     index: int | None = None
@@ -54,6 +66,8 @@ class Sample:
 
     status: Status = Status.PENDING
     metadata: dict = field(default_factory=dict)
+    adapter: AdapterRef | None = None
+    reward_spec: RewardSpec | None = None
 
     def to_dict(self):
         d = self.__dict__.copy()
@@ -82,7 +96,7 @@ from pathlib import Path
 import bundles
 import trainer_hooks as th
 from trainer_hooks.testing import png_bytes
-from miles.utils.types import Sample
+from miles.utils.types import AdapterRef, RewardSpec, Sample
 
 tmp = Path(sys.argv[1])
 assert th.default_sample_cls() is Sample
@@ -97,13 +111,17 @@ args = th.parse_args([
 ])
 ref = th.store_media(args, png_bytes(2, 2, (1, 2, 3)))
 def make(i, status):
-    return Sample(index=i, prompt=f"p{i}", tokens=[i, 7], multimodal_inputs={"images": [ref]}, status=status)
+    return Sample(index=i, prompt=f"p{i}", tokens=[i, 7], multimodal_inputs={"images": [ref]}, status=status,
+                  adapter=AdapterRef("lora", i), reward_spec=RewardSpec("math"))
 
 def check(samples, where):
     assert [type(s) for s in samples] == [Sample] * len(samples), (where, [type(s) for s in samples])
     # Miles' own comparison against its own enum: True for every truncated sample.
     truncated = [s.status == Sample.Status.TRUNCATED for s in samples]
     assert truncated == [s.index % 2 == 1 for s in samples], (where, truncated)
+    # Miles' own record classes come back (to_dict leaves them objects; they are stored as records).
+    assert [(type(s.adapter), s.adapter) for s in samples] == [(AdapterRef, AdapterRef("lora", s.index)) for s in samples]
+    assert all(type(s.reward_spec) is RewardSpec for s in samples)
 
 # Debug dump
 th.save_debug_rollout_data(args, [make(i, Sample.Status.TRUNCATED if i % 2 else Sample.Status.COMPLETED) for i in range(4)], 3, False)
@@ -175,6 +193,32 @@ def test_miles_present_but_broken_falls_back_with_a_warning(tmp_path, miles_path
     assert r.stdout.strip() == "True"
     assert "miles is installed but miles.utils.types does not import" in r.stderr
     assert "a_dependency_that_is_missing" in r.stderr
+
+
+def test_records_written_with_miles_read_without_it_are_trainer_hooks_classes(tmp_path, miles_path):
+    """A dump written in a Miles process (Miles' AdapterRef) read where Miles is absent."""
+    from trainer_hooks import AdapterRef, RewardSpec, parse_args
+
+    env = {"PYTHONPATH": f"{miles_path}:{REPO}:{REPO / 'tests'}", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    args = parse_args(
+        [
+            "--rollout-batch-size",
+            "1",
+            "--load-debug-rollout-data",
+            str(tmp_path / "work" / "dumps" / "r_{rollout_id}"),
+        ]
+    )
+    loaded, _ = load_debug_rollout_data(args, 3)
+    assert [type(s.adapter) for s in loaded] == [AdapterRef] * 4
+    assert loaded[1].adapter == AdapterRef("lora", 1) and loaded[0].reward_spec == RewardSpec("math")
 
 
 def test_without_miles_the_default_is_trainer_hooks_sample():

@@ -24,11 +24,22 @@ Compatibility contract (what bundles and debug dumps rely on):
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, fields
+import sys
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from typing import Any
 
-__all__ = ["AdapterRef", "RewardSpec", "Sample", "default_sample_cls", "resolve_sample_cls"]
+from bundles import register_record_type
+
+__all__ = [
+    "RECORD_NAMES",
+    "AdapterRef",
+    "RewardSpec",
+    "Sample",
+    "default_sample_cls",
+    "register_record_types",
+    "resolve_sample_cls",
+]
 
 
 @dataclass(frozen=True)
@@ -341,6 +352,7 @@ def default_sample_cls() -> type:
     except ImportError as e:
         _warn_miles_unusable(e)
         return Sample
+    register_record_types()  # Miles' AdapterRef / RewardSpec are rebuilt as Miles' classes
     return miles_sample  # type: ignore[no-any-return,unused-ignore]
 
 
@@ -362,6 +374,7 @@ def resolve_sample_cls(sample_cls: Any) -> Any:
     """What loaders hand to ``Bundle.samples(sample_cls=...)``: ``None`` means
     :func:`default_sample_cls`; ``dict`` keeps plain dicts; any other class must have
     ``from_dict``."""
+    register_record_types()
     if sample_cls is None:
         return default_sample_cls()
     if sample_cls is dict:
@@ -369,3 +382,23 @@ def resolve_sample_cls(sample_cls: Any) -> Any:
     if not callable(getattr(sample_cls, "from_dict", None)):
         raise TypeError(f"sample_cls: expected dict or a class with from_dict(dict), found {sample_cls!r}")
     return sample_cls
+
+
+#: The record names AdapterRef and RewardSpec are stored under (bundles.register_record_type).
+RECORD_NAMES = {"AdapterRef": "miles.AdapterRef", "RewardSpec": "miles.RewardSpec"}
+
+
+def register_record_types() -> None:
+    """Register ``AdapterRef`` and ``RewardSpec`` as bundle records: this package's classes and,
+    when ``miles.utils.types`` is loaded, Miles' (registered last, so readers rebuild Miles'
+    classes in a process that uses Miles). Idempotent and cheap; savers and loaders call it."""
+    register_record_type(AdapterRef, RECORD_NAMES["AdapterRef"])
+    register_record_type(RewardSpec, RECORD_NAMES["RewardSpec"])
+    miles = sys.modules.get("miles.utils.types")
+    for attr, name in RECORD_NAMES.items():
+        cls = getattr(miles, attr, None) if miles is not None else None
+        if isinstance(cls, type) and is_dataclass(cls) and cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+            register_record_type(cls, name)
+
+
+register_record_types()

@@ -1,22 +1,21 @@
 """Writing sample dicts as a bundle, and what every bundle a run writes records about the run.
 
 Shared by rollout checkpoints and debug dumps: media are taken from ``run_media_dir(args)`` (any
-absolute path string under it, and every ``MediaRef``); PIL images are encoded to PNG media on the
-way (:class:`trainer_hooks._images.ImageSink`).
+absolute path string under it, and every ``MediaRef``); PIL images are stored by
+:func:`bundles.write_bundle` as PNG media and read back as PIL images.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from argparse import Namespace
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bundles import scratch_dir, write_bundle
-from trainer_hooks._images import ImageSink
+from bundles import write_bundle
 from trainer_hooks._run_media import run_media_dir
+from trainer_hooks._sample import register_record_types
 
 # write_bundle's outside_paths: "keep", "warn", "error", or a callable choosing one per path.
 OutsidePolicy = str | Callable[[str], str]
@@ -43,29 +42,23 @@ def write_samples_bundle(
     missing_media: str = "error",
     outside_paths: OutsidePolicy = "warn",
 ) -> Path:
-    """``write_bundle`` after turning PIL images into PNG media in a temporary directory beside
-    ``dest`` (same filesystem, so the bundle can hard-link them); the directory is removed after.
-    ``outside_paths`` is passed on (see :func:`other_run_media_policy`)."""
+    """``write_bundle`` of sample dicts, with this package's record types (``AdapterRef``,
+    ``RewardSpec``, and Miles' when it is loaded) registered first. PIL images are stored by the
+    bundle writer as PNG media. ``outside_paths`` is passed on (see :func:`other_run_media_policy`)."""
+    register_record_types()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = scratch_dir(dest, "images")  # removed by the next save if this process dies
-    try:
-        sink = ImageSink(tmp)
-        prepared = [sink.replace(s, f"samples[{i}]") for i, s in enumerate(samples)]
-        roots = [*media_roots, tmp] if sink.count else list(media_roots)
-        return write_bundle(
-            dest,
-            prepared,
-            media_roots=roots,
-            kind=kind,
-            meta=meta,
-            link=link,
-            overwrite=overwrite,
-            progress=False,
-            missing_media=missing_media,
-            outside_paths=outside_paths,
-        )
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return write_bundle(
+        dest,
+        samples,
+        media_roots=media_roots,
+        kind=kind,
+        meta=meta,
+        link=link,
+        overwrite=overwrite,
+        progress=False,
+        missing_media=missing_media,
+        outside_paths=outside_paths,
+    )
 
 
 def training_dtype(args: Namespace) -> str:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from bundles import MediaRef, pack_bundle, write_bundle
+from bundles import MediaRef, Record, pack_bundle, register_record_type, write_bundle
 
 HERE = Path(__file__).resolve().parent
 MEDIA = {"screen-0.png": b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4, "screen-1.jpg": b"\xff\xd8\xff" + b"jpeg" * 100}
@@ -52,6 +53,39 @@ def basic_samples(media: dict[str, str]) -> list[dict]:
     ]
 
 
+@dataclass(frozen=True)
+class Adapter:
+    """A record type of the vector's writer (registered as "vector.Adapter")."""
+
+    name: str
+    slot: int
+
+
+register_record_type(Adapter, "vector.Adapter")
+
+
+def records_samples() -> list[dict]:
+    """Extension 7: a registered record (nested values included) and one nobody registers."""
+    return [
+        {
+            "adapter": Adapter("math-lora", 2),
+            "spec": Record("vector.Unregistered", {"rm_type": "math", "weights": (1, np.int64(2)), "path": None}),
+            "nested": [Adapter("a", 0), {"inner": Adapter("b", 1)}],
+            "status": "completed",
+        }
+    ]
+
+
+def image_samples() -> list[dict]:
+    """Extension 8: a PIL image (stored as PNG; Pillow's zlib output may differ between builds,
+    so this vector is checked by decoding, not by reproducing its bytes)."""
+    from PIL import Image
+
+    img = Image.new("RGB", (4, 3))
+    img.putdata([(r * 60, g * 80, 7) for g in range(3) for r in range(4)])
+    return [{"multimodal_inputs": {"images": [img, img.convert("L")]}, "status": "completed"}]
+
+
 def tensor_samples() -> list[dict]:
     import torch
 
@@ -70,12 +104,14 @@ def write_vectors(out: Path, tensors: bool = True) -> None:
         write_bundle(out / "v1_basic", basic_samples(media), media_roots=[Path(tmp) / "run"],
                      meta={"purpose": "test vector", "rollout_id": 7})
     pack_bundle(out / "v1_basic", out / "v1_basic.rbundle")
+    write_bundle(out / "v1_records", records_samples(), meta={"purpose": "records vector"})
     if tensors:
         write_bundle(out / "v1_tensor", tensor_samples(), kind="rollout_checkpoint")
+        write_bundle(out / "v1_image", image_samples(), meta={"purpose": "image vector"})
 
 
 if __name__ == "__main__":
-    for name in ("v1_basic", "v1_tensor", "v1_basic.rbundle"):
+    for name in ("v1_basic", "v1_tensor", "v1_records", "v1_image", "v1_basic.rbundle"):
         p = HERE / name
         if p.is_dir():
             from bundles._fs import remove_tree

@@ -14,7 +14,8 @@ structure lives in the manifest's ``meta``::
 settings, see :mod:`trainer_hooks._processor_args`) or null when it was not resolved. The samples
 stay plain sample dicts, so ``rollout-bundle inspect`` and a replay read a checkpoint like a dump.
 Media are taken from ``run_media_dir(args)`` (any absolute path string under it, and every
-``MediaRef``) with ``args.bundle_link_mode``; PIL images are encoded to PNG media on the way.
+``MediaRef``) with ``args.bundle_link_mode``; PIL images are stored as PNG media by the bundle
+writer and come back as PIL images.
 
 Modules, one concern each
 -------------------------
@@ -23,8 +24,7 @@ Modules, one concern each
 * :mod:`._retention`: ``--keep-rollout-checkpoints``.
 * :mod:`._reader`: resume (rehydrating media into the current run).
 * Shared with debug dumps: :mod:`trainer_hooks._snapshot` (snapshots on the caller's thread),
-  :mod:`trainer_hooks._images` (PIL images to PNG media), :mod:`trainer_hooks._sample_bundle`
-  (sample dicts to a bundle, and the run's meta).
+  :mod:`trainer_hooks._sample_bundle` (sample dicts to a bundle, and the run's meta).
 """
 
 from trainer_hooks._checkpoint._paths import (

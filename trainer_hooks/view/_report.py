@@ -183,6 +183,9 @@ def _view(position: int, sample: Mapping[str, Any], media_prefix: str) -> _Sampl
             shown = f"media/{img.filename}"
         elif isinstance(img, str) and img.startswith(media_prefix):
             name, shown = img[len(media_prefix) :], "media/" + img[len(media_prefix) :]
+        elif isinstance(getattr(img, "filename", None), str) and img.filename.startswith(media_prefix):
+            # A PIL image read from the bundle: opened on the stored PNG.
+            name, shown = img.filename[len(media_prefix) :], "media/" + img.filename[len(media_prefix) :]
         else:
             name, shown = None, f"not stored in the bundle: {str(img)[:200]}"
         images.append(_Image(name, shown, grids[j] if j < len(grids) else None))

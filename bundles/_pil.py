@@ -1,0 +1,115 @@
+"""PIL images in samples: stored losslessly as PNG media files, read back as PIL images, lazily.
+
+Writing: a ``PIL.Image.Image`` anywhere in a sample is encoded as PNG (``compress_level=1``:
+PNG is lossless at every level, and level 1 is several times faster than the default) and stored
+as a media file like any other, named by its digest; the sample holds an image reference
+(extension type ``EXT_IMAGE``, docs/FORMAT.md). Only the modes PNG holds exactly are accepted
+(:data:`PNG_MODES`); an image of another mode (``CMYK``, ``F``, ``I``, …) or with several frames is
+refused naming the key path, rather than stored changed.
+
+Reading: an image reference becomes ``PIL.Image.open`` of the stored file, which reads the header
+only; pixels are decoded on first access. The file is not held open in between (a dump of
+thousands of screenshots would otherwise hold thousands of descriptors): the image reads through
+:class:`_ReopeningFile`, which closes the file after the header and opens it again when Pillow
+reads pixels; Pillow drops it after loading. ``image.filename`` is the stored file's path. When
+Pillow is not installed, an image reference is returned as a :class:`~bundles.MediaRef`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from typing import Any
+
+__all__ = ["PNG_MODES", "open_image", "pil_image_class", "png_bytes"]
+
+#: Image modes Pillow writes to PNG and reads back unchanged.
+PNG_MODES = frozenset({"1", "L", "LA", "I;16", "I;16B", "P", "RGB", "RGBA"})
+
+
+def pil_image_class() -> type | None:
+    """``PIL.Image.Image`` if PIL was imported (an image cannot exist otherwise), else None."""
+    module = sys.modules.get("PIL.Image")
+    return None if module is None else module.Image
+
+
+def png_bytes(image: Any, where: str) -> bytes:
+    """The PNG encoding of ``image``; ``ValueError`` naming ``where`` when PNG cannot hold it exactly."""
+    if image.mode not in PNG_MODES:
+        raise ValueError(
+            f"{where}: PIL image of mode {image.mode!r} cannot be stored losslessly as PNG (modes "
+            f"{', '.join(sorted(PNG_MODES))}); convert it first"
+        )
+    if getattr(image, "n_frames", 1) != 1:
+        raise ValueError(f"{where}: PIL image with {image.n_frames} frames: only single-frame images are stored")
+    buf = io.BytesIO()
+    try:
+        image.save(buf, format="PNG", compress_level=1)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{where}: PIL image (mode {image.mode}) cannot be written as PNG: {e}") from None
+    return buf.getvalue()
+
+
+class _ReopeningFile(io.RawIOBase):
+    """A read-only file that holds no descriptor between uses: opened on the first read or seek
+    after :meth:`suspend`, at the position it had."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.name = path
+        self._pos = 0
+        self._f: Any = None
+
+    def _file(self) -> Any:
+        if self._f is None:
+            self._f = open(self.name, "rb")  # noqa: SIM115 - closed by suspend() or close()
+            self._f.seek(self._pos)
+        return self._f
+
+    def suspend(self) -> None:
+        if self._f is not None:
+            self._pos = self._f.tell()
+            self._f.close()
+            self._f = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        return int(self._file().readinto(b))
+
+    def read(self, size: int = -1) -> bytes:
+        return bytes(self._file().read(size))
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return int(self._file().seek(offset, whence))
+
+    def tell(self) -> int:
+        return self._pos if self._f is None else int(self._f.tell())
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+        super().close()
+
+
+def open_image(path: str) -> Any:
+    """``PIL.Image.open`` of a stored PNG, header read, no descriptor kept; None without Pillow.
+
+    ``OSError``/``ValueError`` when the file is not an image Pillow reads."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return None
+    f = _ReopeningFile(path)
+    image = Image.open(f, formats=["PNG"])  # type: ignore[arg-type]  # a binary file object
+    f.suspend()
+    # Pillow names images opened from a path only; PNG pixels go through its zlib decoder, never
+    # a memory map of ``filename``, so naming the stored file is all this does.
+    image.filename = path
+    return image
