@@ -354,11 +354,14 @@ class _ShardWriter:
         if not self._count:
             return
         self._chunks.append(self._stream.flush())
-        data = b"".join(self._chunks)
         name = SHARD_NAME_FORMAT.format(index=len(self.entries))
         path = self.shards_dir / name
+        # The chunks are written and hashed one by one: joining them first copied the shard.
+        digest = hashlib.sha256()
         with open(path, "xb") as f:
-            f.write(data)
+            for chunk in self._chunks:
+                f.write(chunk)
+                digest.update(chunk)
         fault_point("write.shard")
         make_read_only(str(path))
         self.durability.add(str(path))
@@ -366,9 +369,9 @@ class _ShardWriter:
             {
                 "path": f"{SHARDS_DIR}/{name}",
                 "samples": self._count,
-                "size": len(data),
+                "size": sum(map(len, self._chunks)),
                 "raw_size": self._raw,
-                "digest": DIGEST_PREFIX + hashlib.sha256(data).hexdigest(),
+                "digest": DIGEST_PREFIX + digest.hexdigest(),
             }
         )
         self._start_shard()
