@@ -10,7 +10,7 @@ trusted source may be loaded, and :func:`import_legacy_dump` refuses unless told
 
 Conversion:
 
-* PIL images anywhere in a sample are encoded as PNG files and stored as ``MediaRef`` media;
+* PIL images anywhere in a sample are stored as PNG media files and read back as PIL images;
 * strings in ``multimodal_inputs`` lists (``images``, ``videos``, ``audios``) that are absolute
   paths are stored as media and stay path strings (they read back as paths into the bundle):
   their directories are the bundle's media roots, so any other absolute path string into those
