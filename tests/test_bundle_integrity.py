@@ -196,7 +196,7 @@ def test_rehydrate_by_copy_of_sound_media_checks_and_places_every_file(tmp_path)
     assert all(os.stat(p).st_nlink == 1 for p in s["imgs"])  # copies, not links into the bundle
 
 
-# -- decoded tensors are checked -----------------------------------------------------------------
+# -- decoded arrays and tensors are checked -----------------------------------------------------------------
 
 
 def _tensor_ext(header: object, raw: bytes) -> msgpack.ExtType:
@@ -237,6 +237,32 @@ def test_a_malformed_tensor_in_a_shard_is_refused_naming_it(tmp_path, header, ra
     with pytest.raises(BundleFormatError) as e:
         list(open_bundle(a, verify="fast").samples())
     assert str(e.value) == f"{a / SHARD}: samples[0].t: {message}"
+
+
+@pytest.mark.parametrize(
+    ("code", "header", "raw", "message"),
+    [
+        (4, 5, b"", "malformed array header 5"),
+        (4, ["<i4"], b"\0" * 4, "malformed array header ['<i4']"),
+        (4, [7, [1]], b"\0" * 4, "malformed array header [7, [1]]"),
+        (4, ["no-such-dtype", [1]], b"\0" * 4, "unknown dtype 'no-such-dtype'"),
+        (4, ["<U1", [1]], b"\0" * 4, "dtype '<U1' is not numeric or bool"),
+        (4, ["|O", [1]], b"\0" * 8, "dtype '|O' is not numeric or bool"),
+        (4, ["<i4", 3], b"\0" * 12, "malformed shape 3"),
+        (4, ["<i4", [-1]], b"", "malformed shape [-1]"),
+        (4, ["<i4", [True]], b"\0" * 4, "malformed shape [True]"),
+        (4, ["<i4", [2, 3]], b"\0" * 20, "array of dtype int32 and shape (2, 3) needs 24 bytes, found 20"),
+        (5, 5, b"", "malformed array header 5"),
+        (5, [7], b"\0" * 4, "malformed array header [7, []]"),
+        (5, ["<f8"], b"\0" * 4, "array of dtype float64 and shape () needs 8 bytes, found 4"),
+    ],
+)
+def test_a_malformed_array_in_a_shard_is_refused_naming_it(tmp_path, code, header, raw, message):
+    a = write_bundle(tmp_path / "a", [{"i": 0}])
+    rewrite_shard(a, msgpack.packb({"deep": [{"a": msgpack.ExtType(code, msgpack.packb(header) + raw)}]}))
+    with pytest.raises(BundleFormatError) as e:
+        list(open_bundle(a, verify="fast").samples())
+    assert str(e.value) == f"{a / SHARD}: samples[0].deep[0].a: {message}"
 
 
 @pytest.mark.torch
