@@ -14,7 +14,7 @@ Each (dtype, repeat) runs in a fresh child process so that its RSS high-water ma
 floor: interpreter, torch, transformers, the processor), the bytes the processor returned and
 the bytes kept. The child sets glibc's mmap threshold as ``rollout-bundle replay`` does
 (``--default-allocator`` leaves it; see ``trainer_hooks/replay/_memory.py``). Printed: medians per dtype and the bf16/fp32 ratios, of peak RSS, of peak above
-the floor, and of time. Target (issue 7): bf16 peak RSS <= 0.6 x fp32 peak RSS.
+the floor, and of wall and CPU time (CPU time is the steadier on a shared machine). Target (issue 7): bf16 peak RSS <= 0.6 x fp32 peak RSS.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def child(ns: argparse.Namespace) -> int:
     def count(_position, _cast, fp32_bytes):
         before[0] += fp32_bytes
 
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     kept = compute_multimodal_train_inputs(samples, proc, dtype_from_name(ns.child), on_sample=count)
-    seconds = time.perf_counter() - t
+    seconds, cpu_seconds = time.perf_counter() - t, time.process_time() - cpu
     after = sum(
         v.numel() * v.element_size() for d in kept if d for v in d.values() if isinstance(v, torch.Tensor)
     )
@@ -71,6 +71,7 @@ def child(ns: argparse.Namespace) -> int:
             {
                 "dtype": ns.child,
                 "seconds": seconds,
+                "cpu_seconds": cpu_seconds,
                 "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 "floor_rss": floor,
                 "bytes_before_cast": before[0],
@@ -130,12 +131,15 @@ def main(argv: list[str] | None = None) -> int:
             result = json.loads(out.strip().splitlines()[-1])
             runs[dtype].append(result)
             print(
-                f"  {dtype} run {r + 1}: {result['seconds']:.2f} s, peak RSS {gib(result['peak_rss'])} "
+                f"  {dtype} run {r + 1}: {result['seconds']:.2f} s ({result['cpu_seconds']:.2f} s CPU), peak RSS {gib(result['peak_rss'])} "
                 f"(floor {gib(result['floor_rss'])}), kept {gib(result['bytes_kept'])}",
                 flush=True,
             )
     med = {
-        d: {k: statistics.median(x[k] for x in rs) for k in ("seconds", "peak_rss", "floor_rss")}
+        d: {
+            k: statistics.median(x[k] for x in rs)
+            for k in ("seconds", "cpu_seconds", "peak_rss", "floor_rss")
+        }
         for d, rs in runs.items()
     }
     first = {d: rs[0] for d, rs in runs.items()}
@@ -148,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         ("RSS after imports", med["fp32"]["floor_rss"], med["bf16"]["floor_rss"], gib),
         ("peak above imports", med["fp32"]["peak_rss"] - med["fp32"]["floor_rss"],
          med["bf16"]["peak_rss"] - med["bf16"]["floor_rss"], gib),
-        ("time (median)", med["fp32"]["seconds"], med["bf16"]["seconds"], lambda s: f"{s:.2f} s"),
+        ("wall time (median)", med["fp32"]["seconds"], med["bf16"]["seconds"], lambda s: f"{s:.2f} s"),
+        ("CPU time (median)", med["fp32"]["cpu_seconds"], med["bf16"]["cpu_seconds"], lambda s: f"{s:.2f} s"),
     ]  # fmt: skip
     for name, a, b, fmt in rows:
         print(f"{name:24}{fmt(a):>12}{fmt(b):>12}{b / a:>11.2f}x")

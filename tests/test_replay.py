@@ -279,3 +279,52 @@ def test_ray_replay_equals_local_replay(tmp_path, ray_local):
     assert drop(remote["summary"]) == drop(local["summary"])
     assert remote["summary"]["problems"] == {"guard": 1}
     assert (tmp_path / "ray.jsonl").read_text() == (tmp_path / "local.jsonl").read_text()
+
+
+def sglang_answer(payload: dict, logprobs: list[float], *, shift: int = 0) -> dict:
+    """The shape of SGLang's /generate answer to a prefill payload (no server runs here: it needs a
+    GPU): ``input_token_logprobs`` from ``logprob_start_len`` on, ``[logprob, token_id, text]``,
+    the first logprob None, then the response tail's scores."""
+    ids = payload["input_ids"][payload["logprob_start_len"] :]
+    n = len(logprobs)
+    items = [[None if i == 0 else -1.0, t + shift, None] for i, t in enumerate(ids)]
+    for k in range(n):
+        items[len(items) - n + k][0] = logprobs[k]
+    return {
+        "text": "",
+        "meta_info": {"input_token_logprobs": items, "prompt_tokens": len(payload["input_ids"])},
+    }
+
+
+def test_answers_fill_logprob_diff_and_misaligned_answers_fail(tmp_path, capsys):
+    dump = make_dump(tmp_path, 2, text_only=(1,))
+    payloads_path = tmp_path / "p.jsonl"
+    assert run_cli(str(dump), "--payloads-out", str(payloads_path)) == 0
+    payloads = [json.loads(line) for line in payloads_path.read_text().splitlines()]
+    rollout = [-0.25] * 4  # what make_dump recorded for each response token
+    answers = [sglang_answer(payloads[0], [v + 0.01 for v in rollout]), sglang_answer(payloads[1], rollout)]
+    path = tmp_path / "answers.jsonl"
+    path.write_text("".join(json.dumps(a) + "\n" for a in answers))
+    report_path = tmp_path / "r.json"
+    assert run_cli(str(dump), "--answers", str(path), "--report", str(report_path)) == 0
+    diffs = [e["logprob_diff"] for e in json.loads(report_path.read_text())["samples"]]
+    assert diffs[0]["tokens"] == 4 and diffs[0]["max_abs"] == pytest.approx(0.01)
+    assert diffs[0]["mean_abs"] == pytest.approx(0.01) and diffs[1] == {
+        "max_abs": 0.0,
+        "mean_abs": 0.0,
+        "tokens": 4,
+    }
+    # An answer scoring other tokens (e.g. a different tokenisation) is a violation.
+    path.write_text(
+        json.dumps(answers[0]) + "\n" + json.dumps(sglang_answer(payloads[1], rollout, shift=1)) + "\n"
+    )
+    capsys.readouterr()
+    assert run_cli(str(dump), "--answers", str(path)) == 1
+    assert (
+        "[logprob] sample index 11: the answer's last 4 input_token_logprobs score tokens"
+        in capsys.readouterr().out
+    )
+    # One answer for two payloads: bad usage.
+    path.write_text(json.dumps(answers[0]) + "\n")
+    assert run_cli(str(dump), "--answers", str(path)) == 2
+    assert "expected one engine answer per payload (2" in capsys.readouterr().err

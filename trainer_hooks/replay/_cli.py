@@ -2,12 +2,12 @@
 
     rollout-bundle replay BUNDLE [--dtype {bf16,fp16,fp32}] [--limit N] [--json]
                           [--report FILE.json] [--payloads-out FILE.jsonl] [--expect FILE.json]
-                          [--mm-process-config JSON] [--ray [ADDRESS]]
+                          [--answers FILE.jsonl] [--mm-process-config JSON] [--ray [ADDRESS]]
 
 Opens the bundle (directory or packed file, fast verification), runs the conversion guard, the
 rebuild with cast, the token-space check and the prefill payload build for each sample, and
 prints a summary. Exit status: 0 when clean, 1 on any violation (``guard``, ``convert``,
-``rebuild``, ``token_count``, ``payload``, ``fingerprint``) or an unreadable bundle, 2 on bad
+``rebuild``, ``token_count``, ``payload``, ``logprob``, ``fingerprint``) or an unreadable bundle, 2 on bad
 usage. Processor disagreements (``processor``) are printed and counted but do not fail a replay:
 they describe this machine's processor, not the bundle.
 """
@@ -20,11 +20,14 @@ import sys
 import time
 from typing import Any, TextIO
 
+from bundles import BundleError
 from bundles._cli import CommandError, add_command, add_json_option, add_progress_option
 
 __all__ = ["VIOLATION_KINDS", "register", "run_replay"]
 
-VIOLATION_KINDS = frozenset({"guard", "convert", "rebuild", "token_count", "payload", "fingerprint"})
+VIOLATION_KINDS = frozenset(
+    {"guard", "convert", "rebuild", "token_count", "payload", "logprob", "fingerprint"}
+)
 _SHOWN = 20  # problems listed in the text summary; the report has them all
 
 
@@ -81,6 +84,11 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--expect", metavar="FILE.json",
         help="compare fingerprints with an earlier --report; every changed image is a violation",
+    )  # fmt: skip
+    p.add_argument(
+        "--answers", metavar="FILE.jsonl",
+        help="SGLang answers to the --payloads-out payloads (same order): fill each sample's logprob_diff "
+        "(response tail against rollout_log_probs)",
     )  # fmt: skip
     p.add_argument(
         "--mm-process-config", type=_json_object, default=None, metavar="JSON",
@@ -180,6 +188,13 @@ def run_replay(ns: argparse.Namespace) -> int:
                 f"--expect {ns.expect}: expected a replay report (format {REPORT_FORMAT!r}), found {found!r}",
                 status=2,
             )
+    answers = None
+    if ns.answers is not None:
+        try:
+            with open(ns.answers) as f:
+                answers = [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError) as e:
+            raise CommandError(f"--answers {ns.answers}: cannot read JSON lines: {e}", status=2) from None
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -191,17 +206,23 @@ def run_replay(ns: argparse.Namespace) -> int:
     from trainer_hooks.replay._memory import tune_allocator
 
     tune_allocator()  # this process exists to replay (see _memory)
-    report = replay_bundle(
-        ns.bundle,
-        dtype=ns.dtype,
-        limit=ns.limit,
-        mm_process_config=ns.mm_process_config,
-        expect=expect,
-        payloads_out=ns.payloads_out,
-        use_ray=ns.ray is not None,
-        ray_address=ns.ray or None,
-        progress=_Bar(err, getattr(ns, "progress", None)),
-    )
+    try:
+        report = replay_bundle(
+            ns.bundle,
+            dtype=ns.dtype,
+            limit=ns.limit,
+            mm_process_config=ns.mm_process_config,
+            expect=expect,
+            payloads_out=ns.payloads_out,
+            answers=answers,
+            use_ray=ns.ray is not None,
+            ray_address=ns.ray or None,
+            progress=_Bar(err, getattr(ns, "progress", None)),
+        )
+    except BundleError:
+        raise  # an unreadable bundle: exit 1 (some are ValueErrors too)
+    except ValueError as e:  # --answers that do not match the payloads, unusable settings
+        raise CommandError(str(e), status=2) from None
     if ns.report is not None:
         with open(ns.report, "w") as f:
             json.dump(report, f, indent=1)

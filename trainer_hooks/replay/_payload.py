@@ -32,6 +32,7 @@ from trainer_hooks.replay._rebuild import sample_images
 __all__ = [
     "SGLANG_FIELDS_FILE",
     "build_prefill_scoring_payload",
+    "compare_prefill_logprobs",
     "is_token_space",
     "sglang_generate_fields",
 ]
@@ -67,7 +68,10 @@ def _image_datum(item: Any, where: str) -> str:
         return str(path)
     if isinstance(item, (str, os.PathLike)):
         return os.fspath(item)
-    if hasattr(item, "save") and hasattr(item, "size"):  # a PIL image: no path to send
+    if hasattr(item, "save") and hasattr(item, "size"):  # a PIL image
+        filename = getattr(item, "filename", None)
+        if isinstance(filename, str) and filename and os.path.isfile(filename):
+            return filename  # read from a bundle: opened lazily on its stored file
         buf = io.BytesIO()
         item.save(buf, format="PNG")
         return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
@@ -98,7 +102,8 @@ def build_prefill_scoring_payload(
     token); ``lora_path`` as Miles names adapters (``__miles_slot_<slot>`` for a sample with an
     ``adapter``, ``miles_lora`` with ``--lora-rank``/``--lora-adapter-path`` unless
     ``--lora-train-only``); ``image_data`` = the
-    sample's image references as paths (PIL images as PNG data URLs); and, in token space
+    sample's image references as paths (a PIL image read from a bundle: the file it was opened
+    on; any other PIL image: a PNG data URL); and, in token space
     (``args.enable_token_space_processor``) for a sample with images,
     ``mm_token_expansion_start_len = len(sample.tokens)``.
 
@@ -134,6 +139,50 @@ def build_prefill_scoring_payload(
         if is_token_space(args):
             payload["mm_token_expansion_start_len"] = len(tokens)
     return payload
+
+
+def compare_prefill_logprobs(sample: Any, response: Mapping[str, Any]) -> dict[str, Any]:
+    """Compare an SGLang prefill answer to the rollout's log-probs on the response tail.
+
+    ``response`` is the ``/generate`` answer to :func:`build_prefill_scoring_payload`:
+    ``meta_info.input_token_logprobs`` holds ``[logprob, token_id, text]`` from
+    ``logprob_start_len`` on (the first logprob None). Its last ``response_length`` entries must
+    score exactly the response tokens; their log-probs are compared to ``rollout_log_probs``.
+
+    Returns:
+        ``{"max_abs", "mean_abs", "tokens"}``.
+
+    Raises:
+        ValueError: no ``input_token_logprobs``, token ids that do not line up with the response,
+            a None log-prob in the tail, or no ``rollout_log_probs`` to compare with.
+    """
+    where = f"sample index {getattr(sample, 'index', None)}"
+    meta = response.get("meta_info") if isinstance(response, Mapping) else None
+    items = meta.get("input_token_logprobs") if isinstance(meta, Mapping) else None
+    if not items:
+        raise ValueError(f"{where}: the engine answer has no meta_info.input_token_logprobs")
+    n = int(sample.response_length)
+    rollout = sample.rollout_log_probs
+    if rollout is None or len(rollout) != n:
+        found = None if rollout is None else len(rollout)
+        raise ValueError(f"{where}: rollout_log_probs: expected {n} values to compare with, found {found}")
+    tail = list(items)[-n:] if n else []
+    want = list(sample.tokens)[-n:] if n else []
+    got = [item[1] for item in tail]
+    if got != want or len(tail) != n:
+        raise ValueError(
+            f"{where}: the answer's last {n} input_token_logprobs score tokens {got[:8]}…, "
+            f"expected the response tokens {want[:8]}… ({len(tail)} scored, {n} expected)"
+        )
+    logprobs = [item[0] for item in tail]
+    if any(v is None for v in logprobs):
+        raise ValueError(f"{where}: the answer has a None log-prob inside the response tail")
+    diffs = [abs(float(a) - float(b)) for a, b in zip(logprobs, rollout, strict=True)]
+    return {
+        "max_abs": max(diffs) if diffs else 0.0,
+        "mean_abs": sum(diffs) / len(diffs) if diffs else 0.0,
+        "tokens": n,
+    }
 
 
 # Miles' private name, for drop-in use.

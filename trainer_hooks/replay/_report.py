@@ -19,7 +19,8 @@ Report (``--report FILE.json``; read by ``rollout-bundle view --replay``)::
 Problem kinds: ``guard`` (media references and dense tensors both shipped), ``convert`` (the
 converter refused the sample), ``rebuild`` (an image could not be loaded or processed),
 ``token_count`` (placeholder count differs from the processor's), ``payload`` (no prefill
-payload can be built), ``processor`` (a recorded setting was not honoured), ``fingerprint``
+payload can be built), ``logprob`` (with engine answers: an answer that does not line up with the
+response), ``processor`` (a recorded setting was not honoured), ``fingerprint``
 (with ``expect``: rebuilt tensors differ from an earlier replay).
 
 The per-sample work is :func:`replay_positions`, shared by the local loop and the Ray tasks
@@ -44,7 +45,7 @@ from typing import Any
 from bundles import Bundle, BundleError
 from trainer_hooks._sample import Sample
 from trainer_hooks.replay._guard import _default_convert, guard_violations
-from trainer_hooks.replay._payload import build_prefill_scoring_payload
+from trainer_hooks.replay._payload import build_prefill_scoring_payload, compare_prefill_logprobs
 from trainer_hooks.replay._processor import ReplayProcessor, load_processor
 from trainer_hooks.replay._rebuild import DTYPE_NAMES, compute_multimodal_train_inputs, dtype_from_name
 from trainer_hooks.replay._tokens import check_image_tokens
@@ -366,6 +367,23 @@ def compare_reports(report: Mapping[str, Any], expected: Mapping[str, Any]) -> l
     return problems
 
 
+def _fill_logprob_diffs(
+    bundle: Bundle, entries: list[dict[str, Any]], answers: Sequence[Mapping[str, Any]]
+) -> None:
+    scored = [e for e in entries if not any(p["kind"] == "payload" for p in e["problems"])]
+    if len(answers) != len(scored):
+        raise ValueError(
+            f"answers: expected one engine answer per payload ({len(scored)}, in --payloads-out order), "
+            f"found {len(answers)}"
+        )
+    positions = [e["position"] for e in scored]
+    for entry, sample, answer in zip(scored, bundle.samples(Sample, indices=positions), answers, strict=True):
+        try:
+            entry["logprob_diff"] = compare_prefill_logprobs(sample, answer)
+        except ValueError as e:
+            entry["problems"].append({"kind": "logprob", "message": str(e), "image": None})
+
+
 def replay_bundle(
     path: str | os.PathLike[str],
     *,
@@ -374,6 +392,7 @@ def replay_bundle(
     mm_process_config: Mapping[str, Any] | None = None,
     expect: Mapping[str, Any] | None = None,
     payloads_out: str | os.PathLike[str] | None = None,
+    answers: Sequence[Mapping[str, Any]] | None = None,
     ray_address: str | None = None,
     use_ray: bool = False,
     num_tasks: int | None = None,
@@ -388,6 +407,9 @@ def replay_bundle(
         expect: an earlier report; images whose rebuilt tensors changed become ``fingerprint``
             problems (``report["expect"]`` lists them too).
         payloads_out: write one SGLang prefill payload per sample (JSON lines, bundle order).
+        answers: the engine's answers to those payloads, in the same order (one per sample with a
+            payload); each sample's ``logprob_diff`` then compares the answer's response tail to
+            ``rollout_log_probs``; an answer that does not line up is a ``logprob`` problem.
         use_ray / ray_address: shard the samples over Ray tasks (see :mod:`._ray`).
         progress: called as ``progress(done, total)`` after each sample (local replay).
     """
@@ -419,6 +441,8 @@ def replay_bundle(
             with_payloads=want_payloads,
             on_sample=tick,
         )
+    if answers is not None:
+        _fill_logprob_diffs(bundle, entries, answers)
     proc_problems = [{"kind": "processor", "message": n, "image": None} for n in processor.disagreements]
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
