@@ -328,3 +328,28 @@ def test_answers_fill_logprob_diff_and_misaligned_answers_fail(tmp_path, capsys)
     path.write_text(json.dumps(answers[0]) + "\n")
     assert run_cli(str(dump), "--answers", str(path)) == 2
     assert "expected one engine answer per payload (2" in capsys.readouterr().err
+
+
+def test_pil_images_in_a_dump_replay_and_payloads_name_their_stored_files(tmp_path):
+    import io as _io
+
+    from media_helpers import trainer_args
+
+    from trainer_hooks import save_debug_rollout_data
+
+    args = trainer_args(
+        tmp_path, "run-pil", "--fp16", "--save-debug-rollout-data", str(tmp_path / "d_{rollout_id}")
+    )
+    image = Image.open(_io.BytesIO(png(112, 84, seed=5))).convert("RGB")
+    s = Sample(
+        index=3, tokens=[1, 2, 3, 4], response_length=1, loss_mask=[1], reward=0.0,
+        multimodal_inputs={"images": [image]}, status=Sample.Status.COMPLETED,
+    )  # fmt: skip
+    dump = save_debug_rollout_data(args, [s], 0, evaluation=False)
+    payloads = tmp_path / "p.jsonl"
+    report = replay_bundle(dump, payloads_out=payloads)
+    assert report["dtype"] == "fp16" and report["summary"]["problems"] == {}
+    img = report["samples"][0]["images"][0]
+    assert img["pixel_values"]["dtype"] == "float16" and img["image_grid_thw"]["values"] == [[1, 6, 8]]
+    (path,) = json.loads(payloads.read_text())["image_data"]
+    assert Path(path).is_file() and Path(path).parent.name == "media" and Path(path).suffix == ".png"
