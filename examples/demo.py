@@ -354,10 +354,11 @@ def step_first_run(d: Demo) -> None:
     a = d.args1
     assert a is not None
     # A directory left behind by a run that crashed hours ago (no lease, nothing changed for 2 h).
-    crashed = d.shared / "0c7a5e1f4b2d4e6f8a9b1c2d3e4f5a6b"
-    crashed.mkdir(parents=True)
-    (crashed / ("0" * 64 + ".png")).write_bytes(b"\0" * 300_000)
-    for p in (crashed / ("0" * 64 + ".png"), crashed):
+    # Made as a run makes it (store_media writes the run marker sweep looks for), then aged.
+    dead_run = argparse.Namespace(shared_media_dir=str(d.shared), run_uuid="0c7a5e1f4b2d4e6f8a9b1c2d3e4f5a6b")
+    trainer_hooks.store_media(dead_run, b"\0" * 300_000, ".png")
+    crashed = d.shared / dead_run.run_uuid
+    for p in [*crashed.iterdir(), crashed]:
         os.utime(p, (time.time() - 7200, time.time() - 7200))
 
     desktop = Desktop(d, stall=frozenset({STEPS + 2}))  # the last task hangs: in flight at the last save
