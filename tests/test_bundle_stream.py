@@ -21,6 +21,7 @@ from bundles import (
     BundleError,
     BundleFormatError,
     BundleVerificationError,
+    OutsidePathWarning,
     UnsafeBundleError,
     UnsupportedValueError,
     open_bundle,
@@ -354,13 +355,17 @@ class Color(enum.IntEnum):
     ("value", "path", "what"),
     [
         ([1] * 100 + [Color.RED] + [2], r"samples\[0\]\.v\[100\]", "Color"),
-        ([1.0] * 100 + ["/etc/passwd"] + [2.0], None, None),  # a string: stored as a string
+        ([1.0] * 100 + ["/etc/passwd"] + [2.0], None, "warns"),  # a string, offered to the writer
         ([1] * 100 + [[2, 3]] + [4], None, None),  # a nested list: walked
     ],
 )
 def test_long_number_lists_hide_nothing(tmp_path, value, path, what):
     if path is None:
-        write_bundle(tmp_path / "b", [{"v": value}])
+        if what == "warns":  # the writer saw the path hidden in the number list: outside its roots
+            with pytest.warns(OutsidePathWarning, match=r"samples\[0\]\.v\[100\] = '/etc/passwd'"):
+                write_bundle(tmp_path / "b", [{"v": value}])
+        else:
+            write_bundle(tmp_path / "b", [{"v": value}])
         assert list(open_bundle(tmp_path / "b").samples()) == [{"v": value}]
     else:
         with pytest.raises(
