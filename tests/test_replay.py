@@ -242,6 +242,7 @@ def test_expect_catches_a_changed_max_pixels(tmp_path, capsys):
     named = {(c["position"], c["image"]) for c in changed if c["image"] is not None}
     assert named == {(0, 0), (0, 1), (1, 0), (1, 1)}
     assert "sample index 10, image 0: rebuilt tensors changed: pixel_values.shape [48, 1176] ->" in out
+    assert "image_grid_thw [[1, 6, 8]] -> [[1, " in out
     assert any("max_pixels 12845056 -> 3200" in c["message"] for c in changed)
     assert report["summary"]["problems"]["fingerprint"] == 5
 
