@@ -94,6 +94,11 @@ def _objects(
             unpacker.feed(chunk)
         except msgpack.BufferFull:
             raise _too_large(where, index) from None
+        except MemoryError:
+            raise BundleError(
+                f"{where}: samples[{index}]: out of memory while buffering it (one sample within the "
+                "format's limits may need up to ~3.5 GiB, docs/FORMAT.md §8)"
+            ) from None
         while True:
             # The collector is paused while a sample is built (see gc_paused; inlined: this runs
             # once per sample).
@@ -105,6 +110,11 @@ def _objects(
                 break  # every byte after ``start`` belongs to the unfinished sample
             except (Defect, BundleError):
                 raise
+            except MemoryError:
+                raise BundleError(
+                    f"{where}: samples[{index}]: out of memory while decoding it (one sample within the "
+                    "format's limits may need up to ~3.5 GiB, docs/FORMAT.md §8)"
+                ) from None
             except Exception as e:  # msgpack's ValueError subclasses, TypeError (unhashable keys)
                 raise _malformed(where, index, e) from None
             finally:

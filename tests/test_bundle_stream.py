@@ -137,6 +137,31 @@ def test_a_shard_declaring_4_gib_is_read_in_bounded_memory_and_refused(tmp_path)
     assert int(grown_mib) < 32
 
 
+def test_running_out_of_memory_on_one_sample_is_a_bundle_error(tmp_path):
+    """A legal 600 MB sample read under an address-space limit that cannot hold it."""
+    bundle = write_bundle(tmp_path / "b", [{"i": 0}])
+    cctx = zstandard.ZstdCompressor(level=1).compressobj()
+    raw = b"\x81\xa1b\xc6" + (600 * 2**20).to_bytes(4, "big")  # {"b": bin32 of 600 MiB}
+    chunks = [cctx.compress(raw)] + [cctx.compress(b"\0" * 2**20) for _ in range(600)] + [cctx.flush()]
+    set_shard(bundle, b"".join(chunks), len(raw) + 600 * 2**20, 1)
+    result = run_python(
+        f"""
+        import resource
+        from bundles import open_bundle, BundleError
+        bundle = open_bundle({str(bundle)!r})
+        with open("/proc/self/statm") as f:
+            vm = int(f.read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (vm + 300 * 2**20, resource.RLIM_INFINITY))
+        try:
+            list(bundle.samples())
+        except BundleError as e:
+            print(type(e).__name__, e)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "samples[0]: out of memory while" in result.stdout, result.stdout
+
+
 def test_samples_stream_out_before_a_later_problem_is_reached(tmp_path):
     unlisted = ext(2, msgpack.packb(["sha256:" + "ab" * 32, 3, ".png"]))
     bundle = shard_of(
