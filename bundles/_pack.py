@@ -208,6 +208,7 @@ def unpack_bundle(
     source = PackedSource(src)  # every member is checked here, before anything is written
     staging: Path | None = None
     try:
+        load_manifest(source)  # and the manifest, so that its errors name the packed file
         staging = create_staging(dest)
         with Progress(f"unpacking {src.name}", total=src.stat().st_size, unit="B", enabled=progress) as bar:
             for entry in source.entries():
