@@ -131,7 +131,7 @@ class DirSource:
                 raise UnsafeBundleError(
                     f"{mpath}: {size} bytes exceeds the manifest cap of {MAX_MANIFEST_BYTES}"
                 )
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
+            raw = f.read(size + 1)  # not the cap: an unbuffered read allocates what it is asked for
         if len(raw) > MAX_MANIFEST_BYTES:
             raise UnsafeBundleError(f"{mpath}: exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes")
         return raw
