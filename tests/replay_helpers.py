@@ -39,23 +39,7 @@ def expanded_counts(paths: list[str], settings: dict[str, Any] | None = None) ->
     return [int(t * h * w) // proc.merge_size**2 for t, h, w in grid.tolist()]
 
 
-def make_dump(
-    tmp_path: Path,
-    n: int = 3,
-    *,
-    size: tuple[int, int] = (112, 84),
-    images_per_sample: int = 2,
-    dtype: str = "--bf16",
-    token_space: bool = True,
-    expanded_twice: tuple[int, ...] = (),
-    dense: tuple[int, ...] = (),
-    text_only: tuple[int, ...] = (),
-    name: str = "dump",
-) -> Path:
-    """Write a debug dump of ``n`` samples (positions in ``dense`` also carry multimodal_train_inputs,
-    in ``expanded_twice`` twice the placeholders, in ``text_only`` no image); return its path."""
-    import torch
-
+def dump_args(tmp_path: Path, name: str, dtype: str = "--bf16", token_space: bool = True) -> Any:
     extra = [dtype, "--save-debug-rollout-data", str(tmp_path / f"{name}_{{rollout_id}}")]
     if token_space:
         extra += [
@@ -64,7 +48,24 @@ def make_dump(
             "--sglang-image-processor-backend", "pil",
             "--sglang-mm-process-config", '{"image": {"max_pixels": 12845056, "min_pixels": 3136}}',
         ]  # fmt: skip
-    args = trainer_args(tmp_path, f"run-{name}", *extra)
+    return trainer_args(tmp_path, f"run-{name}", *extra)
+
+
+def make_samples(
+    args: Any,
+    n: int = 3,
+    *,
+    size: tuple[int, int] = (112, 84),
+    images_per_sample: int = 2,
+    expanded_twice: tuple[int, ...] = (),
+    dense: tuple[int, ...] = (),
+    text_only: tuple[int, ...] = (),
+) -> list[Sample]:
+    """``n`` completed samples with images stored in ``args``' run media directory (positions in
+    ``dense`` also carry multimodal_train_inputs, in ``expanded_twice`` twice the placeholders, in
+    ``text_only`` no image)."""
+    import torch
+
     samples = []
     for i in range(n):
         tokens = list(PROMPT)
@@ -96,4 +97,18 @@ def make_dump(
                 "image_grid_thw": torch.tensor([[1, 2, 2]]),
             }
         samples.append(s)
-    return save_debug_rollout_data(args, samples, 0, evaluation=False)
+    return samples
+
+
+def make_dump(
+    tmp_path: Path,
+    n: int = 3,
+    *,
+    dtype: str = "--bf16",
+    token_space: bool = True,
+    name: str = "dump",
+    **kwargs: Any,
+) -> Path:
+    """Write a debug dump of :func:`make_samples`; return its path."""
+    args = dump_args(tmp_path, name, dtype, token_space)
+    return save_debug_rollout_data(args, make_samples(args, n, **kwargs), 0, evaluation=False)

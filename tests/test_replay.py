@@ -354,3 +354,27 @@ def test_pil_images_in_a_dump_replay_and_payloads_name_their_stored_files(tmp_pa
     assert img["pixel_values"]["dtype"] == "float16" and img["image_grid_thw"]["values"] == [[1, 6, 8]]
     (path,) = json.loads(payloads.read_text())["image_data"]
     assert Path(path).is_file() and Path(path).parent.name == "media" and Path(path).suffix == ".png"
+
+
+def test_a_checkpoint_replays_its_completed_groups_not_the_pending_ones(tmp_path, capsys):
+    from replay_helpers import dump_args, make_samples
+
+    from trainer_hooks import save_rollout_checkpoint, store_media
+
+    args = dump_args(tmp_path, "ckpt")
+    # An in-flight group: a prompt with its screenshot and no generation yet (no tokens at all).
+    pending = [
+        Sample(group_index=9, index=90 + i, prompt="p", status=Sample.Status.PENDING,
+               multimodal_inputs={"images": [store_media(args, png(56, 56, seed=i), ".png")]})
+        for i in range(2)
+    ]  # fmt: skip
+    path = save_rollout_checkpoint(args, 1, [pending], [make_samples(args, 2)])
+    report_path = tmp_path / "r.json"
+    assert run_cli(str(path), "--report", str(report_path)) == 0
+    assert "samples        2 (after 2 pending sample(s) of in-flight groups" in capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    assert report["kind"] == "rollout_checkpoint" and report["skipped_pending"] == 2
+    assert [e["position"] for e in report["samples"]] == [2, 3]
+    assert [e["index"] for e in report["samples"]] == [10, 11]
+    assert run_cli(str(path), "--limit", "1", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == 1

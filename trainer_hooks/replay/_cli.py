@@ -151,7 +151,11 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
       f"image token {proc['image_token_id']}\n")  # fmt: skip
     for note in proc.get("notes", []):
         w(f"  note: {note}\n")
-    w(f"samples        {s['samples']}\n")
+    skipped = report.get("skipped_pending") or 0
+    pending = (
+        f" (after {skipped} pending sample(s) of in-flight groups, not training data)" if skipped else ""
+    )
+    w(f"samples        {s['samples']}{pending}\n")
     w(f"images         {s['images']}\n")
     w(f"vision tokens  {s['vision_tokens']}\n")
     before, after = s["bytes_before_cast"], s["bytes_after_cast"]

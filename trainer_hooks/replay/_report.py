@@ -120,15 +120,31 @@ def plan_replay(
     settings = dict(recorded) if recorded is not None else None
     if mm_process_config is not None:
         settings = {**(settings or {}), "mm_process_config": dict(mm_process_config)}
-    n = len(bundle) if limit is None else min(limit, len(bundle))
+    first = _first_trainable(bundle)
+    end = len(bundle) if limit is None else min(first + limit, len(bundle))
     return ReplayPlan(
         bundle=str(bundle.path),
         dtype=dtype,
         processor_settings=settings,
         # The engines' processor settings are resolved (and recorded) only in token space.
         token_space=recorded is not None,
-        positions=tuple(range(n)),
+        positions=tuple(range(first, end)),
     )
+
+
+def _first_trainable(bundle: Bundle) -> int:
+    """Where training data starts: a rollout checkpoint stores its in-flight (pending) groups first,
+    which training never sees as they are (they are resubmitted on resume); a dump starts at 0."""
+    from trainer_hooks._checkpoint import CHECKPOINT_KIND
+
+    if bundle.kind != CHECKPOINT_KIND:
+        return 0
+    sizes = bundle.meta.get("pending_group_sizes") or []
+    if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
+        raise BundleError(
+            f"{bundle.path}: meta.pending_group_sizes: expected a list of counts, found {sizes!r}"
+        )
+    return min(sum(sizes), len(bundle))
 
 
 def _digest(t: Any) -> str:
@@ -454,6 +470,8 @@ def replay_bundle(
         "kind": bundle.kind,
         "dtype": plan.dtype,
         "token_space": plan.token_space,
+        # Positions before this one are a checkpoint's pending (in-flight) groups: not training data.
+        "skipped_pending": _first_trainable(bundle),
         "processor": processor.settings,
         "summary": {},
         "samples": entries,
