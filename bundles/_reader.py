@@ -310,8 +310,10 @@ class Bundle:
         them (each once when the indices ascend). An index out of range raises
         :class:`BundleIndexError` before anything is read.
         """
-        rows = self._samples(self._media) if indices is None else self._samples_at(list(indices))
-        return _built(rows, sample_cls, self.path)
+        if indices is None:
+            return _built(self._samples(self._media), sample_cls, self.path)
+        wanted = list(indices)
+        return _built(self._samples_at(wanted), sample_cls, self.path, wanted)
 
     def _samples_at(self, indices: list[int]) -> Iterator[dict[Any, Any]]:
         n = len(self)
@@ -423,8 +425,11 @@ class Bundle:
         return list(self._samples(placed))
 
 
-def _built(rows: Iterator[dict[Any, Any]], sample_cls: Any, path: Path) -> Iterator[Any]:
-    """``rows``, or ``sample_cls.from_dict(row)`` of each; a ``from_dict`` error names the sample."""
+def _built(
+    rows: Iterator[dict[Any, Any]], sample_cls: Any, path: Path, indices: list[int] | None = None
+) -> Iterator[Any]:
+    """``rows``, or ``sample_cls.from_dict(row)`` of each; a ``from_dict`` error names the sample
+    (its index in the bundle: ``indices[i]`` when the rows are those samples)."""
     if sample_cls is None or sample_cls is dict:
         return rows
     from_dict = getattr(sample_cls, "from_dict", None)
@@ -437,7 +442,8 @@ def _built(rows: Iterator[dict[Any, Any]], sample_cls: Any, path: Path) -> Itera
             try:
                 sample = from_dict(row)
             except Exception as e:
-                raise BundleFormatError(f"{path}: samples[{i}]: {name}.from_dict: {type(e).__name__}: {e}") from e
+                where = i if indices is None else indices[i]
+                raise BundleFormatError(f"{path}: samples[{where}]: {name}.from_dict: {type(e).__name__}: {e}") from e
             yield sample
 
     return build()

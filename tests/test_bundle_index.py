@@ -10,7 +10,7 @@ import pytest
 from media_helpers import put_media
 
 import bundles._writer
-from bundles import BundleIndexError, BundleVerificationError, open_bundle, write_bundle
+from bundles import BundleFormatError, BundleIndexError, BundleVerificationError, open_bundle, write_bundle
 
 
 @pytest.fixture
@@ -66,3 +66,17 @@ def test_empty_bundle(tmp_path: Path) -> None:
     assert len(b) == 0 and list(b) == [] and b[:] == []
     with pytest.raises(BundleIndexError):
         b[0]
+
+
+def test_from_dict_errors_name_the_bundle_index(sharded: Path) -> None:
+    class Strict:
+        @classmethod
+        def from_dict(cls, d: dict) -> Strict:
+            if d["index"] == 7:
+                raise ValueError("no sevens")
+            return cls()
+
+    b = open_bundle(sharded)
+    assert len(list(b.samples(Strict, indices=[3, 4]))) == 2
+    with pytest.raises(BundleFormatError, match=r"samples\[7\]: .*Strict.from_dict: ValueError: no sevens"):
+        list(b.samples(Strict, indices=[2, 7]))
