@@ -103,32 +103,37 @@ MediaRefResolver = Callable[[MediaRef, str], MediaRef]
 ImageStore = Callable[[Any, str], MediaRef]
 
 
-def only_numbers(items: list[Any], numpy_possible: bool = True) -> bool:
+def only_numbers(items: list[Any]) -> bool:
     """True when ``items`` holds only ints, floats and bools; proved at C speed.
 
     Long lists are summed: ``sum()`` adds in C (fast paths for ints and floats, ~3 ns an item
     against ~20 for ``set(map(type, items))``), raises at the first str, None, bytes or container,
     and its result is an exact ``int`` or ``float`` only when every item is an int, float or bool
-    (numpy scalars, arrays and tensors give numpy or torch values). Lists that start or end with
-    anything else are not summed, so a list of tensors is never added up. An ``int`` subclass
-    (say an ``IntEnum``) inside a long list passes; msgpack's strict packer refuses it, which is
-    why the encoder has a second walk. ``numpy_possible=False`` (the decoder knows when no numpy
-    value was built) skips silencing numpy's overflow warnings, which costs ~2 us.
+    (numpy scalars, arrays and tensors give numpy or torch values). Lists whose first, middle or
+    last item is anything else are not summed, so a list of tensors is never added up. An ``int``
+    subclass (say an ``IntEnum``) inside a long list passes; msgpack's strict packer refuses it,
+    which is why the encoder has a second walk.
+
+    A numpy scalar hidden elsewhere in a long list of Python numbers is summed with them: the
+    result is a numpy value, so the answer is still False, but numpy may print an overflow
+    warning for it (silencing that with ``np.errstate`` costs ~2 us a list, more than the sum).
     """
-    if len(items) < _SUM_FROM:
+    n = len(items)
+    if n < _SUM_FROM:
         return _NUMBER_TYPES.issuperset(map(type, items))
-    if type(items[0]) not in _NUMBER_TYPES or type(items[-1]) not in _NUMBER_TYPES:
+    if (
+        type(items[0]) not in _NUMBER_TYPES
+        or type(items[-1]) not in _NUMBER_TYPES
+        or type(items[n // 2]) not in _NUMBER_TYPES
+    ):
         return False
     try:
-        if not numpy_possible:
-            return type(sum(items)) in _SUM_TYPES
-        with np.errstate(all="ignore"):
-            return type(sum(items)) in _SUM_TYPES
+        return type(sum(items)) in _SUM_TYPES
     except Exception:  # TypeError at the first non-number; numpy/torch may raise others
         return False
 
 
-# Below this length, checking each item's type costs less than entering np.errstate (~2 us).
+# Below this length, checking each item's type costs less than a sum's setup.
 _SUM_FROM = 64
 
 
@@ -264,13 +269,23 @@ class SampleEncoder:
         if t is dict:
             self._items += len(obj) + 1
             out = {}
+            prefixes = self._prefixes
             for k, v in obj.items():
                 tk = type(k)
                 if tk is not str and tk is not int:
                     raise UnsupportedValueError(
                         f"{where}: dict keys must be str or int, found {tk.__name__} {k!r}"
                     )
-                out[k] = v if self._plain(v) else self._convert(v, key_path(where, k), depth + 1)
+                # Inlined for the common values of a sample (this loop runs for every key):
+                # scalars and plain strings as they are, number lists without a key path.
+                tv = type(v)
+                if tv in _PASSTHROUGH or (tv is str and prefixes is not None and not v.startswith(prefixes)):
+                    out[k] = v
+                elif tv is list and depth < MAX_NESTING_DEPTH and only_numbers(v):
+                    self._items += len(v) + 1
+                    out[k] = v
+                else:
+                    out[k] = self._convert(v, key_path(where, k), depth + 1)
             return out
         if t is list:
             self._items += len(obj) + 1
@@ -306,7 +321,8 @@ class SampleEncoder:
         name, fields = record_fields(obj)
         self._items += len(fields) + 1
         converted = {
-            k: v if self._plain(v) else self._convert(v, key_path(where, k), depth + 1) for k, v in fields.items()
+            k: v if self._plain(v) else self._convert(v, key_path(where, k), depth + 1)
+            for k, v in fields.items()
         }
         return msgpack.ExtType(EXT_RECORD, self._packer.pack([name, converted]))
 
@@ -439,7 +455,6 @@ class SampleDecoder:
         self._heights: dict[int, int] = {}  # id(container) -> height, for containers taller than 1
         self._items = 0
         self._tuple_depth = 0
-        self._numpy_made = False  # a numpy or torch value was built: sums may involve numpy
         self.ext: dict[int, Callable[[bytes], Any]] = {
             EXT_MEDIA_REF: self._media_ref,
             EXT_PATH_REF: self._path_ref,
@@ -474,7 +489,6 @@ class SampleDecoder:
     def sample_done(self) -> None:
         self._heights.clear()
         self._items = 0
-        self._numpy_made = False
 
     # -- per-container hooks ----------------------------------------------------------------------
     def _too_many(self) -> None:
@@ -488,7 +502,7 @@ class SampleDecoder:
         self._items += len(items) + 1
         if self._items > MAX_SAMPLE_ITEMS:
             self._too_many()
-        if not only_numbers(items, self._numpy_made):
+        if not only_numbers(items):
             self._check_children(items, items)
         return items
 
@@ -637,7 +651,6 @@ class SampleDecoder:
                 f"array of dtype {dtype} and shape {tuple(shape)} needs {count * dtype.itemsize} bytes, "
                 f"found {len(raw)}"
             )
-        self._numpy_made = True
         # A private, writable copy: the shard buffer is reused after decoding.
         return np.frombuffer(raw, dtype=dtype).reshape(tuple(shape)).copy()
 
@@ -665,7 +678,6 @@ class SampleDecoder:
                 f"tensor of dtype {name} and shape {tuple(shape)} needs {count * dtype.itemsize} bytes, "
                 f"found {len(raw)}"
             )
-        self._numpy_made = True
         if count == 0:
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(tuple(shape))
