@@ -11,6 +11,7 @@ differs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from trainer_hooks.replay._report import ReplayPlan, replay_positions
@@ -46,6 +47,7 @@ def replay_on_ray(
     address: str | None = None,
     with_payloads: bool = False,
     num_tasks: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     """Run ``plan`` as Ray tasks; returns ``(entries, payloads, peak RSS)`` like ``replay_positions``.
 
@@ -63,9 +65,16 @@ def replay_on_ray(
         if num_tasks is None:
             num_tasks = max(1, int(ray.cluster_resources().get("CPU", 1)))
         task = ray.remote(num_cpus=1)(_replay_shard)
-        refs = [
-            task.remote(plan, shard, with_payloads) for shard in shard_positions(plan.positions, num_tasks)
-        ]
+        shards = shard_positions(plan.positions, num_tasks)
+        refs = [task.remote(plan, shard, with_payloads) for shard in shards]
+        # Progress by finished shard; results are then taken in shard (= position) order.
+        size = {ref: len(shard) for ref, shard in zip(refs, shards, strict=True)}
+        pending, done = list(refs), 0
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            done += size[ready[0]]
+            if progress is not None:
+                progress(done, len(plan.positions))
         entries: list[dict[str, Any]] = []
         payloads: list[dict[str, Any]] = []
         peak = 0
@@ -73,7 +82,6 @@ def replay_on_ray(
             entries.extend(part_entries)
             payloads.extend(part_payloads)
             peak = max(peak, part_peak)
-        entries.sort(key=lambda e: e["position"])
         return entries, payloads, peak
     finally:
         if started:

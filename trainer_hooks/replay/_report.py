@@ -430,7 +430,8 @@ def replay_bundle(
             payload); each sample's ``logprob_diff`` then compares the answer's response tail to
             ``rollout_log_probs``; an answer that does not line up is a ``logprob`` problem.
         use_ray / ray_address: shard the samples over Ray tasks (see :mod:`._ray`).
-        progress: called as ``progress(done, total)`` after each sample (local replay).
+        progress: called as ``progress(done, total)`` after each sample (local replay) or each
+            finished shard (Ray).
     """
     bundle = open_replay_bundle(path)
     plan = plan_replay(bundle, dtype=dtype, limit=limit, mm_process_config=mm_process_config)
@@ -440,7 +441,7 @@ def replay_bundle(
         from trainer_hooks.replay._ray import replay_on_ray
 
         entries, payloads, peak = replay_on_ray(
-            plan, address=ray_address, with_payloads=want_payloads, num_tasks=num_tasks
+            plan, address=ray_address, with_payloads=want_payloads, num_tasks=num_tasks, progress=progress
         )
         peak = max(peak, peak_rss_bytes())
     else:
