@@ -606,7 +606,7 @@ def _sample(v: _SampleView, thumbs: dict[str, _Thumb], link_base: str | None, me
         body.append('<p class="muted">not in the replay report</p>')
     body.append(_prompt(v.prompt))
     body.append(_turns(v, thumbs, link_base, merge, replay_images))
-    if v.response is not None:
+    if v.response:  # a pending sample has none yet
         body.append(f'<h3>Response</h3><pre class="text">{_text(v.response)}</pre>')
     if v.metadata:
         body.append(
