@@ -432,6 +432,11 @@ def _(p: Path) -> bytes:
     return with_extra(p, (member(MEDIA_NAME, tarfile.CHRTYPE), None))
 
 
+@packed("packed-contiguous-file", "none", "UnsafeBundleError", "found a contiguous file")
+def _(p: Path) -> bytes:
+    return with_extra(p, (member(MEDIA_NAME, tarfile.CONTTYPE), b"x" * 10))
+
+
 @packed("packed-duplicate", "none", "UnsafeBundleError", "member 'manifest.json': appears twice")
 def _(p: Path) -> bytes:
     return with_extra(p, (member("manifest.json"), b'{"format":"rollout-bundle"}'))
@@ -483,10 +488,12 @@ def _(p: Path) -> bytes:
     return with_extra(p, (member("notes.txt"), b"hello"))
 
 
-@packed("packed-truncated-member", "none", "UnsafeBundleError", "truncated")
+@packed("packed-truncated-member", "none", "UnsafeBundleError", "truncated: its 2056 bytes at offset")
 def _(p: Path) -> bytes:
-    data = with_extra(p)
-    return data[: len(data) // 2 + 100]
+    data = tar_bytes(base_members(p))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        first_media = next(m for m in tar.getmembers() if m.name.startswith("media/"))
+    return data[: first_media.offset_data + 100]  # inside its data
 
 
 @packed("packed-no-end-of-archive", "none", "UnsafeBundleError", "end-of-archive blocks are missing")
