@@ -582,8 +582,9 @@ class SampleDecoder:
         name, fields = items
         height = self._heights.pop(id(fields), 1) if type(fields) is dict else 1
         try:
-            result = build_record(name, fields)
-        except ValueError as e:
+            # Locating a problem inside the fields: keep them as a Record for find_defect to walk.
+            result = Record(name, fields) if self._lenient else build_record(name, fields)
+        except (TypeError, ValueError) as e:
             raise Defect(str(e)) from None
         if height > 1:
             self._heights[id(result)] = height
@@ -721,10 +722,12 @@ def find_defect(sample: Any, path: str) -> tuple[str, str] | None:
             children = [(v, key_path(where, k), depth + 1) for k, v in obj.items() if type(v) in _FOUND]
         elif t is list or t is tuple:
             children = [(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj) if type(v) in _FOUND]
+        elif t is Record:
+            children = [(v, key_path(where, k), depth + 1) for k, v in obj.fields.items() if type(v) in _FOUND]
         else:
             continue
         stack.extend(reversed(children))
     return None
 
 
-_FOUND = _NOTABLE | {Bad}
+_FOUND = _NOTABLE | {Bad, Record}
