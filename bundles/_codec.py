@@ -582,8 +582,9 @@ class SampleDecoder:
         name, fields = items
         height = self._heights.pop(id(fields), 1) if type(fields) is dict else 1
         try:
-            # Locating a problem inside the fields: keep them as a Record for find_defect to walk.
-            result = Record(name, fields) if self._lenient else build_record(name, fields)
+            # Locating a problem: fields holding a marker stay a Record, for find_defect to walk.
+            located = self._lenient and type(fields) is dict and find_defect(fields, "") is not None
+            result = build_record(name, fields, instantiate=not located)
         except (TypeError, ValueError) as e:
             raise Defect(str(e)) from None
         if height > 1:

@@ -113,8 +113,11 @@ def record_fields(obj: Any) -> tuple[str, dict[str, Any]]:
     return name, {n: getattr(obj, n) for n in init_field_names(type(obj))}
 
 
-def build_record(name: Any, fields: Any) -> Any:
-    """The value a reader returns for a stored ``[name, fields]``; ``ValueError`` when malformed."""
+def build_record(name: Any, fields: Any, *, instantiate: bool = True) -> Any:
+    """The value a reader returns for a stored ``[name, fields]``; ``ValueError`` when malformed.
+
+    ``instantiate=False`` checks everything but the class's own validation and returns a
+    :class:`Record` (used to locate a problem inside the fields)."""
     check_name(name, "record name")
     if type(fields) is not dict or not all(type(k) is str for k in fields):
         raise ValueError(f"record {name!r}: expected a map of field names to values, found {fields!r}")
@@ -127,6 +130,8 @@ def build_record(name: Any, fields: Any) -> Any:
             f"record {name!r}: expected fields {list(expected)} (registered class "
             f"{cls.__module__}.{cls.__qualname__}), found {list(fields)}"
         )
+    if not instantiate:
+        return Record(name, fields)
     try:
         return cls(**fields)
     except Exception as e:  # the class's own validation refused the values
