@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles._errors import BundleError, BundleExistsError, BundleNotFoundError
+from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleNotFoundError
 from bundles._faults import fault_point
 from bundles._fs import exchange, fsync_dir, remove_tree, rename_noreplace
 from bundles._layout import MANIFEST_NAME, RETIRED_MARKER, STAGING_MARKER, STAGING_RE
@@ -213,10 +213,15 @@ def scratch_dir(beside: str | os.PathLike[str], purpose: str = "scratch") -> Pat
     Remove it when done.
     """
     target = Path(os.path.abspath(beside))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(target.parent)
-    path = _sibling_name(target.with_name(f"{target.name}.{purpose}"), STAGING_MARKER)
-    path.mkdir()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_staging(target.parent)
+        path = _sibling_name(target.with_name(f"{target.name}.{purpose}"), STAGING_MARKER)
+        path.mkdir()
+    except OSError as e:
+        if isinstance(e, BundleError):
+            raise
+        raise BundleIOError.wrap(target, f"create the {purpose} directory beside it", e) from e
     return path
 
 
