@@ -65,7 +65,7 @@ def child(ns: argparse.Namespace) -> int:
     after = sum(
         v.numel() * v.element_size() for d in kept if d for v in d.values() if isinstance(v, torch.Tensor)
     )
-    tokens = sum(int(g.prod()) // 4 for d in kept if d for g in d["image_grid_thw"])
+    tokens = sum(int(g.prod()) // proc.merge_size**2 for d in kept if d for g in d["image_grid_thw"])
     print(
         json.dumps(
             {

@@ -114,6 +114,21 @@ def _key(bundle: Bundle, i: int, sample: dict[Any, Any], parts: list[str], by: s
     return picked
 
 
+def _keyed(bundle: Bundle, by: str) -> Iterator[tuple[Any, int, dict[Any, Any]]]:
+    """``(key, position, sample)`` for every sample, refusing a key that repeats."""
+    parts = by.split(".")
+    first: dict[Any, int] = {}
+    for i, s in enumerate(bundle.samples()):
+        key = _key(bundle, i, s, parts, by)
+        if key in first:
+            raise BundleError(
+                f"{bundle.path}: samples[{i}].{by}: {key!r} repeats samples[{first[key]}]; "
+                "matching needs a key path whose value is unique per sample"
+            )
+        first[key] = i
+        yield key, i, s
+
+
 def diff_bundles(a: Bundle, b: Bundle, *, by: str | None = None, limit: int = 20) -> dict[str, Any]:
     """Compare two open bundles; return a JSON-able report (``"same"`` is true when nothing differs).
 
@@ -154,24 +169,9 @@ def diff_bundles(a: Bundle, b: Bundle, *, by: str | None = None, limit: int = 20
                     fingerprint(right[1], media_prefix=pb),
                 )
     else:
-        parts = by.split(".")
-        by_key: dict[Any, tuple[int, Any]] = {}
-        for i, s in enumerate(a.samples()):
-            key = _key(a, i, s, parts, by)
-            if key in by_key:
-                raise BundleError(
-                    f"{a.path}: samples[{i}].{by}: {key!r} repeats samples[{by_key[key][0]}]; "
-                    "matching needs a key path whose value is unique per sample"
-                )
-            by_key[key] = (i, fingerprint(s, media_prefix=pa))
+        by_key = {key: (i, fingerprint(s, media_prefix=pa)) for key, i, s in _keyed(a, by)}
         seen: dict[Any, int] = {}
-        for j, s in enumerate(b.samples()):
-            key = _key(b, j, s, parts, by)
-            if key in seen:
-                raise BundleError(
-                    f"{b.path}: samples[{j}].{by}: {key!r} repeats samples[{seen[key]}]; "
-                    "matching needs a key path whose value is unique per sample"
-                )
+        for key, j, s in _keyed(b, by):
             seen[key] = j
             if key not in by_key:
                 added.append(key)

@@ -6,8 +6,11 @@ import sys
 import time
 from typing import TextIO
 
+__all__ = ["Progress", "human_bytes"]
 
-def _human_bytes(n: float) -> str:
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``: the one size format of every command's output."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -40,15 +43,13 @@ class Progress:
         self.done = 0
         self._start = time.monotonic()
         self._last_draw = 0.0
+        self._drawn = 0
 
     def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _fmt(self, n: float) -> str:
-        return _human_bytes(n) if self.unit == "B" else f"{n:.0f}{(' ' + self.unit) if self.unit else ''}"
 
     def advance(self, n: int = 1) -> None:
         self.done += n
@@ -60,16 +61,26 @@ class Progress:
 
     def _draw(self, now: float) -> None:
         elapsed = max(now - self._start, 1e-9)
-        rate = f"{self._fmt(self.done / elapsed)}/s"
+        if self.unit == "B":
+            rate = f"{human_bytes(self.done / elapsed)}/s"
+            count = (
+                f"{human_bytes(self.done)}/{human_bytes(self.total)}"
+                if self.total
+                else human_bytes(self.done)
+            )
+        else:  # counted things: "3/20 samples 1.5/s"
+            unit = f" {self.unit}" if self.unit else ""
+            rate = f"{self.done / elapsed:.1f}/s"
+            count = f"{self.done}/{self.total}{unit}" if self.total else f"{self.done}{unit}"
         if self.total:
             frac = min(self.done / self.total, 1.0)
-            bar = "#" * int(frac * 30)
-            line = (
-                f"{self.desc} [{bar:<30}] {frac:6.1%} {self._fmt(self.done)}/{self._fmt(self.total)} {rate}"
-            )
+            line = f"{self.desc} [{'#' * int(frac * 30):<30}] {frac:6.1%} {count} {rate}"
         else:
-            line = f"{self.desc} {self._fmt(self.done)} {rate}"
-        self.stream.write("\r" + line[:120])
+            line = f"{self.desc} {count} {rate}"
+        line = line[:120]
+        # Pad over the end of a longer previous line (a rate that lost a digit).
+        self.stream.write("\r" + line.ljust(self._drawn))
+        self._drawn = len(line)
         self.stream.flush()
 
     def close(self) -> None:

@@ -28,7 +28,7 @@ from bundles._cli import (
 from bundles._diff import diff_bundles
 from bundles._layout import MEDIA_DIR
 from bundles._pack import pack_bundle, unpack_bundle
-from bundles._progress import Progress, _human_bytes
+from bundles._progress import Progress, human_bytes
 from bundles._reader import open_bundle
 from bundles._show import dumps_pretty, parse_key_paths, select, to_json
 
@@ -75,7 +75,7 @@ def _inspect(ns: argparse.Namespace) -> int:
     print(f"bundle        {info['path']}")
     print(f"kind          {info['kind']} (format_version {info['format_version']}, {info['created_by']})")
     print(f"samples       {info['samples']} in {info['shards']} shard(s)")
-    print(f"media         {stored} file(s), {_human_bytes(info['media_bytes'])}")
+    print(f"media         {stored} file(s), {human_bytes(info['media_bytes'])}")
     ratio = f"{refs / stored:.2f}x" if stored else "n/a"
     print(f"references    {refs} (dedup ratio {ratio})")
     print(
@@ -152,7 +152,7 @@ def _diff(ns: argparse.Namespace) -> int:
     media = report["media"]
     for side, label in (("only_in_a", "A"), ("only_in_b", "B")):
         for m in media[side]:
-            print(f"media only in {label}: {m['path']} ({_human_bytes(m['size'])})")
+            print(f"media only in {label}: {m['path']} ({human_bytes(m['size'])})")
     print(
         f"{'same' if report['same'] else 'different'}: samples {len(samples['added'])} added, "
         f"{len(samples['removed'])} removed, {len(samples['changed'])} changed, {samples['unchanged']} unchanged; "
@@ -206,7 +206,7 @@ def _pack(ns: argparse.Namespace) -> int:
     if ns.json:
         _print_json({"bundle": os.path.abspath(ns.bundle), "output": str(out), "bytes": size})
     else:
-        print(f"packed {ns.bundle} -> {out} ({_human_bytes(size)})")
+        print(f"packed {ns.bundle} -> {out} ({human_bytes(size)})")
     return 0
 
 

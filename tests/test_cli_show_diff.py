@@ -167,3 +167,17 @@ def test_diff_by_key_and_of_copies(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["diff", str(a), str(tmp_path / "a.rbundle")]) == 0
     capsys.readouterr()
     assert show(capsys, str(tmp_path / "a.rbundle"), "1") == show(capsys, str(a), "1")
+
+
+def test_diff_by_a_key_that_repeats_names_both_samples_on_either_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    s = samples(run)
+    a = write_bundle(tmp_path / "a", s, media_roots=[run])
+    twice = write_bundle(tmp_path / "twice", [s[0], s[1], s[0]], media_roots=[run])
+    for left, right in ((a, twice), (twice, a)):
+        assert main(["diff", str(left), str(right), "--by", "index"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("rollout-bundle diff: error: ") and err.count("\n") == 1
+        assert f"{twice}: samples[2].index: 0 repeats samples[0]" in err

@@ -206,6 +206,15 @@ def test_clean_dump_replays_with_exit_0_report_and_payloads(tmp_path, capsys):
     assert summary["bytes_before_cast"] == summary["bytes_after_cast"] > 0
 
 
+def test_progress_line_counts_samples_only_when_asked(tmp_path, capsys):
+    dump = make_dump(tmp_path, 3)
+    assert run_cli(str(dump), "--progress", "--json") == 0
+    err = capsys.readouterr().err
+    assert err.startswith("\rreplay [") and "100.0% 3/3 samples" in err and err.endswith("\n")
+    assert run_cli(str(dump), "--json") == 0  # captured stderr is no terminal: no line by default
+    assert capsys.readouterr().err == ""
+
+
 def test_guard_violation_and_double_expansion_exit_1(tmp_path, capsys):
     dump = make_dump(tmp_path, 3, dense=(1,), expanded_twice=(2,))
     assert run_cli(str(dump), "--report", str(tmp_path / "r.json")) == 1

@@ -99,6 +99,13 @@ def test_guard_fires_for_a_custom_converter(tmp_path):
     # The same converter on text-only samples ships dense tensors only: allowed.
     out = convert_samples_to_train_data(Namespace(), [sample(3), sample(5)], None, custom)
     assert out["multimodal_train_inputs"] == [DENSE, DENSE]
+    # Output the guard cannot read is refused naming the converter, not an AttributeError.
+    with pytest.raises(
+        ValueError, match=r"custom converter .*<lambda>\): expected a dict of per-sample lists, found list"
+    ):
+        convert_samples_to_train_data(Namespace(), refs_only, None, lambda args, s: list(s))
+    with pytest.raises(ValueError, match=r"multimodal_inputs: expected one entry per sample, found dict"):
+        convert_samples_to_train_data(Namespace(), refs_only, None, lambda args, s: {"multimodal_inputs": {}})
 
 
 def test_guard_passes_with_references_only_and_dense_only(tmp_path):

@@ -16,6 +16,7 @@ import json
 import sys
 from typing import Any
 
+from bundles._progress import human_bytes
 from bundles.cli import add_command
 from trainer_hooks._lease import (
     DEFAULT_SWEEP_OLDER_THAN_S,
@@ -33,15 +34,6 @@ def _duration(text: str) -> float:
         return parse_duration(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def register(subparsers: Any) -> None:
@@ -101,7 +93,7 @@ def _print_table(entries: list[SweepEntry], args: argparse.Namespace, out: objec
             state += " (FAILED)"
         detail = e.reason if not e.error else f"{e.reason}; delete failed: {e.error}"
         age = "-" if e.age_s is None else format_duration(e.age_s)
-        rows.append((state, _size(e.size), age, e.run_id, detail))
+        rows.append((state, human_bytes(e.size), age, e.run_id, detail))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         write("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] + "\n")
@@ -113,12 +105,12 @@ def _print_table(entries: list[SweepEntry], args: argparse.Namespace, out: objec
         freed = sum(e.freed for e in deleted)
         failed = len(removable) - len(deleted)
         write(
-            f"deleted {len(deleted)} run director{'y' if len(deleted) == 1 else 'ies'}, freed {_size(freed)}; "
+            f"deleted {len(deleted)} run director{'y' if len(deleted) == 1 else 'ies'}, freed {human_bytes(freed)}; "
             f"kept {kept}" + (f"; {failed} could not be deleted" if failed else "") + "\n"
         )
     elif removable:
         write(
-            f"{len(removable)} of {len(entries)} run directories can be removed ({_size(total)}); "
+            f"{len(removable)} of {len(entries)} run directories can be removed ({human_bytes(total)}); "
             "run again with --delete to remove them\n"
         )
     else:

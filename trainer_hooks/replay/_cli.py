@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any, TextIO
 
 from bundles import BundleError
 from bundles._cli import CommandError, add_command, add_json_option, add_progress_option
+from bundles._progress import Progress, human_bytes
 
 __all__ = ["VIOLATION_KINDS", "register", "run_replay"]
 
@@ -101,38 +101,6 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
 
 
-class _Bar:
-    """A progress line on a terminal (stderr), nothing otherwise."""
-
-    def __init__(self, stream: TextIO, enabled: bool | None = None) -> None:
-        self.stream = stream
-        self.enabled = bool(getattr(stream, "isatty", lambda: False)()) if enabled is None else enabled
-        self.start = time.monotonic()
-        self.last = 0.0
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if now - self.last < 0.1 and done < total:
-            return
-        self.last = now
-        frac = done / total if total else 1.0
-        rate = done / max(now - self.start, 1e-9)
-        self.stream.write(f"\rreplay [{'#' * int(frac * 30):<30}] {done}/{total} samples {rate:.1f}/s")
-        if done >= total:
-            self.stream.write("\n")
-        self.stream.flush()
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def _all_problems(report: dict[str, Any]) -> list[dict[str, Any]]:
     out = [p for e in report["samples"] for p in e["problems"]]
     out += [{"kind": "processor", "message": m} for m in report["processor"].get("disagreements", [])]
@@ -160,8 +128,10 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
     w(f"vision tokens  {s['vision_tokens']}\n")
     before, after = s["bytes_before_cast"], s["bytes_after_cast"]
     ratio = f" ({after / before:.2f}x)" if before else ""
-    w(f"tensor bytes   {_size(before)} from the processor -> {_size(after)} as {report['dtype']}{ratio}\n")
-    w(f"peak memory    {_size(s['peak_rss_bytes'])} (RSS high-water mark)\n")
+    w(
+        f"tensor bytes   {human_bytes(before)} from the processor -> {human_bytes(after)} as {report['dtype']}{ratio}\n"
+    )
+    w(f"peak memory    {human_bytes(s['peak_rss_bytes'])} (RSS high-water mark)\n")
     kinds = s["problems"]
     if not kinds:
         w("problems       none\n")
@@ -178,7 +148,6 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
 def run_replay(ns: argparse.Namespace) -> int:
     from trainer_hooks.replay._report import REPORT_FORMAT, replay_bundle
 
-    err = sys.stderr
     expect = None
     if ns.expect is not None:
         try:
@@ -210,19 +179,26 @@ def run_replay(ns: argparse.Namespace) -> int:
     from trainer_hooks.replay._memory import tune_allocator
 
     tune_allocator()  # this process exists to replay (see _memory)
+    bar = Progress("replay", unit="samples", enabled=getattr(ns, "progress", None))
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.advance(done - bar.done)
+
     try:
-        report = replay_bundle(
-            ns.bundle,
-            dtype=ns.dtype,
-            limit=ns.limit,
-            mm_process_config=ns.mm_process_config,
-            expect=expect,
-            payloads_out=ns.payloads_out,
-            answers=answers,
-            use_ray=ns.ray is not None,
-            ray_address=ns.ray or None,
-            progress=_Bar(err, getattr(ns, "progress", None)),
-        )
+        with bar:
+            report = replay_bundle(
+                ns.bundle,
+                dtype=ns.dtype,
+                limit=ns.limit,
+                mm_process_config=ns.mm_process_config,
+                expect=expect,
+                payloads_out=ns.payloads_out,
+                answers=answers,
+                use_ray=ns.ray is not None,
+                ray_address=ns.ray or None,
+                progress=progress,
+            )
     except BundleError:
         raise  # an unreadable bundle: exit 1 (some are ValueErrors too)
     except ValueError as e:  # --answers that do not match the payloads, unusable settings

@@ -22,7 +22,8 @@ _MEDIA_KEYS = ("images", "videos", "audios")
 def _media_count(mm: Any) -> int:
     if not isinstance(mm, Mapping):
         return 0
-    return sum(len(mm.get(k) or ()) for k in _MEDIA_KEYS)
+    # `is None`, not truthiness: a custom converter may hand tensors, whose truth value is an error.
+    return sum(len(items) for k in _MEDIA_KEYS if (items := mm.get(k)) is not None)
 
 
 def _dense_keys(mti: Any) -> list[str]:
@@ -61,7 +62,14 @@ def guard_violations(train_data: Mapping[str, Any], first_position: int = 0) -> 
 
 
 def check_train_data(train_data: Mapping[str, Any], where: str = "convert_samples_to_train_data") -> None:
-    """Raise ``ValueError`` naming the first sample that violates the guard."""
+    """Raise ``ValueError`` naming the first sample that violates the guard (or output that is no
+    dict of per-sample lists, as a custom converter may return)."""
+    if not isinstance(train_data, Mapping):
+        raise ValueError(f"{where}: expected a dict of per-sample lists, found {type(train_data).__name__}")
+    for key in ("multimodal_inputs", "multimodal_train_inputs"):
+        value = train_data.get(key)
+        if value is not None and not isinstance(value, Sequence):
+            raise ValueError(f"{where}: {key}: expected one entry per sample, found {type(value).__name__}")
     found = guard_violations(train_data)
     if found:
         more = f" ({len(found) - 1} more sample(s) do too)" if len(found) > 1 else ""

@@ -46,6 +46,7 @@ import numpy as np
 
 import bundles
 from bundles import Bundle, BundleError, MediaRef, open_bundle
+from bundles._progress import human_bytes
 from trainer_hooks.view._style import CSS
 
 __all__ = ["REPLAY_FORMAT", "THUMB_WIDTH", "ReportWritten", "load_replay_report", "write_html_report"]
@@ -317,14 +318,6 @@ def e(v: Any) -> str:
     return html.escape(str(v), quote=True)
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def _compact(v: Any) -> str:
     return json.dumps(v, ensure_ascii=False, sort_keys=True, default=str)
 
@@ -409,8 +402,10 @@ def _header(bundle: Bundle, views: list[_SampleView], shown_images: int, distinc
     out.append(_stat(str(stored), "media files stored"))
     out.append(_stat(str(refs), "media references"))
     out.append(_stat(f"{refs / stored:.2f}×" if stored else "–", "dedup ratio"))
-    out.append(_stat(_size(bundle.media_bytes), "media"))
-    out.append(_stat(_size(_bundle_bytes(bundle)), "packed file" if bundle.packed else "bundle on disk"))
+    out.append(_stat(human_bytes(bundle.media_bytes), "media"))
+    out.append(
+        _stat(human_bytes(_bundle_bytes(bundle)), "packed file" if bundle.packed else "bundle on disk")
+    )
     if rewards:
         out.append(_stat(f"{sum(rewards) / len(rewards):.3g}", "mean reward"))
     out.append(_stat(str(shown_images), f"screenshots shown, {distinct} distinct"))
@@ -449,7 +444,9 @@ def _replay_summary(replay: dict[str, Any], name: str) -> str:
     before, after = s.get("bytes_before_cast"), s.get("bytes_after_cast")
     cast = "–"
     if isinstance(before, int) and isinstance(after, int):
-        cast = f"{_size(before)} → {_size(after)}" + (f" ({after / before:.2f}×)" if before else "")
+        cast = f"{human_bytes(before)} → {human_bytes(after)}" + (
+            f" ({after / before:.2f}×)" if before else ""
+        )
     proc = replay.get("processor") or {}
     rows: list[tuple[str, Any]] = [
         ("report", e(name)),
@@ -459,7 +456,7 @@ def _replay_summary(replay: dict[str, Any], name: str) -> str:
         ("samples / images", e(f"{s.get('samples', '–')} / {s.get('images', '–')}")),
         ("vision tokens", e(s.get("vision_tokens", "–"))),
         ("tensor bytes", e(cast)),
-        ("peak RSS", e(_size(s["peak_rss_bytes"])) if isinstance(s.get("peak_rss_bytes"), int) else "–"),
+        ("peak RSS", e(human_bytes(s["peak_rss_bytes"])) if isinstance(s.get("peak_rss_bytes"), int) else "–"),
         ("problems", " ".join(f'<span class="badge bad">{e(k)} {e(n)}</span>' for k, n in problems.items())
          or '<span class="badge ok">none</span>'),
     ]  # fmt: skip
