@@ -50,6 +50,18 @@ class CommandError(Exception):
         self.status = status
 
 
+def check_output_file(flag: str, path: str | os.PathLike[str] | None, *, create_parent: bool = False) -> None:
+    """Refuse, before any work is done, an output file the command could not write at the end:
+    a directory, or (unless the command creates it) a parent directory that does not exist."""
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise CommandError(f"{flag} {os.fspath(path)}: is a directory; name the file to write", status=2)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not create_parent and not os.path.isdir(parent):
+        raise CommandError(f"{flag} {os.fspath(path)}: directory {parent} does not exist", status=2)
+
+
 def version_text() -> str:
     from bundles import __version__
 

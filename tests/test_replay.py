@@ -265,6 +265,13 @@ def test_bad_usage_exits_2(tmp_path, capsys):
     not_a_report.write_text('{"samples": []}')
     assert run_cli(str(dump), "--expect", str(not_a_report)) == 2
     assert "expected a replay report" in capsys.readouterr().err
+    # Outputs that could not be written are refused before the replay runs, naming the flag.
+    assert run_cli(str(dump), "--report", str(tmp_path / "no-dir" / "r.json")) == 2
+    assert f"--report {tmp_path / 'no-dir' / 'r.json'}: directory {tmp_path / 'no-dir'} does not exist" in (
+        capsys.readouterr().err
+    )
+    assert run_cli(str(dump), "--payloads-out", str(tmp_path)) == 2
+    assert f"--payloads-out {tmp_path}: is a directory" in capsys.readouterr().err
     # A path that is no bundle: an error naming it, exit 1.
     assert run_cli(str(tmp_path / "nothing")) == 1
 

@@ -198,6 +198,16 @@ def test_bad_input_is_one_error_line(
     assert not (tmp_path / "r.html").exists()
 
 
+def test_an_output_that_is_a_directory_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = cua_dump(tmp_path)
+    assert main(["view", str(bundle), "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"rollout-bundle view: error: -o {tmp_path}: is a directory; name the file to write\n"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     if find_chromium() is None:
         if os.environ.get("CI"):

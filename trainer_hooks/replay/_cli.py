@@ -20,7 +20,13 @@ import sys
 from typing import Any, TextIO
 
 from bundles import BundleError
-from bundles._cli import CommandError, add_command, add_json_option, add_progress_option
+from bundles._cli import (
+    CommandError,
+    add_command,
+    add_json_option,
+    add_progress_option,
+    check_output_file,
+)
 from bundles._progress import Progress, human_bytes
 
 __all__ = ["VIOLATION_KINDS", "register", "run_replay"]
@@ -148,6 +154,9 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
 def run_replay(ns: argparse.Namespace) -> int:
     from trainer_hooks.replay._report import REPORT_FORMAT, replay_bundle
 
+    # A replay can take minutes: refuse outputs it could not write before doing the work.
+    check_output_file("--report", ns.report)
+    check_output_file("--payloads-out", ns.payloads_out)
     expect = None
     if ns.expect is not None:
         try:

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from bundles.cli import CommandError, add_command, add_json_option, add_progress_option
+from bundles.cli import CommandError, add_command, add_json_option, add_progress_option, check_output_file
 
 __all__ = ["register"]
 
@@ -39,6 +39,8 @@ def run_view(ns: argparse.Namespace) -> int:
     except ImportError:
         raise CommandError("view needs Pillow for the thumbnails: pip install pillow", status=2) from None
     from trainer_hooks.view._report import write_html_report
+
+    check_output_file("-o", ns.output, create_parent=True)  # before the thumbnails are made
 
     written = write_html_report(
         ns.bundle, ns.output, replay=ns.replay, limit=ns.limit, samples=ns.samples, progress=ns.progress
