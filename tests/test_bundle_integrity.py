@@ -22,12 +22,15 @@ import zstandard
 from media_helpers import put_media
 
 from bundles import (
+    BundleError,
     BundleFormatError,
+    BundleIOError,
     BundleVerificationError,
     MediaRef,
     UnsafeBundleError,
     UnsupportedValueError,
     open_bundle,
+    pack_bundle,
     write_bundle,
 )
 
@@ -281,3 +284,68 @@ def test_sparse_tensors_are_refused_naming_the_layout(tmp_path):
             == f"{tmp_path / 'b'}: samples[0].x.t: only dense tensors are stored, found layout {layout}"
         )
         assert not (tmp_path / "b").exists()
+
+
+# -- rehydrate keeps what is right and replaces what is not ---------------------------------------
+
+
+def test_rehydrate_keeps_a_right_file_replaces_a_wrong_sized_one_and_is_idempotent(tmp_path):
+    run = tmp_path / "run"
+    blobs = [b"first" * 40, b"second" * 40]
+    paths = [put_media(run, b) for b in blobs]
+    a = write_bundle(tmp_path / "a", [{"imgs": paths}], media_roots=[run])
+    target = tmp_path / "new-run"
+    target.mkdir()
+    names = [Path(p).name for p in paths]
+    (target / names[0]).write_bytes(blobs[0])  # already there, right size: kept as it is
+    kept_inode = (target / names[0]).stat().st_ino
+    (target / names[1]).write_bytes(b"truncated")  # wrong size: replaced
+    bundle = open_bundle(a, verify="fast")
+    for _ in range(2):  # the second call finds everything in place
+        (s,) = bundle.rehydrate(target)
+        assert s["imgs"] == [str(target / n) for n in names]
+        assert [Path(p).read_bytes() for p in s["imgs"]] == blobs
+        assert (target / names[0]).stat().st_ino == kept_inode
+    assert sorted(os.listdir(target)) == sorted(names)
+
+
+def test_rehydrate_errors_name_the_bundle_and_the_target(tmp_path):
+    a = write_bundle(tmp_path / "a", [{"i": 0}])
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(BundleIOError) as e:
+        open_bundle(a).rehydrate(tmp_path / "a-file")
+    assert str(e.value).startswith(
+        f"{a}: cannot rehydrate into {tmp_path / 'a-file'}: [Errno 17] File exists"
+    )
+    assert isinstance(e.value, OSError)
+
+
+def test_a_packed_bundle_rehydrates_by_copy_and_refuses_links(tmp_path):
+    run = tmp_path / "run"
+    data = os.urandom(500)
+    a = write_bundle(tmp_path / "a", [{"img": put_media(run, data)}], media_roots=[run])
+    packed = open_bundle(pack_bundle(a, tmp_path / "a.rbundle"))
+    for link in ("auto", "copy"):
+        (s,) = packed.rehydrate(tmp_path / f"new-{link}", link=link)
+        assert Path(s["img"]).parent == tmp_path / f"new-{link}" and Path(s["img"]).read_bytes() == data
+    with pytest.raises(BundleError) as e:
+        packed.rehydrate(tmp_path / "new-hardlink", link="hardlink")
+    assert str(e.value) == (
+        f"{tmp_path / 'a.rbundle'}: link='hardlink': the members of a packed bundle can only be copied; "
+        "use link='auto' or 'copy'"
+    )
+    assert not (tmp_path / "new-hardlink").exists()
+
+
+def test_rehydrate_by_copy_of_a_missing_media_file_names_it(tmp_path):
+    run = tmp_path / "run"
+    a = write_bundle(tmp_path / "a", [{"img": put_media(run, b"gone soon")}], media_roots=[run], link="copy")
+    (stored,) = (a / "media").iterdir()
+    os.chmod(a / "media", 0o755)
+    stored.unlink()
+    with pytest.raises(BundleIOError) as e:
+        open_bundle(a, verify="none").rehydrate(tmp_path / "new-run", link="copy")
+    assert str(e.value) == (
+        f"{a}: cannot rehydrate into {tmp_path / 'new-run'}: [Errno 2] No such file or directory: '{stored}'"
+    )
+    assert os.listdir(tmp_path / "new-run") == []
