@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -19,6 +20,7 @@ from media_helpers import put_media, tree_snapshot
 from swap_helpers import make_victim, swap_after_listing, victim_intact
 
 from bundles import (
+    BundleError,
     BundleExistsError,
     BundleNotFoundError,
     BundleReplacedError,
@@ -27,6 +29,7 @@ from bundles import (
     remove_bundle,
     write_bundle,
 )
+from bundles._fs import remove_tree
 
 MANIFEST = "manifest.json"
 
@@ -316,7 +319,9 @@ def test_removing_a_bundle_never_follows_a_directory_swapped_for_a_symlink(tmp_p
 
 def _as_unprivileged(fn, base: Path) -> None:
     """Run ``fn(base)`` as an unprivileged user: directly when we are one, else in a forked child
-    that drops to nobody, since root ignores the permissions this is about."""
+    that drops to nobody, since root ignores the permissions this is about. The child only makes
+    system calls (no bundle writes, no threads, no imports), so a lock some other thread of this
+    process held at the fork cannot hang it."""
     if os.geteuid() != 0:
         fn(base)
         return
@@ -340,9 +345,6 @@ def _as_unprivileged(fn, base: Path) -> None:
 
 
 def _permissions_scenario(base: Path) -> None:
-    from bundles import BundleError
-    from bundles._fs import remove_tree
-
     parent = base / "team"
     parent.mkdir()
     os.chmod(parent, 0o2770)
@@ -367,11 +369,6 @@ def _permissions_scenario(base: Path) -> None:
     assert not tree.exists() and (parent / "kept").read_bytes() == b"12345"
     assert stat.S_IMODE(parent.stat().st_mode) == 0o2770
 
-    write_bundle(parent / "b", [{"i": 1}])
-    write_bundle(parent / "b", [{"i": 2}], overwrite=True)
-    assert sorted(os.listdir(parent)) == ["b", "kept"]
-    assert stat.S_IMODE(parent.stat().st_mode) == 0o2770
-
     # A read-only parent is reported, never made writable.
     (parent / "t2").mkdir()
     os.chmod(parent, 0o2550)
@@ -384,22 +381,21 @@ def _permissions_scenario(base: Path) -> None:
 def test_remove_tree_never_chmods_outside_what_it_deletes(tmp_path):
     """Issue 8 defect 5: a vanished staging directory, or a read-only tree, inside a setgid
     group directory leaves that directory's mode alone."""
-    import tempfile
-
-    from bundles._fs import remove_tree
-
     # Not under tmp_path: pytest makes that private to root, and the scenario may run as nobody.
     base = Path(tempfile.mkdtemp(prefix="perm-", dir="/tmp"))
     try:
         _as_unprivileged(_permissions_scenario, base)
+        # Writes and overwrites into the group directory leave its mode alone too.
+        parent = base / "team"
+        write_bundle(parent / "b", [{"i": 1}])
+        write_bundle(parent / "b", [{"i": 2}], overwrite=True)
+        assert sorted(os.listdir(parent)) == ["b", "kept", "t2"]
+        assert stat.S_IMODE(parent.stat().st_mode) == 0o2770
     finally:
         remove_tree(base)
 
 
 def test_remove_tree_refuses_a_symlink_or_a_file_and_removes_nothing(tmp_path):
-    from bundles import BundleError
-    from bundles._fs import remove_tree
-
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "keep").write_bytes(b"x")
     (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
@@ -562,8 +558,6 @@ def test_a_kill_while_discarding_the_previous_bundle_leaves_one_complete_bundle(
 
 
 def test_remove_bundle_killed_midway_never_leaves_a_bundle_under_a_hidden_name(tmp_path):
-    from bundles import remove_bundle  # noqa: F401  (the script below uses it)
-
     dest = write_bundle(tmp_path / "b", [{"i": 1}])
     script = f"from bundles import remove_bundle; remove_bundle({str(dest)!r})"
     for point in ("remove_bundle.after-retire", "discard.after-manifest"):

@@ -390,6 +390,8 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path, target):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
 
     # The previous checkpoint is complete, fully verifiable and loadable into a new run.
     assert killed_in.exists()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -49,6 +50,7 @@ SEED = int(os.environ.get("CRASH_SEED", "20261130"))
 POINTS = int(os.environ.get("CRASH_POINTS", "24"))
 MEDIA_FILES = 12
 KEEP = 2
+TRIAL_TIMEOUT_S = 60
 
 SERVER = textwrap.dedent(
     """
@@ -132,6 +134,7 @@ class Server:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,  # its forked children too can be killed as one group
         )
         assert self.proc.stdout is not None and self.proc.stdin is not None
         line = self.proc.stdout.readline()
@@ -141,19 +144,28 @@ class Server:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(trial) + "\n")
         self.proc.stdin.flush()
+        # One line per trial; a child that hangs instead of dying fails the test, never stalls it.
+        ready, _, _ = select.select([self.proc.stdout], [], [], TRIAL_TIMEOUT_S)
+        if not ready:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError(
+                f"{trial['point']}: the save neither died nor finished in {TRIAL_TIMEOUT_S}s"
+            )
         line = self.proc.stdout.readline()
         assert line, self.proc.stderr.read() if self.proc.stderr else "server died"
         return int(json.loads(line)["status"])
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # the server's loop ends
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def _versions(path: Path) -> set[str]:

@@ -64,6 +64,8 @@ class Run:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 @pytest.fixture
