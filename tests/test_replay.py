@@ -15,7 +15,7 @@ Image = pytest.importorskip("PIL.Image")
 
 from replay_helpers import PAD, make_dump, png  # noqa: E402
 
-from bundles import pack_bundle  # noqa: E402
+from bundles import pack_bundle, write_bundle  # noqa: E402
 from trainer_hooks import (  # noqa: E402
     Sample,
     compute_multimodal_train_inputs,
@@ -274,6 +274,25 @@ def test_bad_usage_exits_2(tmp_path, capsys):
     assert f"--payloads-out {tmp_path}: is a directory" in capsys.readouterr().err
     # A path that is no bundle: an error naming it, exit 1.
     assert run_cli(str(tmp_path / "nothing")) == 1
+
+
+@pytest.mark.parametrize(
+    "processor, message",
+    [
+        ({"mm_process_config": "x{"}, "meta.processor.mm_process_config: expected a JSON object, found 'x{'"),
+        ({"image_token_id": [1]}, "meta.processor.image_token_id: expected a token id (int >= 0) or null"),
+    ],
+)
+def test_bad_recorded_processor_settings_are_the_bundles_error(tmp_path, capsys, processor, message):
+    """Exit 1 naming the bundle and key path (not 2, which is for bad flags; not a TypeError)."""
+    bundle = write_bundle(
+        tmp_path / "b", [{"tokens": [1, 2, 3], "response_length": 1, "status": "completed"}],
+        kind="debug_dump", meta={"processor": processor, "training_dtype": "bf16"},
+    )  # fmt: skip
+    assert run_cli(str(bundle)) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rollout-bundle replay: error: ") and f"{bundle}: {message}" in err
+    assert err.count("\n") == 1
 
 
 def test_packed_bundle_replays_the_same(tmp_path):

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles import Bundle, BundleError
+from trainer_hooks._processor_args import parse_mm_process_config
 from trainer_hooks._sample import Sample
 from trainer_hooks.replay._guard import _default_convert, guard_violations
 from trainer_hooks.replay._payload import build_prefill_scoring_payload, compare_prefill_logprobs
@@ -111,6 +112,19 @@ def plan_replay(
     recorded = meta.get("processor")
     if recorded is not None and not isinstance(recorded, Mapping):
         raise BundleError(f"{bundle.path}: meta.processor: expected an object or null, found {recorded!r}")
+    if recorded is not None:
+        # What the bundle recorded is checked here, so that a bad value is the bundle's error (exit 1,
+        # naming it) and not taken for a bad --mm-process-config (exit 2).
+        where = f"{bundle.path}: meta.processor"
+        try:
+            parse_mm_process_config(recorded.get("mm_process_config"), where=f"{where}.mm_process_config")
+        except ValueError as e:
+            raise BundleError(str(e)) from None
+        token_id = recorded.get("image_token_id")
+        if token_id is not None and (type(token_id) is not int or token_id < 0):
+            raise BundleError(
+                f"{where}.image_token_id: expected a token id (int >= 0) or null, found {token_id!r}"
+            )
     if dtype is None:
         dtype = meta.get("training_dtype") or "fp32"
     if dtype not in DTYPE_NAMES:
