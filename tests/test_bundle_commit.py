@@ -639,3 +639,45 @@ def test_remove_bundle_tolerates_a_concurrent_remover(tmp_path):
     ):
         remove_bundle(dest)
     assert raced and list(tmp_path.iterdir()) == []
+
+
+RACING_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from bundles import write_bundle
+    parent, who, start = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+    time.sleep(max(0.0, start - time.time()))  # all writers start together
+    for i in range(8):
+        write_bundle(parent / f"b{i}", [{"who": who, "i": i, "pad": b"x" * 4096}], overwrite=True)
+    """
+)
+
+
+def test_four_writers_racing_on_the_same_destinations_all_succeed(tmp_path):
+    """Issue 8 defects 5 and 14 as a real race: four processes write the same eight new
+    destinations with overwrite=True into one 0o2770 directory. Every write succeeds, each
+    destination ends as one complete bundle, nothing is left behind and the mode is kept."""
+    parent = tmp_path / "team"
+    parent.mkdir()
+    os.chmod(parent, 0o2770)
+    start = time.time() + 1.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACING_WRITER, str(parent), f"w{n}", str(start)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(4)
+    ]
+    errors = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode != 0:
+            errors.append(err[-2000:])
+    assert errors == []
+    assert sorted(p.name for p in parent.iterdir()) == [f"b{i}" for i in range(8)]
+    for i in range(8):
+        [sample] = open_bundle(parent / f"b{i}", verify="full").samples()
+        assert sample["i"] == i and sample["who"] in {"w0", "w1", "w2", "w3"}
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o2770
