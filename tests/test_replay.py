@@ -272,6 +272,12 @@ def test_bad_usage_exits_2(tmp_path, capsys):
     )
     assert run_cli(str(dump), "--payloads-out", str(tmp_path)) == 2
     assert f"--payloads-out {tmp_path}: is a directory" in capsys.readouterr().err
+    # No bundle (BUNDLE is optional to argparse only so that `--ray BUNDLE` works): still required.
+    assert run_cli("--ray", "auto") == 2
+    assert (
+        capsys.readouterr().err
+        == "rollout-bundle replay: error: the following arguments are required: BUNDLE\n"
+    )
     # A path that is no bundle: an error naming it, exit 1.
     assert run_cli(str(tmp_path / "nothing")) == 1
 
@@ -306,7 +312,7 @@ def test_packed_bundle_replays_the_same(tmp_path):
 
 
 @pytest.mark.ray
-def test_ray_replay_equals_local_replay(tmp_path, ray_local):
+def test_ray_replay_equals_local_replay(tmp_path, ray_local, capsys):
     dump = make_dump(tmp_path, 5, dense=(1,), text_only=(3,))
     local = replay_bundle(dump, payloads_out=tmp_path / "local.jsonl")
     seen: list[tuple[int, int]] = []
@@ -320,6 +326,10 @@ def test_ray_replay_equals_local_replay(tmp_path, ray_local):
     assert drop(remote["summary"]) == drop(local["summary"])
     assert remote["summary"]["problems"] == {"guard": 1}
     assert (tmp_path / "ray.jsonl").read_text() == (tmp_path / "local.jsonl").read_text()
+    # `replay --ray BUNDLE` (no address): the bundle path is not taken for a Ray address.
+    assert main(["replay", "--ray", str(dump), "--json", "--no-progress"]) == 1  # the guard violation
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["samples"] == 5 and summary["problems"] == {"guard": 1}
 
 
 def sglang_answer(payload: dict, logprobs: list[float], *, shift: int = 0) -> dict:

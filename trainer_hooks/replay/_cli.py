@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, TextIO
 
@@ -73,6 +74,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "bundle",
+        nargs="?",  # required; optional only so that `--ray BUNDLE` can be told apart (run_replay)
         metavar="BUNDLE",
         help="a rollout checkpoint or debug dump: a bundle directory or packed file",
     )
@@ -105,6 +107,11 @@ def register(subparsers: Any) -> None:
         help="shard samples over Ray tasks (the bundle must be on a filesystem the cluster shares); "
         "ADDRESS as for ray.init (default: a running local cluster, else a new one)",
     )  # fmt: skip
+    p.usage = (
+        "%(prog)s BUNDLE [--dtype {bf16,fp16,fp32}] [--limit N] [--json] [--report FILE.json]\n"
+        "       [--payloads-out FILE.jsonl] [--expect FILE.json] [--answers FILE.jsonl]\n"
+        "       [--mm-process-config JSON] [--ray [ADDRESS]] [--progress | --no-progress]"
+    )
 
 
 def _all_problems(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -154,6 +161,13 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
 def run_replay(ns: argparse.Namespace) -> int:
     from trainer_hooks.replay._report import REPORT_FORMAT, replay_bundle
 
+    if ns.bundle is None:
+        # `replay --ray BUNDLE`: argparse hands the bundle to --ray's optional ADDRESS. An address
+        # is "auto", HOST:PORT or ray://...; a path that exists is the bundle.
+        if ns.ray and os.path.exists(ns.ray):
+            ns.bundle, ns.ray = ns.ray, ""
+        else:
+            raise CommandError("the following arguments are required: BUNDLE", status=2)
     # A replay can take minutes: refuse outputs it could not write before doing the work.
     check_output_file("--report", ns.report)
     check_output_file("--payloads-out", ns.payloads_out)
