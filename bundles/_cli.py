@@ -50,6 +50,21 @@ class CommandError(Exception):
         self.status = status
 
 
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an int >= ``minimum`` (``--limit N``), refused naming what was given."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, found {text!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, found {n}")
+        return n
+
+    return parse
+
+
 def check_output_file(flag: str, path: str | os.PathLike[str] | None, *, create_parent: bool = False) -> None:
     """Refuse, before any work is done, an output file the command could not write at the end:
     a directory, or (unless the command creates it) a parent directory that does not exist."""

@@ -135,6 +135,8 @@ def diff_bundles(a: Bundle, b: Bundle, *, by: str | None = None, limit: int = 20
     ``by`` is a key path (``"index"``, ``"metadata.task_id"``) whose value identifies a sample
     in both bundles; it must be present and unique in every sample.
     """
+    if type(limit) is not int or limit < 0:
+        raise BundleError(f"diff_bundles: limit: expected an int >= 0, found {limit!r}")
     report: dict[str, Any] = {"a": _side(a), "b": _side(b), "by": by or "position"}
     report["kind"] = None if a.kind == b.kind else {"a": a.kind, "b": b.kind}
     meta, more = _first(changes(fingerprint(a.meta), fingerprint(b.meta), "meta"), limit)

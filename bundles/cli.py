@@ -23,6 +23,7 @@ from bundles._cli import (
     build_parser,
     check_output_file,
     cli_message,
+    int_at_least,
     main_with,
     run_command,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "build_parser",
     "check_output_file",
     "cli_message",
+    "int_at_least",
     "main",
     "register",
     "run_command",
@@ -279,7 +281,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("b", metavar="B", help="the second bundle (directory or packed file)")
     p.add_argument("--by", metavar="KEY", help="match samples by the value at this key path (e.g. index)")
     p.add_argument(
-        "--limit", type=int, default=20, metavar="N", help="key paths listed per changed sample (default 20)"
+        "--limit",
+        type=int_at_least(0),
+        default=20,
+        metavar="N",
+        help="key paths listed per changed sample (default 20)",
     )
     add_json_option(p, "the differences")
 

@@ -181,3 +181,14 @@ def test_diff_by_a_key_that_repeats_names_both_samples_on_either_side(
         err = capsys.readouterr().err
         assert err.startswith("rollout-bundle diff: error: ") and err.count("\n") == 1
         assert f"{twice}: samples[2].index: 0 repeats samples[0]" in err
+
+
+def test_diff_limit_below_zero_is_a_usage_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    a = write_bundle(tmp_path / "a", samples(run), media_roots=[run])
+    with pytest.raises(SystemExit) as e:
+        main(["diff", str(a), str(a), "--limit", "-1"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith("error: argument --limit: expected an int >= 0, found -1\n")

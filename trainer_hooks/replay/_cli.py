@@ -27,6 +27,7 @@ from bundles._cli import (
     add_json_option,
     add_progress_option,
     check_output_file,
+    int_at_least,
 )
 from bundles._progress import Progress, human_bytes
 
@@ -36,16 +37,6 @@ VIOLATION_KINDS = frozenset(
     {"guard", "convert", "rebuild", "token_count", "payload", "logprob", "fingerprint"}
 )
 _SHOWN = 20  # problems listed in the text summary; the report has them all
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, found {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, found {n}")
-    return n
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -83,7 +74,7 @@ def register(subparsers: Any) -> None:
         help="cast floating tensors to this dtype (default: the training dtype the bundle recorded)",
     )  # fmt: skip
     p.add_argument(
-        "--limit", type=_positive, default=None, metavar="N", help="replay only the first N samples"
+        "--limit", type=int_at_least(1), default=None, metavar="N", help="replay only the first N samples"
     )
     add_json_option(p, "the summary")
     add_progress_option(p)

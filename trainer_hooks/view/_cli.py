@@ -6,7 +6,14 @@ import argparse
 import json
 from typing import Any
 
-from bundles.cli import CommandError, add_command, add_json_option, add_progress_option, check_output_file
+from bundles.cli import (
+    CommandError,
+    add_command,
+    add_json_option,
+    add_progress_option,
+    check_output_file,
+    int_at_least,
+)
 
 __all__ = ["register"]
 
@@ -21,16 +28,6 @@ def _positions(text: str) -> list[int]:
     if not out or min(out) < 0:
         raise argparse.ArgumentTypeError(f"expected comma-separated sample positions >= 0, found {text!r}")
     return out
-
-
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, found {text!r}")
-    return n
 
 
 def run_view(ns: argparse.Namespace) -> int:
@@ -72,7 +69,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--replay", metavar="REPORT.json", help="a report written by `rollout-bundle replay --report`"
     )
-    p.add_argument("--limit", type=_count, metavar="N", help="show at most N samples")
+    p.add_argument("--limit", type=int_at_least(0), metavar="N", help="show at most N samples")
     p.add_argument(
         "--samples", type=_positions, metavar="3,7,12", help="show only these sample positions, in this order"
     )
