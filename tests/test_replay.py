@@ -265,6 +265,11 @@ def test_bad_usage_exits_2(tmp_path, capsys):
     not_a_report.write_text('{"samples": []}')
     assert run_cli(str(dump), "--expect", str(not_a_report)) == 2
     assert "expected a replay report" in capsys.readouterr().err
+    not_a_report.write_text(
+        json.dumps({"format": "rollout-bundle-replay", "version": 1, "samples": [{"images": []}]})
+    )
+    assert run_cli(str(dump), "--expect", str(not_a_report)) == 2  # checked before the replay runs
+    assert f"{not_a_report}: samples[0].position: expected an int" in capsys.readouterr().err
     # Outputs that could not be written are refused before the replay runs, naming the flag.
     assert run_cli(str(dump), "--report", str(tmp_path / "no-dir" / "r.json")) == 2
     assert f"--report {tmp_path / 'no-dir' / 'r.json'}: directory {tmp_path / 'no-dir'} does not exist" in (

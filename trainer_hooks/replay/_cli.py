@@ -150,7 +150,7 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
 
 
 def run_replay(ns: argparse.Namespace) -> int:
-    from trainer_hooks.replay._report import REPORT_FORMAT, replay_bundle
+    from trainer_hooks.replay._report import ReportError, load_replay_report, replay_bundle
 
     if ns.bundle is None:
         # `replay --ray BUNDLE`: argparse hands the bundle to --ray's optional ADDRESS. An address
@@ -165,16 +165,11 @@ def run_replay(ns: argparse.Namespace) -> int:
     expect = None
     if ns.expect is not None:
         try:
-            with open(ns.expect) as f:
-                expect = json.load(f)
-        except (OSError, ValueError) as e:
-            raise CommandError(f"--expect {ns.expect}: cannot read a replay report: {e}", status=2) from None
-        if not isinstance(expect, dict) or expect.get("format") != REPORT_FORMAT:
-            found = expect.get("format") if isinstance(expect, dict) else type(expect).__name__
+            expect = load_replay_report(ns.expect)  # its shape checked, before minutes of work
+        except ReportError as e:
             raise CommandError(
-                f"--expect {ns.expect}: expected a replay report (format {REPORT_FORMAT!r}), found {found!r}",
-                status=2,
-            )
+                f"--expect: expected a replay report (written by --report): {e}", status=2
+            ) from None
     answers = None
     if ns.answers is not None:
         try:

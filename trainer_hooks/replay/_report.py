@@ -55,7 +55,10 @@ __all__ = [
     "REPORT_FORMAT",
     "REPORT_VERSION",
     "ReplayPlan",
+    "ReportError",
+    "check_replay_report",
     "compare_reports",
+    "load_replay_report",
     "open_replay_bundle",
     "plan_replay",
     "replay_bundle",
@@ -65,6 +68,52 @@ __all__ = [
 
 REPORT_FORMAT = "rollout-bundle-replay"
 REPORT_VERSION = 1
+
+
+class ReportError(BundleError, ValueError):
+    """A replay report read back (``view --replay``, ``replay --expect``) is not one: wrong format,
+    version or shape."""
+
+
+def load_replay_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a replay report (``rollout-bundle replay --report``) and check its shape."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+    except OSError as e:
+        raise ReportError(f"{path}: cannot read the replay report: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ReportError(f"{path}: not a replay report: not valid JSON: {e}") from None
+    check_replay_report(report, str(path))
+    return report
+
+
+def check_replay_report(report: Any, where: str) -> None:
+    """Raise :class:`ReportError` naming ``where`` and the key path unless ``report`` has the
+    shape :func:`replay_bundle` writes (what ``view --replay`` and ``replay --expect`` read)."""
+    if not isinstance(report, dict):
+        raise ReportError(f"{where}: expected a replay report object, found {type(report).__name__}")
+    if report.get("format") != REPORT_FORMAT:
+        raise ReportError(f"{where}: format: expected {REPORT_FORMAT!r}, found {report.get('format')!r}")
+    if report.get("version") != REPORT_VERSION:
+        raise ReportError(f"{where}: version: expected {REPORT_VERSION}, found {report.get('version')!r}")
+    samples = report.get("samples")
+    if not isinstance(samples, list):
+        raise ReportError(f"{where}: samples: expected a list, found {type(samples).__name__}")
+    for i, s in enumerate(samples):
+        if not isinstance(s, dict) or type(s.get("position")) is not int:
+            raise ReportError(f"{where}: samples[{i}].position: expected an int")
+        for key in ("problems", "images"):
+            if not isinstance(s.get(key, []), list):
+                raise ReportError(f"{where}: samples[{i}].{key}: expected a list")
+        for j, img in enumerate(s.get("images", [])):
+            if not isinstance(img, dict) or type(img.get("image")) is not int:
+                raise ReportError(f"{where}: samples[{i}].images[{j}].image: expected an int")
+            for tensor in ("pixel_values", "image_grid_thw"):
+                if not isinstance(img.get(tensor, {}), (dict, type(None))):
+                    raise ReportError(f"{where}: samples[{i}].images[{j}].{tensor}: expected an object")
+    if not isinstance(report.get("summary", {}), dict):
+        raise ReportError(f"{where}: summary: expected an object")
 
 
 def peak_rss_bytes() -> int:
@@ -447,6 +496,8 @@ def replay_bundle(
         progress: called as ``progress(done, total)`` after each sample (local replay) or each
             finished shard (Ray).
     """
+    if expect is not None:
+        check_replay_report(expect, "expect")  # before the work, not after it
     bundle = open_replay_bundle(path)
     plan = plan_replay(bundle, dtype=dtype, limit=limit, mm_process_config=mm_process_config)
     processor = load_processor(plan.processor_settings)

@@ -47,11 +47,19 @@ import numpy as np
 import bundles
 from bundles import Bundle, BundleError, MediaRef, open_bundle
 from bundles._progress import human_bytes
+from trainer_hooks.replay._report import REPORT_FORMAT as REPLAY_FORMAT
+from trainer_hooks.replay._report import ReportError, check_replay_report, load_replay_report
 from trainer_hooks.view._style import CSS
 
-__all__ = ["REPLAY_FORMAT", "THUMB_WIDTH", "ReportWritten", "load_replay_report", "write_html_report"]
+__all__ = [
+    "REPLAY_FORMAT",
+    "THUMB_WIDTH",
+    "ReportError",
+    "ReportWritten",
+    "load_replay_report",
+    "write_html_report",
+]
 
-REPLAY_FORMAT = "rollout-bundle-replay"
 THUMB_WIDTH = 400  # px; a 1080p screenshot becomes a ~15-25 KB JPEG
 THUMB_QUALITY = 72
 INDEX_OPEN_MAX = 60  # samples listed unfolded in the index table
@@ -62,10 +70,6 @@ _SHOWN_KEYS = {
     "index", "group_index", "status", "reward", "tokens", "response", "response_length", "prompt",
     "multimodal_inputs", "metadata", "loss_mask", "rollout_log_probs",
 }  # fmt: skip
-
-
-class ReportError(BundleError, ValueError):
-    """A replay report given with ``--replay`` is not one (wrong format, version or shape)."""
 
 
 @dataclass(frozen=True)
@@ -272,42 +276,6 @@ def _thumbnails(bundle: Bundle, names: Sequence[str], width: int, progress: bool
             out[name] = thumb
             bar.advance()
     return out
-
-
-# -- the replay report ---------------------------------------------------------------------------------------
-
-
-def load_replay_report(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a replay report (``rollout-bundle replay --report``) and check its shape."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            report = json.load(f)
-    except OSError as e:
-        raise ReportError(f"{path}: cannot read the replay report: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ReportError(f"{path}: not a replay report: not valid JSON: {e}") from None
-    check_replay_report(report, str(path))
-    return report
-
-
-def check_replay_report(report: Any, where: str) -> None:
-    if not isinstance(report, dict):
-        raise ReportError(f"{where}: expected a replay report object, found {type(report).__name__}")
-    if report.get("format") != REPLAY_FORMAT:
-        raise ReportError(f"{where}: format: expected {REPLAY_FORMAT!r}, found {report.get('format')!r}")
-    if report.get("version") != 1:
-        raise ReportError(f"{where}: version: expected 1, found {report.get('version')!r}")
-    samples = report.get("samples")
-    if not isinstance(samples, list):
-        raise ReportError(f"{where}: samples: expected a list, found {type(samples).__name__}")
-    for i, s in enumerate(samples):
-        if not isinstance(s, dict) or type(s.get("position")) is not int:
-            raise ReportError(f"{where}: samples[{i}].position: expected an int")
-        for key in ("problems", "images"):
-            if not isinstance(s.get(key, []), list):
-                raise ReportError(f"{where}: samples[{i}].{key}: expected a list")
-    if not isinstance(report.get("summary", {}), dict):
-        raise ReportError(f"{where}: summary: expected an object")
 
 
 # -- HTML ------------------------------------------------------------------------------------------------
