@@ -230,7 +230,13 @@ def unpack_bundle(
             fsync_dir(staging / sub)
         fsync_dir(staging)
         staged = DirSource(staging)
-        Bundle(staged, load_manifest(staged)).verify(full=True, progress=False)
+        try:
+            Bundle(staged, load_manifest(staged)).verify(full=True, progress=False)
+        except BundleVerificationError as e:
+            # Name the members of the packed file, not the staging directory about to vanish.
+            raise BundleVerificationError(
+                src, [p.replace(f"{staging}/", f"{src}/") for p in e.problems]
+            ) from None
         commit(staging, dest, overwrite)
     except OSError as e:
         if staging is not None and staging.exists():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import stat
 import warnings
@@ -85,18 +86,49 @@ def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
     return (text + "\n").encode()
 
 
+def _find_non_json(value: Any, where: str, depth: int = 0) -> str | None:
+    """The key path and reason of the first value in ``value`` that JSON would not give back as it
+    went in (a non-finite float, a non-string key, any other type), or None."""
+    if depth > MAX_NESTING_DEPTH:
+        return f"{where}: nested deeper than {MAX_NESTING_DEPTH} levels (counting the manifest)"
+    if value is None or isinstance(value, (str, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{where}: expected a finite number, found {value!r}"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{where}: keys must be strings, found {k!r}"
+            found = _find_non_json(v, f"{where}.{k}", depth + 1)
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _find_non_json(v, f"{where}[{i}]", depth + 1)
+            if found:
+                return found
+        return None
+    t = type(value)
+    return f"{where}: expected a JSON-compatible value, found {t.__module__}.{t.__qualname__}"
+
+
 def _check_meta(meta: Any, dest: Path) -> dict[str, Any]:
+    """``meta`` as the manifest will hold it; anything JSON would not give back as it went in is
+    refused naming its key path (``meta.metadata.step``)."""
     if meta is None:
         return {}
     if not isinstance(meta, dict):
         raise BundleError(f"{dest}: meta: expected a JSON-compatible dict, found {type(meta).__name__}")
-    try:
-        clean = dict(json.loads(json.dumps(meta, allow_nan=False)))
-    except (TypeError, ValueError, RecursionError) as e:
-        raise BundleError(f"{dest}: meta: expected a JSON-compatible dict: {type(e).__name__}: {e}") from None
+    problem = _find_non_json(meta, "meta")
+    if problem:
+        raise BundleError(f"{dest}: {problem} (the manifest is JSON)")
+    clean = dict(json.loads(json.dumps(meta, allow_nan=False)))
     # The manifest is level 1 and meta level 2: what readers accept (docs/FORMAT.md §2).
     if nesting_depth_exceeds(clean, MAX_NESTING_DEPTH - 1):
-        raise BundleError(f"{dest}: meta: nested deeper than {MAX_NESTING_DEPTH} levels (counting the manifest)")
+        raise BundleError(
+            f"{dest}: meta: nested deeper than {MAX_NESTING_DEPTH} levels (counting the manifest)"
+        )
     return clean
 
 
@@ -129,7 +161,9 @@ class _MediaIngester:
         self.root_prefixes = tuple(roots)
         # The strings the encoder offers to resolve_string: those under a root, and, unless outside
         # paths are kept silently, every absolute one (so that one outside the roots can be told).
-        self.string_prefixes = self.root_prefixes if outside_paths == "keep" else (*self.root_prefixes, os.sep)
+        self.string_prefixes = (
+            self.root_prefixes if outside_paths == "keep" else (*self.root_prefixes, os.sep)
+        )
         self.stored: dict[str, MediaRef] = {}  # filename -> ref
         self.by_source: dict[str, MediaRef] = {}  # normalized source path -> ref
         self.by_value: dict[str, MediaRef] = {}  # reference string as written in samples -> ref
@@ -169,10 +203,17 @@ class _MediaIngester:
         once its file goes. Warn or refuse (by ``outside_paths``) when it names a file."""
         is_file = self.outside_files.get(value)
         if is_file is None:
-            is_file = self.outside_files[value] = len(value) < 4096 and "\0" not in value and os.path.isfile(value)
+            is_file = self.outside_files[value] = (
+                len(value) < 4096 and "\0" not in value and os.path.isfile(value)
+            )
         if not is_file:
             return
         action = self.outside_paths(value) if callable(self.outside_paths) else self.outside_paths
+        if action not in OUTSIDE_PATHS:
+            raise BundleError(
+                f"{self.dest}: {where}: outside_paths({value!r}) returned {action!r}; "
+                f"expected one of {', '.join(OUTSIDE_PATHS)}"
+            )
         if action == "error":
             raise OutsidePathError(
                 f"{self.dest}: {where}: {value} names a file outside the media roots "
@@ -447,10 +488,16 @@ def write_bundle(
     check_link_mode(link)
     roots = _media_roots(media_roots, dest)
     if not callable(outside_paths) and outside_paths not in OUTSIDE_PATHS:
-        raise BundleError(f"{dest}: outside_paths: expected one of {', '.join(OUTSIDE_PATHS)} or a callable, found {outside_paths!r}")
+        raise BundleError(
+            f"{dest}: outside_paths: expected one of {', '.join(OUTSIDE_PATHS)} or a callable, found {outside_paths!r}"
+        )
     if not isinstance(kind, str) or not KIND_RE.fullmatch(kind):
         raise BundleError(f"{dest}: kind: expected lowercase letters, digits and '_', found {kind!r}")
     meta_clean = _check_meta(meta, dest)
+    if isinstance(samples, (str, bytes, Mapping)) or not isinstance(samples, Iterable):
+        raise UnsupportedValueError(
+            f"{dest}: samples: expected an iterable of sample dicts, found {type(samples).__name__}"
+        )
     if missing_media not in ("error", "keep"):
         raise BundleError(f"{dest}: missing_media: expected 'error' or 'keep', found {missing_media!r}")
     if os.path.lexists(dest) and not overwrite:
@@ -545,7 +592,9 @@ def _media_roots(media_roots: Any, dest: Path) -> list[str]:
     roots = []
     for i, r in enumerate(items):
         if not isinstance(r, (str, os.PathLike)):
-            raise BundleError(f"{dest}: media_roots[{i}]: expected a str or path-like, found {type(r).__name__} {r!r}")
+            raise BundleError(
+                f"{dest}: media_roots[{i}]: expected a str or path-like, found {type(r).__name__} {r!r}"
+            )
         path = os.fspath(r)
         if not isinstance(path, str) or not path:
             raise BundleError(f"{dest}: media_roots[{i}]: expected a non-empty str path, found {path!r}")

@@ -4,6 +4,7 @@ checking what it reads, and filesystem failures reported as BundleIOError naming
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import subprocess
@@ -330,3 +331,58 @@ def test_file_too_large_is_a_bundle_io_error(tmp_path):
     assert out["errno"] == errno.EFBIG and out["cause"] == "OSError"
     assert out["msg"].startswith(f"{tmp_path / 'b'}: cannot write the bundle: [Errno 27] File too large")
     assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+# -- review: write arguments and unpack errors name what the user gave ---------------------------
+def test_meta_that_json_would_change_is_refused_naming_its_key_path(tmp_path):
+    for meta, where in (
+        ({"run": {"steps": {3: "x"}}}, "meta.run.steps: keys must be strings, found 3"),
+        ({"a": [1, float("inf")]}, "meta.a[1]: expected a finite number, found inf"),
+        ({"a": {"b": object()}}, "meta.a.b: expected a JSON-compatible value, found builtins.object"),
+    ):
+        with pytest.raises(BundleError) as e:
+            write_bundle(tmp_path / "b", [{}], meta=meta)
+        assert str(e.value).startswith(f"{tmp_path / 'b'}: {where}")
+    cyclic: dict = {}
+    cyclic["self"] = cyclic
+    with pytest.raises(BundleError, match=r"meta(\.self)+: nested deeper than 64 levels"):
+        write_bundle(tmp_path / "b", [{}], meta=cyclic)
+    assert not (tmp_path / "b").exists()
+
+
+def test_samples_that_are_not_an_iterable_of_samples_are_refused(tmp_path):
+    for samples in (5, {"i": 1}, "abc"):
+        with pytest.raises(BundleError, match=r"b: samples: expected an iterable of sample dicts"):
+            write_bundle(tmp_path / "b", samples)  # type: ignore[arg-type]
+    assert not (tmp_path / "b").exists()
+
+
+def test_an_outside_paths_callable_must_answer_keep_warn_or_error(tmp_path):
+    run, samples = _outside_samples(tmp_path)
+    with pytest.raises(BundleError) as e:
+        write_bundle(tmp_path / "b", samples, media_roots=[run], outside_paths=lambda p: True)  # type: ignore[arg-type,return-value]
+    assert f"samples[0].old: outside_paths({samples[0]['old']!r}) returned True; expected one of keep" in str(
+        e.value
+    )
+    assert not (tmp_path / "b").exists()
+
+
+def test_unpack_verification_problems_name_the_packed_file(bundle, tmp_path):
+    # A well-formed packed file whose media member disagrees with its digest: the problems name
+    # the member inside the packed file, not the staging directory the unpack was writing.
+    media = sorted((bundle / "media").iterdir())[0]
+    evil = tmp_path / "evil.rbundle"
+    with tarfile.open(evil, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for path in sorted(bundle.rglob("*")):
+            info = tar.gettarinfo(str(path), str(path.relative_to(bundle)))
+            if path.is_dir():
+                tar.addfile(info)
+            else:
+                data = b"\0" * info.size if path == media else path.read_bytes()
+                tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(BundleVerificationError) as e:
+        unpack_bundle(evil, tmp_path / "out")
+    assert e.value.path == evil
+    assert any(p.startswith(f"{evil}/media/{media.name}: ") for p in e.value.problems), e.value.problems
+    assert ".staging." not in str(e.value)
+    assert not (tmp_path / "out").exists()

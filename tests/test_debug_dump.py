@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -162,7 +163,7 @@ def test_mutation_after_save_and_metadata_must_be_json(tmp_path):
     save_debug_rollout_data(args, s, 0, evaluation=False)
     s[0].tokens.append(5)
     assert load_debug_rollout_data(args, 0)[0][0].tokens == [0, 1]
-    with pytest.raises(BundleError, match=r"d_1: metadata\.when: expected a JSON-compatible value"):
+    with pytest.raises(BundleError, match=r"d_1: meta\.metadata\.when: expected a JSON-compatible value"):
         save_debug_rollout_data(args, s, 1, evaluation=False, metadata={"when": object()})
     assert not (tmp_path / "dumps" / "d_1").exists()
 
@@ -234,3 +235,40 @@ def test_without_the_trajectory_option_messages_stay_in_the_dump(tmp_path):
     save_debug_rollout_data(args, rows, 1, evaluation=False)
     assert load_debug_rollout_data(args, 1)[0][0].metadata == {"messages": [{"role": "user", "content": "hi"}]}
     assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == ["rollout_1"]
+
+
+def test_a_packed_dump_s_errors_name_the_file_and_leave_nothing_behind(tmp_path):
+    args = make_args(tmp_path, "d_{rollout_id}" + PACK_SUFFIX)
+    with pytest.raises(BundleError) as e:
+        save_debug_rollout_data(args, [{"x": 1, "y": object()}], 0, evaluation=False)
+    dump = tmp_path / "dumps" / ("d_0" + PACK_SUFFIX)
+    assert str(e.value).startswith(f"{dump}: samples[0].y: values of type builtins.object cannot be stored")
+    with pytest.raises(BundleError, match=rf"^{dump}: meta\.metadata\.a: expected a finite number"):
+        save_debug_rollout_data(args, [{"x": 1}], 0, evaluation=False, metadata={"a": float("nan")})
+    assert os.listdir(tmp_path / "dumps") == []  # the scratch directories were removed
+
+
+def test_processes_loading_one_packed_dump_at_once_share_its_cache(tmp_path):
+    # Replay's Ray actors load the same dump at the same moment: each may find no cache and
+    # unpack; whoever commits second must use the first one's cache, not fail.
+    import threading
+
+    args = make_args(tmp_path, "d_{rollout_id}" + PACK_SUFFIX)
+    save_debug_rollout_data(args, samples(args, 2), 0, evaluation=False)
+    barrier = threading.Barrier(4)
+    results: list[object] = []
+
+    def load() -> None:
+        barrier.wait()
+        try:
+            results.append(len(load_debug_rollout_data(args, 0)[0]))
+        except Exception as e:  # collected and asserted below
+            results.append(e)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [2, 2, 2, 2]
+    assert len([n for n in os.listdir(tmp_path / "dumps") if n.endswith(".unpacked")]) == 1

@@ -24,11 +24,18 @@ Directory or single file
 A formatted path ending in :data:`bundles.PACK_SUFFIX` (``.rbundle``) holds a *packed* bundle: it
 is written as a directory in a hidden temporary directory beside it, packed into the file
 atomically and the directory removed (a crash can leave that ``.<name>.packing.*`` directory
-behind; it is never mistaken for the dump). Loading a packed dump unpacks it (fully verified) into a
+behind; it is never mistaken for the dump; the next write there removes it once this process
+is gone). Errors name the file, not that directory.
+
+Loading a packed dump does not read it in place, as :func:`bundles.open_bundle` can: the samples
+go to code that opens media *by path* (the processor, PIL's lazy ``Image.open``, an engine's
+``image_data``), and a tar member has no path of its own. So it is unpacked (fully verified) into a
 cache directory beside the file, ``.<file name>.<size>-<mtime_ns>.unpacked``, reused while the
 file is unchanged, so the returned media paths stay valid after the call: they point into that
 directory, which this module never deletes (remove it with the file). When the file's directory
 is not writable the cache goes under ``$XDG_CACHE_HOME/rollout-bundles`` (``~/.cache``) instead.
+Processes loading one dump at once (replay's Ray actors) may each unpack it; the first commit wins
+and the others open it.
 
 Loaded samples reference media inside the dump itself (no rehydration into the run directory):
 a replay starts no rollout engine and the dump is not removed by the run's teardown.
@@ -36,9 +43,9 @@ a replay starts no rollout engine and the dump is not removed by the run's teard
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-import shutil
 from argparse import Namespace
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -48,13 +55,14 @@ from bundles import (
     PACK_SUFFIX,
     Bundle,
     BundleError,
+    BundleExistsError,
     BundleFormatError,
     open_bundle,
     pack_bundle,
-    remove_bundle,
     scratch_dir,
     unpack_bundle,
 )
+from bundles._fs import remove_tree  # the project's one tree deletion (fd-relative, no symlinks)
 from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import (
     OutsidePolicy,
@@ -116,42 +124,37 @@ def write_dump_bundle(
 ) -> Path:
     """Write (replacing) a bundle at ``dest``, packed into one file when it ends in ``.rbundle``."""
     path = Path(os.path.abspath(dest))
-    rows = list(samples)
-    roots = list(media_roots)
-    if path.name.endswith(PACK_SUFFIX):
+    packed = path.name.endswith(PACK_SUFFIX)
+    container = None
+    if packed:
         # Built in a hidden temporary directory beside the file (same filesystem: media can be
         # hard-linked), packed atomically onto the file, then removed.
-        path.parent.mkdir(parents=True, exist_ok=True)
         container = scratch_dir(path, "packing")  # removed by a later write if this process dies
-        bundle = container / "bundle"
-        try:
-            write_samples_bundle(
-                bundle,
-                rows,
-                media_roots=roots,
-                kind=kind,
-                meta=meta,
-                link=link,
-                overwrite=False,
-                missing_media=missing_media,
-                outside_paths=outside_paths,
-            )
-            return pack_bundle(bundle, path, overwrite=True, progress=False)
-        finally:
-            if bundle.exists():
-                remove_bundle(bundle)
-            shutil.rmtree(container, ignore_errors=True)
-    return write_samples_bundle(
-        path,
-        rows,
-        media_roots=roots,
-        kind=kind,
-        meta=meta,
-        link=link,
-        overwrite=True,
-        missing_media=missing_media,
-        outside_paths=outside_paths,
-    )
+    try:
+        written = write_samples_bundle(
+            container / "bundle" if container else path,
+            list(samples),
+            media_roots=list(media_roots),
+            kind=kind,
+            meta=meta,
+            link=link,
+            overwrite=not packed,
+            missing_media=missing_media,
+            outside_paths=outside_paths,
+        )
+        return pack_bundle(written, path, overwrite=True, progress=False) if packed else written
+    except BundleError as e:
+        if container is not None and e.args and isinstance(e.args[0], str):
+            # Name the file being written, not the scratch directory that is about to vanish.
+            e.args = (e.args[0].replace(f"{container}/bundle", str(path)), *e.args[1:])
+        raise
+    finally:
+        if container is not None:
+            # The project's one tree deletion (fd-relative, never follows a link). A failure here
+            # must not hide the write's own outcome: the leftover is named like a staging
+            # directory, so the first write into this directory after this process exits removes it.
+            with contextlib.suppress(BundleError):
+                remove_tree(container)
 
 
 def save_debug_rollout_data(
@@ -187,7 +190,6 @@ def save_debug_rollout_data(
         "metadata": dict(metadata or {}),
         **run_meta(args),
     }
-    check_json(meta["metadata"], f"{path}: metadata")
     return write_dump_bundle(
         path,
         samples,
@@ -195,30 +197,6 @@ def save_debug_rollout_data(
         meta=meta,
         link=getattr(args, "bundle_link_mode", None) or "auto",
         outside_paths=other_run_media_policy(args),
-    )
-
-
-def check_json(value: Any, where: str) -> None:
-    """Raise :class:`BundleError` naming the first key path whose value is not JSON-compatible."""
-    t = type(value)
-    if value is None or t in (str, int, bool):
-        return
-    if t is float:
-        if value != value or value in (float("inf"), float("-inf")):
-            raise BundleError(f"{where}: expected a finite number (the manifest is JSON), found {value!r}")
-        return
-    if t is dict:
-        for k, v in value.items():
-            if type(k) is not str:
-                raise BundleError(f"{where}: keys must be strings (the manifest is JSON), found {k!r}")
-            check_json(v, f"{where}.{k}")
-        return
-    if t in (list, tuple):
-        for i, v in enumerate(value):
-            check_json(v, f"{where}[{i}]")
-        return
-    raise BundleError(
-        f"{where}: expected a JSON-compatible value (the manifest is JSON), found {t.__module__}.{t.__qualname__}"
     )
 
 
@@ -240,8 +218,12 @@ def open_debug_dump(path: str | os.PathLike[str], verify: str = "fast") -> Bundl
         cache = _cache_dir_for(p)
         if cache.is_dir():
             return open_bundle(cache, verify=verify)
-        # unpack_bundle verifies the result fully before committing it.
-        return unpack_bundle(p, cache, overwrite=False, progress=False)
+        # unpack_bundle verifies the result fully before committing it. Another process loading
+        # the same dump (replay's Ray actors) may commit the same cache first: use theirs.
+        try:
+            return unpack_bundle(p, cache, overwrite=False, progress=False)
+        except BundleExistsError:
+            return open_bundle(cache, verify=verify)
     return open_bundle(p, verify=verify)
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from bundles import BundleError, BundleExistsError
 from bundles.cli import CommandError, add_command, add_json_option, cli_message
-from trainer_hooks._debug_dump import DEBUG_DUMP_KIND, check_json, write_dump_bundle
+from trainer_hooks._debug_dump import DEBUG_DUMP_KIND, write_dump_bundle
 
 __all__ = ["LegacyDumpError", "PickleRefusedError", "import_legacy_dump", "register"]
 
@@ -159,9 +159,9 @@ def import_legacy_dump(
         _media_dirs(d, f"{src_path}: samples[{i}]", missing_media, roots)
         samples.append(d)
     metadata = data.get("metadata") or {}
-    check_json(metadata, f"{src_path}: metadata")
+    if not isinstance(metadata, dict):
+        raise LegacyDumpError(f"{src_path}: metadata: expected a dict, found {type(metadata).__name__}")
     rollout_id = data.get("rollout_id")
-    check_json(rollout_id, f"{src_path}: rollout_id")
     evaluation = _is_evaluation(src_path, rollout_id) if evaluation is None else bool(evaluation)
     if evaluation and isinstance(rollout_id, int) and not isinstance(rollout_id, bool):
         rollout_id = f"eval_{rollout_id}"  # as save_debug_rollout_data names evaluation dumps
