@@ -448,8 +448,15 @@ class SampleDecoder:
     :func:`find_defect`; it still enforces the limits on items and tuple depth.
     """
 
-    def __init__(self, media: Mapping[str, MediaRef], lenient: bool = False) -> None:
+    def __init__(
+        self,
+        media: Mapping[str, MediaRef],
+        lenient: bool = False,
+        read_media: Callable[[str], bytes] | None = None,
+    ) -> None:
         self._media = media
+        # A packed bundle's media are members, not files: their bytes come from read_media(name).
+        self._read_media = read_media
         self._lenient = lenient
         self._refs: dict[tuple[int, bytes], Any] = {}
         self._heights: dict[int, int] = {}  # id(container) -> height, for containers taller than 1
@@ -568,8 +575,9 @@ class SampleDecoder:
     def _image(self, data: bytes) -> Any:
         """A PIL image opened lazily on the stored PNG; its MediaRef when Pillow is not installed."""
         ref = self._ref(EXT_IMAGE, data)
+        read = self._read_media
         try:
-            image = open_image(str(ref.path))
+            image = open_image(str(ref.path), None if read is None else lambda: read(ref.filename))
         except (OSError, ValueError, SyntaxError) as e:
             raise Defect(f"stored image {ref.filename} cannot be read as a PNG: {e}") from None
         return ref if image is None else image

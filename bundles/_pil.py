@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["PNG_MODES", "open_image", "pil_image_class", "png_bytes"]
@@ -98,14 +99,21 @@ class _ReopeningFile(io.RawIOBase):
         super().close()
 
 
-def open_image(path: str) -> Any:
+def open_image(path: str, read: Callable[[], bytes] | None = None) -> Any:
     """``PIL.Image.open`` of a stored PNG, header read, no descriptor kept; None without Pillow.
 
-    ``OSError``/``ValueError`` when the file is not an image Pillow reads."""
+    ``read`` gives the file's bytes where ``path`` is not a file (a member of a packed bundle
+    read in place: its descriptor belongs to the ``Bundle`` and may be closed before the pixels
+    are read), so the image decodes from memory. ``OSError``/``ValueError`` when the file is not
+    an image Pillow reads."""
     try:
         from PIL import Image
     except ImportError:
         return None
+    if read is not None:
+        image = Image.open(io.BytesIO(read()), formats=["PNG"])
+        image.filename = path
+        return image
     f = _ReopeningFile(path)
     image = Image.open(f, formats=["PNG"])  # type: ignore[arg-type]  # a binary file object
     f.suspend()

@@ -153,6 +153,10 @@ class Bundle:
         """How many references the samples hold (each stored file may serve many)."""
         return int(self.manifest.get("media_references", len(self._media)))
 
+    def _media_bytes(self, name: str) -> bytes:
+        with self.open_media(name) as f:
+            return f.read()
+
     def open_media(self, ref: MediaRef | str) -> BinaryIO:
         """Open one stored media file for reading, in a directory or a packed bundle alike.
 
@@ -346,9 +350,12 @@ class Bundle:
         its digest is checked (see :mod:`bundles._shards`): memory holds one compressed shard and
         one sample, whatever the bundle's size."""
         index = first_index
+        # Images in a packed bundle read in place decode from their member's bytes: the paths of
+        # its own media name members, not files (rehydrated media are files again).
+        read_media = self._media_bytes if self._source.packed and media is self._media else None
         for entry in self.manifest["shards"] if shards is None else shards:
             data = self._read_shard(entry)
-            for sample in iter_shard(data, entry, f"{self.path}/{entry['path']}", media, index):
+            for sample in iter_shard(data, entry, f"{self.path}/{entry['path']}", media, index, read_media):
                 yield sample
                 index += 1
 

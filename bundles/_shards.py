@@ -25,7 +25,7 @@ path; this module then decodes that one sample again leniently and walks it to n
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgpack
@@ -42,18 +42,24 @@ FEED_CHUNK = 1 << 20
 
 
 def iter_shard(
-    data: bytes, entry: Mapping[str, Any], where: str, media: Mapping[str, MediaRef], first_index: int
+    data: bytes,
+    entry: Mapping[str, Any],
+    where: str,
+    media: Mapping[str, MediaRef],
+    first_index: int,
+    read_media: Callable[[str], bytes] | None = None,
 ) -> Iterator[dict[Any, Any]]:
     """Yield the samples of one shard from its verified compressed bytes ``data``.
 
     ``entry`` is the shard's manifest entry (``samples``, ``raw_size``), ``where`` names the file
     in errors, ``media`` maps stored file names to their MediaRefs (with ``path``) and
-    ``first_index`` is the index of the shard's first sample in the bundle.
+    ``first_index`` is the index of the shard's first sample in the bundle. ``read_media(name)``
+    gives a stored file's bytes where ``media`` paths are not files (a packed bundle).
     """
     expected = entry["samples"]
     index = first_index
     try:
-        for obj in _objects(data, entry["raw_size"], where, SampleDecoder(media), first_index):
+        for obj in _objects(data, entry["raw_size"], where, SampleDecoder(media, read_media=read_media), first_index):
             if type(obj) is not dict:
                 raise BundleFormatError(
                     f"{where}: samples[{index}]: expected a map, found {type(obj).__name__}"
@@ -63,7 +69,7 @@ def iter_shard(
             yield obj
             index += 1
     except Defect as d:
-        raise _located(d, data, entry, where, media, first_index, index) from None
+        raise _located(d, data, entry, where, media, first_index, index, read_media) from None
     if index - first_index != expected:
         raise BundleFormatError(f"{where}: samples: expected {expected}, found {index - first_index}")
 
@@ -163,6 +169,7 @@ def _located(
     media: Mapping[str, MediaRef],
     first_index: int,
     index: int,
+    read_media: Callable[[str], bytes] | None = None,
 ) -> BundleFormatError:
     """The error for ``defect`` in sample ``index``, with the key path when it can be found by
     decoding that sample again leniently (a second pass, only on failure)."""
@@ -170,7 +177,7 @@ def _located(
     if not defect.locate:
         return UnsafeBundleError(f"{where}: {path}: {defect.message}")
     found = None
-    lenient = SampleDecoder(media, lenient=True)
+    lenient = SampleDecoder(media, lenient=True, read_media=read_media)
     try:
         sample = next(
             _objects(data, entry["raw_size"], where, lenient, first_index, skip=index - first_index)

@@ -190,7 +190,7 @@ def test_bad_arguments_are_refused(tmp_path):
     assert str(e.value) == "link: expected one of auto, hardlink, reflink, copy, found 'symlink'"
     with pytest.raises(BundleError) as e:
         write_bundle(tmp_path / "b", [], meta={"x": object()})
-    assert str(e.value).startswith(f"{tmp_path / 'b'}: meta: expected a JSON-compatible dict: ")
+    assert str(e.value) == f"{tmp_path / 'b'}: meta.x: expected a JSON-compatible value, found builtins.object (the manifest is JSON)"
     with pytest.raises(BundleError) as e:
         write_bundle(tmp_path / "b", [], kind="Debug Dump")
     assert str(e.value) == f"{tmp_path / 'b'}: kind: expected lowercase letters, digits and '_', found 'Debug Dump'"

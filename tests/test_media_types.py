@@ -88,6 +88,37 @@ def test_reading_many_images_holds_no_file_descriptors(tmp_path):
     assert [r["img"].getpixel((1, 1)) for r in loaded[:3]] == [(0, 0, 0), (1, 0, 0), (2, 0, 0)]
 
 
+def test_images_of_a_packed_bundle_read_in_place(tmp_path):
+    # A packed bundle's media are tar members, not files: its images decode from the member's
+    # bytes, and stay readable after the bundle (and its descriptor) is closed.
+    Image = pytest.importorskip("PIL.Image")
+    from bundles import BundleFormatError, pack_bundle
+
+    rows = [{"i": i, "img": Image.new("RGB", (3, 2), (i, 7, 9))} for i in range(3)]
+    packed = pack_bundle(write_bundle(tmp_path / "b", rows), tmp_path / "b.rbundle")
+    with open_bundle(packed, verify="full") as bundle:
+        loaded = list(bundle.samples())
+        one = bundle[1]["img"]
+    assert [r["img"].getpixel((2, 1)) for r in loaded] == [(0, 7, 9), (1, 7, 9), (2, 7, 9)]
+    assert one.size == (3, 2) and one.tobytes() == rows[1]["img"].tobytes()
+    assert loaded[0]["img"].filename.startswith(f"{packed}/media/")
+    # A stored member that is no PNG is the bundle's error, naming the sample and key path.
+    bad = tmp_path / "bad"
+    write_bundle(bad, [{"img": Image.new("L", (2, 2))}])
+    (media,) = (bad / "media").iterdir()
+    os.chmod(media, 0o644)
+    media.write_bytes(b"\0" * media.stat().st_size)
+    import shutil
+    import tarfile
+
+    with tarfile.open(tmp_path / "bad.rbundle", "w", format=tarfile.USTAR_FORMAT) as tar:
+        for path in sorted(bad.rglob("*")):
+            tar.add(path, str(path.relative_to(bad)), recursive=False)
+    shutil.rmtree(bad)
+    with pytest.raises(BundleFormatError, match=r"bad\.rbundle/samples/000000\.msgpack\.zst: samples\[0\]\.img: stored image"):
+        list(open_bundle(tmp_path / "bad.rbundle").samples())
+
+
 def test_without_pillow_an_image_comes_back_as_a_media_ref(tmp_path):
     """Pillow made unimportable in a subprocess (an import hook refusing PIL, as an environment
     without it would)."""
