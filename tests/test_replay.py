@@ -384,6 +384,16 @@ def test_answers_fill_logprob_diff_and_misaligned_answers_fail(tmp_path, capsys)
     path.write_text(json.dumps(answers[0]) + "\n")
     assert run_cli(str(dump), "--answers", str(path)) == 2
     assert "expected one engine answer per payload (2" in capsys.readouterr().err
+    # Answers of another shape are violations naming the entry, not TypeError/IndexError tracebacks.
+    odd = [
+        {"meta_info": {"input_token_logprobs": [1, 2, 3, 4, 5]}},
+        {"meta_info": {"input_token_logprobs": [[[0.5], t, None] for t in payloads[1]["input_ids"]]}},
+    ]
+    path.write_text("".join(json.dumps(a) + "\n" for a in odd))
+    assert run_cli(str(dump), "--answers", str(path)) == 1
+    out = capsys.readouterr().out
+    assert "input_token_logprobs[1]: expected [logprob, token_id, text], found 2" in out
+    assert "a log-prob that is no number: [0.5]" in out
 
 
 def test_pil_images_in_a_dump_replay_and_payloads_name_their_stored_files(tmp_path):

@@ -161,12 +161,22 @@ def compare_prefill_logprobs(sample: Any, response: Mapping[str, Any]) -> dict[s
     items = meta.get("input_token_logprobs") if isinstance(meta, Mapping) else None
     if not items:
         raise ValueError(f"{where}: the engine answer has no meta_info.input_token_logprobs")
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(
+            f"{where}: the answer's meta_info.input_token_logprobs: expected a list, found {type(items).__name__}"
+        )
     n = int(sample.response_length)
     rollout = sample.rollout_log_probs
     if rollout is None or len(rollout) != n:
         found = None if rollout is None else len(rollout)
         raise ValueError(f"{where}: rollout_log_probs: expected {n} values to compare with, found {found}")
     tail = list(items)[-n:] if n else []
+    for k, item in enumerate(tail):
+        if not isinstance(item, (list, tuple)) or len(item) < 2:
+            raise ValueError(
+                f"{where}: the answer's meta_info.input_token_logprobs[{len(items) - len(tail) + k}]: "
+                f"expected [logprob, token_id, text], found {item!r}"
+            )
     want = list(sample.tokens)[-n:] if n else []
     got = [item[1] for item in tail]
     if got != want or len(tail) != n:
@@ -177,6 +187,9 @@ def compare_prefill_logprobs(sample: Any, response: Mapping[str, Any]) -> dict[s
     logprobs = [item[0] for item in tail]
     if any(v is None for v in logprobs):
         raise ValueError(f"{where}: the answer has a None log-prob inside the response tail")
+    if not all(type(v) in (int, float) for v in logprobs):
+        bad = next(v for v in logprobs if type(v) not in (int, float))
+        raise ValueError(f"{where}: the answer's response tail holds a log-prob that is no number: {bad!r}")
     diffs = [abs(float(a) - float(b)) for a, b in zip(logprobs, rollout, strict=True)]
     return {
         "max_abs": max(diffs) if diffs else 0.0,
