@@ -208,16 +208,20 @@ class Member:
 
 
 class MemberFile(io.RawIOBase):
-    """A read-only binary file over ``size`` bytes at ``offset`` of the descriptor ``fd``.
+    """A read-only binary file over ``size`` bytes at ``offset`` of the packed file ``source``.
 
-    Reads use ``pread``, so many of these can share one descriptor across threads. Reaching the
-    end of the underlying file before ``size`` bytes raises :class:`UnsafeBundleError` (the packed
-    file was truncated after it was indexed).
+    Reads use ``pread`` on the source's descriptor, so many of these can share it across threads.
+    The file holds its source, so the descriptor stays open while the file is in use even when
+    the ``Bundle`` it came from is gone (``open_bundle(p).open_media(ref)``), and it reads the
+    descriptor anew on each read: after the source is closed a read raises instead of reading
+    whatever file the number was reused for. Reaching the end of the underlying file before
+    ``size`` bytes raises :class:`UnsafeBundleError` (the packed file was truncated after it was
+    indexed).
     """
 
-    def __init__(self, fd: int, offset: int, size: int, where: str) -> None:
+    def __init__(self, source: PackedSource, offset: int, size: int, where: str) -> None:
         super().__init__()
-        self._fd = fd
+        self._source = source
         self._offset = offset
         self._size = size
         self._pos = 0
@@ -242,11 +246,14 @@ class MemberFile(io.RawIOBase):
         if n <= 0:
             return 0
         view = memoryview(b).cast("B")[:n]
+        fd = self._source.fd
+        if fd < 0:
+            raise BundleError(f"{self._where}: cannot read: the bundle was closed")
         try:
             if hasattr(os, "preadv"):
-                got = os.preadv(self._fd, [view], self._offset + self._pos)
+                got = os.preadv(fd, [view], self._offset + self._pos)
             else:  # pragma: no cover - platforms without preadv
-                data = os.pread(self._fd, n, self._offset + self._pos)
+                data = os.pread(fd, n, self._offset + self._pos)
                 got = len(data)
                 view[:got] = data
         except OSError as e:
@@ -419,6 +426,11 @@ class PackedSource:
             self.close()
             raise
 
+    @property
+    def fd(self) -> int:
+        """The packed file's descriptor; -1 once closed."""
+        return self._fd
+
     def where(self, name: str) -> str:
         return f"{self.path}/{name}"
 
@@ -449,7 +461,7 @@ class PackedSource:
             raise UnsafeBundleError(f"{self.where(name)}: expected a regular file, found a directory")
         if self._fd < 0:
             raise BundleError(f"{self.path}: the bundle was closed")
-        return MemberFile(self._fd, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]
+        return MemberFile(self, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]
 
     def hash(self, name: str) -> tuple[str, int]:
         f, _ = self.open(name)

@@ -214,3 +214,18 @@ def test_every_truncation_point_is_refused_by_both_readers(tmp_path):
         assert not (tmp_path / "out").exists()
     cut.write_bytes(data[:end])
     assert len(open_bundle(cut, verify="full")) == 4
+
+
+def test_a_member_file_outlives_its_bundle_object_and_refuses_reads_after_close(tmp_path):
+    # open_bundle(p).open_media(ref): the Bundle is gone at once; its descriptor must not be
+    # closed (and its number reused by the next open) under the member file still reading it.
+    _, packed, by_digest = _make(tmp_path)
+    ref = open_bundle(packed).media[0]
+    f = open_bundle(packed).open_media(ref)
+    with open(__file__, "rb") as other:  # would take the freed descriptor number
+        other.read(1)
+        assert f.read() == by_digest[ref.digest]
+    with open_bundle(packed) as bundle:
+        g = bundle.open_media(ref)
+    with open(__file__, "rb"), pytest.raises(BundleError, match=r"b\.rbundle/media/.*: cannot read: the bundle was closed"):
+        g.read()
