@@ -184,6 +184,7 @@ def test_samples_and_limit_choose_what_is_shown(tmp_path: Path) -> None:
         (["--samples", "9"], "sample 9 is out of range: the bundle holds 4"),
         (["--replay", "REPORT"], "format: expected 'rollout-bundle-replay', found 'zarr'"),
         (["--replay", "MISSING"], "cannot read the replay report"),
+        (["--replay", "SUMMARY"], "summary.problems: expected an object of counts by kind"),
     ],
 )
 def test_bad_input_is_one_error_line(
@@ -191,7 +192,9 @@ def test_bad_input_is_one_error_line(
 ) -> None:
     bundle = cua_dump(tmp_path)
     (tmp_path / "REPORT").write_text(json.dumps({"format": "zarr"}))
-    args = [str(tmp_path / a) if a in ("REPORT", "MISSING") else a for a in args]
+    bad_summary = {**replay_report(bundle), "summary": {"problems": ["guard"]}}
+    (tmp_path / "SUMMARY").write_text(json.dumps(bad_summary))
+    args = [str(tmp_path / a) if a in ("REPORT", "MISSING", "SUMMARY") else a for a in args]
     assert main(["view", str(bundle), "-o", str(tmp_path / "r.html"), *args]) == 1
     err = capsys.readouterr().err
     assert err.startswith("rollout-bundle view: error: ") and message in err and err.count("\n") == 1

@@ -103,6 +103,8 @@ def check_replay_report(report: Any, where: str) -> None:
     for i, s in enumerate(samples):
         if not isinstance(s, dict) or type(s.get("position")) is not int:
             raise ReportError(f"{where}: samples[{i}].position: expected an int")
+        if s.get("index") is not None and type(s["index"]) not in (int, str):
+            raise ReportError(f"{where}: samples[{i}].index: expected an int or null, found {s['index']!r}")
         for key in ("problems", "images"):
             if not isinstance(s.get(key, []), list):
                 raise ReportError(f"{where}: samples[{i}].{key}: expected a list")
@@ -112,8 +114,13 @@ def check_replay_report(report: Any, where: str) -> None:
             for tensor in ("pixel_values", "image_grid_thw"):
                 if not isinstance(img.get(tensor, {}), (dict, type(None))):
                     raise ReportError(f"{where}: samples[{i}].images[{j}].{tensor}: expected an object")
-    if not isinstance(report.get("summary", {}), dict):
+    summary = report.get("summary", {})
+    if not isinstance(summary, dict):
         raise ReportError(f"{where}: summary: expected an object")
+    if not isinstance(summary.get("problems", {}), dict):
+        raise ReportError(f"{where}: summary.problems: expected an object of counts by kind")
+    if not isinstance(report.get("processor", {}), (dict, type(None))):
+        raise ReportError(f"{where}: processor: expected an object")
 
 
 def peak_rss_bytes() -> int:
