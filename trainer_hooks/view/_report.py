@@ -46,6 +46,7 @@ import numpy as np
 
 import bundles
 from bundles import Bundle, BundleError, MediaRef, open_bundle
+from bundles._layout import MANIFEST_NAME, MEDIA_DIR
 from bundles._progress import human_bytes
 from trainer_hooks.replay._report import REPORT_FORMAT as REPLAY_FORMAT
 from trainer_hooks.replay._report import ReportError, check_replay_report, load_replay_report
@@ -132,7 +133,7 @@ def _jsonable(v: Any, depth: int = 0) -> Any:
             return f"[{len(v)} numbers: {', '.join(_num(x) for x in v[:6])}, ...]"
         return [_jsonable(x, depth + 1) for x in v]
     if isinstance(v, MediaRef):
-        return f"media/{v.filename}"
+        return f"{MEDIA_DIR}/{v.filename}"
     if isinstance(v, (bytes, bytearray)):
         return f"<{len(v)} bytes>"
     if isinstance(v, np.generic):
@@ -185,12 +186,14 @@ def _view(position: int, sample: Mapping[str, Any], media_prefix: str) -> _Sampl
     for j, img in enumerate(raw_images if isinstance(raw_images, (list, tuple)) else [raw_images]):
         if isinstance(img, MediaRef):
             name: str | None = img.filename
-            shown = f"media/{img.filename}"
+            shown = f"{MEDIA_DIR}/{img.filename}"
         elif isinstance(img, str) and img.startswith(media_prefix):
-            name, shown = img[len(media_prefix) :], "media/" + img[len(media_prefix) :]
+            name = img[len(media_prefix) :]
+            shown = f"{MEDIA_DIR}/{name}"
         elif isinstance(getattr(img, "filename", None), str) and img.filename.startswith(media_prefix):
             # A PIL image read from the bundle: opened on the stored PNG.
-            name, shown = img.filename[len(media_prefix) :], "media/" + img.filename[len(media_prefix) :]
+            name = img.filename[len(media_prefix) :]
+            shown = f"{MEDIA_DIR}/{name}"
         else:
             name, shown = None, f"not stored in the bundle: {str(img)[:200]}"
         images.append(_Image(name, shown, grids[j] if j < len(grids) else None))
@@ -346,7 +349,7 @@ def _bundle_bytes(bundle: Bundle) -> int:
         return bundle.path.stat().st_size
     shards = sum(int(s["size"]) for s in bundle.manifest["shards"])
     try:
-        manifest = (bundle.path / "manifest.json").stat().st_size
+        manifest = (bundle.path / MANIFEST_NAME).stat().st_size
     except OSError:
         manifest = 0
     return manifest + shards + bundle.media_bytes
@@ -673,13 +676,13 @@ def write_html_report(
     if limit is not None:
         positions = positions[:limit]
 
-    prefix = f"{b.path}/media/"
+    prefix = f"{b.path}/{MEDIA_DIR}/"
     views = [_view(p, s, prefix) for p, s in zip(positions, b.samples(indices=positions), strict=True)]
     names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
     thumbs = _thumbnails(b, names, thumb_width, progress)
     link_base = None  # a packed bundle has no files to link to
     if not b.packed:
-        rel = os.path.relpath(b.path / "media", out.parent)
+        rel = os.path.relpath(b.path / MEDIA_DIR, out.parent)
         link_base = "/".join(urllib.parse.quote(part) for part in Path(rel).parts) + "/"
     merge = _merge_size(b, report)
     by_pos = {s["position"]: s for s in report["samples"]} if report is not None else None
