@@ -216,3 +216,15 @@ def test_rehydrate_places_media_content_addressed(tmp_path, run_dir):
     open_bundle(dest).rehydrate(new_run)
     shutil.rmtree(new_run)
     open_bundle(dest, verify="full")
+
+
+def test_a_file_with_an_unusable_extension_is_stored_without_one(tmp_path, run_dir):
+    odd = {"shot.p%g": b"percent", "shot." + "x" * 17: b"too long", "shot.a b": b"space"}
+    for name, data in odd.items():
+        (run_dir / name).write_bytes(data)
+    sample = {"imgs": [str(run_dir / n) for n in odd]}
+    dest = write_bundle(tmp_path / "b", [sample], media_roots=[run_dir])
+    assert sorted(os.listdir(dest / "media")) == sorted(hashlib.sha256(d).hexdigest() for d in odd.values())
+    shutil.rmtree(run_dir)
+    (loaded,) = open_bundle(dest, verify="full").samples()
+    assert [Path(p).read_bytes() for p in loaded["imgs"]] == list(odd.values())
