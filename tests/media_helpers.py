@@ -49,6 +49,17 @@ def trainer_args(tmp_path: Path, run: str, *extra: str) -> Any:
     from trainer_hooks import parse_args
 
     return parse_args(
-        ["--rollout-batch-size", "1", "--shared-media-dir", str(tmp_path / "shared"), "--run-uuid", run,
-         "--save", str(tmp_path / "ckpt"), "--load", str(tmp_path / "ckpt"), *extra]
+        [
+            "--rollout-batch-size",
+            "1",
+            "--shared-media-dir",
+            str(tmp_path / "shared"),
+            "--run-uuid",
+            run,
+            "--save",
+            str(tmp_path / "ckpt"),
+            "--load",
+            str(tmp_path / "ckpt"),
+            *extra,
+        ]
     )

@@ -80,7 +80,9 @@ def test_missing_media_names_sample_and_key_path_and_leaves_nothing(tmp_path, ru
     with pytest.raises(MediaMissingError) as e:
         write_bundle(tmp_path / "b", samples, media_roots=[run_dir])
     msg = str(e.value)
-    assert "samples[3].multimodal_inputs.images[1]" in msg and "gone.png" in msg and str(tmp_path / "b") in msg
+    assert (
+        "samples[3].multimodal_inputs.images[1]" in msg and "gone.png" in msg and str(tmp_path / "b") in msg
+    )
     assert isinstance(e.value, FileNotFoundError)
     assert sorted(os.listdir(tmp_path)) == ["shared_media"]  # no bundle, no staging directory
 
@@ -103,7 +105,9 @@ def test_media_ref_without_path_is_found_in_the_media_roots(tmp_path, run_dir):
     other_root = tmp_path / "other-run"
     other_root.mkdir()
     with pytest.raises(MediaMissingError) as e:
-        write_bundle(tmp_path / "d", [{"x": [0, {"r": ref}]}], media_roots=[other_root, str(run_dir) + "-gone/"])
+        write_bundle(
+            tmp_path / "d", [{"x": [0, {"r": ref}]}], media_roots=[other_root, str(run_dir) + "-gone/"]
+        )
     assert str(e.value) == (
         f"{tmp_path / 'd'}: samples[0].x[1].r: MediaRef {ref.digest} has no path and no file {ref.filename} "
         f"exists in the media roots {[str(other_root), str(run_dir) + '-gone']}"
@@ -193,7 +197,10 @@ def test_bad_arguments_are_refused(tmp_path):
     assert str(e.value) == f"{tmp_path / 'b'}: meta.x: expected a JSON-compatible value, found builtins.object (the manifest is JSON)"
     with pytest.raises(BundleError) as e:
         write_bundle(tmp_path / "b", [], kind="Debug Dump")
-    assert str(e.value) == f"{tmp_path / 'b'}: kind: expected lowercase letters, digits and '_', found 'Debug Dump'"
+    assert (
+        str(e.value)
+        == f"{tmp_path / 'b'}: kind: expected lowercase letters, digits and '_', found 'Debug Dump'"
+    )
     with pytest.raises(BundleError) as e:
         MediaRef("md5:abc", 1, ".png")
     assert str(e.value) == "MediaRef.digest: expected 'sha256:<64 lowercase hex>', found 'md5:abc'"
@@ -228,3 +235,28 @@ def test_a_file_with_an_unusable_extension_is_stored_without_one(tmp_path, run_d
     shutil.rmtree(run_dir)
     (loaded,) = open_bundle(dest, verify="full").samples()
     assert [Path(p).read_bytes() for p in loaded["imgs"]] == list(odd.values())
+
+
+def test_media_ref_fields_are_checked_and_paths_become_strings(tmp_path):
+    digest = "sha256:" + "ab" * 32
+    empty = MediaRef.from_bytes(b"", ".png")  # an empty file is a valid medium
+    assert (empty.size, empty.digest) == (0, "sha256:" + hashlib.sha256(b"").hexdigest())
+    for size in (-1, 1.5, True, "3"):
+        with pytest.raises(BundleError) as e:
+            MediaRef(digest, size, ".png")
+        assert str(e.value) == f"MediaRef.size: expected a non-negative int, found {size!r}"
+    ref = MediaRef(digest, 3, ".png", tmp_path / "x.png")
+    assert ref.path == str(tmp_path / "x.png") and type(ref.path) is str
+    assert MediaRef.from_bytes(b"abc", ".jpg", path=tmp_path / "y.jpg").path == str(tmp_path / "y.jpg")
+    assert MediaRef(digest, 3, ".png", "/already/a/str").path == "/already/a/str"
+
+
+def test_only_64_hex_names_are_taken_as_digests(tmp_path, run_dir):
+    not_hex = run_dir / ("z" * 64 + ".png")  # 64 characters, not a digest: hashed like any name
+    not_hex.write_bytes(b"zzz")
+    dotted = put_media(run_dir, b"archive", ".tar.gz")  # <hex>.tar.gz: the digest is before the first dot
+    dest = write_bundle(tmp_path / "b", [{"a": str(not_hex), "b": dotted}], media_roots=[run_dir], link="hardlink")
+    (s,) = open_bundle(dest, verify="full").samples()
+    assert Path(s["a"]).name == hashlib.sha256(b"zzz").hexdigest() + ".png"
+    assert Path(s["b"]).name == hashlib.sha256(b"archive").hexdigest() + ".gz"
+    assert Path(s["b"]).read_bytes() == b"archive"

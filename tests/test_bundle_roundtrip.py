@@ -14,8 +14,24 @@ from media_helpers import put_media
 
 from bundles import MediaRef, UnsupportedValueError, open_bundle, write_bundle
 
-NUMPY_DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-                "float16", "float32", "float64", "complex64", "complex128", ">i4", ">f8"]
+NUMPY_DTYPES = [
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    ">i4",
+    ">f8",
+]
 
 
 def assert_same(a, b, where="sample"):
@@ -54,8 +70,11 @@ json_leaves = (
 def arrays(draw):
     dtype = np.dtype(draw(st.sampled_from(NUMPY_DTYPES)))
     shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
-    raw = draw(st.binary(min_size=int(np.prod(shape)) * dtype.itemsize,
-                         max_size=int(np.prod(shape)) * dtype.itemsize))
+    raw = draw(
+        st.binary(
+            min_size=int(np.prod(shape)) * dtype.itemsize, max_size=int(np.prod(shape)) * dtype.itemsize
+        )
+    )
     arr = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     if draw(st.booleans()) and arr.size:
         return arr.reshape(-1)[0]  # a numpy scalar
@@ -65,9 +84,11 @@ def arrays(draw):
 leaves = json_leaves | arrays()
 values = st.recursive(
     leaves,
-    lambda children: st.lists(children, max_size=4)
-    | st.lists(children, max_size=3).map(tuple)
-    | st.dictionaries(st.text(max_size=8) | st.integers(-5, 5), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.lists(children, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=8) | st.integers(-5, 5), children, max_size=4)
+    ),
     max_leaves=25,
 )
 samples_strategy = st.lists(st.dictionaries(st.text(max_size=10), values, max_size=6), max_size=5)
@@ -86,8 +107,11 @@ def test_generated_samples_round_trip_exactly(tmp_path_factory, samples):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     payloads=st.lists(st.binary(min_size=1, max_size=200), min_size=1, max_size=6, unique=True),
-    picks=st.lists(st.tuples(st.integers(0, 100), st.sampled_from(["list", "tuple", "dict", "ref"])),
-                   min_size=1, max_size=12),
+    picks=st.lists(
+        st.tuples(st.integers(0, 100), st.sampled_from(["list", "tuple", "dict", "ref"])),
+        min_size=1,
+        max_size=12,
+    ),
 )
 def test_nested_references_resolve_after_run_dir_is_deleted(tmp_path_factory, payloads, picks):
     root = tmp_path_factory.mktemp("refs")
@@ -117,7 +141,11 @@ def test_nested_references_resolve_after_run_dir_is_deleted(tmp_path_factory, pa
             assert Path(loaded).read_bytes() == by_path[original]
         elif isinstance(original, MediaRef):
             assert isinstance(loaded, MediaRef)
-            assert (loaded.digest, loaded.size, loaded.suffix) == (original.digest, original.size, original.suffix)
+            assert (loaded.digest, loaded.size, loaded.suffix) == (
+                original.digest,
+                original.size,
+                original.suffix,
+            )
             assert Path(loaded.path).read_bytes() == by_path[original.path]
         elif isinstance(original, dict):
             assert list(original) == list(loaded)
@@ -137,8 +165,19 @@ def test_nested_references_resolve_after_run_dir_is_deleted(tmp_path_factory, pa
 @pytest.mark.torch
 def test_torch_tensors_of_every_dtype_round_trip(tmp_path):
     torch = pytest.importorskip("torch")
-    dtypes = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,
-              torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64]
+    dtypes = [
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+        torch.complex64,
+    ]
     g = torch.Generator().manual_seed(0)
     sample = {f"t_{d}": (torch.randn(3, 5, generator=g) * 100).to(d) for d in dtypes}
     sample["pixel_values"] = torch.randn(16, 1176, generator=g)
@@ -190,7 +229,10 @@ def test_objects_with_to_dict_are_accepted(tmp_path):
             return {"tokens": [1, 2], "status": "completed"}
 
     write_bundle(tmp_path / "b", [S(), {"tokens": [3]}])
-    assert list(open_bundle(tmp_path / "b").samples()) == [{"tokens": [1, 2], "status": "completed"}, {"tokens": [3]}]
+    assert list(open_bundle(tmp_path / "b").samples()) == [
+        {"tokens": [1, 2], "status": "completed"},
+        {"tokens": [3]},
+    ]
 
 
 def test_deep_nesting_is_refused(tmp_path):

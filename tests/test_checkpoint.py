@@ -186,7 +186,9 @@ def test_mutation_after_save_does_not_change_checkpoint(tmp_path):
     for i, got in enumerate(completed[0]):
         assert got.tokens == [1, 2, 3, 0, i]
         assert got.metadata == {"k": [0, i]}
-        assert [Path(p).name for p in media_of(got)] == [Path(p).name for p in media_of_refs(images_before[i])]
+        assert [Path(p).name for p in media_of(got)] == [
+            Path(p).name for p in media_of_refs(images_before[i])
+        ]
         np.testing.assert_array_equal(got.rollout_routed_experts, np.arange(6, dtype=np.int32).reshape(2, 3))
         assert got.multimodal_train_inputs["image_grid_thw"].tolist() == [[1, 2, 2]]
         assert got.reward == {"acc": 1.0} and got.response == "r"
