@@ -255,7 +255,9 @@ def test_only_64_hex_names_are_taken_as_digests(tmp_path, run_dir):
     not_hex = run_dir / ("z" * 64 + ".png")  # 64 characters, not a digest: hashed like any name
     not_hex.write_bytes(b"zzz")
     dotted = put_media(run_dir, b"archive", ".tar.gz")  # <hex>.tar.gz: the digest is before the first dot
-    dest = write_bundle(tmp_path / "b", [{"a": str(not_hex), "b": dotted}], media_roots=[run_dir], link="hardlink")
+    dest = write_bundle(
+        tmp_path / "b", [{"a": str(not_hex), "b": dotted}], media_roots=[run_dir], link="hardlink"
+    )
     (s,) = open_bundle(dest, verify="full").samples()
     assert Path(s["a"]).name == hashlib.sha256(b"zzz").hexdigest() + ".png"
     assert Path(s["b"]).name == hashlib.sha256(b"archive").hexdigest() + ".gz"
