@@ -82,6 +82,23 @@ def test_a_shard_swapped_after_opening_without_verification_is_refused_when_read
     assert str(e.value) == f"{a}: bundle failed verification with 1 problem(s):\n  - {problem}"
 
 
+def test_a_shard_truncated_or_removed_after_opening_is_refused_when_read(tmp_path):
+    a = write_bundle(tmp_path / "a", [{"i": 0, "blob": os.urandom(2000)}])
+    size = (a / SHARD).stat().st_size
+    bundle = open_bundle(a, verify="none")
+    os.truncate(writable(a / SHARD), 100)
+    with pytest.raises(BundleVerificationError) as e:
+        list(bundle.samples())
+    assert e.value.path == a
+    assert e.value.problems == [f"{a / SHARD}: size: expected {size} bytes, found 100"]
+    os.chmod(a / "samples", 0o755)
+    (a / SHARD).unlink()
+    with pytest.raises(BundleVerificationError) as e:
+        list(bundle.samples())
+    assert e.value.path == a
+    assert e.value.problems == [f"{a / SHARD}: listed in the manifest but missing"]
+
+
 def test_a_shard_that_decompresses_past_its_recorded_size_is_refused(tmp_path):
     a = write_bundle(tmp_path / "a", [{"i": 0}])
     raw = msgpack.packb({"i": 0, "x": b"\0" * 10_000})
