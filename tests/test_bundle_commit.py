@@ -13,7 +13,6 @@ import tempfile
 import textwrap
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import pytest
@@ -318,42 +317,44 @@ def test_removing_a_bundle_never_follows_a_directory_swapped_for_a_symlink(tmp_p
     assert not [p for p in tmp_path.iterdir() if ".retired." in p.name]
 
 
+_UNPRIVILEGED_CHILD = """
+import os, sys, traceback
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+import test_bundle_commit as t          # everything imported while still root
+try:
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+except OSError as e:
+    print(f"cannot drop to nobody: {e}")
+    sys.exit(77)
+getattr(t, sys.argv[2])(Path(sys.argv[3]))
+"""
+
+
 def _as_unprivileged(fn, base: Path) -> None:
-    """Run ``fn(base)`` as an unprivileged user: directly when we are one, else in a forked child
-    that drops to nobody, since root ignores the permissions this is about. The child only makes
-    system calls (no bundle writes, no threads, no imports), so a lock some other thread of this
-    process held at the fork cannot hang it."""
+    """Run ``fn(base)`` as an unprivileged user: directly when we are one, else in a fresh
+    interpreter that drops to nobody, since root ignores the permissions this is about.
+
+    Not a bare ``os.fork()`` of pytest: a fork of a process with other threads (Ray, zstd,
+    lease heartbeats of other tests) can leave the child waiting forever on a lock one of them
+    held, which hung whole-suite runs. The fresh interpreter has no other threads, and its
+    Python cannot be exec'd as nobody (it lives under /root), so it starts as root, imports
+    everything, then drops its privileges."""
     if os.geteuid() != 0:
         fn(base)
         return
     os.chmod(base, 0o777)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through its exit status and the pipe
-        os.close(read_end)
-        code, report = 1, b""
-        try:
-            try:
-                os.setgid(65534)
-                os.setuid(65534)
-            except OSError as e:
-                code, report = 77, f"cannot drop to nobody: {e}".encode()
-            else:
-                fn(base)
-                code = 0
-        except BaseException:
-            report = traceback.format_exc().encode()
-        finally:
-            os.write(write_end, report[-8000:])
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        report = pipe.read().decode(errors="replace")
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if code == 77:
-        pytest.skip(report)
-    assert code == 0, f"the part run as nobody failed:\n{report}"
+    r = subprocess.run(
+        [sys.executable, "-c", _UNPRIVILEGED_CHILD, str(Path(__file__).parent), fn.__name__, str(base)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if r.returncode == 77:
+        pytest.skip(r.stdout.strip())
+    assert r.returncode == 0, f"the part run as nobody failed:\n{r.stdout}{r.stderr}"
 
 
 def _permissions_scenario(base: Path) -> None:
