@@ -154,6 +154,12 @@ def test_training_dtype_and_get_rollout_data(tmp_path):
     mti = data["multimodal_train_inputs"]
     assert mti[1] is None and mti[0]["pixel_values"].dtype == torch.float16
     assert data["sample_indices"] == [0, 1, 2]
+    # A sample that shipped dense tensors and no references (allowed) keeps them beside rebuilt ones.
+    dense = {"pixel_values": torch.ones(4, 1176), "image_grid_thw": torch.tensor([[1, 2, 2]])}
+    samples[1].multimodal_train_inputs = dense
+    mti = get_rollout_data(Namespace(bf16=True), samples, load_processor(None))["multimodal_train_inputs"]
+    assert mti[1] is dense and mti[0]["pixel_values"].dtype == mti[2]["pixel_values"].dtype == torch.bfloat16
+    samples[1].multimodal_train_inputs = None
     samples[0].multimodal_train_inputs = {"pixel_values": torch.zeros(1, 1176)}
     with pytest.raises(ValueError, match=r"sample index 0 \(position 0\) carries both"):
         get_rollout_data(Namespace(bf16=True), samples, load_processor(None))

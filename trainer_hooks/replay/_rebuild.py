@@ -195,7 +195,8 @@ def get_rollout_data(
 
     Converts ``samples`` with :func:`convert_samples_to_train_data` (the guard included), then
     rebuilds every sample's vision tensors from its media references with
-    :func:`compute_multimodal_train_inputs` at :func:`training_dtype` ``(args)``.
+    :func:`compute_multimodal_train_inputs` at :func:`training_dtype` ``(args)``. A sample without
+    references keeps the dense ``multimodal_train_inputs`` it shipped, as they are.
     """
     from trainer_hooks.replay._guard import convert_samples_to_train_data
 
@@ -207,6 +208,14 @@ def get_rollout_data(
         custom_reward_post_process_func,
     )
     rebuilt = compute_multimodal_train_inputs(samples, processor, training_dtype(args))
-    if any(r is not None for r in rebuilt):
-        data["multimodal_train_inputs"] = rebuilt
+    # A sample without media references may have shipped dense tensors (the guard allows one kind
+    # or the other): it keeps them; only samples with references get the rebuilt ones.
+    shipped = data.get("multimodal_train_inputs") or [None] * len(rebuilt)
+    if len(shipped) != len(rebuilt):
+        raise ValueError(
+            f"get_rollout_data: multimodal_train_inputs has {len(shipped)} entries for {len(rebuilt)} samples"
+        )
+    merged = [r if r is not None else s for r, s in zip(rebuilt, shipped, strict=True)]
+    if any(m is not None for m in merged):
+        data["multimodal_train_inputs"] = merged
     return data
