@@ -312,6 +312,32 @@ def test_bad_recorded_processor_settings_are_the_bundles_error(tmp_path, capsys,
     assert err.count("\n") == 1
 
 
+def test_an_image_over_pillows_bomb_limit_is_a_rebuild_violation(tmp_path, capsys):
+    """A hostile bundle: a PNG header claiming 30000x30000 pixels (Pillow refuses it on open with
+    DecompressionBombError, which is no OSError) is a ``rebuild`` problem naming it, exit 1."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "bomb.png").write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+    )
+    sample = {"tokens": [1, 2, 3], "response_length": 1, "status": "completed",
+              "multimodal_inputs": {"images": [str(run / "bomb.png")]}}  # fmt: skip
+    bundle = write_bundle(
+        tmp_path / "b", [sample], media_roots=[run], kind="debug_dump", meta={"processor": None}
+    )
+    assert run_cli(str(bundle)) == 1
+    out = capsys.readouterr().out
+    assert "[rebuild] sample index None: sample None (position 0): multimodal_inputs.images[0]" in out
+    assert "refused by Pillow's decompression-bomb limit" in out
+
+
 def test_packed_bundle_replays_the_same(tmp_path):
     dump = make_dump(tmp_path, 2)
     packed = pack_bundle(dump, tmp_path / "dump.rbundle")

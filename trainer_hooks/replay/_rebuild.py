@@ -95,6 +95,8 @@ def _load_image(item: Any, where: str) -> Any:
             return im.convert("RGB") if im.mode != "RGB" else im.copy()
     except FileNotFoundError:
         raise FileNotFoundError(f"{where}: media file not found: {path}") from None
+    except Image.DecompressionBombError as e:  # not an OSError: a hostile bundle must not escape as one
+        raise ValueError(f"{where}: {path}: refused by Pillow's decompression-bomb limit ({e})") from None
 
 
 def _cast(value: Any, dtype: Any) -> Any:
