@@ -334,8 +334,26 @@ def test_an_image_over_pillows_bomb_limit_is_a_rebuild_violation(tmp_path, capsy
     )
     assert run_cli(str(bundle)) == 1
     out = capsys.readouterr().out
-    assert "[rebuild] sample index None: sample None (position 0): multimodal_inputs.images[0]" in out
+    assert "[rebuild] sample index None (position 0): multimodal_inputs.images[0]" in out
     assert "refused by Pillow's decompression-bomb limit" in out
+
+
+def test_multimodal_inputs_of_the_wrong_shape_are_named_not_a_traceback(tmp_path, capsys):
+    base = {"index": 7, "tokens": [1, 2, 3], "response_length": 1, "status": "completed"}
+    samples = [
+        {**base, "multimodal_inputs": ["a.png"]},
+        {**base, "index": 8, "multimodal_inputs": {"images": "a.png"}},
+    ]
+    bundle = write_bundle(tmp_path / "b", samples, kind="debug_dump", meta={"processor": None})
+    assert run_cli(str(bundle), "--no-progress") == 1
+    out = capsys.readouterr().out
+    assert "[rebuild] sample index 7 (position 0): multimodal_inputs: expected an object" in out
+    assert (
+        "[rebuild] sample index 8 (position 1): multimodal_inputs.images: expected a list, found str" in out
+    )
+    assert (
+        "[payload] prefill scoring payload: sample index 8: multimodal_inputs.images: expected a list" in out
+    )
 
 
 def test_packed_bundle_replays_the_same(tmp_path):

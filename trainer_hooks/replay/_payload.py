@@ -132,7 +132,7 @@ def build_prefill_scoring_payload(
     }
     if (lora_path := _lora_path(args, sample)) is not None:
         payload["lora_path"] = lora_path
-    images = sample_images(sample)
+    images = sample_images(sample, f"prefill scoring payload: sample index {getattr(sample, 'index', None)}")
     if images:
         where = f"sample index {getattr(sample, 'index', None)}: multimodal_inputs.images"
         payload["image_data"] = [_image_datum(img, f"{where}[{j}]") for j, img in enumerate(images)]

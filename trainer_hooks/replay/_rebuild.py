@@ -67,8 +67,13 @@ def _image_path(item: Any) -> str | None:
     return None
 
 
-def sample_images(sample: Any) -> list[Any]:
-    """The images of ``sample.multimodal_inputs`` (paths, ``MediaRef``s or PIL images), in order."""
+def sample_images(sample: Any, where: str = "sample") -> list[Any]:
+    """The images of ``sample.multimodal_inputs`` (paths, ``MediaRef``s or PIL images), in order.
+
+    Raises:
+        ValueError: ``multimodal_inputs`` is not a mapping or its ``images`` not a list, naming
+            ``where`` and the key.
+    """
     mm = (
         getattr(sample, "multimodal_inputs", None)
         if not isinstance(sample, Mapping)
@@ -76,7 +81,15 @@ def sample_images(sample: Any) -> list[Any]:
     )
     if not mm:
         return []
-    images = mm.get("images") or []
+    if not isinstance(mm, Mapping):
+        raise ValueError(
+            f"{where}: multimodal_inputs: expected an object with 'images', found {type(mm).__name__}"
+        )
+    images = mm.get("images")
+    if images is None:
+        return []
+    if not isinstance(images, (list, tuple)):  # a lone path string would be read as its characters
+        raise ValueError(f"{where}: multimodal_inputs.images: expected a list, found {type(images).__name__}")
     return list(images)
 
 
@@ -114,6 +127,7 @@ def compute_multimodal_train_inputs(
     *,
     per_image: bool = True,
     on_sample: Callable[[int, dict[str, Any] | None, int], None] | None = None,
+    first_position: int = 0,
 ) -> list[dict[str, Any] | None]:
     """Rebuild each sample's vision tensors from its referenced images, cast to ``dtype``.
 
@@ -131,6 +145,8 @@ def compute_multimodal_train_inputs(
             float32 leaves them untouched. Integer tensors are never cast.
         on_sample: called after each sample with ``(position, cast_inputs, fp32_bytes)``, where
             ``fp32_bytes`` is what the processor returned before the cast (for accounting).
+        first_position: the position of the first sample, for messages and ``on_sample`` (a slice
+            of a batch, as a replay rebuilds one sample at a time).
 
     Returns:
         One dict per sample (processor outputs except ``input_ids``/``attention_mask``), or None
@@ -139,15 +155,15 @@ def compute_multimodal_train_inputs(
     import torch
 
     out: list[dict[str, Any] | None] = []
-    for position, sample in enumerate(samples):
-        images = sample_images(sample)
+    for position, sample in enumerate(samples, first_position):
+        index = getattr(sample, "index", None) if not isinstance(sample, Mapping) else sample.get("index")
+        where = f"sample index {index} (position {position})"
+        images = sample_images(sample, where)
         if not images:
             out.append(None)
             if on_sample is not None:
                 on_sample(position, None, 0)
             continue
-        index = getattr(sample, "index", None) if not isinstance(sample, Mapping) else sample.get("index")
-        where = f"sample {index} (position {position})"
         batches = [images] if not per_image else [[img] for img in images]
         parts: dict[str, list[Any]] = {}
         before = 0

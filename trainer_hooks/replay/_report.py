@@ -324,10 +324,14 @@ def _replay_one(
     before = [0]
     try:
         rebuilt = compute_multimodal_train_inputs(
-            [sample], processor, dtype, on_sample=lambda _p, _c, b: before.__setitem__(0, b)
+            [sample],
+            processor,
+            dtype,
+            on_sample=lambda _p, _c, b: before.__setitem__(0, b),
+            first_position=position,
         )[0]
     except (OSError, ValueError) as e:
-        problems.append({"kind": "rebuild", "message": f"sample index {sample.index}: {e}", "image": None})
+        problems.append({"kind": "rebuild", "message": str(e), "image": None})  # names index and position
         rebuilt = None
     if rebuilt is not None:
         entry["bytes_before_cast"] = before[0]
