@@ -366,3 +366,34 @@ def test_rehydrate_by_copy_of_a_missing_media_file_names_it(tmp_path):
         f"{a}: cannot rehydrate into {tmp_path / 'new-run'}: [Errno 2] No such file or directory: '{stored}'"
     )
     assert os.listdir(tmp_path / "new-run") == []
+
+
+# -- Bundle.verify levels -------------------------------------------------------------------------
+
+
+def test_verify_levels_of_an_open_bundle(tmp_path):
+    run = tmp_path / "run"
+    a = write_bundle(
+        tmp_path / "a", [{"img": put_media(run, b"pixels" * 50)}], media_roots=[run], link="copy"
+    )
+    (stored,) = (a / "media").iterdir()
+    bundle = open_bundle(a, verify="fast")
+    bundle.verify()
+    assert bundle.problems() == []
+    corrupted = bytearray(stored.read_bytes())
+    corrupted[0] ^= 0xFF  # same size: only hashing sees it
+    writable(stored).write_bytes(bytes(corrupted))
+    problem = f"{stored}: digest: expected sha256:{stored.name.split('.')[0]}, found sha256:{hashlib.sha256(corrupted).hexdigest()}"
+    for fast in (False, "fast"):
+        bundle.verify(fast)  # sizes and shard digests only
+    assert bundle.problems(full=False) == []
+    for full in ((), (True,), ("full",)):  # the default is full
+        with pytest.raises(BundleVerificationError) as e:
+            bundle.verify(*full)
+        assert e.value.path == a and e.value.problems == [problem]
+    assert bundle.problems() == [problem]
+    with pytest.raises(BundleError) as e:
+        bundle.verify("thorough")
+    assert str(e.value) == f"{a}: verify: expected 'fast' or 'full', found 'thorough'"
+    (a / "samples" / "stray").mkdir()
+    assert f"{a}/samples/stray: unexpected directory" in bundle.problems(full=False)
