@@ -112,10 +112,14 @@ def main() -> None:
     print()
     print("| reference | s | |")
     print("|---|---:|---|")
-    print(f"| unpack_bundle (the way before in-place reads) | {unpack_s:.3f} | "
-          f"{unpack_s / rows[0][2]:.0f}x the in-place inspect |")
-    print(f"| hashlib.sha256 1 core, in memory, {size_mb:.0f} MB | {sha_s:.3f} | "
-          f"in-place verify --full at {sha_s / rows[1][2]:.0%} of it |")
+    print(
+        f"| unpack_bundle (the way before in-place reads) | {unpack_s:.3f} | "
+        f"{unpack_s / rows[0][2]:.0f}x the in-place inspect |"
+    )
+    print(
+        f"| hashlib.sha256 1 core, in memory, {size_mb:.0f} MB | {sha_s:.3f} | "
+        f"in-place verify --full at {sha_s / rows[1][2]:.0%} of it |"
+    )
 
 
 if __name__ == "__main__":

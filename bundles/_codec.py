@@ -732,7 +732,9 @@ def find_defect(sample: Any, path: str) -> tuple[str, str] | None:
         elif t is list or t is tuple:
             children = [(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj) if type(v) in _FOUND]
         elif t is Record:
-            children = [(v, key_path(where, k), depth + 1) for k, v in obj.fields.items() if type(v) in _FOUND]
+            children = [
+                (v, key_path(where, k), depth + 1) for k, v in obj.fields.items() if type(v) in _FOUND
+            ]
         else:
             continue
         stack.extend(reversed(children))

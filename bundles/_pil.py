@@ -43,7 +43,9 @@ def png_bytes(image: Any, where: str) -> bytes:
             f"{', '.join(sorted(PNG_MODES))}); convert it first"
         )
     if getattr(image, "n_frames", 1) != 1:
-        raise ValueError(f"{where}: PIL image with {image.n_frames} frames: only single-frame images are stored")
+        raise ValueError(
+            f"{where}: PIL image with {image.n_frames} frames: only single-frame images are stored"
+        )
     buf = io.BytesIO()
     try:
         image.save(buf, format="PNG", compress_level=1)

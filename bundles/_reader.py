@@ -450,7 +450,9 @@ def _built(
                 sample = from_dict(row)
             except Exception as e:
                 where = i if indices is None else indices[i]
-                raise BundleFormatError(f"{path}: samples[{where}]: {name}.from_dict: {type(e).__name__}: {e}") from e
+                raise BundleFormatError(
+                    f"{path}: samples[{where}]: {name}.from_dict: {type(e).__name__}: {e}"
+                ) from e
             yield sample
 
     return build()

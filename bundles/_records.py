@@ -135,4 +135,6 @@ def build_record(name: Any, fields: Any, *, instantiate: bool = True) -> Any:
     try:
         return cls(**fields)
     except Exception as e:  # the class's own validation refused the values
-        raise ValueError(f"record {name!r}: {cls.__qualname__}(**fields) raised {type(e).__name__}: {e}") from None
+        raise ValueError(
+            f"record {name!r}: {cls.__qualname__}(**fields) raised {type(e).__name__}: {e}"
+        ) from None

@@ -59,7 +59,9 @@ def iter_shard(
     expected = entry["samples"]
     index = first_index
     try:
-        for obj in _objects(data, entry["raw_size"], where, SampleDecoder(media, read_media=read_media), first_index):
+        for obj in _objects(
+            data, entry["raw_size"], where, SampleDecoder(media, read_media=read_media), first_index
+        ):
             if type(obj) is not dict:
                 raise BundleFormatError(
                     f"{where}: samples[{index}]: expected a map, found {type(obj).__name__}"

@@ -193,7 +193,16 @@ def test_agreeing_groups_resolve_with_overrides_over_model_over_base(tmp_path: P
             {"name": "judge", "model_path": OTHER["model_path"], "image_processor_backend": "torchvision"},
         ],
     )
-    args = parse_args(["--rollout-batch-size", "1", TSP, *_base_argv(mm_process_config={"a": 1, "b": 2}), "--sglang-config", cfg])
+    args = parse_args(
+        [
+            "--rollout-batch-size",
+            "1",
+            TSP,
+            *_base_argv(mm_process_config={"a": 1, "b": 2}),
+            "--sglang-config",
+            cfg,
+        ]
+    )
     pa = args.rollout_processor_args
     assert pa.model_path == OTHER["model_path"]
     assert pa.image_processor_backend == "torchvision"
@@ -240,7 +249,12 @@ def test_every_processor_disagreement_fails_at_parse_time_naming_the_field(
     assert repr(BASE[field]) in msg and repr(OTHER[field]) in msg
     assert source in msg and f"--sglang-{field.replace('_', '-')}" in msg
     # Without --enable-token-space-processor the engines process their own inputs: no check.
-    assert parse_args(["--rollout-batch-size", "1", *_base_argv(), "--sglang-config", cfg]).rollout_processor_args is None
+    assert (
+        parse_args(
+            ["--rollout-batch-size", "1", *_base_argv(), "--sglang-config", cfg]
+        ).rollout_processor_args
+        is None
+    )
 
 
 @pytest.mark.parametrize("field", FIELDS)
@@ -299,7 +313,18 @@ def test_missing_sglang_config_file(tmp_path: Path) -> None:
 
 def test_rollout_paths_are_made_absolute_at_parse_time(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = parse_args(["--rollout-batch-size", "1", "--save", "ckpt", "--load", "old", "--save-debug-rollout-data", "dumps/r_{rollout_id}"])
+    args = parse_args(
+        [
+            "--rollout-batch-size",
+            "1",
+            "--save",
+            "ckpt",
+            "--load",
+            "old",
+            "--save-debug-rollout-data",
+            "dumps/r_{rollout_id}",
+        ]
+    )
     assert args.save == str(tmp_path / "ckpt") and args.load == str(tmp_path / "old")
     assert args.save_debug_rollout_data == str(tmp_path / "dumps" / "r_{rollout_id}")
 
@@ -329,7 +354,9 @@ MILES_DEFS: dict[str, dict] = {
     "--recompute-logprobs-via-prefill": dict(action="store_true", default=False),
     "--reward-key": dict(type=str, default=None),
     "--sglang-config": dict(type=str, default=None),
-    "--sglang-image-processor-backend": dict(type=str, choices=["auto", "torchvision", "pil"], default="auto"),
+    "--sglang-image-processor-backend": dict(
+        type=str, choices=["auto", "torchvision", "pil"], default="auto"
+    ),
     "--sglang-mm-process-config": dict(type=json.loads, default=None),
 }
 MEGATRON_DEFS: dict[str, dict] = {
@@ -380,7 +407,11 @@ def test_add_arguments_plugs_into_miles_parser_whichever_comes_first(backend: st
     strings = [s for a in parser._actions for s in a.option_strings]
     assert len(strings) == len(set(strings))
     args = validate_args(args)
-    assert (args.rollout_batch_size, args.shared_media_dir, args.recompute_logprobs_via_prefill) == (8, "/m", True)
+    assert (args.rollout_batch_size, args.shared_media_dir, args.recompute_logprobs_via_prefill) == (
+        8,
+        "/m",
+        True,
+    )
     assert args.num_rollout is None and args.start_rollout_id is None
     assert args.sglang_image_processor_backend == "auto"
     assert args.bundle_link_mode == "auto" and args.run_uuid

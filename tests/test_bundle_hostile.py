@@ -50,7 +50,11 @@ def replace_file(path: Path, data: bytes) -> None:
 @pytest.mark.parametrize(
     ("change", "error", "field"),
     [
-        (lambda m: m.update(format_version=2), BundleFormatError, "format_version: expected one of [1], found 2"),
+        (
+            lambda m: m.update(format_version=2),
+            BundleFormatError,
+            "format_version: expected one of [1], found 2",
+        ),
         (lambda m: m.update(format="zarr"), BundleFormatError, "format: expected 'rollout-bundle'"),
         (lambda m: m["shards"][0].update(path="../../etc/passwd"), UnsafeBundleError, "shards[0].path"),
         (lambda m: m["shards"][0].update(path="/etc/passwd"), UnsafeBundleError, "shards[0].path"),
@@ -139,8 +143,11 @@ def _rewrite_shard(bundle: Path, raw: bytes, raw_size: int | None = None) -> Non
     replace_file(bundle / "samples" / "000000.msgpack.zst", data)
 
     def change(m):
-        m["shards"][0].update(size=len(data), digest="sha256:" + hashlib.sha256(data).hexdigest(),
-                              raw_size=len(raw) if raw_size is None else raw_size)
+        m["shards"][0].update(
+            size=len(data),
+            digest="sha256:" + hashlib.sha256(data).hexdigest(),
+            raw_size=len(raw) if raw_size is None else raw_size,
+        )
 
     edit_manifest(bundle, change)
 
@@ -149,7 +156,9 @@ def test_decompression_bomb_stops_at_the_recorded_size(bundle):
     bomb = msgpack.packb({"x": b"\0" * 50_000_000}) * 3
     _rewrite_shard(bundle, bomb, raw_size=1000)
     b = open_bundle(bundle, verify="fast")
-    with pytest.raises(UnsafeBundleError, match="raw_size: expected 1000 decompressed bytes, found more than 1000"):
+    with pytest.raises(
+        UnsafeBundleError, match="raw_size: expected 1000 decompressed bytes, found more than 1000"
+    ):
         list(b.samples())
 
 
@@ -227,7 +236,10 @@ def _member(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "") -> tar
         ([(_member("/etc/cron.d/x"), b"x")], "absolute names are refused"),
         ([(_member("media/../../x"), b"x")], "names with '..'"),
         ([(_member("media/" + "ab" * 32 + ".png", tarfile.SYMTYPE, "/etc/passwd"), None)], "found a symlink"),
-        ([(_member("media/" + "ab" * 32 + ".png", tarfile.LNKTYPE, "manifest.json"), None)], "found a hard link"),
+        (
+            [(_member("media/" + "ab" * 32 + ".png", tarfile.LNKTYPE, "manifest.json"), None)],
+            "found a hard link",
+        ),
         ([(_member("samples/000000.msgpack.zst", tarfile.FIFOTYPE), None)], "found a FIFO"),
         ([(_member("manifest.json"), b"{}"), (_member("manifest.json"), b"{}")], "appears twice"),
         ([(_member("notes.txt"), b"x")], "not a name the bundle layout allows"),
@@ -252,5 +264,8 @@ def test_unpack_fully_verifies(bundle, tmp_path):
     with pytest.raises(BundleVerificationError) as e:
         unpack_bundle(evil, tmp_path / "out")
     (problem,) = e.value.problems  # the corrupted media file, and only it
-    assert f"/media/{name.decode()}: digest: expected sha256:{name.decode().split('.')[0]}, found sha256:" in problem
+    assert (
+        f"/media/{name.decode()}: digest: expected sha256:{name.decode().split('.')[0]}, found sha256:"
+        in problem
+    )
     assert not (tmp_path / "out").exists()

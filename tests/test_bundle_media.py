@@ -194,7 +194,10 @@ def test_bad_arguments_are_refused(tmp_path):
     assert str(e.value) == "link: expected one of auto, hardlink, reflink, copy, found 'symlink'"
     with pytest.raises(BundleError) as e:
         write_bundle(tmp_path / "b", [], meta={"x": object()})
-    assert str(e.value) == f"{tmp_path / 'b'}: meta.x: expected a JSON-compatible value, found builtins.object (the manifest is JSON)"
+    assert (
+        str(e.value)
+        == f"{tmp_path / 'b'}: meta.x: expected a JSON-compatible value, found builtins.object (the manifest is JSON)"
+    )
     with pytest.raises(BundleError) as e:
         write_bundle(tmp_path / "b", [], kind="Debug Dump")
     assert (

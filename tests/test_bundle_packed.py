@@ -92,7 +92,9 @@ def test_full_verification_in_place_names_the_corrupt_member(tmp_path):
 def test_a_corrupt_shard_fails_fast_verification_and_reading(tmp_path):
     _, packed, _ = _make(tmp_path)
     evil = _flip_member_byte(packed, "samples/000000.msgpack.zst", tmp_path / "evil.rbundle")
-    with pytest.raises(BundleVerificationError, match=r"evil\.rbundle/samples/000000\.msgpack\.zst: digest: expected"):
+    with pytest.raises(
+        BundleVerificationError, match=r"evil\.rbundle/samples/000000\.msgpack\.zst: digest: expected"
+    ):
         open_bundle(evil, verify="fast")
     b = open_bundle(evil, verify="none")
     with pytest.raises(BundleVerificationError, match=r"000000\.msgpack\.zst: digest"):
@@ -207,7 +209,10 @@ def test_every_truncation_point_is_refused_by_both_readers(tmp_path):
     points = sorted({*range(0, end, 256)})
     for n in points:
         cut.write_bytes(data[:n])
-        for attempt in (lambda: open_bundle(cut, verify="full"), lambda: unpack_bundle(cut, tmp_path / "out")):
+        for attempt in (
+            lambda: open_bundle(cut, verify="full"),
+            lambda: unpack_bundle(cut, tmp_path / "out"),
+        ):
             with pytest.raises(UnsafeBundleError) as e:
                 attempt()
             assert str(cut) in str(e.value), n
@@ -227,5 +232,8 @@ def test_a_member_file_outlives_its_bundle_object_and_refuses_reads_after_close(
         assert f.read() == by_digest[ref.digest]
     with open_bundle(packed) as bundle:
         g = bundle.open_media(ref)
-    with open(__file__, "rb"), pytest.raises(BundleError, match=r"b\.rbundle/media/.*: cannot read: the bundle was closed"):
+    with (
+        open(__file__, "rb"),
+        pytest.raises(BundleError, match=r"b\.rbundle/media/.*: cannot read: the bundle was closed"),
+    ):
         g.read()

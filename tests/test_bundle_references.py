@@ -238,7 +238,9 @@ def test_long_lists_of_paths_and_refs_are_references_not_numbers(tmp_path):
 def test_a_list_of_n_paths_survives_the_run_directory(tmp_path, n):
     world = World(tmp_path)
     paths = [world.paths[i % 6] for i in range(n)]
-    dest = write_bundle(tmp_path / "bundle", [{"images": paths}], media_roots=world.roots, outside_paths="keep")
+    dest = write_bundle(
+        tmp_path / "bundle", [{"images": paths}], media_roots=world.roots, outside_paths="keep"
+    )
     shutil.rmtree(world.shared)
     (loaded,) = open_bundle(dest, verify="full").samples()
     assert [Path(p).read_bytes() for p in loaded["images"]] == [PAYLOADS[i % 6] for i in range(n)]

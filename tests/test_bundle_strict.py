@@ -70,40 +70,100 @@ def _encoded(encoding: str):
         (_encoded("utf-16"), BundleFormatError, "not UTF-8"),
         (_encoded("utf-16-le"), BundleFormatError, "not UTF-8"),
         (_encoded("utf-32"), BundleFormatError, "not UTF-8"),
-        (lambda m: json.dumps(m).encode("latin-1").replace(b"debug_dump", b"debug_dump\xe9"), BundleFormatError, "not UTF-8"),
-        (lambda m: json.dumps({**m, "meta": {"x": float("inf")}}).encode(), BundleFormatError, "Infinity is not valid JSON"),
-        (lambda m: json.dumps({**m, "meta": {"x": float("nan")}}).encode(), BundleFormatError, "NaN is not valid JSON"),
-        (lambda m: json.dumps(m).replace('"meta": {', '"meta": {"x": 1e400, ').encode(), BundleFormatError, "overflows a float64"),
         (
-            lambda m: json.dumps({**m, "meta": {"x": 0}}).replace('"x": 0', '"x": ' + "[" * 5000 + "]" * 5000).encode(),
+            lambda m: json.dumps(m).encode("latin-1").replace(b"debug_dump", b"debug_dump\xe9"),
+            BundleFormatError,
+            "not UTF-8",
+        ),
+        (
+            lambda m: json.dumps({**m, "meta": {"x": float("inf")}}).encode(),
+            BundleFormatError,
+            "Infinity is not valid JSON",
+        ),
+        (
+            lambda m: json.dumps({**m, "meta": {"x": float("nan")}}).encode(),
+            BundleFormatError,
+            "NaN is not valid JSON",
+        ),
+        (
+            lambda m: json.dumps(m).replace('"meta": {', '"meta": {"x": 1e400, ').encode(),
+            BundleFormatError,
+            "overflows a float64",
+        ),
+        (
+            lambda m: (
+                json.dumps({**m, "meta": {"x": 0}})
+                .replace('"x": 0', '"x": ' + "[" * 5000 + "]" * 5000)
+                .encode()
+            ),
             BundleFormatError,
             "nested deeper than 64 levels",
         ),
-        (lambda m: json.dumps({**m, "meta": {"x": _deep(63)}}).encode(), BundleFormatError, "nested deeper than 64 levels"),
-        (lambda m: json.dumps({**m, "kind": "Debug Dump"}).encode(), BundleFormatError, "kind: expected lowercase"),
+        (
+            lambda m: json.dumps({**m, "meta": {"x": _deep(63)}}).encode(),
+            BundleFormatError,
+            "nested deeper than 64 levels",
+        ),
+        (
+            lambda m: json.dumps({**m, "kind": "Debug Dump"}).encode(),
+            BundleFormatError,
+            "kind: expected lowercase",
+        ),
         (lambda m: json.dumps({**m, "kind": "../x"}).encode(), BundleFormatError, "kind: expected lowercase"),
-        (lambda m: json.dumps({**m, "media_references": "12"}).encode(), BundleFormatError, "media_references: expected an int"),
-        (lambda m: json.dumps({**m, "media_references": -1}).encode(), BundleFormatError, "media_references: expected an int"),
-        (lambda m: json.dumps({**m, "created_by": 5}).encode(), BundleFormatError, "created_by: expected a string"),
-        (lambda m: json.dumps({**m, "sample_count": 2**70}).encode(), BundleFormatError, "sample_count: expected an int in [0, 2**63)"),
-        (lambda m: json.dumps({**m, "sample_count": True}).encode(), BundleFormatError, "sample_count: expected an int"),
+        (
+            lambda m: json.dumps({**m, "media_references": "12"}).encode(),
+            BundleFormatError,
+            "media_references: expected an int",
+        ),
+        (
+            lambda m: json.dumps({**m, "media_references": -1}).encode(),
+            BundleFormatError,
+            "media_references: expected an int",
+        ),
+        (
+            lambda m: json.dumps({**m, "created_by": 5}).encode(),
+            BundleFormatError,
+            "created_by: expected a string",
+        ),
+        (
+            lambda m: json.dumps({**m, "sample_count": 2**70}).encode(),
+            BundleFormatError,
+            "sample_count: expected an int in [0, 2**63)",
+        ),
+        (
+            lambda m: json.dumps({**m, "sample_count": True}).encode(),
+            BundleFormatError,
+            "sample_count: expected an int",
+        ),
         (
             lambda m: json.dumps({**m, "shards": [{**m["shards"][0], "samples": 2**70}]}).encode(),
             BundleFormatError,
             "shards[0].samples: expected an int in [0, 2**63)",
         ),
         (
-            lambda m: json.dumps({**m, "shards": [{**m["shards"][0], "path": "samples/000001.msgpack.zst"}]}).encode(),
+            lambda m: json.dumps(
+                {**m, "shards": [{**m["shards"][0], "path": "samples/000001.msgpack.zst"}]}
+            ).encode(),
             BundleFormatError,
             "numbered from 0 without gaps",
         ),
         (
-            lambda m: json.dumps({**m, "sample_count": 10**6, "shards": [{**m["shards"][0], "samples": 10**6}]}).encode(),
+            lambda m: json.dumps(
+                {**m, "sample_count": 10**6, "shards": [{**m["shards"][0], "samples": 10**6}]}
+            ).encode(),
             BundleFormatError,
             "cannot fit in raw_size",
         ),
-        (lambda m: json.dumps({**m, "media": [{**m["media"][0], "size": 2.5}]}).encode(), BundleFormatError, "media[0].size"),
-        (lambda m: json.dumps({**m, "media": {"a": 1}}).encode(), BundleFormatError, "media: expected a list, found dict"),
+        (
+            lambda m: json.dumps({**m, "media": [{**m["media"][0], "size": 2.5}]}).encode(),
+            BundleFormatError,
+            "media[0].size",
+        ),
+        (
+            lambda m: json.dumps({**m, "media": {"a": 1}}).encode(),
+            BundleFormatError,
+            "media: expected a list, found dict",
+        ),
     ],
 )
 def test_manifest_strictness(bundle, make, error, message):
@@ -138,7 +198,9 @@ def test_a_single_path_is_one_media_root(tmp_path):
     for roots in (str(run), run):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            b = write_bundle(tmp_path / f"b{type(roots).__name__}", [{"a": inside, "b": str(other)}], media_roots=roots)
+            b = write_bundle(
+                tmp_path / f"b{type(roots).__name__}", [{"a": inside, "b": str(other)}], media_roots=roots
+            )
         (s,) = open_bundle(b).samples()
         assert s["a"].startswith(str(b / "media")) and s["b"] == str(other)  # "/" did not become a root
         assert [w.category for w in caught] == [OutsidePathWarning]
@@ -173,7 +235,10 @@ def _outside_samples(tmp_path: Path) -> tuple[Path, list[dict]]:
         f = elsewhere / f"{i}.png"
         f.write_bytes(bytes([i]))
         files.append(str(f))
-    samples = [{"img": inside, "old": files[i], "missing": "/no/such/file.png", "note": "/ not a path"} for i in range(5)]
+    samples = [
+        {"img": inside, "old": files[i], "missing": "/no/such/file.png", "note": "/ not a path"}
+        for i in range(5)
+    ]
     samples[0]["more"] = [files[0], files[1]]
     return run, samples
 
@@ -195,7 +260,10 @@ def test_outside_paths_error_refuses_naming_the_key_path_and_keep_is_silent(tmp_
     run, samples = _outside_samples(tmp_path)
     with pytest.raises(OutsidePathError) as e:
         write_bundle(tmp_path / "b", samples, media_roots=[run], outside_paths="error")
-    assert f"{tmp_path / 'b'}: samples[0].old: {samples[0]['old']} names a file outside the media roots" in str(e.value)
+    assert (
+        f"{tmp_path / 'b'}: samples[0].old: {samples[0]['old']} names a file outside the media roots"
+        in str(e.value)
+    )
     assert sorted(os.listdir(tmp_path)) == ["elsewhere", "run"]  # nothing written, no staging left
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -209,7 +277,9 @@ def test_trainer_saves_refuse_another_run_s_media_and_warn_about_other_paths(tmp
 
     from trainer_hooks import Sample, save_debug_rollout_data, store_media
 
-    mine = trainer_args(tmp_path, "run-b", "--save-debug-rollout-data", str(tmp_path / "dumps" / "r_{rollout_id}"))
+    mine = trainer_args(
+        tmp_path, "run-b", "--save-debug-rollout-data", str(tmp_path / "dumps" / "r_{rollout_id}")
+    )
     theirs = trainer_args(tmp_path, "run-a")
     their_ref = store_media(theirs, b"\x89PNG their screenshot")
     my_ref = store_media(mine, b"\x89PNG my screenshot")
@@ -218,7 +288,9 @@ def test_trainer_saves_refuse_another_run_s_media_and_warn_about_other_paths(tmp
     ok = Sample(index=0, prompt="p", multimodal_inputs={"images": [my_ref]}, metadata={"log": str(stray)})
     with pytest.warns(OutsidePathWarning, match=r"samples\[0\]\.metadata\.log"):
         save_debug_rollout_data(mine, [ok], 0, evaluation=False)
-    bad = Sample(index=1, prompt="p", multimodal_inputs={"images": [my_ref]}, metadata={"screen": their_ref.path})
+    bad = Sample(
+        index=1, prompt="p", multimodal_inputs={"images": [my_ref]}, metadata={"screen": their_ref.path}
+    )
     with pytest.raises(OutsidePathError, match=r"samples\[0\]\.metadata\.screen: .*run-a/"):
         save_debug_rollout_data(mine, [bad], 1, evaluation=False)
     assert not (tmp_path / "dumps" / "r_1").exists()
@@ -280,7 +352,9 @@ def _tmpfs(path: Path, size: str) -> bool:
     path.mkdir()
     if os.geteuid() != 0:
         return False
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
     return r.returncode == 0
 
 
@@ -325,7 +399,9 @@ def test_file_too_large_is_a_bundle_io_error(tmp_path):
             print(json.dumps({{"errno": e.errno, "msg": str(e), "cause": type(e.__cause__).__name__}}))
         """
     )
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, env=os.environ)
+    r = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, env=os.environ
+    )
     assert r.returncode == 0 and r.stdout, r.stderr
     out = json.loads(r.stdout)
     assert out["errno"] == errno.EFBIG and out["cause"] == "OSError"

@@ -53,15 +53,19 @@ def test_pack_unpack_round_trip_as_a_real_process(tmp_path):
     cmd = [sys.executable, "-m", "bundles.cli"]
     r = subprocess.run([*cmd, "pack", str(b), "-o", str(packed)], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([*cmd, "unpack", str(packed), "-o", str(tmp_path / "u")], capture_output=True, text=True,
-                       check=False)
+    r = subprocess.run(
+        [*cmd, "unpack", str(packed), "-o", str(tmp_path / "u")], capture_output=True, text=True, check=False
+    )
     assert r.returncode == 0, r.stderr
     assert "fully verified" in r.stdout
     from pathlib import Path
 
-    assert [Path(s["images"][1]).read_bytes()[:1] for s in open_bundle(tmp_path / "u").samples()] == [b"b"] + [b"a"] * 3
-    r = subprocess.run([*cmd, "unpack", str(packed), "-o", str(tmp_path / "u")], capture_output=True, text=True,
-                       check=False)
+    assert [Path(s["images"][1]).read_bytes()[:1] for s in open_bundle(tmp_path / "u").samples()] == [
+        b"b"
+    ] + [b"a"] * 3
+    r = subprocess.run(
+        [*cmd, "unpack", str(packed), "-o", str(tmp_path / "u")], capture_output=True, text=True, check=False
+    )
     assert r.returncode == 1 and "output exists" in r.stderr
 
 

@@ -187,13 +187,18 @@ def test_loading_a_checkpoint_as_a_dump_names_the_kind(tmp_path):
 
     args = make_args(tmp_path, "d_{rollout_id}")
     write_bundle(tmp_path / "dumps" / "d_0", [{"status": "completed"}], kind="rollout_checkpoint")
-    with pytest.raises(BundleFormatError, match=r"d_0: kind: expected 'debug_dump', found 'rollout_checkpoint'"):
+    with pytest.raises(
+        BundleFormatError, match=r"d_0: kind: expected 'debug_dump', found 'rollout_checkpoint'"
+    ):
         load_debug_rollout_data(args, 0)
 
 
 def test_trajectory_sidecar_is_miles_jsonl_next_to_the_dump(tmp_path):
     args = make_args(
-        tmp_path, "rollout_{rollout_id}", "--save-debug-trajectory-data", str(tmp_path / "dumps" / "traj_{rollout_id}.jsonl")
+        tmp_path,
+        "rollout_{rollout_id}",
+        "--save-debug-trajectory-data",
+        str(tmp_path / "dumps" / "traj_{rollout_id}.jsonl"),
     )
     rows = samples(args, 3)
     rows[0].metadata = {"messages": [{"role": "user", "content": "hi"}], "source": "gui"}
@@ -233,7 +238,9 @@ def test_without_the_trajectory_option_messages_stay_in_the_dump(tmp_path):
     rows = samples(args, 1)
     rows[0].metadata = {"messages": [{"role": "user", "content": "hi"}]}
     save_debug_rollout_data(args, rows, 1, evaluation=False)
-    assert load_debug_rollout_data(args, 1)[0][0].metadata == {"messages": [{"role": "user", "content": "hi"}]}
+    assert load_debug_rollout_data(args, 1)[0][0].metadata == {
+        "messages": [{"role": "user", "content": "hi"}]
+    }
     assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == ["rollout_1"]
 
 

@@ -15,7 +15,11 @@ from hypothesis import strategies as st
 
 from bundles import BundleError, open_bundle, unpack_bundle, write_bundle
 
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 def _fresh(tmp_path_factory) -> Path:
@@ -50,8 +54,10 @@ json_values = st.recursive(
 
 
 @FUZZ
-@given(field=st.sampled_from(["format_version", "kind", "meta", "sample_count", "shards", "media"]),
-       value=json_values)
+@given(
+    field=st.sampled_from(["format_version", "kind", "meta", "sample_count", "shards", "media"]),
+    value=json_values,
+)
 def test_fuzz_manifest_fields(tmp_path_factory, field, value):
     b = _fresh(tmp_path_factory)
     m = json.loads((b / "manifest.json").read_text())
@@ -62,17 +68,25 @@ def test_fuzz_manifest_fields(tmp_path_factory, field, value):
 
 
 @FUZZ
-@given(raw=st.binary(max_size=3000), compress=st.booleans(), msgpack_objs=st.lists(
-    st.tuples(st.integers(0, 127), st.binary(max_size=60)), max_size=4))
+@given(
+    raw=st.binary(max_size=3000),
+    compress=st.booleans(),
+    msgpack_objs=st.lists(st.tuples(st.integers(0, 127), st.binary(max_size=60)), max_size=4),
+)
 def test_fuzz_shard_contents(tmp_path_factory, raw, compress, msgpack_objs):
     b = _fresh(tmp_path_factory)
     if msgpack_objs:
-        raw = b"".join(msgpack.packb({"x": msgpack.ExtType(code, payload)}) for code, payload in msgpack_objs) + raw
+        raw = (
+            b"".join(msgpack.packb({"x": msgpack.ExtType(code, payload)}) for code, payload in msgpack_objs)
+            + raw
+        )
     data = zstandard.ZstdCompressor().compress(raw) if compress else raw
     shard = b / "samples" / "000000.msgpack.zst"
     _replace(shard, data)
     m = json.loads((b / "manifest.json").read_text())
-    m["shards"][0].update(size=len(data), digest="sha256:" + hashlib.sha256(data).hexdigest(), raw_size=len(raw))
+    m["shards"][0].update(
+        size=len(data), digest="sha256:" + hashlib.sha256(data).hexdigest(), raw_size=len(raw)
+    )
     _replace(b / "manifest.json", json.dumps(m).encode())
     with contextlib.suppress(BundleError):
         _read_all(b)

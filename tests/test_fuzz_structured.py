@@ -39,7 +39,11 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
 )
 HANG_S = 30
 MEMORY_BOUND = 64 * 1024 * 1024
@@ -143,15 +147,39 @@ json_values = st.recursive(
     | st.sampled_from([0, 1, -1, 2**31, 2**63 - 1, 2**63, 2**64, 2**70, -(2**63)])
     | st.integers()
     | st.floats(allow_nan=True, allow_infinity=True)
-    | st.sampled_from(["", "../x", "/etc/passwd", ".png", "sha256:" + "0" * 64, "samples/000001.msgpack.zst", "é", "a" * 300])
+    | st.sampled_from(
+        [
+            "",
+            "../x",
+            "/etc/passwd",
+            ".png",
+            "sha256:" + "0" * 64,
+            "samples/000001.msgpack.zst",
+            "é",
+            "a" * 300,
+        ]
+    )
     | st.text(max_size=20),
     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
     max_leaves=12,
 )
 # "meta" and "unknown" change what readers must accept (free meta, unknown fields): they keep a
 # share of the examples valid, so that verification and decoding see mutated manifests too.
-ACTIONS = ["replace", "replace", "retype", "delete", "bump", "bump", "duplicate", "swap", "borrow", "add_key",
-           "meta", "meta", "unknown"]
+ACTIONS = [
+    "replace",
+    "replace",
+    "retype",
+    "delete",
+    "bump",
+    "bump",
+    "duplicate",
+    "swap",
+    "borrow",
+    "add_key",
+    "meta",
+    "meta",
+    "unknown",
+]
 mutation = st.tuples(st.integers(0, 10**6), st.sampled_from(ACTIONS), json_values, st.integers(-3, 3))
 
 
@@ -231,7 +259,10 @@ def encode_json(doc: Any, encoding: str) -> bytes:
 
 
 @FUZZ
-@given(mutations=st.lists(mutation, min_size=1, max_size=3), encoding=st.sampled_from(["utf-8"] * 18 + ["utf-16", "utf-8-sig"]))
+@given(
+    mutations=st.lists(mutation, min_size=1, max_size=3),
+    encoding=st.sampled_from(["utf-8"] * 18 + ["utf-16", "utf-8-sig"]),
+)
 def test_fuzz_manifest_as_json(base, tmp_path_factory, mutations, encoding):
     scratch = tmp_path_factory.mktemp("fm")
     b = scratch / "b"
@@ -246,16 +277,43 @@ def test_fuzz_manifest_as_json(base, tmp_path_factory, mutations, encoding):
 
 # -- packed-file mutations, member by member -------------------------------------------------------
 MEDIA_NAME = "media/" + "cd" * 32 + ".png"
-NAMES = ["../x", "/etc/passwd", "media", "samples", "manifest.json", "media/x/y", "./manifest.json",
-         "media\\..\\x", MEDIA_NAME, "samples/000001.msgpack.zst", "a" * 150, "samples/000000.msgpack.zst"]
-TYPES = [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE, tarfile.CHRTYPE, tarfile.BLKTYPE,
-         tarfile.DIRTYPE, tarfile.CONTTYPE, tarfile.GNUTYPE_SPARSE, tarfile.REGTYPE, tarfile.AREGTYPE]
+NAMES = [
+    "../x",
+    "/etc/passwd",
+    "media",
+    "samples",
+    "manifest.json",
+    "media/x/y",
+    "./manifest.json",
+    "media\\..\\x",
+    MEDIA_NAME,
+    "samples/000001.msgpack.zst",
+    "a" * 150,
+    "samples/000000.msgpack.zst",
+]
+TYPES = [
+    tarfile.SYMTYPE,
+    tarfile.LNKTYPE,
+    tarfile.FIFOTYPE,
+    tarfile.CHRTYPE,
+    tarfile.BLKTYPE,
+    tarfile.DIRTYPE,
+    tarfile.CONTTYPE,
+    tarfile.GNUTYPE_SPARSE,
+    tarfile.REGTYPE,
+    tarfile.AREGTYPE,
+]
 MEMBER_ACTIONS = (
-    ["manifest"] * 6 + ["flip"] * 3 + ["truncate", "extend", "drop", "duplicate", "move", "rename", "retype", "pax"]
+    ["manifest"] * 6
+    + ["flip"] * 3
+    + ["truncate", "extend", "drop", "duplicate", "move", "rename", "retype", "pax"]
 )
 member_mutation = st.tuples(
-    st.sampled_from(MEMBER_ACTIONS), st.integers(0, 10**6), st.integers(0, 10**6),
-    st.lists(mutation, min_size=1, max_size=2), st.binary(max_size=40),
+    st.sampled_from(MEMBER_ACTIONS),
+    st.integers(0, 10**6),
+    st.integers(0, 10**6),
+    st.lists(mutation, min_size=1, max_size=2),
+    st.binary(max_size=40),
 )
 
 
@@ -304,7 +362,9 @@ def mutate_members(base: dict[str, Any], mutations: list) -> list[tuple[tarfile.
     return members
 
 
-def serialize(members: list[tuple[tarfile.TarInfo, bytes | None]], fmt: int, tail: int, blob: bytes) -> bytes | None:
+def serialize(
+    members: list[tuple[tarfile.TarInfo, bytes | None]], fmt: int, tail: int, blob: bytes
+) -> bytes | None:
     out = io.BytesIO()
     try:
         with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:

@@ -22,6 +22,7 @@ _spec = importlib.util.spec_from_file_location("hostile_generator", HOSTILE / "g
 generator = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
 _spec.loader.exec_module(generator)  # type: ignore[union-attr]
 
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """The committed vectors plus those made at test time, in a scratch copy (tests never touch

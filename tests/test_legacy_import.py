@@ -82,7 +82,14 @@ def test_import_converts_images_and_keeps_tensors(tmp_path, suffix, capsys):
     shot_digest = digest_of(shot.read_bytes())
     (tmp_path / "old_run" / "screen.png").unlink()  # the old run's media is gone; the bundle is not
 
-    args = parse_args(["--rollout-batch-size", "1", "--load-debug-rollout-data", str(tmp_path / ("dump_{rollout_id}" + suffix))])
+    args = parse_args(
+        [
+            "--rollout-batch-size",
+            "1",
+            "--load-debug-rollout-data",
+            str(tmp_path / ("dump_{rollout_id}" + suffix)),
+        ]
+    )
     loaded, metadata = load_debug_rollout_data(args, 3)
     assert metadata == {"kl": 0.1}
     first, second = loaded
@@ -144,21 +151,33 @@ def test_not_a_dump_and_existing_output(tmp_path):
 def test_a_legacy_dump_given_to_the_loader_names_the_import_command(tmp_path):
     """Miles' tooling points --load-debug-rollout-data at its .pt files: say what they are."""
     src, _ = write_legacy_dump(tmp_path)
-    args = parse_args(["--rollout-batch-size", "1", "--load-debug-rollout-data", str(tmp_path / "rollout_{rollout_id}.pt")])
+    args = parse_args(
+        ["--rollout-batch-size", "1", "--load-debug-rollout-data", str(tmp_path / "rollout_{rollout_id}.pt")]
+    )
     with pytest.raises(BundleFormatError) as e:
         load_debug_rollout_data(args, 3)
     msg = str(e.value)
     assert "a legacy torch.save debug dump, not a bundle" in msg
-    assert f"rollout-bundle import-dump {src} -o {tmp_path / ('rollout_3' + PACK_SUFFIX)} --trust-pickle" in msg
+    assert (
+        f"rollout-bundle import-dump {src} -o {tmp_path / ('rollout_3' + PACK_SUFFIX)} --trust-pickle" in msg
+    )
     # A pickle written by torch.save's legacy (non-zip) format is recognised too.
     old = tmp_path / "rollout_4.pt"
     torch.save({"rollout_id": 4, "samples": []}, old, _use_new_zipfile_serialization=False)
     with pytest.raises(BundleFormatError, match=r"rollout_4\.pt: a legacy torch\.save debug dump"):
         load_debug_rollout_data(args, 4)
     # The command it prints works.
-    assert main(["import-dump", str(src), "-o", str(tmp_path / f"rollout_3{PACK_SUFFIX}"), "--trust-pickle"]) == 0
+    assert (
+        main(["import-dump", str(src), "-o", str(tmp_path / f"rollout_3{PACK_SUFFIX}"), "--trust-pickle"])
+        == 0
+    )
     args = parse_args(
-        ["--rollout-batch-size", "1", "--load-debug-rollout-data", str(tmp_path / f"rollout_{{rollout_id}}{PACK_SUFFIX}")]
+        [
+            "--rollout-batch-size",
+            "1",
+            "--load-debug-rollout-data",
+            str(tmp_path / f"rollout_{{rollout_id}}{PACK_SUFFIX}"),
+        ]
     )
     assert len(load_debug_rollout_data(args, 3)[0]) == 2
 
@@ -180,5 +199,7 @@ def test_imported_eval_dumps_record_evaluation(tmp_path, name, stored_id, evalua
     meta = open_bundle(out).meta
     assert (meta["evaluation"], meta["rollout_id"]) == (evaluation, rollout_id)
     # An explicit answer wins (CLI: --evaluation / --no-evaluation).
-    assert main(["import-dump", str(src), "-o", str(tmp_path / "o2"), "--trust-pickle", "--no-evaluation"]) == 0
+    assert (
+        main(["import-dump", str(src), "-o", str(tmp_path / "o2"), "--trust-pickle", "--no-evaluation"]) == 0
+    )
     assert open_bundle(tmp_path / "o2").meta["evaluation"] is False

@@ -115,7 +115,9 @@ def test_images_of_a_packed_bundle_read_in_place(tmp_path):
         for path in sorted(bad.rglob("*")):
             tar.add(path, str(path.relative_to(bad)), recursive=False)
     shutil.rmtree(bad)
-    with pytest.raises(BundleFormatError, match=r"bad\.rbundle/samples/000000\.msgpack\.zst: samples\[0\]\.img: stored image"):
+    with pytest.raises(
+        BundleFormatError, match=r"bad\.rbundle/samples/000000\.msgpack\.zst: samples\[0\]\.img: stored image"
+    ):
         list(open_bundle(tmp_path / "bad.rbundle").samples())
 
 

@@ -182,5 +182,7 @@ def test_a_problem_inside_a_records_fields_is_named_by_its_key_path(tmp_path):
     inner = msgpack.packb(["x.Y", {"a": [1, msgpack.ExtType(99, b"zz")]}])
     raw = msgpack.packb({"r": msgpack.ExtType(EXT_RECORD, inner)})
     bundle = open_bundle(_bundle_with_raw_sample(tmp_path, raw), verify="full")
-    with pytest.raises(BundleFormatError, match=r"samples\[0\]\.r\.a\[1\]: unknown msgpack extension type 99"):
+    with pytest.raises(
+        BundleFormatError, match=r"samples\[0\]\.r\.a\[1\]: unknown msgpack extension type 99"
+    ):
         list(bundle.samples())

@@ -54,7 +54,18 @@ def test_basic_vector_opens_verifies_and_decodes(tmp_path):
         assert Path(png).read_bytes() == generator.MEDIA["screen-0.png"]
         assert isinstance(ref, MediaRef) and Path(ref.path).read_bytes() == generator.MEDIA["screen-1.jpg"]
         assert ref.digest == want["multimodal_inputs"]["images"][1].digest
-        for key in ("group_index", "index", "prompt", "tokens", "response", "reward", "status", "raw", "big", 5):
+        for key in (
+            "group_index",
+            "index",
+            "prompt",
+            "tokens",
+            "response",
+            "reward",
+            "status",
+            "raw",
+            "big",
+            5,
+        ):
             assert got[key] == want[key], key
         assert got["reward"]["parts"] == (0.5, None, True)
         assert got["loss_mask"].dtype == np.int32 and (got["loss_mask"] == want["loss_mask"]).all()

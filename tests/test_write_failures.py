@@ -113,7 +113,9 @@ class _read_only:
             return
         r = subprocess.run(["chattr", "+i", str(self.path)], capture_output=True, text=True, check=False)
         if r.returncode != 0:
-            pytest.skip(f"as root a read-only directory needs chattr +i, which failed here: {r.stderr.strip()}")
+            pytest.skip(
+                f"as root a read-only directory needs chattr +i, which failed here: {r.stderr.strip()}"
+            )
 
     def __exit__(self, *exc: object) -> None:
         if os.geteuid() != 0:
@@ -126,14 +128,27 @@ def test_a_scratch_directory_in_a_read_only_place_is_a_bundle_io_error(saved):
     from bundles import scratch_dir
 
     parent = Path(saved.save) / "rollout"
-    with _read_only(parent), pytest.raises(BundleIOError, match="cannot create the images directory beside it"):
+    with (
+        _read_only(parent),
+        pytest.raises(BundleIOError, match="cannot create the images directory beside it"),
+    ):
         scratch_dir(parent / "fully_async_3", "images")
 
 
 def _argv(args) -> list[str]:
     return [
-        "--rollout-batch-size", "1", "--shared-media-dir", str(args.shared_media_dir), "--run-uuid", args.run_uuid,
-        "--save", str(args.save), "--keep-rollout-checkpoints", "2", "--bundle-link-mode", "copy",
+        "--rollout-batch-size",
+        "1",
+        "--shared-media-dir",
+        str(args.shared_media_dir),
+        "--run-uuid",
+        args.run_uuid,
+        "--save",
+        str(args.save),
+        "--keep-rollout-checkpoints",
+        "2",
+        "--bundle-link-mode",
+        "copy",
     ]
 
 

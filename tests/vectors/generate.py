@@ -18,7 +18,10 @@ import numpy as np
 from bundles import MediaRef, Record, pack_bundle, register_record_type, write_bundle
 
 HERE = Path(__file__).resolve().parent
-MEDIA = {"screen-0.png": b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4, "screen-1.jpg": b"\xff\xd8\xff" + b"jpeg" * 100}
+MEDIA = {
+    "screen-0.png": b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4,
+    "screen-1.jpg": b"\xff\xd8\xff" + b"jpeg" * 100,
+}
 
 
 def make_media(root: Path) -> dict[str, str]:
@@ -69,7 +72,9 @@ def records_samples() -> list[dict]:
     return [
         {
             "adapter": Adapter("math-lora", 2),
-            "spec": Record("vector.Unregistered", {"rm_type": "math", "weights": (1, np.int64(2)), "path": None}),
+            "spec": Record(
+                "vector.Unregistered", {"rm_type": "math", "weights": (1, np.int64(2)), "path": None}
+            ),
             "nested": [Adapter("a", 0), {"inner": Adapter("b", 1)}],
             "status": "completed",
         }
@@ -101,8 +106,12 @@ def tensor_samples() -> list[dict]:
 def write_vectors(out: Path, tensors: bool = True) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         media = make_media(Path(tmp) / "run")
-        write_bundle(out / "v1_basic", basic_samples(media), media_roots=[Path(tmp) / "run"],
-                     meta={"purpose": "test vector", "rollout_id": 7})
+        write_bundle(
+            out / "v1_basic",
+            basic_samples(media),
+            media_roots=[Path(tmp) / "run"],
+            meta={"purpose": "test vector", "rollout_id": 7},
+        )
     pack_bundle(out / "v1_basic", out / "v1_basic.rbundle")
     write_bundle(out / "v1_records", records_samples(), meta={"purpose": "records vector"})
     if tensors:

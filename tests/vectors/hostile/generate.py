@@ -78,7 +78,9 @@ def base_bundle(dest: Path) -> Path:
             {"index": i, "prompt": "open the settings", "tokens": [1, 2, 3 + i], "images": paths[: i + 1]}
             for i in range(2)
         ]
-        return write_bundle(dest, samples, media_roots=[run], meta={"purpose": "hostile vector base"}, link="copy")
+        return write_bundle(
+            dest, samples, media_roots=[run], meta={"purpose": "hostile vector base"}, link="copy"
+        )
 
 
 def writable(path: Path) -> None:
@@ -92,7 +94,9 @@ def manifest(path: Path) -> dict[str, Any]:
 
 
 def put_manifest(path: Path, m: dict[str, Any] | bytes) -> None:
-    data = m if isinstance(m, bytes) else (json.dumps(m, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    data = (
+        m if isinstance(m, bytes) else (json.dumps(m, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    )
     (path / "manifest.json").write_bytes(data)
 
 
@@ -129,16 +133,28 @@ def sample(**extra: Any) -> bytes:
 
 def ref_to(path: Path, i: int, size_delta: int = 0, digest: str | None = None) -> msgpack.ExtType:
     e = manifest(path)["media"][i]
-    return msgpack.ExtType(EXT_MEDIA_REF, msgpack.packb([digest or e["digest"], e["size"] + size_delta, e["suffix"]]))
+    return msgpack.ExtType(
+        EXT_MEDIA_REF, msgpack.packb([digest or e["digest"], e["size"] + size_delta, e["suffix"]])
+    )
 
 
 # -- bundle directories: the manifest ----------------------------------------------------------
-@vector("shard-path-traversal", "none", "UnsafeBundleError", "shards[0].path: expected 'samples/NNNNNN.msgpack.zst'")
+@vector(
+    "shard-path-traversal",
+    "none",
+    "UnsafeBundleError",
+    "shards[0].path: expected 'samples/NNNNNN.msgpack.zst'",
+)
 def _(p: Path) -> None:
     edit(p, lambda m: m["shards"][0].update(path="../../etc/passwd"))
 
 
-@vector("shard-path-absolute", "none", "UnsafeBundleError", "shards[0].path: expected 'samples/NNNNNN.msgpack.zst'")
+@vector(
+    "shard-path-absolute",
+    "none",
+    "UnsafeBundleError",
+    "shards[0].path: expected 'samples/NNNNNN.msgpack.zst'",
+)
 def _(p: Path) -> None:
     edit(p, lambda m: m["shards"][0].update(path="/etc/passwd"))
 
@@ -148,7 +164,12 @@ def _(p: Path) -> None:
     edit(p, lambda m: m["media"][0].update(suffix="/../../../etc/passwd"))
 
 
-@vector("media-digest-traversal", "none", "BundleFormatError", "media[0].digest: expected 'sha256:<64 lowercase hex>'")
+@vector(
+    "media-digest-traversal",
+    "none",
+    "BundleFormatError",
+    "media[0].digest: expected 'sha256:<64 lowercase hex>'",
+)
 def _(p: Path) -> None:
     edit(p, lambda m: m["media"][0].update(digest="sha256:../../../../etc/passwd"))
 
@@ -175,10 +196,20 @@ def _(p: Path) -> None:
 
 @vector("manifest-nested-5000", "none", "BundleFormatError", "nested deeper than 64 levels")
 def _(p: Path) -> None:
-    put_manifest(p, (p / "manifest.json").read_bytes().replace(b'"meta":{', b'"meta":{"x":' + b"[" * 5000 + b"]" * 5000 + b","))
+    put_manifest(
+        p,
+        (p / "manifest.json")
+        .read_bytes()
+        .replace(b'"meta":{', b'"meta":{"x":' + b"[" * 5000 + b"]" * 5000 + b","),
+    )
 
 
-@vector("sample-count-2-pow-70", "none", "BundleFormatError", "sample_count: expected an int in [0, 2**63), found 1180591620717411303424")
+@vector(
+    "sample-count-2-pow-70",
+    "none",
+    "BundleFormatError",
+    "sample_count: expected an int in [0, 2**63), found 1180591620717411303424",
+)
 def _(p: Path) -> None:
     edit(p, lambda m: m.update(sample_count=2**70))
 
@@ -234,7 +265,9 @@ def _(p: Path) -> None:
     (p / "extra" / "x").write_text("x")
 
 
-@vector("shard-digest-mismatch", "fast", "BundleVerificationError", "000000.msgpack.zst: digest: expected sha256:")
+@vector(
+    "shard-digest-mismatch", "fast", "BundleVerificationError", "000000.msgpack.zst: digest: expected sha256:"
+)
 def _(p: Path) -> None:
     f = p / SHARD
     data = bytearray(f.read_bytes())
@@ -247,17 +280,28 @@ def _(p: Path) -> None:
 def _(p: Path) -> None:
     data = (p / SHARD).read_bytes()[:-9]
     (p / SHARD).write_bytes(data)
-    edit(p, lambda m: m["shards"][0].update(size=len(data), digest="sha256:" + hashlib.sha256(data).hexdigest()))
+    edit(
+        p,
+        lambda m: m["shards"][0].update(size=len(data), digest="sha256:" + hashlib.sha256(data).hexdigest()),
+    )
 
 
 @vector("shard-not-zstd", "samples", "BundleFormatError", "not a valid zstandard stream")
 def _(p: Path) -> None:
     data = gzip.compress(b"\x81\xa1x\x01", mtime=0)
     (p / SHARD).write_bytes(data)
-    edit(p, lambda m: m["shards"][0].update(size=len(data), digest="sha256:" + hashlib.sha256(data).hexdigest()))
+    edit(
+        p,
+        lambda m: m["shards"][0].update(size=len(data), digest="sha256:" + hashlib.sha256(data).hexdigest()),
+    )
 
 
-@vector("zstd-bomb", "samples", "UnsafeBundleError", "raw_size: expected 64 decompressed bytes, found more than 64")
+@vector(
+    "zstd-bomb",
+    "samples",
+    "UnsafeBundleError",
+    "raw_size: expected 64 decompressed bytes, found more than 64",
+)
 def _(p: Path) -> None:
     # 150 MB of one sample behind a 64-byte raw_size: readers stop at the declared size.
     put_shard(p, msgpack.packb({"x": b"\0" * 150_000_000}, use_bin_type=True), samples=1, raw_size=64)
@@ -302,12 +346,16 @@ def _(p: Path) -> None:
 
 @vector("torch-dtype-not-allowed", "samples", "BundleFormatError", "_inductor")
 def _(p: Path) -> None:
-    put_shard(p, sample(x=msgpack.ExtType(EXT_TENSOR, msgpack.packb(["_inductor", [1]]) + b"\0" * 2)), samples=1)
+    put_shard(
+        p, sample(x=msgpack.ExtType(EXT_TENSOR, msgpack.packb(["_inductor", [1]]) + b"\0" * 2)), samples=1
+    )
 
 
 @vector("array-size-lies", "samples", "BundleFormatError", "needs 8000000000000 bytes, found 8")
 def _(p: Path) -> None:
-    put_shard(p, sample(x=msgpack.ExtType(EXT_NDARRAY, msgpack.packb(["<f8", [10**12]]) + b"\0" * 8)), samples=1)
+    put_shard(
+        p, sample(x=msgpack.ExtType(EXT_NDARRAY, msgpack.packb(["<f8", [10**12]]) + b"\0" * 8)), samples=1
+    )
 
 
 @vector("lists-nested-1000", "samples", "BundleFormatError", "64 levels")
@@ -336,12 +384,24 @@ def _(p: Path) -> None:
     f.symlink_to("/etc/passwd")
 
 
-@vector("media-fifo", "fast", "BundleVerificationError", "fifo.png: expected a regular file, found a FIFO", runtime=True)
+@vector(
+    "media-fifo",
+    "fast",
+    "BundleVerificationError",
+    "fifo.png: expected a regular file, found a FIFO",
+    runtime=True,
+)
 def _(p: Path) -> None:
     os.mkfifo(p / "media" / "fifo.png")
 
 
-@vector("manifest-symlink", "none", "UnsafeBundleError", "manifest.json: expected a regular file, found a symlink", runtime=True)
+@vector(
+    "manifest-symlink",
+    "none",
+    "UnsafeBundleError",
+    "manifest.json: expected a regular file, found a symlink",
+    runtime=True,
+)
 def _(p: Path) -> None:
     real = p.parent / f".{p.name}.real-manifest.json"
     real.write_bytes((p / "manifest.json").read_bytes())
@@ -371,7 +431,9 @@ def member(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "") -> tarf
 def base_members(p: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
     """The members of the base bundle, in packing order."""
     members: list[tuple[tarfile.TarInfo, bytes | None]] = []
-    for name in sorted(["manifest.json", "media", "samples", SHARD] + [f"media/{f.name}" for f in media_files(p)]):
+    for name in sorted(
+        ["manifest.json", "media", "samples", SHARD] + [f"media/{f.name}" for f in media_files(p)]
+    ):
         if name in ("media", "samples"):
             members.append((member(name, tarfile.DIRTYPE), None))
         else:
@@ -471,19 +533,37 @@ def _(p: Path) -> bytes:
     return tar_bytes([(info, sparse_map), *base_members(p)], tarfile.PAX_FORMAT)
 
 
-@packed("packed-media-as-file", "none", "UnsafeBundleError", "member 'media': expected the directory media/, found a regular file")
+@packed(
+    "packed-media-as-file",
+    "none",
+    "UnsafeBundleError",
+    "member 'media': expected the directory media/, found a regular file",
+)
 def _(p: Path) -> bytes:
     members = [(member("media"), b"x") if m[0].name == "media" else m for m in base_members(p)]
     return tar_bytes(members)
 
 
-@packed("packed-manifest-as-directory", "none", "UnsafeBundleError", "member 'manifest.json': expected a regular file, found a directory")
+@packed(
+    "packed-manifest-as-directory",
+    "none",
+    "UnsafeBundleError",
+    "member 'manifest.json': expected a regular file, found a directory",
+)
 def _(p: Path) -> bytes:
-    members = [(member("manifest.json", tarfile.DIRTYPE), None) if m[0].name == "manifest.json" else m for m in base_members(p)]
+    members = [
+        (member("manifest.json", tarfile.DIRTYPE), None) if m[0].name == "manifest.json" else m
+        for m in base_members(p)
+    ]
     return tar_bytes(members)
 
 
-@packed("packed-unlisted-name", "none", "UnsafeBundleError", "member 'notes.txt': not a name the bundle layout allows")
+@packed(
+    "packed-unlisted-name",
+    "none",
+    "UnsafeBundleError",
+    "member 'notes.txt': not a name the bundle layout allows",
+)
 def _(p: Path) -> bytes:
     return with_extra(p, (member("notes.txt"), b"hello"))
 
@@ -562,7 +642,9 @@ def _(p: Path) -> bytes:
     return tar_bytes(members)
 
 
-@packed("packed-shard-digest-mismatch", "fast", "BundleVerificationError", "000000.msgpack.zst: digest: expected")
+@packed(
+    "packed-shard-digest-mismatch", "fast", "BundleVerificationError", "000000.msgpack.zst: digest: expected"
+)
 def _(p: Path) -> bytes:
     members = base_members(p)
     for i, (info, data) in enumerate(members):
@@ -601,7 +683,10 @@ def make_specials(out_dir: Path) -> None:
 
 
 def table() -> dict[str, dict[str, Any]]:
-    return {name: {k: v[k] for k in ("path", "level", "error", "message", "packed", "runtime")} for name, v in VECTORS.items()}
+    return {
+        name: {k: v[k] for k in ("path", "level", "error", "message", "packed", "runtime")}
+        for name, v in VECTORS.items()
+    }
 
 
 def main() -> None:
@@ -611,7 +696,9 @@ def main() -> None:
             if not v["runtime"]:
                 build(name, HERE, base)
     TABLE.write_text(json.dumps(table(), indent=1, sort_keys=True) + "\n")
-    print(f"{len(VECTORS)} vectors ({sum(v['runtime'] for v in VECTORS.values())} made at test time) -> {HERE}")
+    print(
+        f"{len(VECTORS)} vectors ({sum(v['runtime'] for v in VECTORS.values())} made at test time) -> {HERE}"
+    )
 
 
 if __name__ == "__main__":
