@@ -23,6 +23,7 @@ from bundles._errors import (
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
 from bundles._media import MediaRef
 from bundles._pack import pack_bundle, unpack_bundle
+from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle, open_bundle
 from bundles._records import Record, register_record_type
 from bundles._writer import write_bundle
@@ -30,7 +31,9 @@ from bundles._writer import write_bundle
 __version__ = "0.1.0"
 
 __all__ = [
+    "DECODABLE_IMAGE_FORMATS",
     "FORMAT_VERSION",
+    "MAX_DECODE_PIXELS",
     "PACK_SUFFIX",
     "Bundle",
     "BundleError",
@@ -49,6 +52,7 @@ __all__ = [
     "UnsafeBundleError",
     "UnsupportedValueError",
     "__version__",
+    "decode_image",
     "is_bundle",
     "open_bundle",
     "pack_bundle",

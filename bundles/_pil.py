@@ -23,10 +23,72 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PNG_MODES", "open_image", "pil_image_class", "png_bytes"]
+__all__ = [
+    "DECODABLE_IMAGE_FORMATS",
+    "MAX_DECODE_PIXELS",
+    "PNG_MODES",
+    "decode_image",
+    "open_image",
+    "pil_image_class",
+    "png_bytes",
+]
 
 #: Image modes Pillow writes to PNG and reads back unchanged.
 PNG_MODES = frozenset({"1", "L", "LA", "I;16", "I;16B", "P", "RGB", "RGBA"})
+
+
+#: The only image formats decoded from a bundle's bytes (Pillow names): a bundle may come from
+#: anyone, and Pillow opens dozens of formats (EPS runs Ghostscript). PNG is what the format
+#: stores; JPEG is what screenshot pipelines commonly write.
+DECODABLE_IMAGE_FORMATS = ("PNG", "JPEG")
+#: Largest image :func:`decode_image` decodes by default: 16384 x 16384 (a 4K screenshot has 8.3 M).
+MAX_DECODE_PIXELS = 16384 * 16384
+
+_MAGIC = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG"}
+
+
+def decode_image(data: bytes, *, where: str, max_pixels: int = MAX_DECODE_PIXELS) -> Any:
+    """Decode untrusted image bytes: only :data:`DECODABLE_IMAGE_FORMATS`, at most ``max_pixels``.
+
+    The one decoder of images taken from a bundle for display or processing (view's thumbnails,
+    replay's rebuild). The format is told by its magic bytes *and* Pillow is told to try only
+    that format, so a file holding PostScript, SVG or anything else is never handed to another
+    decoder; the size is checked from the header before a pixel is allocated. Returns the
+    loaded ``PIL.Image.Image`` (mode as stored). Raises :class:`~bundles.BundleFormatError`
+    naming ``where`` and what was found; :class:`~bundles.BundleError` when Pillow is missing.
+    """
+    from bundles._errors import BundleError, BundleFormatError
+
+    try:
+        import warnings
+
+        from PIL import Image
+    except ImportError:
+        raise BundleError(f"{where}: decoding images needs Pillow: pip install pillow") from None
+    fmt = next((name for magic, name in _MAGIC.items() if bytes(data[: len(magic)]) == magic), None)
+    if fmt is None:
+        head = bytes(data[:8])
+        raise BundleFormatError(
+            f"{where}: not a {' or '.join(DECODABLE_IMAGE_FORMATS)} image (starts with {head!r}); "
+            "no other format is decoded from a bundle"
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=[fmt])
+            width, height = image.size
+            if width <= 0 or height <= 0 or width * height > max_pixels:
+                raise BundleFormatError(
+                    f"{where}: {fmt} image of {width}x{height} pixels exceeds the decode limit of "
+                    f"{max_pixels} pixels"
+                )
+            image.load()
+    except BundleFormatError:
+        raise
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError,
+            Image.DecompressionBombWarning, MemoryError) as e:
+        raise BundleFormatError(f"{where}: cannot decode as {fmt}: {e}") from None
+    return image
 
 
 def pil_image_class() -> type | None:
