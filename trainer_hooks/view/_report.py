@@ -48,8 +48,8 @@ import bundles
 from bundles import Bundle, BundleError, MediaRef, open_bundle
 from bundles._layout import MANIFEST_NAME, MEDIA_DIR
 from bundles._progress import human_bytes
-from trainer_hooks.replay._report import REPORT_FORMAT as REPLAY_FORMAT
-from trainer_hooks.replay._report import ReportError, check_replay_report, load_replay_report
+from trainer_hooks.replay import REPORT_FORMAT as REPLAY_FORMAT
+from trainer_hooks.replay import ReportError, check_replay_report, load_replay_report
 from trainer_hooks.view._style import CSS
 
 __all__ = [

@@ -54,7 +54,7 @@ from typing import Any, TypeGuard
 from bundles import BundleError
 from bundles._faults import fault_point
 from bundles._proc import boot_id, pid_namespace, proc_stat
-from trainer_hooks._run_media import (
+from trainer_hooks.run_media._store import (
     _BEFORE_REMOVE,
     LEASE_NAME,
     RUN_MARKER_NAME,
