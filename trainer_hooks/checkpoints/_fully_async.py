@@ -289,7 +289,7 @@ class FullyAsyncRolloutFn:
         return self.drain()
 
     def generate(self, rollout_id: int) -> list[list[Any]]:
-        """The reference drivers' rollout-manager call (see :mod:`trainer_hooks.run_media._drivers`)."""
+        """The reference drivers' rollout-manager call (see :mod:`trainer_hooks._drivers`)."""
         return self(rollout_id)
 
     def dispose(self) -> None:
