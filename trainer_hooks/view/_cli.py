@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from bundles.cli import (
+from bundles.support import (
     CommandError,
     add_command,
     add_json_option,

@@ -46,8 +46,7 @@ import numpy as np
 
 import bundles
 from bundles import Bundle, BundleError, MediaRef, open_bundle
-from bundles._layout import MANIFEST_NAME, MEDIA_DIR
-from bundles._progress import human_bytes
+from bundles.support import MANIFEST_NAME, MEDIA_DIR, human_bytes
 from trainer_hooks.replay import REPORT_FORMAT as REPLAY_FORMAT
 from trainer_hooks.replay import ReportError, check_replay_report, load_replay_report
 from trainer_hooks.view._style import CSS
@@ -261,7 +260,7 @@ def _read_media(bundle: Bundle, name: str) -> bytes:
 
 
 def _thumbnails(bundle: Bundle, names: Sequence[str], width: int, progress: bool | None) -> dict[str, _Thumb]:
-    from bundles.cli import Progress
+    from bundles.support import Progress
 
     def one(name: str) -> _Thumb:
         try:
