@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, overload
 
+from bundles._atomic import atomic_path
 from bundles._commit import is_staging_name
 from bundles._errors import (
     BundleError,
@@ -405,28 +406,27 @@ class Bundle:
                         continue
                 except FileNotFoundError:
                     pass
-                tmp = target / f".{name}.{os.getpid()}.rehydrate"
-                if os.path.lexists(tmp):
-                    os.unlink(tmp)
-                if self._source.packed:
-                    method = "copy"
-                else:
-                    src_st = os.stat(str(ref.path))
-                    method = ingest(str(ref.path), str(tmp), link, src_st.st_dev, target_dev)
-                if method == "copy":
-                    # Copied bytes are hashed on the way: a damaged member is never placed.
-                    with self.open_media(ref) as fin:
-                        hexdigest, _ = copy_and_hash(fin, str(tmp))
-                    if "sha256:" + hexdigest != ref.digest:
-                        os.unlink(tmp)
-                        raise BundleVerificationError(
-                            self.path,
-                            [f"{ref.path}: digest: expected {ref.digest}, found sha256:{hexdigest}"],
-                        )
-                    make_read_only(str(tmp))
-                else:
-                    make_read_only(str(tmp), src_st.st_mode)
-                os.replace(tmp, dst)
+                # The one atomic write: a temporary file beside ``dst``, renamed over it, removed
+                # on failure. No sweep: the run directory holds thousands of files and is removed
+                # as a whole when the run ends, leftovers included.
+                with atomic_path(dst, sweep=False) as tmp:
+                    if self._source.packed:
+                        method = "copy"
+                    else:
+                        src_st = os.stat(str(ref.path))
+                        method = ingest(str(ref.path), str(tmp), link, src_st.st_dev, target_dev)
+                    if method == "copy":
+                        # Copied bytes are hashed on the way: a damaged member is never placed.
+                        with self.open_media(ref) as fin:
+                            hexdigest, _ = copy_and_hash(fin, str(tmp))
+                        if "sha256:" + hexdigest != ref.digest:
+                            raise BundleVerificationError(
+                                self.path,
+                                [f"{ref.path}: digest: expected {ref.digest}, found sha256:{hexdigest}"],
+                            )
+                        make_read_only(str(tmp))
+                    else:
+                        make_read_only(str(tmp), src_st.st_mode)
                 placed[name] = ref.with_path(str(dst))
                 bar.advance()
         return list(self._samples(placed))
