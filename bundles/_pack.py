@@ -119,9 +119,7 @@ def pack_bundle(
 
 
 def _write_packed(bundle: Bundle, out: Path, progress: bool | None) -> None:
-    expected: dict[str, tuple[str, int]] = {
-        e["path"]: (e["digest"], e["size"]) for e in bundle.manifest["shards"]
-    }
+    expected: dict[str, tuple[str, int]] = {e.path: (e.digest, e.size) for e in bundle.manifest.shards}
     expected.update({f"{MEDIA_DIR}/{r.filename}": (r.digest, r.size) for r in bundle.media})
     members = sorted([MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR, *expected])
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ import zstandard
 from bundles._codec import Defect, SampleDecoder, find_defect
 from bundles._errors import BundleError, BundleFormatError, UnsafeBundleError
 from bundles._layout import MAX_SAMPLE_ITEMS, MAX_SAMPLE_RAW_BYTES
+from bundles._manifest import ShardEntry
 from bundles._media import MediaRef
 
 # Decompressed bytes fed to msgpack at a time: large enough that the per-chunk Python work is
@@ -43,7 +44,7 @@ FEED_CHUNK = 1 << 20
 
 def iter_shard(
     data: bytes,
-    entry: Mapping[str, Any],
+    entry: ShardEntry,
     where: str,
     media: Mapping[str, MediaRef],
     first_index: int,
@@ -51,16 +52,16 @@ def iter_shard(
 ) -> Iterator[dict[Any, Any]]:
     """Yield the samples of one shard from its verified compressed bytes ``data``.
 
-    ``entry`` is the shard's manifest entry (``samples``, ``raw_size``), ``where`` names the file
+    ``entry`` is the shard's manifest entry (its ``samples`` and ``raw_size`` are used), ``where`` names the file
     in errors, ``media`` maps stored file names to their MediaRefs (with ``path``) and
     ``first_index`` is the index of the shard's first sample in the bundle. ``read_media(name)``
     gives a stored file's bytes where ``media`` paths are not files (a packed bundle).
     """
-    expected = entry["samples"]
+    expected = entry.samples
     index = first_index
     try:
         for obj in _objects(
-            data, entry["raw_size"], where, SampleDecoder(media, read_media=read_media), first_index
+            data, entry.raw_size, where, SampleDecoder(media, read_media=read_media), first_index
         ):
             if type(obj) is not dict:
                 raise BundleFormatError(
@@ -166,7 +167,7 @@ def _malformed(where: str, index: int, e: Exception) -> BundleFormatError:
 def _located(
     defect: Defect,
     data: bytes,
-    entry: Mapping[str, Any],
+    entry: ShardEntry,
     where: str,
     media: Mapping[str, MediaRef],
     first_index: int,
@@ -181,9 +182,7 @@ def _located(
     found = None
     lenient = SampleDecoder(media, lenient=True, read_media=read_media)
     try:
-        sample = next(
-            _objects(data, entry["raw_size"], where, lenient, first_index, skip=index - first_index)
-        )
+        sample = next(_objects(data, entry.raw_size, where, lenient, first_index, skip=index - first_index))
         found = find_defect(sample, path)
     except Exception:
         pass  # the lenient pass failed otherwise: report what the strict one found, at the sample
