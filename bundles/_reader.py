@@ -157,9 +157,17 @@ class Bundle:
         recorded = self.manifest.media_references
         return len(self._media) if recorded is None else recorded
 
-    def _media_bytes(self, name: str) -> bytes:
-        with self.open_media(name) as f:
-            return f.read()
+    def _open_detached(self, name: str) -> BinaryIO:
+        """A stored file of a packed bundle that stays readable after :meth:`close` (an image
+        whose pixels are decoded later); see ``PackedSource.open_detached``."""
+        source = self._source
+        assert isinstance(source, PackedSource)
+        try:
+            return source.open_detached(f"{MEDIA_DIR}/{name}")
+        except FileNotFoundError:
+            raise MediaMissingError(
+                f"{source.where(MEDIA_DIR + '/' + name)}: listed in the manifest but missing"
+            ) from None
 
     def open_media(self, ref: MediaRef | str) -> BinaryIO:
         """Open one stored media file for reading, in a directory or a packed bundle alike.
@@ -355,12 +363,14 @@ class Bundle:
         its digest is checked (see :mod:`bundles._shards`): memory holds one compressed shard and
         one sample, whatever the bundle's size."""
         index = first_index
-        # Images in a packed bundle read in place decode from their member's bytes: the paths of
-        # its own media name members, not files (rehydrated media are files again).
-        read_media = self._media_bytes if self._source.packed and media is self._media else None
+        # Images in a packed bundle read in place read their member by range: the paths of its
+        # own media name members, not files (rehydrated media are files again). Each image holds
+        # a small file object, never a copy of the member (FORMAT.md §8's bound holds however
+        # many times a sample references one image).
+        open_media = self._open_detached if self._source.packed and media is self._media else None
         for entry in self.manifest.shards if shards is None else shards:
             data = self._read_shard(entry)
-            for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, read_media):
+            for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, open_media):
                 yield sample
                 index += 1
 
