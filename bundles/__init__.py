@@ -22,9 +22,11 @@ from bundles._errors import (
     OutsidePathError,
     OutsidePathWarning,
     UnsafeBundleError,
+    UnsupportedLocationError,
     UnsupportedValueError,
 )
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
+from bundles._location import check_location, is_store_url
 from bundles._media import MediaRef
 from bundles._pack import pack_bundle, unpack_bundle
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
@@ -54,10 +56,13 @@ __all__ = [
     "OutsidePathWarning",
     "Record",
     "UnsafeBundleError",
+    "UnsupportedLocationError",
     "UnsupportedValueError",
     "__version__",
+    "check_location",
     "decode_image",
     "is_bundle",
+    "is_store_url",
     "open_bundle",
     "pack_bundle",
     "register_record_type",

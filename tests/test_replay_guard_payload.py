@@ -49,7 +49,7 @@ def data_url_pixels(url: str) -> tuple[str, tuple[int, int], bytes]:
 
     prefix = "data:image/png;base64,"
     assert url.startswith(prefix)
-    with Image.open(io.BytesIO(base64.b64decode(url[len(prefix):]))) as im:
+    with Image.open(io.BytesIO(base64.b64decode(url[len(prefix) :]))) as im:
         return im.mode, im.size, im.tobytes()
 
 

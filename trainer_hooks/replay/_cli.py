@@ -29,7 +29,6 @@ from bundles.support import (
     add_progress_option,
     check_output_file,
     human_bytes,
-    int_at_least,
 )
 
 __all__ = ["VIOLATION_KINDS", "register", "run_replay"]
