@@ -22,9 +22,11 @@ from bundles._errors import (
     OutsidePathError,
     OutsidePathWarning,
     UnsafeBundleError,
+    UnsupportedLocationError,
     UnsupportedValueError,
 )
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
+from bundles._location import check_location, is_store_url
 from bundles._manifest import Manifest, MediaEntry, ShardEntry
 from bundles._media import MediaRef
 from bundles._options import LinkMode, OutsidePolicy, Verify
@@ -61,11 +63,14 @@ __all__ = [
     "Record",
     "ShardEntry",
     "UnsafeBundleError",
+    "UnsupportedLocationError",
     "UnsupportedValueError",
     "Verify",
     "__version__",
+    "check_location",
     "decode_image",
     "is_bundle",
+    "is_store_url",
     "open_bundle",
     "pack_bundle",
     "register_record_type",
