@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import os
@@ -143,7 +144,7 @@ def test_report_is_self_contained_and_escapes_sample_text(
 ) -> None:
     out, text = view(tmp_path)
     assert f"wrote {out} (4 samples, 12 screenshots" in capsys.readouterr().out
-    assert "default-src 'none'" in text and "<script" not in text.lower()
+    assert "default-src 'none'" in html.unescape(text) and "<script" not in text.lower()
     assert HOSTILE not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert "<img src=x" not in text and "&lt;img src=x onerror=alert(2)&gt;" in text
     assert not re.search(r"(src|href)=[\"']?(https?:)?//", text)  # nothing fetched from a network
