@@ -85,8 +85,15 @@ def decode_image(data: bytes, *, where: str, max_pixels: int = MAX_DECODE_PIXELS
             image.load()
     except BundleFormatError:
         raise
-    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError,
-            Image.DecompressionBombWarning, MemoryError) as e:
+    except (
+        OSError,
+        ValueError,
+        SyntaxError,
+        EOFError,
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+        MemoryError,
+    ) as e:
         raise BundleFormatError(f"{where}: cannot decode as {fmt}: {e}") from None
     return image
 

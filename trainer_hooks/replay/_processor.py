@@ -1,7 +1,7 @@
 """The image processor a replay rebuilds with: :func:`load_processor`.
 
 A bundle records the engines' processor settings in ``meta["processor"]`` (see
-:mod:`trainer_hooks._processor_args`): ``model_path``, ``image_processor_backend``,
+:mod:`trainer_hooks.arguments._processor`): ``model_path``, ``image_processor_backend``,
 ``mm_process_config`` (``{"image": {"max_pixels": ...}}`` as SGLang takes it, or flat) and,
 when the model directory said so, ``image_token_id``. A replay on another machine must rebuild
 the pixel values the training run would have built, so the processor is made from those settings:
@@ -200,7 +200,7 @@ def load_processor(settings: Mapping[str, Any] | None = None) -> ReplayProcessor
         ValueError: ``settings`` is not a mapping, or ``mm_process_config`` is not an object.
         ImportError: transformers is not installed (``pip install 'rollout-bundles[replay]'``).
     """
-    from trainer_hooks._processor_args import parse_mm_process_config
+    from trainer_hooks.arguments import parse_mm_process_config
 
     if settings is not None and not isinstance(settings, Mapping):
         raise ValueError(

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from bundles.cli import (
+from bundles.support import (
     CommandError,
     add_command,
     add_json_option,

@@ -32,7 +32,7 @@ from typing import Any
 
 import bundles
 from bundles import Bundle, BundleError, MediaMissingError
-from bundles.cli import Progress
+from bundles.support import Progress
 
 __all__ = ["MAX_MEDIA_BYTES", "SHOWN_SUFFIXES", "Picture", "Shown", "pictures", "shown_suffix"]
 

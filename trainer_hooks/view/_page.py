@@ -25,7 +25,7 @@ from typing import Any
 
 import bundles
 from bundles import Bundle
-from bundles._progress import human_bytes
+from bundles.support import MANIFEST_NAME, human_bytes
 from trainer_hooks.view._media import Shown, shown_suffix
 from trainer_hooks.view._samples import SampleView, num
 
@@ -122,7 +122,7 @@ def _bundle_bytes(bundle: Bundle) -> int:
         return bundle.path.stat().st_size
     shards = sum(int(s["size"]) for s in bundle.manifest["shards"])
     try:
-        manifest = (bundle.path / "manifest.json").stat().st_size
+        manifest = (bundle.path / MANIFEST_NAME).stat().st_size
     except OSError:
         manifest = 0
     return manifest + shards + bundle.media_bytes

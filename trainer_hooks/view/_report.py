@@ -39,11 +39,12 @@ from typing import Any
 
 import bundles
 from bundles import Bundle, BundleError, BundleIOError, BundleVerificationError, open_bundle
-from trainer_hooks.replay._report import REPORT_FORMAT as REPLAY_FORMAT
-from trainer_hooks.replay._report import ReportError, check_replay_report, load_replay_report
+from bundles.support import MEDIA_DIR, atomic_write
+from trainer_hooks.replay import REPORT_FORMAT as REPLAY_FORMAT
+from trainer_hooks.replay import ReportError, check_replay_report, load_replay_report
 from trainer_hooks.view._media import pictures
 from trainer_hooks.view._page import page_context, render_page
-from trainer_hooks.view._samples import MEDIA_DIR, sample_view
+from trainer_hooks.view._samples import sample_view
 
 __all__ = [
     "REPLAY_FORMAT",
@@ -88,19 +89,14 @@ def _open(path: str | os.PathLike[str]) -> tuple[Bundle, list[str]]:
 
 
 def _write(out: Path, data: bytes) -> None:
-    """Replace ``out`` with ``data`` atomically (a temporary file beside it, then a rename)."""
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    """Replace ``out`` with ``data`` by the project's one atomic write (not durable: a report can
+    be written again); a failure names the report, never the temporary file."""
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, out)
+        atomic_write(out, data)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
-        # Name the file the user asked for, never the temporary one.
+        if isinstance(err, BundleError):
+            raise
         raise BundleIOError.wrap(out, "write the report", OSError(err.errno, err.strerror)) from err
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_html_report(

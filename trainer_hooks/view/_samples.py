@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from bundles import MediaRef
-from bundles._layout import MEDIA_DIR  # the one spelling of the on-disk name (until bundles exports it)
+from bundles.support import MEDIA_DIR
 
 __all__ = ["MEDIA_DIR", "Image", "SampleView", "as_list", "jsonable", "num", "sample_view", "short_repr"]
 
