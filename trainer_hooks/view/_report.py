@@ -56,6 +56,8 @@ __all__ = [
 ]
 
 THUMB_WIDTH = 400  # px; a 1080p screenshot becomes a ~15-25 KB JPEG
+LARGE_WIDTH = 1280  # px: the large view's inlined JPEG, wide enough for a screenshot's text
+INLINE_BUDGET = 4 * 2**20  # bytes of inlined large views per page (beyond: linked, or the thumbnail)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,8 @@ def write_html_report(
     limit: int | None = None,
     samples: Sequence[int] | None = None,
     thumb_width: int = THUMB_WIDTH,
+    large_width: int = LARGE_WIDTH,
+    inline_budget: int = INLINE_BUDGET,
     progress: bool | None = None,
 ) -> ReportWritten:
     """Write one self-contained HTML page describing ``bundle`` to ``output`` (atomically).
@@ -118,6 +122,10 @@ def write_html_report(
         limit: show at most this many samples (after ``samples``); at least 1, None for all.
         samples: positions of the samples to show, in this order (default: all, in order).
         thumb_width: thumbnail width in pixels.
+        large_width: width in pixels of the large views inlined in the page.
+        inline_budget: bytes of inlined large views at most (0: none). Beyond it a large view
+            shows the stored file beside the page (a directory bundle's ``.png``/``.jpg``), or
+            the thumbnail enlarged (a packed bundle).
         progress: draw a progress line while making thumbnails (default: on a terminal).
 
     Raises:
@@ -155,7 +163,8 @@ def write_html_report(
     prefix = f"{b.path}/{MEDIA_DIR}/"
     views = [sample_view(p, s, prefix) for p, s in zip(positions, b.samples(indices=positions), strict=True)]
     names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
-    shown = pictures(b, names, thumb_width=thumb_width, progress=progress)
+    shown = pictures(b, names, thumb_width=thumb_width, large_width=large_width, large_budget=inline_budget,
+                     progress=progress)  # fmt: skip
     link_base = None  # a packed bundle has no files to link to
     if not b.packed:
         rel = os.path.relpath(b.path / MEDIA_DIR, out.parent)

@@ -20,6 +20,7 @@ import numpy as np
 
 from bundles import MediaRef
 from bundles.support import MEDIA_DIR
+from trainer_hooks.view._actions import tool_calls
 
 __all__ = ["MEDIA_DIR", "Image", "SampleView", "as_list", "jsonable", "num", "sample_view", "short_repr"]
 
@@ -53,6 +54,9 @@ class SampleView:
     actions: list[str] | None
     metadata: Any
     other: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[float | None] | None = None  # rollout_log_probs, non-numbers and non-finite as None
+    screen: tuple[float, float] | None = None  # metadata.screen: the coordinate space of the actions
+    tool_calls: list[str] = field(default_factory=list)  # the response's <tool_call> texts, in order
 
 
 # -- JSON-able summaries of sample values (for metadata and the other fields) -------------------------------
@@ -186,8 +190,16 @@ def sample_view(position: int, sample: Mapping[str, Any], media_prefix: str) -> 
     tokens = as_list(sample.get("tokens"))
     mask = as_list(sample.get("loss_mask"))
     logprobs = as_list(sample.get("rollout_log_probs"))
-    finite = [float(x) for x in logprobs or [] if isinstance(x, (int, float)) and math.isfinite(float(x))]
+    numbers = [_finite(x) for x in logprobs] if logprobs is not None else None
+    finite = [x for x in numbers or [] if x is not None]
     response = sample.get("response")
+    screen = metadata.get("screen") if isinstance(metadata, Mapping) else None
+    screen = as_list(screen)
+    screen_wh = None
+    if screen is not None and len(screen) == 2:
+        w, h = _finite(screen[0]), _finite(screen[1])
+        if w and h and w > 0 and h > 0:
+            screen_wh = (w, h)
     return SampleView(
         position=position,
         index=jsonable(sample.get("index")),
@@ -212,4 +224,17 @@ def sample_view(position: int, sample: Mapping[str, Any], media_prefix: str) -> 
         else None,
         metadata=None if _empty(metadata) else jsonable(metadata),
         other={str(k): jsonable(v) for k, v in sample.items() if k not in _SHOWN_KEYS and not _empty(v)},
+        logprobs=numbers,
+        screen=screen_wh,
+        tool_calls=tool_calls(response) if isinstance(response, str) else [],
     )
+
+
+def _finite(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        f = float(x)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
