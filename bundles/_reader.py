@@ -263,8 +263,9 @@ class Bundle:
         """
         if self._source.packed:
             return
+        reload = getattr(self._source, "reload_manifest", None)  # a bundle on a store
         try:
-            current = parse_manifest(self.path)
+            current = reload() if reload is not None else parse_manifest(self.path)
         except BundleError:
             current = None
         if current != self.manifest:
@@ -353,7 +354,9 @@ class Bundle:
         index = first_index
         # Images in a packed bundle read in place decode from their member's bytes: the paths of
         # its own media name members, not files (rehydrated media are files again).
-        read_media = self._media_bytes if self._source.packed and media is self._media else None
+        # So do a remote bundle's: its paths are URLs.
+        in_place = self._source.packed or getattr(self._source, "remote", False)
+        read_media = self._media_bytes if in_place and media is self._media else None
         for entry in self.manifest["shards"] if shards is None else shards:
             data = self._read_shard(entry)
             for sample in iter_shard(data, entry, f"{self.path}/{entry['path']}", media, index, read_media):
@@ -393,6 +396,8 @@ class Bundle:
             )
         target = Path(os.path.abspath(media_dir))
         target.mkdir(parents=True, exist_ok=True)
+        if getattr(self._source, "remote", False):  # a store: downloaded concurrently
+            return list(self._samples(self._source.rehydrate(self._media, target, progress)))  # type: ignore[union-attr]
         target_dev = os.stat(target).st_dev
         placed: dict[str, MediaRef] = {}
         with Progress(
