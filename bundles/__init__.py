@@ -2,9 +2,13 @@
 
 A bundle is a directory: a manifest, msgpack+zstandard sample shards, and every referenced
 media file stored once by content digest. See docs/FORMAT.md for the on-disk format.
+
+This module is the format API. Tools built on bundles (trainer_hooks, the CLI) also use
+:mod:`bundles.support`: the atomic write, the tree deletion, process identity, fault points,
+progress and the CLI kit.
 """
 
-from bundles._commit import is_bundle, remove_bundle, scratch_dir
+from bundles._commit import is_bundle, remove_bundle
 from bundles._errors import (
     BundleError,
     BundleExistsError,
@@ -63,7 +67,26 @@ __all__ = [
     "pack_bundle",
     "register_record_type",
     "remove_bundle",
-    "scratch_dir",
     "unpack_bundle",
     "write_bundle",
 ]
+
+
+# Deprecated aliases, kept for one release: these moved to bundles.support (not the format API).
+_MOVED_TO_SUPPORT = frozenset({"scratch_dir"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED_TO_SUPPORT:
+        import warnings
+
+        from bundles import support
+
+        warnings.warn(
+            f"bundles.{name} is deprecated and will be removed in the next release: "
+            f"use bundles.support.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(support, name)
+    raise AttributeError(f"module 'bundles' has no attribute {name!r}")

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bundles import write_bundle
-from trainer_hooks._run_media import run_media_dir
 from trainer_hooks._sample import register_record_types
+from trainer_hooks.run_media import run_media_dir
 
 # write_bundle's outside_paths: "keep", "warn", "error", or a callable choosing one per path.
 OutsidePolicy = str | Callable[[str], str]
@@ -24,8 +24,9 @@ __all__ = [
     "OutsidePolicy",
     "other_run_media_policy",
     "processor_settings",
+    "run_media_roots",
     "run_meta",
-    "training_dtype",
+    "training_dtype_name",
     "write_samples_bundle",
 ]
 
@@ -61,7 +62,7 @@ def write_samples_bundle(
     )
 
 
-def training_dtype(args: Namespace) -> str:
+def training_dtype_name(args: Namespace) -> str:
     if getattr(args, "bf16", False):
         return "bf16"
     if getattr(args, "fp16", False):
@@ -79,7 +80,7 @@ def run_meta(args: Namespace) -> dict[str, Any]:
     """What every bundle written by a run records about it."""
     return {
         "run_uuid": getattr(args, "run_uuid", None),
-        "training_dtype": training_dtype(args),
+        "training_dtype": training_dtype_name(args),
         "processor": processor_settings(args),
     }
 
@@ -105,6 +106,6 @@ def other_run_media_policy(args: Namespace) -> OutsidePolicy:
     return policy
 
 
-def _media_roots(args: Namespace) -> list[Path]:
+def run_media_roots(args: Namespace) -> list[Path]:
     run_dir = run_media_dir(args)
     return [] if run_dir is None else [run_dir]

@@ -15,28 +15,49 @@ torch, transformers, PIL and Ray are imported only when used.
 """
 
 from trainer_hooks.replay._guard import convert_samples_to_train_data
+from trainer_hooks.replay._memory import tune_allocator
 from trainer_hooks.replay._payload import (
     _build_prefill_scoring_payload,
     build_prefill_scoring_payload,
     sglang_generate_fields,
 )
 from trainer_hooks.replay._processor import DEFAULT_IMAGE_TOKEN_ID, ReplayProcessor, load_processor
-from trainer_hooks.replay._rebuild import compute_multimodal_train_inputs, get_rollout_data, training_dtype
-from trainer_hooks.replay._report import compare_reports, replay_bundle
+from trainer_hooks.replay._rebuild import (
+    DTYPE_NAMES,
+    compute_multimodal_train_inputs,
+    dtype_from_name,
+    get_rollout_data,
+    training_dtype,
+)
+from trainer_hooks.replay._report import (
+    REPORT_FORMAT,
+    ReportError,
+    check_replay_report,
+    compare_reports,
+    load_replay_report,
+    replay_bundle,
+)
 from trainer_hooks.replay._tokens import check_image_tokens
 
 __all__ = [
     "DEFAULT_IMAGE_TOKEN_ID",
+    "DTYPE_NAMES",
+    "REPORT_FORMAT",
     "ReplayProcessor",
+    "ReportError",
     "_build_prefill_scoring_payload",
     "build_prefill_scoring_payload",
     "check_image_tokens",
+    "check_replay_report",
     "compare_reports",
     "compute_multimodal_train_inputs",
     "convert_samples_to_train_data",
+    "dtype_from_name",
     "get_rollout_data",
     "load_processor",
+    "load_replay_report",
     "replay_bundle",
     "sglang_generate_fields",
     "training_dtype",
+    "tune_allocator",
 ]

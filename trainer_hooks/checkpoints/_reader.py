@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleFormatError, BundleVerificationError, MediaRef, open_bundle
-from trainer_hooks._checkpoint._paths import CHECKPOINT_KIND, CHECKPOINT_VERSION, _require, checkpoint_path
-from trainer_hooks._run_media import RunMediaError, _ensure_run_dir, run_media_dir
 from trainer_hooks._sample import resolve_sample_cls
-from trainer_hooks._sample_bundle import processor_settings, training_dtype
+from trainer_hooks._sample_bundle import processor_settings, training_dtype_name
+from trainer_hooks.checkpoints._paths import CHECKPOINT_KIND, CHECKPOINT_VERSION, _require, checkpoint_path
+from trainer_hooks.run_media import RunMediaError, ensure_run_dir, run_media_dir
 
 __all__ = ["RolloutCheckpoint", "load_rollout_checkpoint", "read_rollout_checkpoint"]
 
@@ -106,7 +106,7 @@ def read_rollout_checkpoint(
                 f"{path}: the checkpoint holds {len(bundle.media)} media file(s) but --shared-media-dir is not "
                 "set: there is no run media directory to rehydrate them into"
             )
-        media_dir = _ensure_run_dir(args)
+        media_dir = ensure_run_dir(args)
         samples = bundle.rehydrate(
             media_dir,
             link=getattr(args, "bundle_link_mode", None) or "auto",
@@ -164,7 +164,7 @@ def _verify_placed_media(path: Path, media_dir: Path, refs: list[MediaRef]) -> N
 
 
 def _warn_on_mismatch(args: Namespace, meta: dict[str, Any], path: Path) -> None:
-    for key, now in (("training_dtype", training_dtype(args)), ("processor", processor_settings(args))):
+    for key, now in (("training_dtype", training_dtype_name(args)), ("processor", processor_settings(args))):
         if key in meta and meta[key] != now:
             logger.warning(
                 "%s: meta.%s: the checkpoint was written with %r, this run uses %r", path, key, meta[key], now

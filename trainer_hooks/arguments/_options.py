@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from bundles import UnsupportedLocationError, check_location
-from trainer_hooks._processor_args import RolloutEngineProcessorArgs, parse_mm_process_config
-from trainer_hooks._run_media import check_run_id
+from trainer_hooks.arguments._processor import RolloutEngineProcessorArgs, parse_mm_process_config
+from trainer_hooks.run_media import check_run_id
 
 __all__ = [
     "BUNDLE_LINK_MODES",

@@ -11,7 +11,7 @@ structure lives in the manifest's ``meta``::
      "processor": {...} | null, "pending_group_sizes": [4, 4], "completed_group_sizes": [4]}
 
 ``processor`` is ``args.rollout_processor_args.to_dict()`` (the engines' resolved processor
-settings, see :mod:`trainer_hooks._processor_args`) or null when it was not resolved. The samples
+settings, see :mod:`trainer_hooks.arguments._processor`) or null when it was not resolved. The samples
 stay plain sample dicts, so ``rollout-bundle inspect`` and a replay read a checkpoint like a dump.
 Media are taken from ``run_media_dir(args)`` (any absolute path string under it, and every
 ``MediaRef``) with ``args.bundle_link_mode``; PIL images are stored as PNG media by the bundle
@@ -23,11 +23,20 @@ Modules, one concern each
 * :mod:`._writer`: the save protocol (:class:`RolloutCheckpointer`, background writer).
 * :mod:`._retention`: ``--keep-rollout-checkpoints``.
 * :mod:`._reader`: resume (rehydrating media into the current run).
-* Shared with debug dumps: :mod:`trainer_hooks._snapshot` (snapshots on the caller's thread),
-  :mod:`trainer_hooks._sample_bundle` (sample dicts to a bundle, and the run's meta).
+* :mod:`._snapshot`: snapshots on the caller's thread (debug dumps use them too).
+* :mod:`._fully_async`: :class:`FullyAsyncRolloutFn`, the fully-async rollout function whose
+  ``save``/``load`` write and resume these checkpoints.
+* Shared with debug dumps: :mod:`trainer_hooks._sample_bundle` (sample dicts to a bundle, and
+  the run's meta).
 """
 
-from trainer_hooks._checkpoint._paths import (
+from trainer_hooks.checkpoints._fully_async import (
+    FullyAsyncRolloutFn,
+    GroupBuffer,
+    ListDataSource,
+    RolloutWorkerError,
+)
+from trainer_hooks.checkpoints._paths import (
     CHECKPOINT_KIND,
     CHECKPOINT_PREFIX,
     CHECKPOINT_SUBDIR,
@@ -36,18 +45,18 @@ from trainer_hooks._checkpoint._paths import (
     checkpoint_path,
     list_rollout_checkpoints,
 )
-from trainer_hooks._checkpoint._reader import (
+from trainer_hooks.checkpoints._reader import (
     RolloutCheckpoint,
     load_rollout_checkpoint,
     read_rollout_checkpoint,
 )
-from trainer_hooks._checkpoint._retention import apply_retention
-from trainer_hooks._checkpoint._writer import (
+from trainer_hooks.checkpoints._retention import apply_retention
+from trainer_hooks.checkpoints._snapshot import SnapshotError, snapshot_groups, snapshot_value
+from trainer_hooks.checkpoints._writer import (
     CheckpointSaveError,
     RolloutCheckpointer,
     save_rollout_checkpoint,
 )
-from trainer_hooks._snapshot import SnapshotError, snapshot_groups, snapshot_value
 
 __all__ = [
     "CHECKPOINT_KIND",
@@ -55,8 +64,12 @@ __all__ = [
     "CHECKPOINT_SUBDIR",
     "CHECKPOINT_VERSION",
     "CheckpointSaveError",
+    "FullyAsyncRolloutFn",
+    "GroupBuffer",
+    "ListDataSource",
     "RolloutCheckpoint",
     "RolloutCheckpointer",
+    "RolloutWorkerError",
     "SnapshotError",
     "_require",
     "apply_retention",

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 from bundles import BundleNotFoundError, remove_bundle
-from bundles._faults import fault_point
-from trainer_hooks._checkpoint._paths import list_rollout_checkpoints
+from bundles.support import fault_point
+from trainer_hooks.checkpoints._paths import list_rollout_checkpoints
 
 __all__ = ["apply_retention"]
 

@@ -17,7 +17,7 @@ Protocol
   generated in step n trains in step n+1, and a step-keyed directory would have to be kept
   alive across steps anyway.
 * ``release_run_media`` removes the whole directory as the last teardown step of a driver
-  (see :mod:`trainer_hooks._disposer`). It is the only code that deletes media, so it is
+  (see :mod:`trainer_hooks.run_media._disposer`). It is the only code that deletes media, so it is
   paranoid: it refuses run ids that could name anything other than one direct child of
   ``shared_media_dir`` and refuses a run directory that is a symlink or resolves elsewhere,
   and it deletes nothing in those cases. The deletion goes through directory file descriptors
@@ -55,12 +55,13 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleError, MediaRef
-from bundles._fs import remove_tree  # the project's one tree deletion (fd-relative, no symlinks)
+from bundles.support import remove_tree  # the project's one tree deletion (fd-relative, no symlinks)
 
 __all__ = [
     "RunMediaError",
     "UnsafeRunDirError",
     "check_run_id",
+    "ensure_run_dir",
     "release_run_media",
     "run_media_dir",
     "store_media",
@@ -71,7 +72,7 @@ RUN_DIR_MODE = 0o755
 # Written into every run media directory when it is created: the proof ``sweep`` asks for
 # before it deletes anything (a lease is the other proof).
 RUN_MARKER_NAME = ".run-media.json"
-# A live run's lease (see trainer_hooks._lease, which writes it).
+# A live run's lease (see trainer_hooks.run_media._lease, which writes it).
 LEASE_NAME = ".lease.json"
 
 
@@ -124,7 +125,7 @@ def run_media_dir(args: Namespace) -> Path | None:
     return Path(shared) / run_id
 
 
-def _ensure_run_dir(args: Namespace) -> Path:
+def ensure_run_dir(args: Namespace) -> Path:
     run_dir = run_media_dir(args)
     if run_dir is None:
         raise RunMediaError(
@@ -260,7 +261,7 @@ def store_media(args: Namespace, data: Any, suffix: str = ".png") -> MediaRef:
     """
     payload = _to_bytes(data, suffix)
     probe = MediaRef.from_bytes(payload, suffix)  # validates the suffix before touching disk
-    run_dir = _ensure_run_dir(args)
+    run_dir = ensure_run_dir(args)
     dest = run_dir / probe.filename
     try:
         st = os.lstat(dest)
@@ -302,7 +303,7 @@ def release_run_media(args: Namespace) -> int:
     return remove_run_dir(run_dir.parent, run_dir.name)
 
 
-# Called with the run directory before it is removed. trainer_hooks._lease registers one that
+# Called with the run directory before it is removed. trainer_hooks.run_media._lease registers one that
 # closes this process's lease on it, so that no heartbeat writes into a directory being deleted
 # (the dependency runs that way round: _lease imports this module).
 _BEFORE_REMOVE: list[Callable[[Path], None]] = []

@@ -2,7 +2,7 @@
 
 ``sweep SHARED_MEDIA_DIR [--older-than DURATION] [--delete] [--json]`` lists the run media
 directories under a shared media root with what sweep makes of them (see
-:mod:`trainer_hooks._lease` for the rules) and, with ``--delete``, removes the crashed, stale
+:mod:`trainer_hooks.run_media._lease` for the rules) and, with ``--delete``, removes the crashed, stale
 and orphaned ones. Without ``--delete`` nothing is changed. A live run is never deleted.
 
 Exit status: 0 on success, 1 when a directory could not be removed or the root is missing,
@@ -16,9 +16,8 @@ import json
 import sys
 from typing import Any
 
-from bundles._progress import human_bytes
-from bundles.cli import add_command
-from trainer_hooks._lease import (
+from bundles.support import add_command, human_bytes
+from trainer_hooks.run_media._lease import (
     DEFAULT_SWEEP_OLDER_THAN_S,
     SweepEntry,
     format_duration,

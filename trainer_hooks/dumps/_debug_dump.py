@@ -59,20 +59,19 @@ from bundles import (
     BundleFormatError,
     open_bundle,
     pack_bundle,
-    scratch_dir,
     unpack_bundle,
 )
-from bundles._fs import remove_tree  # the project's one tree deletion (fd-relative, no symlinks)
+from bundles.support import remove_tree, scratch_dir  # the one tree deletion (fd-relative, no symlinks)
 from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import (
     OutsidePolicy,
-    _media_roots,
     other_run_media_policy,
+    run_media_roots,
     run_meta,
     write_samples_bundle,
 )
-from trainer_hooks._snapshot import snapshot_value
-from trainer_hooks._trajectory import save_debug_trajectory_data, strip_messages
+from trainer_hooks.checkpoints import snapshot_value
+from trainer_hooks.dumps._trajectory import save_debug_trajectory_data, strip_messages
 
 __all__ = [
     "DEBUG_DUMP_KIND",
@@ -193,7 +192,7 @@ def save_debug_rollout_data(
     return write_dump_bundle(
         path,
         samples,
-        media_roots=_media_roots(args),
+        media_roots=run_media_roots(args),
         meta=meta,
         link=getattr(args, "bundle_link_mode", None) or "auto",
         outside_paths=other_run_media_policy(args),

@@ -5,14 +5,14 @@ Save protocol (:class:`RolloutCheckpointer`)
 1. ``save()`` first raises the error of an earlier background save that failed, if any (each
    failure is raised exactly once, at the next ``save()`` or ``flush()``; it is never
    swallowed). The new save is then *not* started: the caller decides whether to retry.
-2. It snapshots the groups synchronously (:func:`trainer_hooks._snapshot.snapshot_groups`, whose
+2. It snapshots the groups synchronously (:func:`trainer_hooks.checkpoints._snapshot.snapshot_groups`, whose
    docstring has the cost and the trade-off): after ``save()`` returns, mutating a sample (even
    in place, even a tensor) does not change the checkpoint; media files are never touched on the
    caller's thread.
 3. A single worker thread (so saves commit in call order) runs the snapshot's deferred checks,
    encodes images, calls :func:`bundles.write_bundle` (staging directory, fsync, rename: the
    commit protocol of :mod:`bundles._commit`) and only then applies retention
-   (:mod:`trainer_hooks._checkpoint._retention`).
+   (:mod:`trainer_hooks.checkpoints._retention`).
 4. ``flush()`` waits for every queued save and raises the first failure. Drivers run it from the
    disposer *before* ``release_run_media``: a background save may still be linking media out of
    the run directory.
@@ -33,10 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleError
-from trainer_hooks._checkpoint._paths import CHECKPOINT_KIND, CHECKPOINT_VERSION, _require, checkpoint_path
-from trainer_hooks._checkpoint._retention import apply_retention
-from trainer_hooks._sample_bundle import _media_roots, other_run_media_policy, run_meta, write_samples_bundle
-from trainer_hooks._snapshot import snapshot_groups
+from trainer_hooks._sample_bundle import (
+    other_run_media_policy,
+    run_media_roots,
+    run_meta,
+    write_samples_bundle,
+)
+from trainer_hooks.checkpoints._paths import CHECKPOINT_KIND, CHECKPOINT_VERSION, _require, checkpoint_path
+from trainer_hooks.checkpoints._retention import apply_retention
+from trainer_hooks.checkpoints._snapshot import snapshot_groups
 
 __all__ = ["CheckpointSaveError", "RolloutCheckpointer", "save_rollout_checkpoint"]
 
@@ -68,7 +73,7 @@ def _write_checkpoint(
     path = write_samples_bundle(
         dest,
         samples,
-        media_roots=_media_roots(args),
+        media_roots=run_media_roots(args),
         kind=CHECKPOINT_KIND,
         meta=meta,
         link=getattr(args, "bundle_link_mode", None) or "auto",

@@ -11,7 +11,7 @@ Checkpoints
 -----------
 ``save(rollout_id)`` writes, with no further call, one bundle of kind ``"rollout_checkpoint"``
 at ``<args.save>/rollout/fully_async_<rollout_id>`` holding the in-flight groups and the buffered
-groups (see :mod:`trainer_hooks._checkpoint`). Each group is snapshotted when it is *submitted*
+groups (see :mod:`trainer_hooks.checkpoints`). Each group is snapshotted when it is *submitted*
 (before the generator can touch it), so an in-flight group is saved as the prompt the data
 source gave, never half-generated; buffered groups are snapshotted in ``save()``. Both are
 collected under one lock that also guards the move of a finished group from "in flight" to
@@ -44,8 +44,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from trainer_hooks._checkpoint import RolloutCheckpointer, _require, checkpoint_path, read_rollout_checkpoint
-from trainer_hooks._snapshot import snapshot_groups
+from trainer_hooks.checkpoints._paths import _require, checkpoint_path
+from trainer_hooks.checkpoints._reader import read_rollout_checkpoint
+from trainer_hooks.checkpoints._snapshot import snapshot_groups
+from trainer_hooks.checkpoints._writer import RolloutCheckpointer
 
 __all__ = ["FullyAsyncRolloutFn", "GroupBuffer", "ListDataSource", "RolloutWorkerError"]
 
