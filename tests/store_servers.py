@@ -181,3 +181,117 @@ def seaweed_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
             proc.wait()
         log.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+class FaultProxy:
+    """An HTTP proxy on 127.0.0.1 in front of a server, injecting faults per request.
+
+    Each request is read whole (request line, headers, ``Content-Length`` body), checked against
+    the rules in order, then forwarded on a fresh upstream connection; every client connection
+    is closed after one response, so that a rule counts requests, not connections. A rule is
+    ``(method, key substring, action, times)``; ``times`` None means for ever. Actions:
+
+    * ``("status", code)``: answer ``code`` with an S3 error body, never forwarding the request;
+    * ``("drop_request", n)``: close the connection after reading ``n`` bytes of the body, never
+      forwarding it (the upload dies mid-way);
+    * ``("drop_response", n)``: forward, then send only the first ``n`` bytes of the answer.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        import socketserver
+        import threading
+        import urllib.parse
+
+        parsed = urllib.parse.urlparse(upstream)
+        self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self.rules: list[list[Any]] = []
+        self.hits: list[tuple[str, str, str]] = []  # (method, path, what happened)
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                proxy._handle(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def add(self, method: str | None, key_part: str, action: tuple[str, int], times: int | None = 1) -> None:
+        with self._lock:
+            self.rules.append([method, key_part, action, times])
+
+    def clear(self) -> None:
+        with self._lock:
+            self.rules.clear()
+            self.hits.clear()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _match(self, method: str, path: str) -> tuple[str, int] | None:
+        with self._lock:
+            for rule in self.rules:
+                m, part, action, times = rule
+                if (m is None or m == method) and part in path and (times is None or times > 0):
+                    if times is not None:
+                        rule[3] = times - 1
+                    return action
+        return None
+
+    def _handle(self, sock: socket.socket) -> None:
+        f = sock.makefile("rb")
+        line = f.readline()
+        if not line:
+            return
+        method, path, _ = line.decode("latin-1").split(" ", 2)
+        headers = []
+        length = 0
+        while True:
+            h = f.readline()
+            if h in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = h.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value.strip())
+            if name.strip().lower() not in ("connection", "keep-alive"):
+                headers.append(h)
+        action = self._match(method, path)
+        if action and action[0] == "drop_request":
+            f.read(min(action[1], length))
+            self.hits.append((method, path, f"dropped after {action[1]} request bytes"))
+            sock.shutdown(socket.SHUT_RDWR)
+            return
+        body = f.read(length) if length else b""
+        if action and action[0] == "status":
+            payload = (
+                b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                b"<Message>injected</Message></Error>"
+            )
+            head = (
+                f"HTTP/1.1 {action[1]} Injected\r\nContent-Type: application/xml\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            sock.sendall(head + payload)
+            self.hits.append((method, path, f"answered {action[1]}"))
+            return
+        with socket.create_connection(self.upstream, timeout=30) as up:
+            up.sendall(line + b"".join(headers) + b"Connection: close\r\n\r\n" + body)
+            answer = b""
+            while chunk := up.recv(1 << 16):
+                answer += chunk
+        if action and action[0] == "drop_response":
+            sock.sendall(answer[: action[1]])
+            self.hits.append((method, path, f"answer cut after {action[1]} bytes"))
+            sock.shutdown(socket.SHUT_RDWR)
+            return
+        head, sep, rest = answer.partition(b"\r\n\r\n")
+        head = b"\r\n".join(h for h in head.split(b"\r\n") if not h.lower().startswith(b"connection:"))
+        sock.sendall(head + b"\r\nConnection: close" + sep + rest)
+        self.hits.append((method, path, "forwarded"))
