@@ -16,10 +16,10 @@ from media_helpers import put_media
 
 pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
 
-import obstore  # noqa: E402
-from obstore.store import S3Store  # noqa: E402
+import obstore
+from obstore.store import S3Store
 
-from bundles import BundleIOError, BundleNotFoundError, open_bundle, write_bundle  # noqa: E402
+from bundles import BundleIOError, BundleNotFoundError, open_bundle, write_bundle
 
 
 @pytest.fixture(scope="module")
