@@ -51,7 +51,6 @@ removes abandoned parts.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import hashlib
 import io
@@ -60,6 +59,7 @@ import os
 import re
 import secrets
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -75,6 +75,7 @@ from bundles._errors import (
     BundleVerificationError,
     UnsafeBundleError,
 )
+from bundles._faults import fault_point
 from bundles._fs import remove_tree
 from bundles._layout import (
     DIGEST_PREFIX,
@@ -92,7 +93,7 @@ from bundles._layout import (
 from bundles._media import MediaRef
 from bundles._progress import Progress
 from bundles._source import LAYOUT_DIRS, Entry, layout_name_ok, read_tar_index
-from bundles._store import CONCURRENCY, Store, StoreURL, get_store, run_async, store_error
+from bundles._store import Store, StoreURL, get_store, parallel, store_error
 
 __all__ = [
     "collect_garbage",
@@ -198,13 +199,13 @@ class _Place:
         return self.url.key_of(f"{self.pointer.generation}/{name}")
 
 
-async def _read_pointer(store: Store, url: StoreURL) -> Pointer | None:
+def _read_pointer(store: Store, url: StoreURL) -> Pointer | None:
     """The bundle's pointer; a plain-layout pointer when only ``U/manifest.json`` exists; None
     when neither does."""
     try:
-        data, meta = await store.get(url.key_of(STORE_POINTER_NAME))
+        data, meta = store.get(url.key_of(STORE_POINTER_NAME))
     except FileNotFoundError:
-        if await store.head(url.key_of(MANIFEST_NAME)) is not None:
+        if store.head(url.key_of(MANIFEST_NAME)) is not None:
             return Pointer(None, None, None, False)
         return None
     return parse_pointer(data, f"{url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
@@ -214,7 +215,7 @@ def _place(url_text: str, storage_options: Mapping[str, Any] | None, what: str) 
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
     try:
-        pointer = run_async(_read_pointer(store, url))
+        pointer = _read_pointer(store, url)
     except BundleError:
         raise
     except Exception as e:
@@ -228,7 +229,7 @@ def is_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | None = 
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
     try:
-        return run_async(_read_pointer(store, url)) is not None
+        return (_read_pointer(store, url)) is not None
     except BundleFormatError:
         return False
     except Exception as e:
@@ -265,7 +266,7 @@ class RangeFile(io.RawIOBase):
         start = self._pos
         end = min(self._size, start + max(want, READ_WINDOW))
         try:
-            data = run_async(self._store.get_range(self._key, self._offset + start, self._offset + end))
+            data = self._store.get_range(self._key, self._offset + start, self._offset + end)
         except FileNotFoundError:
             raise BundleVerificationError(
                 self._where, [f"{self._where}: missing (removed while open?)"]
@@ -321,7 +322,7 @@ class StoreSource:
     def read_manifest(self) -> bytes:
         p = self._place
         try:
-            data, _ = run_async(p.store.get(p.key(MANIFEST_NAME)))
+            data, _ = p.store.get(p.key(MANIFEST_NAME))
         except FileNotFoundError:
             raise BundleNotFoundError(
                 f"{self.path}: not a bundle: {MANIFEST_NAME} of generation {p.pointer.generation} is missing "
@@ -364,11 +365,8 @@ class StoreSource:
         base = p.url.key_of(p.pointer.generation) if p.pointer.generation else p.url.key
         sizes: dict[str, int] = {}
 
-        async def both() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-            return await asyncio.gather(p.store.list(base), p.store.list(p.media_prefix))
-
         try:
-            bundle_objects, media_objects = run_async(both())
+            bundle_objects, media_objects = parallel(p.store.list, [base, p.media_prefix])
         except Exception as e:
             raise store_error(self.path, "list the bundle's objects", e) from e
         for m in bundle_objects:
@@ -399,7 +397,7 @@ class StoreSource:
         size = (self._sizes or {}).get(name)
         if size is None:
             try:
-                meta = run_async(p.store.head(key))
+                meta = p.store.head(key)
             except Exception as e:
                 raise store_error(self.where(name), "read", e) from e
             if meta is None:
@@ -436,7 +434,7 @@ class _StoreReader:
         if not starts:
             return
         try:
-            blocks = run_async(self.store.get_ranges(self.key, starts, [s + length for s in starts]))
+            blocks = self.store.get_ranges(self.key, starts, [s + length for s in starts])
         except Exception as e:
             raise store_error(self.where, "read the packed file's headers", e) from e
         self.requests += 1
@@ -451,10 +449,8 @@ class _StoreReader:
             return b""
         self.requests += 1
         try:
-            data = run_async(
-                self.store.get_range(
-                    self.key, pos, pos + max(n, 4096) if pos + 4096 <= self.size else self.size
-                )
+            data = self.store.get_range(
+                self.key, pos, pos + max(n, 4096) if pos + 4096 <= self.size else self.size
             )
         except Exception as e:
             raise store_error(self.where, "read", e) from e
@@ -472,7 +468,7 @@ class StorePackedSource:
         self.path = url
         self._store = store
         try:
-            meta = run_async(store.head(url.key))
+            meta = store.head(url.key)
         except Exception as e:
             raise store_error(url, "open the packed bundle", e) from e
         if meta is None:
@@ -551,9 +547,7 @@ def _prefetch_headers(reader: _StoreReader) -> None:
     reader.prefetch([tail], reader.size - tail)
 
 
-async def _download_one(
-    source: Any, name: str, ref: MediaRef, target: Path, sem: asyncio.Semaphore, bar: Progress
-) -> MediaRef:
+def _download_one(source: Any, name: str, ref: MediaRef, target: Path, bar: Progress) -> MediaRef:
     dst = target / name
     try:
         if os.stat(dst).st_size == ref.size:
@@ -561,12 +555,11 @@ async def _download_one(
             return ref.with_path(str(dst))
     except FileNotFoundError:
         pass
-    async with sem:
-        if isinstance(source, StorePackedSource):
-            m = source.members[f"{MEDIA_DIR}/{name}"]
-            data = await source._store.get_range(source.path.key, m.offset, m.offset + m.size)
-        else:
-            data, _ = await source._place.store.get(source._place.key(f"{MEDIA_DIR}/{name}"))
+    if isinstance(source, StorePackedSource):
+        m = source.members[f"{MEDIA_DIR}/{name}"]
+        data = source._store.get_range(source.path.key, m.offset, m.offset + m.size)
+    else:
+        data, _ = source._place.store.get(source._place.key(f"{MEDIA_DIR}/{name}"))
     digest = DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
     if digest != ref.digest or len(data) != ref.size:
         raise BundleVerificationError(
@@ -588,18 +581,15 @@ def _download_media(
     """Download every media file into ``target`` concurrently, each checked against its digest
     before it is renamed into place (a file already there with the right size is kept)."""
 
-    async def run() -> dict[str, MediaRef]:
-        sem = asyncio.Semaphore(CONCURRENCY)
+    def run() -> dict[str, MediaRef]:
         with Progress(
             f"rehydrating {source.path.name}", total=len(media), unit="files", enabled=progress
         ) as bar:
-            refs = await asyncio.gather(
-                *(_download_one(source, n, r, target, sem, bar) for n, r in media.items())
-            )
+            refs = parallel(lambda item: _download_one(source, item[0], item[1], target, bar), media.items())
         return dict(zip(media, refs, strict=True))
 
     try:
-        return run_async(run())
+        return run()
     except BundleError:
         raise
     except OSError as e:
@@ -646,7 +636,7 @@ class UploadStats:
 
 def _check_absent(store: Store, url: StoreURL) -> Pointer | None:
     try:
-        return run_async(_read_pointer(store, url))
+        return _read_pointer(store, url)
     except BundleFormatError:
         return Pointer(None, None, None, False)  # something is there, not ours to judge
     except Exception as e:
@@ -690,13 +680,14 @@ def upload_bundle(
     root = Path(local.path)
     manifest_bytes = (root / MANIFEST_NAME).read_bytes()
     try:
-        run_async(_upload(local, root, place, stats, progress))
+        (_upload(local, root, place, stats, progress))
         pointer = Pointer(
             stats.generation,
             len(manifest_bytes),
             DIGEST_PREFIX + hashlib.sha256(manifest_bytes).hexdigest(),
             shared_media,
         )
+        fault_point("store.before-publish")
         previous = _publish(place, pointer, overwrite)
     except BaseException as e:
         _discard_generation(place, stats.generation)
@@ -709,9 +700,9 @@ def upload_bundle(
     return stats
 
 
-async def _upload(local: Any, root: Path, place: _Place, stats: UploadStats, progress: bool | None) -> None:
+def _upload(local: Any, root: Path, place: _Place, stats: UploadStats, progress: bool | None) -> None:
     store = place.store
-    existing = {m["path"]: m["size"] for m in await store.list(place.media_prefix)}
+    existing = {m["path"]: m["size"] for m in store.list(place.media_prefix)}
     todo: list[tuple[str, Path, int]] = []
     for ref in local.media:
         key = f"{place.media_prefix}/{ref.filename}"
@@ -721,47 +712,49 @@ async def _upload(local: Any, root: Path, place: _Place, stats: UploadStats, pro
         todo.append((key, root / MEDIA_DIR / ref.filename, ref.size))
     shards = [(place.key(e["path"]), root / e["path"], e["size"]) for e in local.manifest["shards"]]
     total = sum(size for *_, size in todo + shards)
-    sem = asyncio.Semaphore(CONCURRENCY)
+    lock = threading.Lock()
 
     with Progress(f"uploading {place.url.name}", total=total, unit="B", enabled=progress) as bar:
 
-        async def put_media(key: str, path: Path, size: int) -> None:
-            async with sem:
-                if size > MULTIPART_THRESHOLD:
-                    await store.put_large(key, path)
-                else:
-                    try:
-                        await store.put(key, path.read_bytes(), mode="create")
-                    except FileExistsError:
-                        pass  # the same content, uploaded by another writer (or our own retry)
-                    except Exception as e:
-                        if type(e).__name__ != "AlreadyExistsError":
-                            raise
-            stats.media_uploaded += 1
-            stats.bytes_uploaded += size
+        def put_media(key: str, path: Path, size: int) -> None:
+            if size > MULTIPART_THRESHOLD:
+                store.put_large(key, path)
+            else:
+                try:
+                    store.put(key, path.read_bytes(), mode="create")
+                except Exception as e:
+                    # Already there: the same content, from another writer or our own retry.
+                    if type(e).__name__ != "AlreadyExistsError":
+                        raise
+            fault_point("store.media")
+            with lock:
+                stats.media_uploaded += 1
+                stats.bytes_uploaded += size
             bar.advance(size)
 
-        async def put_shard(key: str, path: Path, size: int) -> None:
-            async with sem:
-                await _put_create_same(store, key, path.read_bytes())
-            stats.bytes_uploaded += size
+        def put_shard(key: str, path: Path, size: int) -> None:
+            _put_create_same(store, key, path.read_bytes())
+            fault_point("store.shard")
+            with lock:
+                stats.bytes_uploaded += size
             bar.advance(size)
 
-        await asyncio.gather(*(put_media(*t) for t in todo), *(put_shard(*t) for t in shards))
+        jobs = [(put_media, t) for t in todo] + [(put_shard, t) for t in shards]
+        parallel(lambda job: job[0](*job[1]), jobs)
     # The manifest last: a generation without one is never read (and gc removes it).
-    await _put_create_same(store, place.key(MANIFEST_NAME), (root / MANIFEST_NAME).read_bytes())
+    _put_create_same(store, place.key(MANIFEST_NAME), (root / MANIFEST_NAME).read_bytes())
     stats.objects = len(todo) + len(shards) + 1
 
 
-async def _put_create_same(store: Store, key: str, data: bytes) -> None:
+def _put_create_same(store: Store, key: str, data: bytes) -> None:
     """A create-only put that also succeeds when the object already holds exactly ``data`` (a
     retried request whose first attempt was applied: the generation is ours alone)."""
     try:
-        await store.put(key, data, mode="create")
+        store.put(key, data, mode="create")
     except Exception as e:
         if type(e).__name__ != "AlreadyExistsError":
             raise
-        current, _ = await store.get(key)
+        current, _ = store.get(key)
         if current != data:
             raise BundleError(f"{store.scheme}://{store.bucket}/{key}: exists with other content") from None
 
@@ -777,7 +770,7 @@ def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None
             if current is not None:
                 raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
             try:
-                run_async(store.put(key, body, mode="create"))
+                (store.put(key, body, mode="create"))
                 return None
             except Exception as e:
                 if type(e).__name__ != "AlreadyExistsError":
@@ -796,14 +789,14 @@ def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None
         if current.generation is None:
             # A plain layout (no pointer yet): create the pointer, then retire the plain objects.
             try:
-                run_async(store.put(key, body, mode="create"))
+                (store.put(key, body, mode="create"))
                 return current
             except Exception as e:
                 if type(e).__name__ != "AlreadyExistsError":
                     raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
                 continue
         try:
-            run_async(store.put(key, body, mode={"e_tag": current.etag}))
+            (store.put(key, body, mode={"e_tag": current.etag}))
             return current
         except Exception as e:
             if type(e).__name__ not in ("PreconditionError", "AlreadyExistsError", "NotModifiedError"):
@@ -819,10 +812,10 @@ def _discard_generation(place: _Place, generation: str) -> None:
     failure here leaves)."""
     try:
         prefix = place.url.key_of(generation)
-        objs = run_async(place.store.list(prefix))
+        objs = place.store.list(prefix)
         keys = sorted((m["path"] for m in objs), key=lambda k: not k.endswith("/" + MANIFEST_NAME))
         if keys:
-            run_async(place.store.delete(keys))
+            (place.store.delete(keys))
     except Exception:
         pass
 
@@ -832,7 +825,7 @@ def _retire(place: _Place, previous: Pointer) -> list[str]:
     url, store = place.url, place.store
     try:
         if previous.generation is None:
-            objs = run_async(store.list(url.key))
+            objs = store.list(url.key)
             keys = [
                 m["path"]
                 for m in objs
@@ -840,10 +833,10 @@ def _retire(place: _Place, previous: Pointer) -> list[str]:
                 or m["path"].startswith(url.key_of(SHARDS_DIR) + "/")
             ]
         else:
-            objs = run_async(store.list(url.key_of(previous.generation)))
+            objs = store.list(url.key_of(previous.generation))
             keys = [m["path"] for m in objs]
         keys.sort(key=lambda k: not k.endswith(MANIFEST_NAME))
-        run_async(store.delete(keys))
+        (store.delete(keys))
         return keys
     except Exception:
         return []  # left for gc: no pointer names it
@@ -905,13 +898,13 @@ def remove_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | Non
     url, store = place.url, place.store
     try:
         if place.pointer.generation is None:
-            run_async(store.delete([url.key_of(MANIFEST_NAME)]))
+            (store.delete([url.key_of(MANIFEST_NAME)]))
         else:
-            run_async(store.delete([url.key_of(STORE_POINTER_NAME)]))
-        objs = run_async(store.list(url.key))
+            (store.delete([url.key_of(STORE_POINTER_NAME)]))
+        objs = store.list(url.key)
         keys = sorted((m["path"] for m in objs), key=lambda k: not k.endswith(MANIFEST_NAME))
         if keys:
-            run_async(store.delete(keys))
+            (store.delete(keys))
     except Exception as e:
         raise store_error(url, "remove the bundle", e) from e
 
@@ -928,7 +921,7 @@ def pack_to_store(
     store = get_store(url)
     if not overwrite:
         try:
-            if run_async(store.head(url.key)) is not None:
+            if (store.head(url.key)) is not None:
                 raise BundleExistsError(f"{url}: output exists; pass overwrite=True to replace it")
         except BundleError:
             raise
@@ -938,11 +931,11 @@ def pack_to_store(
         out = pack_bundle(path, Path(tmp) / url.name, progress=progress)
         try:
             if out.stat().st_size > MULTIPART_THRESHOLD:
-                if not overwrite and run_async(store.head(url.key)) is not None:
+                if not overwrite and (store.head(url.key)) is not None:
                     raise BundleExistsError(f"{url}: output exists; pass overwrite=True to replace it")
-                run_async(store.put_large(url.key, out))  # a multipart upload appears atomically at its end
+                (store.put_large(url.key, out))  # a multipart upload appears atomically at its end
             else:
-                run_async(store.put(url.key, out.read_bytes(), mode="overwrite" if overwrite else "create"))
+                (store.put(url.key, out.read_bytes(), mode="overwrite" if overwrite else "create"))
         except BundleError:
             raise
         except Exception as e:
@@ -969,7 +962,7 @@ def unpack_from_store(
     try:
         packed = scratch / url.name
         with open(packed, "xb") as f:
-            data = run_async(source._store.get(url.key))[0]
+            data = (source._store.get(url.key))[0]
             f.write(data)
         try:
             return unpack_bundle(packed, dest, overwrite=overwrite, progress=progress)
@@ -978,6 +971,18 @@ def unpack_from_store(
             raise
     finally:
         remove_tree(scratch)
+
+
+def object_size(url_text: str, storage_options: Mapping[str, Any] | None = None) -> int:
+    """The size of one object (a packed bundle on a store)."""
+    url = StoreURL(url_text)
+    try:
+        meta = get_store(url, storage_options).head(url.key)
+    except Exception as e:
+        raise store_error(url, "read the object's size", e) from e
+    if meta is None:
+        raise BundleNotFoundError(f"{url}: no object here")
+    return int(meta["size"])
 
 
 # -- garbage -------------------------------------------------------------------------------------
@@ -1007,7 +1012,7 @@ def collect_garbage(
     store = get_store(url, storage_options)
     report = GarbageReport(dry_run=dry_run)
     try:
-        objects = run_async(store.list(url.key))
+        objects = store.list(url.key)
     except Exception as e:
         raise store_error(url, "list", e) from e
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -1021,10 +1026,10 @@ def collect_garbage(
         bundle_key = key[: -len(STORE_POINTER_NAME)].rstrip("/")
         bundle_url = StoreURL(f"{url.scheme}://{url.bucket}/{bundle_key}")
         try:
-            data, meta = run_async(store.get(key))
+            data, meta = store.get(key)
             pointer = parse_pointer(data, f"{bundle_url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
             place = _Place(bundle_url, store, pointer)
-            manifest = json.loads(run_async(store.get(place.key(MANIFEST_NAME)))[0])
+            manifest = json.loads((store.get(place.key(MANIFEST_NAME)))[0])
         except FileNotFoundError:
             continue  # removed meanwhile
         except BundleError:
@@ -1044,7 +1049,7 @@ def collect_garbage(
         if f"{bundle_key}/{STORE_POINTER_NAME}" in by_key:
             continue
         try:
-            manifest = json.loads(run_async(store.get(key))[0])
+            manifest = json.loads((store.get(key))[0])
             names = [f"{e['digest'][7:]}{e['suffix']}" for e in manifest.get("media", [])]
         except Exception:
             continue
@@ -1074,7 +1079,7 @@ def collect_garbage(
     if not dry_run and doomed:
         doomed.sort(key=lambda k: not k.endswith("/" + MANIFEST_NAME))
         try:
-            run_async(store.delete(doomed))
+            (store.delete(doomed))
         except Exception as e:
             raise store_error(url, "delete garbage", e) from e
     return report

@@ -1,7 +1,7 @@
 """The object-store client: URLs, one store per bucket, errors named by URL.
 
-The I/O layer is obstore (Rust ``object_store``), chosen for speed (async requests run
-concurrently on its own runtime, without the GIL) and because it exposes what the commit protocol
+The I/O layer is obstore (Rust ``object_store``), chosen for speed (its blocking calls release the
+GIL, so a few dozen threads keep that many requests in flight) and because it exposes what the commit protocol
 of :mod:`bundles._remote` needs: create-only puts (``If-None-Match: *``), compare-and-swap puts
 (``If-Match: <etag>``), range reads and listing. It is an optional dependency (the
 ``rollout-bundles[s3]`` extra) and is imported only when a URL is used.
@@ -23,19 +23,18 @@ server's error code.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import datetime
 import os
 import re
 import threading
-from collections.abc import Awaitable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from bundles._errors import BundleError, BundleIOError, BundleNotFoundError, UnsupportedLocationError
 from bundles._location import STORE_EXTRA, STORE_SCHEMES
 
-__all__ = ["Store", "StoreURL", "get_store", "run_async", "store_error"]
+__all__ = ["Store", "StoreURL", "get_store", "parallel", "store_error"]
 
 DEFAULT_MAX_RETRIES = 5
 DEFAULT_RETRY_TIMEOUT_S = 30.0
@@ -152,15 +151,20 @@ def store_error(url: object, what: str, error: BaseException) -> BundleError:
     return BundleIOError(f"{url}: cannot {what}: {short}")
 
 
-def run_async(coro: Awaitable[T]) -> T:
-    """Run ``coro`` to completion from synchronous code, also when the caller already runs an
-    event loop (a notebook): then on a private loop in a worker thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)  # type: ignore[arg-type]
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()  # type: ignore[arg-type]
+def parallel(fn: Callable[[Any], T], items: Iterable[Any]) -> list[T]:
+    """``[fn(x) for x in items]`` with up to :data:`CONCURRENCY` calls in flight, in order; the
+    first exception (in item order) is raised once every call has finished.
+
+    Threads, not asyncio: obstore's blocking calls release the GIL, and its async calls, driven
+    by a short-lived ``asyncio.run`` loop, made the interpreter abort at exit now and then (a
+    tokio thread waking a closed loop during finalization)."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with concurrent.futures.ThreadPoolExecutor(min(CONCURRENCY, len(items))) as pool:
+        futures = [pool.submit(fn, x) for x in items]
+        concurrent.futures.wait(futures)
+    return [f.result() for f in futures]
 
 
 class Store:
@@ -205,51 +209,49 @@ class Store:
         self.scheme = scheme
         self.bucket = bucket
 
-    # Each method is a thin async wrapper: one place that knows obstore's call shapes.
-    async def put(self, key: str, data: Any, mode: Any = "overwrite") -> str | None:
-        result = await self.obs.put_async(self.store, key, data, mode=mode, use_multipart=False)
+    # Each method is a thin wrapper: the one place that knows obstore's call shapes.
+    def put(self, key: str, data: Any, mode: Any = "overwrite") -> str | None:
+        result = self.obs.put(self.store, key, data, mode=mode, use_multipart=False)
         return result.get("e_tag")
 
-    async def put_large(self, key: str, path: Any) -> None:
+    def put_large(self, key: str, path: Any) -> None:
         """A multipart upload (overwrite: only for content-addressed keys, where a race writes the
         same bytes)."""
-        await self.obs.put_async(self.store, key, path, use_multipart=True, chunk_size=16 * 1024 * 1024)
+        self.obs.put(self.store, key, path, use_multipart=True, chunk_size=16 * 1024 * 1024)
 
-    async def get(self, key: str) -> tuple[bytes, dict[str, Any]]:
-        result = await self.obs.get_async(self.store, key)
-        data = await result.bytes_async()
+    def get(self, key: str) -> tuple[bytes, dict[str, Any]]:
+        result = self.obs.get(self.store, key)
+        data = result.bytes()
         return bytes(data), dict(result.meta)
 
-    async def get_range(self, key: str, start: int, end: int) -> bytes:
-        return bytes(await self.obs.get_range_async(self.store, key, start=start, end=end))
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        return bytes(self.obs.get_range(self.store, key, start=start, end=end))
 
-    async def get_ranges(self, key: str, starts: list[int], ends: list[int]) -> list[bytes]:
-        return [bytes(b) for b in await self.obs.get_ranges_async(self.store, key, starts=starts, ends=ends)]
+    def get_ranges(self, key: str, starts: list[int], ends: list[int]) -> list[bytes]:
+        return [bytes(b) for b in self.obs.get_ranges(self.store, key, starts=starts, ends=ends)]
 
-    async def head(self, key: str) -> dict[str, Any] | None:
+    def head(self, key: str) -> dict[str, Any] | None:
         try:
-            return dict(await self.obs.head_async(self.store, key))
+            return dict(self.obs.head(self.store, key))
         except FileNotFoundError:
             return None
 
-    async def list(self, prefix: str) -> list[dict[str, Any]]:
+    def list(self, prefix: str) -> list[dict[str, Any]]:
         """Every object under ``prefix/`` (recursive), with ``path`` relative to the bucket."""
         found: list[dict[str, Any]] = []
         stream = self.obs.list(self.store, prefix.rstrip("/") + "/" if prefix else None, chunk_size=1000)
-        async for batch in stream:
+        for batch in stream:
             found.extend(dict(m) for m in batch)
         return found
 
-    async def list_dirs(self, prefix: str) -> list[str]:
+    def list_dirs(self, prefix: str) -> list[str]:
         """The common prefixes ("directories") right under ``prefix/``, as keys."""
-        result = await self.obs.list_with_delimiter_async(
-            self.store, prefix.rstrip("/") + "/" if prefix else None
-        )
+        result = self.obs.list_with_delimiter(self.store, prefix.rstrip("/") + "/" if prefix else None)
         return [p.rstrip("/") for p in result["common_prefixes"]]
 
-    async def delete(self, keys: list[str]) -> None:
+    def delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):
-            await self.obs.delete_async(self.store, keys[i : i + 1000])
+            self.obs.delete(self.store, keys[i : i + 1000])
 
 
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
