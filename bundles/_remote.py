@@ -1056,6 +1056,12 @@ def collect_garbage(
         report.bundles += 1
         pools.add(f"{bundle_key}/{MEDIA_DIR}")
         referenced.update(f"{bundle_key}/{MEDIA_DIR}/{n}" for n in names)
+    # The media/ of every bundle prefix (one with a pointer, or with generations: a writer that
+    # died before publishing) hold only that bundle's media: unlisted ones are garbage.
+    for key in by_key:
+        g = _GEN_KEY_RE.fullmatch(key)
+        if g:
+            pools.add(f"{g['gen'].rpartition('/')[0]}/{MEDIA_DIR}".lstrip("/"))
     doomed: list[str] = []
     for key, m in by_key.items():
         age = (now - m["last_modified"]).total_seconds()
