@@ -24,7 +24,9 @@ def make_tokenizer_dir(path: Path) -> Path:
     vocab.update({str(i): len(WORDS) + i for i in range(1000)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]"
+    )
     fast.save_pretrained(path)
     return path
 
@@ -33,7 +35,12 @@ def write_prompts(path: Path, n: int) -> Path:
     """``n`` prompts, one JSON object a line (``text``, ``label``, ``metadata.prompt_id``)."""
     with path.open("w") as f:
         for i in range(n):
-            f.write(json.dumps({"text": f"open the settings window {i}", "label": str(i), "metadata": {"prompt_id": i}}) + "\n")
+            f.write(
+                json.dumps(
+                    {"text": f"open the settings window {i}", "label": str(i), "metadata": {"prompt_id": i}}
+                )
+                + "\n"
+            )
     return path
 
 
@@ -66,7 +73,7 @@ def miles_args(tokenizer_dir: Path, prompts: Path, **overrides: Any) -> Namespac
         rollout_batch_size=4,
         max_weight_staleness=None,
         async_max_concurrent_samples=None,
-        async_data_buffer_capacity_factor=1000.0,
+        async_data_buffer_capacity_factor=2.0,  # 8 groups: the worker stays ahead, bounded
         async_unused_samples_handler="retry",
         custom_async_data_buffer_path="trainer_hooks.miles.BundledDataBuffer",
         rollout_submission_granularity=None,
