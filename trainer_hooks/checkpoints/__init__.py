@@ -24,6 +24,10 @@ Modules, one concern each
 * :mod:`._retention`: ``--keep-rollout-checkpoints``.
 * :mod:`._reader`: resume (rehydrating media into the current run).
 * :mod:`._snapshot`: snapshots on the caller's thread (debug dumps use them too).
+* :mod:`._journal`: the rollout journal (append-only segments, background fsync, scan).
+* :mod:`._ledger`: :class:`RolloutLedger`, group ids + journal + recovery, the one implementation
+  behind :class:`FullyAsyncRolloutFn` and the Miles plugins.
+* :mod:`._fingerprint`: what a resume must share with the run that saved (fail closed).
 * :mod:`._fully_async`: :class:`FullyAsyncRolloutFn`, the fully-async rollout function whose
   ``save``/``load`` write and resume these checkpoints.
 * Shared with debug dumps: :mod:`trainer_hooks._sample_bundle` (sample dicts to a bundle, and
@@ -35,6 +39,28 @@ from trainer_hooks.checkpoints._fully_async import (
     GroupBuffer,
     ListDataSource,
     RolloutWorkerError,
+)
+from trainer_hooks.checkpoints._fingerprint import (
+    FINGERPRINT_FIELDS,
+    IncompatibleResumeError,
+    check_fingerprint,
+    run_fingerprint,
+)
+from trainer_hooks.checkpoints._journal import (
+    JOURNAL_DIR,
+    JournalError,
+    JournalScan,
+    RolloutJournal,
+    journal_dir,
+    scan_journal,
+)
+from trainer_hooks.checkpoints._ledger import (
+    DEFAULT_JOURNAL_INTERVAL,
+    LazyGroup,
+    RecoveredGroup,
+    RecoveredState,
+    RolloutLedger,
+    materialize,
 )
 from trainer_hooks.checkpoints._paths import (
     CHECKPOINT_KIND,
@@ -60,6 +86,22 @@ from trainer_hooks.checkpoints._writer import (
 
 __all__ = [
     "CHECKPOINT_KIND",
+    "DEFAULT_JOURNAL_INTERVAL",
+    "FINGERPRINT_FIELDS",
+    "IncompatibleResumeError",
+    "JOURNAL_DIR",
+    "JournalError",
+    "JournalScan",
+    "LazyGroup",
+    "RecoveredGroup",
+    "RecoveredState",
+    "RolloutJournal",
+    "RolloutLedger",
+    "check_fingerprint",
+    "journal_dir",
+    "materialize",
+    "run_fingerprint",
+    "scan_journal",
     "CHECKPOINT_PREFIX",
     "CHECKPOINT_SUBDIR",
     "CHECKPOINT_VERSION",
