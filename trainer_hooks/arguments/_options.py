@@ -311,7 +311,7 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     if interval is not None and not (float(interval) >= 0 and float(interval) != float("inf")):
         raise ValueError(f"--rollout-journal-interval: expected seconds >= 0 (0 disables), found {interval}")
     if g("resume_accept_changes") is not None:
-        from trainer_hooks.checkpoints import FINGERPRINT_FIELDS  # noqa: PLC0415  (no import cycle at load)
+        from trainer_hooks.checkpoints import FINGERPRINT_FIELDS
 
         fields = [f.strip() for f in str(args.resume_accept_changes).split(",") if f.strip()]
         unknown = [f for f in fields if f not in FINGERPRINT_FIELDS]

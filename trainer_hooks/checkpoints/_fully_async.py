@@ -297,7 +297,7 @@ class FullyAsyncRolloutFn:
         todo = [i for i in range(len(group)) if i not in done]
         new = await asyncio.gather(*(self._run_sample(gid, i, group[i]) for i in todo))
         finished = dict(done)
-        finished.update(zip(todo, new))
+        finished.update(zip(todo, new, strict=True))
         return [finished[i] for i in range(len(group))], True
 
     async def _run_group(self, key: int, group: list[Any], done: dict[int, Any] | None = None) -> None:

@@ -55,6 +55,7 @@ and offset, and segments of another lineage (another run's journal) are skipped 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -313,10 +314,8 @@ class RolloutJournal:
                 if path == self._segment or last > upto_seq or last < first:
                     continue
                 fault_point("journal.compact", path)
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-                except FileNotFoundError:
-                    pass
                 del self._segments[path]
                 removed_segments += 1
                 for name in media:
@@ -793,7 +792,7 @@ def new_lineage() -> str:
 
 def decompress_body(body: bytes | memoryview, where: str) -> bytes:
     """The codec bytes of a record body (bounded by the format's per-sample limit)."""
-    from bundles import UnsafeBundleError  # noqa: PLC0415  (only on the read path)
+    from bundles import UnsafeBundleError
 
     try:
         return zstandard.ZstdDecompressor().decompress(bytes(body), max_output_size=MAX_BODY_BYTES)

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bundles import BundleNotFoundError, BundleVerificationError, MediaRef, decode_sample
+from bundles import BundleFormatError, BundleNotFoundError, BundleVerificationError, MediaRef, decode_sample
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
 from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
@@ -62,7 +62,7 @@ from trainer_hooks.checkpoints._journal import (
 )
 from trainer_hooks.checkpoints._paths import checkpoint_path, list_rollout_checkpoints
 from trainer_hooks.checkpoints._reader import RolloutCheckpoint, read_rollout_checkpoint
-from trainer_hooks.run_media import ensure_run_dir, run_media_dir
+from trainer_hooks.run_media import ensure_run_dir
 
 __all__ = ["DEFAULT_JOURNAL_INTERVAL", "LazyGroup", "RecoveredGroup", "RecoveredState", "RolloutLedger"]
 
@@ -125,7 +125,7 @@ class _Placer:
 class LazyGroup:
     """A finished group restored from the journal, decoded when training takes it."""
 
-    __slots__ = ("gid", "_bodies", "_placer", "_sample_cls", "_dicts")
+    __slots__ = ("_bodies", "_dicts", "_placer", "_sample_cls", "gid")
 
     def __init__(
         self, gid: int, bodies: list[tuple[JournalRecord, bool]], placer: _Placer, sample_cls: Any
@@ -372,8 +372,18 @@ class RolloutLedger:
             completed_ids = ckpt.meta.get("completed_group_ids") or [
                 len(pending_ids) + i for i in range(len(ckpt.completed_groups))
             ]
-            pending = {gid: RecoveredGroup(gid, g) for gid, g in zip(pending_ids, ckpt.pending_groups)}
-            completed: dict[int, Any] = dict(zip(completed_ids, ckpt.completed_groups))
+            for key, ids, groups in (
+                ("pending_group_ids", pending_ids, ckpt.pending_groups),
+                ("completed_group_ids", completed_ids, ckpt.completed_groups),
+            ):
+                if len(ids) != len(groups) or not all(type(i) is int for i in ids):
+                    raise BundleFormatError(
+                        f"{ckpt.path}: meta.{key}: expected {len(groups)} group ids (ints), found {ids!r}"
+                    )
+            pending = {
+                gid: RecoveredGroup(gid, g) for gid, g in zip(pending_ids, ckpt.pending_groups, strict=True)
+            }
+            completed: dict[int, Any] = dict(zip(completed_ids, ckpt.completed_groups, strict=True))
             next_gid = int(info.get("next_gid", len(pending_ids) + len(completed_ids)))
         else:
             pending, completed, next_gid = {}, {}, 0
