@@ -35,6 +35,7 @@ from bundles._errors import (
 )
 from bundles._fs import fsync_dir, make_read_only, remove_tree
 from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
+from bundles._location import classify, local_path_only
 from bundles._progress import Progress
 from bundles._reader import Bundle, load_manifest, open_bundle
 from bundles._source import DirSource, PackedSource
@@ -101,6 +102,10 @@ def pack_bundle(
         BundleError: ``out_file`` exists (without ``overwrite``), is a directory, or is the input,
             inside it or around it; writing it failed (the ``OSError`` is the ``__cause__``).
     """
+    if classify(out_file, "pack output") == "store":
+        from bundles._remote import pack_to_store
+
+        return pack_to_store(path, str(out_file), overwrite=overwrite, progress=progress)  # type: ignore[return-value]
     out = Path(os.path.abspath(out_file))
     with open_bundle(path, verify="fast") as bundle:
         _refuse_overlap(bundle.path, out, "pack")
@@ -194,6 +199,11 @@ def unpack_bundle(
         BundleError: ``out_dir`` is the packed file or contains it.
         BundleIOError: writing failed (the ``OSError`` is the ``__cause__``).
     """
+    local_path_only(out_dir, "unpack output")
+    if classify(packed, "packed bundle") == "store":
+        from bundles._remote import unpack_from_store
+
+        return unpack_from_store(str(packed), out_dir, overwrite=overwrite, progress=progress)
     src = Path(os.path.abspath(packed))
     dest = Path(os.path.abspath(out_dir))
     if not os.path.lexists(src):

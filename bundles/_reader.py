@@ -41,6 +41,7 @@ from bundles._errors import (
 )
 from bundles._fs import check_link_mode, copy_and_hash, ingest, make_read_only
 from bundles._layout import MANIFEST_NAME, MEDIA_DIR
+from bundles._location import classify, local_path_only
 from bundles._manifest import parse_manifest_bytes
 from bundles._media import MediaRef
 from bundles._progress import Progress
@@ -385,6 +386,7 @@ class Bundle:
         self, media_dir: str | os.PathLike[str], link: str, progress: bool | None
     ) -> list[dict[Any, Any]]:
         check_link_mode(link)
+        local_path_only(media_dir, "rehydrate media_dir")
         if self._source.packed and link not in ("auto", "copy"):
             raise BundleError(
                 f"{self.path}: link={link!r}: the members of a packed bundle can only be copied; use link='auto' or 'copy'"
@@ -458,14 +460,19 @@ def _built(
     return build()
 
 
-def open_bundle(path: str | os.PathLike[str], *, verify: str = "fast") -> Bundle:
+def open_bundle(
+    path: str | os.PathLike[str], *, verify: str = "fast", storage_options: dict[str, Any] | None = None
+) -> Bundle:
     """Open the bundle at ``path`` (a directory, or a packed file read in place) and verify it to
     the given level.
 
     Args:
         path: a bundle directory, or a packed bundle file (``.rbundle``). A packed file is read
             by member offsets without extracting it; its members are checked by the same rules
-            as :func:`unpack_bundle` before anything is read.
+            as :func:`unpack_bundle` before anything is read. Or an object-store URL
+            (``s3://bucket/prefix``, needs ``rollout-bundles[s3]``): read in place, shards
+            streamed and media fetched lazily with range reads (docs/FORMAT.md §9).
+        storage_options: for a URL only, as in :func:`write_bundle`.
         verify: ``"none"``, ``"fast"`` (files present with their sizes, shard digests) or
             ``"full"`` (also every media digest).
 
@@ -477,6 +484,12 @@ def open_bundle(path: str | os.PathLike[str], *, verify: str = "fast") -> Bundle
     """
     if verify not in VERIFY_LEVELS:
         raise BundleFormatError(f"verify: expected one of {', '.join(VERIFY_LEVELS)}, found {verify!r}")
+    if classify(path) == "store":
+        from bundles._remote import open_remote_bundle
+
+        return open_remote_bundle(str(path), verify=verify, storage_options=storage_options)
+    if storage_options is not None:
+        raise BundleError(f"{path}: storage_options apply to object-store URLs only")
     p = Path(os.path.abspath(path))
     if is_staging_name(p.name):
         raise BundleNotFoundError(f"{p}: is the staging directory of an unfinished write, not a bundle")

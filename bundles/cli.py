@@ -1,7 +1,7 @@
 """The bundle subcommands of ``rollout-bundle``: inspect, show, diff, verify, pack, unpack.
 
-:func:`register` adds them to a ``rollout-bundle`` parser (see :mod:`bundles._cli` for what
-every subcommand shares); the ``rollout-bundle`` entry point (:mod:`trainer_hooks.cli`) adds the
+:func:`register` adds them to a ``rollout-bundle`` parser (see :mod:`bundles.support` for the
+CLI kit every subcommand shares); the ``rollout-bundle`` entry point (:mod:`trainer_hooks.cli`) adds the
 training-side commands beside them. ``python -m bundles.cli`` runs the bundle commands alone.
 """
 
@@ -13,41 +13,50 @@ import os
 import sys
 from typing import Any
 
-# The toolkit every rollout-bundle subcommand uses (see bundles._cli), public for command modules
-# outside this package (trainer_hooks registers its commands with it).
-from bundles._cli import (
-    CommandError,
-    add_command,
-    add_json_option,
-    add_progress_option,
-    build_parser,
-    check_output_file,
-    cli_message,
-    int_at_least,
-    main_with,
-    run_command,
-)
+from bundles import _cli
 from bundles._diff import diff_bundles
 from bundles._layout import MEDIA_DIR
 from bundles._pack import pack_bundle, unpack_bundle
-from bundles._progress import Progress, human_bytes
+from bundles._progress import human_bytes
 from bundles._reader import open_bundle
 from bundles._show import dumps_pretty, parse_key_paths, select, to_json
 
-__all__ = [
-    "CommandError",
-    "Progress",
-    "add_command",
-    "add_json_option",
-    "add_progress_option",
-    "build_parser",
-    "check_output_file",
-    "cli_message",
-    "int_at_least",
-    "main",
-    "register",
-    "run_command",
-]
+__all__ = ["main", "register"]
+
+# The CLI kit (and Progress) used to be exported from here; they moved to bundles.support, the
+# module for tools built on bundles. Kept for one release as aliases that warn.
+_MOVED_TO_SUPPORT = frozenset(
+    {
+        "CommandError",
+        "Progress",
+        "add_command",
+        "add_json_option",
+        "add_progress_option",
+        "build_parser",
+        "check_output_file",
+        "cli_message",
+        "int_at_least",
+        "main_with",
+        "run_command",
+    }
+)
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED_TO_SUPPORT:
+        import warnings
+
+        from bundles import support
+
+        warnings.warn(
+            f"bundles.cli.{name} is deprecated and will be removed in the next release: "
+            f"use bundles.support.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(support, name)
+    raise AttributeError(f"module 'bundles.cli' has no attribute {name!r}")
+
 
 BUNDLE_HELP = "a bundle directory or a packed bundle file"
 
@@ -94,7 +103,7 @@ def _show(ns: argparse.Namespace) -> int:
     n = len(bundle)
     for i in ns.indices:
         if not -n <= i < n:
-            raise CommandError(f"{bundle.path}: sample index {i} is out of range: the bundle holds {n}")
+            raise _cli.CommandError(f"{bundle.path}: sample index {i} is out of range: the bundle holds {n}")
     positions = [i % n for i in ns.indices] if ns.indices else range(n)
     prefix = f"{bundle.path}/{MEDIA_DIR}/"
     out = sys.stdout
@@ -236,13 +245,13 @@ def _unpack(ns: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``inspect``, ``verify``, ``pack`` and ``unpack`` to a ``rollout-bundle`` parser."""
-    p = add_command(
+    p = _cli.add_command(
         subparsers, "inspect", "show a bundle's kind, counts, sizes, dedup ratio and meta", _inspect
     )
     p.add_argument("bundle", metavar="BUNDLE", help=BUNDLE_HELP)
-    add_json_option(p)
+    _cli.add_json_option(p)
 
-    p = add_command(
+    p = _cli.add_command(
         subparsers,
         "show",
         "print samples as JSON (arrays and tensors summarised, media as their bundle paths)",
@@ -267,7 +276,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--full", action="store_true", help="print arrays, tensors, bytes and long lists in full")
 
-    p = add_command(
+    p = _cli.add_command(
         subparsers,
         "diff",
         "report samples added, removed and changed (by key path) and media only in one bundle",
@@ -282,14 +291,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--by", metavar="KEY", help="match samples by the value at this key path (e.g. index)")
     p.add_argument(
         "--limit",
-        type=int_at_least(0),
+        type=_cli.int_at_least(0),
         default=20,
         metavar="N",
         help="key paths listed per changed sample (default 20)",
     )
-    add_json_option(p, "the differences")
+    _cli.add_json_option(p, "the differences")
 
-    p = add_command(
+    p = _cli.add_command(
         subparsers,
         "verify",
         "check a bundle's files against its manifest; exit 1 listing every problem",
@@ -300,31 +309,31 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("bundle", metavar="BUNDLE", help=BUNDLE_HELP)
     p.add_argument("--full", action="store_true", help="also re-hash every media file")
-    add_json_option(p, "the verdict and every problem")
-    add_progress_option(p)
+    _cli.add_json_option(p, "the verdict and every problem")
+    _cli.add_progress_option(p)
 
-    p = add_command(subparsers, "pack", "pack a bundle directory into one file", _pack)
+    p = _cli.add_command(subparsers, "pack", "pack a bundle directory into one file", _pack)
     p.add_argument("bundle", metavar="BUNDLE", help="the bundle directory to pack")
     p.add_argument(
         "-o", "--output", required=True, metavar="FILE", help="the packed file to write (.rbundle)"
     )
     p.add_argument("--force", action="store_true", help="replace an existing output")
-    add_json_option(p)
-    add_progress_option(p)
+    _cli.add_json_option(p)
+    _cli.add_progress_option(p)
 
-    p = add_command(
+    p = _cli.add_command(
         subparsers, "unpack", "unpack a packed bundle into a directory and fully verify it", _unpack
     )
     p.add_argument("file", metavar="FILE", help="the packed bundle file (.rbundle)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="the bundle directory to create")
     p.add_argument("--force", action="store_true", help="replace an existing bundle at the output")
-    add_json_option(p)
-    add_progress_option(p)
+    _cli.add_json_option(p)
+    _cli.add_progress_option(p)
 
 
 def main(argv: list[str] | None = None) -> int:
     """A bundles-only entry point (``python -m bundles.cli``); ``rollout-bundle`` adds more."""
-    return main_with(
+    return _cli.main_with(
         [register], "Self-contained, verifiable bundles of rollout samples and their media.", argv
     )
 

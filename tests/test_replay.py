@@ -264,9 +264,12 @@ def test_expect_catches_a_changed_max_pixels(tmp_path, capsys):
 
 def test_bad_usage_exits_2(tmp_path, capsys):
     dump = make_dump(tmp_path, 1)
-    with pytest.raises(SystemExit) as e:
-        run_cli(str(dump), "--limit", "0")
-    assert e.value.code == 2
+    capsys.readouterr()
+    # --limit 0 is refused in one line (it used to mean "every sample" in one command, "none" in another).
+    assert run_cli(str(dump), "--limit", "0") == 2
+    assert capsys.readouterr().err == (
+        "rollout-bundle replay: error: --limit must be at least 1; omit it for every sample\n"
+    )
     not_a_report = tmp_path / "x.json"
     not_a_report.write_text('{"samples": []}')
     assert run_cli(str(dump), "--expect", str(not_a_report)) == 2
@@ -335,7 +338,7 @@ def test_an_image_over_pillows_bomb_limit_is_a_rebuild_violation(tmp_path, capsy
     assert run_cli(str(bundle)) == 1
     out = capsys.readouterr().out
     assert "[rebuild] sample index None (position 0): multimodal_inputs.images[0]" in out
-    assert "refused by Pillow's decompression-bomb limit" in out
+    assert "cannot decode as PNG: Image size (900000000 pixels) exceeds limit" in out
 
 
 def test_multimodal_inputs_of_the_wrong_shape_are_named_not_a_traceback(tmp_path, capsys):
@@ -446,7 +449,7 @@ def test_answers_fill_logprob_diff_and_misaligned_answers_fail(tmp_path, capsys)
     assert "a log-prob that is no number: [0.5]" in out
 
 
-def test_pil_images_in_a_dump_replay_and_payloads_name_their_stored_files(tmp_path):
+def test_pil_images_in_a_dump_replay_and_payloads_carry_them_as_data_urls(tmp_path):
     import io as _io
 
     from media_helpers import trainer_args
@@ -464,11 +467,17 @@ def test_pil_images_in_a_dump_replay_and_payloads_name_their_stored_files(tmp_pa
     dump = save_debug_rollout_data(args, [s], 0, evaluation=False)
     payloads = tmp_path / "p.jsonl"
     report = replay_bundle(dump, payloads_out=payloads)
-    assert report["dtype"] == "fp16" and report["summary"]["problems"] == {}
+    # No token space: no processor recorded, which the report names (never "problems: none").
+    assert report["dtype"] == "fp16" and report["summary"]["problems"] == {"processor": 1}
     img = report["samples"][0]["images"][0]
     assert img["pixel_values"]["dtype"] == "float16" and img["image_grid_thw"]["values"] == [[1, 6, 8]]
-    (path,) = json.loads(payloads.read_text())["image_data"]
-    assert Path(path).is_file() and Path(path).parent.name == "media" and Path(path).suffix == ".png"
+    (url,) = json.loads(payloads.read_text())["image_data"]
+    import base64
+
+    head = "data:image/png;base64,"
+    assert url.startswith(head)
+    with Image.open(_io.BytesIO(base64.b64decode(url[len(head) :]))) as sent:
+        assert sent.mode == "RGB" and sent.tobytes() == image.tobytes()
 
 
 def test_a_checkpoint_replays_its_completed_groups_not_the_pending_ones(tmp_path, capsys):

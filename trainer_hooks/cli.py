@@ -16,8 +16,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from bundles.cli import build_parser as _build_parser
-from bundles.cli import run_command
+from bundles.support import build_parser as _build_parser
+from bundles.support import run_command
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 

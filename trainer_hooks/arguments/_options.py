@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from bundles import UnsupportedLocationError, check_location
 from trainer_hooks.arguments._processor import RolloutEngineProcessorArgs, parse_mm_process_config
 from trainer_hooks.run_media import check_run_id
 
@@ -261,6 +262,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+# The options that may name an object-store URL (docs/TRAINER_HOOKS.md); until the trainer side
+# uploads and resumes from a store, none does.
+_STORE_OPTIONS: frozenset[str] = frozenset()
+
+
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     """Check the options in one pass; raise ``ValueError`` naming the option. Returns ``args``."""
     g = lambda name, default=None: getattr(args, name, default)  # noqa: E731
@@ -280,6 +286,18 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         "load_debug_rollout_data",
     ):
         if g(name) is not None:
+            option = "--" + name.replace("_", "-")
+            try:
+                remote = check_location(getattr(args, name), option)
+            except UnsupportedLocationError as e:
+                raise ValueError(str(e)) from None
+            if remote:
+                if name not in _STORE_OPTIONS:
+                    raise ValueError(
+                        f"{option} {getattr(args, name)}: an object-store URL is not supported for this option; "
+                        "give a local path"
+                    )
+                continue  # a URL is absolute already
             setattr(args, name, os.path.abspath(os.fspath(getattr(args, name))))
     if g("run_uuid") is None:
         args.run_uuid = uuid.uuid4().hex

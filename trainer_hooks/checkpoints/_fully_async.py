@@ -364,7 +364,7 @@ class FullyAsyncRolloutFn:
         return self.drain(step=rollout_id)
 
     def generate(self, rollout_id: int) -> list[list[Any]]:
-        """The reference drivers' rollout-manager call (see :mod:`trainer_hooks.run_media._drivers`)."""
+        """The reference drivers' rollout-manager call (see :mod:`trainer_hooks._drivers`)."""
         return self(rollout_id)
 
     def dispose(self) -> None:

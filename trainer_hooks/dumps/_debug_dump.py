@@ -59,10 +59,9 @@ from bundles import (
     BundleFormatError,
     open_bundle,
     pack_bundle,
-    scratch_dir,
     unpack_bundle,
 )
-from bundles._fs import remove_tree  # the project's one tree deletion (fd-relative, no symlinks)
+from bundles.support import remove_tree, scratch_dir  # the one tree deletion (fd-relative, no symlinks)
 from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import (
     OutsidePolicy,

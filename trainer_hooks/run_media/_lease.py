@@ -52,8 +52,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from bundles import BundleError
-from bundles._faults import fault_point
-from bundles._proc import boot_id, pid_namespace, proc_stat
+from bundles.support import boot_id, fault_point, pid_namespace, proc_stat
 from trainer_hooks.run_media._store import (
     _BEFORE_REMOVE,
     LEASE_NAME,

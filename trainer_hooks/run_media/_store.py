@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleError, MediaRef
-from bundles._fs import remove_tree  # the project's one tree deletion (fd-relative, no symlinks)
+from bundles.support import remove_tree  # the project's one tree deletion (fd-relative, no symlinks)
 
 __all__ = [
     "RunMediaError",

@@ -27,17 +27,14 @@ shapes, and the log-prob differences when the report has them.
 
 from __future__ import annotations
 
-import base64
 import datetime
 import html
-import io
 import json
 import math
 import os
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,11 +42,11 @@ from typing import Any
 import numpy as np
 
 import bundles
-from bundles import Bundle, BundleError, MediaRef, open_bundle
-from bundles._layout import MANIFEST_NAME, MEDIA_DIR
-from bundles._progress import human_bytes
+from bundles import Bundle, BundleError, BundleIOError, BundleVerificationError, MediaRef, open_bundle
+from bundles.support import MANIFEST_NAME, MEDIA_DIR, human_bytes
 from trainer_hooks.replay import REPORT_FORMAT as REPLAY_FORMAT
 from trainer_hooks.replay import ReportError, check_replay_report, load_replay_report
+from trainer_hooks.view._media import Shown, pictures, shown_suffix
 from trainer_hooks.view._style import CSS
 
 __all__ = [
@@ -62,7 +59,6 @@ __all__ = [
 ]
 
 THUMB_WIDTH = 400  # px; a 1080p screenshot becomes a ~15-25 KB JPEG
-THUMB_QUALITY = 72
 INDEX_OPEN_MAX = 60  # samples listed unfolded in the index table
 MAX_TEXT = 20_000  # characters of a prompt or response shown before the rest is cut
 DEFAULT_MERGE_SIZE = 2  # Qwen2-VL: 2x2 patches make one vision token
@@ -79,6 +75,8 @@ class ReportWritten:
     samples: int  # samples shown
     images: int  # thumbnails shown (occurrences)
     bytes: int  # size of the HTML file
+    not_shown: list[str] = field(default_factory=list)  # one line per stored file that cannot be shown
+    missing: list[str] = field(default_factory=list)  # media files listed in the manifest but missing
 
 
 @dataclass
@@ -107,15 +105,6 @@ class _SampleView:
     other: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class _Thumb:
-    ref: str | None = None  # the id of its <image> in the page's <defs>, once it has a uri
-    uri: str | None = None
-    size: tuple[int, int] | None = None  # the original's width and height
-    thumb: tuple[int, int] | None = None
-    error: str | None = None
-
-
 # -- JSON-able summaries of sample values (for metadata and the other fields) -------------------------------
 
 
@@ -140,12 +129,47 @@ def _jsonable(v: Any, depth: int = 0) -> Any:
         return _jsonable(v.item(), depth)
     if hasattr(v, "dtype") and hasattr(v, "shape"):
         kind = "tensor" if type(v).__module__.startswith("torch") else "ndarray"
-        return f"<{kind} {str(v.dtype).removeprefix('torch.')} {list(v.shape)}>"
-    return repr(v)
+        try:
+            shape = [int(d) for d in v.shape]
+        except (TypeError, ValueError):
+            shape = "?"
+        return f"<{kind} {str(v.dtype).removeprefix('torch.')} {shape}>"
+    return _short_repr(v)
+
+
+def _short_repr(v: Any) -> str:
+    try:
+        text = repr(v)
+    except Exception as e:  # a foreign object's __repr__ is not ours to trust
+        text = f"<{type(v).__name__}: repr failed: {type(e).__name__}>"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _empty(v: Any) -> bool:
+    """None or an empty list/dict/tuple; never asks an array for its truth value."""
+    return v is None or (isinstance(v, (list, tuple, dict, str)) and len(v) == 0)
 
 
 def _num(x: Any) -> str:
-    return f"{x:.4g}" if isinstance(x, float) else str(x)
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    text = str(x)
+    return text if len(text) <= 40 else text[:20] + "…" + f" ({len(text)} digits)"
+
+
+def _size(n: Any) -> str:
+    """A byte count from a report or a manifest as ``1.5 MiB``; any other value as text."""
+    if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**80:
+        return human_bytes(n)
+    return f"{_num(n)} bytes"
+
+
+def _ratio(a: Any, b: Any) -> str | None:
+    try:
+        r = float(a) / float(b)
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
+        return None
+    return f"{r:.2f}×" if math.isfinite(r) else None
 
 
 def _as_list(v: Any) -> list[Any] | None:
@@ -154,7 +178,10 @@ def _as_list(v: Any) -> list[Any] | None:
         return list(v)
     tolist = getattr(v, "tolist", None)
     if callable(tolist) and hasattr(v, "shape"):
-        out = tolist()
+        try:
+            out = tolist()
+        except Exception:  # a tensor on a device, a foreign array type: not shown as a list
+            return None
         return out if isinstance(out, list) else None
     return None
 
@@ -168,14 +195,30 @@ def _status(v: Any) -> str | None:
     return str(getattr(v, "value", v))
 
 
-def _grid_rows(sample: Mapping[str, Any]) -> list[list[int]] | None:
+def _grid_rows(sample: Mapping[str, Any]) -> list[list[int] | None] | None:
     mti = sample.get("multimodal_train_inputs")
     if not isinstance(mti, Mapping):
         return None
     rows = _as_list(mti.get("image_grid_thw"))
-    if not rows or not all(isinstance(r, list) and len(r) == 3 for r in rows):
+    if not rows:
         return None
-    return [[int(x) for x in r] for r in rows]
+    out = []
+    for r in rows:
+        r = _as_list(r)
+        # A legal sample may hold anything here (strings, inf, negative): such a row has no count.
+        if r is None or len(r) != 3 or not all(_grid_int(x) for x in r):
+            out.append(None)
+        else:
+            out.append([int(x) for x in r])
+    return out
+
+
+def _grid_int(x: Any) -> bool:
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, int):
+        return 0 <= x < 2**31
+    return isinstance(x, float) and math.isfinite(x) and x.is_integer() and 0 <= x < 2**31
 
 
 def _view(position: int, sample: Mapping[str, Any], media_prefix: str) -> _SampleView:
@@ -195,90 +238,41 @@ def _view(position: int, sample: Mapping[str, Any], media_prefix: str) -> _Sampl
             name = img.filename[len(media_prefix) :]
             shown = f"{MEDIA_DIR}/{name}"
         else:
-            name, shown = None, f"not stored in the bundle: {str(img)[:200]}"
+            name, shown = (
+                None,
+                f"not stored in the bundle: {_short_repr(img) if not isinstance(img, str) else img[:200]}",
+            )
         images.append(_Image(name, shown, grids[j] if j < len(grids) else None))
     metadata = sample.get("metadata")
     actions = metadata.get("actions") if isinstance(metadata, Mapping) else None
     tokens = _as_list(sample.get("tokens"))
     mask = _as_list(sample.get("loss_mask"))
     logprobs = _as_list(sample.get("rollout_log_probs"))
-    finite = [float(x) for x in logprobs or [] if isinstance(x, (int, float)) and math.isfinite(x)]
+    finite = [float(x) for x in logprobs or [] if isinstance(x, (int, float)) and math.isfinite(float(x))]
     response = sample.get("response")
     return _SampleView(
         position=position,
-        index=sample.get("index"),
-        group_index=sample.get("group_index"),
+        index=_jsonable(sample.get("index")),
+        group_index=_jsonable(sample.get("group_index")),
         status=_status(sample.get("status")),
         reward=_jsonable(sample.get("reward")),
         tokens=len(tokens) if tokens is not None else None,
-        response_length=sample.get("response_length"),
-        loss_mask=f"{sum(1 for x in mask if x)}/{len(mask)}" if mask is not None else None,
+        response_length=_jsonable(sample.get("response_length")),
+        loss_mask=f"{sum(1 for x in mask if x is True or (isinstance(x, (int, float)) and x != 0))}/{len(mask)}"
+        if mask is not None
+        else None,
         logprob_mean=sum(finite) / len(finite) if finite else None,
         prompt=_jsonable(sample.get("prompt")),
-        response=None if response is None else str(response),
+        response=None
+        if response is None
+        else response
+        if isinstance(response, str)
+        else _pretty(_jsonable(response)),
         images=images,
         actions=[str(a) for a in actions] if isinstance(actions, (list, tuple)) else None,
-        metadata=_jsonable(metadata) if metadata else None,
-        other={
-            str(k): _jsonable(v)
-            for k, v in sample.items()
-            if k not in _SHOWN_KEYS and v not in (None, {}, [])
-        },
+        metadata=None if _empty(metadata) else _jsonable(metadata),
+        other={str(k): _jsonable(v) for k, v in sample.items() if k not in _SHOWN_KEYS and not _empty(v)},
     )
-
-
-# -- thumbnails -----------------------------------------------------------------------------------------
-
-
-def _thumbnail(data: bytes, width: int) -> _Thumb:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            size = im.size
-            im.draft("RGB", (width, max(1, width * size[1] // max(size[0], 1))))  # JPEG: decode at 1/2^k
-            if im.mode in ("RGBA", "LA") or (im.mode == "P" and "transparency" in im.info):
-                rgba = im.convert("RGBA")
-                flat = Image.new("RGB", rgba.size, (255, 255, 255))
-                flat.paste(rgba, mask=rgba.getchannel("A"))
-                im2 = flat
-            else:
-                im2 = im.convert("RGB")
-            im2.thumbnail((width, width * 4), Image.Resampling.LANCZOS, reducing_gap=2.0)
-            out = io.BytesIO()
-            im2.save(out, "JPEG", quality=THUMB_QUALITY, optimize=True, progressive=True)
-    except UnidentifiedImageError:
-        return _Thumb(error="cannot decode: not an image format Pillow reads")
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
-        return _Thumb(error=f"cannot decode: {e}")
-    uri = "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode("ascii")
-    return _Thumb(uri=uri, size=size, thumb=im2.size)
-
-
-def _read_media(bundle: Bundle, name: str) -> bytes:
-    with bundle.open_media(name) as f:  # a directory's file, or a packed file's member (pread)
-        return bytes(f.read())
-
-
-def _thumbnails(bundle: Bundle, names: Sequence[str], width: int, progress: bool | None) -> dict[str, _Thumb]:
-    from bundles.cli import Progress
-
-    def one(name: str) -> _Thumb:
-        try:
-            data = _read_media(bundle, name)
-        except (OSError, BundleError) as e:
-            return _Thumb(error=f"cannot read: {e}")
-        return _thumbnail(data, width)
-
-    out: dict[str, _Thumb] = {}
-    with (
-        Progress("thumbnails", total=len(names), unit="images", enabled=progress) as bar,
-        ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool,
-    ):
-        for name, thumb in zip(names, pool.map(one, names), strict=True):
-            out[name] = thumb
-            bar.advance()
-    return out
 
 
 # -- HTML ------------------------------------------------------------------------------------------------
@@ -377,8 +371,9 @@ def _header(bundle: Bundle, views: list[_SampleView], shown_images: int, distinc
     out.append(
         _stat(human_bytes(_bundle_bytes(bundle)), "packed file" if bundle.packed else "bundle on disk")
     )
-    if rewards:
-        out.append(_stat(f"{sum(rewards) / len(rewards):.3g}", "mean reward"))
+    finite = [float(r) for r in rewards if abs(r) < 1e300 and math.isfinite(float(r))]
+    if finite:
+        out.append(_stat(f"{math.fsum(finite) / len(finite):.3g}", "mean reward"))
     out.append(_stat(str(shown_images), f"screenshots shown, {distinct} distinct"))
     out.append("</div>")
     processor = meta.get("processor")
@@ -414,10 +409,9 @@ def _replay_summary(replay: dict[str, Any], name: str) -> str:
     problems = s.get("problems") or {}
     before, after = s.get("bytes_before_cast"), s.get("bytes_after_cast")
     cast = "–"
-    if isinstance(before, int) and isinstance(after, int):
-        cast = f"{human_bytes(before)} → {human_bytes(after)}" + (
-            f" ({after / before:.2f}×)" if before else ""
-        )
+    if before is not None or after is not None:
+        ratio = _ratio(after, before)
+        cast = f"{_size(before)} → {_size(after)}" + (f" ({ratio})" if ratio else "")
     proc = replay.get("processor") or {}
     rows: list[tuple[str, Any]] = [
         ("report", e(name)),
@@ -427,7 +421,7 @@ def _replay_summary(replay: dict[str, Any], name: str) -> str:
         ("samples / images", e(f"{s.get('samples', '–')} / {s.get('images', '–')}")),
         ("vision tokens", e(s.get("vision_tokens", "–"))),
         ("tensor bytes", e(cast)),
-        ("peak RSS", e(human_bytes(s["peak_rss_bytes"])) if isinstance(s.get("peak_rss_bytes"), int) else "–"),
+        ("peak RSS", e(_size(s["peak_rss_bytes"])) if s.get("peak_rss_bytes") is not None else "–"),
         ("problems", " ".join(f'<span class="badge bad">{e(k)} {e(n)}</span>' for k, n in problems.items())
          or '<span class="badge ok">none</span>'),
     ]  # fmt: skip
@@ -496,20 +490,22 @@ def _prompt(prompt: Any) -> str:
     return f'<h3>Prompt</h3><pre class="text">{_text(_pretty(prompt))}</pre>'
 
 
-def _turns(v: _SampleView, thumbs: dict[str, _Thumb], link_base: str | None, merge: int,
+def _turns(v: _SampleView, thumbs: dict[str, Shown], refs: dict[str, str], link_base: str | None, merge: int,
            replay_images: dict[int, dict[str, Any]]) -> str:  # fmt: skip
     if not v.images:
         return ""
     items = []
     for j, img in enumerate(v.images):
         thumb = thumbs.get(img.name) if img.name else None
-        if thumb is not None and thumb.ref and thumb.thumb:
-            tw, th = thumb.thumb
+        if thumb is not None and thumb.thumb is not None and img.name in refs:
+            tw, th = thumb.thumb.width, thumb.thumb.height
             picture = (
                 f'<svg class="thumb" viewBox="0 0 {tw} {th}" width="{tw}" height="{th}" role="img" '
-                f'aria-label="turn {j}"><use href="#{thumb.ref}"/></svg>'
+                f'aria-label="turn {j}"><use href="#{refs[img.name]}"/></svg>'
             )
-            if link_base is not None and img.name:
+            # Only a stored .png/.jpg/.jpeg that decoded is a link target: a browser renders a
+            # linked file by its suffix, and .html/.svg/... would run outside this page's CSP.
+            if link_base is not None and img.name and thumb.linkable and shown_suffix(img.name):
                 href = link_base + urllib.parse.quote(img.name)
                 picture = f'<a class="shot" href="{e(href)}" title="open the full-size image">{picture}</a>'
             else:
@@ -542,13 +538,13 @@ def _vision_tokens(img: _Image, merge: int, replayed: dict[str, Any] | None) -> 
         if isinstance(pv, dict) and pv.get("shape") is not None:
             out += f'<span class="sub">pixel_values {e(pv.get("dtype", ""))} {e(pv.get("shape"))}</span>'
         return out
-    if img.grid is not None:
+    if img.grid is not None and merge > 0:
         t, h, w = img.grid
         return f'<span title="from image_grid_thw {e(img.grid)} / merge {merge}²"> · ≈{t * h * w // (merge * merge)} vision tokens</span>'
     return ""
 
 
-def _sample(v: _SampleView, thumbs: dict[str, _Thumb], link_base: str | None, merge: int,
+def _sample(v: _SampleView, thumbs: dict[str, Shown], refs: dict[str, str], link_base: str | None, merge: int,
             replayed: dict[str, Any] | None, replay_given: bool) -> str:  # fmt: skip
     head = [
         f'<span class="pos">#{v.position}</span>',
@@ -573,7 +569,7 @@ def _sample(v: _SampleView, thumbs: dict[str, _Thumb], link_base: str | None, me
     elif replay_given:
         body.append('<p class="muted">not in the replay report</p>')
     body.append(_prompt(v.prompt))
-    body.append(_turns(v, thumbs, link_base, merge, replay_images))
+    body.append(_turns(v, thumbs, refs, link_base, merge, replay_images))
     if v.response:  # a pending sample has none yet
         body.append(f'<h3>Response</h3><pre class="text">{_text(v.response)}</pre>')
     if v.metadata:
@@ -627,6 +623,42 @@ def _merge_size(bundle: Bundle, replay: dict[str, Any] | None) -> int:
     return DEFAULT_MERGE_SIZE
 
 
+def _open(path: str | os.PathLike[str]) -> tuple[Bundle, list[str]]:
+    """Open the bundle for viewing; media files listed but missing are returned, not refused.
+
+    A page is still useful when a few screenshots are gone (a copy that lost a file, a partial
+    download): those turns show a placeholder naming the file. Any other problem (a shard
+    missing or damaged, a size that disagrees) refuses the bundle as ``open_bundle`` does.
+    """
+    try:
+        return open_bundle(path, verify="fast"), []
+    except BundleVerificationError as e:
+        missing = [
+            p
+            for p in e.problems
+            if f"/{MEDIA_DIR}/" in p and p.endswith(": listed in the manifest but missing")
+        ]
+        if len(missing) != len(e.problems):
+            raise
+    return open_bundle(path, verify="none"), missing
+
+
+def _write(out: Path, data: bytes) -> None:
+    """Replace ``out`` with ``data`` atomically (a temporary file beside it, then a rename)."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, out)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        # Name the file the user asked for, never the temporary one.
+        raise BundleIOError.wrap(out, "write the report", OSError(err.errno, err.strerror)) from err
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_html_report(
     bundle: Bundle | str | os.PathLike[str],
     output: str | os.PathLike[str],
@@ -641,9 +673,9 @@ def write_html_report(
 
     Args:
         bundle: an open bundle, or the path of a bundle directory or packed file.
-        output: the HTML file to write (its directory is created).
+        output: the HTML file to write; its directory must exist.
         replay: a replay report (``rollout-bundle replay --report``), as a dict or a JSON path.
-        limit: show at most this many samples (after ``samples``).
+        limit: show at most this many samples (after ``samples``); at least 1, None for all.
         samples: positions of the samples to show, in this order (default: all, in order).
         thumb_width: thumbnail width in pixels.
         progress: draw a progress line while making thumbnails (default: on a terminal).
@@ -652,8 +684,14 @@ def write_html_report(
         BundleError: the bundle cannot be read, a position is out of range, or the replay report
             is not one (:class:`ReportError`).
     """
-    b = bundle if isinstance(bundle, Bundle) else open_bundle(bundle, verify="fast")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise BundleError(f"limit must be at least 1; omit it for every sample (found {limit!r})")
     out = Path(os.path.abspath(output))
+    if out.is_dir():
+        raise BundleError(f"{out}: is a directory; name the file to write")
+    if not out.parent.is_dir():
+        raise BundleError(f"{output}: directory {out.parent} does not exist")
+    b, missing = (bundle, []) if isinstance(bundle, Bundle) else _open(bundle)
     report: dict[str, Any] | None
     replay_name: str | None = None
     if replay is None:
@@ -664,8 +702,6 @@ def write_html_report(
     else:
         report = load_replay_report(replay)
         replay_name = str(replay)
-    if limit is not None and limit < 0:
-        raise BundleError(f"limit: expected an int >= 0, found {limit}")
     n = len(b)
     positions = list(range(n)) if samples is None else [int(i) for i in samples]
     for i in positions:
@@ -679,7 +715,7 @@ def write_html_report(
     prefix = f"{b.path}/{MEDIA_DIR}/"
     views = [_view(p, s, prefix) for p, s in zip(positions, b.samples(indices=positions), strict=True)]
     names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
-    thumbs = _thumbnails(b, names, thumb_width, progress)
+    thumbs = pictures(b, names, thumb_width=thumb_width, progress=progress)
     link_base = None  # a packed bundle has no files to link to
     if not b.packed:
         rel = os.path.relpath(b.path / MEDIA_DIR, out.parent)
@@ -688,14 +724,13 @@ def write_html_report(
     by_pos = {s["position"]: s for s in report["samples"]} if report is not None else None
 
     defs: list[str] = []
+    refs: dict[str, str] = {}
     for name in names:
-        t = thumbs[name]
-        if t.uri and t.thumb:
-            t.ref = f"m{len(defs)}"
-            defs.append(f'<image id="{t.ref}" width="{t.thumb[0]}" height="{t.thumb[1]}" href="{t.uri}"/>')
-    shown_images = sum(
-        1 for v in views for img in v.images if img.name and thumbs.get(img.name, _Thumb()).uri
-    )
+        t = thumbs[name].thumb
+        if t is not None:
+            refs[name] = f"m{len(defs)}"
+            defs.append(f'<image id="{refs[name]}" width="{t.width}" height="{t.height}" href="{t.uri}"/>')
+    shown_images = sum(1 for v in views for img in v.images if img.name in refs)
     parts = [
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
@@ -707,7 +742,7 @@ def write_html_report(
         _index_table(views, by_pos),
     ]
     for v in views:
-        parts.append(_sample(v, thumbs, link_base, merge, by_pos.get(v.position) if by_pos is not None else None,
+        parts.append(_sample(v, thumbs, refs, link_base, merge, by_pos.get(v.position) if by_pos is not None else None,
                              by_pos is not None))  # fmt: skip
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     parts.append(
@@ -719,14 +754,6 @@ def write_html_report(
     )
     parts.append("</body></html>\n")
     data = "".join(parts).encode("utf-8")
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return ReportWritten(out, len(views), shown_images, len(data))
+    _write(out, data)
+    not_shown = [t.error for name in names if (t := thumbs[name]).error]
+    return ReportWritten(out, len(views), shown_images, len(data), not_shown, missing)

@@ -1,0 +1,1 @@
+"""Placeholder: the object-store layer (docs/FORMAT.md §9) lands in the next commit."""
