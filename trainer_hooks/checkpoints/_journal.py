@@ -75,8 +75,8 @@ import msgpack
 import zstandard
 
 from bundles import BundleError, MediaRef, encode_sample
+from bundles.support import atomic_path, fault_point
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
-from trainer_hooks.checkpoints._retention import fault_point
 from trainer_hooks.checkpoints._snapshot import snapshot_groups
 
 __all__ = [
@@ -576,9 +576,9 @@ class RolloutJournal:
                 ):
                     raise JournalError(f"{where}: cannot link {source} into {self.media_dir}: {e}") from None
         if not linked:
-            tmp = f"{target}.{os.getpid()}.tmp"
-            shutil.copyfile(source, tmp)
-            os.replace(tmp, target)
+            # Durability comes with the next flush (its fsync of new media), not per file here.
+            with atomic_path(target, sweep=False) as tmp:
+                shutil.copyfile(source, tmp)
             self._batch_stats.media_copied += 1
             self._totals["media_copied"] += 1
         else:

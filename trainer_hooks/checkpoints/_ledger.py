@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleFormatError, BundleNotFoundError, BundleVerificationError, MediaRef, decode_sample
+from bundles.support import atomic_path
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
 from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
@@ -104,10 +105,9 @@ class _Placer:
                 os.link(src, dst)
             except FileExistsError:
                 pass
-            except OSError:
-                tmp = dst.with_name(f".{name}.{os.getpid()}.tmp")
-                shutil.copyfile(src, tmp)
-                os.replace(tmp, dst)
+            except OSError:  # another filesystem: copy
+                with atomic_path(dst, sweep=False) as tmp:
+                    shutil.copyfile(src, tmp)
         size = dst.stat().st_size
         ref = MediaRef("sha256:" + name.split(".", 1)[0], size, os.path.splitext(name)[1], str(dst))
         if self.verify:
