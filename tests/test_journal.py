@@ -59,7 +59,7 @@ class SampleGen:
                 await asyncio.sleep(0.005)
         ref = store_media(args, png_bytes(4, 4, (s.group_index % 256, s.index % 256, 7)))
         s.multimodal_inputs = {"images": [ref]}
-        s.tokens = list(range(200)) + [s.index]
+        s.tokens = [*range(200), s.index]
         s.rollout_log_probs = [-0.5] * 50
         s.response = f"answer {s.index}"
         s.response_length = 1
@@ -201,7 +201,7 @@ def resume(tmp_path, step, *extra, n_groups=8, hold=()):
 
 
 def test_groups_consumed_after_the_restored_step_come_back_with_their_generations(tmp_path):
-    _, gen_a, trained = run_and_crash(tmp_path, save_at=(0,), steps=3)
+    _, _, trained = run_and_crash(tmp_path, save_at=(0,), steps=3)
     # The trainer restores step 0: what steps 1 and 2 trained is gone with their weights.
     _, gen_b, fn = resume(tmp_path, 0)
     got = drain_all(fn, 1)
@@ -222,7 +222,7 @@ def test_groups_consumed_at_or_before_the_restored_step_never_come_back(tmp_path
 
 def test_finished_siblings_are_kept_and_only_unfinished_ones_regenerate(tmp_path):
     # Group 2's second sample (index 5) is held: its sibling 4 finishes and is journaled.
-    args, gen_a, trained = run_and_crash(tmp_path, n_groups=3, steps=1, hold={5})
+    _, gen_a, trained = run_and_crash(tmp_path, n_groups=3, steps=1, hold={5})
     assert 4 in gen_a.calls and 5 in gen_a.calls
     _, gen_b, fn = resume(tmp_path, 0, n_groups=3)
     batch = fn.drain(1, timeout=5, step=1)
