@@ -361,3 +361,26 @@ def test_load_with_nothing_to_resume_from_says_so(tmp_path):
         fn.load(3)
     fn.close()
     assert checkpoint_path(tmp_path / "ckpt", 3).exists() is False
+
+
+def test_inspect_shows_the_journal_state(tmp_path, capsys):
+    import json
+
+    from trainer_hooks.cli import main
+
+    args = make_args(tmp_path, "run-a")
+    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(4)), generate_sample=SampleGen(), max_in_flight=4)
+    fn(0)
+    path = fn.save(0).result()
+    fn(1)
+    fn.close()
+    assert main(["inspect", str(journal_dir(args.save))]) == 0
+    out = capsys.readouterr().out
+    assert "journal       " in out and "records       " in out and "durable       up to seq" in out
+    assert main(["inspect", "--json", str(path)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kind"] == "rollout_checkpoint"
+    (lin,) = info["journal"]["lineages"]
+    assert lin["records"] >= 9 and lin["records_by_kind"]["consumed"] == 2 and lin["bytes"] > 0
+    assert lin["unflushed_records"] == 0 and lin["oldest_unflushed_age_s"] == 0.0  # closed: all durable
+    assert lin["lineage"] == open_bundle(path).meta["journal"]["lineage"]
