@@ -118,8 +118,10 @@ def journal_dir(root: str | os.PathLike[str]) -> Path:
     return Path(os.path.abspath(root)) / CHECKPOINT_SUBDIR / JOURNAL_DIR
 
 
-def _segment_name(first_seq: int, lineage: str) -> str:
-    return f"{SEGMENT_PREFIX}{first_seq:012d}-{lineage}{SEGMENT_SUFFIX}"
+def _segment_name(first_seq: int, lineage: str, attempt: int = 0) -> str:
+    # ``attempt`` > 0 when a dead writer left a segment starting at the same seq with no complete
+    # record (killed before its first record was whole): names sort by (seq, attempt).
+    return f"{SEGMENT_PREFIX}{first_seq:012d}-{lineage}-{attempt:03d}{SEGMENT_SUFFIX}"
 
 
 def _is_content_name(name: str) -> bool:
@@ -370,7 +372,7 @@ class RolloutJournal:
     # -- writer thread ---------------------------------------------------------------------------
     def _adopt_existing(self) -> None:
         """Index the segments already on disk (a resumed lineage) for compaction."""
-        for path in sorted(self.directory.glob(f"{SEGMENT_PREFIX}*-{self.lineage}{SEGMENT_SUFFIX}")):
+        for path in sorted(self.directory.glob(f"{SEGMENT_PREFIX}*-{self.lineage}-*{SEGMENT_SUFFIX}")):
             scan = scan_journal(self.directory, lineage=self.lineage, decode_bodies=False, only=[path])
             if not scan.records:
                 continue
@@ -469,8 +471,14 @@ class RolloutJournal:
 
     def _start_segment(self, first_seq: int) -> None:
         self._close_segment()
-        path = self.directory / _segment_name(first_seq, self.lineage)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        attempt = 0
+        while True:
+            path = self.directory / _segment_name(first_seq, self.lineage, attempt)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+                break
+            except FileExistsError:
+                attempt += 1
         header = msgpack.packb(
             {
                 "lineage": self.lineage,

@@ -33,7 +33,12 @@ __all__ = ["journal_state", "register"]
 
 
 def _find_journal(path: Path) -> Path | None:
-    for candidate in (path, path / JOURNAL_DIR, path / CHECKPOINT_SUBDIR / JOURNAL_DIR, path.parent / JOURNAL_DIR):
+    for candidate in (
+        path,
+        path / JOURNAL_DIR,
+        path / CHECKPOINT_SUBDIR / JOURNAL_DIR,
+        path.parent / JOURNAL_DIR,
+    ):
         if candidate.name == JOURNAL_DIR and candidate.is_dir():
             return candidate
     return None

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleFormatError, BundleNotFoundError, BundleVerificationError, MediaRef, decode_sample
-from bundles.support import atomic_path
+from bundles.support import atomic_path, fault_point
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
 from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
@@ -97,6 +97,7 @@ class _Placer:
         return out
 
     def _place(self, name: str, where: str) -> MediaRef:
+        fault_point("resume.place", name)
         src = self.source / name
         run_dir = ensure_run_dir(self.args)
         dst = run_dir / name
@@ -399,6 +400,7 @@ class RolloutLedger:
                 lineage = self._only_lineage(jdir, state)
             if lineage is not None:
                 scan = scan_journal(jdir, lineage=lineage, after_seq=min(earlier, watermark))
+                fault_point("resume.scanned", len(scan.records))
                 state.problems += scan.problems
                 if ckpt is None and scan.fingerprint is not None:
                     state.accepted += check_fingerprint(scan.fingerprint, now_fp, where=str(jdir), args=args)
@@ -466,7 +468,7 @@ class RolloutLedger:
                 self.lineage = lineage
         if ckpt is None and not replayed:
             raise BundleNotFoundError(
-                f"{checkpoint_path(load, restored_step or 0)}: no rollout checkpoint at or before step "
+                f"{checkpoint_path(load, max(restored_step or 0, 0))}: no rollout checkpoint at or before step "
                 f"{restored_step} and no journal records in {jdir} to resume from"
             )
         self._compacted_upto = earlier if ckpt is not None else 0
