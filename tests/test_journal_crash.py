@@ -168,7 +168,7 @@ def schedule(seed: int, n: int) -> list[dict[str, Any]]:
             kinds.append(
                 {"kill_after": rng.uniform(0.05, 0.3), "resume_point": f"{name}@{rng.randint(1, k)}"}
             )
-    return kinds[:n] if n >= len(kinds) else kinds[:n]
+    return kinds[:n]
 
 
 class Server:
