@@ -34,6 +34,7 @@ from bundles._pack import pack_bundle, unpack_bundle
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle, open_bundle
 from bundles._records import Record, register_record_type
+from bundles._sample_codec import decode_sample, encode_sample
 from bundles._writer import write_bundle
 
 __version__ = "0.1.0"
@@ -69,6 +70,8 @@ __all__ = [
     "__version__",
     "check_location",
     "decode_image",
+    "decode_sample",
+    "encode_sample",
     "is_bundle",
     "is_store_url",
     "open_bundle",

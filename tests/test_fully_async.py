@@ -99,7 +99,8 @@ def test_save_holds_in_flight_and_buffered_groups_then_resume_in_new_run(tmp_pat
 
     # Teardown of run A, then a new run resumes: pending first, then new prompts.
     release_run_media(args)
-    args_b = trainer_args(tmp_path, "run-b", batch_size=2)
+    # Another dataset: refused unless accepted by name (the fingerprint, docs/RESUME.md).
+    args_b = trainer_args(tmp_path, "run-b", "--resume-accept-changes", "dataset", batch_size=2)
     gen_b = Generator()
     fn_b = FullyAsyncRolloutFn(args_b, ListDataSource(prompts(2, start=10)), gen_b, max_in_flight=2)
     fn_b.load(0)
@@ -204,7 +205,7 @@ def test_reference_driver_flushes_checkpoints_before_releasing_media(tmp_path):
         open_bundle(checkpoint_path(args.save, rid), verify="full")
 
     args_b = trainer_args(tmp_path, "run-b", batch_size=2)
-    fn_b = FullyAsyncRolloutFn(args_b, ListDataSource([]), Generator())
+    fn_b = FullyAsyncRolloutFn(args_b, ListDataSource(prompts(12)), Generator())  # the same dataset
     fn_b.load(2)
     restored = fn_b.buffer.groups()
     assert restored

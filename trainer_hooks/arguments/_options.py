@@ -104,6 +104,27 @@ def _own_options() -> list[tuple[str, dict[str, Any]]]:
                 "links share inodes with the checkpoint, so an in-place edit would otherwise go unseen.",
             ),
         ),
+        (
+            "--rollout-journal-interval",
+            dict(
+                type=float,
+                default=1.0,
+                metavar="SECONDS",
+                help="Journal every graded sample beside the rollout checkpoints and fsync the journal at "
+                "most this often, on a background thread (default 1.0; 0 disables the journal). A crash then "
+                "loses at most this much generation (docs/RESUME.md).",
+            ),
+        ),
+        (
+            "--resume-accept-changes",
+            dict(
+                default=None,
+                metavar="FIELD[,FIELD]",
+                help="Resume although the checkpoint's fingerprint differs in these fields (model_path, "
+                "tokenizer, processor, training_dtype, n_samples_per_prompt, dataset); resume refuses any "
+                "other difference.",
+            ),
+        ),
         # Miles skips SGLang's model_path (it uses --hf-checkpoint); the processor check reads it.
         (
             "--sglang-model-path",
@@ -305,6 +326,19 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(
             f"--keep-rollout-checkpoints: expected at least 1 (the newest is needed to resume), found {keep}"
         )
+    interval = g("rollout_journal_interval")
+    if interval is not None and not (float(interval) >= 0 and float(interval) != float("inf")):
+        raise ValueError(f"--rollout-journal-interval: expected seconds >= 0 (0 disables), found {interval}")
+    if g("resume_accept_changes") is not None:
+        from trainer_hooks.checkpoints import FINGERPRINT_FIELDS
+
+        fields = [f.strip() for f in str(args.resume_accept_changes).split(",") if f.strip()]
+        unknown = [f for f in fields if f not in FINGERPRINT_FIELDS]
+        if unknown:
+            raise ValueError(
+                f"--resume-accept-changes: unknown field(s) {', '.join(unknown)}; expected some of "
+                f"{', '.join(FINGERPRINT_FIELDS)}"
+            )
     for name, choices in (("bundle_link_mode", BUNDLE_LINK_MODES), ("bundle_verify", BUNDLE_VERIFY_MODES)):
         value = g(name)
         if value is not None and value not in choices:
