@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from media_helpers import digest_of, trainer_args
+from helpers import digest_of, trainer_args
 
 from bundles import BundleNotFoundError, MediaRef, decode_sample, encode_sample, open_bundle
 from bundles.support import on_fault_point
