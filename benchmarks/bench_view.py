@@ -35,11 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_save: the cached screenshots
 sys.path.insert(0, str(ROOT / "tests"))  # browser_helpers: Chromium over the DevTools pipe
 
-from bench_save import ensure_media
-from browser_helpers import find_chromium, render
+from bench_save import ensure_media  # noqa: E402
+from browser_helpers import find_chromium, render  # noqa: E402
 
-from bundles import MediaRef, pack_bundle, remove_bundle, write_bundle
-from trainer_hooks.view import write_html_report
+from bundles import MediaRef, pack_bundle, remove_bundle, write_bundle  # noqa: E402
+from trainer_hooks.view import write_html_report  # noqa: E402
 
 ACTIONS = ["click(212, 148)", "double_click(960, 540)", "type('dark')", "scroll(0, -3)", "key('enter')",
            "drag(300, 400, 900, 420)"]  # fmt: skip
