@@ -22,14 +22,19 @@ from bundles._errors import (
     OutsidePathError,
     OutsidePathWarning,
     UnsafeBundleError,
+    UnsupportedLocationError,
     UnsupportedValueError,
 )
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
+from bundles._location import check_location, is_store_url
+from bundles._manifest import Manifest, MediaEntry, ShardEntry
 from bundles._media import MediaRef
+from bundles._options import LinkMode, OutsidePolicy, Verify
 from bundles._pack import pack_bundle, unpack_bundle
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle, open_bundle
 from bundles._records import Record, register_record_type
+from bundles._sample_codec import decode_sample, encode_sample
 from bundles._writer import write_bundle
 
 __version__ = "0.1.0"
@@ -48,16 +53,27 @@ __all__ = [
     "BundleNotFoundError",
     "BundleReplacedError",
     "BundleVerificationError",
+    "LinkMode",
+    "Manifest",
+    "MediaEntry",
     "MediaMissingError",
     "MediaRef",
     "OutsidePathError",
     "OutsidePathWarning",
+    "OutsidePolicy",
     "Record",
+    "ShardEntry",
     "UnsafeBundleError",
+    "UnsupportedLocationError",
     "UnsupportedValueError",
+    "Verify",
     "__version__",
+    "check_location",
     "decode_image",
+    "decode_sample",
+    "encode_sample",
     "is_bundle",
+    "is_store_url",
     "open_bundle",
     "pack_bundle",
     "register_record_type",

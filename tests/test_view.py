@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from browser_helpers import INSTALL_HINT, find_chromium, render
-from media_helpers import put_media
+from helpers import put_media
+from helpers.browser import INSTALL_HINT, find_chromium, render
 
 from bundles import MediaRef, pack_bundle, remove_bundle, write_bundle
 from trainer_hooks.cli import main

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import BundleError, MediaRef, pack_bundle, write_bundle
 from trainer_hooks.cli import main

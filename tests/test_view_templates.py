@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import MediaRef, write_bundle
 from trainer_hooks.view import write_html_report
