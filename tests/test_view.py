@@ -259,5 +259,6 @@ def test_packed_bundle_is_read_in_place(tmp_path: Path, capsys: pytest.CaptureFi
     samples_view = text.split('<div class="view-groups">')[0]
     assert len(re.findall(r'<svg class="thumb"[^>]*><use href="#m\d+"', samples_view)) == 12
     assert "stored file</a>" not in text and '<img class="base"' not in text  # no files inside a packed file
-    assert len(re.findall(r'<use href="#L\d+"', samples_view)) == 12  # every large view inlined instead
+    lightboxes = text.split('<div class="lightboxes">')[1]
+    assert len(re.findall(r'<use href="#L\d+"', lightboxes)) == 12  # every large view inlined instead
     assert "packed file" in text and not list(tmp_path.glob("*.unpacked"))

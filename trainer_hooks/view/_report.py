@@ -41,7 +41,7 @@ import bundles
 from bundles import Bundle, BundleError, BundleIOError, BundleVerificationError, open_bundle
 from bundles.support import MEDIA_DIR, atomic_write
 from trainer_hooks.replay import REPORT_FORMAT as REPLAY_FORMAT
-from trainer_hooks.replay import ReportError, check_replay_report, load_replay_report
+from trainer_hooks.replay import ReportError, check_replay_report, check_report_bundle, load_replay_report
 from trainer_hooks.view._media import pictures
 from trainer_hooks.view._page import page_context, render_page
 from trainer_hooks.view._samples import sample_view
@@ -152,6 +152,9 @@ def write_html_report(
     else:
         report = load_replay_report(replay)
         replay_name = str(replay)
+    if report is not None:
+        # A report of another bundle would put its verdicts on these samples (issue 16, item 7).
+        check_report_bundle(report, b, replay_name or "replay report")
     n = len(b)
     positions = list(range(n)) if samples is None else [int(i) for i in samples]
     for i in positions:
