@@ -43,8 +43,7 @@ def child(ns: argparse.Namespace) -> int:
     import torch
 
     from trainer_hooks import Sample, compute_multimodal_train_inputs, load_processor
-    from trainer_hooks.replay._memory import tune_allocator
-    from trainer_hooks.replay._rebuild import dtype_from_name
+    from trainer_hooks.replay import dtype_from_name, tune_allocator
 
     tuned = tune_allocator() if not ns.default_allocator else False
     paths = json.loads(Path(ns.paths).read_text())

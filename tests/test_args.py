@@ -466,7 +466,7 @@ def _definition(action: argparse.Action) -> dict:
 
 @pytest.mark.parametrize("flag", [*MILES_DEFS, "--save", "--load", "--save-interval", "--fp16", "--bf16"])
 def test_options_that_exist_in_miles_keep_miles_definitions(flag: str) -> None:
-    from trainer_hooks._args import build_parser
+    from trainer_hooks.arguments._options import build_parser
 
     expected = {**MEGATRON_DEFS, **FSDP_DEFS, **MILES_DEFS}[flag]
     if flag == "--bf16":

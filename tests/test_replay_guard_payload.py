@@ -49,7 +49,7 @@ def data_url_pixels(url: str) -> tuple[str, tuple[int, int], bytes]:
 
     prefix = "data:image/png;base64,"
     assert url.startswith(prefix)
-    with Image.open(io.BytesIO(base64.b64decode(url[len(prefix):]))) as im:
+    with Image.open(io.BytesIO(base64.b64decode(url[len(prefix) :]))) as im:
         return im.mode, im.size, im.tobytes()
 
 
@@ -280,7 +280,7 @@ def test_token_check_says_expanded_twice():
 
 
 def test_dumps_record_the_processor_settings_and_dtype_replay_needs(tmp_path):
-    from media_helpers import trainer_args
+    from helpers import trainer_args
 
     from bundles import open_bundle
     from trainer_hooks import save_debug_rollout_data

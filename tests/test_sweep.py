@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from media_helpers import wait_until
-from swap_helpers import make_victim, swap_after_listing, victim_intact
+from helpers import wait_until
+from helpers.swap import make_victim, swap_after_listing, victim_intact
 
 from trainer_hooks import (
     LEASE_NAME,
@@ -207,7 +207,7 @@ def test_leases_of_other_hosts_are_judged_by_heartbeat_age(tmp_path: Path) -> No
 def test_a_reused_pid_counts_as_gone(tmp_path: Path) -> None:
     if not Path(f"/proc/{os.getpid()}/stat").exists():
         pytest.skip("needs /proc")
-    from trainer_hooks._lease import _identity  # the fields a lease records about its process
+    from trainer_hooks.run_media._lease import _identity  # the fields a lease records about its process
 
     me = _identity()
     _write_lease(tmp_path / "reused", heartbeat_age=1, **{**me, "pid_start_ticks": me["pid_start_ticks"] - 1})
@@ -318,7 +318,7 @@ def test_a_lease_from_another_boot_respects_older_than(tmp_path: Path) -> None:
     """Same host name, another boot id: a reboot, or another machine with the same name. It is
     crashed only once its heartbeat is older than both three beats and --older-than (issue 8
     defect 2, issue 12 row 7)."""
-    from trainer_hooks._lease import _identity
+    from trainer_hooks.run_media._lease import _identity
 
     me = _identity()
     if me["boot_id"] is None:
@@ -343,7 +343,7 @@ def test_a_lease_from_another_boot_respects_older_than(tmp_path: Path) -> None:
 def test_a_lease_from_another_pid_namespace_is_judged_by_heartbeat_only(tmp_path: Path) -> None:
     """Same host name and boot, another pid namespace (a container): its pid means nothing here,
     so a pid that is dead here does not make it crashed (issue 12 row 9)."""
-    from trainer_hooks._lease import _identity
+    from trainer_hooks.run_media._lease import _identity
 
     me = _identity()
     if me["pid_namespace"] is None:

@@ -18,15 +18,36 @@
   (rebuild with cast), :func:`load_processor`, :func:`build_prefill_scoring_payload`,
   :func:`check_image_tokens`, :func:`replay_bundle` and ``rollout-bundle replay``.
 
-``trainer_hooks`` imports :mod:`bundles`, never the reverse. Stand-in rollout manager and
+The subpackages are the map of the work, each ``__init__`` its public surface:
+:mod:`trainer_hooks.run_media` (store, lease, sweep, release, teardown order),
+:mod:`trainer_hooks.checkpoints` (snapshot, writer, reader, retention, the fully-async function),
+:mod:`trainer_hooks.dumps` (debug dumps, trajectory sidecar, legacy import),
+:mod:`trainer_hooks.arguments`, :mod:`trainer_hooks.replay` and :mod:`trainer_hooks.view`.
+This module re-exports what users call. ``trainer_hooks`` imports :mod:`bundles`' public API,
+never the reverse. Stand-in rollout manager and
 trainer objects for tests and demos live in :mod:`trainer_hooks.testing`.
 """
 
-from trainer_hooks._args import MILES_OPTIONS, OWN_OPTIONS, add_arguments, parse_args, validate_args
-from trainer_hooks._checkpoint import (
+from trainer_hooks._drivers import DriverReport, train, train_async
+from trainer_hooks._sample import AdapterRef, RewardSpec, Sample, default_sample_cls
+from trainer_hooks.arguments import (
+    MILES_OPTIONS,
+    OWN_OPTIONS,
+    RolloutEngineProcessorArgs,
+    add_arguments,
+    parse_args,
+    validate_args,
+)
+from trainer_hooks.checkpoints import (
     CheckpointSaveError,
+    FullyAsyncRolloutFn,
+    GroupBuffer,
+    IncompatibleResumeError,
+    ListDataSource,
     RolloutCheckpoint,
     RolloutCheckpointer,
+    RolloutLedger,
+    RolloutWorkerError,
     SnapshotError,
     checkpoint_path,
     list_rollout_checkpoints,
@@ -34,31 +55,14 @@ from trainer_hooks._checkpoint import (
     read_rollout_checkpoint,
     save_rollout_checkpoint,
 )
-from trainer_hooks._debug_dump import load_debug_rollout_data, save_debug_rollout_data
-from trainer_hooks._disposer import RunDisposer
-from trainer_hooks._drivers import DriverReport, train, train_async
-from trainer_hooks._fully_async import FullyAsyncRolloutFn, GroupBuffer, ListDataSource, RolloutWorkerError
-from trainer_hooks._lease import (
-    LEASE_NAME,
-    RunLease,
-    SweepEntry,
-    acquire_run_lease,
-    parse_duration,
-    read_lease,
-    sweep_run_media,
+from trainer_hooks.dumps import (
+    LegacyDumpError,
+    PickleRefusedError,
+    import_legacy_dump,
+    load_debug_rollout_data,
+    save_debug_rollout_data,
+    save_debug_trajectory_data,
 )
-from trainer_hooks._legacy import LegacyDumpError, PickleRefusedError, import_legacy_dump
-from trainer_hooks._processor_args import RolloutEngineProcessorArgs
-from trainer_hooks._run_media import (
-    RunMediaError,
-    UnsafeRunDirError,
-    check_run_id,
-    release_run_media,
-    run_media_dir,
-    store_media,
-)
-from trainer_hooks._sample import AdapterRef, RewardSpec, Sample, default_sample_cls
-from trainer_hooks._trajectory import save_debug_trajectory_data
 from trainer_hooks.replay import (
     _build_prefill_scoring_payload,
     build_prefill_scoring_payload,
@@ -70,6 +74,22 @@ from trainer_hooks.replay import (
     replay_bundle,
     training_dtype,
 )
+from trainer_hooks.run_media import (
+    LEASE_NAME,
+    RunDisposer,
+    RunLease,
+    RunMediaError,
+    SweepEntry,
+    UnsafeRunDirError,
+    acquire_run_lease,
+    check_run_id,
+    parse_duration,
+    read_lease,
+    release_run_media,
+    run_media_dir,
+    store_media,
+    sweep_run_media,
+)
 
 __all__ = [
     "LEASE_NAME",
@@ -80,6 +100,7 @@ __all__ = [
     "DriverReport",
     "FullyAsyncRolloutFn",
     "GroupBuffer",
+    "IncompatibleResumeError",
     "LegacyDumpError",
     "ListDataSource",
     "PickleRefusedError",
@@ -87,6 +108,7 @@ __all__ = [
     "RolloutCheckpoint",
     "RolloutCheckpointer",
     "RolloutEngineProcessorArgs",
+    "RolloutLedger",
     "RolloutWorkerError",
     "RunDisposer",
     "RunLease",

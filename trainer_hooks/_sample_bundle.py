@@ -9,23 +9,20 @@ from __future__ import annotations
 
 import os
 from argparse import Namespace
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bundles import write_bundle
-from trainer_hooks._run_media import run_media_dir
+from bundles import OutsidePolicy, write_bundle
 from trainer_hooks._sample import register_record_types
-
-# write_bundle's outside_paths: "keep", "warn", "error", or a callable choosing one per path.
-OutsidePolicy = str | Callable[[str], str]
+from trainer_hooks.run_media import run_media_dir
 
 __all__ = [
-    "OutsidePolicy",
     "other_run_media_policy",
     "processor_settings",
+    "run_media_roots",
     "run_meta",
-    "training_dtype",
+    "training_dtype_name",
     "write_samples_bundle",
 ]
 
@@ -61,7 +58,7 @@ def write_samples_bundle(
     )
 
 
-def training_dtype(args: Namespace) -> str:
+def training_dtype_name(args: Namespace) -> str:
     if getattr(args, "bf16", False):
         return "bf16"
     if getattr(args, "fp16", False):
@@ -79,7 +76,7 @@ def run_meta(args: Namespace) -> dict[str, Any]:
     """What every bundle written by a run records about it."""
     return {
         "run_uuid": getattr(args, "run_uuid", None),
-        "training_dtype": training_dtype(args),
+        "training_dtype": training_dtype_name(args),
         "processor": processor_settings(args),
     }
 
@@ -105,6 +102,6 @@ def other_run_media_policy(args: Namespace) -> OutsidePolicy:
     return policy
 
 
-def _media_roots(args: Namespace) -> list[Path]:
+def run_media_roots(args: Namespace) -> list[Path]:
     run_dir = run_media_dir(args)
     return [] if run_dir is None else [run_dir]

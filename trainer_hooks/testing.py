@@ -21,8 +21,8 @@ from argparse import Namespace
 from pathlib import Path
 
 from bundles import MediaRef
-from trainer_hooks._run_media import store_media
 from trainer_hooks._sample import Sample
+from trainer_hooks.run_media import store_media
 
 __all__ = ["StandInRolloutManager", "StandInTrainer", "png_bytes"]
 

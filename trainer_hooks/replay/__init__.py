@@ -22,18 +22,33 @@ torch, transformers, PIL and Ray are imported only when used.
 """
 
 from trainer_hooks.replay._guard import convert_samples_to_train_data
+from trainer_hooks.replay._memory import tune_allocator
 from trainer_hooks.replay._payload import (
     _build_prefill_scoring_payload,
     build_prefill_scoring_payload,
     sglang_generate_fields,
 )
 from trainer_hooks.replay._processor import DEFAULT_IMAGE_TOKEN_ID, ReplayProcessor, load_processor
+<<<<<<< HEAD
 from trainer_hooks.replay._rebuild import compute_multimodal_train_inputs, get_rollout_data, training_dtype
 from trainer_hooks.replay._report import (
     ReportError,
     bundle_identity,
     check_replay_report,
     check_report_bundle,
+=======
+from trainer_hooks.replay._rebuild import (
+    DTYPE_NAMES,
+    compute_multimodal_train_inputs,
+    dtype_from_name,
+    get_rollout_data,
+    training_dtype,
+)
+from trainer_hooks.replay._report import (
+    REPORT_FORMAT,
+    ReportError,
+    check_replay_report,
+>>>>>>> main
     compare_reports,
     load_replay_report,
     replay_bundle,
@@ -42,6 +57,8 @@ from trainer_hooks.replay._tokens import check_image_tokens
 
 __all__ = [
     "DEFAULT_IMAGE_TOKEN_ID",
+    "DTYPE_NAMES",
+    "REPORT_FORMAT",
     "ReplayProcessor",
     "ReportError",
     "_build_prefill_scoring_payload",
@@ -49,14 +66,19 @@ __all__ = [
     "bundle_identity",
     "check_image_tokens",
     "check_replay_report",
+<<<<<<< HEAD
     "check_report_bundle",
+=======
+>>>>>>> main
     "compare_reports",
     "compute_multimodal_train_inputs",
     "convert_samples_to_train_data",
+    "dtype_from_name",
     "get_rollout_data",
     "load_processor",
     "load_replay_report",
     "replay_bundle",
     "sglang_generate_fields",
     "training_dtype",
+    "tune_allocator",
 ]

@@ -21,14 +21,15 @@ import sys
 from typing import Any, TextIO
 
 from bundles import BundleError
-from bundles._cli import (
+from bundles.support import (
     CommandError,
+    Progress,
     add_command,
     add_json_option,
     add_progress_option,
     check_output_file,
+    human_bytes,
 )
-from bundles._progress import Progress, human_bytes
 
 __all__ = ["VIOLATION_KINDS", "register", "run_replay"]
 

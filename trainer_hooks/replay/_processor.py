@@ -1,7 +1,7 @@
 """The image processor a replay rebuilds with: :func:`load_processor`, by model family, checked.
 
 A bundle records the engines' processor settings in ``meta["processor"]`` (see
-:mod:`trainer_hooks._processor_args`): ``model_path``, ``image_processor_backend``,
+:mod:`trainer_hooks.arguments._processor`): ``model_path``, ``image_processor_backend``,
 ``mm_process_config`` (``{"image": {"max_pixels": ...}}`` as SGLang takes it, or flat) and,
 when the model directory said so, ``image_token_id``. Only token-space runs record them
 (``--enable-token-space-processor``); a bundle whose ``processor`` is null says nothing about its
@@ -406,7 +406,7 @@ def resolve_processor(settings: Mapping[str, Any] | None, where: str = "processo
             outside its bounds (:func:`check_image_settings`) or a family replay does not know,
             each naming ``where`` and the key.
     """
-    from trainer_hooks._processor_args import parse_mm_process_config
+    from trainer_hooks.arguments import parse_mm_process_config
 
     if settings is not None and not isinstance(settings, Mapping):
         raise ValueError(f"{where}: expected a mapping (meta['processor']), found {str(settings)[:200]!r}")

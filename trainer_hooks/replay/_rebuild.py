@@ -22,7 +22,7 @@ from argparse import Namespace
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from trainer_hooks._sample_bundle import training_dtype as _training_dtype_name
+from trainer_hooks._sample_bundle import training_dtype_name
 from trainer_hooks.replay._media import MediaReader
 from trainer_hooks.replay._memory import release_freed_memory
 
@@ -55,7 +55,7 @@ def training_dtype(args: Namespace) -> Any:
 
     Bundle meta keeps the string form (``meta["training_dtype"]``: ``"bf16"``, ``"fp16"``, ``"fp32"``).
     """
-    return dtype_from_name(_training_dtype_name(args))
+    return dtype_from_name(training_dtype_name(args))
 
 
 def sample_images(sample: Any, where: str = "sample") -> list[Any]:

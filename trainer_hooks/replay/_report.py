@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from bundles import Bundle, BundleError, open_bundle
-from trainer_hooks._processor_args import parse_mm_process_config
 from trainer_hooks._sample import Sample
+from trainer_hooks.arguments import parse_mm_process_config
 from trainer_hooks.replay._guard import _default_convert, guard_violations
 from trainer_hooks.replay._media import MediaReader
 from trainer_hooks.replay._payload import build_prefill_scoring_payload, compare_prefill_logprobs
@@ -273,7 +273,7 @@ def plan_replay(
 def _first_trainable(bundle: Bundle) -> int:
     """Where training data starts: a rollout checkpoint stores its in-flight (pending) groups first,
     which training never sees as they are (they are resubmitted on resume); a dump starts at 0."""
-    from trainer_hooks._checkpoint import CHECKPOINT_KIND
+    from trainer_hooks.checkpoints import CHECKPOINT_KIND
 
     if bundle.kind != CHECKPOINT_KIND:
         return 0

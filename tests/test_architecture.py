@@ -1,0 +1,104 @@
+"""The walls between packages: nothing imports another package's private module.
+
+A package's ``_private`` modules (any dotted part starting with one underscore) are for the
+package itself and its subpackages. Everyone else goes through the package's ``__init__``,
+its public surface: whoever changes a private module can then know what breaks by reading one
+package. ``trainer_hooks`` is a client of ``bundles``' public API only, and ``bundles`` never
+imports ``trainer_hooks``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Code held to the rule: the two packages, and what a user reads as examples of their use.
+CHECKED = ("bundles", "trainer_hooks", "examples", "benchmarks", "scripts")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(dotted: str) -> bool:
+    base = ROOT.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _imported(tree: ast.AST):
+    """(line, dotted module path) for every absolute import, names that are modules included."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+            for alias in node.names:
+                if _is_module(f"{node.module}.{alias.name}"):
+                    yield node.lineno, f"{node.module}.{alias.name}"
+
+
+def private_import_violations(files) -> list[str]:
+    found = []
+    for path in files:
+        importer = _module_name(path)
+        package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+        for line, dotted in _imported(ast.parse(path.read_text(), str(path))):
+            parts = dotted.split(".")
+            for i, part in enumerate(parts):
+                if part.startswith("_") and not part.startswith("__"):
+                    owner = ".".join(parts[:i])
+                    if owner and not (package == owner or package.startswith(owner + ".")):
+                        found.append(f"{path.relative_to(ROOT)}:{line}: imports {dotted}, private to {owner}")
+                    break
+    return found
+
+
+def _files():
+    return sorted(p for top in CHECKED if (ROOT / top).is_dir() for p in (ROOT / top).rglob("*.py"))
+
+
+def test_no_module_imports_another_packages_private_module():
+    files = _files()
+    assert len(files) > 40  # the scan sees the tree
+    violations = private_import_violations(files)
+    assert not violations, "private imports across package walls:\n" + "\n".join(violations)
+
+
+def test_bundles_never_imports_trainer_hooks():
+    offenders = [
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in sorted((ROOT / "bundles").rglob("*.py"))
+        for line, dotted in _imported(ast.parse(p.read_text()))
+        if dotted == "trainer_hooks" or dotted.startswith("trainer_hooks.")
+    ]
+    assert not offenders
+
+
+def test_the_check_catches_a_private_import(tmp_path, monkeypatch):
+    # The rule itself: a cross-package private import is found, one inside the package is not.
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    for pkg in ("a", "a/sub", "b"):
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "a" / "_core.py").write_text("")
+    (tmp_path / "a" / "sub" / "_inner.py").write_text("from a._core import x\nfrom a import _core\n")
+    (tmp_path / "b" / "user.py").write_text("import a._core\nfrom a.sub import _inner\nfrom a import _name\n")
+    found = private_import_violations([tmp_path / "a" / "sub" / "_inner.py", tmp_path / "b" / "user.py"])
+    assert found == [
+        "b/user.py:1: imports a._core, private to a",
+        "b/user.py:2: imports a.sub._inner, private to a.sub",
+    ]
+
+
+@pytest.mark.parametrize("package", ["run_media", "checkpoints", "dumps", "arguments", "replay", "view"])
+def test_each_trainer_hooks_subpackage_declares_its_surface(package):
+    import importlib
+
+    module = importlib.import_module(f"trainer_hooks.{package}")
+    assert module.__doc__ and module.__doc__.strip()
+    assert all(hasattr(module, name) for name in module.__all__)
