@@ -29,14 +29,6 @@ from trainer_hooks.replay._payload import (
     sglang_generate_fields,
 )
 from trainer_hooks.replay._processor import DEFAULT_IMAGE_TOKEN_ID, ReplayProcessor, load_processor
-<<<<<<< HEAD
-from trainer_hooks.replay._rebuild import compute_multimodal_train_inputs, get_rollout_data, training_dtype
-from trainer_hooks.replay._report import (
-    ReportError,
-    bundle_identity,
-    check_replay_report,
-    check_report_bundle,
-=======
 from trainer_hooks.replay._rebuild import (
     DTYPE_NAMES,
     compute_multimodal_train_inputs,
@@ -47,8 +39,9 @@ from trainer_hooks.replay._rebuild import (
 from trainer_hooks.replay._report import (
     REPORT_FORMAT,
     ReportError,
+    bundle_identity,
     check_replay_report,
->>>>>>> main
+    check_report_bundle,
     compare_reports,
     load_replay_report,
     replay_bundle,
@@ -66,10 +59,7 @@ __all__ = [
     "bundle_identity",
     "check_image_tokens",
     "check_replay_report",
-<<<<<<< HEAD
     "check_report_bundle",
-=======
->>>>>>> main
     "compare_reports",
     "compute_multimodal_train_inputs",
     "convert_samples_to_train_data",
