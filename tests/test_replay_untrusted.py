@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
-from replay_helpers import make_dump, png  # noqa: E402
+from helpers import noise_png as png  # noqa: E402
+from helpers.replay import make_dump  # noqa: E402
 
 from bundles import MediaRef, pack_bundle, write_bundle  # noqa: E402
 from trainer_hooks import load_processor, replay_bundle  # noqa: E402
