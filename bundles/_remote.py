@@ -542,7 +542,9 @@ def _prefetch_headers(reader: _StoreReader) -> None:
         starts.append(pos)
         pos += block + -(-size // block) * block
     starts.append(pos)  # the end-of-archive blocks
-    reader.prefetch(starts[2:], block)
+    # From the byte before each header: tarfile reads it to check that the previous member's
+    # data is all there.
+    reader.prefetch([s - 1 for s in starts[2:]], block + 1)
     tail = max(pos, reader.size - 64 * 1024)
     reader.prefetch([tail], reader.size - tail)
 

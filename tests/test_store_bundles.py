@@ -317,3 +317,20 @@ def test_media_refs_without_paths_and_images(moto: Any, tmp_path: Path) -> None:
     write_bundle(url, [{"ref": ref}], media_roots=[run])
     got = open_bundle(url)[0]["ref"]
     assert isinstance(got, MediaRef) and got.digest == ref.digest
+
+
+def test_a_large_packed_object_is_indexed_in_three_requests(moto: Any, tmp_path: Path) -> None:
+    """The headers lie past the first read: fetched together in one merged range request, where
+    the packer's layout puts them (one request per header before)."""
+    run = tmp_path / "big"
+    blobs = [hashlib.sha256(bytes([i])).digest() * 12_500 for i in range(6)]  # 400 KB each
+    paths = [put_media(run, b) for b in blobs]
+    local = write_bundle(
+        tmp_path / "b", [{"index": i, "image": p} for i, p in enumerate(paths)], media_roots=[run]
+    )
+    url = f"s3://{moto.current}/big.rbundle"
+    pack_bundle(local, url)
+    b = open_bundle(url, verify="full")
+    assert b._source.index_requests == 3  # the first MiB, the headers, the end of the archive
+    with b.open_media(b[5]["image"]) as f:
+        assert f.read() == blobs[5]
