@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
         raw_upload()  # warm-up: connections, page cache
         t_raw, _ = median_time(raw_upload, ns.repeats)
-        t_ours, stats = median_time(ours, ns.repeats)
+        t_ours, _ = median_time(ours, ns.repeats)
         print(
             f"upload      upload_bundle {t_ours:6.2f} s ({total / t_ours / 1e6:6.0f} MB/s)   raw concurrent put "
             f"{t_raw:6.2f} s ({total / t_raw / 1e6:6.0f} MB/s)   throughput ratio {t_raw / t_ours:5.1%}"

@@ -366,7 +366,7 @@ class StoreSource:
         sizes: dict[str, int] = {}
 
         try:
-            bundle_objects, media_objects = parallel(p.store.list, [base, p.media_prefix])
+            bundle_objects, media_objects = parallel(p.store.listing, [base, p.media_prefix])
         except Exception as e:
             raise store_error(self.path, "list the bundle's objects", e) from e
         for m in bundle_objects:
@@ -704,7 +704,7 @@ def upload_bundle(
 
 def _upload(local: Any, root: Path, place: _Place, stats: UploadStats, progress: bool | None) -> None:
     store = place.store
-    existing = {m["path"]: m["size"] for m in store.list(place.media_prefix)}
+    existing = {m["path"]: m["size"] for m in store.listing(place.media_prefix)}
     todo: list[tuple[str, Path, int]] = []
     for ref in local.media:
         key = f"{place.media_prefix}/{ref.filename}"
@@ -814,7 +814,7 @@ def _discard_generation(place: _Place, generation: str) -> None:
     failure here leaves)."""
     try:
         prefix = place.url.key_of(generation)
-        objs = place.store.list(prefix)
+        objs = place.store.listing(prefix)
         keys = sorted((m["path"] for m in objs), key=lambda k: not k.endswith("/" + MANIFEST_NAME))
         if keys:
             (place.store.delete(keys))
@@ -827,7 +827,7 @@ def _retire(place: _Place, previous: Pointer) -> list[str]:
     url, store = place.url, place.store
     try:
         if previous.generation is None:
-            objs = store.list(url.key)
+            objs = store.listing(url.key)
             keys = [
                 m["path"]
                 for m in objs
@@ -835,7 +835,7 @@ def _retire(place: _Place, previous: Pointer) -> list[str]:
                 or m["path"].startswith(url.key_of(SHARDS_DIR) + "/")
             ]
         else:
-            objs = store.list(url.key_of(previous.generation))
+            objs = store.listing(url.key_of(previous.generation))
             keys = [m["path"] for m in objs]
         keys.sort(key=lambda k: not k.endswith(MANIFEST_NAME))
         (store.delete(keys))
@@ -903,7 +903,7 @@ def remove_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | Non
             (store.delete([url.key_of(MANIFEST_NAME)]))
         else:
             (store.delete([url.key_of(STORE_POINTER_NAME)]))
-        objs = store.list(url.key)
+        objs = store.listing(url.key)
         keys = sorted((m["path"] for m in objs), key=lambda k: not k.endswith(MANIFEST_NAME))
         if keys:
             (store.delete(keys))
@@ -1014,7 +1014,7 @@ def collect_garbage(
     store = get_store(url, storage_options)
     report = GarbageReport(dry_run=dry_run)
     try:
-        objects = store.list(url.key)
+        objects = store.listing(url.key)
     except Exception as e:
         raise store_error(url, "list", e) from e
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -1022,6 +1022,7 @@ def collect_garbage(
     live_gens: set[str] = set()  # "<bundle key>/<generation>"
     referenced: set[str] = set()  # media keys some live manifest lists
     pools: set[str] = set()
+    unjudged: set[str] = set()
     for key in sorted(by_key):
         if not key.endswith("/" + STORE_POINTER_NAME) and key != STORE_POINTER_NAME:
             continue
@@ -1032,17 +1033,18 @@ def collect_garbage(
             pointer = parse_pointer(data, f"{bundle_url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
             place = _Place(bundle_url, store, pointer)
             manifest = json.loads((store.get(place.key(MANIFEST_NAME)))[0])
-        except FileNotFoundError:
-            continue  # removed meanwhile
-        except BundleError:
-            continue  # not ours to judge: its generations are kept (they look unreferenced otherwise)
+        except (FileNotFoundError, BundleError):
+            # Removed meanwhile, or a pointer this version cannot read (a newer pointer_version):
+            # not ours to judge, so nothing under that bundle is garbage.
+            unjudged.add(bundle_key)
+            continue
         except Exception as e:
             raise store_error(bundle_url, "read the bundle", e) from e
         report.bundles += 1
         live_gens.add(bundle_key.rstrip("/") + "/" + str(pointer.generation))
         pools.add(place.media_prefix)
-        for e in manifest.get("media", []):
-            referenced.add(f"{place.media_prefix}/{e['digest'][7:]}{e['suffix']}")
+        for entry in manifest.get("media", []):
+            referenced.add(f"{place.media_prefix}/{entry['digest'][7:]}{entry['suffix']}")
     # Plain layouts (a directory bundle synced verbatim: U/manifest.json, no pointer) are live too.
     for key in sorted(by_key):
         if not key.endswith("/" + MANIFEST_NAME) or _GEN_KEY_RE.fullmatch(key):
@@ -1066,6 +1068,8 @@ def collect_garbage(
             pools.add(f"{g['gen'].rpartition('/')[0]}/{MEDIA_DIR}".lstrip("/"))
     doomed: list[str] = []
     for key, m in by_key.items():
+        if any(key.startswith(u + "/") for u in unjudged):
+            continue
         age = (now - m["last_modified"]).total_seconds()
         g = _GEN_KEY_RE.fullmatch(key)
         parent, _, name = key.rpartition("/")

@@ -334,3 +334,17 @@ def test_a_large_packed_object_is_indexed_in_three_requests(moto: Any, tmp_path:
     assert b._source.index_requests == 3  # the first MiB, the headers, the end of the archive
     with b.open_media(b[5]["image"]) as f:
         assert f.read() == blobs[5]
+
+
+def test_gc_leaves_a_bundle_whose_pointer_it_cannot_read(moto: Any, tmp_path: Path) -> None:
+    """A pointer of a newer version: nothing under that bundle is judged garbage."""
+    from bundles import _remote
+
+    samples, run, _ = samples_with_media(tmp_path)
+    write_bundle(f"s3://{moto.current}/p/b", samples, media_roots=[run], shared_media=True)
+    store = raw_store(moto)
+    pointer = json.loads(bytes(obstore.get(store, "p/b/bundle.json").bytes()))
+    obstore.put(store, "p/b/bundle.json", json.dumps({**pointer, "pointer_version": 2}).encode())
+    before = keys(moto)
+    report = _remote.collect_garbage(f"s3://{moto.current}/p/b", older_than_s=0)
+    assert report.generations == [] and keys(moto) == before
