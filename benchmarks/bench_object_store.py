@@ -38,6 +38,9 @@ from bench_save import ensure_media, make_samples
 
 import bundles
 
+# Requests in flight: what upload_bundle keeps (bundles' store client), for the raw peer too.
+CONCURRENCY = 32
+
 
 def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     times, result = [], None
@@ -59,12 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default="bench-out", help="cache of rendered screenshots")
     ns = ap.parse_args(argv)
 
+    from concurrent.futures import ThreadPoolExecutor
+
     import obstore
     from obstore.store import S3Store
     from store_servers import seaweed_server
-
-    from bundles import _remote
-    from bundles._store import CONCURRENCY, parallel
 
     paths = ensure_media(Path(ns.dir), ns.n)
     run_dir = paths[0].parent
@@ -86,10 +88,15 @@ def main(argv: list[str] | None = None) -> int:
 
         def raw_upload() -> None:
             prefix = f"raw/{next(counter)}"
-            parallel(lambda p: obstore.put(raw, f"{prefix}/{p.relative_to(local)}", p.read_bytes()), files)
+            with ThreadPoolExecutor(CONCURRENCY) as pool:
+                list(
+                    pool.map(
+                        lambda p: obstore.put(raw, f"{prefix}/{p.relative_to(local)}", p.read_bytes()), files
+                    )
+                )
 
         def ours() -> Any:
-            return _remote.upload_bundle(local, f"s3://{bucket}/ckpt/{next(counter)}", progress=False)
+            return bundles.upload_bundle(local, f"s3://{bucket}/ckpt/{next(counter)}", progress=False)
 
         raw_upload()  # warm-up: connections, page cache
         t_raw, _ = median_time(raw_upload, ns.repeats)
@@ -116,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         pool = f"s3://{bucket}/run/rollout"
         l1 = bundles.write_bundle(Path(tmp) / "c1", first, media_roots=[run_dir], progress=False)
         l2 = bundles.write_bundle(Path(tmp) / "c2", second, media_roots=[run_dir], progress=False)
-        s1 = _remote.upload_bundle(l1, f"{pool}/fully_async_1", shared_media=True)
-        s2 = _remote.upload_bundle(l2, f"{pool}/fully_async_2", shared_media=True)
+        s1 = bundles.upload_bundle(l1, f"{pool}/fully_async_1", shared_media=True)
+        s2 = bundles.upload_bundle(l2, f"{pool}/fully_async_2", shared_media=True)
         print(
             f"dedup       checkpoint 1: {s1.media_uploaded} media, {mb(s1.bytes_uploaded)} in {s1.seconds:.2f} s; "
             f"checkpoint 2: {s2.media_uploaded} new media uploaded, {s2.media_skipped} already in the pool, "
@@ -125,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         url = f"s3://{bucket}/ckpt/main"
-        _remote.upload_bundle(local, url)
+        bundles.upload_bundle(local, url)
 
         def open_first(verify: str, where: Any = url) -> None:
             b = bundles.open_bundle(where, verify=verify)

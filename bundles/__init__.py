@@ -1,7 +1,8 @@
 """Self-contained, verifiable bundles of rollout samples and the media they reference.
 
 A bundle is a directory: a manifest, msgpack+zstandard sample shards, and every referenced
-media file stored once by content digest. See docs/FORMAT.md for the on-disk format.
+media file stored once by content digest; or the same on an object store (``s3://``, ``gs://``,
+``az://`` with the ``rollout-bundles[s3]`` extra). See docs/FORMAT.md for the format.
 
 This module is the format API. Tools built on bundles (trainer_hooks, the CLI) also use
 :mod:`bundles.support`: the atomic write, the tree deletion, process identity, fault points,
@@ -32,6 +33,8 @@ from bundles._pack import pack_bundle, unpack_bundle
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle, open_bundle
 from bundles._records import Record, register_record_type
+from bundles._remote import GarbageReport, UploadStats, collect_garbage, upload_bundle
+from bundles._store import StoreURL
 from bundles._writer import write_bundle
 
 __version__ = "0.1.0"
@@ -50,16 +53,20 @@ __all__ = [
     "BundleNotFoundError",
     "BundleReplacedError",
     "BundleVerificationError",
+    "GarbageReport",
     "MediaMissingError",
     "MediaRef",
     "OutsidePathError",
     "OutsidePathWarning",
     "Record",
+    "StoreURL",
     "UnsafeBundleError",
     "UnsupportedLocationError",
     "UnsupportedValueError",
+    "UploadStats",
     "__version__",
     "check_location",
+    "collect_garbage",
     "decode_image",
     "is_bundle",
     "is_store_url",
@@ -68,6 +75,7 @@ __all__ = [
     "register_record_type",
     "remove_bundle",
     "unpack_bundle",
+    "upload_bundle",
     "write_bundle",
 ]
 
