@@ -28,12 +28,15 @@ from bundles._errors import (
 )
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
 from bundles._location import check_location, is_store_url
+from bundles._manifest import Manifest, MediaEntry, ShardEntry
 from bundles._media import MediaRef
+from bundles._options import LinkMode, OutsidePolicy, Verify
 from bundles._pack import pack_bundle, unpack_bundle
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle, open_bundle
 from bundles._records import Record, register_record_type
 from bundles._remote import GarbageReport, UploadStats, collect_garbage, upload_bundle
+from bundles._sample_codec import decode_sample, encode_sample
 from bundles._store import StoreURL
 from bundles._writer import write_bundle
 
@@ -54,20 +57,28 @@ __all__ = [
     "BundleReplacedError",
     "BundleVerificationError",
     "GarbageReport",
+    "LinkMode",
+    "Manifest",
+    "MediaEntry",
     "MediaMissingError",
     "MediaRef",
     "OutsidePathError",
     "OutsidePathWarning",
+    "OutsidePolicy",
     "Record",
+    "ShardEntry",
     "StoreURL",
     "UnsafeBundleError",
     "UnsupportedLocationError",
     "UnsupportedValueError",
     "UploadStats",
+    "Verify",
     "__version__",
     "check_location",
     "collect_garbage",
     "decode_image",
+    "decode_sample",
+    "encode_sample",
     "is_bundle",
     "is_store_url",
     "open_bundle",

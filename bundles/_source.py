@@ -219,7 +219,7 @@ class MemberFile(io.RawIOBase):
     indexed).
     """
 
-    def __init__(self, source: PackedSource, offset: int, size: int, where: str) -> None:
+    def __init__(self, source: PackedSource | _Descriptor, offset: int, size: int, where: str) -> None:
         super().__init__()
         self._source = source
         self._offset = offset
@@ -429,6 +429,7 @@ class PackedSource:
             raise BundleIOError.wrap(path, "open the packed bundle", e) from e
         self._fd = fd
         self._closer = weakref.finalize(self, os.close, fd)
+        self._detached: _Descriptor | None = None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -477,6 +478,25 @@ class PackedSource:
             raise BundleError(f"{self.path}: the bundle was closed")
         return MemberFile(self, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]
 
+    def open_detached(self, name: str) -> BinaryIO:
+        """``open(name)``, for a reader that outlives the bundle: a PIL image of a sample decodes
+        its pixels whenever its user asks, perhaps after :meth:`close`.
+
+        Such files read through one duplicate of the descriptor, shared by all of them and
+        closed when the last one is collected: the same file the index was read from (a file
+        renamed over the path since is never read), no copy of the member in memory, and one
+        descriptor however many images. ``close()`` releases the bundle's own descriptor at
+        once; the duplicate stays open while detached files still exist.
+        """
+        m = self.members.get(name)
+        if m is None or m.is_dir:
+            return self.open(name)[0]  # the same errors
+        if self._fd < 0:
+            raise BundleError(f"{self.path}: the bundle was closed")
+        if self._detached is None:
+            self._detached = _Descriptor(os.dup(self._fd))
+        return MemberFile(self._detached, m.offset, m.size, self.where(name))  # type: ignore[return-value]
+
     def hash(self, name: str) -> tuple[str, int]:
         f, _ = self.open(name)
         with f:
@@ -485,6 +505,15 @@ class PackedSource:
     def close(self) -> None:
         self._closer()
         self._fd = -1
+        self._detached = None  # detached files keep it open while they exist
+
+
+class _Descriptor:
+    """A file descriptor closed when the last object holding this is collected."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        weakref.finalize(self, os.close, fd)
 
 
 Source = DirSource | PackedSource

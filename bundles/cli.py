@@ -73,10 +73,10 @@ def _inspect(ns: argparse.Namespace) -> int:
     info: dict[str, Any] = {
         "path": str(bundle.path),
         "kind": bundle.kind,
-        "format_version": bundle.manifest["format_version"],
-        "created_by": bundle.manifest.get("created_by"),
+        "format_version": bundle.manifest.format_version,
+        "created_by": bundle.manifest.created_by,
         "samples": len(bundle),
-        "shards": len(bundle.manifest["shards"]),
+        "shards": len(bundle.manifest.shards),
         "media_files": stored,
         "media_bytes": bundle.media_bytes,
         "media_references": refs,

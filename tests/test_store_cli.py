@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 import bundles
 
