@@ -35,7 +35,7 @@ from bundles._pack import pack_bundle, unpack_bundle
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle, open_bundle
 from bundles._records import Record, register_record_type
-from bundles._remote import GarbageReport, UploadStats, collect_garbage, upload_bundle
+from bundles._remote import GarbageReport, UploadStats, collect_garbage, list_remote_bundles, upload_bundle
 from bundles._sample_codec import decode_sample, encode_sample
 from bundles._store import StoreURL
 from bundles._writer import write_bundle
@@ -81,6 +81,7 @@ __all__ = [
     "encode_sample",
     "is_bundle",
     "is_store_url",
+    "list_remote_bundles",
     "open_bundle",
     "pack_bundle",
     "register_record_type",

@@ -97,6 +97,7 @@ from bundles._store import Store, StoreURL, get_store, parallel, store_error
 __all__ = [
     "collect_garbage",
     "is_remote_bundle",
+    "list_remote_bundles",
     "open_remote_bundle",
     "pack_to_store",
     "remove_remote_bundle",
@@ -222,6 +223,31 @@ def _place(url_text: str, storage_options: Mapping[str, Any] | None, what: str) 
     if pointer is None:
         raise BundleNotFoundError(f"{url}: no bundle here (no {STORE_POINTER_NAME} or {MANIFEST_NAME})")
     return _Place(url, store, pointer)
+
+
+def list_remote_bundles(
+    prefix_text: str, storage_options: Mapping[str, Any] | None = None
+) -> dict[str, StoreURL]:
+    """The bundles right under ``prefix`` (one level), by name: one delimited listing, then one
+    pointer lookup per child, concurrently. Names that are not bundles (a shared pool, a dead
+    writer's unpublished prefix) are left out."""
+    url = StoreURL(prefix_text)
+    store = get_store(url, storage_options)
+    try:
+        names = [n for n in store.children(url.key) if n != STORE_MEDIA_POOL]
+        found = parallel(lambda n: _safe_pointer(store, url.child(n)) is not None, names)
+    except BundleError:
+        raise
+    except Exception as e:
+        raise store_error(url, "list the bundles", e) from e
+    return {n: url.child(n) for n, ok in zip(names, found, strict=True) if ok}
+
+
+def _safe_pointer(store: Store, url: StoreURL) -> Pointer | None:
+    try:
+        return _read_pointer(store, url)
+    except BundleFormatError:
+        return None
 
 
 def is_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | None = None) -> bool:

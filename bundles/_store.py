@@ -243,6 +243,11 @@ class Store:
             found.extend(dict(m) for m in batch)
         return found
 
+    def children(self, prefix: str) -> list[str]:
+        """The names right under ``prefix/`` that have objects below them ("directories")."""
+        result = self.obs.list_with_delimiter(self.store, prefix.rstrip("/") + "/" if prefix else None)
+        return [p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"]]
+
     def delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):
             self.obs.delete(self.store, keys[i : i + 1000])

@@ -352,3 +352,14 @@ def test_gc_leaves_a_bundle_whose_pointer_it_cannot_read(moto: Any, tmp_path: Pa
     before = keys(moto)
     report = bundles.collect_garbage(f"s3://{moto.current}/p/b", older_than_s=0)
     assert report.generations == [] and keys(moto) == before
+
+
+def test_list_remote_bundles_names_the_bundles_under_a_prefix(moto: Any, tmp_path: Path) -> None:
+    samples, run, _ = samples_with_media(tmp_path, n=1)
+    base = f"s3://{moto.current}/run/rollout"
+    for name in ("fully_async_1", "fully_async_2"):
+        write_bundle(f"{base}/{name}", samples, media_roots=[run], shared_media=True)
+    obstore.put(raw_store(moto), "run/rollout/fully_async_3/g20260101T000000000000Z-0123456789ab/x", b"x")
+    found = bundles.list_remote_bundles(base)
+    assert found == {"fully_async_1": f"{base}/fully_async_1", "fully_async_2": f"{base}/fully_async_2"}
+    assert bundles.list_remote_bundles(f"s3://{moto.current}/nothing") == {}
