@@ -60,8 +60,8 @@ from trainer_hooks.checkpoints._reader import (
     read_rollout_checkpoint,
 )
 from trainer_hooks.checkpoints._retention import apply_retention
-from trainer_hooks.checkpoints._state import RolloutState, RolloutStateCut
 from trainer_hooks.checkpoints._snapshot import SnapshotError, snapshot_groups, snapshot_value
+from trainer_hooks.checkpoints._state import RolloutState, RolloutStateCut
 from trainer_hooks.checkpoints._writer import (
     CheckpointSaveError,
     RolloutCheckpointer,

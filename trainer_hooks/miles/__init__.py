@@ -27,7 +27,7 @@ Miles is imported when this package is imported; without it, importing says so i
 """
 
 try:
-    import miles.rollout.data_source  # noqa: F401
+    import miles.rollout.data_source
     import miles.rollout.fully_async_data_buffer  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
