@@ -2,9 +2,13 @@
 
 A bundle is a directory: a manifest, msgpack+zstandard sample shards, and every referenced
 media file stored once by content digest. See docs/FORMAT.md for the on-disk format.
+
+This module is the format API. Tools built on bundles (trainer_hooks, the CLI) also use
+:mod:`bundles.support`: the atomic write, the tree deletion, process identity, fault points,
+progress and the CLI kit.
 """
 
-from bundles._commit import is_bundle, remove_bundle, scratch_dir
+from bundles._commit import is_bundle, remove_bundle
 from bundles._errors import (
     BundleError,
     BundleExistsError,
@@ -18,14 +22,19 @@ from bundles._errors import (
     OutsidePathError,
     OutsidePathWarning,
     UnsafeBundleError,
+    UnsupportedLocationError,
     UnsupportedValueError,
 )
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
+from bundles._location import check_location, is_store_url
+from bundles._manifest import Manifest, MediaEntry, ShardEntry
 from bundles._media import MediaRef
+from bundles._options import LinkMode, OutsidePolicy, Verify
 from bundles._pack import pack_bundle, unpack_bundle
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle, open_bundle
 from bundles._records import Record, register_record_type
+from bundles._sample_codec import decode_sample, encode_sample
 from bundles._writer import write_bundle
 
 __version__ = "0.1.0"
@@ -44,21 +53,51 @@ __all__ = [
     "BundleNotFoundError",
     "BundleReplacedError",
     "BundleVerificationError",
+    "LinkMode",
+    "Manifest",
+    "MediaEntry",
     "MediaMissingError",
     "MediaRef",
     "OutsidePathError",
     "OutsidePathWarning",
+    "OutsidePolicy",
     "Record",
+    "ShardEntry",
     "UnsafeBundleError",
+    "UnsupportedLocationError",
     "UnsupportedValueError",
+    "Verify",
     "__version__",
+    "check_location",
     "decode_image",
+    "decode_sample",
+    "encode_sample",
     "is_bundle",
+    "is_store_url",
     "open_bundle",
     "pack_bundle",
     "register_record_type",
     "remove_bundle",
-    "scratch_dir",
     "unpack_bundle",
     "write_bundle",
 ]
+
+
+# Deprecated aliases, kept for one release: these moved to bundles.support (not the format API).
+_MOVED_TO_SUPPORT = frozenset({"scratch_dir"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED_TO_SUPPORT:
+        import warnings
+
+        from bundles import support
+
+        warnings.warn(
+            f"bundles.{name} is deprecated and will be removed in the next release: "
+            f"use bundles.support.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(support, name)
+    raise AttributeError(f"module 'bundles' has no attribute {name!r}")

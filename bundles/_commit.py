@@ -54,6 +54,7 @@ from bundles._errors import BundleError, BundleExistsError, BundleIOError, Bundl
 from bundles._faults import fault_point
 from bundles._fs import exchange, fsync_dir, remove_tree, rename_noreplace
 from bundles._layout import MANIFEST_NAME, RETIRED_MARKER, STAGING_MARKER, STAGING_RE
+from bundles._location import classify, local_path_only
 from bundles._proc import boot_id, pid_alive, pid_namespace
 
 # A leftover of another boot of this host name is removed once nothing in it changed for this
@@ -212,6 +213,7 @@ def scratch_dir(beside: str | os.PathLike[str], purpose: str = "scratch") -> Pat
     removes it. Same filesystem as the bundle, so files made there can be hard-linked into it.
     Remove it when done.
     """
+    local_path_only(beside, "scratch_dir")
     target = Path(os.path.abspath(beside))
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -243,7 +245,12 @@ def _replaceable(dest: Path) -> bool:
 
 def is_bundle(path: str | os.PathLike[str]) -> bool:
     """True for a committed bundle directory: not a symlink, not a staging or retired directory,
-    with a manifest. Cheap (two stats); :func:`open_bundle` is what validates it."""
+    with a manifest. Cheap (two stats); :func:`open_bundle` is what validates it. An object-store
+    URL is answered by the store (one or two requests)."""
+    if classify(path) == "store":
+        from bundles._remote import is_remote_bundle
+
+        return is_remote_bundle(str(path))
     p = Path(path)
     return not p.is_symlink() and not is_staging_name(p.name) and (p / MANIFEST_NAME).is_file()
 
@@ -269,6 +276,11 @@ def remove_bundle(path: str | os.PathLike[str]) -> None:
     bundle (a directory with a manifest) is removed: anything else raises. A bundle removed by
     someone else meanwhile raises :class:`BundleNotFoundError`, as if it had never been there.
     """
+    if classify(path) == "store":
+        from bundles._remote import remove_remote_bundle
+
+        remove_remote_bundle(str(path))
+        return
     dest = Path(os.path.abspath(path))
     if not is_bundle(dest):
         if not os.path.lexists(dest):

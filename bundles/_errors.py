@@ -25,6 +25,7 @@ __all__ = [
     "OutsidePathError",
     "OutsidePathWarning",
     "UnsafeBundleError",
+    "UnsupportedLocationError",
     "UnsupportedValueError",
 ]
 
@@ -73,6 +74,11 @@ class BundleIOError(BundleError, OSError):
 
 class UnsupportedValueError(BundleError, TypeError):
     """A sample holds a value that the format cannot store without pickle."""
+
+
+class UnsupportedLocationError(BundleError, ValueError):
+    """A location is a URL whose scheme is not supported, or whose optional dependency is not
+    installed (the message names the scheme and the extra to install); never a local path."""
 
 
 class MediaMissingError(BundleError, FileNotFoundError):

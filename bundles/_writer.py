@@ -23,7 +23,7 @@ import math
 import os
 import stat
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +62,12 @@ from bundles._layout import (
     SHARDS_DIR,
     ZSTD_LEVEL,
 )
+from bundles._location import classify
 from bundles._manifest import nesting_depth_exceeds
 from bundles._media import MediaRef, digest_from_name, media_suffix, sha256_file
+from bundles._options import OUTSIDE_PATHS, LinkMode, OutsidePolicy
 from bundles._pil import png_bytes
 from bundles._progress import Progress
-
-OUTSIDE_PATHS = ("keep", "warn", "error")
-OutsidePolicy = str | Callable[[str], str]
 
 
 def _package_version() -> str:
@@ -438,16 +437,21 @@ def write_bundle(
     media_roots: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] = (),
     kind: str = "debug_dump",
     meta: Mapping[str, Any] | None = None,
-    link: str = "auto",
+    link: LinkMode | str = "auto",
     overwrite: bool = False,
     progress: bool | None = None,
     missing_media: str = "error",
     outside_paths: OutsidePolicy = "warn",
+    storage_options: Mapping[str, Any] | None = None,
+    shared_media: bool = False,
 ) -> Path:
     """Write ``samples`` and every media file they reference into a new bundle at ``dest``.
 
     Args:
-        dest: the bundle directory to create. Its parent is created if missing.
+        dest: the bundle directory to create (its parent is created if missing), or an
+            object-store URL (``s3://bucket/prefix``, ``gs://``, ``az://``; needs the
+            ``rollout-bundles[s3]`` extra), written with the commit protocol of
+            docs/FORMAT.md §9 (:mod:`bundles._remote`); any other URL scheme is refused.
         samples: dicts (as ``Sample.to_dict()`` gives) or objects with ``to_dict()``.
         media_roots: a directory (``str`` or path-like), or an iterable of them, whose files may
             be referenced by absolute path strings. Any ``str`` in a sample that is an absolute
@@ -467,9 +471,15 @@ def write_bundle(
         missing_media: ``"error"`` (default): a path string inside a media root whose file does
             not exist is an error; ``"keep"``: it is kept as a plain string (a ``MediaRef`` to a
             missing file is an error either way).
+        storage_options: for a URL only: obstore configuration (``endpoint``,
+            ``access_key_id``, ``secret_access_key``, ``region``, ``allow_http``, ...) that
+            overrides the standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
+        shared_media: for a URL only: store media in the content-addressed pool shared by the
+            bundles beside this one (``<parent>/.media/``), so that a file referenced by many
+            bundles of a run is uploaded once.
 
     Returns:
-        The absolute path of the committed bundle.
+        The absolute path of the committed bundle (for a URL: its ``StoreURL``).
 
     Raises:
         MediaMissingError: a referenced file is missing or disagrees with its reference; the
@@ -484,8 +494,27 @@ def write_bundle(
     Example:
         >>> write_bundle("/ckpt/dump_3", [s.to_dict() for s in samples], media_roots=[run_dir])
     """
+    if classify(dest) == "store":
+        from bundles._remote import write_remote_bundle
+
+        return write_remote_bundle(  # type: ignore[return-value]
+            str(dest),
+            samples,
+            media_roots=media_roots,
+            kind=kind,
+            meta=meta,
+            link=link,
+            overwrite=overwrite,
+            progress=progress,
+            missing_media=missing_media,
+            outside_paths=outside_paths,
+            storage_options=storage_options,
+            shared_media=shared_media,
+        )
+    if storage_options is not None or shared_media:
+        raise BundleError(f"{dest}: storage_options and shared_media apply to object-store URLs only")
     dest = Path(os.path.abspath(dest))
-    check_link_mode(link)
+    link = check_link_mode(link)
     roots = _media_roots(media_roots, dest)
     if not callable(outside_paths) and outside_paths not in OUTSIDE_PATHS:
         raise BundleError(

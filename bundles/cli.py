@@ -1,7 +1,7 @@
 """The bundle subcommands of ``rollout-bundle``: inspect, show, diff, verify, pack, unpack.
 
-:func:`register` adds them to a ``rollout-bundle`` parser (see :mod:`bundles._cli` for what
-every subcommand shares); the ``rollout-bundle`` entry point (:mod:`trainer_hooks.cli`) adds the
+:func:`register` adds them to a ``rollout-bundle`` parser (see :mod:`bundles.support` for the
+CLI kit every subcommand shares); the ``rollout-bundle`` entry point (:mod:`trainer_hooks.cli`) adds the
 training-side commands beside them. ``python -m bundles.cli`` runs the bundle commands alone.
 """
 
@@ -13,43 +13,53 @@ import os
 import sys
 from typing import Any
 
-# The toolkit every rollout-bundle subcommand uses (see bundles._cli), public for command modules
-# outside this package (trainer_hooks registers its commands with it).
-from bundles._cli import (
-    CommandError,
-    add_command,
-    add_json_option,
-    add_progress_option,
-    build_parser,
-    check_output_file,
-    cli_message,
-    int_at_least,
-    main_with,
-    run_command,
-)
+from bundles import _cli
 from bundles._diff import diff_bundles
 from bundles._layout import MEDIA_DIR
+from bundles._location import check_location, is_store_url
 from bundles._pack import pack_bundle, unpack_bundle
-from bundles._progress import Progress, human_bytes
+from bundles._progress import human_bytes
 from bundles._reader import open_bundle
 from bundles._show import dumps_pretty, parse_key_paths, select, to_json
 
-__all__ = [
-    "CommandError",
-    "Progress",
-    "add_command",
-    "add_json_option",
-    "add_progress_option",
-    "build_parser",
-    "check_output_file",
-    "cli_message",
-    "int_at_least",
-    "main",
-    "register",
-    "run_command",
-]
+__all__ = ["main", "register"]
 
-BUNDLE_HELP = "a bundle directory or a packed bundle file"
+# The CLI kit (and Progress) used to be exported from here; they moved to bundles.support, the
+# module for tools built on bundles. Kept for one release as aliases that warn.
+_MOVED_TO_SUPPORT = frozenset(
+    {
+        "CommandError",
+        "Progress",
+        "add_command",
+        "add_json_option",
+        "add_progress_option",
+        "build_parser",
+        "check_output_file",
+        "cli_message",
+        "int_at_least",
+        "main_with",
+        "run_command",
+    }
+)
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED_TO_SUPPORT:
+        import warnings
+
+        from bundles import support
+
+        warnings.warn(
+            f"bundles.cli.{name} is deprecated and will be removed in the next release: "
+            f"use bundles.support.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(support, name)
+    raise AttributeError(f"module 'bundles.cli' has no attribute {name!r}")
+
+
+BUNDLE_HELP = "a bundle directory or a packed bundle file, local or on an object store (s3://bucket/prefix)"
 
 
 def _print_json(obj: Any) -> None:
@@ -63,10 +73,10 @@ def _inspect(ns: argparse.Namespace) -> int:
     info: dict[str, Any] = {
         "path": str(bundle.path),
         "kind": bundle.kind,
-        "format_version": bundle.manifest["format_version"],
-        "created_by": bundle.manifest.get("created_by"),
+        "format_version": bundle.manifest.format_version,
+        "created_by": bundle.manifest.created_by,
         "samples": len(bundle),
-        "shards": len(bundle.manifest["shards"]),
+        "shards": len(bundle.manifest.shards),
         "media_files": stored,
         "media_bytes": bundle.media_bytes,
         "media_references": refs,
@@ -94,7 +104,7 @@ def _show(ns: argparse.Namespace) -> int:
     n = len(bundle)
     for i in ns.indices:
         if not -n <= i < n:
-            raise CommandError(f"{bundle.path}: sample index {i} is out of range: the bundle holds {n}")
+            raise _cli.CommandError(f"{bundle.path}: sample index {i} is out of range: the bundle holds {n}")
     positions = [i % n for i in ns.indices] if ns.indices else range(n)
     prefix = f"{bundle.path}/{MEDIA_DIR}/"
     out = sys.stdout
@@ -204,11 +214,21 @@ def _verify(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _where(location: str) -> str:
+    """A location as messages name it: a URL as given, a local path made absolute."""
+    return location if is_store_url(location) else os.path.abspath(location)
+
+
 def _pack(ns: argparse.Namespace) -> int:
     out = pack_bundle(ns.bundle, ns.output, overwrite=ns.force, progress=ns.progress)
-    size = os.path.getsize(out)
+    if is_store_url(str(out)):
+        from bundles._remote import object_size
+
+        size = object_size(str(out))
+    else:
+        size = os.path.getsize(out)
     if ns.json:
-        _print_json({"bundle": os.path.abspath(ns.bundle), "output": str(out), "bytes": size})
+        _print_json({"bundle": _where(ns.bundle), "output": str(out), "bytes": size})
     else:
         print(f"packed {ns.bundle} -> {out} ({human_bytes(size)})")
     return 0
@@ -219,7 +239,7 @@ def _unpack(ns: argparse.Namespace) -> int:
     if ns.json:
         _print_json(
             {
-                "packed": os.path.abspath(ns.file),
+                "packed": _where(ns.file),
                 "output": str(bundle.path),
                 "verified": "full",
                 "samples": len(bundle),
@@ -234,15 +254,62 @@ def _unpack(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _duration(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``24h`` or ``7d`` as seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    value, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        seconds = float(value) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 90s, 30m, 24h or 7d, found {text!r}"
+        ) from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"expected a duration >= 0, found {text!r}")
+    return seconds
+
+
+def _gc(ns: argparse.Namespace) -> int:
+    if not check_location(ns.prefix, "gc PREFIX"):
+        raise _cli.CommandError(f"{ns.prefix}: gc takes an object-store URL (s3://bucket/prefix)", status=2)
+    from bundles._remote import collect_garbage
+
+    report = collect_garbage(ns.prefix, older_than_s=ns.older_than, dry_run=ns.dry_run)
+    if ns.json:
+        _print_json(
+            {
+                "prefix": ns.prefix,
+                "dry_run": ns.dry_run,
+                "bundles": report.bundles,
+                "generations": report.generations,
+                "media": report.media,
+                "bytes": report.bytes,
+                "kept_young": report.kept_young,
+            }
+        )
+        return 0
+    verb = "would remove" if ns.dry_run else "removed"
+    for g in report.generations:
+        print(f"{verb} generation {g}/")
+    for m in report.media:
+        print(f"{verb} media {m}")
+    print(
+        f"{ns.prefix}: {report.bundles} live bundle(s); {verb} {len(report.generations)} generation(s) and "
+        f"{len(report.media)} media file(s), {human_bytes(report.bytes)}; {report.kept_young} object(s) of "
+        "garbage younger than --older-than kept"
+    )
+    return 0
+
+
 def register(subparsers: Any) -> None:
     """Add ``inspect``, ``verify``, ``pack`` and ``unpack`` to a ``rollout-bundle`` parser."""
-    p = add_command(
+    p = _cli.add_command(
         subparsers, "inspect", "show a bundle's kind, counts, sizes, dedup ratio and meta", _inspect
     )
     p.add_argument("bundle", metavar="BUNDLE", help=BUNDLE_HELP)
-    add_json_option(p)
+    _cli.add_json_option(p)
 
-    p = add_command(
+    p = _cli.add_command(
         subparsers,
         "show",
         "print samples as JSON (arrays and tensors summarised, media as their bundle paths)",
@@ -267,7 +334,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--full", action="store_true", help="print arrays, tensors, bytes and long lists in full")
 
-    p = add_command(
+    p = _cli.add_command(
         subparsers,
         "diff",
         "report samples added, removed and changed (by key path) and media only in one bundle",
@@ -282,14 +349,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--by", metavar="KEY", help="match samples by the value at this key path (e.g. index)")
     p.add_argument(
         "--limit",
-        type=int_at_least(0),
+        type=_cli.int_at_least(0),
         default=20,
         metavar="N",
         help="key paths listed per changed sample (default 20)",
     )
-    add_json_option(p, "the differences")
+    _cli.add_json_option(p, "the differences")
 
-    p = add_command(
+    p = _cli.add_command(
         subparsers,
         "verify",
         "check a bundle's files against its manifest; exit 1 listing every problem",
@@ -300,31 +367,53 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("bundle", metavar="BUNDLE", help=BUNDLE_HELP)
     p.add_argument("--full", action="store_true", help="also re-hash every media file")
-    add_json_option(p, "the verdict and every problem")
-    add_progress_option(p)
+    _cli.add_json_option(p, "the verdict and every problem")
+    _cli.add_progress_option(p)
 
-    p = add_command(subparsers, "pack", "pack a bundle directory into one file", _pack)
+    p = _cli.add_command(subparsers, "pack", "pack a bundle directory into one file", _pack)
     p.add_argument("bundle", metavar="BUNDLE", help="the bundle directory to pack")
     p.add_argument(
         "-o", "--output", required=True, metavar="FILE", help="the packed file to write (.rbundle)"
     )
     p.add_argument("--force", action="store_true", help="replace an existing output")
-    add_json_option(p)
-    add_progress_option(p)
+    _cli.add_json_option(p)
+    _cli.add_progress_option(p)
 
-    p = add_command(
+    p = _cli.add_command(
         subparsers, "unpack", "unpack a packed bundle into a directory and fully verify it", _unpack
     )
     p.add_argument("file", metavar="FILE", help="the packed bundle file (.rbundle)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="the bundle directory to create")
     p.add_argument("--force", action="store_true", help="replace an existing bundle at the output")
-    add_json_option(p)
-    add_progress_option(p)
+    _cli.add_json_option(p)
+    _cli.add_progress_option(p)
+
+    p = _cli.add_command(
+        subparsers,
+        "gc",
+        "remove unpublished generations and unreferenced shared media under an object-store prefix",
+        _gc,
+        description="Garbage collection of bundles on an object store (docs/FORMAT.md §9): generations that "
+        "no pointer names (a writer died, lost a race, or was replaced) and media of a shared pool that no "
+        "live bundle under PREFIX lists, once older than --older-than. Run it on the --save prefix of a run, "
+        "not while writers of that prefix reuse pooled media for longer than --older-than. Abandoned "
+        "multipart uploads are left to the bucket's lifecycle rule (AbortIncompleteMultipartUpload).",
+    )
+    p.add_argument("prefix", metavar="PREFIX", help="an object-store URL, e.g. s3://bucket/runs/r1")
+    p.add_argument(
+        "--older-than",
+        type=_duration,
+        default=24 * 3600.0,
+        metavar="AGE",
+        help="leave garbage younger than this (default 24h; e.g. 90s, 30m, 7d)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    _cli.add_json_option(p)
 
 
 def main(argv: list[str] | None = None) -> int:
     """A bundles-only entry point (``python -m bundles.cli``); ``rollout-bundle`` adds more."""
-    return main_with(
+    return _cli.main_with(
         [register], "Self-contained, verifiable bundles of rollout samples and their media.", argv
     )
 

@@ -62,10 +62,6 @@ def _files():
     return sorted(p for top in CHECKED if (ROOT / top).is_dir() for p in (ROOT / top).rglob("*.py"))
 
 
-@pytest.mark.xfail(
-    reason="trainer_hooks still reaches bundles' private modules: the support module of issue 17 "
-    "removes them (strict: this marker must go when it lands)"
-)
 def test_no_module_imports_another_packages_private_module():
     files = _files()
     assert len(files) > 40  # the scan sees the tree

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media, tree_snapshot
-from swap_helpers import make_victim, swap_after_listing, victim_intact
+from helpers import put_media, tree_snapshot
+from helpers.swap import make_victim, swap_after_listing, victim_intact
 
 from bundles import (
     BundleError,
@@ -279,7 +279,7 @@ def test_scratch_dirs_and_pack_files_of_dead_processes_are_cleaned_up(tmp_path):
         """
         import sys
         from pathlib import Path
-        from bundles import scratch_dir
+        from bundles.support import scratch_dir
         from bundles._commit import staging_name
         d = scratch_dir(Path(sys.argv[1]) / "ckpt", "images")
         (d / "x.png").write_bytes(b"png")

@@ -33,11 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from media_helpers import trainer_args
+from helpers import trainer_args
 
 import trainer_hooks
-from bundles import BundleNotFoundError, is_bundle, open_bundle, scratch_dir
+from bundles import BundleNotFoundError, is_bundle, open_bundle
 from bundles._fs import remove_tree
+from bundles.support import scratch_dir
 from trainer_hooks import (
     Sample,
     list_rollout_checkpoints,

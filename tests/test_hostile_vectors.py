@@ -49,7 +49,12 @@ def _attempt(path: Path, level: str) -> None:
 
 
 def test_the_table_lists_every_vector_and_the_generator_agrees():
-    on_disk = {p.name for p in HOSTILE.iterdir()} - {"generate.py", "expected.json", "__pycache__"}
+    # generate_<area>.py files write their own corpora, each in a folder with its own table.
+    on_disk = {
+        p.name
+        for p in HOSTILE.iterdir()
+        if not p.name.startswith("generate") and not (p / "expected.json").exists()
+    } - {"expected.json", "__pycache__"}
     committed = {row["path"] for row in TABLE.values() if not row["runtime"]}
     assert on_disk == committed
     assert generator.table() == TABLE  # regenerate when this fails

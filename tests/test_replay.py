@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
-from replay_helpers import PAD, make_dump, png  # noqa: E402
+from helpers import noise_png  # noqa: E402
+from helpers.replay import PAD, make_dump  # noqa: E402
 
 from bundles import pack_bundle, write_bundle  # noqa: E402
 from trainer_hooks import (  # noqa: E402
@@ -100,7 +101,7 @@ def image_samples(tmp_path: Path) -> list[Sample]:
     paths = []
     for j, (w, h) in enumerate([(112, 84), (140, 56)]):
         p = tmp_path / f"{j}.png"
-        p.write_bytes(png(w, h, seed=j))
+        p.write_bytes(noise_png(w, h, seed=j))
         paths.append(str(p))
     from bundles import MediaRef
 
@@ -264,9 +265,12 @@ def test_expect_catches_a_changed_max_pixels(tmp_path, capsys):
 
 def test_bad_usage_exits_2(tmp_path, capsys):
     dump = make_dump(tmp_path, 1)
-    with pytest.raises(SystemExit) as e:
-        run_cli(str(dump), "--limit", "0")
-    assert e.value.code == 2
+    capsys.readouterr()
+    # --limit 0 is refused in one line (it used to mean "every sample" in one command, "none" in another).
+    assert run_cli(str(dump), "--limit", "0") == 2
+    assert capsys.readouterr().err == (
+        "rollout-bundle replay: error: --limit must be at least 1; omit it for every sample\n"
+    )
     not_a_report = tmp_path / "x.json"
     not_a_report.write_text('{"samples": []}')
     assert run_cli(str(dump), "--expect", str(not_a_report)) == 2
@@ -335,7 +339,7 @@ def test_an_image_over_pillows_bomb_limit_is_a_rebuild_violation(tmp_path, capsy
     assert run_cli(str(bundle)) == 1
     out = capsys.readouterr().out
     assert "[rebuild] sample index None (position 0): multimodal_inputs.images[0]" in out
-    assert "refused by Pillow's decompression-bomb limit" in out
+    assert "cannot decode as PNG: Image size (900000000 pixels) exceeds limit" in out
 
 
 def test_multimodal_inputs_of_the_wrong_shape_are_named_not_a_traceback(tmp_path, capsys):
@@ -446,17 +450,17 @@ def test_answers_fill_logprob_diff_and_misaligned_answers_fail(tmp_path, capsys)
     assert "a log-prob that is no number: [0.5]" in out
 
 
-def test_pil_images_in_a_dump_replay_and_payloads_name_their_stored_files(tmp_path):
+def test_pil_images_in_a_dump_replay_and_payloads_carry_them_as_data_urls(tmp_path):
     import io as _io
 
-    from media_helpers import trainer_args
+    from helpers import trainer_args
 
     from trainer_hooks import save_debug_rollout_data
 
     args = trainer_args(
         tmp_path, "run-pil", "--fp16", "--save-debug-rollout-data", str(tmp_path / "d_{rollout_id}")
     )
-    image = Image.open(_io.BytesIO(png(112, 84, seed=5))).convert("RGB")
+    image = Image.open(_io.BytesIO(noise_png(112, 84, seed=5))).convert("RGB")
     s = Sample(
         index=3, tokens=[1, 2, 3, 4], response_length=1, loss_mask=[1], reward=0.0,
         multimodal_inputs={"images": [image]}, status=Sample.Status.COMPLETED,
@@ -464,15 +468,22 @@ def test_pil_images_in_a_dump_replay_and_payloads_name_their_stored_files(tmp_pa
     dump = save_debug_rollout_data(args, [s], 0, evaluation=False)
     payloads = tmp_path / "p.jsonl"
     report = replay_bundle(dump, payloads_out=payloads)
-    assert report["dtype"] == "fp16" and report["summary"]["problems"] == {}
+    # No token space: no processor recorded, which the report names (never "problems: none").
+    assert report["dtype"] == "fp16" and report["summary"]["problems"] == {"processor": 1}
     img = report["samples"][0]["images"][0]
     assert img["pixel_values"]["dtype"] == "float16" and img["image_grid_thw"]["values"] == [[1, 6, 8]]
-    (path,) = json.loads(payloads.read_text())["image_data"]
-    assert Path(path).is_file() and Path(path).parent.name == "media" and Path(path).suffix == ".png"
+    (url,) = json.loads(payloads.read_text())["image_data"]
+    import base64
+
+    head = "data:image/png;base64,"
+    assert url.startswith(head)
+    with Image.open(_io.BytesIO(base64.b64decode(url[len(head) :]))) as sent:
+        assert sent.mode == "RGB" and sent.tobytes() == image.tobytes()
 
 
 def test_a_checkpoint_replays_its_completed_groups_not_the_pending_ones(tmp_path, capsys):
-    from replay_helpers import dump_args, make_samples
+    from helpers import dump_args
+    from helpers.replay import make_samples
 
     from trainer_hooks import save_rollout_checkpoint, store_media
 
@@ -480,7 +491,7 @@ def test_a_checkpoint_replays_its_completed_groups_not_the_pending_ones(tmp_path
     # An in-flight group: a prompt with its screenshot and no generation yet (no tokens at all).
     pending = [
         Sample(group_index=9, index=90 + i, prompt="p", status=Sample.Status.PENDING,
-               multimodal_inputs={"images": [store_media(args, png(56, 56, seed=i), ".png")]})
+               multimodal_inputs={"images": [store_media(args, noise_png(56, 56, seed=i), ".png")]})
         for i in range(2)
     ]  # fmt: skip
     path = save_rollout_checkpoint(args, 1, [pending], [make_samples(args, 2)])

@@ -29,10 +29,28 @@ ROOT = Path(__file__).resolve().parents[1]
 PAD = 151655
 
 
+def write_png(path: Path, mode: str = "RGB", size: tuple[int, int] = (6, 4)) -> Path:
+    from PIL import Image
+
+    Image.new(mode, size, 7 if mode in ("L", "P") else (200, 10, 30, 128)[: len(mode)]).save(path)
+    return path
+
+
 def ref(tmp_path: Path, name: str) -> MediaRef:
-    p = tmp_path / f"{name}.png"
-    p.write_bytes(name.encode() * 10)
-    return MediaRef.from_file(p)
+    return MediaRef.from_file(write_png(tmp_path / f"{name}.png"))
+
+
+def data_url_pixels(url: str) -> tuple[str, tuple[int, int], bytes]:
+    """Mode, size and pixels of a ``data:image/png;base64,`` URL."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    prefix = "data:image/png;base64,"
+    assert url.startswith(prefix)
+    with Image.open(io.BytesIO(base64.b64decode(url[len(prefix) :]))) as im:
+        return im.mode, im.size, im.tobytes()
 
 
 def sample(i: int, *, images=None, dense=None, tokens=None, response_length=3) -> Sample:
@@ -144,8 +162,9 @@ def test_grpo_rewards_are_normalised_per_group():
 
 
 def test_payload_fields_for_media_and_text_samples_in_token_space(tmp_path):
+    pytest.importorskip("PIL", reason="image payloads need Pillow")
     args = Namespace(enable_token_space_processor=True)
-    images = [ref(tmp_path, "a"), str(tmp_path / "b.png")]
+    images = [ref(tmp_path, "a"), str(write_png(tmp_path / "b.png", "L"))]
     media = sample(1, images=images, tokens=[1, PAD, PAD, 2, 3, 4, 5])
     payload = build_prefill_scoring_payload(args, media, {"top_p": 1.0})
     assert payload["input_ids"] == media.tokens
@@ -154,7 +173,10 @@ def test_payload_fields_for_media_and_text_samples_in_token_space(tmp_path):
     }  # fmt: skip
     assert payload["return_logprob"] is True
     assert payload["logprob_start_len"] == 7 - 3 - 1
-    assert payload["image_data"] == [images[0].path, images[1]]
+    # Images as Miles sends them: RGB PNG data URLs a remote engine can read, never local paths.
+    (mode_a, size_a, _), (mode_b, size_b, pixels_b) = map(data_url_pixels, payload["image_data"])
+    assert (mode_a, size_a, mode_b, size_b) == ("RGB", (6, 4), "RGB", (6, 4))
+    assert pixels_b == bytes([7, 7, 7]) * 24  # L converted to RGB
     assert payload["mm_token_expansion_start_len"] == len(media.tokens)
 
     text = build_prefill_scoring_payload(args, sample(2), {})
@@ -260,7 +282,7 @@ def test_token_check_says_expanded_twice():
 
 
 def test_dumps_record_the_processor_settings_and_dtype_replay_needs(tmp_path):
-    from media_helpers import trainer_args
+    from helpers import trainer_args
 
     from bundles import open_bundle
     from trainer_hooks import save_debug_rollout_data

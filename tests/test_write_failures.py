@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from media_helpers import trainer_args
+from helpers import trainer_args
 
 import trainer_hooks
 from bundles import BundleIOError, MediaMissingError, is_bundle, open_bundle
@@ -125,7 +125,7 @@ class _read_only:
 
 
 def test_a_scratch_directory_in_a_read_only_place_is_a_bundle_io_error(saved):
-    from bundles import scratch_dir
+    from bundles.support import scratch_dir
 
     parent = Path(saved.save) / "rollout"
     with (

@@ -28,6 +28,7 @@ never the reverse. Stand-in rollout manager and
 trainer objects for tests and demos live in :mod:`trainer_hooks.testing`.
 """
 
+from trainer_hooks._drivers import DriverReport, train, train_async
 from trainer_hooks._sample import AdapterRef, RewardSpec, Sample, default_sample_cls
 from trainer_hooks.arguments import (
     MILES_OPTIONS,
@@ -41,9 +42,11 @@ from trainer_hooks.checkpoints import (
     CheckpointSaveError,
     FullyAsyncRolloutFn,
     GroupBuffer,
+    IncompatibleResumeError,
     ListDataSource,
     RolloutCheckpoint,
     RolloutCheckpointer,
+    RolloutLedger,
     RolloutWorkerError,
     SnapshotError,
     checkpoint_path,
@@ -73,7 +76,6 @@ from trainer_hooks.replay import (
 )
 from trainer_hooks.run_media import (
     LEASE_NAME,
-    DriverReport,
     RunDisposer,
     RunLease,
     RunMediaError,
@@ -87,8 +89,6 @@ from trainer_hooks.run_media import (
     run_media_dir,
     store_media,
     sweep_run_media,
-    train,
-    train_async,
 )
 
 __all__ = [
@@ -100,6 +100,7 @@ __all__ = [
     "DriverReport",
     "FullyAsyncRolloutFn",
     "GroupBuffer",
+    "IncompatibleResumeError",
     "LegacyDumpError",
     "ListDataSource",
     "PickleRefusedError",
@@ -107,6 +108,7 @@ __all__ = [
     "RolloutCheckpoint",
     "RolloutCheckpointer",
     "RolloutEngineProcessorArgs",
+    "RolloutLedger",
     "RolloutWorkerError",
     "RunDisposer",
     "RunLease",

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from bundles import LinkMode, UnsupportedLocationError, Verify, check_location
 from trainer_hooks.arguments._processor import RolloutEngineProcessorArgs, parse_mm_process_config
 from trainer_hooks.run_media import check_run_id
 
@@ -41,8 +42,9 @@ __all__ = [
     "validate_args",
 ]
 
-BUNDLE_LINK_MODES = ("auto", "hardlink", "reflink", "copy")
-BUNDLE_VERIFY_MODES = ("none", "fast", "full")
+# The choices of --bundle-link-mode / --bundle-verify: bundles' own vocabularies.
+BUNDLE_LINK_MODES = LinkMode.values()
+BUNDLE_VERIFY_MODES = Verify.values()
 _ADDR_RE = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>[0-9]{1,5})")
 
 
@@ -100,6 +102,27 @@ def _own_options() -> list[tuple[str, dict[str, Any]]]:
                 default=True,
                 help="Hash every media file a resume places in the run directory (default: on). Hard "
                 "links share inodes with the checkpoint, so an in-place edit would otherwise go unseen.",
+            ),
+        ),
+        (
+            "--rollout-journal-interval",
+            dict(
+                type=float,
+                default=1.0,
+                metavar="SECONDS",
+                help="Journal every graded sample beside the rollout checkpoints and fsync the journal at "
+                "most this often, on a background thread (default 1.0; 0 disables the journal). A crash then "
+                "loses at most this much generation (docs/RESUME.md).",
+            ),
+        ),
+        (
+            "--resume-accept-changes",
+            dict(
+                default=None,
+                metavar="FIELD[,FIELD]",
+                help="Resume although the checkpoint's fingerprint differs in these fields (model_path, "
+                "tokenizer, processor, training_dtype, n_samples_per_prompt, dataset); resume refuses any "
+                "other difference.",
             ),
         ),
         # Miles skips SGLang's model_path (it uses --hf-checkpoint); the processor check reads it.
@@ -240,6 +263,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+# The options that may name an object-store URL (docs/TRAINER_HOOKS.md); until the trainer side
+# uploads and resumes from a store, none does.
+_STORE_OPTIONS: frozenset[str] = frozenset()
+
+
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     """Check the options in one pass; raise ``ValueError`` naming the option. Returns ``args``."""
     g = lambda name, default=None: getattr(args, name, default)  # noqa: E731
@@ -259,6 +287,18 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         "load_debug_rollout_data",
     ):
         if g(name) is not None:
+            option = "--" + name.replace("_", "-")
+            try:
+                remote = check_location(getattr(args, name), option)
+            except UnsupportedLocationError as e:
+                raise ValueError(str(e)) from None
+            if remote:
+                if name not in _STORE_OPTIONS:
+                    raise ValueError(
+                        f"{option} {getattr(args, name)}: an object-store URL is not supported for this option; "
+                        "give a local path"
+                    )
+                continue  # a URL is absolute already
             setattr(args, name, os.path.abspath(os.fspath(getattr(args, name))))
     if g("run_uuid") is None:
         args.run_uuid = uuid.uuid4().hex
@@ -286,6 +326,19 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(
             f"--keep-rollout-checkpoints: expected at least 1 (the newest is needed to resume), found {keep}"
         )
+    interval = g("rollout_journal_interval")
+    if interval is not None and not (float(interval) >= 0 and float(interval) != float("inf")):
+        raise ValueError(f"--rollout-journal-interval: expected seconds >= 0 (0 disables), found {interval}")
+    if g("resume_accept_changes") is not None:
+        from trainer_hooks.checkpoints import FINGERPRINT_FIELDS
+
+        fields = [f.strip() for f in str(args.resume_accept_changes).split(",") if f.strip()]
+        unknown = [f for f in fields if f not in FINGERPRINT_FIELDS]
+        if unknown:
+            raise ValueError(
+                f"--resume-accept-changes: unknown field(s) {', '.join(unknown)}; expected some of "
+                f"{', '.join(FINGERPRINT_FIELDS)}"
+            )
     for name, choices in (("bundle_link_mode", BUNDLE_LINK_MODES), ("bundle_verify", BUNDLE_VERIFY_MODES)):
         value = g(name)
         if value is not None and value not in choices:

@@ -32,17 +32,43 @@ Modules, one concern each
 * :mod:`._state`: :class:`RolloutState`, every group's place between data source and training
   (the events the Miles plugins and the journal follow), saved as one cut.
 * :mod:`._snapshot`: snapshots on the caller's thread (debug dumps use them too).
+* :mod:`._journal`: the rollout journal (append-only segments, background fsync, scan).
+* :mod:`._ledger`: :class:`RolloutLedger`, group ids + journal + recovery, the one implementation
+  behind :class:`FullyAsyncRolloutFn` and the Miles plugins.
+* :mod:`._fingerprint`: what a resume must share with the run that saved (fail closed).
 * :mod:`._fully_async`: :class:`FullyAsyncRolloutFn`, the fully-async rollout function whose
   ``save``/``load`` write and resume these checkpoints.
 * Shared with debug dumps: :mod:`trainer_hooks._sample_bundle` (sample dicts to a bundle, and
   the run's meta).
 """
 
+from trainer_hooks.checkpoints._fingerprint import (
+    FINGERPRINT_FIELDS,
+    IncompatibleResumeError,
+    check_fingerprint,
+    run_fingerprint,
+)
 from trainer_hooks.checkpoints._fully_async import (
     FullyAsyncRolloutFn,
     GroupBuffer,
     ListDataSource,
     RolloutWorkerError,
+)
+from trainer_hooks.checkpoints._journal import (
+    JOURNAL_DIR,
+    JournalError,
+    JournalScan,
+    RolloutJournal,
+    journal_dir,
+    scan_journal,
+)
+from trainer_hooks.checkpoints._ledger import (
+    DEFAULT_JOURNAL_INTERVAL,
+    LazyGroup,
+    RecoveredGroup,
+    RecoveredState,
+    RolloutLedger,
+    materialize,
 )
 from trainer_hooks.checkpoints._paths import (
     CHECKPOINT_KIND,
@@ -73,24 +99,40 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "CHECKPOINT_SUBDIR",
     "CHECKPOINT_VERSION",
+    "DEFAULT_JOURNAL_INTERVAL",
+    "FINGERPRINT_FIELDS",
+    "JOURNAL_DIR",
     "READABLE_CHECKPOINT_VERSIONS",
     "CheckpointSaveError",
     "FullyAsyncRolloutFn",
     "GroupBuffer",
+    "IncompatibleResumeError",
+    "JournalError",
+    "JournalScan",
+    "LazyGroup",
     "ListDataSource",
+    "RecoveredGroup",
+    "RecoveredState",
     "RolloutCheckpoint",
     "RolloutCheckpointer",
+    "RolloutJournal",
+    "RolloutLedger",
     "RolloutState",
     "RolloutStateCut",
     "RolloutWorkerError",
     "SnapshotError",
     "_require",
     "apply_retention",
+    "check_fingerprint",
     "checkpoint_path",
+    "journal_dir",
     "list_rollout_checkpoints",
     "load_rollout_checkpoint",
+    "materialize",
     "read_rollout_checkpoint",
+    "run_fingerprint",
     "save_rollout_checkpoint",
+    "scan_journal",
     "snapshot_groups",
     "snapshot_value",
 ]

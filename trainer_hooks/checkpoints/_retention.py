@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from bundles import BundleNotFoundError, remove_bundle
-from bundles._faults import fault_point
+from bundles.support import fault_point
 from trainer_hooks.checkpoints._paths import list_rollout_checkpoints
 
 __all__ = ["apply_retention"]

@@ -57,15 +57,14 @@ from bundles import (
     BundleError,
     BundleExistsError,
     BundleFormatError,
+    OutsidePolicy,
     open_bundle,
     pack_bundle,
-    scratch_dir,
     unpack_bundle,
 )
-from bundles._fs import remove_tree  # the project's one tree deletion (fd-relative, no symlinks)
+from bundles.support import remove_tree, scratch_dir  # the one tree deletion (fd-relative, no symlinks)
 from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import (
-    OutsidePolicy,
     other_run_media_policy,
     run_media_roots,
     run_meta,

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleError, BundleExistsError
-from bundles.cli import CommandError, add_command, add_json_option, cli_message
+from bundles.support import CommandError, add_command, add_json_option, cli_message
 from trainer_hooks.dumps._debug_dump import DEBUG_DUMP_KIND, write_dump_bundle
 
 __all__ = ["LegacyDumpError", "PickleRefusedError", "import_legacy_dump", "register"]

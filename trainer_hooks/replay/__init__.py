@@ -15,13 +15,13 @@ torch, transformers, PIL and Ray are imported only when used.
 """
 
 from trainer_hooks.replay._guard import convert_samples_to_train_data
+from trainer_hooks.replay._memory import tune_allocator
 from trainer_hooks.replay._payload import (
     _build_prefill_scoring_payload,
     build_prefill_scoring_payload,
     sglang_generate_fields,
 )
 from trainer_hooks.replay._processor import DEFAULT_IMAGE_TOKEN_ID, ReplayProcessor, load_processor
-from trainer_hooks.replay._memory import tune_allocator
 from trainer_hooks.replay._rebuild import (
     DTYPE_NAMES,
     compute_multimodal_train_inputs,

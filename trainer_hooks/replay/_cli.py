@@ -21,15 +21,15 @@ import sys
 from typing import Any, TextIO
 
 from bundles import BundleError
-from bundles._cli import (
+from bundles.support import (
     CommandError,
+    Progress,
     add_command,
     add_json_option,
     add_progress_option,
     check_output_file,
-    int_at_least,
+    human_bytes,
 )
-from bundles._progress import Progress, human_bytes
 
 __all__ = ["VIOLATION_KINDS", "register", "run_replay"]
 
@@ -47,6 +47,16 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, found {text!r}")
     return value
+
+
+LIMIT_MESSAGE = "--limit must be at least 1; omit it for every sample"
+
+
+def _limit(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of samples, found {text!r}") from None
 
 
 def register(subparsers: Any) -> None:
@@ -74,8 +84,9 @@ def register(subparsers: Any) -> None:
         help="cast floating tensors to this dtype (default: the training dtype the bundle recorded)",
     )  # fmt: skip
     p.add_argument(
-        "--limit", type=int_at_least(1), default=None, metavar="N", help="replay only the first N samples"
-    )
+        "--limit", type=_limit, default=None, metavar="N",
+        help="replay only the first N samples (N >= 1; omit it for every sample)",
+    )  # fmt: skip
     add_json_option(p, "the summary")
     add_progress_option(p)
     p.add_argument("--report", metavar="FILE.json", help="write per-sample results and fingerprints")
@@ -94,6 +105,11 @@ def register(subparsers: Any) -> None:
         help='replace the recorded mm_process_config, e.g. \'{"image": {"max_pixels": 1003520}}\'',
     )  # fmt: skip
     p.add_argument(
+        "--allow-outside-media", action="store_true",
+        help="also read image files that samples name outside the bundle (regular files only); by "
+        "default replay reads only the media stored in the bundle, which may come from anyone",
+    )  # fmt: skip
+    p.add_argument(
         "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
         help="shard samples over Ray tasks (the bundle must be on a filesystem the cluster shares); "
         "ADDRESS as for ray.init (default: a running local cluster, else a new one)",
@@ -101,7 +117,8 @@ def register(subparsers: Any) -> None:
     p.usage = (
         "%(prog)s BUNDLE [--dtype {bf16,fp16,fp32}] [--limit N] [--json] [--report FILE.json]\n"
         "       [--payloads-out FILE.jsonl] [--expect FILE.json] [--answers FILE.jsonl]\n"
-        "       [--mm-process-config JSON] [--ray [ADDRESS]] [--progress | --no-progress]"
+        "       [--mm-process-config JSON] [--allow-outside-media] [--ray [ADDRESS]]\n"
+        "       [--progress | --no-progress]"
     )
 
 
@@ -159,6 +176,15 @@ def run_replay(ns: argparse.Namespace) -> int:
             ns.bundle, ns.ray = ns.ray, ""
         else:
             raise CommandError("the following arguments are required: BUNDLE", status=2)
+    if ns.limit is not None and ns.limit < 1:
+        raise CommandError(LIMIT_MESSAGE, status=2)
+    if ns.ray is not None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise CommandError(
+                "--ray needs Ray, which is not installed: pip install 'rollout-bundles[ray]'", status=2
+            ) from None
     # A replay can take minutes: refuse outputs it could not write before doing the work.
     check_output_file("--report", ns.report)
     check_output_file("--payloads-out", ns.payloads_out)
@@ -207,6 +233,7 @@ def run_replay(ns: argparse.Namespace) -> int:
                 use_ray=ns.ray is not None,
                 ray_address=ns.ray or None,
                 progress=progress,
+                allow_outside_media=ns.allow_outside_media,
             )
     except BundleError:
         raise  # an unreadable bundle: exit 1 (some are ValueErrors too)

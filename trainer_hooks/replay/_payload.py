@@ -20,19 +20,20 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 from argparse import Namespace
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from typing import Any
 
+from trainer_hooks.replay._media import MediaReader, to_rgb
 from trainer_hooks.replay._rebuild import sample_images
 
 __all__ = [
     "SGLANG_FIELDS_FILE",
     "build_prefill_scoring_payload",
     "compare_prefill_logprobs",
+    "encode_image",
     "is_token_space",
     "sglang_generate_fields",
 ]
@@ -62,20 +63,14 @@ def is_token_space(args: Namespace) -> bool:
     return bool(getattr(args, "enable_token_space_processor", False))
 
 
-def _image_datum(item: Any, where: str) -> str:
-    path = getattr(item, "path", None)
-    if path is not None and hasattr(item, "digest"):  # MediaRef
-        return str(path)
-    if isinstance(item, (str, os.PathLike)):
-        return os.fspath(item)
-    if hasattr(item, "save") and hasattr(item, "size"):  # a PIL image
-        filename = getattr(item, "filename", None)
-        if isinstance(filename, str) and filename and os.path.isfile(filename):
-            return filename  # read from a bundle: opened lazily on its stored file
-        buf = io.BytesIO()
-        item.save(buf, format="PNG")
-        return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-    raise ValueError(f"{where}: expected a path, a MediaRef or a PIL image, found {type(item).__name__}")
+def encode_image(image: Any) -> str:
+    """A PIL image as Miles sends it to the engine: RGB (``convert("RGB")`` for any other mode),
+    PNG, base64, as a ``data:image/png;base64,`` URL (``miles.utils.processing_utils.
+    encode_image_for_rollout_engine``). A data URL works against a remote engine, which a local
+    file path does not."""
+    buf = io.BytesIO()
+    to_rgb(image).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("utf-8")
 
 
 def _lora_path(args: Namespace, sample: Any) -> str | None:
@@ -91,7 +86,12 @@ def _lora_path(args: Namespace, sample: Any) -> str | None:
 
 
 def build_prefill_scoring_payload(
-    args: Namespace, sample: Any, sampling_params: Mapping[str, Any] | None = None
+    args: Namespace,
+    sample: Any,
+    sampling_params: Mapping[str, Any] | None = None,
+    *,
+    media: MediaReader | None = None,
+    images: bool = True,
 ) -> dict[str, Any]:
     """The SGLang ``/generate`` request that rescores ``sample``'s response by prefill.
 
@@ -102,14 +102,19 @@ def build_prefill_scoring_payload(
     token); ``lora_path`` as Miles names adapters (``__miles_slot_<slot>`` for a sample with an
     ``adapter``, ``miles_lora`` with ``--lora-rank``/``--lora-adapter-path`` unless
     ``--lora-train-only``); ``image_data`` = the
-    sample's image references as paths (a PIL image read from a bundle: the file it was opened
-    on; any other PIL image: a PNG data URL); and, in token space
+    sample's images as Miles sends them (:func:`encode_image`: RGB, PNG, base64 data URLs, so
+    that a remote engine can read them; paths and ``MediaRef``s are read through ``media``, by
+    default as the caller's own files, and decoded by :func:`bundles.decode_image`); and, in token space
     (``args.enable_token_space_processor``) for a sample with images,
     ``mm_token_expansion_start_len = len(sample.tokens)``.
 
+    ``images=False`` leaves ``image_data`` out (a replay that only checks the payload can be
+    built does not encode screenshots it will not write).
+
     Raises:
         ValueError: the prompt length (``len(tokens) - response_length``) is not positive, naming
-            both lengths and the sample index.
+            both lengths and the sample index; an image that cannot be read or decoded, naming
+            the sample index and the image index.
     """
     tokens = list(sample.tokens)
     prompt_len = len(tokens) - int(sample.response_length)
@@ -132,10 +137,14 @@ def build_prefill_scoring_payload(
     }
     if (lora_path := _lora_path(args, sample)) is not None:
         payload["lora_path"] = lora_path
-    images = sample_images(sample, f"prefill scoring payload: sample index {getattr(sample, 'index', None)}")
-    if images:
-        where = f"sample index {getattr(sample, 'index', None)}: multimodal_inputs.images"
-        payload["image_data"] = [_image_datum(img, f"{where}[{j}]") for j, img in enumerate(images)]
+    items = sample_images(sample, f"prefill scoring payload: sample index {getattr(sample, 'index', None)}")
+    if items:
+        where = f"prefill scoring payload: sample index {getattr(sample, 'index', None)}: multimodal_inputs.images"
+        if images:
+            reader = media if media is not None else MediaReader()
+            payload["image_data"] = [
+                encode_image(reader.image(img, f"{where}[{j}]")) for j, img in enumerate(items)
+            ]
         if is_token_space(args):
             payload["mm_token_expansion_start_len"] = len(tokens)
     return payload

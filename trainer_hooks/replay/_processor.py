@@ -1,32 +1,52 @@
-"""The image processor a replay rebuilds with: :func:`load_processor`.
+"""The image processor a replay rebuilds with: :func:`load_processor`, by model family, checked.
 
 A bundle records the engines' processor settings in ``meta["processor"]`` (see
 :mod:`trainer_hooks.arguments._processor`): ``model_path``, ``image_processor_backend``,
 ``mm_process_config`` (``{"image": {"max_pixels": ...}}`` as SGLang takes it, or flat) and,
-when the model directory said so, ``image_token_id``. A replay on another machine must rebuild
-the pixel values the training run would have built, so the processor is made from those settings:
+when the model directory said so, ``image_token_id``. Only token-space runs record them
+(``--enable-token-space-processor``); a bundle whose ``processor`` is null says nothing about its
+model, and a replay says so as a named problem (:mod:`trainer_hooks.replay._report`).
 
-1. ``model_path`` is a local model directory (or a model already in the local Hugging Face
-   cache): its own ``preprocessor_config.json``, loaded with ``local_files_only``;
-2. otherwise the Qwen2-VL-7B-Instruct hub ``preprocessor_config.json`` shipped in this package
-   (``trainer_hooks/data/qwen2_vl_preprocessor_config.json``). Not the transformers class
-   defaults: those cap an image at 1003520 pixels where the hub config allows 12845056, so a
-   1920x1080 screenshot becomes 1222 vision tokens instead of the 2691 the model saw.
+**Family.** The processor is picked by the recorded model's family (:data:`FAMILIES`):
+Qwen2-VL, Qwen2.5-VL and Qwen3-VL, all of which use transformers' ``Qwen2VLImageProcessor``
+with their own hub ``preprocessor_config.json`` (Qwen3-VL: 16-pixel patches, ``size`` bounds,
+0.5 mean/std). The family comes from the local model directory's ``config.json``
+``model_type`` or ``preprocessor_config.json`` ``processor_class``, else from the model id
+(``Qwen/Qwen2.5-VL-7B-Instruct``). Any other family (Gemma, LLaVA, ...) is refused in one line
+naming it, rather than rebuilt with a Qwen processor into nonsense token counts.
 
-Then ``mm_process_config``'s ``min_pixels``/``max_pixels`` (and ``patch_size``, ``merge_size``,
-``temporal_patch_size``) are applied. Nothing is ever downloaded.
+**Config.** 1. ``model_path`` a local model directory (or a model in the local Hugging Face
+cache): its own ``preprocessor_config.json`` (a regular file of at most 1 MiB, opened without
+blocking); 2. otherwise the family's hub config shipped in ``trainer_hooks/data/`` (sources in
+``trainer_hooks/data/README.md``). Not the transformers class defaults: those cap an image at
+1003520 pixels where the Qwen2-VL hub config allows 12845056, so a 1920x1080 screenshot becomes
+1222 vision tokens instead of the 2691 the model saw. Then ``mm_process_config``'s
+``min_pixels``/``max_pixels`` (and ``patch_size``, ``merge_size``, ``temporal_patch_size``) are
+applied. Nothing is ever downloaded.
+
+**Checked before use** (:func:`check_image_settings`): a bundle may come from anyone, and these
+numbers size every allocation of the rebuild. Sizes are ints (an integral float is taken as its
+int), ``patch_size`` 1..:data:`MAX_PATCH_SIZE`, ``merge_size`` and ``temporal_patch_size``
+1..:data:`MAX_MERGE_SIZE`, ``0 <= min_pixels <= max_pixels <= MAX_REPLAY_PIXELS``;
+``image_mean``/``image_std`` three finite numbers, no zero std. A value outside is refused naming
+its key path, before transformers sees it (``patch_size: 0`` was a ``ZeroDivisionError``,
+``temporal_patch_size: 0`` rebuilt every image as a ``[16, 0]`` tensor and reported "problems:
+none", ``min_pixels: 4e8`` allocated ~9 GiB).
 
 Whatever cannot be honoured is *reported*, never dropped: a recorded setting the processor
 actually built disagrees with (read back from the built object), a key of ``mm_process_config``
 the processor does not have, a backend other than the one built (e.g. ``torchvision`` recorded,
 PIL built because torchvision is not installed). :class:`ReplayProcessor` carries these in
-``notes``; ``rollout-bundle replay`` prints them and writes them into its report.
+``disagreements``; ``rollout-bundle replay`` prints them and writes them into its report.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -34,24 +54,178 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_IMAGE_TOKEN_ID",
+    "FAMILIES",
+    "MAX_MERGE_SIZE",
+    "MAX_PATCH_SIZE",
+    "MAX_REPLAY_PIXELS",
     "SHIPPED_PREPROCESSOR_CONFIG",
+    "Family",
     "ReplayProcessor",
+    "check_image_settings",
     "load_processor",
+    "model_family",
+    "resolve_processor",
     "shipped_preprocessor_config",
 ]
 
-# Qwen2-VL's ``<|image_pad|>`` (config.json ``image_token_id``).
+# ``<|image_pad|>`` of Qwen2-VL, Qwen2.5-VL and Qwen3-VL alike (config.json ``image_token_id``).
 DEFAULT_IMAGE_TOKEN_ID = 151655
-SHIPPED_PREPROCESSOR_CONFIG = "qwen2_vl_preprocessor_config.json"
+#: Largest ``min_pixels``/``max_pixels`` a replay accepts: twice the largest shipped hub config
+#: (Qwen3-VL's 16777216), so ~0.8 GB of float32 pixel values for one image at most.
+MAX_REPLAY_PIXELS = 1 << 25
+#: Largest ``patch_size`` (Qwen2-VL: 14, Qwen3-VL: 16).
+MAX_PATCH_SIZE = 128
+#: Largest ``merge_size`` and ``temporal_patch_size`` (both 2 in every Qwen-VL config).
+MAX_MERGE_SIZE = 16
+_MAX_CONFIG_BYTES = 1 << 20
 # Settings of mm_process_config a Qwen2-VL image processor understands.
 _TUNABLE = ("min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size")
+_IMAGE_PROCESSOR_TYPES = ("Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil")
 
 
-def shipped_preprocessor_config() -> dict[str, Any]:
-    """The Qwen2-VL-7B-Instruct hub ``preprocessor_config.json`` shipped with the package."""
-    text = resources.files("trainer_hooks").joinpath(f"data/{SHIPPED_PREPROCESSOR_CONFIG}").read_text()
+@dataclass(frozen=True)
+class Family:
+    """A model family replay can rebuild for: its name, its shipped hub config, and how it is recognised."""
+
+    key: str
+    name: str
+    config_file: str
+    hub_model: str
+    model_types: tuple[str, ...]
+    processor_classes: tuple[str, ...]
+    id_pattern: str
+
+
+FAMILIES: dict[str, Family] = {
+    f.key: f
+    for f in (
+        # Checked in this order: "qwen2.5-vl" must not be taken for "qwen2-vl".
+        Family("qwen2_5_vl", "Qwen2.5-VL", "qwen2_5_vl_preprocessor_config.json", "Qwen/Qwen2.5-VL-7B-Instruct",
+               ("qwen2_5_vl",), ("Qwen2_5_VLProcessor",), r"qwen2[._-]?5[._-]?vl"),
+        Family("qwen3_vl", "Qwen3-VL", "qwen3_vl_preprocessor_config.json", "Qwen/Qwen3-VL-8B-Instruct",
+               ("qwen3_vl", "qwen3_vl_moe"), ("Qwen3VLProcessor",), r"qwen3[._-]?vl"),
+        Family("qwen2_vl", "Qwen2-VL", "qwen2_vl_preprocessor_config.json", "Qwen/Qwen2-VL-7B-Instruct",
+               ("qwen2_vl",), ("Qwen2VLProcessor",), r"qwen2[._-]?vl"),
+    )
+}  # fmt: skip
+DEFAULT_FAMILY = "qwen2_vl"
+SHIPPED_PREPROCESSOR_CONFIG = FAMILIES[DEFAULT_FAMILY].config_file
+_KNOWN = ", ".join(f.name for f in FAMILIES.values())
+
+
+def shipped_preprocessor_config(family: str = DEFAULT_FAMILY) -> dict[str, Any]:
+    """The hub ``preprocessor_config.json`` of ``family`` shipped with the package (default Qwen2-VL-7B-Instruct)."""
+    name = FAMILIES[family].config_file
+    text = resources.files("trainer_hooks").joinpath(f"data/{name}").read_text()
     config: dict[str, Any] = json.loads(text)
     return config
+
+
+def model_family(
+    model_path: Any,
+    *,
+    model_config: Mapping[str, Any] | None = None,
+    preprocessor: Mapping[str, Any] | None = None,
+) -> str:
+    """The :data:`FAMILIES` key of a model, from its ``config.json`` ``model_type``, its
+    ``preprocessor_config.json`` ``processor_class``, else its id or directory name.
+
+    Raises:
+        ValueError: the family is none replay knows, naming the model and what said so.
+    """
+    model_type = (model_config or {}).get("model_type")
+    if model_type is not None:
+        for f in FAMILIES.values():
+            if model_type in f.model_types:
+                return f.key
+        raise ValueError(
+            f"model {model_path!r}: config.json model_type {str(model_type)[:80]!r} is not a family replay "
+            f"can rebuild ({_KNOWN})"
+        )
+    if preprocessor is not None:
+        kind = preprocessor.get("image_processor_type")
+        if kind is not None and kind not in _IMAGE_PROCESSOR_TYPES:
+            raise ValueError(
+                f"model {model_path!r}: preprocessor_config.json image_processor_type {str(kind)[:80]!r} is not "
+                f"a family replay can rebuild ({_KNOWN})"
+            )
+        cls = preprocessor.get("processor_class")
+        for f in FAMILIES.values():
+            if cls in f.processor_classes:
+                return f.key
+    name = str(model_path).rstrip("/").lower()
+    tail = "/".join(name.split("/")[-2:])  # "Qwen/Qwen2.5-VL-7B-Instruct", or a directory's last parts
+    for f in FAMILIES.values():
+        if re.search(f.id_pattern, tail):
+            return f.key
+    raise ValueError(
+        f"model {str(model_path)[:200]!r}: not a model family replay can rebuild ({_KNOWN}); "
+        "its image processor is unknown here"
+    )
+
+
+def _as_size(key: str, value: Any, low: int, high: int, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}.{key}: expected an int in {low}..{high}, found {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ValueError(f"{where}.{key}: expected an int in {low}..{high}, found {value!r}")
+        value = int(value)
+    if not low <= value <= high:
+        raise ValueError(f"{where}.{key}: expected an int in {low}..{high}, found {value!r}")
+    return int(value)
+
+
+def check_image_settings(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``values`` (image processor settings) checked against the processor's own constraints;
+    sizes as ints. Keys other than those checked pass through unchanged.
+
+    Raises:
+        ValueError: naming ``where``, the key, the allowed range and the value found.
+    """
+    out = dict(values)
+    limits = {
+        "patch_size": (1, MAX_PATCH_SIZE),
+        "merge_size": (1, MAX_MERGE_SIZE),
+        "temporal_patch_size": (1, MAX_MERGE_SIZE),
+        "min_pixels": (0, MAX_REPLAY_PIXELS),
+        "max_pixels": (1, MAX_REPLAY_PIXELS),
+    }
+    for key, (low, high) in limits.items():
+        if key in out and out[key] is not None:
+            out[key] = _as_size(key, out[key], low, high, where)
+    size = out.get("size")
+    if size is not None:
+        if not isinstance(size, Mapping):
+            raise ValueError(
+                f"{where}.size: expected an object with shortest_edge/longest_edge, found {size!r}"
+            )
+        size = dict(size)
+        for key, low in (("shortest_edge", 0), ("longest_edge", 1)):
+            if key in size:
+                size[key] = _as_size(key, size[key], low, MAX_REPLAY_PIXELS, f"{where}.size")
+        out["size"] = size
+    low = out.get("min_pixels", (size or {}).get("shortest_edge"))
+    high = out.get("max_pixels", (size or {}).get("longest_edge"))
+    if isinstance(low, int) and isinstance(high, int) and low > high:
+        raise ValueError(f"{where}: min_pixels {low} is above max_pixels {high}")
+    for key in ("image_mean", "image_std"):
+        if key in out:
+            v = out[key]
+            ok = (
+                isinstance(v, (list, tuple))
+                and len(v) == 3
+                and all(
+                    not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) for x in v
+                )
+            )
+            if not ok or (key == "image_std" and any(x == 0 for x in v)):
+                raise ValueError(
+                    f"{where}.{key}: expected three finite numbers{' (none 0)' if key == 'image_std' else ''}, found {v!r}"[
+                        :300
+                    ]
+                )
+    return out
 
 
 @dataclass
@@ -106,7 +280,7 @@ def _image_settings(
             out[k] = v
         else:
             problems.append(
-                f"{where}.{k} = {v!r}: not a setting the Qwen2-VL image processor has "
+                f"{where}.{k} = {repr(v)[:80]}: not a setting the Qwen2-VL image processor has "
                 f"(known: {', '.join(_TUNABLE)}); not applied"
             )
     return out, problems, notes
@@ -139,37 +313,64 @@ def _read_back(proc: Any) -> dict[str, Any]:
     }
 
 
-def _local_config(model_path: str) -> tuple[dict[str, Any], str] | None:
-    """``preprocessor_config.json`` of a local model directory or of a model in the local hub
-    cache; None when neither exists (nothing is downloaded)."""
+def _read_json_file(path: str) -> dict[str, Any] | None:
+    """A small JSON object file, or None when absent; never blocks on a FIFO, never reads a device.
+
+    Raises:
+        ValueError: not a regular file, over 1 MiB, not a JSON object, unreadable.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        if st.st_size > _MAX_CONFIG_BYTES:
+            raise ValueError(
+                f"{path}: {st.st_size} bytes, over the {_MAX_CONFIG_BYTES}-byte limit of a config file"
+            )
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(_MAX_CONFIG_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ValueError(f"{path}: not valid JSON: {str(e)[:200]}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value
+
+
+def _local_config(model_path: str) -> tuple[dict[str, Any], str, dict[str, Any] | None] | None:
+    """``(preprocessor_config.json, its path, config.json or None)`` of a local model directory
+    or of a model in the local hub cache; None when neither exists (nothing is downloaded)."""
     if os.path.isdir(model_path):
         path = os.path.join(model_path, "preprocessor_config.json")
-        if os.path.isfile(path):
-            with open(path) as f:
-                return json.load(f), path
-        return None
+        config = _read_json_file(path)
+        if config is None:
+            return None
+        return config, path, _read_json_file(os.path.join(model_path, "config.json"))
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
         return None
     try:
         cached = try_to_load_from_cache(model_path, "preprocessor_config.json")
+        cached_model = try_to_load_from_cache(model_path, "config.json")
     except Exception:  # an id that is not a valid repo name: nothing cached under it
         return None
     if isinstance(cached, str) and os.path.isfile(cached):
-        with open(cached) as f:
-            return json.load(f), cached
-    return None
-
-
-def _model_image_token_id(model_path: str | None) -> int | None:
-    if model_path and os.path.isfile(os.path.join(model_path, "config.json")):
-        try:
-            with open(os.path.join(model_path, "config.json")) as f:
-                value = json.load(f).get("image_token_id")
-        except (OSError, ValueError):
+        config = _read_json_file(cached)
+        if config is None:
             return None
-        return value if isinstance(value, int) else None
+        model = _read_json_file(cached_model) if isinstance(cached_model, str) else None
+        return config, cached, model
     return None
 
 
@@ -184,102 +385,170 @@ def _processor_class() -> tuple[type, str]:
     return transformers.Qwen2VLImageProcessor, "pil"
 
 
+@dataclass
+class ProcessorSpec:
+    """What :func:`load_processor` builds, decided and checked without transformers."""
+
+    family: str
+    config: dict[str, Any]
+    source: str
+    kwargs: dict[str, Any]
+    wanted: dict[str, Any]
+    mm: dict[str, Any] | None
+    model_config: dict[str, Any] | None
+    notes: list[str] = field(default_factory=list)
+    disagreements: list[str] = field(default_factory=list)
+
+
+def resolve_processor(settings: Mapping[str, Any] | None, where: str = "processor") -> ProcessorSpec:
+    """Decide the family, the config and the settings a processor is built with, all checked.
+
+    Raises:
+        ValueError: ``settings`` is not a mapping, ``mm_process_config`` not an object, a setting
+            outside its bounds (:func:`check_image_settings`) or a family replay does not know,
+            each naming ``where`` and the key.
+    """
+    from trainer_hooks.arguments import parse_mm_process_config
+
+    if settings is not None and not isinstance(settings, Mapping):
+        raise ValueError(f"{where}: expected a mapping (meta['processor']), found {str(settings)[:200]!r}")
+    settings = dict(settings or {})
+    notes: list[str] = []
+    disagreements: list[str] = []
+    model_path = settings.get("model_path")
+    if model_path is not None and not isinstance(model_path, str):
+        raise ValueError(f"{where}.model_path: expected a string or null, found {str(model_path)[:200]!r}")
+    mm = parse_mm_process_config(settings.get("mm_process_config"), where=f"{where}.mm_process_config")
+    wanted, mm_problems, mm_notes = _image_settings(mm)
+    image_where = f"{where}.mm_process_config" + (
+        ".image" if mm and isinstance(mm.get("image"), Mapping) else ""
+    )
+    wanted = check_image_settings(wanted, image_where)
+    disagreements.extend(mm_problems)
+    notes.extend(mm_notes)
+
+    local = None
+    if model_path:
+        try:
+            local = _local_config(model_path)
+        except ValueError as e:
+            raise ValueError(f"{where}.model_path: {e}") from None
+    if local is not None:
+        config, source, model_config = local
+        family = model_family(model_path, model_config=model_config, preprocessor=config)
+        config = check_image_settings(config, source)
+    else:
+        model_config = None
+        if model_path:
+            try:
+                family = model_family(model_path)
+            except ValueError as e:
+                raise ValueError(f"{where}.model_path: {e}") from None
+            notes.append(
+                f"model_path {model_path!r}: no local model directory or cached preprocessor_config.json; "
+                f"built from the shipped {FAMILIES[family].hub_model} hub config (the {FAMILIES[family].name} family)"
+            )
+        else:
+            family = DEFAULT_FAMILY
+            if settings:
+                disagreements.append(
+                    f"{where}.model_path: not recorded; assumed the {FAMILIES[family].name} family "
+                    f"(the shipped {FAMILIES[family].hub_model} hub config)"
+                )
+        config = shipped_preprocessor_config(family)
+        source = f"shipped:{FAMILIES[family].config_file}"
+    kwargs = {k: v for k, v in config.items() if k not in ("image_processor_type", "processor_class")}
+    # Hub configs of transformers 4.x carry both min/max_pixels and size; min/max_pixels win there.
+    if "min_pixels" in kwargs or "max_pixels" in kwargs:
+        kwargs.pop("size", None)
+    if ("min_pixels" in wanted or "max_pixels" in wanted) and "size" in kwargs:
+        # A size-style config (Qwen3-VL): carry its other bound over as min/max_pixels.
+        size = kwargs.pop("size") or {}
+        if "shortest_edge" in size:
+            kwargs.setdefault("min_pixels", size["shortest_edge"])
+        if "longest_edge" in size:
+            kwargs.setdefault("max_pixels", size["longest_edge"])
+    kwargs.update(wanted)
+    check_image_settings(kwargs, f"{where} (recorded settings over {source})")
+    return ProcessorSpec(family, config, source, kwargs, wanted, mm, model_config, notes, disagreements)
+
+
+def _model_image_token_id(model_config: Mapping[str, Any] | None) -> int | None:
+    value = (model_config or {}).get("image_token_id")
+    return value if type(value) is int and value >= 0 else None
+
+
 def load_processor(settings: Mapping[str, Any] | None = None) -> ReplayProcessor:
-    """Build the Qwen2-VL image processor a bundle's ``meta["processor"]`` describes, offline.
+    """Build the image processor a bundle's ``meta["processor"]`` describes, offline.
 
     Args:
         settings: ``meta["processor"]`` of a bundle (``model_path``, ``image_processor_backend``,
-            ``mm_process_config``, optional ``image_token_id``), or None for the shipped hub
-            config with nothing overridden.
+            ``mm_process_config``, optional ``image_token_id``), or None for the shipped
+            Qwen2-VL hub config with nothing overridden.
 
     Returns:
         A :class:`ReplayProcessor`; its ``disagreements`` name every recorded setting that the
         built processor does not follow as recorded.
 
     Raises:
-        ValueError: ``settings`` is not a mapping, or ``mm_process_config`` is not an object.
+        ValueError: see :func:`resolve_processor` (bad settings, an unknown model family).
         ImportError: transformers is not installed (``pip install 'rollout-bundles[replay]'``).
     """
-    from trainer_hooks.arguments import parse_mm_process_config
-
-    if settings is not None and not isinstance(settings, Mapping):
-        raise ValueError(
-            f"load_processor: settings: expected a mapping (meta['processor']), found {settings!r}"
-        )
+    spec = resolve_processor(settings, "load_processor: processor")
     settings = dict(settings or {})
-    notes: list[str] = []
-    disagreements: list[str] = []
     model_path = settings.get("model_path")
-    mm = parse_mm_process_config(settings.get("mm_process_config"), where="processor.mm_process_config")
-    wanted, mm_problems, mm_notes = _image_settings(mm)
-    disagreements.extend(mm_problems)
-    notes.extend(mm_notes)
-
-    local = _local_config(model_path) if isinstance(model_path, str) and model_path else None
-    if local is not None:
-        config, source = local
-    else:
-        config, source = shipped_preprocessor_config(), f"shipped:{SHIPPED_PREPROCESSOR_CONFIG}"
-        if model_path:
-            notes.append(
-                f"model_path {model_path!r}: no local model directory or cached preprocessor_config.json; "
-                f"built from the shipped Qwen2-VL-7B-Instruct hub config (right for the Qwen2-VL family: "
-                f"Qwen2-VL, Qwen2.5-VL)"
-            )
-    kwargs = {k: v for k, v in config.items() if k not in ("image_processor_type", "processor_class")}
-    # Hub configs of transformers 4.x carry both min/max_pixels and size; min/max_pixels win there.
-    if "min_pixels" in kwargs or "max_pixels" in kwargs:
-        kwargs.pop("size", None)
-    kwargs.update(wanted)
-    if "min_pixels" in wanted or "max_pixels" in wanted:
-        kwargs.pop("size", None)
-
     cls, backend = _processor_class()
     try:
-        proc = cls(**kwargs)
-    except TypeError as e:
+        proc = cls(**spec.kwargs)
+    except (TypeError, ValueError) as e:
         raise ValueError(
-            f"load_processor: {source}: {cls.__name__} refused the settings {kwargs}: {e}"
+            f"load_processor: {spec.source}: {cls.__name__} refused the settings {spec.kwargs}: {e}"
         ) from None
 
     built = _read_back(proc)
-    for key, value in wanted.items():
+    disagreements = spec.disagreements
+    for key, value in spec.wanted.items():
         if built.get(key) != value:
             disagreements.append(
                 f"mm_process_config {key}: recorded {value!r}, but the built processor uses {built.get(key)!r}"
             )
+    config = spec.config
     for key in ("min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size"):
-        if key in config and key not in wanted and built.get(key) != config[key]:
+        if key in config and key not in spec.wanted and built.get(key) != config[key]:
             disagreements.append(
-                f"{source} {key}: the config says {config[key]!r}, the built processor uses {built[key]!r}"
+                f"{spec.source} {key}: the config says {config[key]!r}, the built processor uses {built[key]!r}"
             )
     recorded_backend = settings.get("image_processor_backend")
     if recorded_backend not in (None, backend):
         disagreements.append(
-            f"image_processor_backend: recorded {recorded_backend!r}, built the {backend!r} backend "
+            f"image_processor_backend: recorded {str(recorded_backend)[:80]!r}, built the {backend!r} backend "
             f"({cls.__name__}); pixel values can differ in the last bits"
         )
     token_id = settings.get("image_token_id")
     token_source = "recorded"
     if token_id is None:
-        token_id = _model_image_token_id(model_path if isinstance(model_path, str) else None)
+        token_id = _model_image_token_id(spec.model_config)
         token_source = "model config.json"
     if token_id is None:
-        token_id, token_source = DEFAULT_IMAGE_TOKEN_ID, "default (Qwen2-VL <|image_pad|>)"
+        token_id, token_source = (
+            DEFAULT_IMAGE_TOKEN_ID,
+            f"default ({FAMILIES[spec.family].name} <|image_pad|>)",
+        )
     import transformers
 
     used = {
-        "source": source,
+        "source": spec.source,
+        "family": spec.family,
         "model_path": model_path,
         "image_processor_backend": backend,
         "recorded_image_processor_backend": recorded_backend,
-        "mm_process_config": mm,
+        "mm_process_config": spec.mm,
         "class": cls.__name__,
         "transformers": transformers.__version__,
         **built,
         "image_token_id": int(token_id),
         "image_token_id_source": token_source,
-        "notes": notes,
+        "notes": spec.notes,
         "disagreements": disagreements,
     }
-    return ReplayProcessor(image_processor=proc, settings=used, notes=notes, disagreements=disagreements)
+    return ReplayProcessor(image_processor=proc, settings=used, notes=spec.notes, disagreements=disagreements)

@@ -18,12 +18,12 @@ rebuild of 20 samples x two 1080p screenshots peaks at under 0.6x the float32 on
 
 from __future__ import annotations
 
-import os
 from argparse import Namespace
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from trainer_hooks._sample_bundle import training_dtype_name
+from trainer_hooks.replay._media import MediaReader
 from trainer_hooks.replay._memory import release_freed_memory
 
 __all__ = [
@@ -58,15 +58,6 @@ def training_dtype(args: Namespace) -> Any:
     return dtype_from_name(training_dtype_name(args))
 
 
-def _image_path(item: Any) -> str | None:
-    path = getattr(item, "path", None)  # MediaRef
-    if path is not None and hasattr(item, "digest"):
-        return str(path)
-    if isinstance(item, (str, os.PathLike)):
-        return os.fspath(item)
-    return None
-
-
 def sample_images(sample: Any, where: str = "sample") -> list[Any]:
     """The images of ``sample.multimodal_inputs`` (paths, ``MediaRef``s or PIL images), in order.
 
@@ -93,25 +84,6 @@ def sample_images(sample: Any, where: str = "sample") -> list[Any]:
     return list(images)
 
 
-def _load_image(item: Any, where: str) -> Any:
-    """A PIL image in RGB for a path, a ``MediaRef`` or a PIL image."""
-    from PIL import Image
-
-    if isinstance(item, Image.Image):
-        return item
-    path = _image_path(item)
-    if path is None:
-        raise ValueError(f"{where}: expected a path, a MediaRef or a PIL image, found {type(item).__name__}")
-    try:
-        with Image.open(path) as im:
-            im.load()
-            return im.convert("RGB") if im.mode != "RGB" else im.copy()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{where}: media file not found: {path}") from None
-    except Image.DecompressionBombError as e:  # not an OSError: a hostile bundle must not escape as one
-        raise ValueError(f"{where}: {path}: refused by Pillow's decompression-bomb limit ({e})") from None
-
-
 def _cast(value: Any, dtype: Any) -> Any:
     import torch
 
@@ -128,6 +100,7 @@ def compute_multimodal_train_inputs(
     per_image: bool = True,
     on_sample: Callable[[int, dict[str, Any] | None, int], None] | None = None,
     first_position: int = 0,
+    media: MediaReader | None = None,
 ) -> list[dict[str, Any] | None]:
     """Rebuild each sample's vision tensors from its referenced images, cast to ``dtype``.
 
@@ -147,6 +120,10 @@ def compute_multimodal_train_inputs(
             ``fp32_bytes`` is what the processor returned before the cast (for accounting).
         first_position: the position of the first sample, for messages and ``on_sample`` (a slice
             of a batch, as a replay rebuilds one sample at a time).
+        media: where image bytes come from (:class:`~trainer_hooks.replay._media.MediaReader`):
+            a replay passes one confined to its bundle; default: the paths are the caller's own
+            files (a trainer's run media). Either way every image is decoded by
+            :func:`bundles.decode_image` (PNG/JPEG only, size bounded) and converted to RGB.
 
     Returns:
         One dict per sample (processor outputs except ``input_ids``/``attention_mask``), or None
@@ -154,6 +131,7 @@ def compute_multimodal_train_inputs(
     """
     import torch
 
+    reader = media if media is not None else MediaReader()
     out: list[dict[str, Any] | None] = []
     for position, sample in enumerate(samples, first_position):
         index = getattr(sample, "index", None) if not isinstance(sample, Mapping) else sample.get("index")
@@ -169,7 +147,7 @@ def compute_multimodal_train_inputs(
         before = 0
         for first, batch in zip(range(0, len(images), len(batches[0])), batches, strict=True):
             pil = [
-                _load_image(img, f"{where}: multimodal_inputs.images[{first + j}]")
+                reader.image(img, f"{where}: multimodal_inputs.images[{first + j}]")
                 for j, img in enumerate(batch)
             ]
             raw = processor(images=pil, return_tensors="pt")

@@ -42,12 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bundles import Bundle, BundleError
+from bundles import Bundle, BundleError, open_bundle
 from trainer_hooks._sample import Sample
 from trainer_hooks.arguments import parse_mm_process_config
 from trainer_hooks.replay._guard import _default_convert, guard_violations
+from trainer_hooks.replay._media import MediaReader
 from trainer_hooks.replay._payload import build_prefill_scoring_payload, compare_prefill_logprobs
-from trainer_hooks.replay._processor import ReplayProcessor, load_processor
+from trainer_hooks.replay._processor import FAMILIES, ReplayProcessor, load_processor, resolve_processor
 from trainer_hooks.replay._rebuild import DTYPE_NAMES, compute_multimodal_train_inputs, dtype_from_name
 from trainer_hooks.replay._tokens import check_image_tokens
 
@@ -56,7 +57,9 @@ __all__ = [
     "REPORT_VERSION",
     "ReplayPlan",
     "ReportError",
+    "bundle_identity",
     "check_replay_report",
+    "check_report_bundle",
     "compare_reports",
     "load_replay_report",
     "open_replay_bundle",
@@ -130,10 +133,54 @@ def peak_rss_bytes() -> int:
 
 
 def open_replay_bundle(path: str | os.PathLike[str]) -> Bundle:
-    """Open a bundle directory or packed file with fast verification."""
-    from trainer_hooks.dumps import open_debug_dump
+    """Open a bundle directory or packed file with fast verification. A packed file is read in
+    place (its media through :meth:`~bundles.Bundle.open_media`): nothing is unpacked beside it."""
+    return open_bundle(path, verify="fast")
 
-    return open_debug_dump(path, verify="fast")
+
+def bundle_identity(bundle: Bundle) -> str:
+    """What identifies a bundle's content: ``sha256:`` of its manifest in canonical JSON.
+
+    The manifest lists every shard's and every media file's digest, so two bundles with the same
+    identity hold the same samples and media; packing and unpacking keep it (the manifest is
+    carried as it is), moving or renaming the bundle too."""
+    text = json.dumps(bundle.manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def check_report_bundle(
+    report: Mapping[str, Any], bundle: Bundle | str | os.PathLike[str], where: str
+) -> None:
+    """Refuse ``report`` unless it was made from ``bundle`` (``view --replay``, ``replay --expect``).
+
+    A report records ``bundle_id`` (:func:`bundle_identity`); one written before that field
+    existed is matched by the bundle's absolute path instead.
+
+    Raises:
+        ReportError: naming ``where``, the report's bundle and this one.
+    """
+    opened = None
+    if not isinstance(bundle, Bundle):
+        opened = bundle = open_bundle(bundle, verify="none")
+    try:
+        recorded = report.get("bundle_id")
+        shown = str(report.get("bundle"))[:300]
+        if recorded is not None:
+            mine = bundle_identity(bundle)
+            if recorded != mine:
+                raise ReportError(
+                    f"{where}: a replay report of another bundle ({shown}, {str(recorded)[:80]}), not of "
+                    f"{bundle.path} ({mine}); replay this bundle with --report to get its own"
+                )
+            return
+        if report.get("bundle") != str(bundle.path):
+            raise ReportError(
+                f"{where}: a replay report of {shown}, not of {bundle.path} (it records no bundle_id, so "
+                "only its path can be compared); replay this bundle with --report to get its own"
+            )
+    finally:
+        if opened is not None:
+            opened.close()
 
 
 @dataclass(frozen=True)
@@ -145,6 +192,7 @@ class ReplayPlan:
     processor_settings: dict[str, Any] | None
     token_space: bool
     positions: tuple[int, ...]
+    allow_outside_media: bool = False
 
     def args(self) -> Namespace:
         """A Miles-style args namespace for the converter and the payload builder."""
@@ -161,9 +209,18 @@ def plan_replay(
     dtype: str | None = None,
     limit: int | None = None,
     mm_process_config: Mapping[str, Any] | None = None,
+    allow_outside_media: bool = False,
 ) -> ReplayPlan:
     """The dtype (given, else the bundle's ``training_dtype``, else fp32), the processor settings
-    (``meta["processor"]``, with ``mm_process_config`` replaced when given) and the positions."""
+    (``meta["processor"]``, with ``mm_process_config`` replaced when given) and the positions.
+
+    Raises:
+        BundleError: what the bundle recorded is unusable (bad processor settings, an unknown
+            model family, a bad dtype), naming the key path.
+        ValueError: ``mm_process_config`` (the caller's) is unusable, or ``limit`` < 1.
+    """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit: expected an int >= 1 (omit it for every sample), found {limit!r}")
     meta = bundle.meta
     recorded = meta.get("processor")
     if recorded is not None and not isinstance(recorded, Mapping):
@@ -174,6 +231,7 @@ def plan_replay(
         where = f"{bundle.path}: meta.processor"
         try:
             parse_mm_process_config(recorded.get("mm_process_config"), where=f"{where}.mm_process_config")
+            resolve_processor(recorded, where)  # bounds, family: before transformers sees a value
         except ValueError as e:
             raise BundleError(str(e)) from None
         token_id = recorded.get("image_token_id")
@@ -190,6 +248,7 @@ def plan_replay(
     settings = dict(recorded) if recorded is not None else None
     if mm_process_config is not None:
         settings = {**(settings or {}), "mm_process_config": dict(mm_process_config)}
+        resolve_processor(settings, "--mm-process-config")  # ValueError: the caller's, exit 2
     first = _first_trainable(bundle)
     end = len(bundle) if limit is None else min(first + limit, len(bundle))
     return ReplayPlan(
@@ -199,6 +258,7 @@ def plan_replay(
         # The engines' processor settings are resolved (and recorded) only in token space.
         token_space=recorded is not None,
         positions=tuple(range(first, end)),
+        allow_outside_media=bool(allow_outside_media),
     )
 
 
@@ -287,11 +347,12 @@ def replay_positions(
         processor = load_processor(plan.processor_settings)
     dtype = dtype_from_name(plan.dtype)
     args = plan.args()
+    media = MediaReader(bundle, allow_outside=plan.allow_outside_media)
     entries: list[dict[str, Any]] = []
     payloads: list[dict[str, Any]] = []
     # Only the shards holding these positions are read (a Ray task reads its own part).
     for position, sample in zip(wanted, bundle.samples(Sample, indices=wanted), strict=True):
-        entry, payload = _replay_one(position, sample, processor, dtype, args, plan)
+        entry, payload = _replay_one(position, sample, processor, dtype, args, plan, media, with_payloads)
         entries.append(entry)
         if with_payloads and payload is not None:
             payloads.append(payload)
@@ -301,7 +362,14 @@ def replay_positions(
 
 
 def _replay_one(
-    position: int, sample: Sample, processor: ReplayProcessor, dtype: Any, args: Namespace, plan: ReplayPlan
+    position: int,
+    sample: Sample,
+    processor: ReplayProcessor,
+    dtype: Any,
+    args: Namespace,
+    plan: ReplayPlan,
+    media: MediaReader,
+    with_payload: bool,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     problems: list[dict[str, Any]] = []
     entry: dict[str, Any] = {
@@ -329,8 +397,9 @@ def _replay_one(
             dtype,
             on_sample=lambda _p, _c, b: before.__setitem__(0, b),
             first_position=position,
+            media=media,
         )[0]
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, BundleError) as e:
         problems.append({"kind": "rebuild", "message": str(e), "image": None})  # names index and position
         rebuilt = None
     if rebuilt is not None:
@@ -361,8 +430,8 @@ def _replay_one(
         del rebuilt
     payload = None
     try:
-        payload = build_prefill_scoring_payload(args, sample, {})
-    except ValueError as e:
+        payload = build_prefill_scoring_payload(args, sample, {}, media=media, images=with_payload)
+    except (OSError, ValueError, BundleError) as e:
         problems.append({"kind": "payload", "message": str(e), "image": None})
     return entry, payload
 
@@ -490,6 +559,7 @@ def replay_bundle(
     use_ray: bool = False,
     num_tasks: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    allow_outside_media: bool = False,
 ) -> dict[str, Any]:
     """Replay ``path`` (a bundle directory or packed file) and return the report (see module doc).
 
@@ -506,11 +576,45 @@ def replay_bundle(
         use_ray / ray_address: shard the samples over Ray tasks (see :mod:`._ray`).
         progress: called as ``progress(done, total)`` after each sample (local replay) or each
             finished shard (Ray).
+        allow_outside_media: also read image files that samples name outside the bundle (regular
+            files only). Default: only the bundle's own stored media are read; any other path is
+            a ``rebuild`` problem, and nothing outside the bundle reaches the report or payloads.
     """
     if expect is not None:
         check_replay_report(expect, "expect")  # before the work, not after it
     bundle = open_replay_bundle(path)
-    plan = plan_replay(bundle, dtype=dtype, limit=limit, mm_process_config=mm_process_config)
+    try:
+        return _replay_open_bundle(
+            path, bundle, dtype=dtype, limit=limit, mm_process_config=mm_process_config, expect=expect,
+            payloads_out=payloads_out, answers=answers, ray_address=ray_address, use_ray=use_ray,
+            num_tasks=num_tasks, progress=progress, allow_outside_media=allow_outside_media,
+        )  # fmt: skip
+    finally:
+        bundle.close()
+
+
+def _replay_open_bundle(
+    path: str | os.PathLike[str],
+    bundle: Bundle,
+    *,
+    dtype: str | None,
+    limit: int | None,
+    mm_process_config: Mapping[str, Any] | None,
+    expect: Mapping[str, Any] | None,
+    payloads_out: str | os.PathLike[str] | None,
+    answers: Sequence[Mapping[str, Any]] | None,
+    ray_address: str | None,
+    use_ray: bool,
+    num_tasks: int | None,
+    progress: Callable[[int, int], None] | None,
+    allow_outside_media: bool,
+) -> dict[str, Any]:
+    if expect is not None:
+        check_report_bundle(expect, bundle, "expect")  # before the work, not after it
+    plan = plan_replay(
+        bundle, dtype=dtype, limit=limit, mm_process_config=mm_process_config,
+        allow_outside_media=allow_outside_media,
+    )  # fmt: skip
     processor = load_processor(plan.processor_settings)
     want_payloads = payloads_out is not None
     if use_ray or ray_address is not None:
@@ -539,11 +643,21 @@ def replay_bundle(
         )
     if answers is not None:
         _fill_logprob_diffs(bundle, entries, answers)
+    if bundle.meta.get("processor") is None:
+        # Nothing recorded: the rebuild is a guess, and the report must say so (never "none").
+        family = FAMILIES[processor.settings["family"]]
+        processor.disagreements.insert(
+            0,
+            f"{bundle.path}: meta.processor is null: the bundle recorded no processor settings (only "
+            f"token-space runs record them); rebuilt with the shipped {family.hub_model} hub config, which "
+            "may not be the model's",
+        )
     proc_problems = [{"kind": "processor", "message": n, "image": None} for n in processor.disagreements]
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
         "bundle": str(Path(os.path.abspath(path))),
+        "bundle_id": bundle_identity(bundle),
         "kind": bundle.kind,
         "dtype": plan.dtype,
         "token_space": plan.token_space,
@@ -558,8 +672,6 @@ def replay_bundle(
         changed = compare_reports(report, expect)
         report["expect"] = {"bundle": expect.get("bundle"), "changed": changed}
         extra.extend(changed)
-    if str(bundle.path) != report["bundle"]:
-        report["opened"] = str(bundle.path)  # a packed file's unpacked cache directory
     report["summary"] = summarize(entries, peak, extra)
     if payloads_out is not None:
         out = Path(payloads_out)

@@ -8,11 +8,13 @@ Audience: trainer code and the other ``trainer_hooks`` subpackages. One concern 
   removes crashed runs' leftovers (``rollout-bundle sweep``, :mod:`._sweep_cli`).
 * :mod:`._disposer`: :class:`RunDisposer`, the teardown order (checkpoints and dumps flushed
   before the media they link are released).
-* :mod:`._drivers`: the reference drivers :func:`train` / :func:`train_async` that follow it.
+
+The reference drivers that follow this order, :func:`trainer_hooks.train` /
+:func:`trainer_hooks.train_async`, compose run media with checkpoints and dumps, so they live
+above the subpackages, in :mod:`trainer_hooks._drivers`.
 """
 
 from trainer_hooks.run_media._disposer import RunDisposer
-from trainer_hooks.run_media._drivers import DriverReport, train, train_async
 from trainer_hooks.run_media._lease import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_SWEEP_OLDER_THAN_S,
@@ -39,7 +41,6 @@ __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL_S",
     "DEFAULT_SWEEP_OLDER_THAN_S",
     "LEASE_NAME",
-    "DriverReport",
     "RunDisposer",
     "RunLease",
     "RunMediaError",
@@ -55,6 +56,4 @@ __all__ = [
     "run_media_dir",
     "store_media",
     "sweep_run_media",
-    "train",
-    "train_async",
 ]

@@ -16,8 +16,7 @@ import json
 import sys
 from typing import Any
 
-from bundles._progress import human_bytes
-from bundles.cli import add_command
+from bundles.support import add_command, human_bytes
 from trainer_hooks.run_media._lease import (
     DEFAULT_SWEEP_OLDER_THAN_S,
     SweepEntry,

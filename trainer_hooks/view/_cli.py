@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
-from bundles.cli import (
+from bundles.support import (
     CommandError,
     add_command,
     add_json_option,
     add_progress_option,
     check_output_file,
-    int_at_least,
 )
 
 __all__ = ["register"]
@@ -30,6 +30,13 @@ def _positions(text: str) -> list[int]:
     return out
 
 
+def _limit(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, found {text!r}") from None
+
+
 def run_view(ns: argparse.Namespace) -> int:
     try:
         import PIL  # noqa: F401
@@ -37,14 +44,21 @@ def run_view(ns: argparse.Namespace) -> int:
         raise CommandError("view needs Pillow for the thumbnails: pip install pillow", status=2) from None
     from trainer_hooks.view._report import write_html_report
 
-    check_output_file("-o", ns.output, create_parent=True)  # before the thumbnails are made
+    if ns.limit is not None and ns.limit < 1:
+        raise CommandError("--limit must be at least 1; omit it for every sample", status=2)
+    check_output_file("-o", ns.output)  # before any work; a missing directory is refused, not created
 
     written = write_html_report(
         ns.bundle, ns.output, replay=ns.replay, limit=ns.limit, samples=ns.samples, progress=ns.progress
     )
+    if written.not_shown:
+        n = len(written.not_shown)
+        first = "; ".join(written.not_shown[:3]) + ("; ..." if n > 3 else "")
+        print(f"rollout-bundle view: warning: {n} stored screenshot(s) cannot be shown (placeholders on "
+              f"the page): {first}", file=sys.stderr)  # fmt: skip
     if ns.json:
         print(json.dumps({"output": str(written.path), "samples": written.samples, "images": written.images,
-                          "bytes": written.bytes}, indent=2, sort_keys=True))  # fmt: skip
+                          "bytes": written.bytes, "not_shown": written.not_shown}, indent=2, sort_keys=True))  # fmt: skip
     else:
         print(f"wrote {written.path} ({written.samples} samples, {written.images} screenshots, "
               f"{written.bytes / 2**20:.1f} MiB): open it in a browser")  # fmt: skip
@@ -69,7 +83,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--replay", metavar="REPORT.json", help="a report written by `rollout-bundle replay --report`"
     )
-    p.add_argument("--limit", type=int_at_least(0), metavar="N", help="show at most N samples")
+    p.add_argument("--limit", type=_limit, metavar="N", help="show at most N samples (N >= 1; omit for all)")
     p.add_argument(
         "--samples", type=_positions, metavar="3,7,12", help="show only these sample positions, in this order"
     )

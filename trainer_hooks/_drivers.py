@@ -39,9 +39,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer_hooks.run_media._disposer import RunDisposer
-from trainer_hooks.run_media._lease import DEFAULT_HEARTBEAT_INTERVAL_S, acquire_run_lease
-from trainer_hooks.run_media._store import release_run_media
+from trainer_hooks.run_media import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    RunDisposer,
+    acquire_run_lease,
+    release_run_media,
+)
 
 __all__ = ["DriverReport", "train", "train_async"]
 

@@ -1,0 +1,95 @@
+"""Support for tools built on bundles: the primitives a bundle's writer uses that its clients
+need too, so that the project has one implementation of each.
+
+Audience: code built on :mod:`bundles` that writes next to bundles or adds commands to
+``rollout-bundle``: :mod:`trainer_hooks` (run media, leases, checkpoints, debug dumps, replay,
+view) and the CLI. It is not the format API: someone who only reads and writes bundles needs
+:mod:`bundles` alone.
+
+What is here, by concern:
+
+* **Files and trees.** :func:`atomic_write` / :func:`atomic_writer` / :func:`atomic_path`, the one
+  atomic file write (temporary file beside the destination, optional fsync of file and
+  directory, rename, cleanup on failure; protocol in :mod:`bundles._atomic`);
+  :func:`remove_stale_temps` for the leftovers of writers that died mid-write;
+  :func:`remove_tree`, the one tree deletion (fd-relative, never follows a symlink, never crosses
+  a mount); :func:`scratch_dir`, a work directory beside a bundle that a later write cleans up if
+  its process dies.
+* **Process identity.** :func:`boot_id`, :func:`pid_namespace`, :func:`proc_stat`,
+  :func:`pid_alive`: enough to prove a leftover's writer dead (same boot, same pid namespace, no
+  such live process), the only case in which it may be deleted.
+* **Fault points.** :func:`fault_point` marks a moment a crash test may kill the process at
+  (``ROLLOUT_BUNDLES_KILL_AT=<name>[@<n>]``, :func:`arm_kill`) or run a callback at
+  (:func:`on_fault_point`); unarmed it costs one function call.
+* **Progress.** :class:`Progress` (a progress line drawn only on a terminal) and
+  :func:`human_bytes`, the one size format of every command's output.
+* **The CLI kit.** What every ``rollout-bundle`` subcommand shares: :func:`add_command`,
+  :func:`add_json_option`, :func:`add_progress_option`, :func:`build_parser`,
+  :func:`run_command`, :func:`main_with`, :class:`CommandError`, :func:`check_output_file`,
+  :func:`int_at_least`, :func:`cli_message` (habits described in :mod:`bundles._cli`).
+* **On-disk names** a tool looking inside a bundle directory needs: :data:`MANIFEST_NAME`,
+  :data:`MEDIA_DIR`, :data:`SHARDS_DIR` (docs/FORMAT.md).
+
+Stability: the names in ``__all__`` are public API with the same promise as :mod:`bundles`':
+within a major version a name is kept, its arguments only gain keyword options with defaults that
+keep today's behaviour, and a name that goes is first kept for one release as an alias that warns
+(``DeprecationWarning``). Everything not listed here stays private to :mod:`bundles` and may
+change in any release: import it from here, never from a ``bundles._private`` module
+(tests/test_architecture.py fails on such an import outside ``bundles``).
+"""
+
+from __future__ import annotations
+
+from bundles._atomic import atomic_path, atomic_write, atomic_writer, remove_stale_temps
+from bundles._cli import (
+    PROG,
+    CommandError,
+    add_command,
+    add_json_option,
+    add_progress_option,
+    build_parser,
+    check_output_file,
+    cli_message,
+    int_at_least,
+    main_with,
+    run_command,
+)
+from bundles._commit import scratch_dir
+from bundles._faults import KILL_ENV, arm_kill, fault_point, on_fault_point
+from bundles._fs import remove_tree
+from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
+from bundles._proc import boot_id, pid_alive, pid_namespace, proc_stat
+from bundles._progress import Progress, human_bytes
+
+__all__ = [
+    "KILL_ENV",
+    "MANIFEST_NAME",
+    "MEDIA_DIR",
+    "PROG",
+    "SHARDS_DIR",
+    "CommandError",
+    "Progress",
+    "add_command",
+    "add_json_option",
+    "add_progress_option",
+    "arm_kill",
+    "atomic_path",
+    "atomic_write",
+    "atomic_writer",
+    "boot_id",
+    "build_parser",
+    "check_output_file",
+    "cli_message",
+    "fault_point",
+    "human_bytes",
+    "int_at_least",
+    "main_with",
+    "on_fault_point",
+    "pid_alive",
+    "pid_namespace",
+    "proc_stat",
+    "remove_stale_temps",
+    "remove_tree",
+    "run_command",
+    "scratch_dir",
+]

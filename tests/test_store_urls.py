@@ -1,0 +1,159 @@
+"""URL locations: any scheme that is not served (or whose extra is missing) is refused in one line
+naming the scheme and the extra, at every entry point, and is never taken for a local path (before
+this, ``write_bundle("s3://bucket/x", ...)`` wrote the local directory ``./s3:/bucket/x``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bundles import (
+    BundleError,
+    UnsupportedLocationError,
+    check_location,
+    is_bundle,
+    is_store_url,
+    open_bundle,
+    pack_bundle,
+    remove_bundle,
+    unpack_bundle,
+    write_bundle,
+)
+from bundles.support import scratch_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+UNSUPPORTED = ["hdfs://namenode/run/x", "http://example.invalid/x", "ftp://host/x.rbundle", "file:///tmp/x"]
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+def _local_bundle(tmp_path: Path) -> Path:
+    return write_bundle(tmp_path / "b", [{"index": 0, "tokens": [1, 2, 3]}])
+
+
+@pytest.mark.parametrize("url", UNSUPPORTED)
+def test_every_entry_point_refuses_an_unsupported_scheme_and_creates_nothing(
+    url: str, in_tmp: Path, tmp_path: Path
+) -> None:
+    local = _local_bundle(tmp_path)
+    scheme = url.split(":", 1)[0]
+    calls = [
+        lambda: write_bundle(url, [{"index": 0}]),
+        lambda: write_bundle(url, [{"index": 0}], overwrite=True),
+        lambda: open_bundle(url),
+        lambda: pack_bundle(local, url),
+        lambda: pack_bundle(url, tmp_path / "out.rbundle"),
+        lambda: unpack_bundle(url, tmp_path / "unpacked"),
+        lambda: remove_bundle(url),
+        lambda: is_bundle(url),
+        lambda: check_location(url, "--save"),
+    ]
+    for call in calls:
+        with pytest.raises(UnsupportedLocationError) as info:
+            call()
+        msg = str(info.value)
+        assert "\n" not in msg
+        assert f"unsupported URL scheme {scheme!r}" in msg and "rollout-bundles[s3]" in msg, msg
+        assert url in msg
+    assert list(in_tmp.iterdir()) == []  # no ./hdfs:/... directory
+    assert not (tmp_path / "out.rbundle").exists() and not (tmp_path / "unpacked").exists()
+
+
+def test_a_url_is_refused_where_only_a_local_path_makes_sense(tmp_path: Path, in_tmp: Path) -> None:
+    local = _local_bundle(tmp_path)
+    with pytest.raises(UnsupportedLocationError, match="expected a local path"):
+        unpack_bundle(tmp_path / "x.rbundle", "s3://bucket/out")
+    with pytest.raises(UnsupportedLocationError, match="expected a local path"):
+        open_bundle(local).rehydrate("s3://bucket/media")
+    with pytest.raises(UnsupportedLocationError, match="expected a local path"):
+        scratch_dir("gs://bucket/x")
+    assert list(in_tmp.iterdir()) == []
+
+
+def test_a_store_url_collapsed_by_pathlib_is_refused_not_written_locally(in_tmp: Path) -> None:
+    collapsed = Path("s3://bucket/x")  # pathlib makes this s3:/bucket/x
+    with pytest.raises(UnsupportedLocationError, match=r"collapsed.*s3://bucket/x"):
+        write_bundle(collapsed, [{"index": 0}])
+    with pytest.raises(UnsupportedLocationError, match="collapsed"):
+        open_bundle(collapsed)
+    assert list(in_tmp.iterdir()) == []
+
+
+def test_store_urls_are_recognised_whatever_the_case_of_the_scheme() -> None:
+    assert is_store_url("s3://b/x") and is_store_url("GS://b/x") and is_store_url("az://c/x")
+    assert not is_store_url("/tmp/s3://x") and not is_store_url("relative/dir")
+    assert not is_store_url("hdfs://x")
+
+
+def test_local_only_arguments_are_refused_for_urls() -> None:
+    with pytest.raises(BundleError, match="apply to object-store URLs only"):
+        open_bundle("/nonexistent/b", storage_options={"endpoint": "http://127.0.0.1:1"})
+
+
+_WITHOUT_OBSTORE = """
+import os, sys
+sys.modules["obstore"] = None  # as if the extra were not installed: import obstore raises ImportError
+os.chdir(sys.argv[1])
+from bundles import UnsupportedLocationError, write_bundle, open_bundle
+for call in (lambda: write_bundle("s3://bucket/run/x", [{"index": 0}]), lambda: open_bundle("gs://bucket/x")):
+    try:
+        call()
+    except UnsupportedLocationError as e:
+        print(e)
+    else:
+        print("NOT REFUSED")
+print(sorted(os.listdir(".")))
+"""
+
+
+def test_a_store_url_without_the_extra_names_obstore_and_the_extra(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_OBSTORE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=60,
+    ).stdout.splitlines()
+    assert out[0].startswith(
+        "s3://bucket/run/x: bundle: the s3:// scheme needs the optional dependency obstore"
+    )
+    assert "pip install 'rollout-bundles[s3]'" in out[0]
+    assert out[1].startswith("gs://bucket/x: bundle: the gs:// scheme needs")
+    assert out[2] == "[]"
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["verify"], ["show"], ["pack", "-o", "/tmp/never.rbundle"]])
+def test_the_cli_refuses_an_unsupported_scheme_in_one_line(command: list[str], in_tmp: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "trainer_hooks.cli", command[0], "hdfs://nn/x", *command[1:]]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unsupported URL scheme 'hdfs'" in lines[0], proc.stderr
+    assert "rollout-bundles[s3]" in lines[0] and "Traceback" not in proc.stderr
+    assert list(in_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "option", ["--save", "--load", "--save-debug-rollout-data", "--load-debug-rollout-data"]
+)
+def test_trainer_options_refuse_an_unsupported_scheme(option: str, in_tmp: Path) -> None:
+    from trainer_hooks import parse_args
+
+    with pytest.raises(ValueError, match=rf"^hdfs://nn/x: {option}: unsupported URL scheme 'hdfs'"):
+        parse_args(
+            [option, "hdfs://nn/x", "--shared-media-dir", str(in_tmp / "m"), "--rollout-batch-size", "1"]
+        )
+    assert list(in_tmp.iterdir()) == []
