@@ -32,7 +32,7 @@ from bundles._pack import pack_bundle, unpack_bundle
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle, open_bundle
 from bundles._records import Record, register_record_type
-from bundles._sample_codec import decode_sample, encode_sample
+from bundles._sample_codec import decode_sample, encode_sample, sample_encoder
 from bundles._writer import write_bundle
 
 __version__ = "0.1.0"
@@ -70,6 +70,7 @@ __all__ = [
     "pack_bundle",
     "register_record_type",
     "remove_bundle",
+    "sample_encoder",
     "unpack_bundle",
     "write_bundle",
 ]

@@ -231,6 +231,7 @@ class RolloutLedger:
     def open(self) -> RolloutJournal | None:
         """Start the journal (no-op when disabled or started)."""
         if self.journal is None and self.enabled:
+            register_record_types()  # before the journal's encoder is made
             self.journal = RolloutJournal(
                 journal_dir(self.args.save),
                 lineage=self.lineage,
