@@ -27,7 +27,9 @@ from bundles._errors import (
 )
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
 from bundles._location import check_location, is_store_url
+from bundles._manifest import Manifest, MediaEntry, ShardEntry
 from bundles._media import MediaRef
+from bundles._options import LinkMode, OutsidePolicy, Verify
 from bundles._pack import pack_bundle, unpack_bundle
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle, open_bundle
@@ -51,14 +53,20 @@ __all__ = [
     "BundleNotFoundError",
     "BundleReplacedError",
     "BundleVerificationError",
+    "LinkMode",
+    "Manifest",
+    "MediaEntry",
     "MediaMissingError",
     "MediaRef",
     "OutsidePathError",
     "OutsidePathWarning",
+    "OutsidePolicy",
     "Record",
+    "ShardEntry",
     "UnsafeBundleError",
     "UnsupportedLocationError",
     "UnsupportedValueError",
+    "Verify",
     "__version__",
     "check_location",
     "decode_image",

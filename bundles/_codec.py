@@ -43,7 +43,7 @@ import dataclasses
 import gc
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgpack
 import numpy as np
@@ -452,11 +452,12 @@ class SampleDecoder:
         self,
         media: Mapping[str, MediaRef],
         lenient: bool = False,
-        read_media: Callable[[str], bytes] | None = None,
+        open_media: Callable[[str], BinaryIO] | None = None,
     ) -> None:
         self._media = media
-        # A packed bundle's media are members, not files: their bytes come from read_media(name).
-        self._read_media = read_media
+        # A packed bundle's media are members, not files: open_media(name) opens one, read by
+        # range when the pixels are needed (never copied into memory per reference).
+        self._open_media = open_media
         self._lenient = lenient
         self._refs: dict[tuple[int, bytes], Any] = {}
         self._heights: dict[int, int] = {}  # id(container) -> height, for containers taller than 1
@@ -575,9 +576,9 @@ class SampleDecoder:
     def _image(self, data: bytes) -> Any:
         """A PIL image opened lazily on the stored PNG; its MediaRef when Pillow is not installed."""
         ref = self._ref(EXT_IMAGE, data)
-        read = self._read_media
+        opener = self._open_media
         try:
-            image = open_image(str(ref.path), None if read is None else lambda: read(ref.filename))
+            image = open_image(str(ref.path), None if opener is None else opener(ref.filename))
         except (OSError, ValueError, SyntaxError) as e:
             raise Defect(f"stored image {ref.filename} cannot be read as a PNG: {e}") from None
         return ref if image is None else image

@@ -27,8 +27,9 @@ from typing import Any, BinaryIO
 
 from bundles._errors import BundleError
 from bundles._faults import fault_point
+from bundles._options import LinkMode
 
-LINK_MODES = ("auto", "hardlink", "reflink", "copy")
+LINK_MODES = LinkMode.values()
 COPY_CHUNK = 1024 * 1024
 _FICLONE = 0x40049409  # _IOW(0x94, 9, int) from linux/fs.h
 
@@ -51,9 +52,12 @@ _probe_lock = threading.Lock()
 _probed: dict[tuple[int, int], str] = {}
 
 
-def check_link_mode(link: str) -> None:
-    if link not in LINK_MODES:
+def check_link_mode(link: LinkMode | str) -> LinkMode:
+    """The :class:`LinkMode` ``link`` names; a :class:`BundleError` naming the choices if none."""
+    mode = LinkMode.parse(link)
+    if mode is None:
         raise BundleError(f"link: expected one of {', '.join(LINK_MODES)}, found {link!r}")
+    return mode
 
 
 def _reflink(src: str, dst: str) -> None:
@@ -184,7 +188,7 @@ def _link(method: str, src: str, dst: str) -> None:
         _reflink(src, dst)
 
 
-def ingest(src: str, dst: str, link: str, src_dev: int, dst_dev: int) -> str:
+def ingest(src: str, dst: str, link: LinkMode | str, src_dev: int, dst_dev: int) -> str:
     """Place ``src``'s bytes at the new path ``dst`` by ``link`` mode; return the method used.
 
     ``"copy"`` is returned without copying: the caller copies with :func:`copy_and_hash`, so that
@@ -199,7 +203,7 @@ def ingest(src: str, dst: str, link: str, src_dev: int, dst_dev: int) -> str:
             if e.errno not in _UNSUPPORTED_ERRNOS:
                 raise
             raise BundleError(
-                f"{src}: link={link!r} is not possible into {os.path.dirname(dst)} ({e.strerror}); "
+                f"{src}: link='{link}' is not possible into {os.path.dirname(dst)} ({e.strerror}); "
                 "use link='auto' to fall back to a copy"
             ) from e
         return link

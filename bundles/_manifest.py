@@ -6,12 +6,19 @@ float that overflows to infinity, nested no deeper than 64 levels. Every field t
 type- and range-checked here (ints are below 2**63, so ``len()`` and arithmetic on them cannot
 overflow), so a manifest that parses is one that ``inspect`` and the reader can use without
 meeting a value of the wrong type later.
+
+The result is a :class:`Manifest`: the JSON object as stored (it *is* a ``dict``, so
+``bundle.manifest["kind"]``, ``json.dumps(bundle.manifest)`` and comparisons keep working) with
+its fields also as typed, named attributes (``manifest.kind``, ``manifest.shards[0].digest``),
+set once here from the validated values. Code in this project reads the attributes; the item
+access is for compatibility with callers that treated the manifest as the dict it used to be.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from bundles._errors import BundleFormatError, UnsafeBundleError
@@ -29,6 +36,65 @@ from bundles._layout import (
     SUFFIX_RE,
     SUPPORTED_FORMAT_VERSIONS,
 )
+
+__all__ = [
+    "Manifest",
+    "MediaEntry",
+    "ShardEntry",
+    "decode_manifest_json",
+    "nesting_depth_exceeds",
+    "parse_format_version",
+    "parse_manifest_bytes",
+]
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One entry of ``manifest["shards"]`` (FORMAT.md §2), validated."""
+
+    path: str  #: ``samples/NNNNNN.msgpack.zst``, numbered from 0 without gaps
+    samples: int  #: samples in the shard
+    size: int  #: compressed bytes
+    raw_size: int  #: decompressed bytes (bounded by MAX_SHARD_RAW_BYTES)
+    digest: str  #: ``sha256:<hex>`` of the compressed bytes
+
+
+@dataclass(frozen=True)
+class MediaEntry:
+    """One entry of ``manifest["media"]`` (FORMAT.md §2), validated."""
+
+    digest: str  #: ``sha256:<hex>``
+    size: int
+    suffix: str  #: e.g. ``.png``; may be empty
+
+    @property
+    def filename(self) -> str:
+        """The stored name, ``<hex><suffix>``, under ``media/``."""
+        return self.digest[7:] + self.suffix
+
+
+class Manifest(dict):  # type: ignore[type-arg]
+    """A validated manifest: the stored JSON object, with typed fields as attributes.
+
+    Built only by :func:`parse_manifest_bytes` (``Manifest.parse``); see the module docstring.
+    The attributes are set once from the validated values; treat the object as read-only.
+    """
+
+    format_version: int
+    kind: str
+    meta: dict[str, Any]
+    sample_count: int
+    shards: tuple[ShardEntry, ...]
+    media: tuple[MediaEntry, ...]
+    #: ``"rollout-bundles <version>"`` of the writer, when recorded
+    created_by: str | None
+    #: how many media references the samples hold, when recorded
+    media_references: int | None
+
+    @classmethod
+    def parse(cls, raw: bytes, where: object) -> Manifest:
+        """Validate the manifest bytes ``raw`` (read from ``where``, which messages name)."""
+        return parse_manifest_bytes(raw, where)
 
 
 def parse_format_version(manifest: dict[str, Any], where: object) -> int:
@@ -118,8 +184,9 @@ def _digest_field(ent: dict[str, Any], field: str, where: object) -> None:
         )
 
 
-def parse_manifest_bytes(raw: bytes, where: object) -> dict[str, Any]:
-    """Validate the manifest bytes ``raw`` (read from ``where``, which messages name)."""
+def parse_manifest_bytes(raw: bytes, where: object) -> Manifest:
+    """Validate the manifest bytes ``raw`` (read from ``where``, which messages name); the one
+    place a manifest is parsed."""
     manifest = decode_manifest_json(raw, where)
     if not isinstance(manifest, dict):
         raise BundleFormatError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
@@ -157,6 +224,7 @@ def parse_manifest_bytes(raw: bytes, where: object) -> dict[str, Any]:
         raise BundleFormatError(f"{where}: shards: expected a list, found {type(shards).__name__}")
     seen: set[str] = set()
     total = 0
+    shard_entries: list[ShardEntry] = []
     for i, ent in enumerate(shards):
         field = f"shards[{i}]"
         if not isinstance(ent, dict):
@@ -173,7 +241,7 @@ def parse_manifest_bytes(raw: bytes, where: object) -> dict[str, Any]:
             )
         seen.add(p)
         samples = _int_field(ent, "samples", field, where)
-        _int_field(ent, "size", field, where)
+        size = _int_field(ent, "size", field, where)
         raw_size = _int_field(ent, "raw_size", field, where)
         if raw_size > MAX_SHARD_RAW_BYTES:
             raise UnsafeBundleError(
@@ -185,6 +253,7 @@ def parse_manifest_bytes(raw: bytes, where: object) -> dict[str, Any]:
             )
         _digest_field(ent, field, where)
         total += samples
+        shard_entries.append(ShardEntry(p, samples, size, raw_size, ent["digest"]))
     if total != manifest["sample_count"]:
         raise BundleFormatError(
             f"{where}: sample_count: {manifest['sample_count']} disagrees with the shards' total of {total}"
@@ -193,6 +262,7 @@ def parse_manifest_bytes(raw: bytes, where: object) -> dict[str, Any]:
     media = manifest["media"]
     if not isinstance(media, list):
         raise BundleFormatError(f"{where}: media: expected a list, found {type(media).__name__}")
+    media_entries: list[MediaEntry] = []
     for i, ent in enumerate(media):
         field = f"media[{i}]"
         if not isinstance(ent, dict):
@@ -201,9 +271,18 @@ def parse_manifest_bytes(raw: bytes, where: object) -> dict[str, Any]:
         suffix = ent.get("suffix")
         if not isinstance(suffix, str) or not SUFFIX_RE.fullmatch(suffix):
             raise UnsafeBundleError(f"{where}: {field}.suffix: expected e.g. '.png', found {_short(suffix)}")
-        _int_field(ent, "size", field, where)
-        name = ent["digest"][7:] + suffix
-        if name in seen:
+        entry = MediaEntry(ent["digest"], _int_field(ent, "size", field, where), suffix)
+        if entry.filename in seen:
             raise BundleFormatError(f"{where}: {field}: {ent['digest']}{suffix} is listed twice")
-        seen.add(name)
-    return manifest
+        seen.add(entry.filename)
+        media_entries.append(entry)
+    out = Manifest(manifest)
+    out.format_version = manifest["format_version"]
+    out.kind = kind
+    out.meta = manifest["meta"]
+    out.sample_count = manifest["sample_count"]
+    out.shards = tuple(shard_entries)
+    out.media = tuple(media_entries)
+    out.created_by = manifest.get("created_by")
+    out.media_references = manifest.get("media_references")
+    return out

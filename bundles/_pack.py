@@ -24,7 +24,8 @@ import tarfile
 from pathlib import Path
 from typing import BinaryIO
 
-from bundles._commit import commit, create_staging, remove_stale_staging, staging_name
+from bundles._atomic import atomic_writer
+from bundles._commit import commit, create_staging
 from bundles._errors import (
     BundleError,
     BundleExistsError,
@@ -123,59 +124,46 @@ def pack_bundle(
 
 
 def _write_packed(bundle: Bundle, out: Path, progress: bool | None) -> None:
-    expected: dict[str, tuple[str, int]] = {
-        e["path"]: (e["digest"], e["size"]) for e in bundle.manifest["shards"]
-    }
+    expected: dict[str, tuple[str, int]] = {e.path: (e.digest, e.size) for e in bundle.manifest.shards}
     expected.update({f"{MEDIA_DIR}/{r.filename}": (r.digest, r.size) for r in bundle.media})
     members = sorted([MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR, *expected])
     out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(out.parent)
-    tmp = staging_name(out)  # a dead packer's leftover is removed by the next write here
     source = bundle._source
     total = sum(size for _, size in expected.values())
-    try:
-        with (
-            open(tmp, "wb") as raw,
-            Progress(f"packing {bundle.path.name}", total=total, unit="B", enabled=progress) as bar,
-        ):
-            with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-                for name in members:
-                    if name in (MEDIA_DIR, SHARDS_DIR):
-                        tar.addfile(_tarinfo(name, 0, True))
-                        continue
-                    try:
-                        f, size = source.open(name)
-                    except FileNotFoundError:
-                        raise BundleVerificationError(
-                            bundle.path, [f"{source.where(name)}: listed in the manifest but missing"]
-                        ) from None
-                    with f:
-                        if name in expected and size != expected[name][1]:
-                            raise BundleVerificationError(
-                                bundle.path,
-                                [
-                                    f"{source.where(name)}: size: expected {expected[name][1]} bytes, found {size}"
-                                ],
-                            )
-                        reader = _HashingReader(f)
-                        tar.addfile(_tarinfo(name, size, False), reader)  # type: ignore[arg-type,unused-ignore]
-                    digest = "sha256:" + reader.hash.hexdigest()
-                    if name in expected and (digest != expected[name][0] or reader.size != size):
-                        raise BundleVerificationError(
-                            bundle.path,
-                            [
-                                f"{source.where(name)}: digest: expected {expected[name][0]}, found {digest}; not packed"
-                            ],
-                        )
-                    bar.advance(size)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        if tmp.exists():
-            tmp.unlink()
-        raise
+    # The one atomic write (bundles._atomic): durable, and a dead packer's temporary file is
+    # removed by the next write into this directory.
+    with (
+        atomic_writer(out, durable=True) as raw,
+        Progress(f"packing {bundle.path.name}", total=total, unit="B", enabled=progress) as bar,
+        tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar,  # closed first
+    ):
+        for name in members:
+            if name in (MEDIA_DIR, SHARDS_DIR):
+                tar.addfile(_tarinfo(name, 0, True))
+                continue
+            try:
+                f, size = source.open(name)
+            except FileNotFoundError:
+                raise BundleVerificationError(
+                    bundle.path, [f"{source.where(name)}: listed in the manifest but missing"]
+                ) from None
+            with f:
+                if name in expected and size != expected[name][1]:
+                    raise BundleVerificationError(
+                        bundle.path,
+                        [f"{source.where(name)}: size: expected {expected[name][1]} bytes, found {size}"],
+                    )
+                reader = _HashingReader(f)
+                tar.addfile(_tarinfo(name, size, False), reader)  # type: ignore[arg-type,unused-ignore]
+            digest = "sha256:" + reader.hash.hexdigest()
+            if name in expected and (digest != expected[name][0] or reader.size != size):
+                raise BundleVerificationError(
+                    bundle.path,
+                    [
+                        f"{source.where(name)}: digest: expected {expected[name][0]}, found {digest}; not packed"
+                    ],
+                )
+            bar.advance(size)
 
 
 def unpack_bundle(

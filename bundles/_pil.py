@@ -20,8 +20,7 @@ from __future__ import annotations
 import io
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 __all__ = [
     "DECODABLE_IMAGE_FORMATS",
@@ -170,19 +169,21 @@ class _ReopeningFile(io.RawIOBase):
         super().close()
 
 
-def open_image(path: str, read: Callable[[], bytes] | None = None) -> Any:
+def open_image(path: str, member: BinaryIO | None = None) -> Any:
     """``PIL.Image.open`` of a stored PNG, header read, no descriptor kept; None without Pillow.
 
-    ``read`` gives the file's bytes where ``path`` is not a file (a member of a packed bundle
-    read in place: its descriptor belongs to the ``Bundle`` and may be closed before the pixels
-    are read), so the image decodes from memory. ``OSError``/``ValueError`` when the file is not
-    an image Pillow reads."""
+    ``member`` is the file to read where ``path`` is not a file (a member of a packed bundle read
+    in place, see ``PackedSource.open_detached``): the image reads its header now and its pixels
+    by range when they are needed, so an image costs no copy of its file however many times a
+    sample references it. ``OSError``/``ValueError`` when the file is not an image Pillow reads."""
     try:
         from PIL import Image
     except ImportError:
+        if member is not None:
+            member.close()
         return None
-    if read is not None:
-        image = Image.open(io.BytesIO(read()), formats=["PNG"])
+    if member is not None:
+        image = Image.open(member, formats=["PNG"])
         image.filename = path
         return image
     f = _ReopeningFile(path)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import io
 import itertools
 import operator
 import os
@@ -27,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, overload
 
+from bundles._atomic import atomic_path
 from bundles._commit import is_staging_name
 from bundles._errors import (
     BundleError,
@@ -42,13 +44,14 @@ from bundles._errors import (
 from bundles._fs import check_link_mode, copy_and_hash, ingest, make_read_only
 from bundles._layout import MANIFEST_NAME, MEDIA_DIR
 from bundles._location import classify, local_path_only
-from bundles._manifest import parse_manifest_bytes
+from bundles._manifest import Manifest, ShardEntry, parse_manifest_bytes
 from bundles._media import MediaRef
+from bundles._options import LinkMode, Verify
 from bundles._progress import Progress
 from bundles._shards import iter_shard
 from bundles._source import LAYOUT_DIRS, DirSource, PackedSource, Source, describe
 
-VERIFY_LEVELS = ("none", "fast", "full")
+VERIFY_LEVELS = Verify.values()
 
 
 def read_at_most(f: BinaryIO, n: int) -> bytes:
@@ -64,12 +67,12 @@ def read_at_most(f: BinaryIO, n: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def load_manifest(source: Source) -> dict[str, Any]:
+def load_manifest(source: Source) -> Manifest:
     """Read and validate the manifest of ``source`` (size capped before it is parsed)."""
     return parse_manifest_bytes(source.read_manifest(), source.where(MANIFEST_NAME))
 
 
-def parse_manifest(path: Path) -> dict[str, Any]:
+def parse_manifest(path: Path) -> Manifest:
     """Read and validate ``<path>/manifest.json`` of a bundle directory; raise naming the field."""
     return load_manifest(DirSource(path))
 
@@ -81,13 +84,14 @@ class Bundle:
     a context manager or call :meth:`close` to release it early.
     """
 
-    def __init__(self, source: Source, manifest: dict[str, Any]) -> None:
+    def __init__(self, source: Source, manifest: Manifest) -> None:
         self._source = source
         self.path = source.path
+        #: The validated manifest (:class:`Manifest`: the stored JSON object, fields typed).
         self.manifest = manifest
         self._media: dict[str, MediaRef] = {}
-        for e in manifest["media"]:
-            ref = MediaRef(e["digest"], e["size"], e["suffix"])
+        for e in manifest.media:
+            ref = MediaRef(e.digest, e.size, e.suffix)
             self._media[ref.filename] = ref.with_path(source.media_path(f"{MEDIA_DIR}/{ref.filename}"))
 
     def __repr__(self) -> str:
@@ -96,7 +100,7 @@ class Bundle:
         )
 
     def __len__(self) -> int:
-        return int(self.manifest["sample_count"])
+        return self.manifest.sample_count
 
     def __iter__(self) -> Iterator[dict[Any, Any]]:
         return self.samples()
@@ -129,11 +133,11 @@ class Bundle:
 
     @property
     def kind(self) -> str:
-        return str(self.manifest["kind"])
+        return self.manifest.kind
 
     @property
     def meta(self) -> dict[str, Any]:
-        return self.manifest["meta"]  # type: ignore[no-any-return,unused-ignore]
+        return self.manifest.meta
 
     @property
     def media(self) -> list[MediaRef]:
@@ -152,11 +156,25 @@ class Bundle:
     @property
     def media_references(self) -> int:
         """How many references the samples hold (each stored file may serve many)."""
-        return int(self.manifest.get("media_references", len(self._media)))
+        recorded = self.manifest.media_references
+        return len(self._media) if recorded is None else recorded
 
-    def _media_bytes(self, name: str) -> bytes:
+    def _open_fetched(self, name: str) -> BinaryIO:
+        """A stored file of a remote bundle, fetched whole when opened (an image's pixels)."""
         with self.open_media(name) as f:
-            return f.read()
+            return io.BytesIO(f.read())
+
+    def _open_detached(self, name: str) -> BinaryIO:
+        """A stored file of a packed bundle that stays readable after :meth:`close` (an image
+        whose pixels are decoded later); see ``PackedSource.open_detached``."""
+        source = self._source
+        assert isinstance(source, PackedSource)
+        try:
+            return source.open_detached(f"{MEDIA_DIR}/{name}")
+        except FileNotFoundError:
+            raise MediaMissingError(
+                f"{source.where(MEDIA_DIR + '/' + name)}: listed in the manifest but missing"
+            ) from None
 
     def open_media(self, ref: MediaRef | str) -> BinaryIO:
         """Open one stored media file for reading, in a directory or a packed bundle alike.
@@ -181,8 +199,8 @@ class Bundle:
         src = self._source
         problems: list[str] = []
         expected: dict[str, int] = {MANIFEST_NAME: -1}
-        for e in self.manifest["shards"]:
-            expected[e["path"]] = e["size"]
+        for e in self.manifest.shards:
+            expected[e.path] = e.size
         for ref in self._media.values():
             expected[f"{MEDIA_DIR}/{ref.filename}"] = ref.size
         found: set[str] = set()  # listed files present as regular files of the right size
@@ -210,7 +228,7 @@ class Bundle:
 
         # Only files that passed the listing checks are hashed: one problem per file.
         jobs: list[tuple[str, str, int]] = [
-            (e["path"], e["digest"], e["size"]) for e in self.manifest["shards"] if e["path"] in found
+            (e.path, e.digest, e.size) for e in self.manifest.shards if e.path in found
         ]
         if full:
             jobs += [
@@ -246,9 +264,10 @@ class Bundle:
         since it was opened.
         """
         if isinstance(full, str):
-            if full not in ("fast", "full"):
+            level = Verify.parse(full)
+            if level not in (Verify.FAST, Verify.FULL):
                 raise BundleError(f"{self.path}: verify: expected 'fast' or 'full', found {full!r}")
-            full = full == "full"
+            full = level is Verify.FULL
         problems = self.problems(full=full, progress=progress)
         if problems:
             self._check_not_replaced()
@@ -263,8 +282,9 @@ class Bundle:
         """
         if self._source.packed:
             return
+        reload = getattr(self._source, "reload_manifest", None)  # a bundle on a store
         try:
-            current = parse_manifest(self.path)
+            current = reload() if reload is not None else parse_manifest(self.path)
         except BundleError:
             current = None
         if current != self.manifest:
@@ -274,32 +294,32 @@ class Bundle:
             )
 
     # -- reading ---------------------------------------------------------------------------------
-    def _read_shard(self, entry: dict[str, Any]) -> bytes:
+    def _read_shard(self, entry: ShardEntry) -> bytes:
         try:
             return self._read_shard_unchecked(entry)
         except (BundleVerificationError, UnsafeBundleError, BundleFormatError):
             self._check_not_replaced()
             raise
 
-    def _read_shard_unchecked(self, entry: dict[str, Any]) -> bytes:
+    def _read_shard_unchecked(self, entry: ShardEntry) -> bytes:
         """The shard's compressed bytes, read once and checked against their digest."""
-        path = self._source.where(entry["path"])
+        path = self._source.where(entry.path)
         try:
-            f, size = self._source.open(entry["path"])
+            f, size = self._source.open(entry.path)
         except FileNotFoundError:
             raise BundleVerificationError(
                 self.path, [f"{path}: listed in the manifest but missing"]
             ) from None
         with f:
-            if size != entry["size"]:
+            if size != entry.size:
                 raise BundleVerificationError(
-                    self.path, [f"{path}: size: expected {entry['size']} bytes, found {size}"]
+                    self.path, [f"{path}: size: expected {entry.size} bytes, found {size}"]
                 )
-            data = read_at_most(f, entry["size"] + 1)
+            data = read_at_most(f, entry.size + 1)
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        if digest != entry["digest"]:
+        if digest != entry.digest:
             raise BundleVerificationError(
-                self.path, [f"{path}: digest: expected {entry['digest']}, found {digest}"]
+                self.path, [f"{path}: digest: expected {entry.digest}, found {digest}"]
             )
         return data  # verified compressed bytes: bundles._shards decodes them as a stream
 
@@ -328,14 +348,14 @@ class Bundle:
             if not -n <= k < n:
                 raise BundleIndexError(f"{self.path}: sample index {i} is out of range: the bundle holds {n}")
             wanted.append(k % n)
-        starts = list(itertools.accumulate((e["samples"] for e in self.manifest["shards"]), initial=0))
+        starts = list(itertools.accumulate((e.samples for e in self.manifest.shards), initial=0))
         # Runs of wanted indices in one shard: each run streams its shard once and keeps only
         # the samples it wants (so bundle[i] holds one sample, not its shard).
         for k, run in itertools.groupby(wanted, key=lambda i: bisect.bisect_right(starts, i) - 1):
             positions = list(run)
             keep = set(positions)
             found: dict[int, dict[Any, Any]] = {}
-            entry = self.manifest["shards"][k]
+            entry = self.manifest.shards[k]
             for i, sample in enumerate(self._samples(self._media, [entry], starts[k]), start=starts[k]):
                 if i in keep:
                     found[i] = sample
@@ -345,25 +365,33 @@ class Bundle:
                 yield found[i]
 
     def _samples(
-        self, media: dict[str, MediaRef], shards: list[dict[str, Any]] | None = None, first_index: int = 0
+        self, media: dict[str, MediaRef], shards: list[ShardEntry] | None = None, first_index: int = 0
     ) -> Iterator[dict[Any, Any]]:
         """The samples of ``shards`` (default: all), streamed one at a time from each shard after
         its digest is checked (see :mod:`bundles._shards`): memory holds one compressed shard and
         one sample, whatever the bundle's size."""
         index = first_index
-        # Images in a packed bundle read in place decode from their member's bytes: the paths of
-        # its own media name members, not files (rehydrated media are files again).
-        read_media = self._media_bytes if self._source.packed and media is self._media else None
-        for entry in self.manifest["shards"] if shards is None else shards:
+        # Images read in place open their stored file when their pixels are needed: a packed
+        # bundle's by member range (the paths of its own media name members, not files; each
+        # image holds a small file object, never a copy of the member, so FORMAT.md §8's bound
+        # holds however many times a sample references one image), a remote bundle's by a
+        # fetch (its paths are URLs). Rehydrated media are files again.
+        open_media = None
+        if media is self._media:
+            if getattr(self._source, "remote", False):
+                open_media = self._open_fetched
+            elif self._source.packed:
+                open_media = self._open_detached
+        for entry in self.manifest.shards if shards is None else shards:
             data = self._read_shard(entry)
-            for sample in iter_shard(data, entry, f"{self.path}/{entry['path']}", media, index, read_media):
+            for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, open_media):
                 yield sample
                 index += 1
 
     def rehydrate(
         self,
         media_dir: str | os.PathLike[str],
-        link: str = "auto",
+        link: LinkMode | str = "auto",
         progress: bool | None = None,
         sample_cls: Any = None,
     ) -> list[Any]:
@@ -383,16 +411,18 @@ class Bundle:
             raise BundleIOError.wrap(self.path, f"rehydrate into {media_dir}", e) from e
 
     def _rehydrate(
-        self, media_dir: str | os.PathLike[str], link: str, progress: bool | None
+        self, media_dir: str | os.PathLike[str], link: LinkMode | str, progress: bool | None
     ) -> list[dict[Any, Any]]:
-        check_link_mode(link)
+        link = check_link_mode(link)
         local_path_only(media_dir, "rehydrate media_dir")
-        if self._source.packed and link not in ("auto", "copy"):
+        if self._source.packed and link not in (LinkMode.AUTO, LinkMode.COPY):
             raise BundleError(
-                f"{self.path}: link={link!r}: the members of a packed bundle can only be copied; use link='auto' or 'copy'"
+                f"{self.path}: link='{link}': the members of a packed bundle can only be copied; use link='auto' or 'copy'"
             )
         target = Path(os.path.abspath(media_dir))
         target.mkdir(parents=True, exist_ok=True)
+        if getattr(self._source, "remote", False):  # a store: downloaded concurrently
+            return list(self._samples(self._source.rehydrate(self._media, target, progress)))  # type: ignore[union-attr]
         target_dev = os.stat(target).st_dev
         placed: dict[str, MediaRef] = {}
         with Progress(
@@ -407,28 +437,27 @@ class Bundle:
                         continue
                 except FileNotFoundError:
                     pass
-                tmp = target / f".{name}.{os.getpid()}.rehydrate"
-                if os.path.lexists(tmp):
-                    os.unlink(tmp)
-                if self._source.packed:
-                    method = "copy"
-                else:
-                    src_st = os.stat(str(ref.path))
-                    method = ingest(str(ref.path), str(tmp), link, src_st.st_dev, target_dev)
-                if method == "copy":
-                    # Copied bytes are hashed on the way: a damaged member is never placed.
-                    with self.open_media(ref) as fin:
-                        hexdigest, _ = copy_and_hash(fin, str(tmp))
-                    if "sha256:" + hexdigest != ref.digest:
-                        os.unlink(tmp)
-                        raise BundleVerificationError(
-                            self.path,
-                            [f"{ref.path}: digest: expected {ref.digest}, found sha256:{hexdigest}"],
-                        )
-                    make_read_only(str(tmp))
-                else:
-                    make_read_only(str(tmp), src_st.st_mode)
-                os.replace(tmp, dst)
+                # The one atomic write: a temporary file beside ``dst``, renamed over it, removed
+                # on failure. No sweep: the run directory holds thousands of files and is removed
+                # as a whole when the run ends, leftovers included.
+                with atomic_path(dst, sweep=False) as tmp:
+                    if self._source.packed:
+                        method = "copy"
+                    else:
+                        src_st = os.stat(str(ref.path))
+                        method = ingest(str(ref.path), str(tmp), link, src_st.st_dev, target_dev)
+                    if method == "copy":
+                        # Copied bytes are hashed on the way: a damaged member is never placed.
+                        with self.open_media(ref) as fin:
+                            hexdigest, _ = copy_and_hash(fin, str(tmp))
+                        if "sha256:" + hexdigest != ref.digest:
+                            raise BundleVerificationError(
+                                self.path,
+                                [f"{ref.path}: digest: expected {ref.digest}, found sha256:{hexdigest}"],
+                            )
+                        make_read_only(str(tmp))
+                    else:
+                        make_read_only(str(tmp), src_st.st_mode)
                 placed[name] = ref.with_path(str(dst))
                 bar.advance()
         return list(self._samples(placed))
@@ -461,7 +490,10 @@ def _built(
 
 
 def open_bundle(
-    path: str | os.PathLike[str], *, verify: str = "fast", storage_options: dict[str, Any] | None = None
+    path: str | os.PathLike[str],
+    *,
+    verify: Verify | str = "fast",
+    storage_options: dict[str, Any] | None = None,
 ) -> Bundle:
     """Open the bundle at ``path`` (a directory, or a packed file read in place) and verify it to
     the given level.
@@ -482,7 +514,8 @@ def open_bundle(
         UnsafeBundleError: a packed file holds a member the unpack rules refuse, or is truncated.
         BundleVerificationError: verification failed; ``.problems`` lists every bad file.
     """
-    if verify not in VERIFY_LEVELS:
+    level = Verify.parse(verify)
+    if level is None:
         raise BundleFormatError(f"verify: expected one of {', '.join(VERIFY_LEVELS)}, found {verify!r}")
     if classify(path) == "store":
         from bundles._remote import open_remote_bundle
@@ -500,8 +533,8 @@ def open_bundle(
         source = PackedSource(resolved)
         try:
             bundle = Bundle(source, load_manifest(source))
-            if verify != "none":
-                bundle.verify(full=verify == "full", progress=False)
+            if level is not Verify.NONE:
+                bundle.verify(full=level is Verify.FULL, progress=False)
         except BaseException:
             source.close()
             raise
@@ -509,10 +542,10 @@ def open_bundle(
     attempts = 10
     for attempt in range(attempts):
         bundle = Bundle(DirSource(resolved), parse_manifest(resolved))
-        if verify == "none":
+        if level is Verify.NONE:
             return bundle
         try:
-            bundle.verify(full=verify == "full", progress=False)
+            bundle.verify(full=level is Verify.FULL, progress=False)
         except BundleReplacedError:
             if attempt == attempts - 1:
                 raise

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgpack
 import zstandard
@@ -34,6 +34,7 @@ import zstandard
 from bundles._codec import Defect, SampleDecoder, find_defect
 from bundles._errors import BundleError, BundleFormatError, UnsafeBundleError
 from bundles._layout import MAX_SAMPLE_ITEMS, MAX_SAMPLE_RAW_BYTES
+from bundles._manifest import ShardEntry
 from bundles._media import MediaRef
 
 # Decompressed bytes fed to msgpack at a time: large enough that the per-chunk Python work is
@@ -43,24 +44,24 @@ FEED_CHUNK = 1 << 20
 
 def iter_shard(
     data: bytes,
-    entry: Mapping[str, Any],
+    entry: ShardEntry,
     where: str,
     media: Mapping[str, MediaRef],
     first_index: int,
-    read_media: Callable[[str], bytes] | None = None,
+    open_media: Callable[[str], BinaryIO] | None = None,
 ) -> Iterator[dict[Any, Any]]:
     """Yield the samples of one shard from its verified compressed bytes ``data``.
 
-    ``entry`` is the shard's manifest entry (``samples``, ``raw_size``), ``where`` names the file
-    in errors, ``media`` maps stored file names to their MediaRefs (with ``path``) and
-    ``first_index`` is the index of the shard's first sample in the bundle. ``read_media(name)``
-    gives a stored file's bytes where ``media`` paths are not files (a packed bundle).
+    ``entry`` is the shard's manifest entry (its ``samples`` and ``raw_size``), ``where`` names
+    the file in errors, ``media`` maps stored file names to their MediaRefs (with ``path``) and
+    ``first_index`` is the index of the shard's first sample in the bundle. ``open_media(name)``
+    opens a stored file where ``media`` paths are not files (a packed bundle).
     """
-    expected = entry["samples"]
+    expected = entry.samples
     index = first_index
     try:
         for obj in _objects(
-            data, entry["raw_size"], where, SampleDecoder(media, read_media=read_media), first_index
+            data, entry.raw_size, where, SampleDecoder(media, open_media=open_media), first_index
         ):
             if type(obj) is not dict:
                 raise BundleFormatError(
@@ -71,7 +72,7 @@ def iter_shard(
             yield obj
             index += 1
     except Defect as d:
-        raise _located(d, data, entry, where, media, first_index, index, read_media) from None
+        raise _located(d, data, entry, where, media, first_index, index, open_media) from None
     if index - first_index != expected:
         raise BundleFormatError(f"{where}: samples: expected {expected}, found {index - first_index}")
 
@@ -166,12 +167,12 @@ def _malformed(where: str, index: int, e: Exception) -> BundleFormatError:
 def _located(
     defect: Defect,
     data: bytes,
-    entry: Mapping[str, Any],
+    entry: ShardEntry,
     where: str,
     media: Mapping[str, MediaRef],
     first_index: int,
     index: int,
-    read_media: Callable[[str], bytes] | None = None,
+    open_media: Callable[[str], BinaryIO] | None = None,
 ) -> BundleFormatError:
     """The error for ``defect`` in sample ``index``, with the key path when it can be found by
     decoding that sample again leniently (a second pass, only on failure)."""
@@ -179,11 +180,9 @@ def _located(
     if not defect.locate:
         return UnsafeBundleError(f"{where}: {path}: {defect.message}")
     found = None
-    lenient = SampleDecoder(media, lenient=True, read_media=read_media)
+    lenient = SampleDecoder(media, lenient=True, open_media=open_media)
     try:
-        sample = next(
-            _objects(data, entry["raw_size"], where, lenient, first_index, skip=index - first_index)
-        )
+        sample = next(_objects(data, entry.raw_size, where, lenient, first_index, skip=index - first_index))
         found = find_defect(sample, path)
     except Exception:
         pass  # the lenient pass failed otherwise: report what the strict one found, at the sample

@@ -219,7 +219,7 @@ class MemberFile(io.RawIOBase):
     indexed).
     """
 
-    def __init__(self, source: PackedSource, offset: int, size: int, where: str) -> None:
+    def __init__(self, source: PackedSource | _Descriptor, offset: int, size: int, where: str) -> None:
         super().__init__()
         self._source = source
         self._offset = offset
@@ -266,12 +266,24 @@ class MemberFile(io.RawIOBase):
         return got
 
 
-class _HeaderFile:
-    """The file object tarfile reads headers through: positioned reads over a descriptor, each
-    capped at ``_MAX_HEADER_READ`` (tarfile seeks over member data; it only reads headers)."""
+class _FdReader:
+    """Positioned reads of a local file: what :func:`read_tar_index` reads through (an object on
+    a store gives the same two members, see :mod:`bundles._remote`)."""
 
-    def __init__(self, fd: int, where: Path) -> None:
-        self._fd = fd
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+
+    def pread(self, n: int, pos: int) -> bytes:
+        return os.pread(self.fd, n, pos)
+
+
+class _HeaderFile:
+    """The file object tarfile reads headers through: positioned reads, each capped at
+    ``_MAX_HEADER_READ`` (tarfile seeks over member data; it only reads headers)."""
+
+    def __init__(self, reader: Any, where: Path) -> None:
+        self._reader = reader
         self._pos = 0
         self._where = where
 
@@ -281,7 +293,7 @@ class _HeaderFile:
                 f"{self._where}: a tar header at offset {self._pos} declares an extended header of {n} bytes; "
                 f"more than {_MAX_HEADER_READ} is refused"
             )
-        data = os.pread(self._fd, n, self._pos)
+        data = self._reader.pread(n, self._pos)
         self._pos += len(data)
         return data
 
@@ -289,7 +301,7 @@ class _HeaderFile:
         if whence == io.SEEK_CUR:
             pos += self._pos
         elif whence == io.SEEK_END:
-            pos += os.fstat(self._fd).st_size
+            pos += self._reader.size
         self._pos = pos
         return pos
 
@@ -341,20 +353,22 @@ def check_member(info: tarfile.TarInfo, where: Path, seen: set[str], file_size: 
     return Member(name, False, info.offset_data, info.size)
 
 
-def read_tar_index(fd: int, where: Path) -> dict[str, Member]:
-    """Index the packed bundle open at ``fd``: every member checked (see :func:`check_member`),
-    in archive order, before any member's data is read.
+def read_tar_index(fd: Any, where: Path) -> dict[str, Member]:
+    """Index the packed bundle open at ``fd`` (a descriptor, or an object with ``size`` and
+    ``pread(n, pos)``): every member checked (see :func:`check_member`), in archive order, before
+    any member's data is read.
 
     Raises:
         UnsafeBundleError: the file is not a well-formed tar, is truncated, or holds a member the
             rules refuse; the message names the file and the member.
     """
-    file_size = os.fstat(fd).st_size
+    reader = _FdReader(fd) if isinstance(fd, int) else fd
+    file_size = reader.size
     members: dict[str, Member] = {}
     seen: set[str] = set()
     end = 0
     try:
-        header_file: Any = _HeaderFile(fd, where)
+        header_file: Any = _HeaderFile(reader, where)
         tar = tarfile.TarFile(fileobj=header_file, mode="r", encoding="utf-8", errors="surrogateescape")
         while True:
             info = tar.next()
@@ -374,11 +388,11 @@ def read_tar_index(fd: int, where: Path) -> dict[str, Member]:
         ) from None
     if not members:
         raise UnsafeBundleError(f"{where}: not a packed bundle: the archive holds no members")
-    _check_archive_end(fd, where, end, file_size)
+    _check_archive_end(reader, where, end, file_size)
     return members
 
 
-def _check_archive_end(fd: int, where: Path, end: int, file_size: int) -> None:
+def _check_archive_end(reader: Any, where: Path, end: int, file_size: int) -> None:
     """After the last member: at least the two zero blocks that end a tar, then only zeros."""
     if file_size - end < 2 * _BLOCK:
         raise UnsafeBundleError(
@@ -387,7 +401,7 @@ def _check_archive_end(fd: int, where: Path, end: int, file_size: int) -> None:
         )
     pos = end
     while pos < file_size:
-        chunk = os.pread(fd, min(1024 * 1024, file_size - pos), pos)
+        chunk = reader.pread(min(1024 * 1024, file_size - pos), pos)
         if not chunk:
             break
         if chunk.count(0) != len(chunk):
@@ -415,6 +429,7 @@ class PackedSource:
             raise BundleIOError.wrap(path, "open the packed bundle", e) from e
         self._fd = fd
         self._closer = weakref.finalize(self, os.close, fd)
+        self._detached: _Descriptor | None = None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -463,6 +478,25 @@ class PackedSource:
             raise BundleError(f"{self.path}: the bundle was closed")
         return MemberFile(self, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]
 
+    def open_detached(self, name: str) -> BinaryIO:
+        """``open(name)``, for a reader that outlives the bundle: a PIL image of a sample decodes
+        its pixels whenever its user asks, perhaps after :meth:`close`.
+
+        Such files read through one duplicate of the descriptor, shared by all of them and
+        closed when the last one is collected: the same file the index was read from (a file
+        renamed over the path since is never read), no copy of the member in memory, and one
+        descriptor however many images. ``close()`` releases the bundle's own descriptor at
+        once; the duplicate stays open while detached files still exist.
+        """
+        m = self.members.get(name)
+        if m is None or m.is_dir:
+            return self.open(name)[0]  # the same errors
+        if self._fd < 0:
+            raise BundleError(f"{self.path}: the bundle was closed")
+        if self._detached is None:
+            self._detached = _Descriptor(os.dup(self._fd))
+        return MemberFile(self._detached, m.offset, m.size, self.where(name))  # type: ignore[return-value]
+
     def hash(self, name: str) -> tuple[str, int]:
         f, _ = self.open(name)
         with f:
@@ -471,6 +505,15 @@ class PackedSource:
     def close(self) -> None:
         self._closer()
         self._fd = -1
+        self._detached = None  # detached files keep it open while they exist
+
+
+class _Descriptor:
+    """A file descriptor closed when the last object holding this is collected."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        weakref.finalize(self, os.close, fd)
 
 
 Source = DirSource | PackedSource

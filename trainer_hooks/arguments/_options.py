@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from bundles import UnsupportedLocationError, check_location
+from bundles import LinkMode, UnsupportedLocationError, Verify, check_location
 from trainer_hooks.arguments._processor import RolloutEngineProcessorArgs, parse_mm_process_config
 from trainer_hooks.run_media import check_run_id
 
@@ -42,8 +42,9 @@ __all__ = [
     "validate_args",
 ]
 
-BUNDLE_LINK_MODES = ("auto", "hardlink", "reflink", "copy")
-BUNDLE_VERIFY_MODES = ("none", "fast", "full")
+# The choices of --bundle-link-mode / --bundle-verify: bundles' own vocabularies.
+BUNDLE_LINK_MODES = LinkMode.values()
+BUNDLE_VERIFY_MODES = Verify.values()
 _ADDR_RE = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>[0-9]{1,5})")
 
 

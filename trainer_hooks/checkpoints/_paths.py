@@ -15,6 +15,7 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "CHECKPOINT_SUBDIR",
     "CHECKPOINT_VERSION",
+    "READABLE_CHECKPOINT_VERSIONS",
     "checkpoint_path",
     "list_rollout_checkpoints",
 ]
@@ -22,7 +23,11 @@ __all__ = [
 CHECKPOINT_KIND = "rollout_checkpoint"
 CHECKPOINT_PREFIX = "fully_async_"
 CHECKPOINT_SUBDIR = "rollout"
-CHECKPOINT_VERSION = 1
+#: Version 2 adds nested group layouts, ``recycled_group_sizes`` and ``data_source`` (see
+#: :mod:`trainer_hooks.checkpoints._groups` and docs/FORMAT.md, appendix A). A checkpoint that
+#: uses none of them is still written as version 1, so older readers keep reading it.
+CHECKPOINT_VERSION = 2
+READABLE_CHECKPOINT_VERSIONS = (1, 2)
 _CHECKPOINT_RE = re.compile(re.escape(CHECKPOINT_PREFIX) + r"(?P<id>[0-9]+)")
 
 Group = list[Any]

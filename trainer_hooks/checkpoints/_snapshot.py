@@ -183,8 +183,11 @@ def snapshot_groups(
     *,
     where: str = "groups",
     deferred: list[Callable[[], None]] | None = None,
-) -> list[list[dict[Any, Any]]]:
+) -> list[list[Any]]:
     """Snapshot groups of samples (``Sample`` objects or dicts) into independent sample dicts.
+
+    A group item that is a list (a nested group, ``list[list[Sample]]``) comes back as a list of
+    sample dicts, so the group's shape is kept.
 
     Cost: one pass over the structure. Long lists (token ids, loss masks, log-probs) whose first
     and last items are scalars are copied in one C call (``list.copy``) instead of item by item;
@@ -194,13 +197,22 @@ def snapshot_groups(
     silently affected by a later mutation: it is either faithful or not written.
     """
     snap = _Snapshotter()
-    out: list[list[dict[Any, Any]]] = []
+    out: list[list[Any]] = []
     for gi, group in enumerate(groups):
         if isinstance(group, (dict, str, bytes)) or not isinstance(group, Iterable):
             raise TypeError(
                 f"{where}[{gi}]: expected a group (a list of samples), found {type(group).__name__}"
             )
-        out.append([_snapshot_sample(snap, s, (where, gi, si)) for si, s in enumerate(group)])
+        out.append(
+            [
+                # A nested group (Miles' list[list[Sample]]: several samples per trajectory)
+                # keeps its shape: each inner list is snapshotted sample by sample.
+                [_snapshot_sample(snap, t, (where, gi, si, ti)) for ti, t in enumerate(s)]
+                if type(s) is list
+                else _snapshot_sample(snap, s, (where, gi, si))
+                for si, s in enumerate(group)
+            ]
+        )
     if deferred is None:
         snap.check()
     elif snap.deferred:

@@ -40,6 +40,7 @@ from trainer_hooks._sample_bundle import (
     run_meta,
     write_samples_bundle,
 )
+from trainer_hooks.checkpoints._groups import flatten_groups, group_layout
 from trainer_hooks.checkpoints._paths import CHECKPOINT_KIND, CHECKPOINT_VERSION, _require, checkpoint_path
 from trainer_hooks.checkpoints._retention import apply_retention
 from trainer_hooks.checkpoints._snapshot import snapshot_groups
@@ -64,9 +65,11 @@ class CheckpointSaveError(BundleError):
 def _write_checkpoint(
     args: Namespace,
     rollout_id: int,
-    pending: list[list[dict[Any, Any]]],
-    completed: list[list[dict[Any, Any]]],
+    pending: list[list[Any]],
+    completed: list[list[Any]],
     checks: Sequence[Callable[[], None]] = (),
+    *,
+    recycled: list[list[Any]] | None = None,
     extra_meta: dict[str, Any] | None = None,
     on_commit: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:
@@ -77,15 +80,17 @@ def _write_checkpoint(
     pending = [materialize_dicts(g) for g in pending]
     completed = [materialize_dicts(g) for g in completed]
     dest = checkpoint_path(_require(args, "save", "--save"), rollout_id)
-    meta = {
-        "checkpoint_version": CHECKPOINT_VERSION,
-        "rollout_id": rollout_id,
-        **run_meta(args),
-        "pending_group_sizes": [len(g) for g in pending],
-        "completed_group_sizes": [len(g) for g in completed],
-        **(extra_meta or {}),
+    layouts = {
+        "pending_group_sizes": [group_layout(g) for g in pending],
+        "completed_group_sizes": [group_layout(g) for g in completed],
     }
-    samples = [s for g in pending for s in g] + [s for g in completed for s in g]
+    if recycled is not None:
+        layouts["recycled_group_sizes"] = [group_layout(g) for g in recycled]
+    extra = dict(extra_meta or {})
+    flat_only = all(type(x) is int for sizes in layouts.values() for x in sizes)
+    version = 1 if flat_only and recycled is None and not extra else CHECKPOINT_VERSION
+    meta = {"checkpoint_version": version, "rollout_id": rollout_id, **run_meta(args), **layouts, **extra}
+    samples = flatten_groups(pending) + flatten_groups(completed) + flatten_groups(recycled or [])
     path = write_samples_bundle(
         dest,
         samples,
@@ -130,16 +135,15 @@ def _log_save(path: Path, meta: dict[str, Any], samples: int, total_s: float) ->
 def _write_logged(
     args: Namespace,
     rollout_id: int,
-    pending: list[list[dict[Any, Any]]],
-    completed: list[list[dict[Any, Any]]],
+    pending: list[list[Any]],
+    completed: list[list[Any]],
     checks: Sequence[Callable[[], None]],
-    extra_meta: dict[str, Any] | None = None,
-    on_commit: Callable[[dict[str, Any]], None] | None = None,
+    extra: dict[str, Any],
 ) -> Path:
     """:func:`_write_checkpoint` on the worker. A failure is also logged at once: it is raised at
     the next ``save()``/``flush()``, but a process that never calls either still shows it."""
     try:
-        return _write_checkpoint(args, rollout_id, pending, completed, checks, extra_meta, on_commit)
+        return _write_checkpoint(args, rollout_id, pending, completed, checks, **extra)
     except BaseException as e:
         logger.error(
             "background save of the rollout checkpoint for rollout %s failed (raised at the next "
@@ -165,7 +169,8 @@ def save_rollout_checkpoint(
             ``rollout_processor_args`` are used when present.
         rollout_id: the rollout step; the bundle goes to ``<save>/rollout/fully_async_<id>``.
         pending_groups: prompt groups in flight (resubmitted on resume).
-        completed_groups: finished groups waiting for training.
+        completed_groups: finished groups waiting for training; a group may be nested
+            (``list[list[Sample]]``) and comes back nested.
 
     Returns:
         The committed bundle's path.
@@ -233,22 +238,28 @@ class RolloutCheckpointer:
         self,
         rollout_id: int,
         dest: Path,
-        pending: list[list[dict[Any, Any]]],
-        completed: list[list[dict[Any, Any]]],
+        pending: list[list[Any]],
+        completed: list[list[Any]],
         checks: Sequence[Callable[[], None]] = (),
         *,
+        recycled: list[list[Any]] | None = None,
         extra_meta: dict[str, Any] | None = None,
         on_commit: Callable[[dict[str, Any]], None] | None = None,
     ) -> Future[Path]:
         """Queue already-snapshotted groups (nothing may mutate them afterwards) and the
         snapshot's deferred checks, which run on the worker before anything is written.
-        ``extra_meta`` is merged into the checkpoint's meta; ``on_commit(meta)`` runs on the
-        worker once the bundle is committed (the journal's compaction)."""
+
+        ``recycled`` (groups waiting in a data source's own buffer) and ``extra_meta`` (JSON
+        values, e.g. a data source's cursor under ``"data_source"``, the journal's state) are
+        merged into the checkpoint (version 2 when present); ``on_commit(meta)`` runs on the
+        worker once the bundle is committed (the journal's compaction).
+        """
+        extra = {"recycled": recycled, "extra_meta": extra_meta, "on_commit": on_commit}
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-checkpoint")
             fut = self._executor.submit(
-                _write_logged, self.args, rollout_id, pending, completed, checks, extra_meta, on_commit
+                _write_logged, self.args, rollout_id, pending, completed, checks, extra
             )
             self._futures.append((rollout_id, dest, fut))
         return fut

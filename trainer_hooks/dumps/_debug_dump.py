@@ -57,6 +57,7 @@ from bundles import (
     BundleError,
     BundleExistsError,
     BundleFormatError,
+    OutsidePolicy,
     open_bundle,
     pack_bundle,
     unpack_bundle,
@@ -64,7 +65,6 @@ from bundles import (
 from bundles.support import remove_tree, scratch_dir  # the one tree deletion (fd-relative, no symlinks)
 from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import (
-    OutsidePolicy,
     other_run_media_policy,
     run_media_roots,
     run_meta,

@@ -20,13 +20,13 @@ reader never sees half of it.
 from __future__ import annotations
 
 import json
-import os
 from argparse import Namespace
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from bundles import BundleError
+from bundles.support import atomic_write
 
 __all__ = ["save_debug_trajectory_data", "strip_messages", "trajectory_rows"]
 
@@ -85,14 +85,7 @@ def save_debug_trajectory_data(
                 f"{path}: sample index {row['sample_index']}: metadata.messages: cannot be written as JSON: {e}"
             ) from None
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(lines))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write(path, "".join(lines))  # the one atomic write (bundles.support)
     return path
 
 

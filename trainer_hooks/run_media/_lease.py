@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from bundles import BundleError
-from bundles.support import boot_id, fault_point, pid_namespace, proc_stat
+from bundles.support import atomic_write, boot_id, fault_point, pid_namespace, proc_stat
 from trainer_hooks.run_media._store import (
     _BEFORE_REMOVE,
     LEASE_NAME,
@@ -213,15 +213,9 @@ def _load_lease(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # The one atomic write (bundles.support). No sweep of the run directory (thousands of media
+    # files) at every heartbeat: it is removed as a whole, a killed writer's temporary included.
+    atomic_write(path, json.dumps(data, sort_keys=True), sweep=False)
 
 
 def _verdict(lease: dict[str, Any], now: float, older_than: float) -> tuple[str, str, float]:

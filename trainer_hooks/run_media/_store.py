@@ -8,7 +8,7 @@ Protocol
   the same bytes.
 * A file is written to a hidden temporary name in the same directory, made read-only (0o444)
   and renamed onto its final name. A reader therefore sees either no file or
-  the whole file; a crash leaves at most a hidden ``.<name>.*.tmp`` that the run's release (or
+  the whole file; a crash leaves at most a hidden ``.<name>.staging.*`` that the run's release (or
   ``rollout-bundle sweep``) removes with the directory.
 * Creating the directory writes a marker, ``.run-media.json`` (``{"marker_version": 1,
   "run_id": …, "created_at": …, "pid": …}``): ``rollout-bundle sweep`` deletes only directories
@@ -44,8 +44,6 @@ import io
 import json
 import os
 import stat
-import tempfile
-import threading
 import time
 from argparse import Namespace
 from collections.abc import Callable
@@ -55,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleError, MediaRef
-from bundles.support import remove_tree  # the project's one tree deletion (fd-relative, no symlinks)
+from bundles.support import atomic_write, remove_tree  # the one atomic write and tree deletion
 
 __all__ = [
     "RunMediaError",
@@ -154,15 +152,9 @@ def create_run_dir(run_dir: Path, *, ensure_marker: bool = False) -> None:
 
 def _write_run_marker(run_dir: Path) -> None:
     record = {"marker_version": 1, "run_id": run_dir.name, "created_at": time.time(), "pid": os.getpid()}
-    tmp = run_dir / f"{RUN_MARKER_NAME}.{os.getpid()}.{threading.get_ident()}.tmp"
-    try:
-        with open(tmp, "x") as f:
-            json.dump(record, f, sort_keys=True)
-        os.replace(tmp, run_dir / RUN_MARKER_NAME)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
+    # The one atomic write (bundles.support); the run directory is removed as a whole, leftovers
+    # of a killed writer included, so no sweep of its thousands of files.
+    atomic_write(run_dir / RUN_MARKER_NAME, json.dumps(record, sort_keys=True), sweep=False)
 
 
 def read_run_marker(run_dir: Path) -> dict[str, Any] | None:
@@ -273,21 +265,12 @@ def store_media(args: Namespace, data: Any, suffix: str = ".png") -> MediaRef:
 
 
 def _write_atomic(dest: Path, payload: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        # No fsync: run media are scratch for one run, and whatever must survive a crash is in
-        # a bundle, whose commit makes the files it links durable (bundles' Durability). A
-        # screenshot cut short by a crash has the wrong size and is rewritten by the next call.
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.chmod(tmp, MEDIA_FILE_MODE)
-        # os.replace over an existing read-only file works on POSIX: only the directory's
-        # permissions matter. Two writers of the same content race harmlessly.
-        os.replace(tmp, dest)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    # No fsync: run media are scratch for one run, and whatever must survive a crash is in a
+    # bundle, whose commit makes the files it links durable (bundles' Durability). A screenshot
+    # cut short by a crash has the wrong size and is rewritten by the next call. Renaming over
+    # an existing read-only file works on POSIX (only the directory's permissions matter): two
+    # writers of the same content race harmlessly. No sweep: see _write_run_marker.
+    atomic_write(dest, payload, mode=MEDIA_FILE_MODE, sweep=False)
 
 
 def release_run_media(args: Namespace) -> int:
