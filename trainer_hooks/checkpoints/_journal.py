@@ -25,7 +25,9 @@ groups. Kinds (``a``, ``b``):
 * ``group`` (group id, size): a group finished; its body holds the group, or is empty when every
   sibling was journaled as a ``sample`` record already (nothing is written twice).
 * ``consumed`` (training step, [group ids]): groups handed to training for that step.
-* ``recycled`` (group id, None): a group handed back to be generated again (its body: the group).
+* ``recycled`` (group id, ``{"n": size}``): a group handed back to be generated again (its body:
+  the group).
+* ``dropped`` (group id, None): a group that will be neither trained nor regenerated.
 * ``sync`` (-1, fsynced seq): written after each fsync; ``rollout-bundle inspect`` reads the
   unflushed age from it. Not replayed.
 
@@ -106,7 +108,7 @@ MAX_BODY_BYTES = 1 << 30
 DEFAULT_SEGMENT_BYTES = 256 << 20
 ZSTD_LEVEL = 1
 
-KINDS = ("take", "sample", "group", "consumed", "recycled", "sync")
+KINDS = ("take", "sample", "group", "consumed", "recycled", "dropped", "sync")
 
 
 class JournalError(BundleError):
@@ -274,22 +276,33 @@ class RolloutJournal:
         (g,), checks = self._snapshot([[sample]], f"group[{gid}][{sibling}]")
         return self._push("sample", gid, sibling, g[0], checks)
 
-    def append_group(self, gid: int, group: Iterable[Any] | None = None) -> int:
+    def append_group(self, gid: int, group: Iterable[Any] | None = None, *, snapshot: bool = True) -> int:
         """Group ``gid`` finished: ``group`` is its samples, or None when every sibling was
-        journaled with :meth:`append_sample` already."""
+        journaled with :meth:`append_sample` already. ``snapshot=False``: ``group`` is a
+        snapshot already (sample dicts nothing mutates)."""
         if group is None:
             return self._push("group", gid, None, None, [])
-        (g,), checks = self._snapshot([group], f"group[{gid}]")
+        if snapshot:
+            (g,), checks = self._snapshot([group], f"group[{gid}]")
+        else:
+            g, checks = list(group), []
         return self._push("group", gid, len(g), {"samples": g}, checks)
 
     def record_consumed(self, step: int, gids: Sequence[int]) -> int:
         """Groups ``gids`` were handed to training for ``step``."""
         return self._push("consumed", int(step), [int(g) for g in gids], None, [])
 
-    def append_recycled(self, gid: int, group: Iterable[Any]) -> int:
+    def append_recycled(self, gid: int, group: Iterable[Any], *, snapshot: bool = True) -> int:
         """Group ``gid`` was handed back to be generated again (``group``: what to regenerate)."""
-        (g,), checks = self._snapshot([group], f"recycled[{gid}]")
+        if snapshot:
+            (g,), checks = self._snapshot([group], f"recycled[{gid}]")
+        else:
+            g, checks = list(group), []
         return self._push("recycled", gid, {"n": len(g)}, {"samples": g}, checks)
+
+    def append_dropped(self, gid: int) -> int:
+        """Group ``gid`` will be neither trained nor regenerated (filtered, aborted, stale)."""
+        return self._push("dropped", gid, None, None, [])
 
     @property
     def last_seq(self) -> int:
