@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_helpers import INSTALL_HINT, find_chromium, render
-from media_helpers import put_media
+from helpers import put_media
+from helpers.browser import INSTALL_HINT, find_chromium, render
 
 from bundles import MediaRef, pack_bundle, write_bundle
 from trainer_hooks.view import write_html_report
