@@ -7,12 +7,19 @@ the pinned sglang release's source by ``scripts/sglang_fields.py`` (never import
 shipped as ``trainer_hooks/data/sglang_generate_req_input_fields.json``.
 
 Expanded prefix: with ``--enable-token-space-processor`` the trainer expands each image into its
-``<|image_pad|>`` placeholders while building ``sample.tokens``, and sends media as references.
+``<|image_pad|>`` placeholders while building ``sample.tokens``.
 An engine handed those tokens with ``image_data`` would expand the placeholders a second time;
 ``mm_token_expansion_start_len = len(sample.tokens)`` tells the token-space engine build that the
 whole input is already expanded. That field is the one documented addition to stock
 ``GenerateReqInput`` (sglang 0.5.23 lacks it). Text-only samples carry neither ``image_data`` nor
 ``mm_token_expansion_start_len``.
+
+Images: as Miles sends them (``miles.utils.processing_utils.encode_image_for_rollout_engine``):
+converted to RGB when they are not, PNG, base64 ``data:`` URLs. Whatever the sample holds (a PIL
+image, a path, a ``MediaRef``, an image read back from a bundle directory or a packed file), the
+engine gets pixels, never a local path it may not be able to open (a remote engine). Apart from
+``mm_token_expansion_start_len`` the payload is Miles' own, key for key
+(``tests/test_replay_parity.py`` calls Miles' ``_build_prefill_scoring_payload`` side by side).
 """
 
 from __future__ import annotations
