@@ -36,7 +36,7 @@ from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_imag
 from bundles._reader import Bundle, open_bundle
 from bundles._records import Record, register_record_type
 from bundles._remote import GarbageReport, UploadStats, collect_garbage, list_remote_bundles, upload_bundle
-from bundles._sample_codec import decode_sample, encode_sample
+from bundles._sample_codec import decode_sample, encode_sample, sample_encoder
 from bundles._store import StoreURL
 from bundles._writer import write_bundle
 
@@ -86,6 +86,7 @@ __all__ = [
     "pack_bundle",
     "register_record_type",
     "remove_bundle",
+    "sample_encoder",
     "unpack_bundle",
     "upload_bundle",
     "write_bundle",

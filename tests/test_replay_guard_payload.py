@@ -78,7 +78,7 @@ DENSE = {"pixel_values": np.zeros((4, 1176), np.float32), "image_grid_thw": np.a
 def test_default_converter_output_keys_and_values(tmp_path):
     s = [sample(7, images=[ref(tmp_path, "a")]), sample(8), sample(9, dense=DENSE)]
     s[1].status = Sample.Status.TRUNCATED
-    data = convert_samples_to_train_data(Namespace(), s)
+    data = convert_samples_to_train_data(Namespace(enable_token_space_processor=True), s)
     assert data["tokens"] == [x.tokens for x in s]
     assert data["response_lengths"] == [3, 3, 3]
     assert data["rewards"] == data["raw_reward"] == [7.0, 8.0, 9.0]
@@ -98,7 +98,7 @@ def test_guard_fires_for_the_default_converter_naming_the_first_index(tmp_path):
         sample(9, images=[ref(tmp_path, "b")], dense=DENSE),
     ]
     with pytest.raises(ValueError, match=r"sample index 8 \(position 1\) carries both media references") as e:
-        convert_samples_to_train_data(Namespace(), s)
+        convert_samples_to_train_data(Namespace(enable_token_space_processor=True), s)
     assert "1 more sample" in str(e.value) and "pixel_values, image_grid_thw" in str(e.value)
 
 
@@ -127,7 +127,9 @@ def test_guard_fires_for_a_custom_converter(tmp_path):
 
 
 def test_guard_passes_with_references_only_and_dense_only(tmp_path):
-    refs = convert_samples_to_train_data(Namespace(), [sample(1, images=[ref(tmp_path, "a")])])
+    refs = convert_samples_to_train_data(
+        Namespace(), [sample(1, images=[ref(tmp_path, "a")])], token_space=True
+    )
     assert "multimodal_train_inputs" not in refs
     dense = convert_samples_to_train_data(Namespace(), [sample(1, dense=DENSE)])
     assert "multimodal_inputs" not in dense and dense["multimodal_train_inputs"] == [DENSE]

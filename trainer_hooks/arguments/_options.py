@@ -309,8 +309,13 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
 
     ratio = g("load_debug_rollout_data_subsample")
     if ratio is not None:
-        if not (0.0 < float(ratio) <= 1.0):
-            raise ValueError(f"--load-debug-rollout-data-subsample: expected 0 < r <= 1, found {ratio}")
+        # 0 is what Miles accepts and means "keep everything" (its slice data[:0] + data[-0:]);
+        # above 1 Miles' slices overlap and train rows twice, below 0 they cut the middle out.
+        if not (0.0 <= float(ratio) <= 1.0):
+            raise ValueError(
+                f"--load-debug-rollout-data-subsample: expected 0 <= r <= 1 (0 keeps every row, as in Miles), "
+                f"found {ratio}"
+            )
         if g("load_debug_rollout_data") is None:
             raise ValueError("--load-debug-rollout-data-subsample: requires --load-debug-rollout-data")
 
