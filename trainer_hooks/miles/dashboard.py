@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bundles import is_bundle
 from miles.dashboard.dump_reader import DumpReader
 
+from bundles import is_bundle
 from trainer_hooks.dumps import dump_payload
 
 __all__ = ["BundleDumpReader", "main"]
