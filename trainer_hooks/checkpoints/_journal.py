@@ -25,7 +25,9 @@ groups. Kinds (``a``, ``b``):
 * ``group`` (group id, size): a group finished; its body holds the group, or is empty when every
   sibling was journaled as a ``sample`` record already (nothing is written twice).
 * ``consumed`` (training step, [group ids]): groups handed to training for that step.
-* ``recycled`` (group id, None): a group handed back to be generated again (its body: the group).
+* ``recycled`` (group id, ``{"n": size}``): a group handed back to be generated again (its body:
+  the group).
+* ``dropped`` (group id, None): a group that will be neither trained nor regenerated.
 * ``sync`` (-1, fsynced seq): written after each fsync; ``rollout-bundle inspect`` reads the
   unflushed age from it. Not replayed.
 
@@ -74,7 +76,7 @@ from typing import Any
 import msgpack
 import zstandard
 
-from bundles import BundleError, MediaRef, encode_sample
+from bundles import BundleError, MediaRef, sample_encoder
 from bundles.support import atomic_path, fault_point
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
 from trainer_hooks.checkpoints._snapshot import snapshot_groups
@@ -106,7 +108,7 @@ MAX_BODY_BYTES = 1 << 30
 DEFAULT_SEGMENT_BYTES = 256 << 20
 ZSTD_LEVEL = 1
 
-KINDS = ("take", "sample", "group", "consumed", "recycled", "sync")
+KINDS = ("take", "sample", "group", "consumed", "recycled", "dropped", "sync")
 
 
 class JournalError(BundleError):
@@ -218,11 +220,28 @@ class RolloutJournal:
         self._segments: dict[Path, tuple[int, int, set[str]]] = {}  # path -> (first, last seq, media)
         self._media_refs: dict[str, int] = {}  # stored media name -> segments referencing it
         self._known_media: set[str] = set()
+        self._by_value: dict[str, MediaRef] = {}  # media path string -> its reference (bounded)
         self._new_media: list[str] = []
         self._new_dir_entries = False
         self._unsynced_since: float | None = None
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-        self._totals = {"records": 0, "bytes": 0, "flushes": 0, "media_linked": 0, "media_copied": 0}
+        self._media_of_item: list[str] = []  # the media names of the record being encoded
+        self._encode = sample_encoder(
+            resolve_string=lambda v, w: self._string_media(v, w, self._media_of_item),
+            string_prefixes=self._roots,
+            resolve_ref=lambda r, w: self._ref_media(r, w, self._media_of_item),
+            store_image=None
+            if store_image is None
+            else lambda im, w: self._image_media(im, w, self._media_of_item),
+        )
+        self._totals: dict[str, Any] = {
+            "records": 0,
+            "bytes": 0,
+            "flushes": 0,
+            "media_linked": 0,
+            "media_copied": 0,
+            "writer_cpu_s": 0.0,
+        }
         self._batch_stats = FlushStats()
         self.last_flush = FlushStats()
         self._adopt_existing()
@@ -257,22 +276,33 @@ class RolloutJournal:
         (g,), checks = self._snapshot([[sample]], f"group[{gid}][{sibling}]")
         return self._push("sample", gid, sibling, g[0], checks)
 
-    def append_group(self, gid: int, group: Iterable[Any] | None = None) -> int:
+    def append_group(self, gid: int, group: Iterable[Any] | None = None, *, snapshot: bool = True) -> int:
         """Group ``gid`` finished: ``group`` is its samples, or None when every sibling was
-        journaled with :meth:`append_sample` already."""
+        journaled with :meth:`append_sample` already. ``snapshot=False``: ``group`` is a
+        snapshot already (sample dicts nothing mutates)."""
         if group is None:
             return self._push("group", gid, None, None, [])
-        (g,), checks = self._snapshot([group], f"group[{gid}]")
+        if snapshot:
+            (g,), checks = self._snapshot([group], f"group[{gid}]")
+        else:
+            g, checks = list(group), []
         return self._push("group", gid, len(g), {"samples": g}, checks)
 
     def record_consumed(self, step: int, gids: Sequence[int]) -> int:
         """Groups ``gids`` were handed to training for ``step``."""
         return self._push("consumed", int(step), [int(g) for g in gids], None, [])
 
-    def append_recycled(self, gid: int, group: Iterable[Any]) -> int:
+    def append_recycled(self, gid: int, group: Iterable[Any], *, snapshot: bool = True) -> int:
         """Group ``gid`` was handed back to be generated again (``group``: what to regenerate)."""
-        (g,), checks = self._snapshot([group], f"recycled[{gid}]")
+        if snapshot:
+            (g,), checks = self._snapshot([group], f"recycled[{gid}]")
+        else:
+            g, checks = list(group), []
         return self._push("recycled", gid, {"n": len(g)}, {"samples": g}, checks)
+
+    def append_dropped(self, gid: int) -> int:
+        """Group ``gid`` will be neither trained nor regenerated (filtered, aborted, stale)."""
+        return self._push("dropped", gid, None, None, [])
 
     @property
     def last_seq(self) -> int:
@@ -389,9 +419,11 @@ class RolloutJournal:
         try:
             while True:
                 timeout = max(0.0, next_sync - time.monotonic())
-                self._wake.wait(timeout if self._unsynced_since is not None else None)
+                if not self._queue:  # a drain cut short by a due fsync goes on at once
+                    self._wake.wait(timeout if self._unsynced_since is not None else None)
                 self._wake.clear()
-                self._drain()
+                cpu = time.thread_time()
+                self._drain(next_sync)
                 with self._cond:
                     closing, barrier = self._closing, self._barrier
                 now = time.monotonic()
@@ -401,6 +433,7 @@ class RolloutJournal:
                     next_sync = time.monotonic() + self.interval
                 elif self._unsynced_since is None:
                     next_sync = now + self.interval
+                self._totals["writer_cpu_s"] += time.thread_time() - cpu
                 if closing and not self._queue:
                     if self._unsynced_since is not None:
                         self._sync()
@@ -417,10 +450,12 @@ class RolloutJournal:
                 os.close(self._fd)
                 self._fd = None
 
-    def _drain(self) -> None:
+    def _drain(self, sync_at: float) -> None:
+        """Frame and write the queued records; return early when an fsync is due (a caller that
+        appends faster than the writer drains must not postpone durability)."""
         buf = bytearray()
         last = None
-        while self._queue:
+        while self._queue and (self._unsynced_since is None or time.monotonic() < sync_at):
             item = self._queue.popleft()
             with self._cond:
                 roll_after = self._roll_after
@@ -507,20 +542,11 @@ class RolloutJournal:
         for check in item.checks:
             check()
         media: list[str] = []
+        self._media_of_item = media
         body = b""
         if item.value is not None:
             where = f"{self.directory}: record {item.seq} ({item.kind} {item.a})"
-            raw = encode_sample(
-                item.value,
-                where=where,
-                resolve_string=lambda v, w: self._string_media(v, w, media),
-                string_prefixes=self._roots,
-                resolve_ref=lambda r, w: self._ref_media(r, w, media),
-                store_image=None
-                if self._store_image is None
-                else lambda im, w: self._image_media(im, w, media),
-            )
-            body = self._compressor.compress(raw)
+            body = self._compressor.compress(self._encode(item.value, where))
         meta = msgpack.packb([item.seq, item.kind, item.at, item.a, item.b, sorted(set(media))])
         lengths = _LENGTHS.pack(len(meta), len(body))
         crc = zlib.crc32(body, zlib.crc32(meta, zlib.crc32(lengths)))
@@ -530,6 +556,10 @@ class RolloutJournal:
 
     # media: linked into journal/media at append time, so a teardown of the run cannot take them
     def _string_media(self, value: str, where: str, media: list[str]) -> MediaRef | None:
+        known = self._by_value.get(value)
+        if known is not None and known.filename in self._known_media:
+            media.append(known.filename)  # the same screenshot in many samples: resolved once
+            return known
         norm = os.path.normpath(value)
         if not norm.startswith(self._roots) or not os.path.isfile(norm):
             return None
@@ -540,6 +570,8 @@ class RolloutJournal:
         else:
             ref = MediaRef.from_file(norm)
         self._place(norm, ref, where)
+        if len(self._by_value) < 1 << 16:
+            self._by_value[value] = ref
         media.append(ref.filename)
         return ref
 

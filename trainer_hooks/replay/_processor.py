@@ -165,14 +165,12 @@ def model_family(
 
 
 def _as_size(key: str, value: Any, low: int, high: int, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where}.{key}: expected an int in {low}..{high}, found {value!r}")
-    if isinstance(value, float):
-        if not math.isfinite(value) or value != int(value):
-            raise ValueError(f"{where}.{key}: expected an int in {low}..{high}, found {value!r}")
-        value = int(value)
-    if not low <= value <= high:
-        raise ValueError(f"{where}.{key}: expected an int in {low}..{high}, found {value!r}")
+    """``value`` as an int in ``low..high`` (an integral float as its int), else ValueError naming it."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    if ok and isinstance(value, float):
+        ok = math.isfinite(value) and value == int(value)
+    if not ok or not low <= value <= high:
+        raise ValueError(f"{where}.{key}: expected an int in {low}..{high}, found {repr(value)[:80]}")
     return int(value)
 
 

@@ -149,16 +149,24 @@ def bundle_identity(bundle: Bundle) -> str:
 
 
 def check_report_bundle(
-    report: Mapping[str, Any], bundle: Bundle | str | os.PathLike[str], where: str
+    report: Mapping[str, Any] | str | os.PathLike[str],
+    bundle: Bundle | str | os.PathLike[str],
+    where: str = "replay report",
 ) -> None:
-    """Refuse ``report`` unless it was made from ``bundle`` (``view --replay``, ``replay --expect``).
+    """Refuse ``report`` (a report or its JSON path) unless it was made from ``bundle`` (an open
+    bundle or its path): ``view --replay`` and ``replay --expect`` call it before using one.
 
     A report records ``bundle_id`` (:func:`bundle_identity`); one written before that field
     existed is matched by the bundle's absolute path instead.
 
     Raises:
-        ReportError: naming ``where``, the report's bundle and this one.
+        ReportError: naming ``where``, the report's bundle and this one (also: not a report).
+        BundleError: ``bundle`` cannot be opened.
     """
+    if not isinstance(report, Mapping):
+        report = load_replay_report(report)
+    else:
+        check_replay_report(report, where)
     opened = None
     if not isinstance(bundle, Bundle):
         opened = bundle = open_bundle(bundle, verify="none")

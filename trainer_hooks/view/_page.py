@@ -254,7 +254,7 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
     for j, img in enumerate(v.images):
         s = shown.get(img.name) if img.name else None
         turn: dict[str, Any] = {"j": j, "id": f"v{v.position}-{j}", "ref": None, "href": None, "why": img.shown_as,
-                                "size": None, "large": None, "shapes": []}  # fmt: skip
+                                "size": None, "large": None, "shapes": [], "mark": None}  # fmt: skip
         text = v.actions[j] if v.actions is not None and j < len(v.actions) else None
         if text is None and v.actions is None and j < len(v.tool_calls):
             text = v.tool_calls[j]
@@ -266,6 +266,9 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
             turn.update(ref=refs[img.name], w=w, h=h, tw=s.thumb.width, th=s.thumb.height,
                         scale=_f(w / s.thumb.width))  # fmt: skip
             turn["shapes"] = overlay(action, (w, h), v.screen)
+            # A thumbnail shows only where the pointer went (one ring); the large view has it all.
+            ring = next((sh for sh in reversed(turn["shapes"]) if sh["t"] == "ring"), None)
+            turn["mark"] = {"cx": ring["cx"], "cy": ring["cy"], "r": _f(max(w, h) / 40)} if ring else None
             # Only a stored .png/.jpg/.jpeg that decoded is a link target: a browser renders a
             # linked file by its suffix, and .html/.svg/... would run outside this page's CSP.
             if link_base is not None and img.name and s.linkable and shown_suffix(img.name):
