@@ -69,7 +69,7 @@ def test_a_resume_replays_the_journal_after_the_checkpoint(inputs, tmp_path, mil
     tok, prompts = inputs
     save = str(tmp_path / "ckpt")
     args = miles_args(tok, prompts, save=save, rollout_journal_interval=0.05)
-    ds, fn, step = miles_rollout(args)
+    ds, _, step = miles_rollout(args)
     first = group_ids(step(0))
     ds.save(0).result()
     second = group_ids(step(1))  # trained into weights that are never saved
@@ -84,7 +84,7 @@ def test_a_resume_replays_the_journal_after_the_checkpoint(inputs, tmp_path, mil
     assert {r.kind for r in records} >= {"take", "group", "consumed"}
 
     args2 = miles_args(tok, prompts, save=str(tmp_path / "ckpt2"), load=save, rollout_journal_interval=0.05)
-    ds2, fn2, step2 = miles_rollout(args2)
+    ds2, _, step2 = miles_rollout(args2)
     rec = ds2.load(0)  # the trainer restored step 0
     assert rec is not None and rec.stats["groups_returned"] == len(second)
     assert ds2.sample_group_index >= handed  # the cursor continues past every journaled hand-out
