@@ -99,3 +99,11 @@ DIR_MODE = 0o755
 # A bundle's kind, e.g. "debug_dump" or "rollout_checkpoint"; checked on write and on read.
 KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 MANIFEST_KEYS_REQUIRED = ("format", "format_version", "kind", "meta", "sample_count", "shards", "media")
+
+# Bundles on an object store (docs/FORMAT.md §9): the pointer object at the bundle's URL, the
+# generations it names, and the media pool shared by the bundles beside one another.
+STORE_POINTER_NAME = "bundle.json"
+STORE_POINTER_FORMAT = "rollout-bundle-pointer"
+STORE_POINTER_VERSION = 1
+STORE_GENERATION_RE = re.compile(r"g[0-9]{8}T[0-9]{12}Z-[0-9a-f]{12}")
+STORE_MEDIA_POOL = ".media"

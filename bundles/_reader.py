@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import io
 import itertools
 import operator
 import os
@@ -158,6 +159,11 @@ class Bundle:
         recorded = self.manifest.media_references
         return len(self._media) if recorded is None else recorded
 
+    def _open_fetched(self, name: str) -> BinaryIO:
+        """A stored file of a remote bundle, fetched whole when opened (an image's pixels)."""
+        with self.open_media(name) as f:
+            return io.BytesIO(f.read())
+
     def _open_detached(self, name: str) -> BinaryIO:
         """A stored file of a packed bundle that stays readable after :meth:`close` (an image
         whose pixels are decoded later); see ``PackedSource.open_detached``."""
@@ -284,8 +290,9 @@ class Bundle:
         """
         if self._source.packed:
             return
+        reload = getattr(self._source, "reload_manifest", None)  # a bundle on a store
         try:
-            current = parse_manifest(self.path)
+            current = reload() if reload is not None else parse_manifest(self.path)
         except BundleError:
             current = None
         if current != self.manifest:
@@ -372,11 +379,17 @@ class Bundle:
         its digest is checked (see :mod:`bundles._shards`): memory holds one compressed shard and
         one sample, whatever the bundle's size."""
         index = first_index
-        # Images in a packed bundle read in place read their member by range: the paths of its
-        # own media name members, not files (rehydrated media are files again). Each image holds
-        # a small file object, never a copy of the member (FORMAT.md §8's bound holds however
-        # many times a sample references one image).
-        open_media = self._open_detached if self._source.packed and media is self._media else None
+        # Images read in place open their stored file when their pixels are needed: a packed
+        # bundle's by member range (the paths of its own media name members, not files; each
+        # image holds a small file object, never a copy of the member, so FORMAT.md §8's bound
+        # holds however many times a sample references one image), a remote bundle's by a
+        # fetch (its paths are URLs). Rehydrated media are files again.
+        open_media = None
+        if media is self._media:
+            if getattr(self._source, "remote", False):
+                open_media = self._open_fetched
+            elif self._source.packed:
+                open_media = self._open_detached
         for entry in self.manifest.shards if shards is None else shards:
             data = self._read_shard(entry)
             for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, open_media):
@@ -416,6 +429,8 @@ class Bundle:
             )
         target = Path(os.path.abspath(media_dir))
         target.mkdir(parents=True, exist_ok=True)
+        if getattr(self._source, "remote", False):  # a store: downloaded concurrently
+            return list(self._samples(self._source.rehydrate(self._media, target, progress)))  # type: ignore[union-attr]
         target_dev = os.stat(target).st_dev
         placed: dict[str, MediaRef] = {}
         with Progress(

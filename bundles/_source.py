@@ -280,12 +280,24 @@ class MemberFile(io.RawIOBase):
         return got
 
 
-class _HeaderFile:
-    """The file object tarfile reads headers through: positioned reads over a descriptor, each
-    capped at ``_MAX_HEADER_READ`` (tarfile seeks over member data; it only reads headers)."""
+class _FdReader:
+    """Positioned reads of a local file: what :func:`read_tar_index` reads through (an object on
+    a store gives the same two members, see :mod:`bundles._remote`)."""
 
-    def __init__(self, fd: int, where: Path) -> None:
-        self._fd = fd
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+
+    def pread(self, n: int, pos: int) -> bytes:
+        return os.pread(self.fd, n, pos)
+
+
+class _HeaderFile:
+    """The file object tarfile reads headers through: positioned reads, each capped at
+    ``_MAX_HEADER_READ`` (tarfile seeks over member data; it only reads headers)."""
+
+    def __init__(self, reader: Any, where: Path) -> None:
+        self._reader = reader
         self._pos = 0
         self._where = where
 
@@ -295,7 +307,7 @@ class _HeaderFile:
                 f"{self._where}: a tar header at offset {self._pos} declares an extended header of {n} bytes; "
                 f"more than {_MAX_HEADER_READ} is refused"
             )
-        data = os.pread(self._fd, n, self._pos)
+        data = self._reader.pread(n, self._pos)
         self._pos += len(data)
         return data
 
@@ -303,7 +315,7 @@ class _HeaderFile:
         if whence == io.SEEK_CUR:
             pos += self._pos
         elif whence == io.SEEK_END:
-            pos += os.fstat(self._fd).st_size
+            pos += self._reader.size
         self._pos = pos
         return pos
 
@@ -360,12 +372,12 @@ def check_member(info: tarfile.TarInfo, where: Path, seen: set[str], file_size: 
 _PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 
 
-def _legacy_hint(fd: int, where: Path) -> str:
+def _legacy_hint(fd: Any, where: Path) -> str:
     """A hint for a file that looks like a ``torch.save`` dump (the debug dumps written before
     bundles): ``rollout-bundle import-dump`` converts those. Empty for anything else."""
-    try:
-        head = os.pread(fd, 256, 0)
-    except OSError:
+    try:  # a descriptor, or a remote reader with pread(n, pos)
+        head = os.pread(fd, 256, 0) if isinstance(fd, int) else bytes(fd.pread(256, 0))
+    except Exception:  # only a hint: whatever the read raises, the main error stands
         return ""
     torch_zip = head.startswith(b"PK\x03\x04") and b"data.pkl" in head
     if not (torch_zip or head.startswith(_PICKLE_MAGIC)):
@@ -376,20 +388,22 @@ def _legacy_hint(fd: int, where: Path) -> str:
     )
 
 
-def read_tar_index(fd: int, where: Path) -> dict[str, Member]:
-    """Index the packed bundle open at ``fd``: every member checked (see :func:`check_member`),
-    in archive order, before any member's data is read.
+def read_tar_index(fd: Any, where: Path) -> dict[str, Member]:
+    """Index the packed bundle open at ``fd`` (a descriptor, or an object with ``size`` and
+    ``pread(n, pos)``): every member checked (see :func:`check_member`), in archive order, before
+    any member's data is read.
 
     Raises:
         UnsafeBundleError: the file is not a well-formed tar, is truncated, or holds a member the
             rules refuse; the message names the file and the member.
     """
-    file_size = os.fstat(fd).st_size
+    reader = _FdReader(fd) if isinstance(fd, int) else fd
+    file_size = reader.size
     members: dict[str, Member] = {}
     seen: set[str] = set()
     end = 0
     try:
-        header_file: Any = _HeaderFile(fd, where)
+        header_file: Any = _HeaderFile(reader, where)
         tar = tarfile.TarFile(fileobj=header_file, mode="r", encoding="utf-8", errors="surrogateescape")
         while True:
             info = tar.next()
@@ -409,11 +423,11 @@ def read_tar_index(fd: int, where: Path) -> dict[str, Member]:
         ) from None
     if not members:
         raise UnsafeBundleError(f"{where}: not a packed bundle: the archive holds no members")
-    _check_archive_end(fd, where, end, file_size)
+    _check_archive_end(reader, where, end, file_size)
     return members
 
 
-def _check_archive_end(fd: int, where: Path, end: int, file_size: int) -> None:
+def _check_archive_end(reader: Any, where: Path, end: int, file_size: int) -> None:
     """After the last member: at least the two zero blocks that end a tar, then only zeros."""
     if file_size - end < 2 * _BLOCK:
         raise UnsafeBundleError(
@@ -422,7 +436,7 @@ def _check_archive_end(fd: int, where: Path, end: int, file_size: int) -> None:
         )
     pos = end
     while pos < file_size:
-        chunk = os.pread(fd, min(1024 * 1024, file_size - pos), pos)
+        chunk = reader.pread(min(1024 * 1024, file_size - pos), pos)
         if not chunk:
             break
         if chunk.count(0) != len(chunk):

@@ -16,6 +16,7 @@ from typing import Any
 from bundles import _cli
 from bundles._diff import diff_bundles
 from bundles._layout import MEDIA_DIR
+from bundles._location import check_location, is_store_url
 from bundles._pack import pack_bundle, unpack_bundle
 from bundles._progress import human_bytes
 from bundles._reader import open_bundle
@@ -58,7 +59,7 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'bundles.cli' has no attribute {name!r}")
 
 
-BUNDLE_HELP = "a bundle directory or a packed bundle file"
+BUNDLE_HELP = "a bundle directory or a packed bundle file, local or on an object store (s3://bucket/prefix)"
 
 
 def _print_json(obj: Any) -> None:
@@ -235,11 +236,21 @@ def _verify(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _where(location: str) -> str:
+    """A location as messages name it: a URL as given, a local path made absolute."""
+    return location if is_store_url(location) else os.path.abspath(location)
+
+
 def _pack(ns: argparse.Namespace) -> int:
     out = pack_bundle(ns.bundle, ns.output, overwrite=ns.force, progress=ns.progress)
-    size = os.path.getsize(out)
+    if is_store_url(str(out)):
+        from bundles._remote import object_size
+
+        size = object_size(str(out))
+    else:
+        size = os.path.getsize(out)
     if ns.json:
-        _print_json({"bundle": os.path.abspath(ns.bundle), "output": str(out), "bytes": size})
+        _print_json({"bundle": _where(ns.bundle), "output": str(out), "bytes": size})
     else:
         print(f"packed {ns.bundle} -> {out} ({human_bytes(size)})")
     return 0
@@ -250,7 +261,7 @@ def _unpack(ns: argparse.Namespace) -> int:
     if ns.json:
         _print_json(
             {
-                "packed": os.path.abspath(ns.file),
+                "packed": _where(ns.file),
                 "output": str(bundle.path),
                 "verified": "full",
                 "samples": len(bundle),
@@ -262,6 +273,53 @@ def _unpack(ns: argparse.Namespace) -> int:
             f"unpacked {ns.file} -> {bundle.path} (fully verified: {len(bundle)} samples, "
             f"{len(bundle.media)} media files)"
         )
+    return 0
+
+
+def _duration(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``24h`` or ``7d`` as seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    value, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        seconds = float(value) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 90s, 30m, 24h or 7d, found {text!r}"
+        ) from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"expected a duration >= 0, found {text!r}")
+    return seconds
+
+
+def _gc(ns: argparse.Namespace) -> int:
+    if not check_location(ns.prefix, "gc PREFIX"):
+        raise _cli.CommandError(f"{ns.prefix}: gc takes an object-store URL (s3://bucket/prefix)", status=2)
+    from bundles._remote import collect_garbage
+
+    report = collect_garbage(ns.prefix, older_than_s=ns.older_than, dry_run=ns.dry_run)
+    if ns.json:
+        _print_json(
+            {
+                "prefix": ns.prefix,
+                "dry_run": ns.dry_run,
+                "bundles": report.bundles,
+                "generations": report.generations,
+                "media": report.media,
+                "bytes": report.bytes,
+                "kept_young": report.kept_young,
+            }
+        )
+        return 0
+    verb = "would remove" if ns.dry_run else "removed"
+    for g in report.generations:
+        print(f"{verb} generation {g}/")
+    for m in report.media:
+        print(f"{verb} media {m}")
+    print(
+        f"{ns.prefix}: {report.bundles} live bundle(s); {verb} {len(report.generations)} generation(s) and "
+        f"{len(report.media)} media file(s), {human_bytes(report.bytes)}; {report.kept_young} object(s) of "
+        "garbage younger than --older-than kept"
+    )
     return 0
 
 
@@ -351,6 +409,28 @@ def register(subparsers: Any) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing bundle at the output")
     _cli.add_json_option(p)
     _cli.add_progress_option(p)
+
+    p = _cli.add_command(
+        subparsers,
+        "gc",
+        "remove unpublished generations and unreferenced shared media under an object-store prefix",
+        _gc,
+        description="Garbage collection of bundles on an object store (docs/FORMAT.md §9): generations that "
+        "no pointer names (a writer died, lost a race, or was replaced) and media of a shared pool that no "
+        "live bundle under PREFIX lists, once older than --older-than. Run it on the --save prefix of a run, "
+        "not while writers of that prefix reuse pooled media for longer than --older-than. Abandoned "
+        "multipart uploads are left to the bucket's lifecycle rule (AbortIncompleteMultipartUpload).",
+    )
+    p.add_argument("prefix", metavar="PREFIX", help="an object-store URL, e.g. s3://bucket/runs/r1")
+    p.add_argument(
+        "--older-than",
+        type=_duration,
+        default=24 * 3600.0,
+        metavar="AGE",
+        help="leave garbage younger than this (default 24h; e.g. 90s, 30m, 7d)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    _cli.add_json_option(p)
 
 
 def main(argv: list[str] | None = None) -> int:

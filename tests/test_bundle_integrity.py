@@ -19,7 +19,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import zstandard
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import (
     BundleError,

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import (
     BundleError,

@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import (
     BundleError,

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import put_media
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from media_helpers import put_media
 
 from bundles import MediaRef, open_bundle, write_bundle
 

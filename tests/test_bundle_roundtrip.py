@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import put_media
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from media_helpers import put_media
 
 from bundles import MediaRef, UnsupportedValueError, open_bundle, write_bundle
 

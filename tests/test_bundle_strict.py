@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import (
     BundleError,
@@ -273,7 +273,7 @@ def test_outside_paths_error_refuses_naming_the_key_path_and_keep_is_silent(tmp_
 
 
 def test_trainer_saves_refuse_another_run_s_media_and_warn_about_other_paths(tmp_path):
-    from media_helpers import trainer_args
+    from helpers import trainer_args
 
     from trainer_hooks import Sample, save_debug_rollout_data, store_media
 

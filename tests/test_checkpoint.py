@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from media_helpers import digest_of, trainer_args
+from helpers import digest_of, trainer_args
 
 import trainer_hooks
 from bundles import (
@@ -45,10 +45,6 @@ from trainer_hooks.testing import png_bytes
 # Where this process imports trainer_hooks from (the source tree or an installed wheel): the
 # child imports the same code.
 IMPORT_ROOT = Path(trainer_hooks.__file__).resolve().parents[1]
-
-
-def make_args(tmp_path: Path, run: str, *extra: str):
-    return trainer_args(tmp_path, run, *extra)
 
 
 def make_group(args, group_index: int, n: int = 2, *, status=Sample.Status.COMPLETED) -> list[Sample]:
@@ -104,7 +100,7 @@ def assert_sample_equal(a: Sample, b: Sample) -> None:
 
 
 def test_save_release_resume_in_new_run(tmp_path):
-    args = make_args(tmp_path, "run-a", "--bf16")
+    args = trainer_args(tmp_path, "run-a", "--bf16")
     pending = [make_group(args, 0, status=Sample.Status.PENDING)]
     completed = [make_group(args, 1), make_group(args, 2, n=3)]
     originals = {p: Path(p).read_bytes() for g in pending + completed for s in g for p in media_of(s)}
@@ -123,7 +119,7 @@ def test_save_release_resume_in_new_run(tmp_path):
     release_run_media(args)  # frees ~0 bytes: the checkpoint hard-links the same files
     assert not (tmp_path / "shared" / "run-a").exists()
 
-    args_b = make_args(tmp_path, "run-b")
+    args_b = trainer_args(tmp_path, "run-b")
     got_pending, got_completed = load_rollout_checkpoint(args_b, 5)
     run_b = run_media_dir(args_b)
     assert [len(g) for g in got_pending] == [2] and [len(g) for g in got_completed] == [2, 3]
@@ -151,7 +147,7 @@ def test_save_release_resume_in_new_run(tmp_path):
 
 
 def test_meta_records_dtype_and_processor(tmp_path):
-    args = make_args(tmp_path, "run-a", "--fp16")
+    args = trainer_args(tmp_path, "run-a", "--fp16")
     args.rollout_processor_args = RolloutEngineProcessorArgs("Qwen/Qwen2-VL-2B", "pil", {"max_pixels": 1024})
     path = save_rollout_checkpoint(args, 0, [], [make_group(args, 0)])
     meta = open_bundle(path).meta
@@ -161,7 +157,7 @@ def test_meta_records_dtype_and_processor(tmp_path):
 
 
 def test_mutation_after_save_does_not_change_checkpoint(tmp_path):
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a")
     group = make_group(args, 0)
     images_before = [list(s.multimodal_inputs["images"]) for s in group]
     extra = store_media(args, png_bytes(2, 2, (1, 1, 1)))
@@ -180,7 +176,7 @@ def test_mutation_after_save_does_not_change_checkpoint(tmp_path):
     saver.close()
 
     release_run_media(args)
-    _, completed = load_rollout_checkpoint(make_args(tmp_path, "run-b"), 1)
+    _, completed = load_rollout_checkpoint(trainer_args(tmp_path, "run-b"), 1)
     # Expected values spelled out from make_group(args, 0), never taken from what was loaded.
     assert [got.index for got in completed[0]] == [0, 1]
     for i, got in enumerate(completed[0]):
@@ -197,7 +193,7 @@ def test_mutation_after_save_does_not_change_checkpoint(tmp_path):
 @pytest.mark.torch
 def test_mutating_a_tensor_after_save_does_not_change_checkpoint(tmp_path):
     torch = pytest.importorskip("torch")
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a")
     group = make_group(args, 0, n=1)
     pv = torch.arange(12, dtype=torch.float32).reshape(2, 6)
     group[0].multimodal_train_inputs["pixel_values"] = pv
@@ -222,7 +218,7 @@ def _broken_group(args) -> list[Sample]:
 
 
 def test_background_failure_is_raised_at_flush_once(tmp_path, caplog):
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a")
     saver = RolloutCheckpointer(args)
     saver.save(3, [], [_broken_group(args)])  # returns: the error happens in the background
     with pytest.raises(CheckpointSaveError) as info:
@@ -238,7 +234,7 @@ def test_background_failure_is_raised_at_flush_once(tmp_path, caplog):
 
 
 def test_background_failure_is_raised_at_next_save(tmp_path):
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a")
     saver = RolloutCheckpointer(args)
     fut = saver.save(1, [], [_broken_group(args)])
     assert isinstance(fut.exception(timeout=30), MediaMissingError)
@@ -252,7 +248,7 @@ def test_background_failure_is_raised_at_next_save(tmp_path):
 
 
 def test_retention_keeps_exactly_k_committed(tmp_path):
-    args = make_args(tmp_path, "run-a", "--keep-rollout-checkpoints", "2")
+    args = trainer_args(tmp_path, "run-a", "--keep-rollout-checkpoints", "2")
     saver = RolloutCheckpointer(args)
     for rid in range(5):
         saver.save(rid, [], [make_group(args, rid)])
@@ -277,7 +273,7 @@ def test_retention_keeps_exactly_k_committed(tmp_path):
 
 
 def test_retention_never_deletes_the_one_just_committed(tmp_path):
-    args = make_args(tmp_path, "run-a", "--keep-rollout-checkpoints", "1")
+    args = trainer_args(tmp_path, "run-a", "--keep-rollout-checkpoints", "1")
     for rid in (7, 8):
         save_rollout_checkpoint(args, rid, [], [make_group(args, rid)])
     save_rollout_checkpoint(args, 2, [], [make_group(args, 2)])  # resumed from an earlier step
@@ -286,13 +282,13 @@ def test_retention_never_deletes_the_one_just_committed(tmp_path):
 
 def test_pil_images_come_back_as_pil_images(tmp_path):
     Image = pytest.importorskip("PIL.Image")
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a")
     img = Image.new("RGB", (5, 4), (10, 20, 30))
     s = Sample(index=0, prompt="x", multimodal_inputs={"images": [img]}, status=Sample.Status.COMPLETED)
     path = save_rollout_checkpoint(args, 0, [], [[s]])
     assert s.multimodal_inputs["images"][0] is img  # the caller's sample is not modified
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]
-    args_b = make_args(tmp_path, "run-b")
+    args_b = trainer_args(tmp_path, "run-b")
     _, completed = load_rollout_checkpoint(args_b, 0)
     back = completed[0][0].multimodal_inputs["images"][0]
     assert isinstance(back, Image.Image) and (back.mode, back.size) == ("RGB", (5, 4))
@@ -301,7 +297,7 @@ def test_pil_images_come_back_as_pil_images(tmp_path):
 
 
 def test_load_errors_name_path_and_field(tmp_path):
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a")
     with pytest.raises(BundleNotFoundError, match="fully_async_4"):
         load_rollout_checkpoint(args, 4)
     save_rollout_checkpoint(args, 1, [], [make_group(args, 1)])
@@ -322,7 +318,7 @@ def test_load_errors_name_path_and_field(tmp_path):
 
 
 def test_loading_from_another_root_and_verify_full(tmp_path):
-    args = make_args(tmp_path, "run-a", "--bundle-verify", "full")
+    args = trainer_args(tmp_path, "run-a", "--bundle-verify", "full")
     save_rollout_checkpoint(args, 0, [], [make_group(args, 0)])
     ckpt = read_rollout_checkpoint(args, 0, root=args.save)
     assert ckpt.meta["run_uuid"] == "run-a" and len(ckpt.completed_groups) == 1
@@ -333,11 +329,11 @@ def test_loading_from_another_root_and_verify_full(tmp_path):
     data[-1] ^= 0xFF
     media.write_bytes(bytes(data))
     with pytest.raises(BundleVerificationError) as e:
-        read_rollout_checkpoint(make_args(tmp_path, "run-b", "--bundle-verify", "full"), 0)
+        read_rollout_checkpoint(trainer_args(tmp_path, "run-b", "--bundle-verify", "full"), 0)
     expected = "sha256:" + media.name.split(".")[0]
     found = "sha256:" + hashlib.sha256(data).hexdigest()
     assert e.value.problems == [f"{media}: digest: expected {expected}, found {found}"]
-    assert not run_media_dir(make_args(tmp_path, "run-b")).exists()  # nothing rehydrated
+    assert not run_media_dir(trainer_args(tmp_path, "run-b")).exists()  # nothing rehydrated
 
 
 CHILD = textwrap.dedent("""
@@ -403,7 +399,7 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path, target):
     if target == 2:
         assert not checkpoint_path(tmp_path / "ckpt", 2).exists()
     assert sorted(list_rollout_checkpoints(tmp_path / "ckpt")) == [1]
-    args = make_args(tmp_path, "next-run")
+    args = trainer_args(tmp_path, "next-run")
     _, completed = load_rollout_checkpoint(args, 1)
     assert len(completed[0]) == 3
     for s in completed[0]:
@@ -418,7 +414,7 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tmp_path, target):
 def test_a_long_scalar_list_hiding_a_mutable_item_fails_the_save(tmp_path):
     """Long scalar-ended lists are copied shallowly at save() and checked on the worker: one that
     holds a mutable item fails loudly instead of yielding a checkpoint a later mutation changed."""
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a")
     s = make_group(args, 0, n=1)[0]
     s.tokens = list(range(100))
     s.tokens[5] = np.array([7])
@@ -442,7 +438,7 @@ def test_a_long_scalar_list_hiding_a_mutable_item_fails_the_save(tmp_path):
 def test_resume_hashes_the_media_it_places_by_default(tmp_path):
     """Issue 8 defect 15: a hard-linked checkpoint file edited in place, or a file of the right
     name and size already in the new run's directory, is caught at resume, not trained on."""
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a")
     save_rollout_checkpoint(args, 0, [], [make_group(args, 0)])
     release_run_media(args)
     stored = sorted((checkpoint_path(args.save, 0) / "media").iterdir())
@@ -452,7 +448,7 @@ def test_resume_hashes_the_media_it_places_by_default(tmp_path):
     data = bytearray(victim.read_bytes())
     data[-1] ^= 0xFF
     victim.write_bytes(bytes(data))
-    resumed = make_args(tmp_path, "run-b")
+    resumed = trainer_args(tmp_path, "run-b")
     with pytest.raises(BundleVerificationError) as info:
         load_rollout_checkpoint(resumed, 0)
     placed = run_media_dir(resumed) / victim.name
@@ -464,7 +460,7 @@ def test_resume_hashes_the_media_it_places_by_default(tmp_path):
     # The check can be skipped: by keyword, or by option.
     _, completed = load_rollout_checkpoint(resumed, 0, verify_media=False)
     assert len(completed[0]) == 2
-    skipping = make_args(tmp_path, "run-c", "--no-resume-verify-media")
+    skipping = trainer_args(tmp_path, "run-c", "--no-resume-verify-media")
     assert skipping.resume_verify_media is False
     load_rollout_checkpoint(skipping, 0)
 
@@ -473,7 +469,7 @@ def test_resume_hashes_the_media_it_places_by_default(tmp_path):
     victim.write_bytes(bytes(data[:-1]) + bytes([data[-1] ^ 0xFF]))  # the original bytes again
     os.chmod(victim, 0o444)
     open_bundle(checkpoint_path(args.save, 0), verify="full")
-    fresh = make_args(tmp_path, "run-d")
+    fresh = trainer_args(tmp_path, "run-d")
     other = run_media_dir(fresh) / stored[1].name
     other.parent.mkdir(parents=True)
     other.write_bytes(b"\0" * stored[1].stat().st_size)
@@ -484,7 +480,7 @@ def test_resume_hashes_the_media_it_places_by_default(tmp_path):
 def test_a_failing_save_with_more_than_k_checkpoints_present_deletes_nothing(tmp_path):
     """Retention runs only after a commit: a save that fails must not delete older checkpoints,
     even when more than K are present (issue 12 row 10: retention in a `finally` went unseen)."""
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a")
     for rid in range(3):
         save_rollout_checkpoint(args, rid, [], [make_group(args, rid)])
     args.keep_rollout_checkpoints = 1

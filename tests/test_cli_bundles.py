@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import open_bundle, write_bundle
 from bundles.cli import main

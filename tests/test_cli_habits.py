@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 import bundles
 from bundles import write_bundle

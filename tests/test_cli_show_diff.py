@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import MediaRef, pack_bundle, write_bundle
 from trainer_hooks.cli import main

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from media_helpers import trainer_args
+from helpers import trainer_args
 
 import trainer_hooks
 from bundles import BundleNotFoundError, is_bundle, open_bundle

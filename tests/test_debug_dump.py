@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import digest_of, trainer_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from media_helpers import digest_of
 
 from bundles import PACK_SUFFIX, BundleError, BundleFormatError, MediaRef, open_bundle
 from trainer_hooks import (
@@ -25,21 +25,8 @@ from trainer_hooks.testing import png_bytes
 
 
 def make_args(tmp_path: Path, template: str, *extra: str):
-    return parse_args(
-        [
-            "--rollout-batch-size",
-            "1",
-            "--shared-media-dir",
-            str(tmp_path / "shared"),
-            "--run-uuid",
-            "run-a",
-            "--save-debug-rollout-data",
-            str(tmp_path / "dumps" / template),
-            "--load-debug-rollout-data",
-            str(tmp_path / "dumps" / template),
-            *extra,
-        ]
-    )
+    """A run that dumps to (and loads from) ``tmp_path/dumps/<template>``, no checkpoints."""
+    return trainer_args(tmp_path, "run-a", *extra, checkpoints=False, dumps=template)
 
 
 def samples(args, n: int, start: int = 0) -> list[Sample]:

@@ -9,6 +9,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from helpers import trainer_args
 
 from trainer_hooks import LEASE_NAME, RunDisposer, parse_args, read_lease, train, train_async
 from trainer_hooks.testing import StandInRolloutManager, StandInTrainer
@@ -95,19 +96,8 @@ def test_enter_context_and_no_registration_after_close() -> None:
 
 
 def _args(tmp_path: Path, *extra: str) -> Namespace:
-    return parse_args(
-        [
-            "--rollout-batch-size",
-            "1",
-            "--shared-media-dir",
-            str(tmp_path / "shared"),
-            "--num-rollout",
-            "3",
-            "--rollout-batch-size",
-            "2",
-            *extra,
-        ]
-    )
+    """Three rollouts of two, no run id given (the parser makes one), no checkpoints."""
+    return trainer_args(tmp_path, None, "--num-rollout", "3", *extra, batch_size=2, checkpoints=False)
 
 
 class _Recorder:

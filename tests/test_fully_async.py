@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from media_helpers import digest_of, trainer_args
+from helpers import digest_of, trainer_args
 
 from bundles import MediaRef, open_bundle
 from trainer_hooks import (
@@ -25,10 +25,6 @@ from trainer_hooks import (
     train_async,
 )
 from trainer_hooks.testing import StandInTrainer, png_bytes
-
-
-def make_args(tmp_path: Path, run: str, *extra: str):
-    return trainer_args(tmp_path, run, "--rollout-batch-size", "2", *extra)
 
 
 def prompts(n_groups: int, start: int = 0, size: int = 2) -> list[list[Sample]]:
@@ -67,7 +63,7 @@ class Generator:
 
 
 def test_drain_returns_batches_sorted_by_index(tmp_path):
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a", batch_size=2)
     with FullyAsyncRolloutFn(args, ListDataSource(prompts(6)), Generator(), max_in_flight=4) as fn:
         seen = []
         for rid in range(3):
@@ -83,7 +79,7 @@ def test_drain_returns_batches_sorted_by_index(tmp_path):
 
 
 def test_save_holds_in_flight_and_buffered_groups_then_resume_in_new_run(tmp_path):
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a", batch_size=2)
     gen = Generator(gate_from=4)  # groups 0-3 finish, 4 and 5 stay in flight
     fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(6)), gen, max_in_flight=6, max_buffered=6)
     first = fn(0)
@@ -103,7 +99,8 @@ def test_save_holds_in_flight_and_buffered_groups_then_resume_in_new_run(tmp_pat
 
     # Teardown of run A, then a new run resumes: pending first, then new prompts.
     release_run_media(args)
-    args_b = make_args(tmp_path, "run-b")
+    # Another dataset: refused unless accepted by name (the fingerprint, docs/RESUME.md).
+    args_b = trainer_args(tmp_path, "run-b", "--resume-accept-changes", "dataset", batch_size=2)
     gen_b = Generator()
     fn_b = FullyAsyncRolloutFn(args_b, ListDataSource(prompts(2, start=10)), gen_b, max_in_flight=2)
     fn_b.load(0)
@@ -123,7 +120,7 @@ def test_save_holds_in_flight_and_buffered_groups_then_resume_in_new_run(tmp_pat
 
 
 def test_a_mutated_buffered_group_is_saved_as_it_was(tmp_path):
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a", batch_size=2)
     fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(2)), Generator(), max_in_flight=2)
     fn.start()
     with fn._changed:
@@ -141,7 +138,7 @@ def test_a_mutated_buffered_group_is_saved_as_it_was(tmp_path):
 
 
 def test_generator_errors_surface_at_drain_and_the_group_stays_checkpointable(tmp_path):
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a", batch_size=2)
 
     async def broken(args, group):
         raise ValueError("engine exploded")
@@ -155,7 +152,7 @@ def test_generator_errors_surface_at_drain_and_the_group_stays_checkpointable(tm
 
 
 def test_background_save_failure_surfaces_at_next_save(tmp_path):
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a", batch_size=2)
     fn = FullyAsyncRolloutFn(args, ListDataSource([]), Generator())
     bad = Sample(
         index=0,
@@ -172,8 +169,16 @@ def test_background_save_failure_surfaces_at_next_save(tmp_path):
 def test_reference_driver_flushes_checkpoints_before_releasing_media(tmp_path):
     """train_async with the rollout function as its rollout manager: every step is checkpointed
     in the background, teardown flushes before release_run_media, and a new run resumes."""
-    args = make_args(
-        tmp_path, "run-a", "--num-rollout", "3", "--save-interval", "1", "--keep-rollout-checkpoints", "2"
+    args = trainer_args(
+        tmp_path,
+        "run-a",
+        "--num-rollout",
+        "3",
+        "--save-interval",
+        "1",
+        "--keep-rollout-checkpoints",
+        "2",
+        batch_size=2,
     )
 
     class Manager(FullyAsyncRolloutFn):
@@ -199,8 +204,8 @@ def test_reference_driver_flushes_checkpoints_before_releasing_media(tmp_path):
     for rid in (1, 2):
         open_bundle(checkpoint_path(args.save, rid), verify="full")
 
-    args_b = make_args(tmp_path, "run-b")
-    fn_b = FullyAsyncRolloutFn(args_b, ListDataSource([]), Generator())
+    args_b = trainer_args(tmp_path, "run-b", batch_size=2)
+    fn_b = FullyAsyncRolloutFn(args_b, ListDataSource(prompts(12)), Generator())  # the same dataset
     fn_b.load(2)
     restored = fn_b.buffer.groups()
     assert restored
@@ -214,7 +219,7 @@ def test_a_checkpoint_taken_while_a_group_is_half_generated_saves_it_as_submitte
     """The generator has written a partial answer, tokens and an image into the group and is
     still running when save() is called: the checkpoint holds the prompt as the data source
     gave it, not the half-generated group (which a resume would then treat as the prompt)."""
-    args = make_args(tmp_path, "run-a")
+    args = trainer_args(tmp_path, "run-a", batch_size=2)
     half_generated = threading.Event()
     release = threading.Event()
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import put_media
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from media_helpers import put_media
 
 from bundles import BundleError, MediaRef, open_bundle, pack_bundle, unpack_bundle, write_bundle
 from bundles._source import read_tar_index

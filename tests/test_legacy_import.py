@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from media_helpers import digest_of
+from helpers import digest_of
 
 from bundles import PACK_SUFFIX, BundleFormatError, open_bundle
 from trainer_hooks import (

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from media_helpers import put_media
+from helpers import put_media
 
 from bundles import BundleError, MediaMissingError, MediaRef, open_bundle, write_bundle
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from media_helpers import trainer_args
+from helpers import trainer_args
 
 from trainer_hooks import (
     AdapterRef,

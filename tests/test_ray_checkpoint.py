@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from media_helpers import digest_of
+from helpers import digest_of
 
 from bundles import MediaRef, open_bundle
 from trainer_hooks import load_rollout_checkpoint, parse_args, release_run_media, run_media_dir

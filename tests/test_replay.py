@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
-from replay_helpers import PAD, make_dump, png  # noqa: E402
+from helpers import noise_png  # noqa: E402
+from helpers.replay import PAD, make_dump  # noqa: E402
 
 from bundles import pack_bundle, write_bundle  # noqa: E402
 from trainer_hooks import (  # noqa: E402
@@ -100,7 +101,7 @@ def image_samples(tmp_path: Path) -> list[Sample]:
     paths = []
     for j, (w, h) in enumerate([(112, 84), (140, 56)]):
         p = tmp_path / f"{j}.png"
-        p.write_bytes(png(w, h, seed=j))
+        p.write_bytes(noise_png(w, h, seed=j))
         paths.append(str(p))
     from bundles import MediaRef
 
@@ -452,14 +453,14 @@ def test_answers_fill_logprob_diff_and_misaligned_answers_fail(tmp_path, capsys)
 def test_pil_images_in_a_dump_replay_and_payloads_carry_them_as_data_urls(tmp_path):
     import io as _io
 
-    from media_helpers import trainer_args
+    from helpers import trainer_args
 
     from trainer_hooks import save_debug_rollout_data
 
     args = trainer_args(
         tmp_path, "run-pil", "--fp16", "--save-debug-rollout-data", str(tmp_path / "d_{rollout_id}")
     )
-    image = Image.open(_io.BytesIO(png(112, 84, seed=5))).convert("RGB")
+    image = Image.open(_io.BytesIO(noise_png(112, 84, seed=5))).convert("RGB")
     s = Sample(
         index=3, tokens=[1, 2, 3, 4], response_length=1, loss_mask=[1], reward=0.0,
         multimodal_inputs={"images": [image]}, status=Sample.Status.COMPLETED,
@@ -481,7 +482,8 @@ def test_pil_images_in_a_dump_replay_and_payloads_carry_them_as_data_urls(tmp_pa
 
 
 def test_a_checkpoint_replays_its_completed_groups_not_the_pending_ones(tmp_path, capsys):
-    from replay_helpers import dump_args, make_samples
+    from helpers import dump_args
+    from helpers.replay import make_samples
 
     from trainer_hooks import save_rollout_checkpoint, store_media
 
@@ -489,7 +491,7 @@ def test_a_checkpoint_replays_its_completed_groups_not_the_pending_ones(tmp_path
     # An in-flight group: a prompt with its screenshot and no generation yet (no tokens at all).
     pending = [
         Sample(group_index=9, index=90 + i, prompt="p", status=Sample.Status.PENDING,
-               multimodal_inputs={"images": [store_media(args, png(56, 56, seed=i), ".png")]})
+               multimodal_inputs={"images": [store_media(args, noise_png(56, 56, seed=i), ".png")]})
         for i in range(2)
     ]  # fmt: skip
     path = save_rollout_checkpoint(args, 1, [pending], [make_samples(args, 2)])

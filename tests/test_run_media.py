@@ -14,7 +14,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
-from swap_helpers import make_victim, swap_after_listing, victim_intact
+from helpers.swap import make_victim, swap_after_listing, victim_intact
 
 from bundles import BundleError, MediaRef
 from trainer_hooks import (

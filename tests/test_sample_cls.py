@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from media_helpers import trainer_args
+from helpers import trainer_args
 
 from bundles import BundleFormatError, open_bundle, write_bundle
 from trainer_hooks import (
@@ -232,14 +232,7 @@ class MySample(Sample):
 
 
 def _args(tmp_path):
-    return trainer_args(
-        tmp_path,
-        "run-a",
-        "--save-debug-rollout-data",
-        str(tmp_path / "dumps" / "r_{rollout_id}"),
-        "--load-debug-rollout-data",
-        str(tmp_path / "dumps" / "r_{rollout_id}"),
-    )
+    return trainer_args(tmp_path, "run-a", dumps="r_{rollout_id}")
 
 
 def test_explicit_sample_cls_and_dicts(tmp_path):

@@ -20,10 +20,10 @@ from bundles import (
     open_bundle,
     pack_bundle,
     remove_bundle,
-    scratch_dir,
     unpack_bundle,
     write_bundle,
 )
+from bundles.support import scratch_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 UNSUPPORTED = ["hdfs://namenode/run/x", "http://example.invalid/x", "ftp://host/x.rbundle", "file:///tmp/x"]

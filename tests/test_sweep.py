@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from media_helpers import wait_until
-from swap_helpers import make_victim, swap_after_listing, victim_intact
+from helpers import wait_until
+from helpers.swap import make_victim, swap_after_listing, victim_intact
 
 from trainer_hooks import (
     LEASE_NAME,

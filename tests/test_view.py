@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import json
 import os
@@ -14,8 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from browser_helpers import INSTALL_HINT, find_chromium, render
-from media_helpers import put_media
+from helpers import put_media
+from helpers.browser import INSTALL_HINT, find_chromium, render
 
 from bundles import MediaRef, pack_bundle, remove_bundle, write_bundle
 from trainer_hooks.cli import main
@@ -143,19 +144,23 @@ def test_report_is_self_contained_and_escapes_sample_text(
 ) -> None:
     out, text = view(tmp_path)
     assert f"wrote {out} (4 samples, 12 screenshots" in capsys.readouterr().out
-    assert "default-src 'none'" in text and "<script" not in text.lower()
+    assert "default-src 'none'" in html.unescape(text) and "<script" not in text.lower()
     assert HOSTILE not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert "<img src=x" not in text and "&lt;img src=x onerror=alert(2)&gt;" in text
     assert not re.search(r"(src|href)=[\"']?(https?:)?//", text)  # nothing fetched from a network
     # Each stored screenshot is inlined once (10 decodable ones) and drawn at each of its 12 turns.
     images = re.findall(r'<image id="(m\d+)" width="(\d+)" height="(\d+)" href="([^"]+)"/>', text)
     assert len(images) == 10 and all(href.startswith("data:image/jpeg;base64,") for *_, href in images)
-    uses = re.findall(r'<use href="#(m\d+)"/>', text)
+    samples_view = text.split('<div class="view-groups">')[0]  # the groups view draws them again
+    uses = re.findall(r'<svg class="thumb"[^>]*><use href="#(m\d+)"', samples_view)
     assert len(uses) == 12 and set(uses) == {i for i, *_ in images}
+    # Large views (1280 px wide, at most the original's size) are inlined once each too.
+    large = re.findall(r'<image id="(L\d+)" width="(\d+)" height="(\d+)" href="data:image/jpeg;base64,', text)
+    assert len(large) == 10 and all(w == "480" for _, w, _ in large)
     thumb = Image.open(io.BytesIO(base64.b64decode(images[0][3].split(",", 1)[1])))
-    assert thumb.format == "JPEG" and thumb.size == (400, 225) and images[0][1:3] == ("400", "225")
+    assert thumb.format == "JPEG" and thumb.size == (320, 180) and images[0][1:3] == ("320", "180")
     # Full-size images by relative links that resolve while the bundle sits next to the report.
-    hrefs = re.findall(r'<a class="shot" href="([^"]+)"', text)
+    hrefs = re.findall(r'<a href="([^"#][^"]*)">stored file</a>', text)
     assert len(hrefs) == 12 and all(not h.startswith("/") for h in hrefs)
     for h in hrefs:
         assert (out.parent / urllib.parse.unquote(h)).is_file(), h
@@ -175,7 +180,7 @@ def test_vision_tokens_from_the_grid_without_a_replay(tmp_path: Path) -> None:
 
 def test_samples_and_limit_choose_what_is_shown(tmp_path: Path) -> None:
     _, text = view(tmp_path, "--samples", "3,1,2", "--limit", "2", replay=False)
-    assert re.findall(r'<section class="card sample" id="s(\d+)"', text) == ["3", "1"]
+    assert re.findall(r'<section class="card sample [^"]*" id="s(\d+)"', text) == ["3", "1"]
 
 
 @pytest.mark.parametrize(
@@ -219,13 +224,13 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     out, _ = view(tmp_path)
     # Every inlined screenshot decodes (naturalWidth of an image loaded from its data URI), every
     # turn's <use> resolves to one, and each drawn thumbnail has a size on the page.
-    check = """Promise.all(Array.from(document.querySelectorAll('svg.defs image')).map(el => {
+    check = """Promise.all(Array.from(document.querySelectorAll('svg.defs image[id^=m]')).map(el => {
         const img = new Image(); img.src = el.getAttribute('href');
         return img.decode().then(() => img.naturalWidth, () => 0); }))
       .then(widths => ({widths: widths,
-        unresolved: Array.from(document.querySelectorAll('svg.thumb use')).filter(
+        unresolved: Array.from(document.querySelectorAll('svg use')).filter(
             u => !document.getElementById(u.getAttribute('href').slice(1))).length,
-        drawn: Array.from(document.querySelectorAll('svg.thumb')).map(s => s.getBoundingClientRect().width),
+        drawn: Array.from(document.querySelectorAll('.view-samples svg.thumb')).map(s => s.getBoundingClientRect().width),
         scripts: document.scripts.length, title: document.title,
         samples: document.querySelectorAll('section.sample').length,
         hostile: document.body.innerText.includes('<script>alert(1)</script>')}))"""
@@ -234,7 +239,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     print(f"view screenshot: {shot}")
     assert result.errors == []
     value = result.value
-    assert len(value["widths"]) == 10 and all(w == 400 for w in value["widths"]), value["widths"]
+    assert len(value["widths"]) == 10 and all(w == 320 for w in value["widths"]), value["widths"]
     assert value["unresolved"] == 0 and len(value["drawn"]) == 12 and all(w > 200 for w in value["drawn"])
     assert value["scripts"] == 0 and value["samples"] == 4 and value["hostile"] is True
     assert value["title"] == "debug_dump · dump_3"
@@ -251,6 +256,9 @@ def test_packed_bundle_is_read_in_place(tmp_path: Path, capsys: pytest.CaptureFi
     assert json.loads(capsys.readouterr().out)["images"] == 12
     text = (tmp_path / "r.html").read_text()
     assert len(re.findall(r'<image id="m\d+" [^>]*href="data:image/jpeg;base64,', text)) == 10
-    assert len(re.findall(r'<use href="#m\d+"/>', text)) == 12
-    assert 'class="shot" href=' not in text  # no files to link to inside a packed file
+    samples_view = text.split('<div class="view-groups">')[0]
+    assert len(re.findall(r'<svg class="thumb"[^>]*><use href="#m\d+"', samples_view)) == 12
+    assert "stored file</a>" not in text and '<img class="base"' not in text  # no files inside a packed file
+    lightboxes = text.split('<div class="lightboxes">')[1]
+    assert len(re.findall(r'<use href="#L\d+"', lightboxes)) == 12  # every large view inlined instead
     assert "packed file" in text and not list(tmp_path.glob("*.unpacked"))

@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from media_helpers import trainer_args
+from helpers import trainer_args
 
 import trainer_hooks
 from bundles import BundleIOError, MediaMissingError, is_bundle, open_bundle

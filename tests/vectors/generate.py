@@ -103,6 +103,49 @@ def tensor_samples() -> list[dict]:
     ]
 
 
+def nested_checkpoint_samples() -> list[dict]:
+    """One completed nested group (Miles' list[list[Sample]]): two trajectories and a bare sample."""
+    return [
+        {
+            "group_index": 0,
+            "index": index,
+            "prompt": "Open the settings window",
+            "response": response,
+            "status": "completed",
+        }
+        for index, response in ((0, "look"), (0, "click"), (1, "look"), (2, "type"))
+    ]
+
+
+#: The rollout_checkpoint meta of the nested vector (docs/FORMAT.md, appendix A, version 2).
+NESTED_META = {
+    "checkpoint_version": 2,
+    "rollout_id": 0,
+    "run_uuid": None,
+    "training_dtype": "fp32",
+    "processor": None,
+    "pending_group_sizes": [],
+    "completed_group_sizes": [[2, 1, None]],
+    "recycled_group_sizes": [],
+    "data_source": {
+        "sample_offset": 1,
+        "epoch_id": 0,
+        "sample_group_index": 1,
+        "sample_index": 3,
+        "metadata": {},
+    },
+}
+
+
+def write_nested_vector(out: Path) -> None:
+    write_bundle(
+        out / "v2_nested" / "rollout" / "fully_async_0",
+        nested_checkpoint_samples(),
+        kind="rollout_checkpoint",
+        meta=NESTED_META,
+    )
+
+
 def write_vectors(out: Path, tensors: bool = True) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         media = make_media(Path(tmp) / "run")
@@ -114,13 +157,14 @@ def write_vectors(out: Path, tensors: bool = True) -> None:
         )
     pack_bundle(out / "v1_basic", out / "v1_basic.rbundle")
     write_bundle(out / "v1_records", records_samples(), meta={"purpose": "records vector"})
+    write_nested_vector(out)
     if tensors:
         write_bundle(out / "v1_tensor", tensor_samples(), kind="rollout_checkpoint")
         write_bundle(out / "v1_image", image_samples(), meta={"purpose": "image vector"})
 
 
 if __name__ == "__main__":
-    for name in ("v1_basic", "v1_tensor", "v1_records", "v1_image", "v1_basic.rbundle"):
+    for name in ("v1_basic", "v1_tensor", "v1_records", "v1_image", "v1_basic.rbundle", "v2_nested"):
         p = HERE / name
         if p.is_dir():
             from bundles._fs import remove_tree

@@ -104,6 +104,27 @@ def _own_options() -> list[tuple[str, dict[str, Any]]]:
                 "links share inodes with the checkpoint, so an in-place edit would otherwise go unseen.",
             ),
         ),
+        (
+            "--rollout-journal-interval",
+            dict(
+                type=float,
+                default=1.0,
+                metavar="SECONDS",
+                help="Journal every graded sample beside the rollout checkpoints and fsync the journal at "
+                "most this often, on a background thread (default 1.0; 0 disables the journal). A crash then "
+                "loses at most this much generation (docs/RESUME.md).",
+            ),
+        ),
+        (
+            "--resume-accept-changes",
+            dict(
+                default=None,
+                metavar="FIELD[,FIELD]",
+                help="Resume although the checkpoint's fingerprint differs in these fields (model_path, "
+                "tokenizer, processor, training_dtype, n_samples_per_prompt, dataset); resume refuses any "
+                "other difference.",
+            ),
+        ),
         # Miles skips SGLang's model_path (it uses --hf-checkpoint); the processor check reads it.
         (
             "--sglang-model-path",
@@ -242,9 +263,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-# The options that may name an object-store URL (docs/TRAINER_HOOKS.md); until the trainer side
-# uploads and resumes from a store, none does.
-_STORE_OPTIONS: frozenset[str] = frozenset()
+# The options that may name an object-store URL: checkpoints and debug dumps are written to and
+# read from a store (README "On an object store"); the trajectory sidecar stays local.
+_STORE_OPTIONS: frozenset[str] = frozenset(
+    {"save", "load", "save_debug_rollout_data", "load_debug_rollout_data"}
+)
 
 
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -288,8 +311,13 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
 
     ratio = g("load_debug_rollout_data_subsample")
     if ratio is not None:
-        if not (0.0 < float(ratio) <= 1.0):
-            raise ValueError(f"--load-debug-rollout-data-subsample: expected 0 < r <= 1, found {ratio}")
+        # 0 is what Miles accepts and means "keep everything" (its slice data[:0] + data[-0:]);
+        # above 1 Miles' slices overlap and train rows twice, below 0 they cut the middle out.
+        if not (0.0 <= float(ratio) <= 1.0):
+            raise ValueError(
+                f"--load-debug-rollout-data-subsample: expected 0 <= r <= 1 (0 keeps every row, as in Miles), "
+                f"found {ratio}"
+            )
         if g("load_debug_rollout_data") is None:
             raise ValueError("--load-debug-rollout-data-subsample: requires --load-debug-rollout-data")
 
@@ -305,6 +333,19 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(
             f"--keep-rollout-checkpoints: expected at least 1 (the newest is needed to resume), found {keep}"
         )
+    interval = g("rollout_journal_interval")
+    if interval is not None and not (float(interval) >= 0 and float(interval) != float("inf")):
+        raise ValueError(f"--rollout-journal-interval: expected seconds >= 0 (0 disables), found {interval}")
+    if g("resume_accept_changes") is not None:
+        from trainer_hooks.checkpoints import FINGERPRINT_FIELDS
+
+        fields = [f.strip() for f in str(args.resume_accept_changes).split(",") if f.strip()]
+        unknown = [f for f in fields if f not in FINGERPRINT_FIELDS]
+        if unknown:
+            raise ValueError(
+                f"--resume-accept-changes: unknown field(s) {', '.join(unknown)}; expected some of "
+                f"{', '.join(FINGERPRINT_FIELDS)}"
+            )
     for name, choices in (("bundle_link_mode", BUNDLE_LINK_MODES), ("bundle_verify", BUNDLE_VERIFY_MODES)):
         value = g(name)
         if value is not None and value not in choices:

@@ -26,6 +26,17 @@ with its own :class:`~trainer_hooks.RunDisposer` registers ``close`` *after*
 media into the current run's directory, queues the pending groups for resubmission ahead of any
 new prompt, and puts the completed groups back into the buffer.
 
+Journal (lossless resume)
+-------------------------
+With ``--rollout-journal-interval`` > 0 (default 1.0 s) and ``--save`` set, every prompt group
+handed out, every finished sibling (with ``generate_sample``) or group (with ``generate_group``)
+and every group handed to training is also appended to the rollout journal through one
+:class:`~trainer_hooks.checkpoints._ledger.RolloutLedger` (the same the Miles plugins use), and
+``load(step)`` restores the newest checkpoint at or before ``step`` plus the journal after it:
+a crash loses at most the last interval of generation, and groups trained after ``step`` come
+back (see :mod:`trainer_hooks.checkpoints._ledger` and docs/RESUME.md). A data source with
+``state_dict()``/``load_state_dict(state)`` has its cursor saved with the groups.
+
 Trade-off: the worker polls every ``poll_interval`` seconds for free budget instead of being
 woken by every drain; with a 10 ms default that is invisible next to generation times.
 """
@@ -33,7 +44,6 @@ woken by every drain; with a 10 ms default that is invisible next to generation 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
@@ -44,8 +54,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from trainer_hooks.checkpoints._ledger import RecoveredGroup, RolloutLedger, materialize
 from trainer_hooks.checkpoints._paths import _require, checkpoint_path
-from trainer_hooks.checkpoints._reader import read_rollout_checkpoint
 from trainer_hooks.checkpoints._snapshot import snapshot_groups
 from trainer_hooks.checkpoints._writer import RolloutCheckpointer
 
@@ -54,6 +64,7 @@ __all__ = ["FullyAsyncRolloutFn", "GroupBuffer", "ListDataSource", "RolloutWorke
 logger = logging.getLogger(__name__)
 
 GroupGenerator = Callable[[Namespace, list[Any]], Awaitable[list[Any]]]
+SampleGenerator = Callable[[Namespace, Any], Awaitable[Any]]
 
 
 class RolloutWorkerError(RuntimeError):
@@ -64,16 +75,33 @@ class ListDataSource:
     """A data source over a fixed list of prompt groups (Miles' ``get_samples`` call shape)."""
 
     def __init__(self, groups: Iterable[list[Any]]) -> None:
-        self._groups = deque(groups)
+        self._all = list(groups)
+        self._offset = 0
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
-        out: list[list[Any]] = []
-        while self._groups and len(out) < num_samples:
-            out.append(self._groups.popleft())
+        out = self._all[self._offset : self._offset + max(0, num_samples)]
+        self._offset += len(out)
         return out
 
+    @property
+    def dataset_size(self) -> int:
+        """Prompt groups in the dataset (the resume fingerprint records it)."""
+        return len(self._all)
+
+    def state_dict(self) -> dict[str, int]:
+        """The cursor: how many groups were handed out (saved with the rollout state)."""
+        return {"offset": self._offset}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        offset = state.get("offset") if isinstance(state, dict) else None
+        if type(offset) is not int or not 0 <= offset <= len(self._all):
+            raise ValueError(
+                f"ListDataSource.load_state_dict: offset: expected 0..{len(self._all)}, found {offset!r}"
+            )
+        self._offset = offset
+
     def __len__(self) -> int:
-        return len(self._groups)
+        return len(self._all) - self._offset
 
 
 class GroupBuffer:
@@ -123,6 +151,9 @@ class FullyAsyncRolloutFn:
         args: parsed arguments (``rollout_batch_size``, ``save``, ``load``, run media options).
         data_source: ``get_samples(n) -> list[group]`` object or a callable ``n -> list[group]``.
         generate_group: ``async (args, group) -> group``; the returned group is buffered.
+        generate_sample: instead of ``generate_group``, ``async (args, sample) -> sample``: the
+            siblings of a group generate concurrently and each is journaled when finished, so
+            a resume keeps finished siblings and regenerates only the others.
         max_in_flight: groups generating at once (default ``2 * rollout_batch_size``).
         max_buffered: stop submitting while in-flight plus buffered groups reach this
             (default ``4 * rollout_batch_size``).
@@ -138,8 +169,9 @@ class FullyAsyncRolloutFn:
         self,
         args: Namespace,
         data_source: Any,
-        generate_group: GroupGenerator,
+        generate_group: GroupGenerator | None = None,
         *,
+        generate_sample: SampleGenerator | None = None,
         max_in_flight: int | None = None,
         max_buffered: int | None = None,
         poll_interval: float = 0.01,
@@ -148,20 +180,26 @@ class FullyAsyncRolloutFn:
         self.args = args
         self.sample_cls = sample_cls
         self.batch_size = int(getattr(args, "rollout_batch_size", None) or 1)
+        self.data_source = data_source
         self._get_groups: Callable[[int], list[list[Any]]] = (
             data_source.get_samples if hasattr(data_source, "get_samples") else data_source
         )
+        if (generate_group is None) == (generate_sample is None):
+            raise TypeError("FullyAsyncRolloutFn: pass exactly one of generate_group and generate_sample")
         self.generate_group = generate_group
+        self.generate_sample = generate_sample
         self.max_in_flight = max_in_flight or 2 * self.batch_size
         self.max_buffered = max(max_buffered or 4 * self.batch_size, self.max_in_flight)
         self.poll_interval = poll_interval
         self.buffer = GroupBuffer()
         self.checkpointer = RolloutCheckpointer(args)
+        size = getattr(data_source, "dataset_size", None)
+        self.ledger = RolloutLedger(args, prompts=size if isinstance(size, int) else None)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._in_flight: dict[int, list[dict[Any, Any]]] = {}  # key -> snapshot taken at submission
-        self._resubmit: deque[list[Any]] = deque()
-        self._keys = itertools.count()
+        self._in_flight: dict[int, list[dict[Any, Any]]] = {}  # group id -> snapshot taken at submission
+        self._resubmit: deque[RecoveredGroup] = deque()
+        self._buffer_gids: deque[int] = deque()  # the group ids of self.buffer, in its order
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -174,6 +212,7 @@ class FullyAsyncRolloutFn:
             if self._thread is not None:
                 return
             self._stop.clear()
+            self.ledger.open()
             self._thread = threading.Thread(target=self._thread_main, name="fully-async-rollout", daemon=True)
             self._thread.start()
 
@@ -185,14 +224,30 @@ class FullyAsyncRolloutFn:
                 self._error = self._error or e
                 self._changed.notify_all()
 
-    def _next_groups(self, n: int) -> list[list[Any]]:
-        """Resubmitted groups first, then fresh ones. Called with the lock held."""
-        out = [self._resubmit.popleft() for _ in range(min(n, len(self._resubmit)))]
+    def _cursor(self) -> Any:
+        state = getattr(self.data_source, "state_dict", None)
+        return state() if callable(state) else None
+
+    def _next_groups(self, n: int) -> list[tuple[int, list[Any], dict[int, Any]]]:
+        """Resubmitted groups first, then fresh ones, as (group id, group, finished siblings),
+        each recorded as in flight. Called with the lock held."""
+        out = []
+        for _ in range(min(n, len(self._resubmit))):
+            r = self._resubmit.popleft()
+            self._in_flight[r.gid] = snapshot_groups([r.prompt], where=f"in_flight[{r.gid}]")[0]
+            out.append((r.gid, r.prompt, r.done))
         if len(out) < n and not self._source_exhausted:
             fresh = list(self._get_groups(n - len(out)))
             if not fresh:
                 self._source_exhausted = True
-            out += fresh
+            cursor = self._cursor() if fresh else None
+            for group in fresh:
+                # The snapshot is taken before the generator can touch the group: it is what a
+                # checkpoint saves and what the journal records (no second copy).
+                snap = snapshot_groups([group], where="in_flight")[0]
+                gid = self.ledger.take(snap, cursor, snapshot=False)
+                self._in_flight[gid] = snap
+                out.append((gid, group, {}))
         return out
 
     async def _worker(self) -> None:
@@ -207,16 +262,11 @@ class FullyAsyncRolloutFn:
                 if room > 0:
                     # Taking groups and recording them as in flight is one step under the lock, so
                     # a concurrent save() sees each group exactly once (queued, in flight or
-                    # buffered). The snapshot is taken before the generator can touch the group:
-                    # it is what a checkpoint saves.
+                    # buffered).
                     with self._lock:
-                        started = []
-                        for group in self._next_groups(room):
-                            key = next(self._keys)
-                            self._in_flight[key] = snapshot_groups([group], where=f"in_flight[{key}]")[0]
-                            started.append((key, group))
-                    for key, group in started:
-                        tasks.add(asyncio.create_task(self._run_group(key, group)))
+                        started = self._next_groups(room)
+                    for gid, group, done in started:
+                        tasks.add(asyncio.create_task(self._run_group(gid, group, done)))
                 if tasks:
                     done, _ = await asyncio.wait(
                         tasks, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED
@@ -232,9 +282,27 @@ class FullyAsyncRolloutFn:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run_group(self, key: int, group: list[Any]) -> None:
-        try:
+    async def _run_sample(self, gid: int, sibling: int, sample: Any) -> Any:
+        assert self.generate_sample is not None
+        result = await self.generate_sample(self.args, sample)
+        with self._lock:
+            self.ledger.append_sample(gid, sibling, result)
+        return result
+
+    async def _generate(self, gid: int, group: list[Any], done: dict[int, Any]) -> tuple[list[Any], bool]:
+        if self.generate_sample is None:
+            assert self.generate_group is not None
             result = await self.generate_group(self.args, group)
+            return (result if isinstance(result, list) else list(result)), False
+        todo = [i for i in range(len(group)) if i not in done]
+        new = await asyncio.gather(*(self._run_sample(gid, i, group[i]) for i in todo))
+        finished = dict(done)
+        finished.update(zip(todo, new, strict=True))
+        return [finished[i] for i in range(len(group))], True
+
+    async def _run_group(self, key: int, group: list[Any], done: dict[int, Any] | None = None) -> None:
+        try:
+            result, by_sibling = await self._generate(key, group, done or {})
         except asyncio.CancelledError:
             raise
         except BaseException as e:
@@ -244,11 +312,12 @@ class FullyAsyncRolloutFn:
                 self._stop.set()
                 self._changed.notify_all()
             return
-        if not isinstance(result, list):
-            result = list(result)
         with self._changed:
             del self._in_flight[key]
             self.buffer.put(result)
+            self._buffer_gids.append(key)
+            # Every sibling is journaled already in sample mode: the record then has no body.
+            self.ledger.append_group(key, None if by_sibling else result)
             self._changed.notify_all()
 
     def _raise_worker_error(self) -> None:
@@ -258,9 +327,12 @@ class FullyAsyncRolloutFn:
             ) from self._error
 
     # -- training side -----------------------------------------------------------------------------
-    def drain(self, n: int | None = None, timeout: float | None = None) -> list[list[Any]]:
+    def drain(
+        self, n: int | None = None, timeout: float | None = None, *, step: int | None = None
+    ) -> list[list[Any]]:
         """Wait for ``n`` (default ``rollout_batch_size``) completed groups; return them sorted by
-        their first sample's index."""
+        their first sample's index. They are journaled as consumed by training ``step`` (None:
+        consumed for good, whatever step a resume restores)."""
         n = self.batch_size if n is None else n
         self.start()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -280,13 +352,16 @@ class FullyAsyncRolloutFn:
                     )
                 self._changed.wait(0.1 if remaining is None else min(0.1, remaining))
             groups = self.buffer.get(n)
-        return sorted(groups, key=_group_index)
+            gids = [self._buffer_gids.popleft() for _ in groups]
+            self.ledger.record_consumed(-1 if step is None else step, gids)
+        # Groups restored from the journal are decoded only now, outside the lock.
+        return sorted((materialize(g) for g in groups), key=_group_index)
 
     def __call__(self, rollout_id: int, evaluation: bool = False) -> list[list[Any]]:
         """Miles' rollout-function call: the groups to train ``rollout_id`` on."""
         if evaluation:
             raise NotImplementedError("FullyAsyncRolloutFn: evaluation rollouts are not asynchronous")
-        return self.drain()
+        return self.drain(step=rollout_id)
 
     def generate(self, rollout_id: int) -> list[list[Any]]:
         """The reference drivers' rollout-manager call (see :mod:`trainer_hooks._drivers`)."""
@@ -307,40 +382,71 @@ class FullyAsyncRolloutFn:
 
         Raises :class:`trainer_hooks.CheckpointSaveError` when an earlier background save failed.
         """
+        started = time.perf_counter()
         self.checkpointer._raise_failed(wait=False)
         dest = checkpoint_path(_require(self.args, "save", "--save"), rollout_id)
+        # Everything journaled so far (consumption included) is durable before the trainer's
+        # checkpoint of this step can be: one fsync, on the caller's thread (never the loop's).
+        barrier_s = self.ledger.flush()
         checks: list[Callable[[], None]] = []
         with self._lock:
+            pending_gids = list(self._in_flight)
             pending = list(self._in_flight.values())  # submission snapshots: immutable by contract
             # Buffered groups belong to the caller now and may be mutated: copy them (and the
-            # queued resubmissions) while no group can move between the sets.
-            pending += snapshot_groups(list(self._resubmit), where="pending_groups", deferred=checks)
-            completed = snapshot_groups(self.buffer.groups(), where="completed_groups", deferred=checks)
-        return self.checkpointer.submit_snapshot(rollout_id, dest, pending, completed, checks)
+            # queued resubmissions) while no group can move between the sets. Groups restored
+            # from the journal and not decoded yet are immutable: the writer decodes them.
+            pending_gids += [r.gid for r in self._resubmit]
+            pending += snapshot_groups(
+                [r.prompt for r in self._resubmit], where="pending_groups", deferred=checks
+            )
+            buffered = self.buffer.groups()
+            plain = snapshot_groups(
+                [g for g in buffered if not hasattr(g, "load_dicts")],
+                where="completed_groups",
+                deferred=checks,
+            )
+            it = iter(plain)
+            completed = [g if hasattr(g, "load_dicts") else next(it) for g in buffered]
+            extra = self.ledger.checkpoint_meta(pending_gids, list(self._buffer_gids), self._cursor())
+        extra["save_telemetry"] = {
+            "blocking_s": round(time.perf_counter() - started, 6),
+            "journal_barrier_s": round(barrier_s, 6),
+            "groups": len(pending) + len(completed),
+        }
+        return self.checkpointer.submit_snapshot(
+            rollout_id, dest, pending, completed, checks, extra_meta=extra, on_commit=self.ledger.committed
+        )
 
     def load(self, rollout_id: int, *, sample_cls: Any = None, verify_media: bool | None = None) -> None:
-        """Resume from ``<args.load>/rollout/fully_async_<rollout_id>``: pending groups are
-        resubmitted before new prompts, completed groups go back into the buffer. Samples are
-        built with ``sample_cls``, else the constructor's ``sample_cls``, else
+        """Resume at the trainer's restored step ``rollout_id``.
+
+        Without the journal (``--rollout-journal-interval 0``): from
+        ``<args.load>/rollout/fully_async_<rollout_id>``. With it: from the newest checkpoint at
+        or before ``rollout_id`` plus the journal after it (groups consumed by steps after
+        ``rollout_id`` come back; finished siblings of in-flight groups are kept). Pending
+        groups are resubmitted before new prompts, completed groups go back into the buffer
+        first, and the data source's cursor is restored (``load_state_dict``). Samples are built
+        with ``sample_cls``, else the constructor's ``sample_cls``, else
         :func:`trainer_hooks.default_sample_cls` (Miles' class when ``miles`` imports). The
         rehydrated media are hashed unless ``verify_media`` (default ``--resume-verify-media``,
-        on) is False."""
+        on) is False. Refuses (:class:`trainer_hooks.IncompatibleResumeError`) a checkpoint
+        written with another fingerprint (see ``--resume-accept-changes``)."""
         cls = sample_cls if sample_cls is not None else self.sample_cls
-        ckpt = read_rollout_checkpoint(self.args, rollout_id, sample_cls=cls, verify_media=verify_media)
+        state = self.ledger.recover(rollout_id, sample_cls=cls, verify_media=verify_media)
         with self._changed:
-            self._resubmit.extendleft(reversed(ckpt.pending_groups))
-            for g in ckpt.completed_groups:
+            self._resubmit.extendleft(reversed(state.pending))
+            for gid, g in state.completed:
                 self.buffer.put(g)
+                self._buffer_gids.append(gid)
+            load_state = getattr(self.data_source, "load_state_dict", None)
+            # A dataset accepted as changed (--resume-accept-changes dataset) keeps its own cursor.
+            if state.cursor is not None and callable(load_state) and "dataset" not in state.accepted:
+                load_state(state.cursor)
             self._changed.notify_all()
-        logger.info(
-            "loaded %s: %d pending and %d completed groups",
-            ckpt.path,
-            len(ckpt.pending_groups),
-            len(ckpt.completed_groups),
-        )
 
     def flush(self) -> list[Path]:
         """Wait for background checkpoint saves; raise the first failure."""
+        self.ledger.flush()
         return self.checkpointer.flush()
 
     def stop(self) -> None:
@@ -357,7 +463,10 @@ class FullyAsyncRolloutFn:
         try:
             self.stop()
         finally:
-            self.checkpointer.close()
+            try:
+                self.checkpointer.close()
+            finally:
+                self.ledger.close()
 
     def __enter__(self) -> FullyAsyncRolloutFn:
         return self

@@ -5,6 +5,8 @@ meta, and rehydrates its media into the *current* run's ``run_media_dir(args)`` 
 possible): the returned samples reference only the new run's directory, whose teardown removes
 them, and the checkpoint itself is left untouched. Pending samples are reset for retry
 (``Sample.reset_for_retry``): partial generations are not resumed, the prompts are resubmitted.
+Nested groups (``list[list[Sample]]``) come back nested (:mod:`trainer_hooks.checkpoints._groups`);
+a version 2 checkpoint may also hold recycled groups and the data source's cursor.
 
 Rehydrated media are hashed by default (``--resume-verify-media``, on; ``verify_media=False``
 skips it). A hard-linked file shares its inode with the checkpoint, and a run directory may hold
@@ -26,7 +28,13 @@ from typing import Any
 from bundles import BundleFormatError, BundleVerificationError, MediaRef, open_bundle
 from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import processor_settings, training_dtype_name
-from trainer_hooks.checkpoints._paths import CHECKPOINT_KIND, CHECKPOINT_VERSION, _require, checkpoint_path
+from trainer_hooks.checkpoints._groups import layout_sample_count, read_layouts, unflatten_groups
+from trainer_hooks.checkpoints._paths import (
+    CHECKPOINT_KIND,
+    READABLE_CHECKPOINT_VERSIONS,
+    _require,
+    checkpoint_path,
+)
 from trainer_hooks.run_media import RunMediaError, ensure_run_dir, run_media_dir
 
 __all__ = ["RolloutCheckpoint", "load_rollout_checkpoint", "read_rollout_checkpoint"]
@@ -43,15 +51,10 @@ class RolloutCheckpoint:
     meta: dict[str, Any]
     pending_groups: list[list[Any]] = field(default_factory=list)
     completed_groups: list[list[Any]] = field(default_factory=list)
-
-
-def _check_sizes(meta: dict[str, Any], key: str, where: Path) -> list[int]:
-    sizes = meta.get(key)
-    if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
-        raise BundleFormatError(
-            f"{where}: meta.{key}: expected a list of group sizes (ints >= 0), found {sizes!r}"
-        )
-    return sizes
+    #: Groups that waited in the data source's own buffer (Miles' ``add_samples``); version 2.
+    recycled_groups: list[list[Any]] = field(default_factory=list)
+    #: The data source's cursor (``meta["data_source"]``) or None; version 2.
+    data_source_state: dict[str, Any] | None = None
 
 
 def read_rollout_checkpoint(
@@ -84,20 +87,29 @@ def read_rollout_checkpoint(
         raise BundleFormatError(f"{path}: kind: expected {CHECKPOINT_KIND!r}, found {bundle.kind!r}")
     meta = bundle.meta
     version = meta.get("checkpoint_version")
-    if version != CHECKPOINT_VERSION:
+    if type(version) is not int or version not in READABLE_CHECKPOINT_VERSIONS:
         raise BundleFormatError(
-            f"{path}: meta.checkpoint_version: expected {CHECKPOINT_VERSION}, found {version!r}"
+            f"{path}: meta.checkpoint_version: expected one of {list(READABLE_CHECKPOINT_VERSIONS)}, "
+            f"found {version!r}"
         )
     if meta.get("rollout_id") != rollout_id:
         raise BundleFormatError(
             f"{path}: meta.rollout_id: expected {rollout_id}, found {meta.get('rollout_id')!r}"
         )
-    pending_sizes = _check_sizes(meta, "pending_group_sizes", path)
-    completed_sizes = _check_sizes(meta, "completed_group_sizes", path)
-    if sum(pending_sizes) + sum(completed_sizes) != len(bundle):
+    pending_layouts = read_layouts(meta, "pending_group_sizes", path)
+    completed_layouts = read_layouts(meta, "completed_group_sizes", path)
+    recycled_layouts = read_layouts(meta, "recycled_group_sizes", path, required=False)
+    if version == 1 and any(type(x) is not int for x in (*pending_layouts, *completed_layouts)):
+        raise BundleFormatError(f"{path}: meta: nested group layouts need checkpoint_version 2, found 1")
+    declared = sum(layout_sample_count(x) for x in (*pending_layouts, *completed_layouts, *recycled_layouts))
+    if declared != len(bundle):
         raise BundleFormatError(
-            f"{path}: meta: group sizes add up to {sum(pending_sizes) + sum(completed_sizes)} samples, "
-            f"the bundle holds {len(bundle)}"
+            f"{path}: meta: group sizes add up to {declared} samples, the bundle holds {len(bundle)}"
+        )
+    source_state = meta.get("data_source")
+    if source_state is not None and not isinstance(source_state, dict):
+        raise BundleFormatError(
+            f"{path}: meta.data_source: expected an object (the data source's cursor), found {source_state!r}"
         )
     _warn_on_mismatch(args, meta, path)
     if bundle.media:
@@ -117,22 +129,23 @@ def read_rollout_checkpoint(
             _verify_placed_media(path, media_dir, bundle.media)
     else:
         samples = list(bundle.samples(sample_cls=cls))
-    pending: list[list[Any]] = []
-    pos = 0
-    for n in pending_sizes:
-        group = samples[pos : pos + n]
-        for s in group:
-            reset = getattr(s, "reset_for_retry", None)
-            if callable(reset):
-                reset()
-        pending.append(group)
-        pos += n
-    completed = []
-    for n in completed_sizes:
-        completed.append(samples[pos : pos + n])
-        pos += n
+    pending, pos = unflatten_groups(samples, pending_layouts)
+    for group in pending:
+        for item in group:
+            for s in item if type(item) is list else [item]:
+                reset = getattr(s, "reset_for_retry", None)
+                if callable(reset):
+                    reset()
+    completed, pos = unflatten_groups(samples, completed_layouts, pos)
+    recycled, pos = unflatten_groups(samples, recycled_layouts, pos)
     return RolloutCheckpoint(
-        path=path, rollout_id=rollout_id, meta=meta, pending_groups=pending, completed_groups=completed
+        path=path,
+        rollout_id=rollout_id,
+        meta=meta,
+        pending_groups=pending,
+        completed_groups=completed,
+        recycled_groups=recycled,
+        data_source_state=source_state,
     )
 
 

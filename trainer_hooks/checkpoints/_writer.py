@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from argparse import Namespace
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,9 +40,18 @@ from trainer_hooks._sample_bundle import (
     run_meta,
     write_samples_bundle,
 )
+from trainer_hooks.checkpoints._groups import flatten_groups, group_layout
 from trainer_hooks.checkpoints._paths import CHECKPOINT_KIND, CHECKPOINT_VERSION, _require, checkpoint_path
 from trainer_hooks.checkpoints._retention import apply_retention
 from trainer_hooks.checkpoints._snapshot import snapshot_groups
+
+
+def materialize_dicts(group: Any) -> list[Any]:
+    """A group as sample dicts: a journal-restored group not yet decoded (anything with
+    ``load_dicts()``) is decoded now."""
+    load = getattr(group, "load_dicts", None)
+    return load() if callable(load) else group
+
 
 __all__ = ["CheckpointSaveError", "RolloutCheckpointer", "save_rollout_checkpoint"]
 
@@ -55,21 +65,32 @@ class CheckpointSaveError(BundleError):
 def _write_checkpoint(
     args: Namespace,
     rollout_id: int,
-    pending: list[list[dict[Any, Any]]],
-    completed: list[list[dict[Any, Any]]],
+    pending: list[list[Any]],
+    completed: list[list[Any]],
     checks: Sequence[Callable[[], None]] = (),
+    *,
+    recycled: list[list[Any]] | None = None,
+    extra_meta: dict[str, Any] | None = None,
+    on_commit: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:
+    started = time.perf_counter()
     for check in checks:  # the snapshot's deferred checks, before anything is written
         check()
+    # Groups restored from the journal and not trained yet are decoded here, off the caller.
+    pending = [materialize_dicts(g) for g in pending]
+    completed = [materialize_dicts(g) for g in completed]
     dest = checkpoint_path(_require(args, "save", "--save"), rollout_id)
-    meta = {
-        "checkpoint_version": CHECKPOINT_VERSION,
-        "rollout_id": rollout_id,
-        **run_meta(args),
-        "pending_group_sizes": [len(g) for g in pending],
-        "completed_group_sizes": [len(g) for g in completed],
+    layouts = {
+        "pending_group_sizes": [group_layout(g) for g in pending],
+        "completed_group_sizes": [group_layout(g) for g in completed],
     }
-    samples = [s for g in pending for s in g] + [s for g in completed for s in g]
+    if recycled is not None:
+        layouts["recycled_group_sizes"] = [group_layout(g) for g in recycled]
+    extra = dict(extra_meta or {})
+    flat_only = all(type(x) is int for sizes in layouts.values() for x in sizes)
+    version = 1 if flat_only and recycled is None and not extra else CHECKPOINT_VERSION
+    meta = {"checkpoint_version": version, "rollout_id": rollout_id, **run_meta(args), **layouts, **extra}
+    samples = flatten_groups(pending) + flatten_groups(completed) + flatten_groups(recycled or [])
     path = write_samples_bundle(
         dest,
         samples,
@@ -80,21 +101,49 @@ def _write_checkpoint(
         overwrite=True,
         outside_paths=other_run_media_policy(args),
     )
+    if on_commit is not None:
+        on_commit(meta)
     apply_retention(args.save, getattr(args, "keep_rollout_checkpoints", None), keep_id=rollout_id)
+    _log_save(path, meta, len(samples), time.perf_counter() - started)
     return path
+
+
+def _log_save(path: Path, meta: dict[str, Any], samples: int, total_s: float) -> None:
+    """The one log line of a save: what it cost the caller and in all (its meta holds the
+    caller's part and the journal's counters; the total is known only after the commit)."""
+    tele = meta.get("save_telemetry") or {}
+    journal = (meta.get("journal") or {}).get("stats") or {}
+    logger.info(
+        "rollout checkpoint %s: %d samples, %s media file(s) %s bytes, blocked the caller %.1f ms "
+        "(journal barrier %.1f ms), total %.1f ms; journal: %s records, %s bytes, %s flushes, %s media "
+        "linked, %s copied",
+        path,
+        samples,
+        tele.get("media_files", "?"),
+        tele.get("media_bytes", "?"),
+        1e3 * float(tele.get("blocking_s", 0.0)),
+        1e3 * float(tele.get("journal_barrier_s", 0.0)),
+        1e3 * total_s,
+        journal.get("records", 0),
+        journal.get("bytes", 0),
+        journal.get("flushes", 0),
+        journal.get("media_linked", 0),
+        journal.get("media_copied", 0),
+    )
 
 
 def _write_logged(
     args: Namespace,
     rollout_id: int,
-    pending: list[list[dict[Any, Any]]],
-    completed: list[list[dict[Any, Any]]],
+    pending: list[list[Any]],
+    completed: list[list[Any]],
     checks: Sequence[Callable[[], None]],
+    extra: dict[str, Any],
 ) -> Path:
     """:func:`_write_checkpoint` on the worker. A failure is also logged at once: it is raised at
     the next ``save()``/``flush()``, but a process that never calls either still shows it."""
     try:
-        return _write_checkpoint(args, rollout_id, pending, completed, checks)
+        return _write_checkpoint(args, rollout_id, pending, completed, checks, **extra)
     except BaseException as e:
         logger.error(
             "background save of the rollout checkpoint for rollout %s failed (raised at the next "
@@ -120,7 +169,8 @@ def save_rollout_checkpoint(
             ``rollout_processor_args`` are used when present.
         rollout_id: the rollout step; the bundle goes to ``<save>/rollout/fully_async_<id>``.
         pending_groups: prompt groups in flight (resubmitted on resume).
-        completed_groups: finished groups waiting for training.
+        completed_groups: finished groups waiting for training; a group may be nested
+            (``list[list[Sample]]``) and comes back nested.
 
     Returns:
         The committed bundle's path.
@@ -188,16 +238,29 @@ class RolloutCheckpointer:
         self,
         rollout_id: int,
         dest: Path,
-        pending: list[list[dict[Any, Any]]],
-        completed: list[list[dict[Any, Any]]],
+        pending: list[list[Any]],
+        completed: list[list[Any]],
         checks: Sequence[Callable[[], None]] = (),
+        *,
+        recycled: list[list[Any]] | None = None,
+        extra_meta: dict[str, Any] | None = None,
+        on_commit: Callable[[dict[str, Any]], None] | None = None,
     ) -> Future[Path]:
         """Queue already-snapshotted groups (nothing may mutate them afterwards) and the
-        snapshot's deferred checks, which run on the worker before anything is written."""
+        snapshot's deferred checks, which run on the worker before anything is written.
+
+        ``recycled`` (groups waiting in a data source's own buffer) and ``extra_meta`` (JSON
+        values, e.g. a data source's cursor under ``"data_source"``, the journal's state) are
+        merged into the checkpoint (version 2 when present); ``on_commit(meta)`` runs on the
+        worker once the bundle is committed (the journal's compaction).
+        """
+        extra = {"recycled": recycled, "extra_meta": extra_meta, "on_commit": on_commit}
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-checkpoint")
-            fut = self._executor.submit(_write_logged, self.args, rollout_id, pending, completed, checks)
+            fut = self._executor.submit(
+                _write_logged, self.args, rollout_id, pending, completed, checks, extra
+            )
             self._futures.append((rollout_id, dest, fut))
         return fut
 

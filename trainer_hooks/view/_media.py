@@ -25,6 +25,8 @@ from __future__ import annotations
 import base64
 import io
 import os
+import re
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -71,7 +73,7 @@ class Shown:
     error: str | None = None  # why it is not shown
 
 
-def _jpeg(image: Any, width: int, quality: int) -> Picture:
+def _jpeg(image: Any, width: int, quality: int, progressive: bool) -> Picture:
     from PIL import Image
 
     im = image
@@ -87,7 +89,7 @@ def _jpeg(image: Any, width: int, quality: int) -> Picture:
         size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
         im = im.resize(size, Image.Resampling.LANCZOS, reducing_gap=2.0)
     out = io.BytesIO()
-    im.save(out, "JPEG", quality=quality, optimize=True, progressive=True)
+    im.save(out, "JPEG", quality=quality, optimize=True, progressive=progressive)
     uri = "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode("ascii")
     return Picture(uri, im.width, im.height, len(uri))
 
@@ -105,7 +107,8 @@ def _read(bundle: Bundle, name: str, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def _one(bundle: Bundle, name: str, size: int, thumb_width: int, large: Callable[[str], int | None]) -> Shown:
+def _one(bundle: Bundle, name: str, size: int, thumb_width: int, large: Callable[[], int | None],
+         spent: Callable[[int], None]) -> Shown:  # fmt: skip
     where = f"media/{name}"
     if not shown_suffix(name):
         return Shown(name, error=f"{where}: not shown: stored as {os.path.splitext(name)[1] or 'no suffix'!s}, "
@@ -124,14 +127,18 @@ def _one(bundle: Bundle, name: str, size: int, thumb_width: int, large: Callable
     try:
         image = bundles.decode_image(data, where=where)
     except BundleError as e:
-        return Shown(name, error=str(e))
+        # Pillow names the in-memory file by its address; the page names the stored file.
+        return Shown(name, error=re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "the stored bytes", str(e)))
     del data
     with image:
         shown = Shown(name, size=image.size, linkable=True)
-        shown.thumb = _jpeg(image, thumb_width, THUMB_QUALITY)
-        large_width = large(name)
+        # Thumbnails are baseline JPEGs: a page decodes hundreds at load, and baseline decodes
+        # faster; a large view is decoded when opened and is progressive (smaller).
+        shown.thumb = _jpeg(image, thumb_width, THUMB_QUALITY, progressive=False)
+        large_width = large()
         if large_width is not None:
-            shown.large = _jpeg(image, large_width, LARGE_QUALITY)
+            shown.large = _jpeg(image, large_width, LARGE_QUALITY, progressive=True)
+            spent(shown.large.bytes)
     return shown
 
 
@@ -140,20 +147,33 @@ def pictures(
     names: Sequence[str],
     *,
     thumb_width: int,
-    large: Callable[[str], int | None] = lambda name: None,
+    large_width: int = 0,
+    large_budget: int = 0,
     progress: bool | None = None,
 ) -> dict[str, Shown]:
-    """What the page shows of each stored file in ``names`` (distinct names, each read once).
+    """What the page shows of each stored file in ``names`` (each distinct file read once).
 
-    ``large(name)`` gives the width of the large view to inline for ``name``, or None for none.
+    Each gets a thumbnail ``thumb_width`` wide; large views ``large_width`` wide are inlined too
+    while their total stays within ``large_budget`` bytes (of data URI), in the order of
+    ``names`` (the workers may overshoot it by the few views already being encoded).
     """
     sizes = {ref.filename: ref.size for ref in bundle.media}
     out: dict[str, Shown] = {}
+    lock = threading.Lock()
+    left = [large_budget]
+
+    def large() -> int | None:
+        with lock:
+            return large_width if large_width > 0 and left[0] > 0 else None
+
+    def spent(n: int) -> None:
+        with lock:
+            left[0] -= n
 
     def one(name: str) -> Shown:
         if name not in sizes:
             return Shown(name, error=f"media/{name}: not a media file of this bundle")
-        return _one(bundle, name, sizes[name], thumb_width, large)
+        return _one(bundle, name, sizes[name], thumb_width, large, spent)
 
     unique = list(dict.fromkeys(names))
     with (

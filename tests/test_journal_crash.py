@@ -1,0 +1,297 @@
+"""Crash tests of lossless resume (issue 19): a real training run killed with SIGKILL at seeded
+points, resumed from the trainer's last checkpoint, finished, and checked.
+
+A server process imports trainer_hooks once and forks one child per run (a fork of the threaded
+pytest process would be unsafe). A run is a stand-in trainer over :class:`FullyAsyncRolloutFn`
+with ``generate_sample`` (siblings journaled one by one): it restores the step written in its
+``trainer_step`` file (the "weights", written durably after each rollout checkpoint), calls
+``load(step)``, trains the remaining steps, and logs every graded and every trained sample to an
+append-only event log (which a SIGKILL does not lose: it is in the page cache).
+
+Kill points, from a seed (``JOURNAL_CRASH_SEED``; ``JOURNAL_CRASH_POINTS``, default 20):
+during generation (a timer), during append, link, fsync and after it (journal fault points),
+during compaction, during the checkpoint commit (bundle fault points), and during resume itself
+(the resumed run killed while scanning or placing media, then a third run finishes). After each
+trial:
+
+* every sample of the dataset was trained exactly once in the surviving lineage (the steps of a
+  killed run after its restored step are dropped: their weights are gone);
+* no sample graded more than ``interval + 0.5`` s before a kill was generated again;
+* every trained sample's media verify (its digest), and the run finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import trainer_hooks
+
+IMPORT_ROOT = Path(trainer_hooks.__file__).resolve().parents[1]
+SEED = int(os.environ.get("JOURNAL_CRASH_SEED", "20261201"))
+POINTS = int(os.environ.get("JOURNAL_CRASH_POINTS", "20"))
+INTERVAL = 0.05
+GROUPS = 16
+SIZE = 2
+BATCH = 2
+SAVE_EVERY = 3
+TRIAL_TIMEOUT_S = 60
+
+SERVER = textwrap.dedent(
+    """
+    import json, os, sys, time, signal
+    sys.path.insert(0, {repo!r})
+    import asyncio, hashlib, random
+    from bundles import BundleNotFoundError
+    from bundles.support import arm_kill, atomic_write
+    from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, Sample, parse_args, store_media
+    from trainer_hooks.testing import png_bytes
+
+    def child(cfg):
+        arm_kill(cfg.get("point"))
+        d = cfg["dir"]
+        log = os.open(os.path.join(d, "events.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        attempt = cfg["attempt"]
+        def event(**kw):
+            os.write(log, (json.dumps({{"attempt": attempt, "t": time.time(), **kw}}) + "\\n").encode())
+        args = parse_args(["--rollout-batch-size", str(cfg["batch"]), "--shared-media-dir", os.path.join(d, "shared"),
+                           "--run-uuid", f"run-{{attempt}}", "--save", os.path.join(d, "ckpt"),
+                           "--load", os.path.join(d, "ckpt"), "--rollout-journal-interval", str(cfg["interval"]),
+                           "--keep-rollout-checkpoints", "2"])
+        rng = random.Random(cfg["seed"] * 1000 + attempt)
+        groups = [[Sample(group_index=g, index=g * cfg["size"] + i, prompt=f"p{{g}}") for i in range(cfg["size"])]
+                  for g in range(cfg["groups"])]
+        async def gen(args, s):
+            await asyncio.sleep(rng.uniform(0.001, 0.006))
+            ref = store_media(args, png_bytes(8, 8, (s.index % 256, 17, 99)))
+            s.multimodal_inputs = {{"images": [ref]}}
+            s.tokens = list(range(300)) + [s.index]
+            s.reward = float(s.index)
+            s.status = Sample.Status.COMPLETED
+            event(kind="graded", index=s.index)
+            return s
+        step_file = os.path.join(d, "trainer_step")
+        restored = int(open(step_file).read()) if os.path.exists(step_file) else None
+        fn = FullyAsyncRolloutFn(args, ListDataSource(groups), generate_sample=gen, max_in_flight=4)
+        try:
+            fn.load(restored if restored is not None else -1)
+        except BundleNotFoundError:
+            pass  # nothing to resume from: a fresh start
+        event(kind="start", restored=restored)
+        for step in range((restored + 1) if restored is not None else 0, cfg["steps"]):
+            batch = fn(step)
+            bad = []
+            for g in batch:
+                for s in g:
+                    (img,) = s.multimodal_inputs["images"]
+                    if "sha256:" + hashlib.sha256(open(img.path, "rb").read()).hexdigest() != img.digest:
+                        bad.append(s.index)
+            event(kind="trained", step=step, indices=[s.index for g in batch for s in g], bad=bad)
+            time.sleep(0.01)
+            if (step + 1) % cfg["save_every"] == 0:
+                fn.save(step).result()
+                atomic_write(step_file, str(step), durable=True)
+        fn.close()
+        event(kind="done")
+
+    print("ready", flush=True)
+    for line in sys.stdin:
+        cfg = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                child(cfg)
+                code = 0
+            except BaseException as e:
+                import traceback; traceback.print_exc()
+            finally:
+                os._exit(code)
+        delay = cfg.get("kill_after")
+        started = time.time()
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if delay is not None and time.time() - started >= delay:
+                os.kill(pid, signal.SIGKILL)
+                delay = None
+            time.sleep(0.002)
+        print(json.dumps({{"status": os.waitstatus_to_exitcode(status), "t_end": time.time()}}), flush=True)
+    """
+)
+
+JOURNAL_POINTS = [
+    ("journal.append", 40),
+    ("journal.link", 20),
+    ("journal.fsync", 4),
+    ("journal.synced", 4),
+    ("journal.compact", 1),
+    ("write.shard", 2),
+    ("write.manifest", 2),
+    ("commit.before-rename", 2),
+    ("commit.after-rename", 2),
+    ("retention.remove", 1),
+]
+RESUME_POINTS = [("resume.scanned", 1), ("resume.place", 5)]
+
+
+def schedule(seed: int, n: int) -> list[dict[str, Any]]:
+    """Every kind once, then random ones up to ``n``: a timer kill during generation, a fault
+    point of the journal or the checkpoint commit, or a kill during the resume itself."""
+    rng = random.Random(seed)
+    kinds: list[dict[str, Any]] = [{"kill_after": rng.uniform(0.05, 0.35)}]
+    kinds += [{"point": f"{name}@{rng.randint(1, k)}"} for name, k in JOURNAL_POINTS]
+    kinds += [
+        {"kill_after": rng.uniform(0.1, 0.3), "resume_point": f"{n_}@{rng.randint(1, k)}"}
+        for n_, k in RESUME_POINTS
+    ]
+    while len(kinds) < n:
+        r = rng.random()
+        if r < 0.35:
+            kinds.append({"kill_after": rng.uniform(0.03, 0.4)})
+        elif r < 0.85:
+            name, k = rng.choice(JOURNAL_POINTS)
+            kinds.append({"point": f"{name}@{rng.randint(1, k)}"})
+        else:
+            name, k = rng.choice(RESUME_POINTS)
+            kinds.append(
+                {"kill_after": rng.uniform(0.05, 0.3), "resume_point": f"{name}@{rng.randint(1, k)}"}
+            )
+    return kinds[:n]
+
+
+class Server:
+    def __init__(self, tmp_path: Path) -> None:
+        script = tmp_path / "server.py"
+        script.write_text(SERVER.format(repo=str(IMPORT_ROOT)))
+        env = {**os.environ}
+        env.pop("ROLLOUT_BUNDLES_KILL_AT", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        assert self._line(60) == "ready"
+
+    def _line(self, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError(f"crash server: no answer within {timeout}s")
+        line = self.proc.stdout.readline()
+        if not line:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"crash server died: {err[-3000:]}")
+        return line.strip()
+
+    def run(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cfg) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._line(TRIAL_TIMEOUT_S))
+
+    def close(self) -> str:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+
+def read_step(d: Path) -> int | None:
+    f = d / "trainer_step"
+    return int(f.read_text()) if f.exists() else None
+
+
+def check_trial(d: Path, attempts: list[dict[str, Any]], label: str) -> dict[str, float]:
+    events = [json.loads(line) for line in (d / "events.log").read_text().splitlines() if line]
+    by = lambda kind: [e for e in events if e["kind"] == kind]  # noqa: E731
+    final = attempts[-1]["attempt"]
+    assert any(e["attempt"] == final for e in by("done")), f"{label}: the last run did not finish"
+    # The surviving lineage: a killed attempt's steps up to the step its successor restored.
+    lineage: list[int] = []
+    for a in attempts:
+        keep_upto = a.get("restored_after")  # None: the final run, all of its steps count
+        for e in by("trained"):
+            if e["attempt"] == a["attempt"] and (keep_upto is None or e["step"] <= keep_upto):
+                lineage += e["indices"]
+        assert not [e for e in by("trained") if e["attempt"] == a["attempt"] and e["bad"]], (
+            f"{label}: bad media"
+        )
+    assert sorted(lineage) == list(range(GROUPS * SIZE)), f"{label}: not exactly once: {sorted(lineage)}"
+    worst = 0.0
+    for a in attempts[:-1]:
+        later = {e["index"] for e in by("graded") if e["attempt"] > a["attempt"]}
+        for e in by("graded"):
+            if e["attempt"] == a["attempt"] and e["index"] in later:
+                age = a["t_kill"] - e["t"]
+                worst = max(worst, age)
+                assert age <= INTERVAL + 0.5, (
+                    f"{label}: sample {e['index']} graded {age:.3f}s before the kill was generated again"
+                )
+    return {"worst_lost_age_s": worst}
+
+
+def test_sigkill_at_seeded_points_loses_at_most_an_interval_and_trains_every_prompt_once(tmp_path):
+    server = Server(tmp_path)
+    points = schedule(SEED, POINTS)
+    killed = 0
+    worst = 0.0
+    try:
+        for i, point in enumerate(points):
+            d = tmp_path / f"trial{i}"
+            d.mkdir()
+            label = f"trial {i} {point} (JOURNAL_CRASH_SEED={SEED})"
+            base = {
+                "dir": str(d),
+                "interval": INTERVAL,
+                "groups": GROUPS,
+                "size": SIZE,
+                "batch": BATCH,
+                "steps": GROUPS // BATCH,
+                "save_every": SAVE_EVERY,
+                "seed": SEED + i,
+            }
+            attempts: list[dict[str, Any]] = []
+            plan = [{k: v for k, v in point.items() if k in ("kill_after", "point")}]
+            if "resume_point" in point:
+                plan.append({"point": point["resume_point"]})
+            plan.append({})
+            for attempt, kill in enumerate(plan):
+                res = server.run({**base, **kill, "attempt": attempt})
+                entry = {"attempt": attempt, "t_kill": res["t_end"], "status": res["status"]}
+                attempts.append(entry)
+                if res["status"] == -signal.SIGKILL:
+                    killed += 1
+                    entry["restored_after"] = read_step(d) if read_step(d) is not None else -1
+                    continue
+                if res["status"] != 0:
+                    raise AssertionError(
+                        f"{label}: attempt {attempt} exited {res['status']}: {server.close()[-3000:]}"
+                    )
+                break  # the point was not reached: this run finished
+            worst = max(worst, check_trial(d, attempts, label)["worst_lost_age_s"])
+    finally:
+        err = server.close()
+    assert killed >= len(points), f"only {killed} kills for {len(points)} points: {err[-2000:]}"
+    print(
+        f"\n{len(points)} seeded points, {killed} SIGKILLs; worst loss {worst:.3f}s (bound {INTERVAL + 0.5}s)"
+    )

@@ -1,0 +1,927 @@
+"""The rollout journal: every graded sample made durable within a second, off the event loop.
+
+A rollout checkpoint is written only when the trainer saves; the journal covers the time between.
+It lives at ``<save>/rollout/journal/`` beside the checkpoints::
+
+    journal/segment-<first seq:012d>.rjl   append-only record files, oldest first
+    journal/media/<sha256 hex><suffix>      the media the records reference (hard links)
+
+Records
+-------
+A segment starts with ``SEGMENT_MAGIC`` and one length-prefixed msgpack header (``{"lineage",
+"first_seq", "created_at"}``); then records, each framed as::
+
+    "RJR1" | u32 meta_len | u32 body_len | u32 crc32(lengths + meta + body) | meta | body
+
+``meta`` is a small msgpack list ``[seq, kind, at, a, b, media]`` (``seq`` increases by one per
+record across segments; ``at`` the append time; ``media`` the stored file names the body
+references) and ``body`` a zstd frame (level 1) of one value in the bundle codec
+(:func:`bundles.encode_sample`): a sample for ``sample`` records, ``{"samples": [...]}`` for
+groups. Kinds (``a``, ``b``):
+
+* ``take`` (group id, ``{"cursor": state, "n": size}``): a prompt group handed out, as it was
+  handed out, with the data source's cursor after handing it out.
+* ``sample`` (group id, sibling index): one finished, graded sample of a group in flight.
+* ``group`` (group id, size): a group finished; its body holds the group, or is empty when every
+  sibling was journaled as a ``sample`` record already (nothing is written twice).
+* ``consumed`` (training step, [group ids]): groups handed to training for that step.
+* ``recycled`` (group id, ``{"n": size}``): a group handed back to be generated again (its body:
+  the group).
+* ``dropped`` (group id, None): a group that will be neither trained nor regenerated.
+* ``sync`` (-1, fsynced seq): written after each fsync; ``rollout-bundle inspect`` reads the
+  unflushed age from it. Not replayed.
+
+Durability and cost
+-------------------
+``append_*`` runs on the caller's thread (the rollout event loop): it snapshots the values
+(:func:`trainer_hooks.checkpoints.snapshot_groups`: one list copy per token/log-prob list) and
+queues them. One background thread encodes, links media into ``journal/media`` (hard link, else
+copy; run media names are content digests, so nothing is hashed), compresses, appends, and every
+``interval`` seconds fsyncs the new media files, the media directory and the segment, in that
+order. A crash therefore loses at most the records appended in the last ``interval`` seconds
+plus one fsync; the file order is the append order, so what survives is always a prefix. A
+segment is fsynced before the next one is started, so a later segment never survives an earlier
+one's torn tail. ``flush()`` is a barrier: it returns once everything appended before it is
+durable (``save()`` calls it, so consumption records are durable before a trainer checkpoint).
+
+Segments roll over at ``segment_bytes`` and at every checkpoint (``roll()``), so a checkpoint's
+watermark (the last seq its snapshot covers) is a segment boundary. ``compact(seq)`` deletes the
+segments wholly at or before ``seq`` and the media only they referenced. The checkpoint writer
+calls it with the *previous* checkpoint's watermark: one generation of journal is kept, so a
+trainer that restores the older checkpoint's step can still replay what was consumed after it.
+
+Reading (:func:`scan_journal`) keeps record bodies compressed and undecoded (decoding is deferred
+until a group is needed); a torn or corrupt tail ends the scan with one line naming the segment
+and offset, and segments of another lineage (another run's journal) are skipped with one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import mmap
+import os
+import shutil
+import struct
+import threading
+import time
+import uuid
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import zstandard
+
+from bundles import BundleError, MediaRef, sample_encoder
+from bundles.support import atomic_path, fault_point
+from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
+from trainer_hooks.checkpoints._snapshot import snapshot_groups
+
+__all__ = [
+    "JOURNAL_DIR",
+    "JournalError",
+    "JournalRecord",
+    "JournalScan",
+    "RolloutJournal",
+    "journal_dir",
+    "scan_journal",
+]
+
+logger = logging.getLogger(__name__)
+
+JOURNAL_DIR = "journal"
+MEDIA_DIR = "media"
+SEGMENT_PREFIX = "segment-"
+SEGMENT_SUFFIX = ".rjl"
+SEGMENT_MAGIC = b"RBJOURNAL1\n"
+RECORD_MAGIC = b"RJR1"
+_FRAME = struct.Struct("<4sIII")
+_LENGTHS = struct.Struct("<II")
+_U32 = struct.Struct("<I")
+#: Limits when reading (a journal may be damaged): one record's meta and body, a segment header.
+MAX_META_BYTES = 1 << 20
+MAX_BODY_BYTES = 1 << 30
+DEFAULT_SEGMENT_BYTES = 256 << 20
+ZSTD_LEVEL = 1
+
+KINDS = ("take", "sample", "group", "consumed", "recycled", "dropped", "sync")
+
+
+class JournalError(BundleError):
+    """The journal cannot be written or read as asked (names the journal and the record)."""
+
+
+def journal_dir(root: str | os.PathLike[str]) -> Path:
+    """``<root>/rollout/journal``: the journal beside the rollout checkpoints of ``root``."""
+    return Path(os.path.abspath(root)) / CHECKPOINT_SUBDIR / JOURNAL_DIR
+
+
+def _segment_name(first_seq: int, lineage: str, attempt: int = 0) -> str:
+    # ``attempt`` > 0 when a dead writer left a segment starting at the same seq with no complete
+    # record (killed before its first record was whole): names sort by (seq, attempt).
+    return f"{SEGMENT_PREFIX}{first_seq:012d}-{lineage}-{attempt:03d}{SEGMENT_SUFFIX}"
+
+
+def _is_content_name(name: str) -> bool:
+    stem = name.split(".", 1)[0]
+    return len(stem) == 64 and all(c in "0123456789abcdef" for c in stem)
+
+
+def _fsync_path(path: str, *, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class FlushStats:
+    """What one fsync of the journal cost (reported by :meth:`RolloutJournal.stats`)."""
+
+    records: int = 0
+    bytes: int = 0
+    media_linked: int = 0
+    media_copied: int = 0
+    fsync_s: float = 0.0
+    total_s: float = 0.0
+    oldest_unflushed_age_s: float = 0.0
+
+
+@dataclass
+class _Item:
+    seq: int
+    kind: str
+    at: float
+    a: Any
+    b: Any
+    value: Any  # snapshot to encode (None: no body)
+    checks: list[Callable[[], None]] = field(default_factory=list)
+
+
+class RolloutJournal:
+    """Append-only journal of rollout events with batched, background fsync (see module doc).
+
+    Args:
+        directory: the journal directory (:func:`journal_dir` of ``--save``).
+        lineage: the id shared by the checkpoints and journals of one resumable run lineage.
+        interval: seconds between fsyncs (> 0).
+        media_roots: directories whose content-addressed files samples reference (the run's).
+        link: ``"auto"``/``"hardlink"`` link media, ``"copy"`` copies them (``"reflink"`` is
+            treated as ``"auto"``: a hard link is what keeps a file alive past a teardown).
+        first_seq: the seq of the first record (one after the resumed state's last seq).
+        store_image: ``(image, where) -> MediaRef`` storing a PIL image in a media root.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        lineage: str,
+        interval: float = 1.0,
+        media_roots: Sequence[str | os.PathLike[str]] = (),
+        link: str = "auto",
+        first_seq: int = 1,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        store_image: Callable[[Any, str], MediaRef] | None = None,
+        fingerprint: dict[str, Any] | None = None,
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"--rollout-journal-interval: expected > 0 seconds here, found {interval}")
+        self.directory = Path(directory)
+        self.media_dir = self.directory / MEDIA_DIR
+        self.media_dir.mkdir(parents=True, exist_ok=True)
+        self.lineage = lineage
+        self.fingerprint = fingerprint
+        self.interval = float(interval)
+        self.link = link
+        self.segment_bytes = segment_bytes
+        self._store_image = store_image
+        self._roots = tuple(os.path.abspath(r).rstrip(os.sep) + os.sep for r in media_roots)
+        self._next_seq = first_seq
+        self._seq_lock = threading.Lock()
+        self._queue: deque[_Item] = deque()
+        self._wake = threading.Event()
+        self._cond = threading.Condition()
+        self._durable_seq = first_seq - 1  # every record with seq <= this is fsynced
+        self._written_seq = first_seq - 1
+        self._barrier = 0  # a flush() asked for records up to this seq to be durable now
+        self._roll_after: int | None = None  # roll(): records after this seq go to a new segment
+        self._closing = False
+        self._error: BaseException | None = None
+        # segment bookkeeping (writer thread only, except under _cond for stats/compaction)
+        self._fd: int | None = None
+        self._segment: Path | None = None
+        self._segment_size = 0
+        self._segments: dict[Path, tuple[int, int, set[str]]] = {}  # path -> (first, last seq, media)
+        self._media_refs: dict[str, int] = {}  # stored media name -> segments referencing it
+        self._known_media: set[str] = set()
+        self._by_value: dict[str, MediaRef] = {}  # media path string -> its reference (bounded)
+        self._new_media: list[str] = []
+        self._new_dir_entries = False
+        self._unsynced_since: float | None = None
+        self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        self._media_of_item: list[str] = []  # the media names of the record being encoded
+        self._encode = sample_encoder(
+            resolve_string=lambda v, w: self._string_media(v, w, self._media_of_item),
+            string_prefixes=self._roots,
+            resolve_ref=lambda r, w: self._ref_media(r, w, self._media_of_item),
+            store_image=None
+            if store_image is None
+            else lambda im, w: self._image_media(im, w, self._media_of_item),
+        )
+        self._totals: dict[str, Any] = {
+            "records": 0,
+            "bytes": 0,
+            "flushes": 0,
+            "media_linked": 0,
+            "media_copied": 0,
+            "writer_cpu_s": 0.0,
+        }
+        self._batch_stats = FlushStats()
+        self.last_flush = FlushStats()
+        self._adopted = False  # the segments already on disk are indexed at the first compaction
+        self._thread = threading.Thread(target=self._run, name="rollout-journal", daemon=True)
+        self._thread.start()
+
+    # -- caller side (the rollout event loop): snapshot and queue, nothing else ------------------
+    def _push(self, kind: str, a: Any, b: Any, value: Any, checks: list[Callable[[], None]]) -> int:
+        with self._seq_lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            self._queue.append(_Item(seq, kind, time.time(), a, b, value, checks))
+        self._wake.set()
+        return seq
+
+    def _snapshot(self, groups: Iterable[Iterable[Any]], where: str) -> tuple[list[Any], list[Any]]:
+        checks: list[Callable[[], None]] = []
+        return snapshot_groups(groups, where=where, deferred=checks), checks
+
+    def append_take(
+        self, gid: int, group: Iterable[Any], cursor: Any = None, *, snapshot: bool = True
+    ) -> int:
+        """A prompt group handed out (``group`` as the data source gave it) and the cursor after."""
+        if snapshot:
+            (g,), checks = self._snapshot([group], f"take[{gid}]")
+        else:
+            g, checks = list(group), []
+        return self._push("take", gid, {"cursor": cursor, "n": len(g)}, {"samples": g}, checks)
+
+    def append_sample(self, gid: int, sibling: int, sample: Any) -> int:
+        """One finished, graded sample ``sibling`` of group ``gid``."""
+        (g,), checks = self._snapshot([[sample]], f"group[{gid}][{sibling}]")
+        return self._push("sample", gid, sibling, g[0], checks)
+
+    def append_group(self, gid: int, group: Iterable[Any] | None = None, *, snapshot: bool = True) -> int:
+        """Group ``gid`` finished: ``group`` is its samples, or None when every sibling was
+        journaled with :meth:`append_sample` already. ``snapshot=False``: ``group`` is a
+        snapshot already (sample dicts nothing mutates)."""
+        if group is None:
+            return self._push("group", gid, None, None, [])
+        if snapshot:
+            (g,), checks = self._snapshot([group], f"group[{gid}]")
+        else:
+            g, checks = list(group), []
+        return self._push("group", gid, len(g), {"samples": g}, checks)
+
+    def record_consumed(self, step: int, gids: Sequence[int]) -> int:
+        """Groups ``gids`` were handed to training for ``step``."""
+        return self._push("consumed", int(step), [int(g) for g in gids], None, [])
+
+    def append_recycled(self, gid: int, group: Iterable[Any], *, snapshot: bool = True) -> int:
+        """Group ``gid`` was handed back to be generated again (``group``: what to regenerate)."""
+        if snapshot:
+            (g,), checks = self._snapshot([group], f"recycled[{gid}]")
+        else:
+            g, checks = list(group), []
+        return self._push("recycled", gid, {"n": len(g)}, {"samples": g}, checks)
+
+    def append_dropped(self, gid: int) -> int:
+        """Group ``gid`` will be neither trained nor regenerated (filtered, aborted, stale)."""
+        return self._push("dropped", gid, None, None, [])
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the last record appended (0 before any)."""
+        with self._seq_lock:
+            return self._next_seq - 1
+
+    # -- barriers --------------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> int:
+        """Make every record appended so far durable now; returns the durable seq. Raises the
+        writer's failure, if any (a :class:`JournalError`)."""
+        target = self.last_seq
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._barrier = max(self._barrier, target)
+            self._wake.set()
+            while self._durable_seq < target and self._error is None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"{self.directory}: journal flush to seq {target} timed out")
+                self._cond.wait(0.1 if remaining is None else min(0.1, remaining))
+            self._raise_error()
+            return self._durable_seq
+
+    def roll(self) -> int:
+        """Start a new segment for the records appended after this call (a checkpoint's
+        watermark is then a segment boundary); returns the last seq before the boundary."""
+        seq = self.last_seq
+        with self._cond:
+            self._roll_after = seq
+        self._wake.set()
+        return seq
+
+    def compact(self, upto_seq: int) -> tuple[int, int]:
+        """Delete the segments whose records all have seq <= ``upto_seq`` (superseded by a
+        committed checkpoint) and the media only they referenced. Returns (segments, media)
+        deleted. Runs on the caller's thread; the active segment is never deleted."""
+        removed_segments = removed_media = 0
+        if not self._adopted:
+            self._adopt_existing()  # here, off the rollout's path: a resumed journal can be large
+        with self._cond:
+            for path, (first, last, media) in sorted(self._segments.items()):
+                if path == self._segment or last > upto_seq or last < first:
+                    continue
+                fault_point("journal.compact", path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                del self._segments[path]
+                removed_segments += 1
+                for name in media:
+                    left = self._media_refs.get(name, 0) - 1
+                    if left > 0:
+                        self._media_refs[name] = left
+                        continue
+                    self._media_refs.pop(name, None)
+                    self._known_media.discard(name)
+                    try:
+                        os.unlink(self.media_dir / name)
+                        removed_media += 1
+                    except FileNotFoundError:
+                        pass
+        return removed_segments, removed_media
+
+    def stats(self) -> dict[str, Any]:
+        """Totals, the last flush's cost and the current backlog (for meta, logs and inspect)."""
+        with self._cond:
+            now = time.time()
+            oldest = self._queue[0].at if self._queue else self._unsynced_since
+            return {
+                **self._totals,
+                "durable_seq": self._durable_seq,
+                "last_seq": self.last_seq,
+                "segments": len(self._segments),
+                "oldest_unflushed_age_s": 0.0 if oldest is None else round(now - oldest, 6),
+                "last_flush": {
+                    k: round(v, 6) if isinstance(v, float) else v for k, v in vars(self.last_flush).items()
+                },
+            }
+
+    def close(self) -> None:
+        """Flush everything appended, then stop the writer thread (raises its failure)."""
+        try:
+            if self._thread.is_alive():
+                self.flush()
+        finally:
+            with self._cond:
+                self._closing = True
+            self._wake.set()
+            self._thread.join()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise JournalError(
+                f"{self.directory}: the rollout journal's writer failed: {type(self._error).__name__}: "
+                f"{self._error}"
+            ) from self._error
+
+    # -- writer thread ---------------------------------------------------------------------------
+    def _adopt_existing(self) -> None:
+        """Index the segments already on disk (a resumed lineage's) for compaction; runs at the
+        first compaction, on the checkpoint writer's thread."""
+        self._adopted = True
+        with self._cond:
+            known = set(self._segments)
+        for path in sorted(self.directory.glob(f"{SEGMENT_PREFIX}*-{self.lineage}-*{SEGMENT_SUFFIX}")):
+            if path in known:
+                continue  # written by this journal: indexed as it was written
+            scan = scan_journal(self.directory, lineage=self.lineage, decode_bodies=False, only=[path])
+            if not scan.records:
+                continue
+            media: set[str] = set()
+            for r in scan.records:
+                media.update(r.media)
+            with self._cond:
+                self._segments[path] = (scan.records[0].seq, scan.records[-1].seq, media)
+                for name in media:
+                    self._media_refs[name] = self._media_refs.get(name, 0) + 1
+
+    def _run(self) -> None:
+        next_sync = time.monotonic() + self.interval
+        try:
+            while True:
+                timeout = max(0.0, next_sync - time.monotonic())
+                if not self._queue:  # a drain cut short by a due fsync goes on at once
+                    self._wake.wait(timeout if self._unsynced_since is not None else None)
+                self._wake.clear()
+                cpu = time.thread_time()
+                self._drain(next_sync)
+                with self._cond:
+                    closing, barrier = self._closing, self._barrier
+                now = time.monotonic()
+                due = self._unsynced_since is not None and now >= next_sync
+                if due or (barrier > self._durable_seq and self._written_seq >= barrier):
+                    self._sync()
+                    next_sync = time.monotonic() + self.interval
+                elif self._unsynced_since is None:
+                    next_sync = now + self.interval
+                self._totals["writer_cpu_s"] += time.thread_time() - cpu
+                if closing and not self._queue:
+                    if self._unsynced_since is not None:
+                        self._sync()
+                    break
+        except BaseException as e:  # surfaced by flush()/close(); also logged once now
+            logger.error(
+                "%s: the rollout journal's writer failed: %s: %s", self.directory, type(e).__name__, e
+            )
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def _drain(self, sync_at: float) -> None:
+        """Frame and write the queued records; return early when an fsync is due (a caller that
+        appends faster than the writer drains must not postpone durability)."""
+        buf = bytearray()
+        last = None
+        while self._queue and (self._unsynced_since is None or time.monotonic() < sync_at):
+            item = self._queue.popleft()
+            with self._cond:
+                roll_after = self._roll_after
+            roll = roll_after is not None and item.seq > roll_after
+            if roll:
+                with self._cond:
+                    if self._roll_after == roll_after:
+                        self._roll_after = None
+            if self._fd is None or roll or self._segment_size + len(buf) >= self.segment_bytes:
+                self._write(buf, last)
+                buf = bytearray()
+                self._start_segment(item.seq)
+            fault_point("journal.append", item.seq)
+            frame, media = self._frame(item)
+            buf += frame
+            self._note_segment_record(item.seq, media)
+            last = item.seq
+            if len(buf) >= 8 << 20:
+                self._write(buf, last)
+                buf = bytearray()
+        self._write(buf, last)
+
+    def _write(self, buf: bytearray, last: int | None) -> None:
+        if not buf:
+            return
+        assert self._fd is not None
+        view = memoryview(buf)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        self._segment_size += len(buf)
+        self._batch_stats.bytes += len(buf)
+        self._totals["bytes"] += len(buf)
+        if last is not None:
+            self._written_seq = last
+        if self._unsynced_since is None:
+            self._unsynced_since = time.time()
+
+    def _note_segment_record(self, seq: int, media: list[str]) -> None:
+        assert self._segment is not None
+        with self._cond:
+            first, _, names = self._segments[self._segment]
+            self._segments[self._segment] = (first, seq, names)
+            for name in media:
+                if name not in names:
+                    names.add(name)
+                    self._media_refs[name] = self._media_refs.get(name, 0) + 1
+
+    def _start_segment(self, first_seq: int) -> None:
+        self._close_segment()
+        attempt = 0
+        while True:
+            path = self.directory / _segment_name(first_seq, self.lineage, attempt)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+                break
+            except FileExistsError:
+                attempt += 1
+        header = msgpack.packb(
+            {
+                "lineage": self.lineage,
+                "first_seq": first_seq,
+                "created_at": time.time(),
+                "fingerprint": self.fingerprint,
+            }
+        )
+        os.write(fd, SEGMENT_MAGIC + _U32.pack(len(header)) + header)
+        self._fd, self._segment, self._segment_size = fd, path, 0
+        with self._cond:
+            self._segments[path] = (first_seq, first_seq - 1, set())
+        self._new_dir_entries = True
+
+    def _close_segment(self) -> None:
+        if self._fd is None:
+            return
+        # A segment is durable before the next one gets a record: what survives is a prefix.
+        if self._unsynced_since is not None:
+            self._sync()
+        os.close(self._fd)
+        self._fd = None
+        self._segment = None
+
+    def _frame(self, item: _Item) -> tuple[bytes, list[str]]:
+        for check in item.checks:
+            check()
+        media: list[str] = []
+        self._media_of_item = media
+        body = b""
+        if item.value is not None:
+            where = f"{self.directory}: record {item.seq} ({item.kind} {item.a})"
+            body = self._compressor.compress(self._encode(item.value, where))
+        meta = msgpack.packb([item.seq, item.kind, item.at, item.a, item.b, sorted(set(media))])
+        lengths = _LENGTHS.pack(len(meta), len(body))
+        crc = zlib.crc32(body, zlib.crc32(meta, zlib.crc32(lengths)))
+        self._batch_stats.records += 1
+        self._totals["records"] += 1
+        return _FRAME.pack(RECORD_MAGIC, len(meta), len(body), crc) + meta + body, media
+
+    # media: linked into journal/media at append time, so a teardown of the run cannot take them
+    def _string_media(self, value: str, where: str, media: list[str]) -> MediaRef | None:
+        known = self._by_value.get(value)
+        if known is not None and known.filename in self._known_media:
+            media.append(known.filename)  # the same screenshot in many samples: resolved once
+            return known
+        norm = os.path.normpath(value)
+        if not norm.startswith(self._roots) or not os.path.isfile(norm):
+            return None
+        name = os.path.basename(norm)
+        if _is_content_name(name):
+            size = os.stat(norm).st_size
+            ref = MediaRef("sha256:" + name.split(".", 1)[0], size, os.path.splitext(name)[1])
+        else:
+            ref = MediaRef.from_file(norm)
+        self._place(norm, ref, where)
+        if len(self._by_value) < 1 << 16:
+            self._by_value[value] = ref
+        media.append(ref.filename)
+        return ref
+
+    def _ref_media(self, ref: MediaRef, where: str, media: list[str]) -> MediaRef:
+        source = ref.path
+        if source is None:
+            for root in self._roots:
+                if os.path.exists(root + ref.filename):
+                    source = root + ref.filename
+                    break
+        if source is None:
+            if ref.filename not in self._known_media:
+                raise JournalError(f"{where}: MediaRef {ref.digest} has no path and is in no media root")
+        else:
+            self._place(source, ref, where)
+        media.append(ref.filename)
+        return MediaRef(ref.digest, ref.size, ref.suffix)
+
+    def _image_media(self, image: Any, where: str, media: list[str]) -> MediaRef:
+        assert self._store_image is not None
+        return self._ref_media(self._store_image(image, where), where, media)
+
+    def _place(self, source: str, ref: MediaRef, where: str) -> None:
+        name = ref.filename
+        if name in self._known_media:
+            return
+        target = str(self.media_dir / name)
+        fault_point("journal.link", name)
+        linked = False
+        if self.link != "copy":
+            try:
+                os.link(source, target)
+                linked = True
+            except FileExistsError:
+                linked = True
+            except OSError as e:
+                if self.link == "hardlink" or e.errno not in (
+                    errno.EXDEV,
+                    errno.EPERM,
+                    errno.EMLINK,
+                    errno.ENOTSUP,
+                ):
+                    raise JournalError(f"{where}: cannot link {source} into {self.media_dir}: {e}") from None
+        if not linked:
+            # Durability comes with the next flush (its fsync of new media), not per file here.
+            with atomic_path(target, sweep=False) as tmp:
+                shutil.copyfile(source, tmp)
+            self._batch_stats.media_copied += 1
+            self._totals["media_copied"] += 1
+        else:
+            self._batch_stats.media_linked += 1
+            self._totals["media_linked"] += 1
+        self._known_media.add(name)
+        self._new_media.append(target)
+        self._new_dir_entries = True
+
+    def _sync(self) -> None:
+        started = time.monotonic()
+        fault_point("journal.fsync", self._written_seq)
+        for path in self._new_media:
+            _fsync_path(path)  # the linked bytes (run media are not fsynced when stored)
+        if self._new_media or self._new_dir_entries:
+            _fsync_path(str(self.media_dir), directory=True)
+            _fsync_path(str(self.directory), directory=True)
+        self._new_media.clear()
+        self._new_dir_entries = False
+        fsync_started = time.monotonic()
+        if self._fd is not None:
+            os.fdatasync(self._fd)
+        done = time.monotonic()
+        fault_point("journal.synced", self._written_seq)
+        stats = self._batch_stats
+        stats.fsync_s = done - fsync_started
+        stats.total_s = done - started
+        stats.oldest_unflushed_age_s = (
+            0.0 if self._unsynced_since is None else time.time() - self._unsynced_since
+        )
+        self._batch_stats = FlushStats()
+        self._unsynced_since = None
+        durable = self._written_seq
+        if self._fd is not None:  # the sync mark: what inspect reads the unflushed age from
+            meta = msgpack.packb([-1, "sync", time.time(), -1, durable, []])
+            lengths = _LENGTHS.pack(len(meta), 0)
+            crc = zlib.crc32(meta, zlib.crc32(lengths))
+            mark = _FRAME.pack(RECORD_MAGIC, len(meta), 0, crc) + meta
+            os.write(self._fd, mark)
+            self._segment_size += len(mark)
+        with self._cond:
+            self._durable_seq = max(self._durable_seq, durable)
+            self._totals["flushes"] += 1
+            self.last_flush = stats
+            self._cond.notify_all()
+        logger.debug(
+            "rollout journal flush: %d records, %d bytes, %d media linked, %d copied, fsync %.1f ms, "
+            "total %.1f ms, oldest unflushed %.0f ms",
+            stats.records,
+            stats.bytes,
+            stats.media_linked,
+            stats.media_copied,
+            stats.fsync_s * 1e3,
+            stats.total_s * 1e3,
+            stats.oldest_unflushed_age_s * 1e3,
+        )
+
+
+# -- reading -------------------------------------------------------------------------------------
+@dataclass
+class JournalRecord:
+    """One complete record; ``body`` is the compressed codec value (decoded only when needed).
+
+    Records before a segment's last ``sync`` mark were fsynced whole: their checksum is checked
+    when they are decoded (:func:`record_body`), not by the scan; those after it are checked by
+    the scan, since only there can a write have been torn."""
+
+    seq: int
+    kind: str
+    at: float
+    a: Any
+    b: Any
+    media: list[str]
+    body: bytes | memoryview
+    segment: Path
+    crc: int | None = None  # the checksum still to check (None: checked)
+    lengths: bytes = b""
+    meta: bytes | memoryview = b""
+
+
+@dataclass
+class JournalScan:
+    """What :func:`scan_journal` found: complete records in seq order and one line per problem."""
+
+    directory: Path
+    records: list[JournalRecord] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    segments: int = 0
+    bytes: int = 0
+    lineages: set[str] = field(default_factory=set)
+    fingerprint: dict[str, Any] | None = None
+    last_sync_at: float | None = None
+    synced_seq: int = 0
+    torn: bool = False
+
+
+def _segment_paths(directory: Path) -> list[Path]:
+    try:
+        names = sorted(
+            n for n in os.listdir(directory) if n.startswith(SEGMENT_PREFIX) and n.endswith(SEGMENT_SUFFIX)
+        )
+    except FileNotFoundError:
+        return []
+    return [directory / n for n in names]
+
+
+def _map(path: Path) -> Any:
+    """The segment's bytes, memory-mapped (only the pages a scan touches are read)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _header(data: Any, where: str) -> tuple[dict[str, Any] | None, int, str | None]:
+    if len(data) < len(SEGMENT_MAGIC) + 4 or data[: len(SEGMENT_MAGIC)] != SEGMENT_MAGIC:
+        return None, 0, f"{where}: not a rollout journal segment (no header); skipped"
+    pos = len(SEGMENT_MAGIC)
+    (hlen,) = _U32.unpack_from(data, pos)
+    pos += 4
+    try:
+        if hlen > MAX_META_BYTES:
+            raise ValueError("header too large")
+        header = msgpack.unpackb(bytes(data[pos : pos + hlen]), raw=False)
+        if not isinstance(header, dict) or not isinstance(header.get("lineage"), str):
+            raise ValueError("no lineage")
+    except Exception as e:
+        return None, 0, f"{where}: unreadable segment header ({e}); skipped"
+    return header, pos + hlen, None
+
+
+def journal_lineages(directory: str | os.PathLike[str]) -> set[str]:
+    """The lineages of a journal's segments, from their headers only."""
+    out = set()
+    for path in _segment_paths(Path(directory)):
+        header, _, _ = _header(_map(path), str(path))
+        if header is not None:
+            out.add(header["lineage"])
+    return out
+
+
+def _crc(lengths: bytes, meta: Any, body: Any) -> int:
+    return zlib.crc32(body, zlib.crc32(meta, zlib.crc32(lengths)))
+
+
+def scan_journal(
+    directory: str | os.PathLike[str],
+    *,
+    lineage: str | None = None,
+    after_seq: int = 0,
+    decode_bodies: bool = True,
+    only: Sequence[Path] | None = None,
+) -> JournalScan:
+    """Read the complete records of a journal, oldest first, keeping bodies undecoded.
+
+    Segments of a lineage other than ``lineage`` are skipped (one problem line each); records
+    with seq <= ``after_seq`` are not kept. A torn or corrupt record ends its segment (one
+    problem line naming the segment and the byte offset): it and everything after it in that
+    segment were never durable, or are damaged; the next segment is read only if it continues at
+    the next seq (a resumed run's). ``decode_bodies=False`` keeps no bodies (indexing).
+    """
+    directory = Path(directory)
+    scan = JournalScan(directory)
+    expected: int | None = None
+    for path in only if only is not None else _segment_paths(directory):
+        try:
+            data = _map(path)
+        except FileNotFoundError:
+            continue
+        scan.segments += 1
+        scan.bytes += len(data)
+        where = f"{path}"
+        header, pos, problem = _header(data, where)
+        if header is None:
+            scan.problems.append(problem or where)
+            scan.torn = True
+            continue
+        seg_lineage = header["lineage"]
+        scan.lineages.add(seg_lineage)
+        if lineage is None or seg_lineage == lineage:
+            scan.fingerprint = header.get("fingerprint")
+        if lineage is not None and seg_lineage != lineage:
+            scan.problems.append(
+                f"{where}: journal segment of another run lineage ({seg_lineage}, expected {lineage}); ignored"
+            )
+            continue
+        view = memoryview(data)
+        torn = None
+        frames: list[tuple[int, int, int, int, int]] = []  # (start, mlen, blen, crc, end)
+        # Pass 1: the framing and the sync marks, touching only the record headers and metas.
+        while pos < len(data):
+            if len(data) - pos < _FRAME.size:
+                torn = f"{len(data) - pos} trailing bytes, shorter than a record header"
+                break
+            magic, mlen, blen, crc = _FRAME.unpack_from(data, pos)
+            end = pos + _FRAME.size + mlen + blen
+            if magic != RECORD_MAGIC or mlen > MAX_META_BYTES or blen > MAX_BODY_BYTES:
+                torn = "no record header"
+                break
+            if end > len(data):
+                torn = f"record of {mlen + blen} bytes, {len(data) - pos - _FRAME.size} present"
+                break
+            frames.append((pos, mlen, blen, crc, end))
+            pos = end
+        synced_upto = -1  # frames before this index were fsynced (a sync mark follows them)
+        metas: list[Any] = []
+        for i, (start, mlen, blen, crc, _end) in enumerate(frames):
+            meta_b = view[start + _FRAME.size : start + _FRAME.size + mlen]
+            try:
+                meta = msgpack.unpackb(meta_b, raw=False, strict_map_key=False)
+                kind = meta[1]
+            except Exception:
+                meta, kind = None, None
+            if kind == "sync" and blen == 0 and _crc(_LENGTHS.pack(mlen, 0), meta_b, b"") == crc:
+                synced_upto = i
+            metas.append(meta)
+        # Pass 2: records (checksums of the unsynced tail checked now, the others when decoded).
+        for i, (start, mlen, blen, crc, end) in enumerate(frames):
+            lengths = _LENGTHS.pack(mlen, blen)
+            meta_b = view[start + _FRAME.size : start + _FRAME.size + mlen]
+            body = view[start + _FRAME.size + mlen : end]
+            pending_crc: int | None = crc
+            if i > synced_upto:
+                if _crc(lengths, meta_b, body) != crc:
+                    torn, pos = "checksum mismatch", start
+                    break
+                pending_crc = None
+            meta = metas[i]
+            try:
+                seq, kind, at, a, b, media = meta
+            except Exception as e:
+                damaged = pending_crc is not None and _crc(lengths, meta_b, body) != crc
+                torn, pos = "checksum mismatch" if damaged else f"malformed record meta ({e})", start
+                break
+            if kind == "sync":
+                scan.last_sync_at, scan.synced_seq = at, max(scan.synced_seq, int(b))
+                continue
+            if kind not in KINDS or type(seq) is not int:
+                torn, pos = f"unknown record kind {kind!r}", start
+                break
+            if expected is not None and seq != expected:
+                scan.problems.append(
+                    f"{where}: record seq {seq} follows {expected - 1}: a gap; the scan stops here"
+                )
+                scan.torn = True
+                return scan
+            expected = seq + 1
+            if seq > after_seq:
+                scan.records.append(
+                    JournalRecord(
+                        seq,
+                        kind,
+                        at,
+                        a,
+                        b,
+                        list(media),
+                        body if decode_bodies else b"",
+                        path,
+                        pending_crc if decode_bodies else None,
+                        lengths,
+                        meta_b if decode_bodies else b"",
+                    )
+                )
+        if torn is not None:
+            scan.problems.append(
+                f"{where}: torn tail at byte {pos} ({torn}): {len(data) - pos} bytes ignored (never durable); "
+                "the records before it are kept"
+            )
+            scan.torn = True
+            # The next segment continues only if it starts at the next seq (a resumed run's):
+            # the gap check above stops the scan otherwise.
+    return scan
+
+
+def record_body(rec: JournalRecord, where: str) -> bytes:
+    """The codec bytes of a record's body, its checksum checked first if the scan deferred it."""
+    if rec.crc is not None:
+        if _crc(rec.lengths, rec.meta, rec.body) != rec.crc:
+            raise JournalError(f"{where}: checksum mismatch: the record was damaged after it was written")
+        rec.crc = None
+    return decompress_body(rec.body, where)
+
+
+def new_lineage() -> str:
+    """A fresh lineage id (a run that does not resume starts one)."""
+    return uuid.uuid4().hex
+
+
+def decompress_body(body: bytes | memoryview, where: str) -> bytes:
+    """The codec bytes of a record body (bounded by the format's per-sample limit)."""
+    from bundles import UnsafeBundleError
+
+    try:
+        return zstandard.ZstdDecompressor().decompress(bytes(body), max_output_size=MAX_BODY_BYTES)
+    except zstandard.ZstdError as e:
+        raise UnsafeBundleError(f"{where}: record body is not a valid zstd frame: {e}") from None

@@ -1,0 +1,139 @@
+"""``rollout-bundle inspect`` learns the rollout journal (a trainer_hooks addition to a bundles command).
+
+The bundles command knows bundles only; this module (listed in ``trainer_hooks.cli``'s
+``COMMAND_MODULES`` after ``bundles.cli``) wraps its handler, so that:
+
+* ``rollout-bundle inspect <save>/rollout/journal`` (or ``<save>``, or ``<save>/rollout``: paths
+  that hold a journal but are not bundles) shows the journal's state;
+* ``rollout-bundle inspect <save>/rollout/fully_async_N`` shows the bundle as before, then the
+  journal beside it (with ``--json``: one object, the journal under ``"journal"``).
+
+The state, per run lineage: segments, complete records by kind, bytes, the seq range, the last
+fsync (from the journal's ``sync`` marks), the records appended after it and the age of the oldest
+of them (what a crash now would lose), the media it holds, and any torn tail or foreign segment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from bundles import is_bundle
+from bundles.support import human_bytes
+from trainer_hooks.checkpoints._journal import JOURNAL_DIR, MEDIA_DIR, scan_journal
+from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
+
+__all__ = ["journal_state", "register"]
+
+
+def _find_journal(path: Path) -> Path | None:
+    for candidate in (
+        path,
+        path / JOURNAL_DIR,
+        path / CHECKPOINT_SUBDIR / JOURNAL_DIR,
+        path.parent / JOURNAL_DIR,
+    ):
+        if candidate.name == JOURNAL_DIR and candidate.is_dir():
+            return candidate
+    return None
+
+
+def journal_state(directory: str | os.PathLike[str], *, now: float | None = None) -> dict[str, Any]:
+    """The journal's state as ``inspect`` prints it (see the module docstring)."""
+    directory = Path(directory)
+    now = time.time() if now is None else now
+    lineages = sorted(scan_journal(directory, decode_bodies=False).lineages)
+    out: dict[str, Any] = {"path": str(directory), "lineages": []}
+    media = directory / MEDIA_DIR
+    files = [e for e in os.scandir(media) if e.is_file(follow_symlinks=False)] if media.is_dir() else []
+    out["media_files"] = len(files)
+    out["media_bytes"] = sum(e.stat(follow_symlinks=False).st_size for e in files)
+    for lineage in lineages:
+        scan = scan_journal(directory, lineage=lineage, decode_bodies=False)
+        kinds: dict[str, int] = {}
+        for r in scan.records:
+            kinds[r.kind] = kinds.get(r.kind, 0) + 1
+        unflushed = [r for r in scan.records if r.seq > scan.synced_seq]
+        out["lineages"].append(
+            {
+                "lineage": lineage,
+                "segments": scan.segments,
+                "bytes": scan.bytes,
+                "records": len(scan.records),
+                "records_by_kind": kinds,
+                "first_seq": scan.records[0].seq if scan.records else None,
+                "last_seq": scan.records[-1].seq if scan.records else None,
+                "synced_seq": scan.synced_seq,
+                "last_sync_age_s": None if scan.last_sync_at is None else round(now - scan.last_sync_at, 3),
+                "unflushed_records": len(unflushed),
+                "oldest_unflushed_age_s": round(now - unflushed[0].at, 3) if unflushed else 0.0,
+                "problems": [p for p in scan.problems if "another run lineage" not in p],
+            }
+        )
+    return out
+
+
+def _print_state(state: dict[str, Any]) -> None:
+    print(f"journal       {state['path']}")
+    print(f"media         {state['media_files']} file(s), {human_bytes(state['media_bytes'])}")
+    if not state["lineages"]:
+        print("records       none")
+    for lin in state["lineages"]:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(lin["records_by_kind"].items())) or "none"
+        print(f"lineage       {lin['lineage']}: {lin['segments']} segment(s), {human_bytes(lin['bytes'])}")
+        print(f"records       {lin['records']} (seq {lin['first_seq']}..{lin['last_seq']}): {kinds}")
+        age = "never" if lin["last_sync_age_s"] is None else f"{lin['last_sync_age_s']:.1f} s ago"
+        print(
+            f"durable       up to seq {lin['synced_seq']} (last fsync {age}); {lin['unflushed_records']} record(s) "
+            f"after it, oldest {lin['oldest_unflushed_age_s']:.1f} s old"
+        )
+        for p in lin["problems"]:
+            print(f"problem       {p}")
+
+
+def _wrap(original: Any) -> Any:
+    def inspect(ns: argparse.Namespace) -> int:
+        path = Path(ns.bundle)
+        journal = _find_journal(path) if path.is_dir() else None
+        if journal is None:
+            return int(original(ns))
+        state = journal_state(journal)
+        if not is_bundle(path):
+            if ns.json:
+                print(json.dumps({"journal": state}, indent=2, sort_keys=True))
+            else:
+                _print_state(state)
+            return 0
+        if ns.json:
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                status = int(original(ns))
+            info = json.loads(buf.getvalue())
+            info["journal"] = state
+            print(json.dumps(info, indent=2, sort_keys=True))
+            return status
+        status = int(original(ns))
+        print()
+        _print_state(state)
+        return status
+
+    return inspect
+
+
+def register(subparsers: Any) -> None:
+    """Wrap the ``inspect`` command that ``bundles.cli`` registered (no new subcommand)."""
+    parser = subparsers.choices.get("inspect")
+    if parser is None:
+        return
+    parser.set_defaults(func=_wrap(parser.get_default("func")))
+    parser.description = (parser.description or "") + (
+        " Pointed at a rollout journal (<save>/rollout/journal, or a checkpoint directory holding one), "
+        "or at a rollout checkpoint beside one, it also shows the journal: records, bytes, the last fsync "
+        "and the age of the oldest record not yet durable."
+    )

@@ -1,0 +1,642 @@
+"""The rollout ledger: group ids, the journal, checkpoint watermarks and recovery, in one place.
+
+One implementation serves :class:`trainer_hooks.FullyAsyncRolloutFn` and the Miles plugins
+(``trainer_hooks.miles``): whatever holds the rollout state calls, *under its own state lock*,
+
+* :meth:`RolloutLedger.take` when the data source hands out a prompt group (returns its group id),
+* :meth:`RolloutLedger.append_sample` for each finished, graded sibling and
+  :meth:`RolloutLedger.append_group` when the group is finished,
+* :meth:`RolloutLedger.record_consumed` when groups are handed to training step ``step``, and
+  :meth:`RolloutLedger.append_recycled` when a group is handed back for regeneration;
+* :meth:`RolloutLedger.flush` before a checkpoint (a durability barrier), then
+  :meth:`RolloutLedger.checkpoint_meta` inside the snapshot (same lock), and passes
+  :meth:`RolloutLedger.committed` to the checkpoint writer as its commit callback;
+* :meth:`RolloutLedger.recover` on load.
+
+Each call on the rollout side is a snapshot and a queue push (see :mod:`._journal`); the lock
+makes "state changed" and "record appended" one step, so a checkpoint's watermark (the last seq
+its snapshot covers) is exact.
+
+Recovery (exactly once in the lineage of the weights that survive)
+------------------------------------------------------------------
+``recover(restored_step)`` takes the newest committed checkpoint with ``rollout_id <=
+restored_step`` (the trainer's restored step; None: the newest), checks its fingerprint, then
+replays the complete journal records after its watermark (``sample`` records of its in-flight
+groups from the previous watermark on, so finished siblings survive a checkpoint too):
+
+* a ``take`` makes a group in flight (its prompt as handed out; the cursor moves with it);
+* ``sample`` records are its finished siblings: they keep their results, only the others
+  regenerate; a ``group`` record completes it (it goes back to the buffer);
+* ``consumed`` at a step <= ``restored_step`` removes groups for good (trained into surviving
+  weights); consumed after it, they come back to the buffer first, generations kept.
+
+A torn tail is ignored; a record whose media are missing from ``journal/media`` is dropped (its
+sibling or group regenerates); segments of another lineage are ignored; each is one log line.
+Completed groups stay encoded (:class:`LazyGroup`) until training takes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+from argparse import Namespace
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bundles import (
+    BundleFormatError,
+    BundleNotFoundError,
+    BundleVerificationError,
+    MediaRef,
+    decode_sample,
+    is_store_url,
+)
+from bundles.support import atomic_path, fault_point
+from trainer_hooks._sample import register_record_types, resolve_sample_cls
+from trainer_hooks._sample_bundle import run_media_roots
+from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
+from trainer_hooks.checkpoints._journal import (
+    MEDIA_DIR,
+    JournalRecord,
+    RolloutJournal,
+    journal_dir,
+    journal_lineages,
+    new_lineage,
+    record_body,
+    scan_journal,
+)
+from trainer_hooks.checkpoints._paths import checkpoint_path, list_rollout_checkpoints
+from trainer_hooks.checkpoints._reader import RolloutCheckpoint, read_rollout_checkpoint
+from trainer_hooks.run_media import ensure_run_dir
+
+__all__ = ["DEFAULT_JOURNAL_INTERVAL", "LazyGroup", "RecoveredGroup", "RecoveredState", "RolloutLedger"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_JOURNAL_INTERVAL = 1.0
+
+
+def journal_interval(args: Namespace) -> float:
+    value = getattr(args, "rollout_journal_interval", None)
+    interval = DEFAULT_JOURNAL_INTERVAL if value is None else float(value)
+    if interval > 0 and any(is_store_url(getattr(args, n, None)) for n in ("save", "load")):
+        # The journal is an append log in a local directory beside the checkpoints; with
+        # checkpoints on an object store there is no such directory: checkpoints only.
+        if value is not None:
+            logger.warning(
+                "--rollout-journal-interval %s: ignored, --save/--load is an object-store URL", value
+            )
+        return 0.0
+    return interval
+
+
+class _Placer:
+    """Places journal media into the current run's directory (hard link, else copy) and, when
+    asked, hashes them there; one per recovery."""
+
+    def __init__(self, args: Namespace, source: Path, verify: bool) -> None:
+        self.args = args
+        self.source = source
+        self.verify = verify
+        self.placed: dict[str, MediaRef] = {}
+
+    def refs(self, names: Iterable[str], where: str) -> dict[str, MediaRef]:
+        out = {}
+        for name in names:
+            ref = self.placed.get(name)
+            if ref is None:
+                ref = self.placed[name] = self._place(name, where)
+            out[name] = ref
+        return out
+
+    def _place(self, name: str, where: str) -> MediaRef:
+        fault_point("resume.place", name)
+        src = self.source / name
+        run_dir = ensure_run_dir(self.args)
+        dst = run_dir / name
+        if not dst.exists():
+            try:
+                os.link(src, dst)
+            except FileExistsError:
+                pass
+            except OSError:  # another filesystem: copy
+                with atomic_path(dst, sweep=False) as tmp:
+                    shutil.copyfile(src, tmp)
+        size = dst.stat().st_size
+        ref = MediaRef("sha256:" + name.split(".", 1)[0], size, os.path.splitext(name)[1], str(dst))
+        if self.verify:
+            found = MediaRef.from_file(dst)
+            if found.digest != ref.digest:
+                raise BundleVerificationError(
+                    dst,
+                    [
+                        f"{dst}: digest: expected {ref.digest}, found {found.digest} (restored from {src}, {where})"
+                    ],
+                )
+        return ref
+
+
+class LazyGroup:
+    """A finished group restored from the journal, decoded when training takes it."""
+
+    __slots__ = ("_bodies", "_dicts", "_placer", "_sample_cls", "gid")
+
+    def __init__(
+        self, gid: int, bodies: list[tuple[JournalRecord, bool]], placer: _Placer, sample_cls: Any
+    ) -> None:
+        self.gid = gid
+        self._bodies = bodies  # (record, holds the whole group)
+        self._placer = placer
+        self._sample_cls = sample_cls
+        self._dicts: list[Any] | None = None
+
+    def __len__(self) -> int:
+        return sum(int(r.b) if whole else 1 for r, whole in self._bodies)
+
+    def load_dicts(self) -> list[Any]:
+        """The group's sample dicts (media placed in the current run's directory)."""
+        if self._dicts is None:
+            out: list[Any] = []
+            for rec, whole in self._bodies:
+                value = _decode(rec, self._placer)
+                out.extend(value["samples"] if whole else [value])
+            self._dicts = out
+        return self._dicts
+
+    def __iter__(self) -> Any:
+        return iter(self.load())
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.load()[i]
+
+    def __repr__(self) -> str:
+        return f"LazyGroup(gid={self.gid}, samples={len(self)})"
+
+    def load(self) -> list[Any]:
+        """The group's samples, built with the loader's sample class."""
+        where = self._bodies[0][0].segment if self._bodies else Path()
+        return [_build(s, self._sample_cls, where) for s in self.load_dicts()]
+
+
+def _decode(rec: JournalRecord, placer: _Placer) -> Any:
+    where = f"{rec.segment}: record {rec.seq} ({rec.kind})"
+    return decode_sample(record_body(rec, where), placer.refs(rec.media, where), where=where)
+
+
+def _build(d: Any, cls: Any, where: Path) -> Any:
+    if type(d) is list:  # a nested group's trajectory (Miles' list[list[Sample]])
+        return [_build(x, cls, where) for x in d]
+    if cls is dict or not isinstance(d, dict):
+        return d
+    return cls.from_dict(d)
+
+
+def materialize(group: Any) -> list[Any]:
+    """A buffered group as samples (a :class:`LazyGroup` is decoded now)."""
+    return group.load() if isinstance(group, LazyGroup) else group
+
+
+@dataclass
+class RecoveredGroup:
+    """A group in flight at the crash: its prompt as handed out and its finished siblings."""
+
+    gid: int
+    prompt: list[Any]
+    done: dict[int, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RecoveredState:
+    """What :meth:`RolloutLedger.recover` restores."""
+
+    checkpoint: Path | None
+    rollout_id: int | None
+    pending: list[RecoveredGroup] = field(default_factory=list)
+    completed: list[tuple[int, Any]] = field(default_factory=list)  # (gid, list or LazyGroup)
+    cursor: Any = None
+    problems: list[str] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    #: fingerprint fields that differ and were accepted (--resume-accept-changes)
+    accepted: list[str] = field(default_factory=list)
+
+
+class RolloutLedger:
+    """See the module docstring. ``prompts``: the dataset's size, for the fingerprint."""
+
+    def __init__(self, args: Namespace, *, prompts: int | None = None, store_image: Any = None) -> None:
+        self.args = args
+        self.interval = journal_interval(args)
+        if self.interval < 0:
+            raise ValueError(f"--rollout-journal-interval: expected >= 0 seconds, found {self.interval}")
+        self.enabled = self.interval > 0 and getattr(args, "save", None) is not None
+        self.lineage = new_lineage()
+        self.prompts = prompts
+        self._store_image = store_image
+        self._next_gid = 0
+        self._first_seq = 1
+        self._compacted_upto = 0  # the seq the previous committed checkpoint covers
+        self.journal: RolloutJournal | None = None
+        self._last_checkpoint_stats: dict[str, Any] | None = None
+        self._quiet = False
+
+    # -- the journal -------------------------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        return run_fingerprint(self.args, prompts=self.prompts)
+
+    def open(self) -> RolloutJournal | None:
+        """Start the journal (no-op when disabled or started)."""
+        if self.journal is None and self.enabled:
+            register_record_types()  # before the journal's encoder is made
+            self.journal = RolloutJournal(
+                journal_dir(self.args.save),
+                lineage=self.lineage,
+                interval=self.interval,
+                media_roots=[str(r) for r in run_media_roots(self.args)],
+                link=getattr(self.args, "bundle_link_mode", None) or "auto",
+                first_seq=self._first_seq,
+                store_image=self._store_image,
+                fingerprint=self.fingerprint(),
+            )
+        return self.journal
+
+    @property
+    def next_gid(self) -> int:
+        """The id the next new group gets (after a resume: past every id the lineage used)."""
+        return self._next_gid
+
+    def new_gid(self) -> int:
+        gid = self._next_gid
+        self._next_gid += 1
+        return gid
+
+    def take(self, group: Sequence[Any], cursor: Any = None, *, snapshot: bool = True) -> int:
+        """A group handed out; returns its id. ``snapshot=False``: ``group`` is a snapshot
+        already (sample dicts nothing mutates)."""
+        gid = self.new_gid()
+        journal = self.open()
+        if journal is not None:
+            journal.append_take(gid, group, cursor, snapshot=snapshot)
+        return gid
+
+    def append_sample(self, gid: int, sibling: int, sample: Any) -> None:
+        journal = self.open()
+        if journal is not None:
+            journal.append_sample(gid, sibling, sample)
+
+    def append_group(self, gid: int, group: Sequence[Any] | None = None) -> None:
+        journal = self.open()
+        if journal is not None:
+            journal.append_group(gid, group)
+
+    def record_consumed(self, step: int, gids: Sequence[int]) -> None:
+        journal = self.open()
+        if journal is not None and gids:
+            journal.record_consumed(step, gids)
+
+    def append_recycled(self, gid: int, group: Sequence[Any]) -> None:
+        journal = self.open()
+        if journal is not None:
+            journal.append_recycled(gid, group)
+
+    def flush(self) -> float:
+        """Durability barrier (everything appended is fsynced); returns the seconds it blocked."""
+        started = time.perf_counter()
+        if self.journal is not None:
+            self.journal.flush()
+        return time.perf_counter() - started
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def checkpoint_meta(
+        self,
+        pending_gids: Sequence[int],
+        completed_gids: Sequence[int],
+        cursor: Any,
+        recycled_gids: Sequence[int] | None = None,
+    ) -> dict[str, Any]:
+        """The ledger's part of a checkpoint's meta; call inside the snapshot (state lock held)."""
+        watermark = self.journal.roll() if self.journal is not None else self._first_seq - 1
+        ids = (*pending_gids, *completed_gids, *(recycled_gids or ()))
+        self._next_gid = max([self._next_gid, *(g + 1 for g in ids)])
+        return {
+            **({"recycled_group_ids": list(recycled_gids)} if recycled_gids is not None else {}),
+            "journal": {
+                "lineage": self.lineage,
+                "watermark": watermark,
+                "compacted_upto": self._compacted_upto,
+                "next_gid": self._next_gid,
+                "interval_s": self.interval,
+                **({"stats": self.journal.stats()} if self.journal is not None else {}),
+            },
+            "pending_group_ids": list(pending_gids),
+            "completed_group_ids": list(completed_gids),
+            "data_source_cursor": cursor,
+            "fingerprint": self.fingerprint(),
+        }
+
+    def committed(self, meta: dict[str, Any]) -> None:
+        """The checkpoint holding ``meta`` committed: compact the journal one generation behind."""
+        info = meta.get("journal") or {}
+        watermark = int(info.get("watermark", 0))
+        if self.journal is not None:
+            segments, media = self.journal.compact(self._compacted_upto)
+            if segments:
+                logger.info(
+                    "rollout journal: %d segment(s) and %d media file(s) superseded by checkpoints deleted",
+                    segments,
+                    media,
+                )
+        self._compacted_upto = max(self._compacted_upto, watermark)
+
+    # -- the Miles plugins' RolloutState --------------------------------------------------------------
+    def attach(self, state: Any) -> None:
+        """Journal the events of a :class:`~trainer_hooks.checkpoints.RolloutState` (its listener
+        hook) and give its ``save`` this ledger's barrier, meta and compaction (``state.ledger``)."""
+        state.ledger = self
+        state.add_listener(self._on_event)
+
+    def _on_event(self, event: str, **p: Any) -> None:
+        if self._quiet or not self.enabled:
+            return
+        journal = self.open()
+        assert journal is not None
+        if event == "handed_out":
+            for gid, snap in zip(p["gids"], p["snapshots"], strict=True):
+                journal.append_take(gid, snap, p.get("cursor"), snapshot=False)
+        elif event == "finished":
+            journal.append_group(p["gid"], p["snapshot"], snapshot=False)
+        elif event == "consumed":
+            journal.record_consumed(p["step"], [p["gid"]])
+        elif event == "recycled":
+            for gid, snap in zip(p["gids"], p["snapshots"], strict=True):
+                journal.append_recycled(gid, snap, snapshot=False)
+        elif event == "dropped":
+            journal.append_dropped(p["gid"])
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Events inside are not journaled (groups put back by a resume are in the journal already)."""
+        self._quiet = True
+        try:
+            yield
+        finally:
+            self._quiet = False
+
+    def close(self) -> None:
+        if self.journal is not None:
+            journal, self.journal = self.journal, None
+            journal.close()
+            self._first_seq = journal.last_seq + 1
+
+    # -- recovery ----------------------------------------------------------------------------------
+    def recover(
+        self,
+        restored_step: int | None,
+        *,
+        sample_cls: Any = None,
+        verify_media: bool | None = None,
+        exact: bool = False,
+    ) -> RecoveredState:
+        """Restore from ``--load``: the newest checkpoint at or before ``restored_step`` plus the
+        journal after it (see the module docstring). ``exact``: the checkpoint of exactly
+        ``restored_step`` must exist (the behaviour without a journal)."""
+        started = time.perf_counter()
+        args = self.args
+        load = getattr(args, "load", None)
+        if load is None:
+            raise ValueError("--load is not set: expected a checkpoint directory")
+        cls = resolve_sample_cls(sample_cls)
+        register_record_types()
+        verify = verify_media if verify_media is not None else getattr(args, "resume_verify_media", True)
+        found = list_rollout_checkpoints(load)
+        use_journal = self.interval > 0
+        if exact or not use_journal:
+            # Without a journal, the checkpoint asked for must exist (BundleNotFoundError if not).
+            rid: int | None = restored_step if restored_step is not None else max(found, default=0)
+        else:
+            rid = max((r for r in found if restored_step is None or r <= restored_step), default=None)
+        ckpt: RolloutCheckpoint | None = None
+        if rid is not None:
+            ckpt = read_rollout_checkpoint(args, rid, sample_cls=cls, verify_media=verify)
+            if restored_step is not None and rid != restored_step:
+                logger.info(
+                    "%s: the newest rollout checkpoint at or before step %s", ckpt.path, restored_step
+                )
+        state = RecoveredState(ckpt.path if ckpt else None, ckpt.rollout_id if ckpt else None)
+        now_fp = self.fingerprint()
+        info: dict[str, Any] = {}
+        if ckpt is not None:
+            state.meta = ckpt.meta
+            state.accepted += check_fingerprint(
+                ckpt.meta.get("fingerprint"), now_fp, where=str(ckpt.path), args=args
+            )
+            info = ckpt.meta.get("journal") or {}
+            state.cursor = ckpt.meta.get("data_source_cursor", ckpt.data_source_state)
+            pending_ids = ckpt.meta.get("pending_group_ids") or list(range(len(ckpt.pending_groups)))
+            completed_ids = ckpt.meta.get("completed_group_ids") or [
+                len(pending_ids) + i for i in range(len(ckpt.completed_groups))
+            ]
+            recycled_ids = ckpt.meta.get("recycled_group_ids") or [
+                len(pending_ids) + len(completed_ids) + i for i in range(len(ckpt.recycled_groups))
+            ]
+            for key, ids, groups in (
+                ("pending_group_ids", pending_ids, ckpt.pending_groups),
+                ("completed_group_ids", completed_ids, ckpt.completed_groups),
+                ("recycled_group_ids", recycled_ids, ckpt.recycled_groups),
+            ):
+                if len(ids) != len(groups) or not all(type(i) is int for i in ids):
+                    raise BundleFormatError(
+                        f"{ckpt.path}: meta.{key}: expected {len(groups)} group ids (ints), found {ids!r}"
+                    )
+            pending = {
+                gid: RecoveredGroup(gid, g) for gid, g in zip(pending_ids, ckpt.pending_groups, strict=True)
+            }
+            # Recycled groups regenerate after the in-flight ones, like them.
+            pending.update(
+                (gid, RecoveredGroup(gid, g))
+                for gid, g in zip(recycled_ids, ckpt.recycled_groups, strict=True)
+            )
+            completed: dict[int, Any] = dict(zip(completed_ids, ckpt.completed_groups, strict=True))
+            next_gid = int(info.get("next_gid", len(pending_ids) + len(completed_ids) + len(recycled_ids)))
+        else:
+            pending, completed, next_gid = {}, {}, 0
+        lineage = info.get("lineage")
+        watermark = int(info.get("watermark", 0))
+        earlier = int(info.get("compacted_upto", watermark))
+        consumed: dict[int, tuple[int, Any]] = {}
+        replayed = dropped = 0
+        jdir = journal_dir(load)
+        placer = _Placer(args, jdir / MEDIA_DIR, verify)
+        if use_journal and (ckpt is None or lineage is not None):
+            if ckpt is None:
+                lineage = self._only_lineage(jdir, state)
+            if lineage is not None:
+                scan = scan_journal(jdir, lineage=lineage, after_seq=min(earlier, watermark))
+                fault_point("resume.scanned", len(scan.records))
+                state.problems += scan.problems
+                if ckpt is None and scan.fingerprint is not None:
+                    state.accepted += check_fingerprint(scan.fingerprint, now_fp, where=str(jdir), args=args)
+                records = scan.records
+                after = next((r.seq for r in records if r.seq > watermark), None)
+                if after is not None and after != watermark + 1:
+                    state.problems.append(
+                        f"{jdir}: the journal resumes at record {after}, the checkpoint covers up to "
+                        f"{watermark}: the records in between are gone, so the journal is not replayed"
+                    )
+                    records = [r for r in records if r.seq <= watermark]
+                media_ok = self._media_check(jdir, records, state)
+                for rec in records:
+                    if rec.seq <= watermark:
+                        # Between the previous checkpoint and this one: only the finished siblings
+                        # of groups this checkpoint holds in flight (it saved them as prompts).
+                        if rec.kind == "sample" and rec.a in pending and media_ok(rec):
+                            pending[rec.a].done[int(rec.b)] = rec
+                        continue
+                    replayed += 1
+                    next_gid = max(
+                        next_gid,
+                        (rec.a + 1) if rec.kind in ("take", "sample", "group", "recycled", "dropped") else 0,
+                    )
+                    if not media_ok(rec):
+                        dropped += 1
+                        if rec.kind in ("take", "recycled"):
+                            continue  # its prompt's media are gone: nothing to regenerate from
+                        if rec.kind != "group":
+                            continue
+                    if rec.kind == "take":
+                        pending[rec.a] = RecoveredGroup(rec.a, [rec])
+                        state.cursor = (rec.b or {}).get("cursor", state.cursor)
+                    elif rec.kind == "sample":
+                        if rec.a in pending:
+                            pending[rec.a].done[int(rec.b)] = rec
+                    elif rec.kind == "group":
+                        group = pending.pop(rec.a, None)
+                        if not media_ok(rec):
+                            if group is not None:
+                                group.done.clear()
+                                pending[rec.a] = group  # regenerate it whole
+                            continue
+                        if rec.b is not None:
+                            completed[rec.a] = LazyGroup(rec.a, [(rec, True)], placer, cls)
+                        elif group is not None and group.done and len(group.done) == _size(group):
+                            completed[rec.a] = LazyGroup(
+                                rec.a, [(group.done[i], False) for i in sorted(group.done)], placer, cls
+                            )
+                        elif group is not None:
+                            pending[rec.a] = group
+                    elif rec.kind == "consumed":
+                        for gid in rec.b:
+                            if gid in completed:
+                                consumed[gid] = (int(rec.a), completed.pop(gid))
+                    elif rec.kind == "recycled":
+                        completed.pop(rec.a, None)
+                        consumed.pop(rec.a, None)
+                        pending.pop(rec.a, None)  # re-queued behind the groups in flight
+                        pending[rec.a] = RecoveredGroup(rec.a, [rec])
+                    elif rec.kind == "dropped":
+                        pending.pop(rec.a, None)
+                        completed.pop(rec.a, None)
+                last = scan.records[-1].seq if scan.records else 0
+                self._first_seq = max(self._first_seq, last + 1, watermark + 1)
+            self.lineage = lineage or self.lineage
+        elif ckpt is not None:
+            self._first_seq = watermark + 1
+            if lineage is not None:
+                self.lineage = lineage
+        if ckpt is None and not replayed:
+            raise BundleNotFoundError(
+                f"{checkpoint_path(load, max(restored_step or 0, 0))}: no rollout checkpoint at or before step "
+                f"{restored_step} and no journal records in {jdir} to resume from"
+            )
+        self._compacted_upto = earlier if ckpt is not None else 0
+        self._next_gid = max(self._next_gid, next_gid)
+        # Consumed after the restored step: trained into weights that are gone; back first.
+        back = [
+            (gid, g)
+            for gid, (step, g) in consumed.items()
+            if restored_step is not None and step > restored_step
+        ]
+        state.completed = back + list(completed.items())
+        for group in pending.values():
+            group.prompt = self._prompt(group.prompt, placer, cls)
+            group.done = {
+                i: _build(_decode(r, placer), cls, r.segment) if isinstance(r, JournalRecord) else r
+                for i, r in group.done.items()
+            }
+        state.pending = list(pending.values())
+        for line in state.problems:
+            logger.warning("%s", line)
+        state.stats = {
+            "records_replayed": replayed,
+            "records_dropped": dropped,
+            "groups_in_flight": len(state.pending),
+            "siblings_kept": sum(len(g.done) for g in state.pending),
+            "groups_completed": len(state.completed),
+            "groups_returned": len(back),
+            "load_s": round(time.perf_counter() - started, 6),
+        }
+        logger.info(
+            "resumed from %s and %d journal record(s): %d group(s) in flight (%d finished sibling(s) kept), "
+            "%d completed (%d consumed after step %s came back), %d record(s) dropped, %.3f s",
+            state.checkpoint or "no checkpoint",
+            replayed,
+            len(state.pending),
+            state.stats["siblings_kept"],
+            len(state.completed),
+            len(back),
+            restored_step,
+            dropped,
+            state.stats["load_s"],
+        )
+        return state
+
+    def _only_lineage(self, jdir: Path, state: RecoveredState) -> str | None:
+        lineages = journal_lineages(jdir)
+        if len(lineages) > 1:
+            state.problems.append(
+                f"{jdir}: journal segments of {len(lineages)} run lineages and no checkpoint to tell which "
+                "is this run's; none is replayed"
+            )
+            return None
+        return next(iter(lineages), None)
+
+    def _media_check(self, jdir: Path, records: list[JournalRecord], state: RecoveredState) -> Any:
+        media = jdir / MEDIA_DIR
+        present: dict[str, bool] = {}
+        reported: set[str] = set()
+
+        def ok(rec: JournalRecord) -> bool:
+            good = True
+            for name in rec.media:
+                p = present.get(name)
+                if p is None:
+                    p = present[name] = (media / name).is_file()
+                if not p:
+                    good = False
+                    if name not in reported:
+                        reported.add(name)
+                        state.problems.append(
+                            f"{media / name}: missing (removed?): record {rec.seq} ({rec.kind} of group {rec.a}) "
+                            "is dropped and regenerates; nothing else is lost"
+                        )
+            return good
+
+        return ok
+
+    def _prompt(self, prompt: list[Any], placer: _Placer, cls: Any) -> list[Any]:
+        if len(prompt) == 1 and isinstance(prompt[0], JournalRecord):
+            rec = prompt[0]
+            return [_build(s, cls, rec.segment) for s in _decode(rec, placer)["samples"]]
+        return prompt
+
+
+def _size(group: RecoveredGroup) -> int:
+    p = group.prompt
+    if len(p) == 1 and isinstance(p[0], JournalRecord):
+        return int((p[0].b or {}).get("n", 0))
+    return len(p)

@@ -1,0 +1,44 @@
+"""Bundled rollout checkpoints for a stock Miles run, through the seams Miles offers (no edit to Miles).
+
+Two command-line options make ``RolloutManager.save(rollout_id)`` write one atomic
+``rollout_checkpoint`` bundle holding the data source's cursor, the in-flight prompt groups (as
+handed out), the completed groups (also those drained for a step whose weights were not saved
+yet) and the recycled ones; ``RolloutManager.load`` restores all of it::
+
+    --data-source-path trainer_hooks.miles.BundledDataSource
+    --custom-async-data-buffer-path trainer_hooks.miles.BundledDataBuffer
+
+* :class:`BundledDataSource` (a ``RolloutDataSourceWithBuffer``) sees every group handed out
+  (``get_samples``) and recycled (``add_samples``); its ``save``/``load`` write and read the bundle
+  at ``<--save>/rollout/fully_async_<N>`` (``load`` falls back to Miles' own
+  ``global_dataset_state_dict_<N>.pt`` when there is no bundle, e.g. a run started without it).
+* :class:`BundledDataBuffer` (a ``DefaultDataBuffer``) sees every group finished (``put``) and
+  consumed (``get``), and starts with the restored completed groups.
+* :class:`FullyAsyncRolloutFn` (Miles' class with ``save``/``load``) for Miles forks whose rollout
+  manager calls the rollout function's ``save``/``load``; it brings the buffer itself when
+  ``--custom-async-data-buffer-path`` is unset, and tracks any data source.
+
+They share one :class:`trainer_hooks.checkpoints.RolloutState` per run (per ``args`` object,
+:func:`rollout_state`), whose module docstring gives the events, the consistency rule and the
+journal hook. Resume order: buffered (completed) groups train first, in-flight groups are
+regenerated ahead of recycled ones and of new prompts, and the cursor continues.
+
+Miles is imported when this package is imported; without it, importing says so in one line.
+"""
+
+try:
+    import miles.rollout.data_source
+    import miles.rollout.fully_async_data_buffer  # noqa: F401
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"trainer_hooks.miles needs Miles importable (the `miles` package and its rollout dependencies): {e}"
+    ) from e
+
+from trainer_hooks.miles._plugins import (
+    BundledDataBuffer,
+    BundledDataSource,
+    FullyAsyncRolloutFn,
+    rollout_state,
+)
+
+__all__ = ["BundledDataBuffer", "BundledDataSource", "FullyAsyncRolloutFn", "rollout_state"]

@@ -1,0 +1,240 @@
+"""A sample read down to what the page shows: :func:`sample_view`.
+
+Every value comes from a bundle anyone may have written, and any legal value must be shown, not
+crash the page: a top-level numpy array (an ``advantages`` field), numpy scalars, an
+``image_grid_thw`` of strings or with ``inf``, a foreign object whose ``repr`` raises. Values are
+turned into JSON-able summaries (arrays as ``<ndarray float32 [5]>``, long number lists cut),
+never asked for their truth value, and strings are kept as they are: escaping is the template
+engine's job (:mod:`trainer_hooks.view._page`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bundles import MediaRef
+from bundles.support import MEDIA_DIR
+from trainer_hooks.view._actions import tool_calls
+
+__all__ = ["MEDIA_DIR", "Image", "SampleView", "as_list", "jsonable", "num", "sample_view", "short_repr"]
+
+_SHOWN_KEYS = {
+    "index", "group_index", "status", "reward", "tokens", "response", "response_length", "prompt",
+    "multimodal_inputs", "metadata", "loss_mask", "rollout_log_probs",
+}  # fmt: skip
+
+
+@dataclass
+class Image:
+    name: str | None  # <hex><suffix> inside the bundle, or None when the sample names a file outside it
+    shown_as: str  # what the caption says when there is no picture
+    grid: list[int] | None = None  # (t, h, w) from multimodal_train_inputs.image_grid_thw
+
+
+@dataclass
+class SampleView:
+    position: int
+    index: Any
+    group_index: Any
+    status: str | None
+    reward: Any
+    tokens: int | None
+    response_length: Any
+    loss_mask: str | None
+    logprob_mean: float | None
+    prompt: Any
+    response: str | None
+    images: list[Image]
+    actions: list[str] | None
+    metadata: Any
+    other: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[float | None] | None = None  # rollout_log_probs, non-numbers and non-finite as None
+    screen: tuple[float, float] | None = None  # metadata.screen: the coordinate space of the actions
+    tool_calls: list[str] = field(default_factory=list)  # the response's <tool_call> texts, in order
+
+
+# -- JSON-able summaries of sample values (for metadata and the other fields) -------------------------------
+
+
+def jsonable(v: Any, depth: int = 0) -> Any:
+    if depth > 20:
+        return "..."
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else repr(v)
+    if isinstance(v, Mapping):
+        return {str(k): jsonable(x, depth + 1) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        if len(v) > 32 and all(isinstance(x, (int, float)) for x in v):
+            return f"[{len(v)} numbers: {', '.join(num(x) for x in v[:6])}, ...]"
+        return [jsonable(x, depth + 1) for x in v]
+    if isinstance(v, MediaRef):
+        return f"{MEDIA_DIR}/{v.filename}"
+    if isinstance(v, (bytes, bytearray)):
+        return f"<{len(v)} bytes>"
+    if isinstance(v, np.generic):
+        return jsonable(v.item(), depth)
+    if hasattr(v, "dtype") and hasattr(v, "shape"):
+        kind = "tensor" if type(v).__module__.startswith("torch") else "ndarray"
+        try:
+            shape = [int(d) for d in v.shape]
+        except (TypeError, ValueError):
+            shape = "?"
+        return f"<{kind} {str(v.dtype).removeprefix('torch.')} {shape}>"
+    return short_repr(v)
+
+
+def short_repr(v: Any) -> str:
+    try:
+        text = repr(v)
+    except Exception as e:  # a foreign object's __repr__ is not ours to trust
+        text = f"<{type(v).__name__}: repr failed: {type(e).__name__}>"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _empty(v: Any) -> bool:
+    """None or an empty list/dict/tuple; never asks an array for its truth value."""
+    return v is None or (isinstance(v, (list, tuple, dict, str)) and len(v) == 0)
+
+
+def num(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    text = str(x)
+    return text if len(text) <= 40 else text[:20] + "…" + f" ({len(text)} digits)"
+
+
+def as_list(v: Any) -> list[Any] | None:
+    """A list, tuple, numpy array or tensor as a Python list (None for anything else)."""
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    tolist = getattr(v, "tolist", None)
+    if callable(tolist) and hasattr(v, "shape"):
+        try:
+            out = tolist()
+        except Exception:  # a tensor on a device, a foreign array type: not shown as a list
+            return None
+        return out if isinstance(out, list) else None
+    return None
+
+
+# -- reading a sample down to what the page shows ---------------------------------------------------------
+
+
+def _status(v: Any) -> str | None:
+    if v is None:
+        return None
+    return str(getattr(v, "value", v))
+
+
+def _grid_rows(sample: Mapping[str, Any]) -> list[list[int] | None] | None:
+    mti = sample.get("multimodal_train_inputs")
+    if not isinstance(mti, Mapping):
+        return None
+    rows = as_list(mti.get("image_grid_thw"))
+    if not rows:
+        return None
+    out = []
+    for r in rows:
+        r = as_list(r)
+        # A legal sample may hold anything here (strings, inf, negative): such a row has no count.
+        if r is None or len(r) != 3 or not all(_grid_int(x) for x in r):
+            out.append(None)
+        else:
+            out.append([int(x) for x in r])
+    return out
+
+
+def _grid_int(x: Any) -> bool:
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, int):
+        return 0 <= x < 2**31
+    return isinstance(x, float) and math.isfinite(x) and x.is_integer() and 0 <= x < 2**31
+
+
+def sample_view(position: int, sample: Mapping[str, Any], media_prefix: str) -> SampleView:
+    mm = sample.get("multimodal_inputs")
+    raw_images = mm.get("images") if isinstance(mm, Mapping) else None
+    items = as_list(raw_images)
+    if items is None:
+        items = [] if _empty(raw_images) else [raw_images]
+    grids = _grid_rows(sample) or []
+    images: list[Image] = []
+    for j, img in enumerate(items):
+        if isinstance(img, MediaRef):
+            name: str | None = img.filename
+            shown = f"{MEDIA_DIR}/{img.filename}"
+        elif isinstance(img, str) and img.startswith(media_prefix):
+            name = img[len(media_prefix) :]
+            shown = f"{MEDIA_DIR}/{name}"
+        elif isinstance(getattr(img, "filename", None), str) and img.filename.startswith(media_prefix):
+            # A PIL image read from the bundle: opened on the stored PNG.
+            name = img.filename[len(media_prefix) :]
+            shown = f"{MEDIA_DIR}/{name}"
+        else:
+            name, shown = (
+                None,
+                f"not stored in the bundle: {short_repr(img) if not isinstance(img, str) else img[:200]}",
+            )
+        images.append(Image(name, shown, grids[j] if j < len(grids) else None))
+    metadata = sample.get("metadata")
+    actions = metadata.get("actions") if isinstance(metadata, Mapping) else None
+    tokens = as_list(sample.get("tokens"))
+    mask = as_list(sample.get("loss_mask"))
+    logprobs = as_list(sample.get("rollout_log_probs"))
+    numbers = [_finite(x) for x in logprobs] if logprobs is not None else None
+    finite = [x for x in numbers or [] if x is not None]
+    response = sample.get("response")
+    screen = metadata.get("screen") if isinstance(metadata, Mapping) else None
+    screen = as_list(screen)
+    screen_wh = None
+    if screen is not None and len(screen) == 2:
+        w, h = _finite(screen[0]), _finite(screen[1])
+        if w and h and w > 0 and h > 0:
+            screen_wh = (w, h)
+    return SampleView(
+        position=position,
+        index=jsonable(sample.get("index")),
+        group_index=jsonable(sample.get("group_index")),
+        status=_status(sample.get("status")),
+        reward=jsonable(sample.get("reward")),
+        tokens=len(tokens) if tokens is not None else None,
+        response_length=jsonable(sample.get("response_length")),
+        loss_mask=f"{sum(1 for x in mask if x is True or (isinstance(x, (int, float)) and x != 0))}/{len(mask)}"
+        if mask is not None
+        else None,
+        logprob_mean=sum(finite) / len(finite) if finite else None,
+        prompt=jsonable(sample.get("prompt")),
+        response=None
+        if response is None
+        else response
+        if isinstance(response, str)
+        else json.dumps(jsonable(response), ensure_ascii=False, indent=2),
+        images=images,
+        actions=[a if isinstance(a, str) else short_repr(a) for a in actions]
+        if isinstance(actions, (list, tuple))
+        else None,
+        metadata=None if _empty(metadata) else jsonable(metadata),
+        other={str(k): jsonable(v) for k, v in sample.items() if k not in _SHOWN_KEYS and not _empty(v)},
+        logprobs=numbers,
+        screen=screen_wh,
+        tool_calls=tool_calls(response) if isinstance(response, str) else [],
+    )
+
+
+def _finite(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        f = float(x)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
