@@ -73,7 +73,7 @@ class MediaEntry:
         return self.digest[7:] + self.suffix
 
 
-class Manifest(dict):  # type: ignore[type-arg]
+class Manifest(dict[str, Any]):
     """A validated manifest: the stored JSON object, with typed fields as attributes.
 
     Built only by :func:`parse_manifest_bytes` (``Manifest.parse``); see the module docstring.

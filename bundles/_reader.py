@@ -173,7 +173,7 @@ class Bundle:
         opener = getattr(source, "open_detached", None)
         try:
             if opener is not None:
-                return opener(f"{MEDIA_DIR}/{name}")  # type: ignore[no-any-return]
+                return opener(f"{MEDIA_DIR}/{name}")
             return source.open(f"{MEDIA_DIR}/{name}")[0]
         except FileNotFoundError:
             raise MediaMissingError(
