@@ -6,7 +6,7 @@ very same encoding, record by record, so that what it holds is exactly what a ch
 would hold and is decoded by the same closed set of types. These two functions are that codec's
 public face; they add nothing to it:
 
-* :func:`encode_sample` packs one sample; the caller says which strings and ``MediaRef`` values
+* :func:`encode_sample` packs one sample (:func:`sample_encoder`: many, with one encoder); the caller says which strings and ``MediaRef`` values
   are media and what reference each becomes (the bundle writer's job, done here by the caller).
 * :func:`decode_sample` unpacks one sample's bytes with the format's per-sample limits; references
   resolve to the ``MediaRef`` values of ``media`` (by stored file name, ``<hex><suffix>``), a
@@ -18,6 +18,7 @@ Errors: :class:`UnsupportedValueError` (encoding) and :class:`BundleFormatError`
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,11 +29,40 @@ from bundles._errors import BundleFormatError, UnsafeBundleError, UnsupportedVal
 from bundles._layout import MAX_SAMPLE_RAW_BYTES
 from bundles._media import MediaRef
 
-__all__ = ["decode_sample", "encode_sample"]
+__all__ = ["decode_sample", "encode_sample", "sample_encoder"]
 
 
 def _no_ref(value: MediaRef, where: str) -> MediaRef:
     raise UnsupportedValueError(f"{where}: a MediaRef can be encoded only with a resolve_ref callback")
+
+
+def sample_encoder(
+    *,
+    resolve_string: Callable[[str, str], MediaRef | None] | None = None,
+    string_prefixes: tuple[str, ...] | None = None,
+    resolve_ref: Callable[[MediaRef, str], MediaRef] | None = None,
+    store_image: Callable[[Any, str], MediaRef] | None = None,
+) -> Callable[[Any, str], bytes]:
+    """A reusable ``encode(sample, where) -> bytes``: :func:`encode_sample` with one encoder kept
+    across samples (building one costs more than encoding a small sample). Record types registered
+    after this call are not known to it."""
+    if resolve_string is None:
+        encoder = SampleEncoder(lambda v, w: None, resolve_ref or _no_ref, (), store_image)
+    else:
+        encoder = SampleEncoder(resolve_string, resolve_ref or _no_ref, string_prefixes, store_image)
+
+    def encode(sample: Any, where: str = "sample") -> bytes:
+        # The collector is paused while the sample's containers are built (see gc_paused;
+        # inlined: this runs once per sample).
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return encoder.encode(sample, where)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    return encode
 
 
 def encode_sample(
@@ -52,13 +82,15 @@ def encode_sample(
     references, or None to keep it a string. ``resolve_ref(ref, where)`` returns a complete
     ``MediaRef`` for each one met (without it a ``MediaRef`` is refused). ``store_image(image,
     where)`` stores a PIL image and returns its reference (without it a PIL image is refused).
+    Use :func:`sample_encoder` to encode many samples with the same callbacks.
     """
-    if resolve_string is None:
-        encoder = SampleEncoder(lambda v, w: None, resolve_ref or _no_ref, (), store_image)
-    else:
-        encoder = SampleEncoder(resolve_string, resolve_ref or _no_ref, string_prefixes, store_image)
-    with gc_paused():
-        return encoder.encode(sample, where)
+    encode = sample_encoder(
+        resolve_string=resolve_string,
+        string_prefixes=string_prefixes,
+        resolve_ref=resolve_ref,
+        store_image=store_image,
+    )
+    return encode(sample, where)
 
 
 def decode_sample(data: bytes, media: Mapping[str, MediaRef], *, where: str = "sample") -> Any:

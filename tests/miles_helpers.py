@@ -83,6 +83,9 @@ def miles_args(tokenizer_dir: Path, prompts: Path, **overrides: Any) -> Namespac
         sglang_router_port=30000,
         eval_num_gpus=0,
         start_rollout_id=None,
+        # ours: the bundle-protocol tests run without the rollout journal (tests that want it
+        # pass rollout_journal_interval > 0)
+        rollout_journal_interval=0.0,
     )
     args.update(overrides)
     return Namespace(**args)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ class SampleGen:
         self.hold = set(hold)
         self.gate = threading.Event()
         self.calls: list[int] = []
+        self.finished: set[int] = set()
 
     async def __call__(self, args, s):
         self.calls.append(s.index)
@@ -64,6 +66,7 @@ class SampleGen:
         s.response_length = 1
         s.reward = float(s.index)
         s.status = Sample.Status.COMPLETED
+        self.finished.add(s.index)
         return s
 
 
@@ -170,7 +173,9 @@ def test_a_torn_tail_is_ignored_and_named_in_one_line(tmp_path):
     assert [r.seq for r in scan.records] == [1, 2, 3] and "checksum" in scan.problems[0]
 
 
-def run_and_crash(tmp_path, *, n_groups=8, save_at=(), steps=3, hold=(), release_at_save=False, extra=()):
+def run_and_crash(
+    tmp_path, *, n_groups=8, save_at=(), steps=3, hold=(), release_at_save=False, settle=(), extra=()
+):
     """Run A: train ``steps`` steps (saving after the steps in ``save_at``), then stop without
     a checkpoint, as a crash would (what the journal flushed survives)."""
     args = make_args(tmp_path, "run-a", *extra)
@@ -183,6 +188,11 @@ def run_and_crash(tmp_path, *, n_groups=8, save_at=(), steps=3, hold=(), release
             fn.save(step).result()
             if release_at_save:
                 gen.gate.set()  # the held samples finish after the checkpoint
+    deadline = time.monotonic() + 10
+    while not set(settle) <= gen.finished and time.monotonic() < deadline:
+        time.sleep(0.005)  # samples that must be graded (and journaled) before the "crash"
+    with fn._lock:
+        pass  # a sample graded is journaled under this lock: after it, its record is queued
     fn.ledger.flush()
     fn.stop()
     fn.checkpointer.close()
@@ -194,7 +204,9 @@ def run_and_crash(tmp_path, *, n_groups=8, save_at=(), steps=3, hold=(), release
 def resume(tmp_path, step, *extra, n_groups=8, hold=()):
     args = make_args(tmp_path, "run-b", *extra)
     gen = SampleGen(hold=set(hold))
-    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(n_groups)), generate_sample=gen, max_in_flight=4)
+    fn = FullyAsyncRolloutFn(
+        args, ListDataSource(prompts(n_groups)), generate_sample=gen, max_in_flight=4, sample_cls=Sample
+    )
     fn.load(step)
     return args, gen, fn
 
@@ -221,7 +233,7 @@ def test_groups_consumed_at_or_before_the_restored_step_never_come_back(tmp_path
 
 def test_finished_siblings_are_kept_and_only_unfinished_ones_regenerate(tmp_path):
     # Group 2's second sample (index 5) is held: its sibling 4 finishes and is journaled.
-    _, gen_a, trained = run_and_crash(tmp_path, n_groups=3, steps=1, hold={5})
+    _, gen_a, trained = run_and_crash(tmp_path, n_groups=3, steps=1, hold={5}, settle={4})
     assert 4 in gen_a.calls and 5 in gen_a.calls
     _, gen_b, fn = resume(tmp_path, 0, n_groups=3)
     batch = fn.drain(1, timeout=5, step=1)
@@ -383,3 +395,20 @@ def test_inspect_shows_the_journal_state(tmp_path, capsys):
     assert lin["records"] >= 9 and lin["records_by_kind"]["consumed"] == 2 and lin["bytes"] > 0
     assert lin["unflushed_records"] == 0 and lin["oldest_unflushed_age_s"] == 0.0  # closed: all durable
     assert lin["lineage"] == open_bundle(path).meta["journal"]["lineage"]
+
+
+def test_a_damaged_fsynced_record_is_refused_when_decoded_naming_it(tmp_path):
+    from trainer_hooks.checkpoints import JournalError
+    from trainer_hooks.checkpoints._journal import record_body
+
+    args = make_args(tmp_path, "run-a")
+    journal = RolloutJournal(journal_dir(args.save), lineage="L", interval=0.05)
+    journal.append_sample(0, 0, {"index": 0, "tokens": list(range(500))})
+    journal.close()
+    (segment,) = journal_dir(args.save).glob("segment-*.rjl")
+    data = bytearray(segment.read_bytes())
+    data[data.index(b"RJR1") + 60] ^= 0xFF  # inside the body of a record a sync mark follows
+    segment.write_bytes(bytes(data))
+    (rec,) = scan_journal(journal_dir(args.save), lineage="L").records  # the scan defers the check
+    with pytest.raises(JournalError, match="checksum mismatch"):
+        record_body(rec, f"{segment}: record 1")

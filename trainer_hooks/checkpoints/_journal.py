@@ -25,7 +25,9 @@ groups. Kinds (``a``, ``b``):
 * ``group`` (group id, size): a group finished; its body holds the group, or is empty when every
   sibling was journaled as a ``sample`` record already (nothing is written twice).
 * ``consumed`` (training step, [group ids]): groups handed to training for that step.
-* ``recycled`` (group id, None): a group handed back to be generated again (its body: the group).
+* ``recycled`` (group id, ``{"n": size}``): a group handed back to be generated again (its body:
+  the group).
+* ``dropped`` (group id, None): a group that will be neither trained nor regenerated.
 * ``sync`` (-1, fsynced seq): written after each fsync; ``rollout-bundle inspect`` reads the
   unflushed age from it. Not replayed.
 
@@ -58,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import mmap
 import os
 import shutil
 import struct
@@ -74,7 +77,7 @@ from typing import Any
 import msgpack
 import zstandard
 
-from bundles import BundleError, MediaRef, encode_sample
+from bundles import BundleError, MediaRef, sample_encoder
 from bundles.support import atomic_path, fault_point
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
 from trainer_hooks.checkpoints._snapshot import snapshot_groups
@@ -106,7 +109,7 @@ MAX_BODY_BYTES = 1 << 30
 DEFAULT_SEGMENT_BYTES = 256 << 20
 ZSTD_LEVEL = 1
 
-KINDS = ("take", "sample", "group", "consumed", "recycled", "sync")
+KINDS = ("take", "sample", "group", "consumed", "recycled", "dropped", "sync")
 
 
 class JournalError(BundleError):
@@ -218,14 +221,31 @@ class RolloutJournal:
         self._segments: dict[Path, tuple[int, int, set[str]]] = {}  # path -> (first, last seq, media)
         self._media_refs: dict[str, int] = {}  # stored media name -> segments referencing it
         self._known_media: set[str] = set()
+        self._by_value: dict[str, MediaRef] = {}  # media path string -> its reference (bounded)
         self._new_media: list[str] = []
         self._new_dir_entries = False
         self._unsynced_since: float | None = None
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-        self._totals = {"records": 0, "bytes": 0, "flushes": 0, "media_linked": 0, "media_copied": 0}
+        self._media_of_item: list[str] = []  # the media names of the record being encoded
+        self._encode = sample_encoder(
+            resolve_string=lambda v, w: self._string_media(v, w, self._media_of_item),
+            string_prefixes=self._roots,
+            resolve_ref=lambda r, w: self._ref_media(r, w, self._media_of_item),
+            store_image=None
+            if store_image is None
+            else lambda im, w: self._image_media(im, w, self._media_of_item),
+        )
+        self._totals: dict[str, Any] = {
+            "records": 0,
+            "bytes": 0,
+            "flushes": 0,
+            "media_linked": 0,
+            "media_copied": 0,
+            "writer_cpu_s": 0.0,
+        }
         self._batch_stats = FlushStats()
         self.last_flush = FlushStats()
-        self._adopt_existing()
+        self._adopted = False  # the segments already on disk are indexed at the first compaction
         self._thread = threading.Thread(target=self._run, name="rollout-journal", daemon=True)
         self._thread.start()
 
@@ -257,22 +277,33 @@ class RolloutJournal:
         (g,), checks = self._snapshot([[sample]], f"group[{gid}][{sibling}]")
         return self._push("sample", gid, sibling, g[0], checks)
 
-    def append_group(self, gid: int, group: Iterable[Any] | None = None) -> int:
+    def append_group(self, gid: int, group: Iterable[Any] | None = None, *, snapshot: bool = True) -> int:
         """Group ``gid`` finished: ``group`` is its samples, or None when every sibling was
-        journaled with :meth:`append_sample` already."""
+        journaled with :meth:`append_sample` already. ``snapshot=False``: ``group`` is a
+        snapshot already (sample dicts nothing mutates)."""
         if group is None:
             return self._push("group", gid, None, None, [])
-        (g,), checks = self._snapshot([group], f"group[{gid}]")
+        if snapshot:
+            (g,), checks = self._snapshot([group], f"group[{gid}]")
+        else:
+            g, checks = list(group), []
         return self._push("group", gid, len(g), {"samples": g}, checks)
 
     def record_consumed(self, step: int, gids: Sequence[int]) -> int:
         """Groups ``gids`` were handed to training for ``step``."""
         return self._push("consumed", int(step), [int(g) for g in gids], None, [])
 
-    def append_recycled(self, gid: int, group: Iterable[Any]) -> int:
+    def append_recycled(self, gid: int, group: Iterable[Any], *, snapshot: bool = True) -> int:
         """Group ``gid`` was handed back to be generated again (``group``: what to regenerate)."""
-        (g,), checks = self._snapshot([group], f"recycled[{gid}]")
+        if snapshot:
+            (g,), checks = self._snapshot([group], f"recycled[{gid}]")
+        else:
+            g, checks = list(group), []
         return self._push("recycled", gid, {"n": len(g)}, {"samples": g}, checks)
+
+    def append_dropped(self, gid: int) -> int:
+        """Group ``gid`` will be neither trained nor regenerated (filtered, aborted, stale)."""
+        return self._push("dropped", gid, None, None, [])
 
     @property
     def last_seq(self) -> int:
@@ -311,6 +342,8 @@ class RolloutJournal:
         committed checkpoint) and the media only they referenced. Returns (segments, media)
         deleted. Runs on the caller's thread; the active segment is never deleted."""
         removed_segments = removed_media = 0
+        if not self._adopted:
+            self._adopt_existing()  # here, off the rollout's path: a resumed journal can be large
         with self._cond:
             for path, (first, last, media) in sorted(self._segments.items()):
                 if path == self._segment or last > upto_seq or last < first:
@@ -371,27 +404,35 @@ class RolloutJournal:
 
     # -- writer thread ---------------------------------------------------------------------------
     def _adopt_existing(self) -> None:
-        """Index the segments already on disk (a resumed lineage) for compaction."""
+        """Index the segments already on disk (a resumed lineage's) for compaction; runs at the
+        first compaction, on the checkpoint writer's thread."""
+        self._adopted = True
+        with self._cond:
+            known = set(self._segments)
         for path in sorted(self.directory.glob(f"{SEGMENT_PREFIX}*-{self.lineage}-*{SEGMENT_SUFFIX}")):
+            if path in known:
+                continue  # written by this journal: indexed as it was written
             scan = scan_journal(self.directory, lineage=self.lineage, decode_bodies=False, only=[path])
             if not scan.records:
                 continue
             media: set[str] = set()
             for r in scan.records:
                 media.update(r.media)
-            self._segments[path] = (scan.records[0].seq, scan.records[-1].seq, media)
-            for name in media:
-                self._media_refs[name] = self._media_refs.get(name, 0) + 1
-        self._known_media = set(self._media_refs)
+            with self._cond:
+                self._segments[path] = (scan.records[0].seq, scan.records[-1].seq, media)
+                for name in media:
+                    self._media_refs[name] = self._media_refs.get(name, 0) + 1
 
     def _run(self) -> None:
         next_sync = time.monotonic() + self.interval
         try:
             while True:
                 timeout = max(0.0, next_sync - time.monotonic())
-                self._wake.wait(timeout if self._unsynced_since is not None else None)
+                if not self._queue:  # a drain cut short by a due fsync goes on at once
+                    self._wake.wait(timeout if self._unsynced_since is not None else None)
                 self._wake.clear()
-                self._drain()
+                cpu = time.thread_time()
+                self._drain(next_sync)
                 with self._cond:
                     closing, barrier = self._closing, self._barrier
                 now = time.monotonic()
@@ -401,6 +442,7 @@ class RolloutJournal:
                     next_sync = time.monotonic() + self.interval
                 elif self._unsynced_since is None:
                     next_sync = now + self.interval
+                self._totals["writer_cpu_s"] += time.thread_time() - cpu
                 if closing and not self._queue:
                     if self._unsynced_since is not None:
                         self._sync()
@@ -417,10 +459,12 @@ class RolloutJournal:
                 os.close(self._fd)
                 self._fd = None
 
-    def _drain(self) -> None:
+    def _drain(self, sync_at: float) -> None:
+        """Frame and write the queued records; return early when an fsync is due (a caller that
+        appends faster than the writer drains must not postpone durability)."""
         buf = bytearray()
         last = None
-        while self._queue:
+        while self._queue and (self._unsynced_since is None or time.monotonic() < sync_at):
             item = self._queue.popleft()
             with self._cond:
                 roll_after = self._roll_after
@@ -507,20 +551,11 @@ class RolloutJournal:
         for check in item.checks:
             check()
         media: list[str] = []
+        self._media_of_item = media
         body = b""
         if item.value is not None:
             where = f"{self.directory}: record {item.seq} ({item.kind} {item.a})"
-            raw = encode_sample(
-                item.value,
-                where=where,
-                resolve_string=lambda v, w: self._string_media(v, w, media),
-                string_prefixes=self._roots,
-                resolve_ref=lambda r, w: self._ref_media(r, w, media),
-                store_image=None
-                if self._store_image is None
-                else lambda im, w: self._image_media(im, w, media),
-            )
-            body = self._compressor.compress(raw)
+            body = self._compressor.compress(self._encode(item.value, where))
         meta = msgpack.packb([item.seq, item.kind, item.at, item.a, item.b, sorted(set(media))])
         lengths = _LENGTHS.pack(len(meta), len(body))
         crc = zlib.crc32(body, zlib.crc32(meta, zlib.crc32(lengths)))
@@ -530,6 +565,10 @@ class RolloutJournal:
 
     # media: linked into journal/media at append time, so a teardown of the run cannot take them
     def _string_media(self, value: str, where: str, media: list[str]) -> MediaRef | None:
+        known = self._by_value.get(value)
+        if known is not None and known.filename in self._known_media:
+            media.append(known.filename)  # the same screenshot in many samples: resolved once
+            return known
         norm = os.path.normpath(value)
         if not norm.startswith(self._roots) or not os.path.isfile(norm):
             return None
@@ -540,6 +579,8 @@ class RolloutJournal:
         else:
             ref = MediaRef.from_file(norm)
         self._place(norm, ref, where)
+        if len(self._by_value) < 1 << 16:
+            self._by_value[value] = ref
         media.append(ref.filename)
         return ref
 
@@ -648,7 +689,11 @@ class RolloutJournal:
 # -- reading -------------------------------------------------------------------------------------
 @dataclass
 class JournalRecord:
-    """One complete record; ``body`` is the compressed codec value (decoded only when needed)."""
+    """One complete record; ``body`` is the compressed codec value (decoded only when needed).
+
+    Records before a segment's last ``sync`` mark were fsynced whole: their checksum is checked
+    when they are decoded (:func:`record_body`), not by the scan; those after it are checked by
+    the scan, since only there can a write have been torn."""
 
     seq: int
     kind: str
@@ -658,6 +703,9 @@ class JournalRecord:
     media: list[str]
     body: bytes | memoryview
     segment: Path
+    crc: int | None = None  # the checksum still to check (None: checked)
+    lengths: bytes = b""
+    meta: bytes | memoryview = b""
 
 
 @dataclass
@@ -686,6 +734,46 @@ def _segment_paths(directory: Path) -> list[Path]:
     return [directory / n for n in names]
 
 
+def _map(path: Path) -> Any:
+    """The segment's bytes, memory-mapped (only the pages a scan touches are read)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _header(data: Any, where: str) -> tuple[dict[str, Any] | None, int, str | None]:
+    if len(data) < len(SEGMENT_MAGIC) + 4 or data[: len(SEGMENT_MAGIC)] != SEGMENT_MAGIC:
+        return None, 0, f"{where}: not a rollout journal segment (no header); skipped"
+    pos = len(SEGMENT_MAGIC)
+    (hlen,) = _U32.unpack_from(data, pos)
+    pos += 4
+    try:
+        if hlen > MAX_META_BYTES:
+            raise ValueError("header too large")
+        header = msgpack.unpackb(bytes(data[pos : pos + hlen]), raw=False)
+        if not isinstance(header, dict) or not isinstance(header.get("lineage"), str):
+            raise ValueError("no lineage")
+    except Exception as e:
+        return None, 0, f"{where}: unreadable segment header ({e}); skipped"
+    return header, pos + hlen, None
+
+
+def journal_lineages(directory: str | os.PathLike[str]) -> set[str]:
+    """The lineages of a journal's segments, from their headers only."""
+    out = set()
+    for path in _segment_paths(Path(directory)):
+        header, _, _ = _header(_map(path), str(path))
+        if header is not None:
+            out.add(header["lineage"])
+    return out
+
+
+def _crc(lengths: bytes, meta: Any, body: Any) -> int:
+    return zlib.crc32(body, zlib.crc32(meta, zlib.crc32(lengths)))
+
+
 def scan_journal(
     directory: str | os.PathLike[str],
     *,
@@ -697,38 +785,28 @@ def scan_journal(
     """Read the complete records of a journal, oldest first, keeping bodies undecoded.
 
     Segments of a lineage other than ``lineage`` are skipped (one problem line each); records
-    with seq <= ``after_seq`` are not kept. The first torn or corrupt record ends the scan (one
-    problem line naming the segment and the byte offset): it and everything after it were never
-    durable, or are damaged. ``decode_bodies=False`` keeps no bodies (compaction indexing).
+    with seq <= ``after_seq`` are not kept. A torn or corrupt record ends its segment (one
+    problem line naming the segment and the byte offset): it and everything after it in that
+    segment were never durable, or are damaged; the next segment is read only if it continues at
+    the next seq (a resumed run's). ``decode_bodies=False`` keeps no bodies (indexing).
     """
     directory = Path(directory)
     scan = JournalScan(directory)
     expected: int | None = None
     for path in only if only is not None else _segment_paths(directory):
         try:
-            data = path.read_bytes()
+            data = _map(path)
         except FileNotFoundError:
             continue
         scan.segments += 1
         scan.bytes += len(data)
         where = f"{path}"
-        if not data.startswith(SEGMENT_MAGIC) or len(data) < len(SEGMENT_MAGIC) + 4:
-            scan.problems.append(f"{where}: not a rollout journal segment (no header); skipped")
+        header, pos, problem = _header(data, where)
+        if header is None:
+            scan.problems.append(problem or where)
             scan.torn = True
             continue
-        pos = len(SEGMENT_MAGIC)
-        (hlen,) = _U32.unpack_from(data, pos)
-        pos += 4
-        try:
-            if hlen > MAX_META_BYTES:
-                raise ValueError("header too large")
-            header = msgpack.unpackb(bytes(data[pos : pos + hlen]), raw=False)
-            seg_lineage = header["lineage"]
-        except Exception as e:
-            scan.problems.append(f"{where}: unreadable segment header ({e}); skipped")
-            scan.torn = True
-            continue
-        pos += hlen
+        seg_lineage = header["lineage"]
         scan.lineages.add(seg_lineage)
         if lineage is None or seg_lineage == lineage:
             scan.fingerprint = header.get("fingerprint")
@@ -739,37 +817,57 @@ def scan_journal(
             continue
         view = memoryview(data)
         torn = None
+        frames: list[tuple[int, int, int, int, int]] = []  # (start, mlen, blen, crc, end)
+        # Pass 1: the framing and the sync marks, touching only the record headers and metas.
         while pos < len(data):
-            rec_start = pos
             if len(data) - pos < _FRAME.size:
                 torn = f"{len(data) - pos} trailing bytes, shorter than a record header"
                 break
             magic, mlen, blen, crc = _FRAME.unpack_from(data, pos)
+            end = pos + _FRAME.size + mlen + blen
             if magic != RECORD_MAGIC or mlen > MAX_META_BYTES or blen > MAX_BODY_BYTES:
                 torn = "no record header"
                 break
-            start = pos + _FRAME.size
-            end = start + mlen + blen
             if end > len(data):
-                torn = f"record of {mlen + blen} bytes, {len(data) - start} present"
+                torn = f"record of {mlen + blen} bytes, {len(data) - pos - _FRAME.size} present"
                 break
-            meta_b = view[start : start + mlen]
-            body = view[start + mlen : end]
-            if zlib.crc32(body, zlib.crc32(meta_b, zlib.crc32(_LENGTHS.pack(mlen, blen)))) != crc:
-                torn = "checksum mismatch"
-                break
-            try:
-                seq, kind, at, a, b, media = msgpack.unpackb(meta_b, raw=False, strict_map_key=False)
-            except Exception as e:
-                torn = f"malformed record meta ({e})"
-                break
+            frames.append((pos, mlen, blen, crc, end))
             pos = end
+        synced_upto = -1  # frames before this index were fsynced (a sync mark follows them)
+        metas: list[Any] = []
+        for i, (start, mlen, blen, crc, _end) in enumerate(frames):
+            meta_b = view[start + _FRAME.size : start + _FRAME.size + mlen]
+            try:
+                meta = msgpack.unpackb(meta_b, raw=False, strict_map_key=False)
+                kind = meta[1]
+            except Exception:
+                meta, kind = None, None
+            if kind == "sync" and blen == 0 and _crc(_LENGTHS.pack(mlen, 0), meta_b, b"") == crc:
+                synced_upto = i
+            metas.append(meta)
+        # Pass 2: records (checksums of the unsynced tail checked now, the others when decoded).
+        for i, (start, mlen, blen, crc, end) in enumerate(frames):
+            lengths = _LENGTHS.pack(mlen, blen)
+            meta_b = view[start + _FRAME.size : start + _FRAME.size + mlen]
+            body = view[start + _FRAME.size + mlen : end]
+            pending_crc: int | None = crc
+            if i > synced_upto:
+                if _crc(lengths, meta_b, body) != crc:
+                    torn, pos = "checksum mismatch", start
+                    break
+                pending_crc = None
+            meta = metas[i]
+            try:
+                seq, kind, at, a, b, media = meta
+            except Exception as e:
+                damaged = pending_crc is not None and _crc(lengths, meta_b, body) != crc
+                torn, pos = "checksum mismatch" if damaged else f"malformed record meta ({e})", start
+                break
             if kind == "sync":
                 scan.last_sync_at, scan.synced_seq = at, max(scan.synced_seq, int(b))
                 continue
             if kind not in KINDS or type(seq) is not int:
-                torn = f"unknown record kind {kind!r}"
-                pos = rec_start
+                torn, pos = f"unknown record kind {kind!r}", start
                 break
             if expected is not None and seq != expected:
                 scan.problems.append(
@@ -780,7 +878,19 @@ def scan_journal(
             expected = seq + 1
             if seq > after_seq:
                 scan.records.append(
-                    JournalRecord(seq, kind, at, a, b, list(media), body if decode_bodies else b"", path)
+                    JournalRecord(
+                        seq,
+                        kind,
+                        at,
+                        a,
+                        b,
+                        list(media),
+                        body if decode_bodies else b"",
+                        path,
+                        pending_crc if decode_bodies else None,
+                        lengths,
+                        meta_b if decode_bodies else b"",
+                    )
                 )
         if torn is not None:
             scan.problems.append(
@@ -791,6 +901,15 @@ def scan_journal(
             # The next segment continues only if it starts at the next seq (a resumed run's):
             # the gap check above stops the scan otherwise.
     return scan
+
+
+def record_body(rec: JournalRecord, where: str) -> bytes:
+    """The codec bytes of a record's body, its checksum checked first if the scan deferred it."""
+    if rec.crc is not None:
+        if _crc(rec.lengths, rec.meta, rec.body) != rec.crc:
+            raise JournalError(f"{where}: checksum mismatch: the record was damaged after it was written")
+        rec.crc = None
+    return decompress_body(rec.body, where)
 
 
 def new_lineage() -> str:

@@ -37,17 +37,25 @@ Completed groups stay encoded (:class:`LazyGroup`) until training takes them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import time
 from argparse import Namespace
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bundles import BundleFormatError, BundleNotFoundError, BundleVerificationError, MediaRef, decode_sample
+from bundles import (
+    BundleFormatError,
+    BundleNotFoundError,
+    BundleVerificationError,
+    MediaRef,
+    decode_sample,
+    is_store_url,
+)
 from bundles.support import atomic_path, fault_point
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
@@ -56,9 +64,10 @@ from trainer_hooks.checkpoints._journal import (
     MEDIA_DIR,
     JournalRecord,
     RolloutJournal,
-    decompress_body,
     journal_dir,
+    journal_lineages,
     new_lineage,
+    record_body,
     scan_journal,
 )
 from trainer_hooks.checkpoints._paths import checkpoint_path, list_rollout_checkpoints
@@ -74,7 +83,16 @@ DEFAULT_JOURNAL_INTERVAL = 1.0
 
 def journal_interval(args: Namespace) -> float:
     value = getattr(args, "rollout_journal_interval", None)
-    return DEFAULT_JOURNAL_INTERVAL if value is None else float(value)
+    interval = DEFAULT_JOURNAL_INTERVAL if value is None else float(value)
+    if interval > 0 and any(is_store_url(getattr(args, n, None)) for n in ("save", "load")):
+        # The journal is an append log in a local directory beside the checkpoints; with
+        # checkpoints on an object store there is no such directory: checkpoints only.
+        if value is not None:
+            logger.warning(
+                "--rollout-journal-interval %s: ignored, --save/--load is an object-store URL", value
+            )
+        return 0.0
+    return interval
 
 
 class _Placer:
@@ -167,10 +185,12 @@ class LazyGroup:
 
 def _decode(rec: JournalRecord, placer: _Placer) -> Any:
     where = f"{rec.segment}: record {rec.seq} ({rec.kind})"
-    return decode_sample(decompress_body(rec.body, where), placer.refs(rec.media, where), where=where)
+    return decode_sample(record_body(rec, where), placer.refs(rec.media, where), where=where)
 
 
 def _build(d: Any, cls: Any, where: Path) -> Any:
+    if type(d) is list:  # a nested group's trajectory (Miles' list[list[Sample]])
+        return [_build(x, cls, where) for x in d]
     if cls is dict or not isinstance(d, dict):
         return d
     return cls.from_dict(d)
@@ -223,6 +243,7 @@ class RolloutLedger:
         self._compacted_upto = 0  # the seq the previous committed checkpoint covers
         self.journal: RolloutJournal | None = None
         self._last_checkpoint_stats: dict[str, Any] | None = None
+        self._quiet = False
 
     # -- the journal -------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
@@ -231,6 +252,7 @@ class RolloutLedger:
     def open(self) -> RolloutJournal | None:
         """Start the journal (no-op when disabled or started)."""
         if self.journal is None and self.enabled:
+            register_record_types()  # before the journal's encoder is made
             self.journal = RolloutJournal(
                 journal_dir(self.args.save),
                 lineage=self.lineage,
@@ -242,6 +264,11 @@ class RolloutLedger:
                 fingerprint=self.fingerprint(),
             )
         return self.journal
+
+    @property
+    def next_gid(self) -> int:
+        """The id the next new group gets (after a resume: past every id the lineage used)."""
+        return self._next_gid
 
     def new_gid(self) -> int:
         gid = self._next_gid
@@ -286,11 +313,18 @@ class RolloutLedger:
 
     # -- checkpoints -------------------------------------------------------------------------------
     def checkpoint_meta(
-        self, pending_gids: Sequence[int], completed_gids: Sequence[int], cursor: Any
+        self,
+        pending_gids: Sequence[int],
+        completed_gids: Sequence[int],
+        cursor: Any,
+        recycled_gids: Sequence[int] | None = None,
     ) -> dict[str, Any]:
         """The ledger's part of a checkpoint's meta; call inside the snapshot (state lock held)."""
         watermark = self.journal.roll() if self.journal is not None else self._first_seq - 1
+        ids = (*pending_gids, *completed_gids, *(recycled_gids or ()))
+        self._next_gid = max([self._next_gid, *(g + 1 for g in ids)])
         return {
+            **({"recycled_group_ids": list(recycled_gids)} if recycled_gids is not None else {}),
             "journal": {
                 "lineage": self.lineage,
                 "watermark": watermark,
@@ -318,6 +352,40 @@ class RolloutLedger:
                     media,
                 )
         self._compacted_upto = max(self._compacted_upto, watermark)
+
+    # -- the Miles plugins' RolloutState --------------------------------------------------------------
+    def attach(self, state: Any) -> None:
+        """Journal the events of a :class:`~trainer_hooks.checkpoints.RolloutState` (its listener
+        hook) and give its ``save`` this ledger's barrier, meta and compaction (``state.ledger``)."""
+        state.ledger = self
+        state.add_listener(self._on_event)
+
+    def _on_event(self, event: str, **p: Any) -> None:
+        if self._quiet or not self.enabled:
+            return
+        journal = self.open()
+        assert journal is not None
+        if event == "handed_out":
+            for gid, snap in zip(p["gids"], p["snapshots"], strict=True):
+                journal.append_take(gid, snap, p.get("cursor"), snapshot=False)
+        elif event == "finished":
+            journal.append_group(p["gid"], p["snapshot"], snapshot=False)
+        elif event == "consumed":
+            journal.record_consumed(p["step"], [p["gid"]])
+        elif event == "recycled":
+            for gid, snap in zip(p["gids"], p["snapshots"], strict=True):
+                journal.append_recycled(gid, snap, snapshot=False)
+        elif event == "dropped":
+            journal.append_dropped(p["gid"])
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Events inside are not journaled (groups put back by a resume are in the journal already)."""
+        self._quiet = True
+        try:
+            yield
+        finally:
+            self._quiet = False
 
     def close(self) -> None:
         if self.journal is not None:
@@ -368,14 +436,18 @@ class RolloutLedger:
                 ckpt.meta.get("fingerprint"), now_fp, where=str(ckpt.path), args=args
             )
             info = ckpt.meta.get("journal") or {}
-            state.cursor = ckpt.meta.get("data_source_cursor")
+            state.cursor = ckpt.meta.get("data_source_cursor", ckpt.data_source_state)
             pending_ids = ckpt.meta.get("pending_group_ids") or list(range(len(ckpt.pending_groups)))
             completed_ids = ckpt.meta.get("completed_group_ids") or [
                 len(pending_ids) + i for i in range(len(ckpt.completed_groups))
             ]
+            recycled_ids = ckpt.meta.get("recycled_group_ids") or [
+                len(pending_ids) + len(completed_ids) + i for i in range(len(ckpt.recycled_groups))
+            ]
             for key, ids, groups in (
                 ("pending_group_ids", pending_ids, ckpt.pending_groups),
                 ("completed_group_ids", completed_ids, ckpt.completed_groups),
+                ("recycled_group_ids", recycled_ids, ckpt.recycled_groups),
             ):
                 if len(ids) != len(groups) or not all(type(i) is int for i in ids):
                     raise BundleFormatError(
@@ -384,8 +456,13 @@ class RolloutLedger:
             pending = {
                 gid: RecoveredGroup(gid, g) for gid, g in zip(pending_ids, ckpt.pending_groups, strict=True)
             }
+            # Recycled groups regenerate after the in-flight ones, like them.
+            pending.update(
+                (gid, RecoveredGroup(gid, g))
+                for gid, g in zip(recycled_ids, ckpt.recycled_groups, strict=True)
+            )
             completed: dict[int, Any] = dict(zip(completed_ids, ckpt.completed_groups, strict=True))
-            next_gid = int(info.get("next_gid", len(pending_ids) + len(completed_ids)))
+            next_gid = int(info.get("next_gid", len(pending_ids) + len(completed_ids) + len(recycled_ids)))
         else:
             pending, completed, next_gid = {}, {}, 0
         lineage = info.get("lineage")
@@ -422,7 +499,8 @@ class RolloutLedger:
                         continue
                     replayed += 1
                     next_gid = max(
-                        next_gid, (rec.a + 1) if rec.kind in ("take", "sample", "group", "recycled") else 0
+                        next_gid,
+                        (rec.a + 1) if rec.kind in ("take", "sample", "group", "recycled", "dropped") else 0,
                     )
                     if not media_ok(rec):
                         dropped += 1
@@ -458,7 +536,11 @@ class RolloutLedger:
                     elif rec.kind == "recycled":
                         completed.pop(rec.a, None)
                         consumed.pop(rec.a, None)
+                        pending.pop(rec.a, None)  # re-queued behind the groups in flight
                         pending[rec.a] = RecoveredGroup(rec.a, [rec])
+                    elif rec.kind == "dropped":
+                        pending.pop(rec.a, None)
+                        completed.pop(rec.a, None)
                 last = scan.records[-1].seq if scan.records else 0
                 self._first_seq = max(self._first_seq, last + 1, watermark + 1)
             self.lineage = lineage or self.lineage
@@ -514,7 +596,7 @@ class RolloutLedger:
         return state
 
     def _only_lineage(self, jdir: Path, state: RecoveredState) -> str | None:
-        lineages = scan_journal(jdir, decode_bodies=False).lineages
+        lineages = journal_lineages(jdir)
         if len(lineages) > 1:
             state.problems.append(
                 f"{jdir}: journal segments of {len(lineages)} run lineages and no checkpoint to tell which "

@@ -45,6 +45,28 @@ _DEFERRED_CHECK_MIN_LEN = 64
 Path_ = tuple[Any, ...]
 
 
+def _only_numbers(items: list[Any]) -> bool:
+    """True when ``items`` holds only ints, floats and bools, proved by ``sum()`` in C (~3 ns an
+    item against ~20 for a set of types): an exact int or float result means no other type was
+    added, and the first str, None or container raises. Lists with anything else at either end
+    or in the middle are not summed (a list of tensors is never added up)."""
+    n = len(items)
+    if (
+        type(items[0]) not in _NUMBERS
+        or type(items[-1]) not in _NUMBERS
+        or type(items[n // 2]) not in _NUMBERS
+    ):
+        return False
+    try:
+        return type(sum(items)) in _SUMS
+    except Exception:  # TypeError at the first non-number; numpy or torch values may raise others
+        return False
+
+
+_NUMBERS = frozenset({int, float, bool})
+_SUMS = frozenset({int, float})
+
+
 def _format_path(path: Path_) -> str:
     out = str(path[0])
     for part in path[1:]:
@@ -105,7 +127,7 @@ class _Snapshotter:
     def check(self) -> None:
         """Check the item types of the lists copied shallowly; raise naming the first bad item."""
         for copied, path in self.deferred:
-            if _SCALAR_TYPES.issuperset(set(map(type, copied))):
+            if _only_numbers(copied) or _SCALAR_TYPES.issuperset(set(map(type, copied))):
                 continue
             i, bad = next((i, v) for i, v in enumerate(copied) if type(v) not in _SCALAR_TYPES)
             raise SnapshotError(

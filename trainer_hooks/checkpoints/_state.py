@@ -48,7 +48,6 @@ Payloads: ``handed_out(gids, snapshots, cursor)``, ``finished(gid, snapshot)``, 
 
 from __future__ import annotations
 
-import itertools
 import threading
 from argparse import Namespace
 from collections.abc import Callable, Iterable
@@ -84,6 +83,9 @@ class RolloutStateCut:
     recycled: list[list[Any]] = field(default_factory=list)
     cursor: dict[str, Any] | None = None
     consumed_after: dict[int, int] = field(default_factory=dict)  # gid -> step, for steps > N
+    pending_gids: list[int] = field(default_factory=list)
+    completed_gids: list[int] = field(default_factory=list)
+    recycled_gids: list[int] = field(default_factory=list)
 
 
 class RolloutState:
@@ -93,7 +95,11 @@ class RolloutState:
         self.args = args
         self.lock = threading.RLock()
         self.checkpointer = checkpointer if checkpointer is not None else RolloutCheckpointer(args)
-        self._gids = itertools.count()
+        self._next_gid = 0
+        #: The rollout journal (:class:`~trainer_hooks.checkpoints.RolloutLedger`, attached with
+        #: ``ledger.attach(state)``): ``save`` then makes the journal durable first, records its
+        #: watermark in the bundle and compacts it once the bundle commits.
+        self.ledger: Any = None
         self._in_flight: dict[int, _Record] = {}
         self._completed: dict[int, _Record] = {}
         self._consumed: dict[int, _Record] = {}
@@ -107,6 +113,18 @@ class RolloutState:
         self.buffer_attached = False
         # (prompt_group, group) restored as completed, waiting for the data buffer to take them.
         self._restored_completed: list[tuple[list[Any], list[Any]]] = []
+
+    def _gid(self, given: int | None = None) -> int:
+        """A new group id, or ``given`` (a group put back by a resume keeps its id)."""
+        if given is None:
+            given = self._next_gid
+        self._next_gid = max(self._next_gid, given + 1)
+        return given
+
+    def reserve_gids(self, next_gid: int) -> None:
+        """New groups get ids from ``next_gid`` on (a resume continues the journal's numbering)."""
+        with self.lock:
+            self._next_gid = max(self._next_gid, next_gid)
 
     # -- listeners --------------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -126,7 +144,7 @@ class RolloutState:
             gids = []
             for group, snap in zip(groups, snaps, strict=True):
                 rec = self._recycled.pop(id(group), None)
-                gid = rec.gid if rec is not None else next(self._gids)
+                gid = rec.gid if rec is not None else self._gid()
                 self._in_flight[id(group)] = _Record(gid, group, snap)
                 gids.append(gid)
             if cursor is not None:
@@ -134,12 +152,12 @@ class RolloutState:
             self._emit("handed_out", gids=gids, snapshots=snaps, cursor=cursor)
             return gids
 
-    def finished(self, prompt_group: list[Any], group: list[Any]) -> None:
+    def finished(self, prompt_group: list[Any], group: list[Any], gid: int | None = None) -> None:
         """A finished ``group`` (of ``prompt_group``) was kept by the buffer."""
         (snap,) = snapshot_groups([group], where="finished")
         with self.lock:
             rec = self._in_flight.pop(id(prompt_group), None)
-            gid = rec.gid if rec is not None else next(self._gids)
+            gid = rec.gid if rec is not None else self._gid(gid)
             self._completed[id(prompt_group)] = _Record(gid, prompt_group, snap)
             self._emit("finished", gid=gid, snapshot=snap)
 
@@ -169,15 +187,17 @@ class RolloutState:
             for key in [k for k in self._completed if k not in alive]:
                 self._emit("dropped", gid=self._completed.pop(key).gid)
 
-    def recycled(self, groups: Iterable[list[Any]]) -> None:
-        """``groups`` (reset for retry) went back into the data source's own buffer."""
+    def recycled(self, groups: Iterable[list[Any]], gids: list[int] | None = None) -> None:
+        """``groups`` (reset for retry) went back into the data source's own buffer; ``gids``:
+        their ids, for groups put back by a resume."""
         groups = list(groups)
+        given = list(gids) if gids is not None else [None] * len(groups)
         with self.lock:
             snaps = snapshot_groups(groups, where="recycled")
             gids = []
-            for group, snap in zip(groups, snaps, strict=True):
+            for group, snap, g in zip(groups, snaps, given, strict=True):
                 rec = self._in_flight.pop(id(group), None) or self._completed.pop(id(group), None)
-                gid = rec.gid if rec is not None else next(self._gids)
+                gid = rec.gid if rec is not None else self._gid(g)
                 self._recycled[id(group)] = _Record(gid, group, snap)
                 gids.append(gid)
             self._emit("recycled", gids=gids, snapshots=snaps)
@@ -209,20 +229,39 @@ class RolloutState:
                 recycled=[r.snapshot for r in self._recycled.values()],
                 cursor=None if self._cursor is None else dict(self._cursor),
                 consumed_after={r.gid: r.step for r in later if r.step is not None},
+                pending_gids=[r.gid for r in self._in_flight.values()],
+                completed_gids=[r.gid for r in later] + [r.gid for r in self._completed.values()],
+                recycled_gids=[r.gid for r in self._recycled.values()],
             )
 
     def save(self, rollout_id: int, *, in_flight_is_consumed: bool = False) -> Future[Path]:
         """Queue one atomic ``rollout_checkpoint`` bundle of the cut (see :meth:`cut`) on the
         background checkpointer; returns the future of the committed path."""
         dest = checkpoint_path(_require(self.args, "save", "--save"), rollout_id)
+        ledger = self.ledger
+        # The journal is durable up to now before the trainer's checkpoint of this step can be.
+        barrier_s = ledger.flush() if ledger is not None else 0.0
         with self.lock:
             self.checkpointer._raise_failed(wait=False)
             c = self.cut(rollout_id, in_flight_is_consumed=in_flight_is_consumed)
             meta: dict[str, Any] = {"data_source": c.cursor} if c.cursor is not None else {}
             if c.consumed_after:
                 meta["consumed_after_checkpoint"] = len(c.consumed_after)
+            on_commit = None
+            if ledger is not None:
+                meta.update(
+                    ledger.checkpoint_meta(c.pending_gids, c.completed_gids, c.cursor, c.recycled_gids)
+                )
+                meta["save_telemetry"] = {"journal_barrier_s": round(barrier_s, 6)}
+                on_commit = ledger.committed
             fut = self.checkpointer.submit_snapshot(
-                rollout_id, dest, c.pending, c.completed, recycled=c.recycled, extra_meta=meta
+                rollout_id,
+                dest,
+                c.pending,
+                c.completed,
+                recycled=c.recycled,
+                extra_meta=meta,
+                on_commit=on_commit,
             )
             self._emit("saved", rollout_id=rollout_id, future=fut)
             return fut
@@ -235,12 +274,15 @@ class RolloutState:
             self._cursor = checkpoint.data_source_state
             self._emit("restored", checkpoint=checkpoint)
 
-    def restore_completed(self, entries: Iterable[tuple[list[Any], list[Any]]]) -> None:
+    def restore_completed(
+        self, entries: Iterable[tuple[list[Any], list[Any]]], gids: list[int] | None = None
+    ) -> None:
         """Completed groups read from a checkpoint, as ``(prompt_group, group)``: tracked as
         completed now, handed to the data buffer by :meth:`take_restored_completed`."""
         entries = list(entries)
-        for prompt_group, group in entries:
-            self.finished(prompt_group, group)
+        given = list(gids) if gids is not None else [None] * len(entries)
+        for (prompt_group, group), gid in zip(entries, given, strict=True):
+            self.finished(prompt_group, group, gid)
         with self.lock:
             self._restored_completed.extend(entries)
 

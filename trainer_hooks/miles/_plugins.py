@@ -38,12 +38,16 @@ from miles.rollout.fully_async_data_buffer import (
 )
 from miles.rollout.fully_async_rollout import FullyAsyncRolloutFn as _MilesFullyAsyncRolloutFn
 
+from bundles import BundleNotFoundError
 from trainer_hooks.checkpoints import (
     RolloutCheckpoint,
+    RolloutLedger,
     RolloutState,
     list_rollout_checkpoints,
+    materialize,
     read_rollout_checkpoint,
 )
+from trainer_hooks.run_media import store_media
 
 __all__ = ["BundledDataBuffer", "BundledDataSource", "FullyAsyncRolloutFn", "rollout_state"]
 
@@ -61,7 +65,46 @@ def rollout_state(args: Any) -> RolloutState:
         state = _STATES.get(id(args))
         if state is None or state.args is not args:
             state = _STATES[id(args)] = RolloutState(args)
+            # The rollout journal (--rollout-journal-interval, on by default with --save): every
+            # event of the state is journaled, and a resume replays it after the checkpoint.
+            ledger = RolloutLedger(args, store_image=lambda image, where: store_media(args, image))
+            if ledger.enabled:
+                ledger.attach(state)
         return state
+
+
+def _recover(state: RolloutState, rollout_id: int, cursor_owner: Any, put_back: Any) -> Any:
+    """Restore through the journal: the newest checkpoint at or before ``rollout_id`` plus the
+    journal after it (:meth:`RolloutLedger.recover`). In-flight and recycled groups go back to
+    the data source (``put_back(groups)``), completed ones to the buffer, with their group ids,
+    and the cursor moves. Returns the :class:`RecoveredState`, or None when there is nothing to
+    resume from."""
+    ledger = state.ledger
+    try:
+        rec = ledger.recover(rollout_id)
+    except BundleNotFoundError:
+        return None
+    where = rec.checkpoint or "the rollout journal"
+    completed = [(gid, materialize(g)) for gid, g in rec.completed]  # Miles' buffer holds real groups
+    with state.lock, ledger.quiet():  # all of this is in the checkpoint or the journal already
+        state.reserve_gids(ledger.next_gid)
+        if "dataset" not in rec.accepted:
+            _restore_cursor(cursor_owner, rec.cursor, where)
+        state.begin_step(rollout_id + 1)
+        state.set_cursor(_cursor_of(cursor_owner))
+        groups = [g.prompt for g in rec.pending]
+        put_back(groups)
+        state.recycled(groups, gids=[g.gid for g in rec.pending])
+        state.restore_completed(
+            ((_prompt_group_of(g), g) for _, g in completed), gids=[gid for gid, _ in completed]
+        )
+    logger.info(
+        "restored %s and the journal after it: %d in-flight or recycled, %d completed group(s)",
+        where,
+        len(rec.pending),
+        len(completed),
+    )
+    return rec
 
 
 def _cursor_of(source: Any) -> dict[str, Any] | None:
@@ -153,6 +196,14 @@ class BundledDataSource(RolloutDataSourceWithBuffer):
             return None
         state = self.rollout_state
         state.begin_step(rollout_id + 1)
+        if state.ledger is not None:
+
+            def put_back(groups: list[list[Any]]) -> None:
+                self.buffer[:0] = groups
+
+            rec = _recover(state, rollout_id, self, put_back)
+            if rec is not None:
+                return rec
         if rollout_id < 0 or not _find_checkpoint(self.args, rollout_id):
             super().load(rollout_id)  # Miles' own cursor file, for a run started without the plugin
             state.set_cursor(_cursor_of(self))
@@ -178,11 +229,17 @@ class BundledDataSource(RolloutDataSourceWithBuffer):
         return ckpt
 
     def flush(self) -> list[Path]:
+        if self.rollout_state.ledger is not None:
+            self.rollout_state.ledger.flush()
         return self.rollout_state.checkpointer.flush()
 
     def close(self) -> None:
-        """Wait for queued saves (``RolloutManager.dispose`` calls this)."""
-        self.rollout_state.checkpointer.close()
+        """Wait for queued saves and the journal (``RolloutManager.dispose`` calls this)."""
+        try:
+            self.rollout_state.checkpointer.close()
+        finally:
+            if self.rollout_state.ledger is not None:
+                self.rollout_state.ledger.close()
 
 
 class BundledDataBuffer(DefaultDataBuffer):
@@ -293,6 +350,10 @@ class FullyAsyncRolloutFn(_MilesFullyAsyncRolloutFn):
             return None
         state = self.rollout_state
         state.begin_step(rollout_id + 1)
+        if state.ledger is not None:
+            rec = _recover(state, rollout_id, self.data_source._inner, self.data_source.restore)
+            if rec is not None:
+                return rec
         if rollout_id < 0 or not _find_checkpoint(self.args, rollout_id):
             return None
         ckpt = read_rollout_checkpoint(self.args, rollout_id)
@@ -306,7 +367,13 @@ class FullyAsyncRolloutFn(_MilesFullyAsyncRolloutFn):
         return ckpt
 
     def flush(self) -> list[Path]:
+        if self.rollout_state.ledger is not None:
+            self.rollout_state.ledger.flush()
         return self.rollout_state.checkpointer.flush()
 
     def close(self) -> None:
-        self.rollout_state.checkpointer.close()
+        try:
+            self.rollout_state.checkpointer.close()
+        finally:
+            if self.rollout_state.ledger is not None:
+                self.rollout_state.ledger.close()
