@@ -22,6 +22,7 @@ from trainer_hooks.cli import main
 from trainer_hooks.view import write_html_report
 
 Image = pytest.importorskip("PIL.Image")
+pytest.importorskip("jinja2", reason="view needs the [view] extra (jinja2)")
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "tests" / "vectors" / "hostile" / "view"

@@ -42,6 +42,12 @@ def run_view(ns: argparse.Namespace) -> int:
         import PIL  # noqa: F401
     except ImportError:
         raise CommandError("view needs Pillow for the thumbnails: pip install pillow", status=2) from None
+    try:
+        import jinja2  # noqa: F401
+    except ImportError:
+        raise CommandError(
+            "view needs Jinja2 for its page: pip install 'rollout-bundles[view]'", status=2
+        ) from None
     from trainer_hooks.replay import check_report_bundle
     from trainer_hooks.view._report import write_html_report
 

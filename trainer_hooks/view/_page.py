@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import bundles
-from bundles import Bundle
+from bundles import Bundle, BundleError
 from bundles.support import MANIFEST_NAME, human_bytes
 from trainer_hooks.view._actions import Action, parse_action
 from trainer_hooks.view._media import Shown, shown_suffix
@@ -44,7 +44,12 @@ STATUS_CLASS = {"completed": "ok", "truncated": "warn", "aborted": "warn", "fail
 @functools.cache
 def environment() -> Any:
     """The one Jinja2 environment of the page: templates shipped in the package, autoescaped."""
-    import jinja2
+    try:
+        import jinja2
+    except ImportError:
+        raise BundleError(
+            "view writes its page from Jinja2 templates: pip install 'rollout-bundles[view]'"
+        ) from None
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("trainer_hooks.view", "templates"),
