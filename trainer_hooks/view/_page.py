@@ -266,7 +266,7 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
         action = parse_action(text) if text is not None else None
         turn["action"] = text
         turn["action_desc"] = action.describe() if action is not None and action.kind != "text" else None
-        if s is not None and s.thumb is not None and s.size and img.name in refs:
+        if s is not None and s.thumb is not None and s.size and img.name is not None and img.name in refs:
             w, h = s.size
             turn.update(ref=refs[img.name], w=w, h=h, tw=s.thumb.width, th=s.thumb.height,
                         scale=_f(w / s.thumb.width))  # fmt: skip
@@ -278,12 +278,12 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
             # linked file by its suffix, and .html/.svg/... would run outside this page's CSP.
             if link_base is not None and img.name and s.linkable and shown_suffix(img.name):
                 turn["href"] = link_base + urllib.parse.quote(img.name)
-            if img.name in large_refs:
+            if img.name in large_refs and s.large is not None:
                 turn["large"] = {
                     "kind": "inline",
                     "ref": large_refs[img.name],
                     "scale": _f(w / s.large.width),
-                }  # type: ignore[union-attr]
+                }
             elif turn["href"]:
                 turn["large"] = {"kind": "link", "href": turn["href"]}
             else:
@@ -369,7 +369,9 @@ def _filters(
     numeric("ln", "response length", {v.position: _reward_number(v.response_length) for v in views}, True)
     numeric("tn", "turns", {v.position: float(len(v.images)) for v in views}, True)
     if replay_by_pos is not None:
-        with_p, clean, missing = [], [], []
+        with_p: list[int] = []
+        clean: list[int] = []
+        missing: list[int] = []
         kinds: dict[str, list[int]] = {}
         for v in views:
             entry = replay_by_pos.get(v.position)
@@ -407,7 +409,9 @@ def page_context(
 ) -> dict[str, Any]:
     """Everything the template shows, as plain data."""
     names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
-    defs, refs, large_refs = [], {}, {}
+    defs: list[dict[str, Any]] = []
+    refs: dict[str, str] = {}
+    large_refs: dict[str, str] = {}
     for name in names:
         t, big = shown[name].thumb, shown[name].large
         if t is not None:
@@ -494,7 +498,7 @@ def page_context(
             )
             spread = {"mean": f"{mean:.3g}", "std": f"{std:.3g}", "min": f"{min(rewards):.3g}",
                       "max": f"{max(rewards):.3g}", "flat": len(rewards) > 1 and std == 0}  # fmt: skip
-        columns = [by_position[m.position] for m in members]
+        columns: list[dict[str, Any]] = [by_position[m.position] for m in members]
         rows = max(len(c["turns"]) for c in columns)
         groups.append({"label": dash(members[0].group_index), "columns": columns, "rows": list(range(rows)),
                        "spread": spread, "n": len(members)})  # fmt: skip
