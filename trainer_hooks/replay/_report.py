@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bundles import Bundle, BundleError, open_bundle
+from bundles import Bundle, BundleError, is_store_url, open_bundle
 from trainer_hooks._sample import Sample
 from trainer_hooks.arguments import parse_mm_process_config
 from trainer_hooks.replay._guard import _default_convert, guard_violations
@@ -664,7 +664,7 @@ def _replay_open_bundle(
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
-        "bundle": str(Path(os.path.abspath(path))),
+        "bundle": str(path) if is_store_url(str(path)) else str(Path(os.path.abspath(path))),
         "bundle_id": bundle_identity(bundle),
         "kind": bundle.kind,
         "dtype": plan.dtype,
