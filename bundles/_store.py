@@ -202,6 +202,11 @@ class Store:
                 retry[key] = value
             else:
                 config[key] = value
+        # Explicit client options replace the ones obstore reads from the environment: keep
+        # AWS_ALLOW_HTTP (and its GCS/Azure peers) working.
+        env_http = os.environ.get(_ENV_PREFIX_OF.get(scheme, "AWS_") + "ALLOW_HTTP", "")
+        if "allow_http" not in client and env_http.strip().lower() in ("1", "true", "yes", "on"):
+            client["allow_http"] = True
         where = f"{scheme}://{bucket}"
         try:
             make: Any = from_url  # its overloads are per scheme, known only at run time
@@ -257,6 +262,7 @@ class Store:
 
 
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+_ENV_PREFIX_OF = {"s3": "AWS_", "gs": "GOOGLE_", "az": "AZURE_"}
 _stores: dict[tuple[Any, ...], Store] = {}
 _stores_lock = threading.Lock()
 
