@@ -105,7 +105,7 @@ def test_view_renders_a_bundle_on_a_store(
 ) -> None:
     url = _trainer_like_bundle(moto_s3, tmp_path, monkeypatch)
     out = tmp_path / "report.html"
-    proc = cli(moto_s3, "view", url, "-o", str(out))
+    proc = cli(moto_s3, "view", url, "-o", str(out), module="trainer_hooks.cli")
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
     assert url.split("//", 1)[1] in page and "on the object store" in page
@@ -118,6 +118,6 @@ def test_replay_reads_a_bundle_on_a_store(
 ) -> None:
     url = _trainer_like_bundle(moto_s3, tmp_path, monkeypatch)
     report = tmp_path / "replay.json"
-    proc = cli(moto_s3, "replay", url, "--report", str(report))
+    proc = cli(moto_s3, "replay", url, "--report", str(report), module="trainer_hooks.cli")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(report.read_text())["bundle"] == url
