@@ -223,31 +223,6 @@ def test_nested_groups_are_stored_nested_and_come_back_nested(tmp_path):
     assert bundles.open_bundle(save_rollout_checkpoint(args, 8, [], [flat])).meta["checkpoint_version"] == 1
 
 
-def test_nested_group_vector_reads_back_nested():
-    """tests/vectors/v2_nested_checkpoint: a committed checkpoint with a nested group (FORMAT.md,
-    appendix A); today's reader must give the nesting back."""
-    from argparse import Namespace
-
-    vector = REPO / "tests" / "vectors"
-    ckpt = read_rollout_checkpoint(Namespace(load=str(vector / "v2_nested")), 0, sample_cls=dict)
-    (group,) = ckpt.completed_groups
-    assert [
-        [t["response"] for t in item] if isinstance(item, list) else item["response"] for item in group
-    ] == [
-        ["look", "click"],
-        ["look"],
-        "type",
-    ]
-    assert ckpt.meta["completed_group_sizes"] == [[2, 1, None]]
-    assert ckpt.data_source_state == {
-        "sample_offset": 1,
-        "epoch_id": 0,
-        "sample_group_index": 1,
-        "sample_index": 3,
-        "metadata": {},
-    }
-
-
 def test_importing_the_plugins_without_miles_says_so_in_one_line():
     code = "import sys; sys.modules['miles'] = None\nimport trainer_hooks.miles"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

@@ -64,9 +64,10 @@ from trainer_hooks.checkpoints._journal import (
     MEDIA_DIR,
     JournalRecord,
     RolloutJournal,
-    decompress_body,
     journal_dir,
+    journal_lineages,
     new_lineage,
+    record_body,
     scan_journal,
 )
 from trainer_hooks.checkpoints._paths import checkpoint_path, list_rollout_checkpoints
@@ -184,7 +185,7 @@ class LazyGroup:
 
 def _decode(rec: JournalRecord, placer: _Placer) -> Any:
     where = f"{rec.segment}: record {rec.seq} ({rec.kind})"
-    return decode_sample(decompress_body(rec.body, where), placer.refs(rec.media, where), where=where)
+    return decode_sample(record_body(rec, where), placer.refs(rec.media, where), where=where)
 
 
 def _build(d: Any, cls: Any, where: Path) -> Any:
@@ -595,7 +596,7 @@ class RolloutLedger:
         return state
 
     def _only_lineage(self, jdir: Path, state: RecoveredState) -> str | None:
-        lineages = scan_journal(jdir, decode_bodies=False).lineages
+        lineages = journal_lineages(jdir)
         if len(lineages) > 1:
             state.problems.append(
                 f"{jdir}: journal segments of {len(lineages)} run lineages and no checkpoint to tell which "
