@@ -33,10 +33,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # bench_save: the cached screenshots
-sys.path.insert(0, str(ROOT / "tests"))  # browser_helpers: Chromium over the DevTools pipe
+sys.path.insert(0, str(ROOT / "tests"))  # helpers.browser: Chromium over the DevTools pipe
 
 from bench_save import ensure_media  # noqa: E402
-from browser_helpers import find_chromium, render  # noqa: E402
+from helpers.browser import find_chromium, render  # noqa: E402
 
 from bundles import MediaRef, pack_bundle, remove_bundle, write_bundle  # noqa: E402
 from trainer_hooks.view import write_html_report  # noqa: E402

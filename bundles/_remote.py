@@ -458,12 +458,16 @@ class _StoreReader:
         starts = [s for s in starts if s + length <= self.size]
         if not starts:
             return
+        # get_ranges keeps ~10 requests in flight; chunks of it in parallel keep more (a header
+        # of every 1 MB screenshot is a request of its own).
+        chunks = [starts[i : i + 16] for i in range(0, len(starts), 16)]
         try:
-            blocks = self.store.get_ranges(self.key, starts, [s + length for s in starts])
+            fetched = parallel(lambda c: self.store.get_ranges(self.key, c, [s + length for s in c]), chunks)
         except Exception as e:
             raise store_error(self.where, "read the packed file's headers", e) from e
         self.requests += 1
-        self._blocks.update(zip(starts, blocks, strict=True))
+        for chunk, blocks in zip(chunks, fetched, strict=True):
+            self._blocks.update(zip(chunk, blocks, strict=True))
 
     def pread(self, n: int, pos: int) -> bytes:
         n = max(0, min(n, self.size - pos))

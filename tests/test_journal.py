@@ -395,3 +395,20 @@ def test_inspect_shows_the_journal_state(tmp_path, capsys):
     assert lin["records"] >= 9 and lin["records_by_kind"]["consumed"] == 2 and lin["bytes"] > 0
     assert lin["unflushed_records"] == 0 and lin["oldest_unflushed_age_s"] == 0.0  # closed: all durable
     assert lin["lineage"] == open_bundle(path).meta["journal"]["lineage"]
+
+
+def test_a_damaged_fsynced_record_is_refused_when_decoded_naming_it(tmp_path):
+    from trainer_hooks.checkpoints import JournalError
+    from trainer_hooks.checkpoints._journal import record_body
+
+    args = make_args(tmp_path, "run-a")
+    journal = RolloutJournal(journal_dir(args.save), lineage="L", interval=0.05)
+    journal.append_sample(0, 0, {"index": 0, "tokens": list(range(500))})
+    journal.close()
+    (segment,) = journal_dir(args.save).glob("segment-*.rjl")
+    data = bytearray(segment.read_bytes())
+    data[data.index(b"RJR1") + 60] ^= 0xFF  # inside the body of a record a sync mark follows
+    segment.write_bytes(bytes(data))
+    (rec,) = scan_journal(journal_dir(args.save), lineage="L").records  # the scan defers the check
+    with pytest.raises(JournalError, match="checksum mismatch"):
+        record_body(rec, f"{segment}: record 1")

@@ -303,3 +303,30 @@ def test_dumps_record_the_processor_settings_and_dtype_replay_needs(tmp_path):
     assert meta["processor"]["image_processor_backend"] == "pil"
     assert meta["processor"]["mm_process_config"] == {"image": {"max_pixels": 1003520, "min_pixels": 3136}}
     assert meta["processor"]["image_token_id"] == 151655
+
+
+def test_replay_modules_import_one_way():
+    """Issue 17 item 5: planning, running (local, Ray), fingerprinting/comparing and report I/O
+    each in its own module, and no module of trainer_hooks.replay imports one that imports it
+    back, at module level or inside a function."""
+    pkg = ROOT / "trainer_hooks" / "replay"
+    graph: dict[str, set[str]] = {}
+    for path in pkg.glob("*.py"):
+        name = path.stem
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainer_hooks.replay."):
+                deps.add(node.module.rsplit(".", 1)[1])
+        graph[name] = deps - {name}
+
+    def reaches(a: str, b: str, seen: frozenset[str] = frozenset()) -> bool:
+        return any(d == b or (d not in seen and reaches(d, b, seen | {d})) for d in graph.get(a, ()))
+
+    cycles = sorted((a, b) for a in graph for b in graph[a] if reaches(b, a))
+    assert cycles == [], cycles
+    # The layers, lowest first: each imports only modules to its left.
+    order = ["_report", "_plan", "_run", "_ray", "_replay"]
+    for i, name in enumerate(order):
+        assert graph[name] & set(order) <= set(order[:i]), (name, graph[name])
+    assert "_report" not in graph["_fingerprint"] or graph["_fingerprint"] & set(order) == {"_report"}
+    assert max(len((pkg / f"{n}.py").read_text().splitlines()) for n in order) < 400

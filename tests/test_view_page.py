@@ -180,8 +180,8 @@ def test_filters_sorting_and_groups_work_without_script(page: Path, tmp_path: Pa
     groups = """({shown: getComputedStyle(document.querySelector('.view-groups')).display,
         samples: getComputedStyle(document.querySelector('.view-samples')).display,
         groups: Array.from(document.querySelectorAll('.group')).map(g => ({
-            heads: Array.from(g.querySelectorAll('.ghead')).map(h => h.innerText.replace(/\\s+/g, ' ').trim()),
-            head: g.querySelector('.group-head').innerText.replace(/\\s+/g, ' ')}))})"""
+            heads: Array.from(g.querySelectorAll('.ghead')).map(h => h.textContent.replace(/\\s+/g, ' ').trim()),
+            head: g.querySelector('.group-head').textContent.replace(/\\s+/g, ' ')}))})"""
     r = render(page.as_uri(), groups, tmp_path / "groups.png", actions=[click("groups side by side")])
     v = r.value
     assert v["shown"] != "none" and v["samples"] == "none" and len(v["groups"]) == 2

@@ -58,8 +58,10 @@ from trainer_hooks.checkpoints import (
     save_rollout_checkpoint,
 )
 from trainer_hooks.dumps import (
+    DumpUploadError,
     LegacyDumpError,
     PickleRefusedError,
+    flush_dump_uploads,
     import_legacy_dump,
     load_debug_rollout_data,
     save_debug_rollout_data,
@@ -100,6 +102,7 @@ __all__ = [
     "AdapterRef",
     "CheckpointSaveError",
     "DriverReport",
+    "DumpUploadError",
     "FullyAsyncRolloutFn",
     "GroupBuffer",
     "IncompatibleResumeError",
@@ -129,6 +132,7 @@ __all__ = [
     "compute_multimodal_train_inputs",
     "convert_samples_to_train_data",
     "default_sample_cls",
+    "flush_dump_uploads",
     "get_rollout_data",
     "import_legacy_dump",
     "list_rollout_checkpoints",

@@ -263,9 +263,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-# The options that may name an object-store URL (docs/TRAINER_HOOKS.md); until the trainer side
-# uploads and resumes from a store, none does.
-_STORE_OPTIONS: frozenset[str] = frozenset()
+# The options that may name an object-store URL: checkpoints and debug dumps are written to and
+# read from a store (README "On an object store"); the trajectory sidecar stays local.
+_STORE_OPTIONS: frozenset[str] = frozenset(
+    {"save", "load", "save_debug_rollout_data", "load_debug_rollout_data"}
+)
 
 
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:

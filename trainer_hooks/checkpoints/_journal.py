@@ -60,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import mmap
 import os
 import shutil
 import struct
@@ -244,7 +245,7 @@ class RolloutJournal:
         }
         self._batch_stats = FlushStats()
         self.last_flush = FlushStats()
-        self._adopt_existing()
+        self._adopted = False  # the segments already on disk are indexed at the first compaction
         self._thread = threading.Thread(target=self._run, name="rollout-journal", daemon=True)
         self._thread.start()
 
@@ -341,6 +342,8 @@ class RolloutJournal:
         committed checkpoint) and the media only they referenced. Returns (segments, media)
         deleted. Runs on the caller's thread; the active segment is never deleted."""
         removed_segments = removed_media = 0
+        if not self._adopted:
+            self._adopt_existing()  # here, off the rollout's path: a resumed journal can be large
         with self._cond:
             for path, (first, last, media) in sorted(self._segments.items()):
                 if path == self._segment or last > upto_seq or last < first:
@@ -401,18 +404,24 @@ class RolloutJournal:
 
     # -- writer thread ---------------------------------------------------------------------------
     def _adopt_existing(self) -> None:
-        """Index the segments already on disk (a resumed lineage) for compaction."""
+        """Index the segments already on disk (a resumed lineage's) for compaction; runs at the
+        first compaction, on the checkpoint writer's thread."""
+        self._adopted = True
+        with self._cond:
+            known = set(self._segments)
         for path in sorted(self.directory.glob(f"{SEGMENT_PREFIX}*-{self.lineage}-*{SEGMENT_SUFFIX}")):
+            if path in known:
+                continue  # written by this journal: indexed as it was written
             scan = scan_journal(self.directory, lineage=self.lineage, decode_bodies=False, only=[path])
             if not scan.records:
                 continue
             media: set[str] = set()
             for r in scan.records:
                 media.update(r.media)
-            self._segments[path] = (scan.records[0].seq, scan.records[-1].seq, media)
-            for name in media:
-                self._media_refs[name] = self._media_refs.get(name, 0) + 1
-        self._known_media = set(self._media_refs)
+            with self._cond:
+                self._segments[path] = (scan.records[0].seq, scan.records[-1].seq, media)
+                for name in media:
+                    self._media_refs[name] = self._media_refs.get(name, 0) + 1
 
     def _run(self) -> None:
         next_sync = time.monotonic() + self.interval
@@ -680,7 +689,11 @@ class RolloutJournal:
 # -- reading -------------------------------------------------------------------------------------
 @dataclass
 class JournalRecord:
-    """One complete record; ``body`` is the compressed codec value (decoded only when needed)."""
+    """One complete record; ``body`` is the compressed codec value (decoded only when needed).
+
+    Records before a segment's last ``sync`` mark were fsynced whole: their checksum is checked
+    when they are decoded (:func:`record_body`), not by the scan; those after it are checked by
+    the scan, since only there can a write have been torn."""
 
     seq: int
     kind: str
@@ -690,6 +703,9 @@ class JournalRecord:
     media: list[str]
     body: bytes | memoryview
     segment: Path
+    crc: int | None = None  # the checksum still to check (None: checked)
+    lengths: bytes = b""
+    meta: bytes | memoryview = b""
 
 
 @dataclass
@@ -718,6 +734,46 @@ def _segment_paths(directory: Path) -> list[Path]:
     return [directory / n for n in names]
 
 
+def _map(path: Path) -> Any:
+    """The segment's bytes, memory-mapped (only the pages a scan touches are read)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _header(data: Any, where: str) -> tuple[dict[str, Any] | None, int, str | None]:
+    if len(data) < len(SEGMENT_MAGIC) + 4 or data[: len(SEGMENT_MAGIC)] != SEGMENT_MAGIC:
+        return None, 0, f"{where}: not a rollout journal segment (no header); skipped"
+    pos = len(SEGMENT_MAGIC)
+    (hlen,) = _U32.unpack_from(data, pos)
+    pos += 4
+    try:
+        if hlen > MAX_META_BYTES:
+            raise ValueError("header too large")
+        header = msgpack.unpackb(bytes(data[pos : pos + hlen]), raw=False)
+        if not isinstance(header, dict) or not isinstance(header.get("lineage"), str):
+            raise ValueError("no lineage")
+    except Exception as e:
+        return None, 0, f"{where}: unreadable segment header ({e}); skipped"
+    return header, pos + hlen, None
+
+
+def journal_lineages(directory: str | os.PathLike[str]) -> set[str]:
+    """The lineages of a journal's segments, from their headers only."""
+    out = set()
+    for path in _segment_paths(Path(directory)):
+        header, _, _ = _header(_map(path), str(path))
+        if header is not None:
+            out.add(header["lineage"])
+    return out
+
+
+def _crc(lengths: bytes, meta: Any, body: Any) -> int:
+    return zlib.crc32(body, zlib.crc32(meta, zlib.crc32(lengths)))
+
+
 def scan_journal(
     directory: str | os.PathLike[str],
     *,
@@ -729,38 +785,28 @@ def scan_journal(
     """Read the complete records of a journal, oldest first, keeping bodies undecoded.
 
     Segments of a lineage other than ``lineage`` are skipped (one problem line each); records
-    with seq <= ``after_seq`` are not kept. The first torn or corrupt record ends the scan (one
-    problem line naming the segment and the byte offset): it and everything after it were never
-    durable, or are damaged. ``decode_bodies=False`` keeps no bodies (compaction indexing).
+    with seq <= ``after_seq`` are not kept. A torn or corrupt record ends its segment (one
+    problem line naming the segment and the byte offset): it and everything after it in that
+    segment were never durable, or are damaged; the next segment is read only if it continues at
+    the next seq (a resumed run's). ``decode_bodies=False`` keeps no bodies (indexing).
     """
     directory = Path(directory)
     scan = JournalScan(directory)
     expected: int | None = None
     for path in only if only is not None else _segment_paths(directory):
         try:
-            data = path.read_bytes()
+            data = _map(path)
         except FileNotFoundError:
             continue
         scan.segments += 1
         scan.bytes += len(data)
         where = f"{path}"
-        if not data.startswith(SEGMENT_MAGIC) or len(data) < len(SEGMENT_MAGIC) + 4:
-            scan.problems.append(f"{where}: not a rollout journal segment (no header); skipped")
+        header, pos, problem = _header(data, where)
+        if header is None:
+            scan.problems.append(problem or where)
             scan.torn = True
             continue
-        pos = len(SEGMENT_MAGIC)
-        (hlen,) = _U32.unpack_from(data, pos)
-        pos += 4
-        try:
-            if hlen > MAX_META_BYTES:
-                raise ValueError("header too large")
-            header = msgpack.unpackb(bytes(data[pos : pos + hlen]), raw=False)
-            seg_lineage = header["lineage"]
-        except Exception as e:
-            scan.problems.append(f"{where}: unreadable segment header ({e}); skipped")
-            scan.torn = True
-            continue
-        pos += hlen
+        seg_lineage = header["lineage"]
         scan.lineages.add(seg_lineage)
         if lineage is None or seg_lineage == lineage:
             scan.fingerprint = header.get("fingerprint")
@@ -771,37 +817,57 @@ def scan_journal(
             continue
         view = memoryview(data)
         torn = None
+        frames: list[tuple[int, int, int, int, int]] = []  # (start, mlen, blen, crc, end)
+        # Pass 1: the framing and the sync marks, touching only the record headers and metas.
         while pos < len(data):
-            rec_start = pos
             if len(data) - pos < _FRAME.size:
                 torn = f"{len(data) - pos} trailing bytes, shorter than a record header"
                 break
             magic, mlen, blen, crc = _FRAME.unpack_from(data, pos)
+            end = pos + _FRAME.size + mlen + blen
             if magic != RECORD_MAGIC or mlen > MAX_META_BYTES or blen > MAX_BODY_BYTES:
                 torn = "no record header"
                 break
-            start = pos + _FRAME.size
-            end = start + mlen + blen
             if end > len(data):
-                torn = f"record of {mlen + blen} bytes, {len(data) - start} present"
+                torn = f"record of {mlen + blen} bytes, {len(data) - pos - _FRAME.size} present"
                 break
-            meta_b = view[start : start + mlen]
-            body = view[start + mlen : end]
-            if zlib.crc32(body, zlib.crc32(meta_b, zlib.crc32(_LENGTHS.pack(mlen, blen)))) != crc:
-                torn = "checksum mismatch"
-                break
-            try:
-                seq, kind, at, a, b, media = msgpack.unpackb(meta_b, raw=False, strict_map_key=False)
-            except Exception as e:
-                torn = f"malformed record meta ({e})"
-                break
+            frames.append((pos, mlen, blen, crc, end))
             pos = end
+        synced_upto = -1  # frames before this index were fsynced (a sync mark follows them)
+        metas: list[Any] = []
+        for i, (start, mlen, blen, crc, _end) in enumerate(frames):
+            meta_b = view[start + _FRAME.size : start + _FRAME.size + mlen]
+            try:
+                meta = msgpack.unpackb(meta_b, raw=False, strict_map_key=False)
+                kind = meta[1]
+            except Exception:
+                meta, kind = None, None
+            if kind == "sync" and blen == 0 and _crc(_LENGTHS.pack(mlen, 0), meta_b, b"") == crc:
+                synced_upto = i
+            metas.append(meta)
+        # Pass 2: records (checksums of the unsynced tail checked now, the others when decoded).
+        for i, (start, mlen, blen, crc, end) in enumerate(frames):
+            lengths = _LENGTHS.pack(mlen, blen)
+            meta_b = view[start + _FRAME.size : start + _FRAME.size + mlen]
+            body = view[start + _FRAME.size + mlen : end]
+            pending_crc: int | None = crc
+            if i > synced_upto:
+                if _crc(lengths, meta_b, body) != crc:
+                    torn, pos = "checksum mismatch", start
+                    break
+                pending_crc = None
+            meta = metas[i]
+            try:
+                seq, kind, at, a, b, media = meta
+            except Exception as e:
+                damaged = pending_crc is not None and _crc(lengths, meta_b, body) != crc
+                torn, pos = "checksum mismatch" if damaged else f"malformed record meta ({e})", start
+                break
             if kind == "sync":
                 scan.last_sync_at, scan.synced_seq = at, max(scan.synced_seq, int(b))
                 continue
             if kind not in KINDS or type(seq) is not int:
-                torn = f"unknown record kind {kind!r}"
-                pos = rec_start
+                torn, pos = f"unknown record kind {kind!r}", start
                 break
             if expected is not None and seq != expected:
                 scan.problems.append(
@@ -812,7 +878,19 @@ def scan_journal(
             expected = seq + 1
             if seq > after_seq:
                 scan.records.append(
-                    JournalRecord(seq, kind, at, a, b, list(media), body if decode_bodies else b"", path)
+                    JournalRecord(
+                        seq,
+                        kind,
+                        at,
+                        a,
+                        b,
+                        list(media),
+                        body if decode_bodies else b"",
+                        path,
+                        pending_crc if decode_bodies else None,
+                        lengths,
+                        meta_b if decode_bodies else b"",
+                    )
                 )
         if torn is not None:
             scan.problems.append(
@@ -823,6 +901,15 @@ def scan_journal(
             # The next segment continues only if it starts at the next seq (a resumed run's):
             # the gap check above stops the scan otherwise.
     return scan
+
+
+def record_body(rec: JournalRecord, where: str) -> bytes:
+    """The codec bytes of a record's body, its checksum checked first if the scan deferred it."""
+    if rec.crc is not None:
+        if _crc(rec.lengths, rec.meta, rec.body) != rec.crc:
+            raise JournalError(f"{where}: checksum mismatch: the record was damaged after it was written")
+        rec.crc = None
+    return decompress_body(rec.body, where)
 
 
 def new_lineage() -> str:

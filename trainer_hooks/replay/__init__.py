@@ -21,6 +21,7 @@ setting before use (docs/RELIABILITY.md, "Untrusted input").
 torch, transformers, PIL and Ray are imported only when used.
 """
 
+from trainer_hooks.replay._fingerprint import compare_reports
 from trainer_hooks.replay._guard import convert_samples_to_train_data
 from trainer_hooks.replay._memory import tune_allocator
 from trainer_hooks.replay._payload import (
@@ -36,15 +37,14 @@ from trainer_hooks.replay._rebuild import (
     get_rollout_data,
     training_dtype,
 )
+from trainer_hooks.replay._replay import replay_bundle
 from trainer_hooks.replay._report import (
     REPORT_FORMAT,
     ReportError,
     bundle_identity,
     check_replay_report,
     check_report_bundle,
-    compare_reports,
     load_replay_report,
-    replay_bundle,
 )
 from trainer_hooks.replay._tokens import check_image_tokens
 

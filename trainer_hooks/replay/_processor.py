@@ -190,7 +190,7 @@ def check_image_settings(values: Mapping[str, Any], where: str) -> dict[str, Any
         "max_pixels": (1, MAX_REPLAY_PIXELS),
     }
     for key, (low, high) in limits.items():
-        if key in out and out[key] is not None:
+        if key in out:
             out[key] = _as_size(key, out[key], low, high, where)
     size = out.get("size")
     if size is not None:
@@ -434,7 +434,8 @@ def resolve_processor(settings: Mapping[str, Any] | None, where: str = "processo
     if local is not None:
         config, source, model_config = local
         family = model_family(model_path, model_config=model_config, preprocessor=config)
-        config = check_image_settings(config, source)
+        # Saved configs may write an unset setting as null: the class default applies to it.
+        config = check_image_settings({k: v for k, v in config.items() if v is not None}, source)
     else:
         model_config = None
         if model_path:

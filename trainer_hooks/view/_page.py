@@ -134,11 +134,11 @@ def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct
     refs, stored = bundle.media_references, len(bundle.media)
     statuses = Counter(v.status or "no status" for v in views)
     rewards = [
-        float(v.reward)
+        _reward_number(v.reward)
         for v in views
         if isinstance(v.reward, (int, float)) and not isinstance(v.reward, bool)
     ]
-    finite = [r for r in rewards if math.isfinite(r)]
+    finite = [r for r in rewards if r is not None]
     stats = [
         {"value": str(len(views)), "of": str(len(bundle)), "label": "samples shown"},
         {"value": str(stored), "label": "media files stored"},
@@ -451,8 +451,8 @@ def page_context(
         recomputed = diff.get("recomputed") if isinstance(diff, dict) else None
         diff_values = None
         if isinstance(recomputed, list) and v.logprobs is not None and len(recomputed) == len(v.logprobs):
-            diff_values = [None if a is None or not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(float(b))
-                           else a - float(b) for a, b in zip(v.logprobs, recomputed, strict=True)]  # fmt: skip
+            diff_values = [None if a is None or (fb := _reward_number(b)) is None else a - fb
+                           for a, b in zip(v.logprobs, recomputed, strict=True)]  # fmt: skip
         sample = {
             "pos": v.position,
             "classes": classes[v.position],
@@ -576,7 +576,10 @@ def _f(x: float) -> str:
 def _reward_number(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # a JSON integer beyond any float
+        return None
     return f if math.isfinite(f) else None
 
 
