@@ -1,7 +1,8 @@
 """Self-contained, verifiable bundles of rollout samples and the media they reference.
 
 A bundle is a directory: a manifest, msgpack+zstandard sample shards, and every referenced
-media file stored once by content digest. See docs/FORMAT.md for the on-disk format.
+media file stored once by content digest; or the same on an object store (``s3://``, ``gs://``,
+``az://`` with the ``rollout-bundles[s3]`` extra). See docs/FORMAT.md for the format.
 
 This module is the format API. Tools built on bundles (trainer_hooks, the CLI) also use
 :mod:`bundles.support`: the atomic write, the tree deletion, process identity, fault points,
@@ -34,7 +35,9 @@ from bundles._pack import pack_bundle, unpack_bundle
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle, open_bundle
 from bundles._records import Record, register_record_type
+from bundles._remote import GarbageReport, UploadStats, collect_garbage, list_remote_bundles, upload_bundle
 from bundles._sample_codec import decode_sample, encode_sample, sample_encoder
+from bundles._store import StoreURL
 from bundles._writer import write_bundle
 
 __version__ = "0.1.0"
@@ -53,6 +56,7 @@ __all__ = [
     "BundleNotFoundError",
     "BundleReplacedError",
     "BundleVerificationError",
+    "GarbageReport",
     "LinkMode",
     "Manifest",
     "MediaEntry",
@@ -63,23 +67,28 @@ __all__ = [
     "OutsidePolicy",
     "Record",
     "ShardEntry",
+    "StoreURL",
     "UnsafeBundleError",
     "UnsupportedLocationError",
     "UnsupportedValueError",
+    "UploadStats",
     "Verify",
     "__version__",
     "check_location",
+    "collect_garbage",
     "decode_image",
     "decode_sample",
     "encode_sample",
     "is_bundle",
     "is_store_url",
+    "list_remote_bundles",
     "open_bundle",
     "pack_bundle",
     "register_record_type",
     "remove_bundle",
     "sample_encoder",
     "unpack_bundle",
+    "upload_bundle",
     "write_bundle",
 ]
 

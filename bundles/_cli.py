@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from bundles._errors import BundleError, BundleVerificationError
+from bundles._errors import BundleError, BundleVerificationError, public_path
 from bundles._layout import FORMAT_VERSION
 
 PROG = "rollout-bundle"
@@ -175,7 +175,9 @@ def run_command(ns: argparse.Namespace) -> int:
 def _os_message(e: OSError) -> str:
     """``[Errno 2] No such file or directory: 'x'`` reads ``x: No such file or directory``."""
     if e.filename is not None and e.strerror:
-        where = str(e.filename) + (f" -> {e.filename2}" if e.filename2 is not None else "")
+        # Named as the user knows it, never by a staging or temporary name.
+        where = str(public_path(e.filename))
+        where += f" -> {public_path(e.filename2)}" if e.filename2 is not None else ""
         return f"{where}: {e.strerror}"
     return str(e)
 

@@ -55,6 +55,28 @@ class UnsafeBundleError(BundleFormatError):
     or exceeds a size limit."""
 
 
+def public_path(path: object) -> object:
+    """``path`` with each staging or retired directory (or staged temporary file) named as the
+    destination it stands for, and a writer's temporary media name (``.ingest-<n>``) dropped:
+    ``/r/.b.staging.host.ab12.4026.77.9f/media/.ingest-3`` reads ``/r/b/media``. Anything that
+    is not a path string is returned as it is."""
+    if not isinstance(path, str):
+        return path
+    from bundles._layout import STAGING_RE
+
+    parts = path.split("/")
+    out: list[str] = []
+    for part in parts:
+        m = STAGING_RE.fullmatch(part)
+        if m is not None:
+            out.append(m["dest"])
+        elif part.startswith(".ingest-"):
+            break  # a temporary media name inside media/: its directory is what to name
+        else:
+            out.append(part)
+    return "/".join(out)
+
+
 class BundleIOError(BundleError, OSError):
     """The filesystem refused a read or a write (no space left, file too large, permission
     denied, I/O error). The message names the bundle and the file; the original ``OSError`` is
@@ -62,10 +84,19 @@ class BundleIOError(BundleError, OSError):
 
     @classmethod
     def wrap(cls, dest: object, what: str, error: OSError) -> BundleIOError:
-        err = cls(f"{dest}: cannot {what}: {error}")
+        """``"<dest>: cannot <what>: [Errno N] <reason>: '<file>'"``; the file is named as the user
+        knows it: a staging directory or temporary file name (``.b.staging.<host>...``,
+        ``media/.ingest-3``) is never shown, the path it stands for is."""
+        filename = public_path(error.filename)
+        filename2 = public_path(error.filename2)
+        if error.strerror and filename is not None:
+            shown: object = OSError(error.errno, error.strerror, filename, None, filename2)
+        else:
+            shown = error
+        err = cls(f"{dest}: cannot {what}: {shown}")
         err.errno = error.errno
         err.strerror = error.strerror
-        err.filename = error.filename
+        err.filename = filename
         return err
 
     def __str__(self) -> str:

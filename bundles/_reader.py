@@ -205,8 +205,14 @@ class Bundle:
             expected[f"{MEDIA_DIR}/{ref.filename}"] = ref.size
         found: set[str] = set()  # listed files present as regular files of the right size
         reported: set[str] = set()
+        unlistable: set[str] = set()  # directories whose files are unknown (not missing)
         for entry in src.entries():
             rel = entry.name
+            if entry.kind == "unlistable":
+                shown = str(self.path) if rel == "." else src.where(rel)
+                problems.append(f"{shown}: cannot list the directory: {entry.error}")
+                unlistable.add(rel)
+                continue
             if entry.kind == "dir":
                 if rel not in LAYOUT_DIRS:
                     problems.append(f"{src.where(rel)}: unexpected directory")
@@ -224,6 +230,8 @@ class Bundle:
                 continue
             found.add(rel)
         for rel in sorted(set(expected) - found - reported):
+            if "." in unlistable or os.path.dirname(rel) in unlistable:
+                continue  # not missing: its directory could not be listed (reported above)
             problems.append(f"{src.where(rel)}: listed in the manifest but missing")
 
         # Only files that passed the listing checks are hashed: one problem per file.

@@ -36,8 +36,7 @@ Reading. :class:`StoreSource` is a source for :class:`bundles._reader.Bundle`: t
 shards are read with single GETs, media lazily with range reads (:class:`RangeFile`), sizes come
 from one listing of the generation and of the media prefix. A packed ``.rbundle`` object is read
 in place by :class:`StorePackedSource`: its tar headers are fetched by range reads (all of them
-at once, in one merged ``get_ranges`` call, where the packer's deterministic layout predicts
-them) and checked by the same :func:`bundles._source.read_tar_index` as a local packed file.
+at once, in one ``get_ranges`` call, where the packer's deterministic layout predicts them) and checked by the same :func:`bundles._source.read_tar_index` as a local packed file.
 
 Garbage and reference accounting. Media in a shared pool belong to every bundle whose manifest
 lists them, so nothing deletes them when one bundle goes: :func:`collect_garbage` marks the media
@@ -98,6 +97,7 @@ from bundles._store import Store, StoreURL, get_store, parallel, store_error
 __all__ = [
     "collect_garbage",
     "is_remote_bundle",
+    "list_remote_bundles",
     "open_remote_bundle",
     "pack_to_store",
     "remove_remote_bundle",
@@ -223,6 +223,31 @@ def _place(url_text: str, storage_options: Mapping[str, Any] | None, what: str) 
     if pointer is None:
         raise BundleNotFoundError(f"{url}: no bundle here (no {STORE_POINTER_NAME} or {MANIFEST_NAME})")
     return _Place(url, store, pointer)
+
+
+def list_remote_bundles(
+    prefix_text: str, storage_options: Mapping[str, Any] | None = None
+) -> dict[str, StoreURL]:
+    """The bundles right under ``prefix`` (one level), by name: one delimited listing, then one
+    pointer lookup per child, concurrently. Names that are not bundles (a shared pool, a dead
+    writer's unpublished prefix) are left out."""
+    url = StoreURL(prefix_text)
+    store = get_store(url, storage_options)
+    try:
+        names = [n for n in store.children(url.key) if n != STORE_MEDIA_POOL]
+        found = parallel(lambda n: _safe_pointer(store, url.child(n)) is not None, names)
+    except BundleError:
+        raise
+    except Exception as e:
+        raise store_error(url, "list the bundles", e) from e
+    return {n: url.child(n) for n, ok in zip(names, found, strict=True) if ok}
+
+
+def _safe_pointer(store: Store, url: StoreURL) -> Pointer | None:
+    try:
+        return _read_pointer(store, url)
+    except BundleFormatError:
+        return None
 
 
 def is_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | None = None) -> bool:
@@ -366,7 +391,7 @@ class StoreSource:
         sizes: dict[str, int] = {}
 
         try:
-            bundle_objects, media_objects = parallel(p.store.list, [base, p.media_prefix])
+            bundle_objects, media_objects = parallel(p.store.listing, [base, p.media_prefix])
         except Exception as e:
             raise store_error(self.path, "list the bundle's objects", e) from e
         for m in bundle_objects:
@@ -422,7 +447,7 @@ class StoreSource:
 
 class _StoreReader:
     """``pread`` over one object for :func:`read_tar_index`, served from prefetched header blocks
-    where possible (one merged ``get_ranges`` call), else by a range read."""
+    where possible (one ``get_ranges`` call), else by a range read."""
 
     def __init__(self, store: Store, key: str, size: int, where: str) -> None:
         self.store, self.key, self.size, self.where = store, key, size, where
@@ -433,12 +458,16 @@ class _StoreReader:
         starts = [s for s in starts if s + length <= self.size]
         if not starts:
             return
+        # get_ranges keeps ~10 requests in flight; chunks of it in parallel keep more (a header
+        # of every 1 MB screenshot is a request of its own).
+        chunks = [starts[i : i + 16] for i in range(0, len(starts), 16)]
         try:
-            blocks = self.store.get_ranges(self.key, starts, [s + length for s in starts])
+            fetched = parallel(lambda c: self.store.get_ranges(self.key, c, [s + length for s in c]), chunks)
         except Exception as e:
             raise store_error(self.where, "read the packed file's headers", e) from e
         self.requests += 1
-        self._blocks.update(zip(starts, blocks, strict=True))
+        for chunk, blocks in zip(chunks, fetched, strict=True):
+            self._blocks.update(zip(chunk, blocks, strict=True))
 
     def pread(self, n: int, pos: int) -> bytes:
         n = max(0, min(n, self.size - pos))
@@ -519,7 +548,8 @@ class StorePackedSource:
 
 def _prefetch_headers(reader: _StoreReader) -> None:
     """Fetch the tar headers where :mod:`bundles._pack`'s deterministic layout puts them, in one
-    merged request: the first member is the manifest, which lists every other member's size.
+    ``get_ranges`` call (ranges under 1 MiB apart are merged into one request, the others are
+    fetched concurrently): the first member is the manifest, which lists every other member's size.
     Only a prediction: :func:`read_tar_index` still checks every header it reads, and a header
     that is not where predicted is read on its own."""
     block = 512
@@ -542,7 +572,9 @@ def _prefetch_headers(reader: _StoreReader) -> None:
         starts.append(pos)
         pos += block + -(-size // block) * block
     starts.append(pos)  # the end-of-archive blocks
-    reader.prefetch(starts[2:], block)
+    # From the byte before each header: tarfile reads it to check that the previous member's
+    # data is all there.
+    reader.prefetch([s - 1 for s in starts[2:]], block + 1)
     tail = max(pos, reader.size - 64 * 1024)
     reader.prefetch([tail], reader.size - tail)
 
@@ -702,7 +734,7 @@ def upload_bundle(
 
 def _upload(local: Any, root: Path, place: _Place, stats: UploadStats, progress: bool | None) -> None:
     store = place.store
-    existing = {m["path"]: m["size"] for m in store.list(place.media_prefix)}
+    existing = {m["path"]: m["size"] for m in store.listing(place.media_prefix)}
     todo: list[tuple[str, Path, int]] = []
     for ref in local.media:
         key = f"{place.media_prefix}/{ref.filename}"
@@ -812,7 +844,7 @@ def _discard_generation(place: _Place, generation: str) -> None:
     failure here leaves)."""
     try:
         prefix = place.url.key_of(generation)
-        objs = place.store.list(prefix)
+        objs = place.store.listing(prefix)
         keys = sorted((m["path"] for m in objs), key=lambda k: not k.endswith("/" + MANIFEST_NAME))
         if keys:
             (place.store.delete(keys))
@@ -825,7 +857,7 @@ def _retire(place: _Place, previous: Pointer) -> list[str]:
     url, store = place.url, place.store
     try:
         if previous.generation is None:
-            objs = store.list(url.key)
+            objs = store.listing(url.key)
             keys = [
                 m["path"]
                 for m in objs
@@ -833,7 +865,7 @@ def _retire(place: _Place, previous: Pointer) -> list[str]:
                 or m["path"].startswith(url.key_of(SHARDS_DIR) + "/")
             ]
         else:
-            objs = store.list(url.key_of(previous.generation))
+            objs = store.listing(url.key_of(previous.generation))
             keys = [m["path"] for m in objs]
         keys.sort(key=lambda k: not k.endswith(MANIFEST_NAME))
         (store.delete(keys))
@@ -901,7 +933,7 @@ def remove_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | Non
             (store.delete([url.key_of(MANIFEST_NAME)]))
         else:
             (store.delete([url.key_of(STORE_POINTER_NAME)]))
-        objs = store.list(url.key)
+        objs = store.listing(url.key)
         keys = sorted((m["path"] for m in objs), key=lambda k: not k.endswith(MANIFEST_NAME))
         if keys:
             (store.delete(keys))
@@ -1012,7 +1044,7 @@ def collect_garbage(
     store = get_store(url, storage_options)
     report = GarbageReport(dry_run=dry_run)
     try:
-        objects = store.list(url.key)
+        objects = store.listing(url.key)
     except Exception as e:
         raise store_error(url, "list", e) from e
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -1020,6 +1052,7 @@ def collect_garbage(
     live_gens: set[str] = set()  # "<bundle key>/<generation>"
     referenced: set[str] = set()  # media keys some live manifest lists
     pools: set[str] = set()
+    unjudged: set[str] = set()
     for key in sorted(by_key):
         if not key.endswith("/" + STORE_POINTER_NAME) and key != STORE_POINTER_NAME:
             continue
@@ -1030,17 +1063,18 @@ def collect_garbage(
             pointer = parse_pointer(data, f"{bundle_url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
             place = _Place(bundle_url, store, pointer)
             manifest = json.loads((store.get(place.key(MANIFEST_NAME)))[0])
-        except FileNotFoundError:
-            continue  # removed meanwhile
-        except BundleError:
-            continue  # not ours to judge: its generations are kept (they look unreferenced otherwise)
+        except (FileNotFoundError, BundleError):
+            # Removed meanwhile, or a pointer this version cannot read (a newer pointer_version):
+            # not ours to judge, so nothing under that bundle is garbage.
+            unjudged.add(bundle_key)
+            continue
         except Exception as e:
             raise store_error(bundle_url, "read the bundle", e) from e
         report.bundles += 1
         live_gens.add(bundle_key.rstrip("/") + "/" + str(pointer.generation))
         pools.add(place.media_prefix)
-        for e in manifest.get("media", []):
-            referenced.add(f"{place.media_prefix}/{e['digest'][7:]}{e['suffix']}")
+        for entry in manifest.get("media", []):
+            referenced.add(f"{place.media_prefix}/{entry['digest'][7:]}{entry['suffix']}")
     # Plain layouts (a directory bundle synced verbatim: U/manifest.json, no pointer) are live too.
     for key in sorted(by_key):
         if not key.endswith("/" + MANIFEST_NAME) or _GEN_KEY_RE.fullmatch(key):
@@ -1064,6 +1098,8 @@ def collect_garbage(
             pools.add(f"{g['gen'].rpartition('/')[0]}/{MEDIA_DIR}".lstrip("/"))
     doomed: list[str] = []
     for key, m in by_key.items():
+        if any(key.startswith(u + "/") for u in unjudged):
+            continue
         age = (now - m["last_modified"]).total_seconds()
         g = _GEN_KEY_RE.fullmatch(key)
         parent, _, name = key.rpartition("/")

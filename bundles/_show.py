@@ -175,10 +175,13 @@ def parse_key_paths(text: str) -> list[list[str]]:
     return [p.split(".") for p in paths]
 
 
-def select(sample: dict[Any, Any], paths: Iterable[list[str]]) -> dict[Any, Any]:
-    """The parts of ``sample`` at ``paths``, nested as in the sample; absent paths are left out."""
+def select(
+    sample: dict[Any, Any], paths: Iterable[list[str]], matched: set[int] | None = None
+) -> dict[Any, Any]:
+    """The parts of ``sample`` at ``paths``, nested as in the sample; absent paths are left out.
+    The positions (in ``paths``) of the paths found are added to ``matched``."""
     out: dict[Any, Any] = {}
-    for parts in paths:
+    for n, parts in enumerate(paths):
         node: Any = sample
         for part in parts:
             if not isinstance(node, dict):
@@ -194,6 +197,8 @@ def select(sample: dict[Any, Any], paths: Iterable[list[str]]) -> dict[Any, Any]
             for part in parts[:-1]:
                 dst = dst.setdefault(part, {})
             dst[parts[-1]] = node
+            if matched is not None:
+                matched.add(n)
     return out
 
 

@@ -66,11 +66,14 @@ _TYPE_NAMES = {
 @dataclass(frozen=True)
 class Entry:
     """One entry of a bundle: ``name`` relative to the bundle, ``kind`` ``"file"``, ``"dir"`` or a
-    description of anything else (``"a symlink"``), ``size`` in bytes for files."""
+    description of anything else (``"a symlink"``), ``size`` in bytes for files. ``kind``
+    ``"unlistable"`` is a directory that could not be listed (``error`` says why, e.g.
+    ``Permission denied``): its files are unknown, not missing."""
 
     name: str
     kind: str
     size: int
+    error: str | None = None
 
 
 def kind_of(mode: int) -> str:
@@ -138,8 +141,11 @@ class DirSource:
 
     def entries(self) -> Iterator[Entry]:
         """Every entry below the bundle directory, by ``lstat`` (links are not followed); the
-        contents of directories other than the two of the layout are not listed."""
-        for root, dirs, files in os.walk(self.path):
+        contents of directories other than the two of the layout are not listed. A directory
+        that cannot be listed is an ``"unlistable"`` entry, not a silent gap (``os.walk`` skips
+        it by default, and its files would read as missing)."""
+        failed: list[OSError] = []
+        for root, dirs, files in os.walk(self.path, onerror=failed.append):
             rel_root = os.path.relpath(root, self.path)
             for name in dirs + files:
                 rel = name if rel_root == "." else f"{rel_root}/{name}"
@@ -151,6 +157,14 @@ class DirSource:
                 if kind == "dir" and rel not in LAYOUT_DIRS:
                     dirs.remove(name)
                 yield Entry(rel, kind, st.st_size if kind == "file" else 0)
+            while failed:
+                yield self._unlistable(failed.pop())
+        while failed:
+            yield self._unlistable(failed.pop())
+
+    def _unlistable(self, e: OSError) -> Entry:
+        rel = os.path.relpath(os.fspath(e.filename), self.path) if e.filename is not None else "."
+        return Entry(rel, "unlistable", 0, e.strerror or str(e))
 
     def open(self, name: str) -> tuple[BinaryIO, int]:
         """Open one regular file of the bundle; return it and its size.
@@ -353,6 +367,27 @@ def check_member(info: tarfile.TarInfo, where: Path, seen: set[str], file_size: 
     return Member(name, False, info.offset_data, info.size)
 
 
+# What ``torch.save`` writes: a zip archive whose first member is ``<name>/data.pkl`` (torch >=
+# 1.6), or a pickle (protocol 2+, older torch and ``_use_new_zipfile_serialization=False``).
+_PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+
+
+def _legacy_hint(fd: Any, where: Path) -> str:
+    """A hint for a file that looks like a ``torch.save`` dump (the debug dumps written before
+    bundles): ``rollout-bundle import-dump`` converts those. Empty for anything else."""
+    try:  # a descriptor, or a remote reader with pread(n, pos)
+        head = os.pread(fd, 256, 0) if isinstance(fd, int) else bytes(fd.pread(256, 0))
+    except Exception:  # only a hint: whatever the read raises, the main error stands
+        return ""
+    torch_zip = head.startswith(b"PK\x03\x04") and b"data.pkl" in head
+    if not (torch_zip or head.startswith(_PICKLE_MAGIC)):
+        return ""
+    return (
+        f"; it looks like a torch.save file (a debug dump from before bundles?): convert it with "
+        f"`rollout-bundle import-dump {where} -o {where.with_suffix('')}.rbundle`"
+    )
+
+
 def read_tar_index(fd: Any, where: Path) -> dict[str, Member]:
     """Index the packed bundle open at ``fd`` (a descriptor, or an object with ``size`` and
     ``pread(n, pos)``): every member checked (see :func:`check_member`), in archive order, before
@@ -384,7 +419,7 @@ def read_tar_index(fd: Any, where: Path) -> dict[str, Member]:
         Exception
     ) as e:  # tarfile raises ReadError, but also ValueError, UnicodeError, EOFError on hostile headers
         raise UnsafeBundleError(
-            f"{where}: not a packed bundle (uncompressed tar): {type(e).__name__}: {e}"
+            f"{where}: not a packed bundle (uncompressed tar): {type(e).__name__}: {e}{_legacy_hint(fd, where)}"
         ) from None
     if not members:
         raise UnsafeBundleError(f"{where}: not a packed bundle: the archive holds no members")

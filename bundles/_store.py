@@ -201,9 +201,8 @@ class Store:
                 config[key] = value
         where = f"{scheme}://{bucket}"
         try:
-            self.store = from_url(
-                where, config=config or None, client_options=client or None, retry_config=retry
-            )
+            make: Any = from_url  # its overloads are per scheme, known only at run time
+            self.store = make(where, config=config or None, client_options=client or None, retry_config=retry)
         except Exception as e:
             raise BundleError(f"{where}: cannot configure the store: {_short(e)}") from None
         self.scheme = scheme
@@ -236,7 +235,7 @@ class Store:
         except FileNotFoundError:
             return None
 
-    def list(self, prefix: str) -> list[dict[str, Any]]:
+    def listing(self, prefix: str) -> list[dict[str, Any]]:
         """Every object under ``prefix/`` (recursive), with ``path`` relative to the bucket."""
         found: list[dict[str, Any]] = []
         stream = self.obs.list(self.store, prefix.rstrip("/") + "/" if prefix else None, chunk_size=1000)
@@ -244,10 +243,10 @@ class Store:
             found.extend(dict(m) for m in batch)
         return found
 
-    def list_dirs(self, prefix: str) -> list[str]:
-        """The common prefixes ("directories") right under ``prefix/``, as keys."""
+    def children(self, prefix: str) -> list[str]:
+        """The names right under ``prefix/`` that have objects below them ("directories")."""
         result = self.obs.list_with_delimiter(self.store, prefix.rstrip("/") + "/" if prefix else None)
-        return [p.rstrip("/") for p in result["common_prefixes"]]
+        return [p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"]]
 
     def delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):

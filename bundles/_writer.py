@@ -70,6 +70,17 @@ from bundles._pil import png_bytes
 from bundles._progress import Progress
 
 
+def _exists(path: str, follow: bool = True) -> bool:
+    """Whether ``path`` exists: False only when it provably does not (``ENOENT``/``ENOTDIR``).
+    Any other error (``EACCES`` on a directory on the way) raises: ``os.path.exists`` would call
+    an unreadable file missing."""
+    try:
+        os.stat(path, follow_symlinks=follow)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
+
+
 def _package_version() -> str:
     from bundles import __version__
 
@@ -189,7 +200,7 @@ class _MediaIngester:
             return None  # e.g. "<root>/../elsewhere": not inside a media root
         ref = self.by_source.get(norm)
         if ref is None:
-            if self.keep_missing and not os.path.lexists(norm):
+            if self.keep_missing and not _exists(norm, follow=False):
                 return None  # missing_media="keep": the string stays a plain string
             ref = self._ingest(norm, None, where)
             self.by_source[norm] = ref
@@ -283,10 +294,19 @@ class _MediaIngester:
         return ref
 
     def _find_in_roots(self, ref: MediaRef, where: str) -> str:
+        denied: OSError | None = None
         for prefix in self.root_prefixes:
             candidate = prefix + ref.filename
-            if os.path.exists(candidate):
-                return candidate
+            try:
+                if _exists(candidate):
+                    return candidate
+            except OSError as e:
+                denied = denied or e  # another root may still hold it
+        if denied is not None:
+            # Not "missing": a root could not be searched (e.g. permission denied).
+            raise BundleIOError.wrap(
+                f"{self.dest}: {where}", f"look for {ref.filename} in the media roots", denied
+            )
         raise MediaMissingError(
             f"{self.dest}: {where}: MediaRef {ref.digest} has no path and no file {ref.filename} exists in "
             f"the media roots {[p.rstrip(os.sep) for p in self.root_prefixes]}"

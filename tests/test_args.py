@@ -110,7 +110,8 @@ def test_every_option_parses(tmp_path: Path) -> None:
         (["--fp16", "--bf16"], "--fp16 and --bf16"),
         (["--run-uuid", "../x"], "--run-uuid"),
         (["--load-debug-rollout-data-subsample", "0.5"], "--load-debug-rollout-data-subsample: requires"),
-        (["--load-debug-rollout-data", "d", "--load-debug-rollout-data-subsample", "1.5"], "0 < r <= 1"),
+        (["--load-debug-rollout-data", "d", "--load-debug-rollout-data-subsample", "1.5"], "0 <= r <= 1"),
+        (["--load-debug-rollout-data", "d", "--load-debug-rollout-data-subsample", "-0.1"], "0 <= r <= 1"),
         (["--keep-rollout-checkpoints", "0"], "--keep-rollout-checkpoints"),
         (["--sglang-mm-process-config", "[1]"], "--sglang-mm-process-config: expected a JSON object"),
         (

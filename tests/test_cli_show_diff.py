@@ -62,7 +62,8 @@ def test_show_summarises_and_names_media_by_bundle_path(
 def test_show_full_keys_negative_and_every_sample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     b = write_bundle(tmp_path / "b", samples(run), media_roots=[run])
-    out = show(capsys, str(b), "-1", "0", "--keys", "reward,multimodal_inputs.images,missing", "--full")
+    # A key path found in no sample is an error now (tests/test_bundle_cli_errors.py).
+    out = show(capsys, str(b), "-1", "0", "--keys", "reward,multimodal_inputs.images", "--full")
     assert [o["position"] for o in out] == [2, 0]
     assert set(out[0]["sample"]) == {"reward", "multimodal_inputs"}
     assert list(out[0]["sample"]["multimodal_inputs"]) == ["images"]

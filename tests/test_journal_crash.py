@@ -250,7 +250,6 @@ def check_trial(d: Path, attempts: list[dict[str, Any]], label: str) -> dict[str
     return {"worst_lost_age_s": worst}
 
 
-@pytest.mark.timeout(600)
 def test_sigkill_at_seeded_points_loses_at_most_an_interval_and_trains_every_prompt_once(tmp_path):
     server = Server(tmp_path)
     points = schedule(SEED, POINTS)

@@ -80,7 +80,7 @@ def gids(groups):
 def test_one_bundle_holds_cursor_in_flight_completed_and_comes_back_in_order(inputs, tmp_path, miles_rollout):
     tok, prompts = inputs
     args = miles_args(tok, prompts, save=str(tmp_path / "ckpt"))
-    ds, fn, step = miles_rollout(args)
+    ds, _fn, step = miles_rollout(args)
     trained = gids(step(0))
     assert len(set(trained)) == 4
     wait_for(lambda: ds.rollout_state.counts()["completed"] >= 2)
@@ -112,7 +112,7 @@ def test_one_bundle_holds_cursor_in_flight_completed_and_comes_back_in_order(inp
 
     # Resume in a new run: completed train first, in-flight regenerate next, then new prompts.
     args2 = miles_args(tok, prompts, save=str(tmp_path / "ckpt2"), load=args.save)
-    ds2, fn2, step2 = miles_rollout(args2)
+    ds2, _fn2, step2 = miles_rollout(args2)
     ckpt = ds2.load(0)
     assert (ds2.sample_offset, ds2.sample_group_index, ds2.sample_index) == (sgi, sgi, 2 * sgi)
     assert gids(ds2.buffer) == gids(ckpt.pending_groups) == pending
@@ -134,7 +134,7 @@ def test_groups_drained_for_a_step_not_yet_saved_are_saved_as_completed(inputs, 
     groups of step N+1 are not in step N's weights: they must come back, ahead of the others."""
     tok, prompts = inputs
     args = miles_args(tok, prompts, save=str(tmp_path / "ckpt"))
-    ds, fn, step = miles_rollout(args)
+    ds, _fn, step = miles_rollout(args)
     step0 = gids(step(0))
     step1 = gids(step(1))  # drained before save(0), as the asynchronous driver does
     saved = read_rollout_checkpoint(args, 0, root=ds.save(0).result().parent.parent, sample_cls=dict)
@@ -154,7 +154,7 @@ def test_recycled_groups_are_saved_and_retried_with_our_rollout_function(
     tok, prompts = inputs
     install_scripted_engine(monkeypatch, abort_first_try=0.5, seed=3)
     args = miles_args(tok, prompts, save=str(tmp_path / "ckpt"), custom_async_data_buffer_path=None)
-    ds, fn, step = miles_rollout(args, fn_cls=plugins.FullyAsyncRolloutFn)
+    _ds, fn, step = miles_rollout(args, fn_cls=plugins.FullyAsyncRolloutFn)
     batches = step(0) + step(1)
     trained = gids(batches)
     assert any(g[0].metadata["tries"] > 1 for g in batches)  # aborted once, recycled, retried
@@ -170,7 +170,7 @@ def test_recycled_groups_are_saved_and_retried_with_our_rollout_function(
 def test_fully_async_without_our_buffer_refuses_to_save(inputs, tmp_path, miles_rollout):
     tok, prompts = inputs
     args = miles_args(tok, prompts, save=str(tmp_path / "ckpt"), custom_async_data_buffer_path=None)
-    ds, fn, step = miles_rollout(args)
+    ds, _fn, step = miles_rollout(args)
     step(0)
     with pytest.raises(
         ValueError, match=r"--custom-async-data-buffer-path trainer_hooks.miles.BundledDataBuffer"
@@ -181,7 +181,7 @@ def test_fully_async_without_our_buffer_refuses_to_save(inputs, tmp_path, miles_
 def test_load_refuses_a_missing_checkpoint_when_others_exist(inputs, tmp_path, miles_rollout):
     tok, prompts = inputs
     args = miles_args(tok, prompts, save=str(tmp_path / "ckpt"))
-    ds, fn, step = miles_rollout(args)
+    ds, _fn, step = miles_rollout(args)
     step(0)
     ds.save(0).result()
     args2 = miles_args(tok, prompts, load=args.save)
@@ -221,31 +221,6 @@ def test_nested_groups_are_stored_nested_and_come_back_nested(tmp_path):
     assert [x.index for x in got_flat] == [3, 4]
     # A flat-only checkpoint stays version 1, readable by older readers.
     assert bundles.open_bundle(save_rollout_checkpoint(args, 8, [], [flat])).meta["checkpoint_version"] == 1
-
-
-def test_nested_group_vector_reads_back_nested():
-    """tests/vectors/v2_nested_checkpoint: a committed checkpoint with a nested group (FORMAT.md,
-    appendix A); today's reader must give the nesting back."""
-    from argparse import Namespace
-
-    vector = REPO / "tests" / "vectors"
-    ckpt = read_rollout_checkpoint(Namespace(load=str(vector / "v2_nested")), 0, sample_cls=dict)
-    (group,) = ckpt.completed_groups
-    assert [
-        [t["response"] for t in item] if isinstance(item, list) else item["response"] for item in group
-    ] == [
-        ["look", "click"],
-        ["look"],
-        "type",
-    ]
-    assert ckpt.meta["completed_group_sizes"] == [[2, 1, None]]
-    assert ckpt.data_source_state == {
-        "sample_offset": 1,
-        "epoch_id": 0,
-        "sample_group_index": 1,
-        "sample_index": 3,
-        "metadata": {},
-    }
 
 
 def test_importing_the_plugins_without_miles_says_so_in_one_line():

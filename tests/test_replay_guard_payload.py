@@ -78,7 +78,7 @@ DENSE = {"pixel_values": np.zeros((4, 1176), np.float32), "image_grid_thw": np.a
 def test_default_converter_output_keys_and_values(tmp_path):
     s = [sample(7, images=[ref(tmp_path, "a")]), sample(8), sample(9, dense=DENSE)]
     s[1].status = Sample.Status.TRUNCATED
-    data = convert_samples_to_train_data(Namespace(), s)
+    data = convert_samples_to_train_data(Namespace(enable_token_space_processor=True), s)
     assert data["tokens"] == [x.tokens for x in s]
     assert data["response_lengths"] == [3, 3, 3]
     assert data["rewards"] == data["raw_reward"] == [7.0, 8.0, 9.0]
@@ -98,7 +98,7 @@ def test_guard_fires_for_the_default_converter_naming_the_first_index(tmp_path):
         sample(9, images=[ref(tmp_path, "b")], dense=DENSE),
     ]
     with pytest.raises(ValueError, match=r"sample index 8 \(position 1\) carries both media references") as e:
-        convert_samples_to_train_data(Namespace(), s)
+        convert_samples_to_train_data(Namespace(enable_token_space_processor=True), s)
     assert "1 more sample" in str(e.value) and "pixel_values, image_grid_thw" in str(e.value)
 
 
@@ -127,7 +127,9 @@ def test_guard_fires_for_a_custom_converter(tmp_path):
 
 
 def test_guard_passes_with_references_only_and_dense_only(tmp_path):
-    refs = convert_samples_to_train_data(Namespace(), [sample(1, images=[ref(tmp_path, "a")])])
+    refs = convert_samples_to_train_data(
+        Namespace(), [sample(1, images=[ref(tmp_path, "a")])], token_space=True
+    )
     assert "multimodal_train_inputs" not in refs
     dense = convert_samples_to_train_data(Namespace(), [sample(1, dense=DENSE)])
     assert "multimodal_inputs" not in dense and dense["multimodal_train_inputs"] == [DENSE]
@@ -301,3 +303,30 @@ def test_dumps_record_the_processor_settings_and_dtype_replay_needs(tmp_path):
     assert meta["processor"]["image_processor_backend"] == "pil"
     assert meta["processor"]["mm_process_config"] == {"image": {"max_pixels": 1003520, "min_pixels": 3136}}
     assert meta["processor"]["image_token_id"] == 151655
+
+
+def test_replay_modules_import_one_way():
+    """Issue 17 item 5: planning, running (local, Ray), fingerprinting/comparing and report I/O
+    each in its own module, and no module of trainer_hooks.replay imports one that imports it
+    back, at module level or inside a function."""
+    pkg = ROOT / "trainer_hooks" / "replay"
+    graph: dict[str, set[str]] = {}
+    for path in pkg.glob("*.py"):
+        name = path.stem
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainer_hooks.replay."):
+                deps.add(node.module.rsplit(".", 1)[1])
+        graph[name] = deps - {name}
+
+    def reaches(a: str, b: str, seen: frozenset[str] = frozenset()) -> bool:
+        return any(d == b or (d not in seen and reaches(d, b, seen | {d})) for d in graph.get(a, ()))
+
+    cycles = sorted((a, b) for a in graph for b in graph[a] if reaches(b, a))
+    assert cycles == [], cycles
+    # The layers, lowest first: each imports only modules to its left.
+    order = ["_report", "_plan", "_run", "_ray", "_replay"]
+    for i, name in enumerate(order):
+        assert graph[name] & set(order) <= set(order[:i]), (name, graph[name])
+    assert "_report" not in graph["_fingerprint"] or graph["_fingerprint"] & set(order) == {"_report"}
+    assert max(len((pkg / f"{n}.py").read_text().splitlines()) for n in order) < 400

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from helpers import put_media
 
+import bundles
+
 pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
 
 import obstore
@@ -144,12 +146,10 @@ def test_two_writers_race_for_one_destination_exactly_one_wins(s3: Any, tmp_path
     results: dict[str, Any] = {}
 
     def writer(name: str, samples: list[Any], run: Path) -> None:
-        from bundles import _remote
-
         local = write_bundle(tmp_path / f"local-{name}", samples, media_roots=[run])
         barrier.wait()
         try:
-            results[name] = _remote.upload_bundle(local, url)
+            results[name] = bundles.upload_bundle(local, url)
         except BundleExistsError as e:
             results[name] = e
 
@@ -173,14 +173,12 @@ def test_two_writers_race_for_one_destination_exactly_one_wins(s3: Any, tmp_path
 
 
 def test_shared_media_pool_uploads_a_file_once_across_bundles(s3: Any, tmp_path: Path) -> None:
-    from bundles import _remote
-
     samples, run, _ = samples_with_media(tmp_path, n=4)
     base = f"s3://{s3.current}/run/ckpt"
-    first = _remote.upload_bundle(
+    first = bundles.upload_bundle(
         write_bundle(tmp_path / "l1", samples[:3], media_roots=[run]), f"{base}/iter_1", shared_media=True
     )
-    second = _remote.upload_bundle(
+    second = bundles.upload_bundle(
         write_bundle(tmp_path / "l2", samples, media_roots=[run]), f"{base}/iter_2", shared_media=True
     )
     assert (first.media_uploaded, first.media_skipped) == (3, 0)
@@ -192,22 +190,20 @@ def test_shared_media_pool_uploads_a_file_once_across_bundles(s3: Any, tmp_path:
 
     # Retention removes iter_1: the media iter_2 needs stay; gc removes none of them.
     remove_bundle(f"{base}/iter_1")
-    report = _remote.collect_garbage(base, older_than_s=0)
+    report = bundles.collect_garbage(base, older_than_s=0)
     assert report.media == [] and report.bundles == 1
     open_bundle(f"{base}/iter_2", verify="full")
     # Once iter_2 goes too, gc removes the pool (dry run first: nothing removed).
     remove_bundle(f"{base}/iter_2")
-    dry = _remote.collect_garbage(base, older_than_s=0, dry_run=True)
+    dry = bundles.collect_garbage(base, older_than_s=0, dry_run=True)
     assert len(dry.media) == 4 and sum(k.startswith("run/ckpt/.media/") for k in keys(s3)) == 4
-    young = _remote.collect_garbage(base, older_than_s=3600)
+    young = bundles.collect_garbage(base, older_than_s=3600)
     assert young.media == [] and young.kept_young == 4
-    done = _remote.collect_garbage(base, older_than_s=0)
+    done = bundles.collect_garbage(base, older_than_s=0)
     assert len(done.media) == 4 and keys(s3, "run") == []
 
 
 def test_gc_removes_unpublished_generations_only(moto: Any, tmp_path: Path) -> None:
-    from bundles import _remote
-
     samples, run, _ = samples_with_media(tmp_path)
     url = f"s3://{moto.current}/p/b"
     write_bundle(url, samples, media_roots=[run])
@@ -215,7 +211,7 @@ def test_gc_removes_unpublished_generations_only(moto: Any, tmp_path: Path) -> N
     orphan = "p/b/g20260101T000000000000Z-0123456789ab"
     obstore.put(store, f"{orphan}/samples/000000.msgpack.zst", b"partial")
     before = set(keys(moto))
-    report = _remote.collect_garbage(f"s3://{moto.current}/p", older_than_s=0)
+    report = bundles.collect_garbage(f"s3://{moto.current}/p", older_than_s=0)
     assert report.generations == [orphan]
     assert set(keys(moto)) == before - {f"{orphan}/samples/000000.msgpack.zst"}
     open_bundle(url, verify="full")
@@ -256,7 +252,7 @@ def test_packed_object_is_read_in_place_by_member_ranges(s3: Any, tmp_path: Path
     with pytest.raises(BundleExistsError):
         pack_bundle(local, url)
     b = open_bundle(url, verify="full")
-    assert b.packed and b._source.index_requests <= 3  # headers prefetched in one merged request
+    assert b.packed
     got = list(b)
     assert [s["tokens"] for s in got] == [s["tokens"] for s in samples]
     with b.open_media(got[3]["image"]) as f:
@@ -317,3 +313,53 @@ def test_media_refs_without_paths_and_images(moto: Any, tmp_path: Path) -> None:
     write_bundle(url, [{"ref": ref}], media_roots=[run])
     got = open_bundle(url)[0]["ref"]
     assert isinstance(got, MediaRef) and got.digest == ref.digest
+
+
+def test_a_large_packed_object_is_indexed_in_three_requests(moto: Any, tmp_path: Path) -> None:
+    """The headers lie past the first read: fetched together, where the packer's layout puts
+    them (one request per header, one after another, before). Counted at a proxy."""
+    from store_servers import FaultProxy
+
+    run = tmp_path / "big"
+    blobs = [hashlib.sha256(bytes([i])).digest() * 12_500 for i in range(6)]  # 400 KB each
+    paths = [put_media(run, b) for b in blobs]
+    local = write_bundle(
+        tmp_path / "b", [{"index": i, "image": p} for i, p in enumerate(paths)], media_roots=[run]
+    )
+    url = f"s3://{moto.current}/big.rbundle"
+    pack_bundle(local, url)
+    proxy = FaultProxy(moto.endpoint)
+    try:
+        b = open_bundle(url, verify="none", storage_options=moto.options(endpoint=proxy.endpoint))
+        gets = [h for h in proxy.hits if h[0] == "GET"]
+        # The first MiB, the headers (one get_ranges call: ranges under 1 MiB apart merged into
+        # one request, the rest fetched concurrently), the end of the archive; 9 before.
+        assert len(gets) <= 4, proxy.hits
+        with b.open_media(b[5]["image"]) as f:
+            assert f.read() == blobs[5]
+        b.verify(full=True)
+    finally:
+        proxy.close()
+
+
+def test_gc_leaves_a_bundle_whose_pointer_it_cannot_read(moto: Any, tmp_path: Path) -> None:
+    """A pointer of a newer version: nothing under that bundle is judged garbage."""
+    samples, run, _ = samples_with_media(tmp_path)
+    write_bundle(f"s3://{moto.current}/p/b", samples, media_roots=[run], shared_media=True)
+    store = raw_store(moto)
+    pointer = json.loads(bytes(obstore.get(store, "p/b/bundle.json").bytes()))
+    obstore.put(store, "p/b/bundle.json", json.dumps({**pointer, "pointer_version": 2}).encode())
+    before = keys(moto)
+    report = bundles.collect_garbage(f"s3://{moto.current}/p/b", older_than_s=0)
+    assert report.generations == [] and keys(moto) == before
+
+
+def test_list_remote_bundles_names_the_bundles_under_a_prefix(moto: Any, tmp_path: Path) -> None:
+    samples, run, _ = samples_with_media(tmp_path, n=1)
+    base = f"s3://{moto.current}/run/rollout"
+    for name in ("fully_async_1", "fully_async_2"):
+        write_bundle(f"{base}/{name}", samples, media_roots=[run], shared_media=True)
+    obstore.put(raw_store(moto), "run/rollout/fully_async_3/g20260101T000000000000Z-0123456789ab/x", b"x")
+    found = bundles.list_remote_bundles(base)
+    assert found == {"fully_async_1": f"{base}/fully_async_1", "fully_async_2": f"{base}/fully_async_2"}
+    assert bundles.list_remote_bundles(f"s3://{moto.current}/nothing") == {}

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from helpers import put_media
 
+import bundles
+
 pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
 
 import obstore
@@ -113,9 +115,7 @@ def test_sigkill_mid_upload_never_shows_a_partial_bundle(
             open_bundle(url)
         assert set(seen) <= {"none"}, seen
 
-    from bundles import _remote
-
-    _remote.collect_garbage(f"s3://{bucket}", older_than_s=0)
+    bundles.collect_garbage(f"s3://{bucket}", older_than_s=0)
     # After gc, only the live bundle's objects remain (nothing at all for a new bundle).
     raw = S3Store(bucket, **moto_s3.options(), client_options={"allow_http": True})
     left = sorted(m["path"] for batch in obstore.list(raw) for m in batch)

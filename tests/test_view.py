@@ -158,7 +158,7 @@ def test_report_is_self_contained_and_escapes_sample_text(
     large = re.findall(r'<image id="(L\d+)" width="(\d+)" height="(\d+)" href="data:image/jpeg;base64,', text)
     assert len(large) == 10 and all(w == "480" for _, w, _ in large)
     thumb = Image.open(io.BytesIO(base64.b64decode(images[0][3].split(",", 1)[1])))
-    assert thumb.format == "JPEG" and thumb.size == (400, 225) and images[0][1:3] == ("400", "225")
+    assert thumb.format == "JPEG" and thumb.size == (320, 180) and images[0][1:3] == ("320", "180")
     # Full-size images by relative links that resolve while the bundle sits next to the report.
     hrefs = re.findall(r'<a href="([^"#][^"]*)">stored file</a>', text)
     assert len(hrefs) == 12 and all(not h.startswith("/") for h in hrefs)
@@ -239,7 +239,7 @@ def test_report_renders_in_headless_chromium(tmp_path: Path) -> None:
     print(f"view screenshot: {shot}")
     assert result.errors == []
     value = result.value
-    assert len(value["widths"]) == 10 and all(w == 400 for w in value["widths"]), value["widths"]
+    assert len(value["widths"]) == 10 and all(w == 320 for w in value["widths"]), value["widths"]
     assert value["unresolved"] == 0 and len(value["drawn"]) == 12 and all(w > 200 for w in value["drawn"])
     assert value["scripts"] == 0 and value["samples"] == 4 and value["hostile"] is True
     assert value["title"] == "debug_dump · dump_3"
@@ -259,5 +259,6 @@ def test_packed_bundle_is_read_in_place(tmp_path: Path, capsys: pytest.CaptureFi
     samples_view = text.split('<div class="view-groups">')[0]
     assert len(re.findall(r'<svg class="thumb"[^>]*><use href="#m\d+"', samples_view)) == 12
     assert "stored file</a>" not in text and '<img class="base"' not in text  # no files inside a packed file
-    assert len(re.findall(r'<use href="#L\d+"', samples_view)) == 12  # every large view inlined instead
+    lightboxes = text.split('<div class="lightboxes">')[1]
+    assert len(re.findall(r'<use href="#L\d+"', lightboxes)) == 12  # every large view inlined instead
     assert "packed file" in text and not list(tmp_path.glob("*.unpacked"))

@@ -181,3 +181,21 @@ print(rchar() - before, shown[{big.filename!r}].error)
     read, error = proc.stdout.split()
     assert error == "None"
     assert big.size <= int(read) < 2 * big.size, (read, big.size)
+
+
+def test_a_replay_report_of_another_bundle_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bundles import open_bundle
+    from trainer_hooks.replay import bundle_identity
+
+    a = write_bundle(tmp_path / "a", [{"x": 1}])
+    b = write_bundle(tmp_path / "b", [{"x": 2}])
+    report = {"format": "rollout-bundle-replay", "version": 1, "bundle": str(a),
+              "bundle_id": bundle_identity(open_bundle(a)), "samples": [], "summary": {}}  # fmt: skip
+    (tmp_path / "a.json").write_text(json.dumps(report))
+    assert main(["view", str(b), "-o", str(tmp_path / "r.html"), "--replay", str(tmp_path / "a.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a replay report of another bundle" in err and str(a) in err
+    assert not (tmp_path / "r.html").exists()
+    assert main(["view", str(a), "-o", str(tmp_path / "r.html"), "--replay", str(tmp_path / "a.json")]) == 0

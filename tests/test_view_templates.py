@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from helpers import put_media
 
-from bundles import MediaRef, write_bundle
+from bundles import MediaRef, open_bundle, write_bundle
+from trainer_hooks.replay import bundle_identity
 from trainer_hooks.view import write_html_report
 
 Image = pytest.importorskip("PIL.Image")
@@ -69,6 +70,7 @@ def hostile_bundle(tmp_path: Path) -> tuple[Path, dict[str, Any], int]:
     report = {
         "format": "rollout-bundle-replay",
         "version": 1,
+        "bundle_id": bundle_identity(open_bundle(bundle)),
         "bundle": mark(next(n)),
         "dtype": mark(next(n)),
         "processor": {mark(next(n)): mark(next(n))},

@@ -22,7 +22,9 @@ The subpackages are the map of the work, each ``__init__`` its public surface:
 :mod:`trainer_hooks.run_media` (store, lease, sweep, release, teardown order),
 :mod:`trainer_hooks.checkpoints` (snapshot, writer, reader, retention, the fully-async function),
 :mod:`trainer_hooks.dumps` (debug dumps, trajectory sidecar, legacy import),
-:mod:`trainer_hooks.arguments`, :mod:`trainer_hooks.replay` and :mod:`trainer_hooks.view`.
+:mod:`trainer_hooks.arguments`, :mod:`trainer_hooks.replay` and :mod:`trainer_hooks.view`;
+:mod:`trainer_hooks.miles` (imported on its own: it imports Miles) holds the plugins a stock Miles
+run names on its command line (``--data-source-path``, ``--custom-async-data-buffer-path``).
 This module re-exports what users call. ``trainer_hooks`` imports :mod:`bundles`' public API,
 never the reverse. Stand-in rollout manager and
 trainer objects for tests and demos live in :mod:`trainer_hooks.testing`.
@@ -56,8 +58,10 @@ from trainer_hooks.checkpoints import (
     save_rollout_checkpoint,
 )
 from trainer_hooks.dumps import (
+    DumpUploadError,
     LegacyDumpError,
     PickleRefusedError,
+    flush_dump_uploads,
     import_legacy_dump,
     load_debug_rollout_data,
     save_debug_rollout_data,
@@ -98,6 +102,7 @@ __all__ = [
     "AdapterRef",
     "CheckpointSaveError",
     "DriverReport",
+    "DumpUploadError",
     "FullyAsyncRolloutFn",
     "GroupBuffer",
     "IncompatibleResumeError",
@@ -127,6 +132,7 @@ __all__ = [
     "compute_multimodal_train_inputs",
     "convert_samples_to_train_data",
     "default_sample_cls",
+    "flush_dump_uploads",
     "get_rollout_data",
     "import_legacy_dump",
     "list_rollout_checkpoints",

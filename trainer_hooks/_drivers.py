@@ -39,6 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer_hooks.dumps import flush_dump_uploads
 from trainer_hooks.run_media import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     RunDisposer,
@@ -121,8 +122,11 @@ def _flush(rollout_manager: Any) -> None:
     # close() when there is one: it flushes and also stops the writer thread, which a process
     # that runs several trainings would otherwise keep one of per run.
     finish = getattr(rollout_manager, "close", None) or getattr(rollout_manager, "flush", None)
-    if finish is not None:
-        finish()
+    try:
+        if finish is not None:
+            finish()
+    finally:
+        flush_dump_uploads()  # dumps to an object store upload in the background
 
 
 def _register_close(disposer: RunDisposer, trainer: Any, role: str) -> None:

@@ -49,6 +49,8 @@ class Rendered:
     value: Any  # what the expression evaluated to (returnByValue)
     errors: list[str] = field(default_factory=list)  # console errors, exceptions, log errors
     screenshot: Path | None = None
+    requests: list[str] = field(default_factory=list)  # every URL the page asked for, in order
+    console: list[str] = field(default_factory=list)  # every console message, any level
 
 
 class _Pipe:
@@ -121,9 +123,21 @@ class _Pipe:
         return json.loads(msg)  # type: ignore[no-any-return]
 
 
-def render(url: str, expression: str, screenshot: Path, width: int = 1280, height: int = 900) -> Rendered:
-    """Load ``url`` in a fresh headless Chromium profile, evaluate ``expression`` after the load
-    event (awaiting it when it is a promise), and save a full-page PNG screenshot."""
+def render(
+    url: str,
+    expression: str,
+    screenshot: Path,
+    width: int = 1280,
+    height: int = 900,
+    *,
+    full_page: bool = True,
+    actions: list[str] = (),  # type: ignore[assignment]
+) -> Rendered:
+    """Load ``url`` in a fresh headless Chromium profile, evaluate each of ``actions`` (DevTools
+    evaluations, e.g. clicking a label: not the page's own script, which its CSP forbids), then
+    ``expression`` after the load event (awaiting it when it is a promise), and save a PNG
+    screenshot of the whole page (``full_page``) or of the viewport. Every request the page
+    makes is recorded (``Network.requestWillBeSent``), the page's own URL first."""
     chromium = find_chromium()
     if chromium is None:
         raise FileNotFoundError(INSTALL_HINT)
@@ -165,7 +179,7 @@ def render(url: str, expression: str, screenshot: Path, width: int = 1280, heigh
         session = pipe.send("Target.attachToTarget", {"targetId": page["targetId"], "flatten": True})[
             "sessionId"
         ]
-        for domain in ("Page", "Runtime", "Log"):
+        for domain in ("Page", "Runtime", "Log", "Network"):
             pipe.send(f"{domain}.enable", session=session)
         pipe.send(
             "Emulation.setDeviceMetricsOverride",
@@ -180,27 +194,38 @@ def render(url: str, expression: str, screenshot: Path, width: int = 1280, heigh
             session=session,
             timeout=60,
         )
+        for action in actions:
+            done = pipe.send(
+                "Runtime.evaluate", {"expression": action, "awaitPromise": True}, session=session
+            )
+            if "exceptionDetails" in done:
+                raise RuntimeError(f"evaluating {action!r} failed: {done['exceptionDetails']}")
+        if actions:
+            result = pipe.send(
+                "Runtime.evaluate",
+                {"expression": expression, "awaitPromise": True, "returnByValue": True},
+                session=session,
+                timeout=60,
+            )
         if "exceptionDetails" in result:
             raise RuntimeError(f"evaluating the check failed: {result['exceptionDetails']}")
-        # The whole page, up to MAX_SHOT_HEIGHT pixels (Chromium refuses larger captures).
-        size = pipe.send("Page.getLayoutMetrics", session=session)["cssContentSize"]
-        clip = {
-            "x": 0,
-            "y": 0,
-            "width": size["width"],
-            "height": min(size["height"], MAX_SHOT_HEIGHT),
-            "scale": 1,
-        }
-        shot = pipe.send(
-            "Page.captureScreenshot",
-            {"format": "png", "captureBeyondViewport": True, "clip": clip},
-            session=session,
-            timeout=60,
-        )
+        # The whole page, up to MAX_SHOT_HEIGHT pixels (Chromium refuses larger captures), or
+        # what the viewport shows now (scrolled, with fixed elements where they are).
+        params: dict[str, Any] = {"format": "png"}
+        if full_page:
+            size = pipe.send("Page.getLayoutMetrics", session=session)["cssContentSize"]
+            params["captureBeyondViewport"] = True
+            params["clip"] = {"x": 0, "y": 0, "width": size["width"],
+                              "height": min(size["height"], MAX_SHOT_HEIGHT), "scale": 1}  # fmt: skip
+        shot = pipe.send("Page.captureScreenshot", params, session=session, timeout=60)
         screenshot.write_bytes(base64.b64decode(shot["data"]))
-        errors = []
+        errors, requests, console = [], [], []
         for e in pipe.events:
             m, p = e.get("method"), e.get("params", {})
+            if m == "Network.requestWillBeSent":
+                requests.append(p.get("request", {}).get("url", ""))
+            if m == "Runtime.consoleAPICalled":
+                console.append(" ".join(str(a.get("value", a.get("description"))) for a in p.get("args", [])))
             if m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
                 errors.append(
                     "console: " + " ".join(str(a.get("value", a.get("description"))) for a in p["args"])
@@ -211,7 +236,7 @@ def render(url: str, expression: str, screenshot: Path, width: int = 1280, heigh
                 errors.append("log: " + p["entry"].get("text", ""))
         with contextlib.suppress(RuntimeError, TimeoutError):
             pipe.send("Browser.close", timeout=10)
-        return Rendered(result.get("result", {}).get("value"), errors, screenshot)
+        return Rendered(result.get("result", {}).get("value"), errors, screenshot, requests, console)
     finally:
         os.close(w_cmd)
         os.close(r_evt)

@@ -263,9 +263,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-# The options that may name an object-store URL (docs/TRAINER_HOOKS.md); until the trainer side
-# uploads and resumes from a store, none does.
-_STORE_OPTIONS: frozenset[str] = frozenset()
+# The options that may name an object-store URL: checkpoints and debug dumps are written to and
+# read from a store (README "On an object store"); the trajectory sidecar stays local.
+_STORE_OPTIONS: frozenset[str] = frozenset(
+    {"save", "load", "save_debug_rollout_data", "load_debug_rollout_data"}
+)
 
 
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -309,8 +311,13 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
 
     ratio = g("load_debug_rollout_data_subsample")
     if ratio is not None:
-        if not (0.0 < float(ratio) <= 1.0):
-            raise ValueError(f"--load-debug-rollout-data-subsample: expected 0 < r <= 1, found {ratio}")
+        # 0 is what Miles accepts and means "keep everything" (its slice data[:0] + data[-0:]);
+        # above 1 Miles' slices overlap and train rows twice, below 0 they cut the middle out.
+        if not (0.0 <= float(ratio) <= 1.0):
+            raise ValueError(
+                f"--load-debug-rollout-data-subsample: expected 0 <= r <= 1 (0 keeps every row, as in Miles), "
+                f"found {ratio}"
+            )
         if g("load_debug_rollout_data") is None:
             raise ValueError("--load-debug-rollout-data-subsample: requires --load-debug-rollout-data")
 

@@ -48,7 +48,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bundles import BundleFormatError, BundleNotFoundError, BundleVerificationError, MediaRef, decode_sample
+from bundles import (
+    BundleFormatError,
+    BundleNotFoundError,
+    BundleVerificationError,
+    MediaRef,
+    decode_sample,
+    is_store_url,
+)
 from bundles.support import atomic_path, fault_point
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
@@ -76,7 +83,16 @@ DEFAULT_JOURNAL_INTERVAL = 1.0
 
 def journal_interval(args: Namespace) -> float:
     value = getattr(args, "rollout_journal_interval", None)
-    return DEFAULT_JOURNAL_INTERVAL if value is None else float(value)
+    interval = DEFAULT_JOURNAL_INTERVAL if value is None else float(value)
+    if interval > 0 and any(is_store_url(getattr(args, n, None)) for n in ("save", "load")):
+        # The journal is an append log in a local directory beside the checkpoints; with
+        # checkpoints on an object store there is no such directory: checkpoints only.
+        if value is not None:
+            logger.warning(
+                "--rollout-journal-interval %s: ignored, --save/--load is an object-store URL", value
+            )
+        return 0.0
+    return interval
 
 
 class _Placer:

@@ -8,7 +8,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from bundles import is_bundle
+from bundles import StoreURL, is_bundle, is_store_url, list_remote_bundles
 
 __all__ = [
     "CHECKPOINT_KIND",
@@ -34,9 +34,12 @@ Group = list[Any]
 
 
 def checkpoint_path(root: str | os.PathLike[str], rollout_id: int) -> Path:
-    """``<root>/rollout/fully_async_<rollout_id>``."""
+    """``<root>/rollout/fully_async_<rollout_id>`` (a :class:`bundles.StoreURL` when ``root`` is
+    an object-store URL)."""
     if isinstance(rollout_id, bool) or not isinstance(rollout_id, int) or rollout_id < 0:
         raise ValueError(f"rollout_id: expected an int >= 0, found {rollout_id!r}")
+    if is_store_url(root):
+        return StoreURL(str(root)).child(f"{CHECKPOINT_SUBDIR}/{CHECKPOINT_PREFIX}{rollout_id}")  # type: ignore[return-value]
     return Path(os.path.abspath(root)) / CHECKPOINT_SUBDIR / f"{CHECKPOINT_PREFIX}{rollout_id}"
 
 
@@ -44,6 +47,12 @@ def list_rollout_checkpoints(root: str | os.PathLike[str]) -> dict[int, Path]:
     """Committed checkpoints under ``<root>/rollout``, by rollout id (staging directories and
     directories without a manifest are not checkpoints)."""
     found: dict[int, Path] = {}
+    if is_store_url(root):
+        for name, url in list_remote_bundles(StoreURL(str(root)).child(CHECKPOINT_SUBDIR)).items():
+            m = _CHECKPOINT_RE.fullmatch(name)
+            if m:
+                found[int(m["id"])] = url  # type: ignore[assignment]
+        return dict(sorted(found.items()))
     parent = Path(root) / CHECKPOINT_SUBDIR
     try:
         entries = list(os.scandir(parent))

@@ -4,6 +4,11 @@ After a checkpoint is committed, committed ``fully_async_<id>`` bundles beyond t
 highest rollout ids are deleted; the one just committed is never deleted. A failed save deletes
 nothing. Deletion goes through :func:`bundles.remove_bundle` (rename aside, then remove), so a
 crash during deletion never leaves a half-deleted bundle under a checkpoint's name.
+
+On an object store (``--save s3://...``) the checkpoints share one content-addressed media pool
+(``<save>/rollout/.media``): removing a checkpoint removes its pointer and shards, and the media
+that no surviving checkpoint lists are then collected (:func:`bundles.collect_garbage`, with
+:data:`POOL_GRACE_S`), so retention never deletes a file a surviving checkpoint needs.
 """
 
 from __future__ import annotations
@@ -12,13 +17,17 @@ import logging
 import os
 from pathlib import Path
 
-from bundles import BundleNotFoundError, remove_bundle
+from bundles import BundleNotFoundError, StoreURL, collect_garbage, is_store_url, remove_bundle
 from bundles.support import fault_point
-from trainer_hooks.checkpoints._paths import list_rollout_checkpoints
+from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR, list_rollout_checkpoints
 
 __all__ = ["apply_retention"]
 
 logger = logging.getLogger(__name__)
+
+#: Media of a store's shared pool younger than this are kept by retention even when no
+#: checkpoint lists them (docs/FORMAT.md §9: a writer uploads media before it publishes).
+POOL_GRACE_S = 15 * 60.0
 
 
 def apply_retention(root: str | os.PathLike[str], keep: int | None, *, keep_id: int) -> list[Path]:
@@ -43,4 +52,15 @@ def apply_retention(root: str | os.PathLike[str], keep: int | None, *, keep_id: 
             continue  # removed concurrently
         deleted.append(path)
         logger.info("retention: removed rollout checkpoint %s (keeping %d)", path, keep)
+    if deleted and is_store_url(root):
+        # The checkpoints share one media pool: what no surviving checkpoint lists goes now (the
+        # grace period spares media another writer has uploaded but not yet published).
+        pool_root = StoreURL(str(root)).child(CHECKPOINT_SUBDIR)
+        report = collect_garbage(pool_root, older_than_s=POOL_GRACE_S)
+        logger.info(
+            "retention: %s: removed %d unreferenced media file(s), %d bytes",
+            pool_root,
+            len(report.media),
+            report.bytes,
+        )
     return deleted

@@ -4,6 +4,10 @@
   ``--save-debug-rollout-data`` / ``--load-debug-rollout-data`` with bundles instead of
   ``torch.save`` files (directory or packed ``.rbundle``).
 * :mod:`._trajectory`: the ``--save-debug-trajectory-data`` JSONL sidecar.
+* :mod:`._uploads`: dumps to an object-store URL upload in the background;
+  :func:`flush_dump_uploads` waits for them (the drivers do, before releasing run media).
+* :mod:`._export`: :func:`dump_payload` / :func:`export_torch_dump`, a dump as Miles' own tools
+  read it (its dashboard, its CI injection).
 * :mod:`._legacy`: :func:`import_legacy_dump` (``rollout-bundle import-dump``), the one place
   that may unpickle, and only when told to trust the file.
 """
@@ -15,13 +19,19 @@ from trainer_hooks.dumps._debug_dump import (
     save_debug_rollout_data,
     write_dump_bundle,
 )
+from trainer_hooks.dumps._export import dump_payload, export_torch_dump
 from trainer_hooks.dumps._legacy import LegacyDumpError, PickleRefusedError, import_legacy_dump
 from trainer_hooks.dumps._trajectory import save_debug_trajectory_data, strip_messages, trajectory_rows
+from trainer_hooks.dumps._uploads import DumpUploadError, flush_dump_uploads
 
 __all__ = [
     "DEBUG_DUMP_KIND",
+    "DumpUploadError",
     "LegacyDumpError",
     "PickleRefusedError",
+    "dump_payload",
+    "export_torch_dump",
+    "flush_dump_uploads",
     "import_legacy_dump",
     "load_debug_rollout_data",
     "open_debug_dump",

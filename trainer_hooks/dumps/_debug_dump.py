@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import tempfile
 from argparse import Namespace
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -58,9 +59,12 @@ from bundles import (
     BundleExistsError,
     BundleFormatError,
     OutsidePolicy,
+    StoreURL,
+    is_store_url,
     open_bundle,
     pack_bundle,
     unpack_bundle,
+    upload_bundle,
 )
 from bundles.support import remove_tree, scratch_dir  # the one tree deletion (fd-relative, no symlinks)
 from trainer_hooks._sample import resolve_sample_cls
@@ -72,6 +76,7 @@ from trainer_hooks._sample_bundle import (
 )
 from trainer_hooks.checkpoints import snapshot_value
 from trainer_hooks.dumps._trajectory import save_debug_trajectory_data, strip_messages
+from trainer_hooks.dumps._uploads import queue_upload
 
 __all__ = [
     "DEBUG_DUMP_KIND",
@@ -121,7 +126,21 @@ def write_dump_bundle(
     missing_media: str = "error",
     outside_paths: OutsidePolicy = "warn",
 ) -> Path:
-    """Write (replacing) a bundle at ``dest``, packed into one file when it ends in ``.rbundle``."""
+    """Write (replacing) a bundle at ``dest``, packed into one file when it ends in ``.rbundle``.
+
+    ``dest`` may be an object-store URL: the bundle is written locally and its upload queued in
+    the background (:mod:`trainer_hooks.dumps._uploads`); the URL is returned at once."""
+    if is_store_url(dest):
+        return _write_dump_to_store(
+            str(dest),
+            list(samples),
+            media_roots=list(media_roots),
+            kind=kind,
+            meta=meta,
+            link=link,
+            missing_media=missing_media,
+            outside_paths=outside_paths,
+        )
     path = Path(os.path.abspath(dest))
     packed = path.name.endswith(PACK_SUFFIX)
     container = None
@@ -154,6 +173,55 @@ def write_dump_bundle(
             # directory, so the first write into this directory after this process exits removes it.
             with contextlib.suppress(BundleError):
                 remove_tree(container)
+
+
+def _write_dump_to_store(
+    url: str,
+    samples: list[dict[Any, Any]],
+    *,
+    media_roots: list[str | os.PathLike[str]],
+    kind: str,
+    meta: dict[str, Any],
+    link: str,
+    missing_media: str,
+    outside_paths: OutsidePolicy,
+) -> Any:
+    # Beside the run's media directory: same filesystem, so media are hard-linked.
+    beside = (
+        os.path.abspath(media_roots[0])
+        if media_roots
+        else os.path.join(tempfile.gettempdir(), "rollout-dumps")
+    )
+    scratch = scratch_dir(beside, "dump-upload")  # removed by a later write if this process dies
+    try:
+        local = write_samples_bundle(
+            scratch / "bundle",
+            samples,
+            media_roots=media_roots,
+            kind=kind,
+            meta=meta,
+            link=link,
+            overwrite=False,
+            missing_media=missing_media,
+            outside_paths=outside_paths,
+        )
+    except BundleError as e:
+        if e.args and isinstance(e.args[0], str):
+            e.args = (e.args[0].replace(f"{scratch}/bundle", url), *e.args[1:])
+        with contextlib.suppress(BundleError):
+            remove_tree(scratch)
+        raise
+    except BaseException:
+        with contextlib.suppress(BundleError):
+            remove_tree(scratch)
+        raise
+    if url.endswith(PACK_SUFFIX):
+        queue_upload(url, lambda: pack_bundle(local, url, overwrite=True, progress=False), scratch)
+    else:
+        queue_upload(
+            url, lambda: upload_bundle(local, url, overwrite=True, shared_media=True, progress=False), scratch
+        )
+    return StoreURL(url)
 
 
 def save_debug_rollout_data(
@@ -211,7 +279,9 @@ def _cache_dir_for(pack: Path) -> Path:
 
 def open_debug_dump(path: str | os.PathLike[str], verify: str = "fast") -> Bundle:
     """Open a dump at ``path``: a bundle directory, or a packed file (unpacked into a cache
-    directory beside it; see the module docstring)."""
+    directory beside it; see the module docstring); or an object-store URL, read in place."""
+    if is_store_url(path):
+        return open_bundle(path, verify=verify)
     p = Path(os.path.abspath(path))
     if p.is_file():
         cache = _cache_dir_for(p)

@@ -4,16 +4,24 @@
   carries both media references and dense ``multimodal_train_inputs``.
 * :func:`compute_multimodal_train_inputs`, :func:`training_dtype`, :func:`get_rollout_data`:
   rebuild vision tensors from media references, cast to the training dtype per sample.
-* :func:`load_processor`: the Qwen2-VL image processor from a bundle's recorded settings, offline.
+* :func:`load_processor`: the image processor of the recorded model family (Qwen2-VL, Qwen2.5-VL,
+  Qwen3-VL) from a bundle's recorded settings, checked, offline.
 * :func:`build_prefill_scoring_payload` (alias ``_build_prefill_scoring_payload``): SGLang prefill
   payloads, with ``mm_token_expansion_start_len`` in token space.
 * :func:`check_image_tokens`: placeholder counts against ``image_grid_thw``.
 * :func:`replay_bundle`: all of the above over a bundle, with fingerprints, ``expect`` and Ray;
   ``rollout-bundle replay`` (:mod:`trainer_hooks.replay._cli`).
+* :func:`load_replay_report`, :func:`check_replay_report`, :func:`check_report_bundle` (a report
+  of another bundle is refused: ``view --replay``, ``replay --expect``), :func:`bundle_identity`.
+
+A bundle may come from anyone: replay reads only the media stored in it (unless told
+otherwise), decodes images only through :func:`bundles.decode_image`, and checks every recorded
+setting before use (docs/RELIABILITY.md, "Untrusted input").
 
 torch, transformers, PIL and Ray are imported only when used.
 """
 
+from trainer_hooks.replay._fingerprint import compare_reports
 from trainer_hooks.replay._guard import convert_samples_to_train_data
 from trainer_hooks.replay._memory import tune_allocator
 from trainer_hooks.replay._payload import (
@@ -29,13 +37,14 @@ from trainer_hooks.replay._rebuild import (
     get_rollout_data,
     training_dtype,
 )
+from trainer_hooks.replay._replay import replay_bundle
 from trainer_hooks.replay._report import (
     REPORT_FORMAT,
     ReportError,
+    bundle_identity,
     check_replay_report,
-    compare_reports,
+    check_report_bundle,
     load_replay_report,
-    replay_bundle,
 )
 from trainer_hooks.replay._tokens import check_image_tokens
 
@@ -47,8 +56,10 @@ __all__ = [
     "ReportError",
     "_build_prefill_scoring_payload",
     "build_prefill_scoring_payload",
+    "bundle_identity",
     "check_image_tokens",
     "check_replay_report",
+    "check_report_bundle",
     "compare_reports",
     "compute_multimodal_train_inputs",
     "convert_samples_to_train_data",

@@ -167,7 +167,8 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
 
 
 def run_replay(ns: argparse.Namespace) -> int:
-    from trainer_hooks.replay._report import ReportError, load_replay_report, replay_bundle
+    from trainer_hooks.replay._replay import replay_bundle
+    from trainer_hooks.replay._report import ReportError, load_replay_report, write_report
 
     if ns.bundle is None:
         # `replay --ray BUNDLE`: argparse hands the bundle to --ray's optional ADDRESS. An address
@@ -235,14 +236,14 @@ def run_replay(ns: argparse.Namespace) -> int:
                 progress=progress,
                 allow_outside_media=ns.allow_outside_media,
             )
+    except ReportError as e:  # --expect names a report of another bundle
+        raise CommandError(f"--expect {ns.expect}: {e}", status=2) from None
     except BundleError:
         raise  # an unreadable bundle: exit 1 (some are ValueErrors too)
     except ValueError as e:  # --answers that do not match the payloads, unusable settings
         raise CommandError(str(e), status=2) from None
     if ns.report is not None:
-        with open(ns.report, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+        write_report(report, ns.report)
     if ns.json:
         print(
             json.dumps(

@@ -7,12 +7,19 @@ the pinned sglang release's source by ``scripts/sglang_fields.py`` (never import
 shipped as ``trainer_hooks/data/sglang_generate_req_input_fields.json``.
 
 Expanded prefix: with ``--enable-token-space-processor`` the trainer expands each image into its
-``<|image_pad|>`` placeholders while building ``sample.tokens``, and sends media as references.
+``<|image_pad|>`` placeholders while building ``sample.tokens``.
 An engine handed those tokens with ``image_data`` would expand the placeholders a second time;
 ``mm_token_expansion_start_len = len(sample.tokens)`` tells the token-space engine build that the
 whole input is already expanded. That field is the one documented addition to stock
 ``GenerateReqInput`` (sglang 0.5.23 lacks it). Text-only samples carry neither ``image_data`` nor
 ``mm_token_expansion_start_len``.
+
+Images: as Miles sends them (``miles.utils.processing_utils.encode_image_for_rollout_engine``):
+converted to RGB when they are not, PNG, base64 ``data:`` URLs. Whatever the sample holds (a PIL
+image, a path, a ``MediaRef``, an image read back from a bundle directory or a packed file), the
+engine gets pixels, never a local path it may not be able to open (a remote engine). Apart from
+``mm_token_expansion_start_len`` the payload is Miles' own, key for key
+(``tests/test_replay_parity.py`` calls Miles' ``_build_prefill_scoring_payload`` side by side).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 from argparse import Namespace
 from collections.abc import Mapping
 from functools import cache
@@ -35,6 +43,7 @@ __all__ = [
     "compare_prefill_logprobs",
     "encode_image",
     "is_token_space",
+    "sample_token_fields",
     "sglang_generate_fields",
 ]
 
@@ -61,6 +70,23 @@ def sglang_generate_fields(*, token_space: bool = True) -> frozenset[str]:
 def is_token_space(args: Namespace) -> bool:
     """Whether media reach the engine in token space (``--enable-token-space-processor``)."""
     return bool(getattr(args, "enable_token_space_processor", False))
+
+
+def sample_token_fields(sample: Any, what: str) -> tuple[list[int], int]:
+    """``(tokens, response_length)`` of ``sample``, checked: a list of ints and an int in
+    ``0..len(tokens)``; ``ValueError`` naming ``what``, the sample index and the field otherwise
+    (a bundle may hold anything there)."""
+    where = f"{what}: sample index {str(getattr(sample, 'index', None))[:40]}"
+    tokens = getattr(sample, "tokens", None)
+    if not isinstance(tokens, (list, tuple)) or not all(type(t) is int for t in tokens):
+        found = type(tokens).__name__ if not isinstance(tokens, (list, tuple)) else "a list holding a non-int"
+        raise ValueError(f"{where}: tokens: expected a list of token ids, found {found}")
+    n = getattr(sample, "response_length", None)
+    if type(n) is not int or not 0 <= n <= len(tokens):
+        raise ValueError(
+            f"{where}: response_length: expected an int in 0..len(tokens) = {len(tokens)}, found {repr(n)[:40]}"
+        )
+    return list(tokens), n
 
 
 def encode_image(image: Any) -> str:
@@ -116,8 +142,8 @@ def build_prefill_scoring_payload(
             both lengths and the sample index; an image that cannot be read or decoded, naming
             the sample index and the image index.
     """
-    tokens = list(sample.tokens)
-    prompt_len = len(tokens) - int(sample.response_length)
+    tokens, response_length = sample_token_fields(sample, "prefill scoring payload")
+    prompt_len = len(tokens) - response_length
     if prompt_len <= 0:
         raise ValueError(
             f"prefill scoring payload: sample index {getattr(sample, 'index', None)}: needs at least one prompt "
@@ -174,11 +200,21 @@ def compare_prefill_logprobs(sample: Any, response: Mapping[str, Any]) -> dict[s
         raise ValueError(
             f"{where}: the answer's meta_info.input_token_logprobs: expected a list, found {type(items).__name__}"
         )
-    n = int(sample.response_length)
+    tokens, n = sample_token_fields(sample, "logprob comparison")
     rollout = sample.rollout_log_probs
-    if rollout is None or len(rollout) != n:
-        found = None if rollout is None else len(rollout)
-        raise ValueError(f"{where}: rollout_log_probs: expected {n} values to compare with, found {found}")
+    numbers = isinstance(rollout, (list, tuple)) and all(
+        type(v) in (int, float) and math.isfinite(v) for v in rollout
+    )
+    if not numbers or len(rollout) != n:
+        found = len(rollout) if isinstance(rollout, (list, tuple)) else type(rollout).__name__
+        raise ValueError(
+            f"{where}: rollout_log_probs: expected {n} finite numbers to compare with, found {found}"
+            + (
+                ""
+                if not isinstance(rollout, (list, tuple)) or len(rollout) != n
+                else " (not all finite numbers)"
+            )
+        )
     tail = list(items)[-n:] if n else []
     for k, item in enumerate(tail):
         if not isinstance(item, (list, tuple)) or len(item) < 2:
@@ -186,7 +222,7 @@ def compare_prefill_logprobs(sample: Any, response: Mapping[str, Any]) -> dict[s
                 f"{where}: the answer's meta_info.input_token_logprobs[{len(items) - len(tail) + k}]: "
                 f"expected [logprob, token_id, text], found {item!r}"
             )
-    want = list(sample.tokens)[-n:] if n else []
+    want = tokens[-n:] if n else []
     got = [item[1] for item in tail]
     if got != want or len(tail) != n:
         raise ValueError(

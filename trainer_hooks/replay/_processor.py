@@ -165,14 +165,12 @@ def model_family(
 
 
 def _as_size(key: str, value: Any, low: int, high: int, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where}.{key}: expected an int in {low}..{high}, found {value!r}")
-    if isinstance(value, float):
-        if not math.isfinite(value) or value != int(value):
-            raise ValueError(f"{where}.{key}: expected an int in {low}..{high}, found {value!r}")
-        value = int(value)
-    if not low <= value <= high:
-        raise ValueError(f"{where}.{key}: expected an int in {low}..{high}, found {value!r}")
+    """``value`` as an int in ``low..high`` (an integral float as its int), else ValueError naming it."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    if ok and isinstance(value, float):
+        ok = math.isfinite(value) and value == int(value)
+    if not ok or not low <= value <= high:
+        raise ValueError(f"{where}.{key}: expected an int in {low}..{high}, found {repr(value)[:80]}")
     return int(value)
 
 
@@ -192,7 +190,7 @@ def check_image_settings(values: Mapping[str, Any], where: str) -> dict[str, Any
         "max_pixels": (1, MAX_REPLAY_PIXELS),
     }
     for key, (low, high) in limits.items():
-        if key in out and out[key] is not None:
+        if key in out:
             out[key] = _as_size(key, out[key], low, high, where)
     size = out.get("size")
     if size is not None:
@@ -436,7 +434,8 @@ def resolve_processor(settings: Mapping[str, Any] | None, where: str = "processo
     if local is not None:
         config, source, model_config = local
         family = model_family(model_path, model_config=model_config, preprocessor=config)
-        config = check_image_settings(config, source)
+        # Saved configs may write an unset setting as null: the class default applies to it.
+        config = check_image_settings({k: v for k, v in config.items() if v is not None}, source)
     else:
         model_config = None
         if model_path:

@@ -3,7 +3,7 @@
 The samples' positions are split into contiguous shards, one Ray task each. A task opens the
 bundle *by path* (the cluster shares the filesystem the bundle lives on; nothing but the plan
 and a list of positions is shipped), builds the processor from the same recorded settings, runs
-:func:`trainer_hooks.replay._report.replay_positions` and returns its sample entries, payloads
+:func:`trainer_hooks.replay._run.replay_positions` and returns its sample entries, payloads
 and peak RSS. The driver concatenates the entries in position order, so the merged report is
 the local one, fingerprints included; only ``peak_rss_bytes`` (the largest of the processes)
 differs.
@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trainer_hooks.replay._report import ReplayPlan, replay_positions
+from trainer_hooks.replay._plan import ReplayPlan
+from trainer_hooks.replay._run import replay_positions
 
 __all__ = ["replay_on_ray", "shard_positions"]
 

@@ -202,6 +202,7 @@ def get_rollout_data(
         metadata,
         custom_convert_samples_to_train_data_func,
         custom_reward_post_process_func,
+        token_space=True,  # the trainer side of the token-space path: references in the train data
     )
     rebuilt = compute_multimodal_train_inputs(samples, processor, training_dtype(args))
     # A sample without media references may have shipped dense tensors (the guard allows one kind

@@ -85,7 +85,10 @@ def _n(x: float) -> str:
 def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # a JSON integer of 400 digits
+        return None
     return f if math.isfinite(f) and abs(f) < 1e7 else None
 
 

@@ -42,11 +42,14 @@ def run_view(ns: argparse.Namespace) -> int:
         import PIL  # noqa: F401
     except ImportError:
         raise CommandError("view needs Pillow for the thumbnails: pip install pillow", status=2) from None
+    from trainer_hooks.replay import check_report_bundle
     from trainer_hooks.view._report import write_html_report
 
     if ns.limit is not None and ns.limit < 1:
         raise CommandError("--limit must be at least 1; omit it for every sample", status=2)
     check_output_file("-o", ns.output)  # before any work; a missing directory is refused, not created
+    if ns.replay is not None:  # a report of another bundle is refused, not shown
+        check_report_bundle(ns.replay, ns.bundle, f"--replay {ns.replay}")
 
     written = write_html_report(
         ns.bundle, ns.output, replay=ns.replay, limit=ns.limit, samples=ns.samples, progress=ns.progress

@@ -73,7 +73,7 @@ class Shown:
     error: str | None = None  # why it is not shown
 
 
-def _jpeg(image: Any, width: int, quality: int) -> Picture:
+def _jpeg(image: Any, width: int, quality: int, progressive: bool) -> Picture:
     from PIL import Image
 
     im = image
@@ -89,7 +89,7 @@ def _jpeg(image: Any, width: int, quality: int) -> Picture:
         size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
         im = im.resize(size, Image.Resampling.LANCZOS, reducing_gap=2.0)
     out = io.BytesIO()
-    im.save(out, "JPEG", quality=quality, optimize=True, progressive=True)
+    im.save(out, "JPEG", quality=quality, optimize=True, progressive=progressive)
     uri = "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode("ascii")
     return Picture(uri, im.width, im.height, len(uri))
 
@@ -132,10 +132,12 @@ def _one(bundle: Bundle, name: str, size: int, thumb_width: int, large: Callable
     del data
     with image:
         shown = Shown(name, size=image.size, linkable=True)
-        shown.thumb = _jpeg(image, thumb_width, THUMB_QUALITY)
+        # Thumbnails are baseline JPEGs: a page decodes hundreds at load, and baseline decodes
+        # faster; a large view is decoded when opened and is progressive (smaller).
+        shown.thumb = _jpeg(image, thumb_width, THUMB_QUALITY, progressive=False)
         large_width = large()
         if large_width is not None:
-            shown.large = _jpeg(image, large_width, LARGE_QUALITY)
+            shown.large = _jpeg(image, large_width, LARGE_QUALITY, progressive=True)
             spent(shown.large.bytes)
     return shown
 

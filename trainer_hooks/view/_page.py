@@ -134,11 +134,11 @@ def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct
     refs, stored = bundle.media_references, len(bundle.media)
     statuses = Counter(v.status or "no status" for v in views)
     rewards = [
-        float(v.reward)
+        _reward_number(v.reward)
         for v in views
         if isinstance(v.reward, (int, float)) and not isinstance(v.reward, bool)
     ]
-    finite = [r for r in rewards if math.isfinite(r)]
+    finite = [r for r in rewards if r is not None]
     stats = [
         {"value": str(len(views)), "of": str(len(bundle)), "label": "samples shown"},
         {"value": str(stored), "label": "media files stored"},
@@ -254,7 +254,7 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
     for j, img in enumerate(v.images):
         s = shown.get(img.name) if img.name else None
         turn: dict[str, Any] = {"j": j, "id": f"v{v.position}-{j}", "ref": None, "href": None, "why": img.shown_as,
-                                "size": None, "large": None, "shapes": []}  # fmt: skip
+                                "size": None, "large": None, "shapes": [], "mark": None}  # fmt: skip
         text = v.actions[j] if v.actions is not None and j < len(v.actions) else None
         if text is None and v.actions is None and j < len(v.tool_calls):
             text = v.tool_calls[j]
@@ -266,6 +266,9 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
             turn.update(ref=refs[img.name], w=w, h=h, tw=s.thumb.width, th=s.thumb.height,
                         scale=_f(w / s.thumb.width))  # fmt: skip
             turn["shapes"] = overlay(action, (w, h), v.screen)
+            # A thumbnail shows only where the pointer went (one ring); the large view has it all.
+            ring = next((sh for sh in reversed(turn["shapes"]) if sh["t"] == "ring"), None)
+            turn["mark"] = {"cx": ring["cx"], "cy": ring["cy"], "r": _f(max(w, h) / 40)} if ring else None
             # Only a stored .png/.jpg/.jpeg that decoded is a link target: a browser renders a
             # linked file by its suffix, and .html/.svg/... would run outside this page's CSP.
             if link_base is not None and img.name and s.linkable and shown_suffix(img.name):
@@ -448,8 +451,8 @@ def page_context(
         recomputed = diff.get("recomputed") if isinstance(diff, dict) else None
         diff_values = None
         if isinstance(recomputed, list) and v.logprobs is not None and len(recomputed) == len(v.logprobs):
-            diff_values = [None if a is None or not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(float(b))
-                           else a - float(b) for a, b in zip(v.logprobs, recomputed, strict=True)]  # fmt: skip
+            diff_values = [None if a is None or (fb := _reward_number(b)) is None else a - fb
+                           for a, b in zip(v.logprobs, recomputed, strict=True)]  # fmt: skip
         sample = {
             "pos": v.position,
             "classes": classes[v.position],
@@ -573,7 +576,10 @@ def _f(x: float) -> str:
 def _reward_number(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # a JSON integer beyond any float
+        return None
     return f if math.isfinite(f) else None
 
 

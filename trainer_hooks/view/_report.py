@@ -41,7 +41,7 @@ import bundles
 from bundles import Bundle, BundleError, BundleIOError, BundleVerificationError, open_bundle
 from bundles.support import MEDIA_DIR, atomic_write
 from trainer_hooks.replay import REPORT_FORMAT as REPLAY_FORMAT
-from trainer_hooks.replay import ReportError, check_replay_report, load_replay_report
+from trainer_hooks.replay import ReportError, check_replay_report, check_report_bundle, load_replay_report
 from trainer_hooks.view._media import pictures
 from trainer_hooks.view._page import page_context, render_page
 from trainer_hooks.view._samples import sample_view
@@ -55,9 +55,10 @@ __all__ = [
     "write_html_report",
 ]
 
-THUMB_WIDTH = 400  # px; a 1080p screenshot becomes a ~15-25 KB JPEG
+THUMB_WIDTH = 320  # px; a 1080p screenshot becomes a ~6-12 KB JPEG
 LARGE_WIDTH = 1280  # px: the large view's inlined JPEG, wide enough for a screenshot's text
-INLINE_BUDGET = 4 * 2**20  # bytes of inlined large views per page (beyond: linked, or the thumbnail)
+INLINE_BUDGET = 8 * 2**20  # bytes of inlined large views per page (beyond: linked, or the thumbnail)
+SMALL_DUMP = 24  # distinct screenshots up to which a directory bundle's page inlines its large views
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,10 @@ def write_html_report(
         samples: positions of the samples to show, in this order (default: all, in order).
         thumb_width: thumbnail width in pixels.
         large_width: width in pixels of the large views inlined in the page.
-        inline_budget: bytes of inlined large views at most (0: none). Beyond it a large view
-            shows the stored file beside the page (a directory bundle's ``.png``/``.jpg``), or
-            the thumbnail enlarged (a packed bundle).
+        inline_budget: bytes of inlined large views at most (0: none), for a packed bundle or a
+            directory bundle of at most ``SMALL_DUMP`` distinct screenshots. Beyond it, and for
+            larger directory bundles, a large view shows the stored file beside the page (only
+            ``.png``/``.jpg``/``.jpeg`` files), or the thumbnail enlarged (a packed bundle).
         progress: draw a progress line while making thumbnails (default: on a terminal).
 
     Raises:
@@ -150,6 +152,9 @@ def write_html_report(
     else:
         report = load_replay_report(replay)
         replay_name = str(replay)
+    if report is not None:
+        # A report of another bundle would put its verdicts on these samples (issue 16, item 7).
+        check_report_bundle(report, b, replay_name or "replay report")
     n = len(b)
     positions = list(range(n)) if samples is None else [int(i) for i in samples]
     for i in positions:
@@ -163,7 +168,12 @@ def write_html_report(
     prefix = f"{b.path}/{MEDIA_DIR}/"
     views = [sample_view(p, s, prefix) for p, s in zip(positions, b.samples(indices=positions), strict=True)]
     names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
-    shown = pictures(b, names, thumb_width=thumb_width, large_width=large_width, large_budget=inline_budget,
+    # Large views: a packed bundle has no files beside the page, so they are inlined (up to the
+    # budget; beyond it the thumbnail is enlarged). A directory bundle's large views are its
+    # stored files, linked at full resolution, except in a small dump, whose page then works
+    # alone (mailed, attached to a bug) at little cost.
+    budget = inline_budget if b.packed or len(names) <= SMALL_DUMP else 0
+    shown = pictures(b, names, thumb_width=thumb_width, large_width=large_width, large_budget=budget,
                      progress=progress)  # fmt: skip
     link_base = None  # a packed bundle has no files to link to
     if not b.packed:

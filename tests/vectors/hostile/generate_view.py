@@ -148,10 +148,14 @@ def _odd(dest: Path) -> None:
 @vector("view-replay-overflow", replay="view-replay-overflow.json", present=["bytes"])
 def _overflow(dest: Path) -> None:
     _bundle(dest, [_sample([0])], {"ok.png": png()})
+    from bundles import open_bundle
+    from trainer_hooks.replay import bundle_identity
+
     report = {
         "format": "rollout-bundle-replay",
         "version": 1,
         "bundle": str(dest.name),
+        "bundle_id": bundle_identity(open_bundle(dest)),
         "summary": {"bytes_before_cast": 10**400, "bytes_after_cast": 10**401, "peak_rss_bytes": 10**400,
                     "vision_tokens": 10**400, "problems": {}},
         "samples": [{"position": 0, "problems": [], "images": [{"image": 0, "vision_tokens": 10**400,

@@ -1,0 +1,135 @@
+"""Miles' own tools on a ``--dump-details`` dump written by our hooks: Miles' dashboard reader
+(through :class:`trainer_hooks.miles.dashboard.BundleDumpReader`), Miles' CI injection (from
+:func:`trainer_hooks.dumps.export_torch_dump`), and subsample ratios as Miles takes them."""
+
+from __future__ import annotations
+
+import os
+import time
+from argparse import Namespace
+
+import pytest
+from miles_harness import require_miles
+
+MILES = require_miles()
+
+pytestmark = pytest.mark.torch
+pytest.importorskip("polars", reason="Miles' dashboard reader needs polars (the miles-tests extra)")
+
+from miles.dashboard.dump_reader import DumpReader  # noqa: E402
+from miles.ray.rollout.debug_data import RolloutDataInjectionUtil  # noqa: E402
+from miles.ray.rollout.debug_data import load_debug_rollout_data as miles_load  # noqa: E402
+from miles.utils.types import Sample  # noqa: E402
+
+from trainer_hooks import load_debug_rollout_data, parse_args, save_debug_rollout_data, store_media  # noqa: E402
+from trainer_hooks.dumps import export_torch_dump  # noqa: E402
+from trainer_hooks.miles.dashboard import BundleDumpReader  # noqa: E402
+from trainer_hooks.testing import png_bytes  # noqa: E402
+
+
+def make_samples(args, n=6):
+    out = []
+    for i in range(n):
+        image = str(store_media(args, png_bytes(8, 8, (i, 2, 3))).path)
+        out.append(
+            Sample(
+                group_index=i // 2,
+                index=i,
+                prompt=f"open settings {i}",
+                tokens=[5, 6, 7, 8 + i, 9],
+                multimodal_inputs={"images": [image]},
+                response="click",
+                response_length=2,
+                loss_mask=[1, 0],
+                rollout_log_probs=[-0.5, -0.125],
+                reward=float(i),
+                weight_versions=["3"],
+                status=Sample.Status.COMPLETED,
+            )
+        )
+    return out
+
+
+@pytest.fixture
+def dump(tmp_path):
+    """A dump written as ``--dump-details DIR`` lays it out: ``DIR/rollout_data/{rollout_id}.pt``."""
+    dump_dir = tmp_path / "details"
+    args = Namespace(
+        save_debug_rollout_data=f"{dump_dir}/rollout_data/{{rollout_id}}.pt",
+        shared_media_dir=str(tmp_path / "media"),
+        run_uuid="run-1",
+    )
+    samples = make_samples(args)
+    path = save_debug_rollout_data(args, samples, 3, False, metadata={"step": 3})
+    old = time.time() - 3600  # a finished dump: older than the reader's MIN_AGE_SECONDS
+    os.utime(path, (old, old))
+    return dump_dir, path, samples
+
+
+def test_miles_dashboard_reader_shows_our_dump(dump):
+    dump_dir, path, samples = dump
+    with pytest.raises(Exception):  # noqa: B017 - Miles' own reader cannot torch.load a bundle
+        DumpReader(dump_dir).load_joined(3)
+    reader = BundleDumpReader(dump_dir)
+    assert reader.rollout_ids().train == [3]
+    joined = reader.load_joined(3)
+    assert [type(s) for s in joined.samples] == [Sample] * len(samples)
+    for got, want in zip(joined.samples, samples, strict=True):
+        assert (got.index, got.tokens, got.loss_mask, got.rollout_log_probs, got.reward, got.status) == (
+            want.index,
+            want.tokens,
+            want.loss_mask,
+            want.rollout_log_probs,
+            want.reward,
+            want.status,
+        )
+        (image,) = got.multimodal_inputs["images"]
+        assert (
+            image.startswith(str(path))
+            and open(image, "rb").read() == open(want.multimodal_inputs["images"][0], "rb").read()
+        )
+    # The token view's parquet mirror is built by Miles' reader from what ours loaded.
+    row = reader._rollout_columns(3, 4, evaluation=False)
+    assert (row["tokens"], row["loss_mask"], row["total_length"]) == ([5, 6, 7, 12, 9], [1, 0], 5)
+    assert (dump_dir / "dashboard_columns" / "rollout_3.parquet").is_file()
+
+
+def test_miles_ci_injection_loads_an_exported_dump(dump, tmp_path):
+    _, path, samples = dump
+    out = export_torch_dump(path, tmp_path / "inject" / "3.pt")
+    args = Namespace(
+        ci_inject_rollout_data_path=str(tmp_path / "inject" / "{rollout_id}.pt"),
+        ci_inject_rollout_data_start_rollout_id=0,
+        ci_inject_rollout_data_min_match_ratio=0.99,
+    )
+    assert out.is_file() and RolloutDataInjectionUtil.should_inject(args, 3)
+    injected, metadata = RolloutDataInjectionUtil.load(args, rollout_id=3)
+    assert metadata == {"step": 3} and [s.index for s in injected] == [s.index for s in samples]
+    RolloutDataInjectionUtil.assert_matches_generated(
+        args, generated=samples, injected=injected, rollout_id=3
+    )
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.5, 1.0])
+def test_subsample_ratios_as_miles_takes_them(dump, tmp_path, ratio):
+    _, path, _ = dump
+    export_torch_dump(path, tmp_path / "pt" / "3.pt")
+    ours = parse_args(
+        [
+            "--rollout-batch-size",
+            "1",
+            "--load-debug-rollout-data",
+            str(path.parent / "{rollout_id}.pt"),
+            "--load-debug-rollout-data-subsample",
+            str(ratio),
+        ]
+    )
+    theirs = Namespace(
+        load_debug_rollout_data=str(tmp_path / "pt" / "{rollout_id}.pt"),
+        load_debug_rollout_data_subsample=ratio,
+    )
+    got, _ = load_debug_rollout_data(ours, 3)
+    want, _ = miles_load(theirs, 3)
+    assert [s.index for s in got] == [s.index for s in want]
+    if ratio == 0.0:
+        assert len(got) == 6  # Miles' slicing keeps every row at 0

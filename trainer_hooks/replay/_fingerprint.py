@@ -1,0 +1,140 @@
+"""Fingerprints of rebuilt tensors, and comparing two replay reports by them.
+
+A fingerprint is the shape, dtype and sha256 of an image's rows of ``pixel_values`` and of its
+``image_grid_thw`` row, as the cast left them: two replays agree on an image exactly when its
+fingerprints are equal. :func:`compare_reports` lists every difference as a ``fingerprint``
+problem (``replay --expect``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from trainer_hooks.replay._report import REPORT_FORMAT
+
+__all__ = ["compare_reports", "fingerprints", "tensor_bytes"]
+
+
+def _digest(t: Any) -> str:
+    import torch
+
+    t = t.detach().contiguous().cpu()
+    if t.numel() == 0:
+        return hashlib.sha256(b"").hexdigest()
+    raw = t.reshape(-1).view(torch.uint8).numpy()
+    return hashlib.sha256(memoryview(raw)).hexdigest()
+
+
+def _dtype_str(t: Any) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def fingerprints(inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per image: shape, dtype and sha256 of its rows of ``pixel_values`` and of ``image_grid_thw``."""
+    grid = inputs.get("image_grid_thw")
+    pixels = inputs.get("pixel_values")
+    if grid is None:
+        return []
+    out = []
+    offset = 0
+    for j, row in enumerate(grid):
+        t, h, w = (int(x) for x in row.tolist())
+        patches = t * h * w
+        entry: dict[str, Any] = {"image": j}
+        if pixels is not None:
+            part = pixels[offset : offset + patches]
+            entry["pixel_values"] = {
+                "shape": list(part.shape),
+                "dtype": _dtype_str(part),
+                "sha256": _digest(part),
+            }
+        offset += patches
+        entry["image_grid_thw"] = {
+            "shape": list(row.shape),
+            "dtype": _dtype_str(row),
+            "sha256": _digest(row),
+            "values": [[t, h, w]],
+        }
+        out.append(entry)
+    return out
+
+
+def tensor_bytes(inputs: Mapping[str, Any] | None) -> int:
+    if not inputs:
+        return 0
+    return sum(v.numel() * v.element_size() for v in inputs.values() if hasattr(v, "element_size"))
+
+
+def _image_key(entry: Mapping[str, Any], image: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (entry["position"], entry.get("index"), image["image"])
+
+
+def compare_reports(report: Mapping[str, Any], expected: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every image whose rebuilt tensors (shape, dtype, sha256) differ from ``expected``'s, and every
+    sample or image present in only one of the two; each as a ``fingerprint`` problem."""
+    if expected.get("format") != REPORT_FORMAT:
+        raise ValueError(
+            f"--expect: expected a report with format {REPORT_FORMAT!r}, found {expected.get('format')!r}"
+        )
+    problems: list[dict[str, Any]] = []
+    old = {_image_key(e, i): i for e in expected.get("samples", []) for i in e.get("images", [])}
+    new = {_image_key(e, i): i for e in report["samples"] for i in e["images"]}
+    old_positions = {e["position"] for e in expected.get("samples", [])}
+    for key, img in new.items():
+        position, index, j = key
+        if position not in old_positions:
+            continue  # a sample the earlier replay did not cover (another --limit)
+        if key not in old:
+            problems.append(
+                {"kind": "fingerprint", "image": j, "position": position,
+                 "message": f"sample index {index}, image {j}: not in the expected report"}
+            )  # fmt: skip
+            continue
+        changed = []
+        for tensor in ("pixel_values", "image_grid_thw"):
+            a, b = old[key].get(tensor) or {}, img.get(tensor) or {}
+            if tensor == "image_grid_thw" and a.get("values") != b.get("values"):
+                changed.append(f"image_grid_thw {a.get('values')} -> {b.get('values')}")
+                continue  # the values say it all
+            for field in ("shape", "dtype", "sha256"):
+                if a.get(field) != b.get(field):
+                    changed.append(
+                        f"{tensor}.{field} {a.get(field)} -> {b.get(field)}"
+                        if field != "sha256"
+                        else f"{tensor} bytes (sha256 {str(a.get(field))[:12]} -> {str(b.get(field))[:12]})"
+                    )
+        if changed:
+            problems.append(
+                {"kind": "fingerprint", "image": j, "position": position,
+                 "message": f"sample index {index}, image {j}: rebuilt tensors changed: " + "; ".join(changed)}
+            )  # fmt: skip
+    new_positions = {e["position"] for e in report["samples"]}
+    for key in old:
+        position, index, j = key
+        if position in new_positions and key not in new:
+            problems.append(
+                {"kind": "fingerprint", "image": j, "position": position,
+                 "message": f"sample index {index}, image {j}: in the expected report, missing now"}
+            )  # fmt: skip
+    old_proc, new_proc = expected.get("processor") or {}, report.get("processor") or {}
+    diffs = [
+        f"{k} {old_proc.get(k)!r} -> {new_proc.get(k)!r}"
+        for k in (
+            "min_pixels",
+            "max_pixels",
+            "patch_size",
+            "merge_size",
+            "temporal_patch_size",
+            "transformers",
+            "class",
+        )
+        if old_proc.get(k) != new_proc.get(k)
+    ]
+    if problems and diffs:
+        problems.append(
+            {"kind": "fingerprint", "image": None, "position": None,
+             "message": "processor settings differ from the expected report's: " + "; ".join(diffs)}
+        )  # fmt: skip
+    return problems

@@ -1,0 +1,182 @@
+"""Replay a bundle the way training would see it, and report: :func:`replay_bundle`.
+
+Opens the bundle (a packed file read in place), plans (:mod:`._plan`: dtype, processor settings,
+positions, all recorded values checked), runs the per-sample work locally or as Ray tasks
+(:mod:`._run`, :mod:`._ray`), compares with an earlier report (:mod:`._fingerprint`), fills
+log-prob differences from engine answers, summarizes, and writes ``--payloads-out`` atomically
+(:mod:`._report`). The report's format is in :mod:`trainer_hooks.replay._report`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bundles import Bundle
+from trainer_hooks._sample import Sample
+from trainer_hooks.replay._fingerprint import compare_reports
+from trainer_hooks.replay._payload import compare_prefill_logprobs
+from trainer_hooks.replay._plan import first_trainable, open_replay_bundle, plan_replay
+from trainer_hooks.replay._processor import FAMILIES, load_processor
+from trainer_hooks.replay._report import (
+    REPORT_FORMAT,
+    REPORT_VERSION,
+    bundle_identity,
+    check_replay_report,
+    check_report_bundle,
+    write_json_lines,
+)
+from trainer_hooks.replay._run import peak_rss_bytes, replay_positions, summarize
+
+__all__ = ["replay_bundle"]
+
+
+def _fill_logprob_diffs(
+    bundle: Bundle, entries: list[dict[str, Any]], answers: Sequence[Mapping[str, Any]]
+) -> None:
+    scored = [e for e in entries if not any(p["kind"] == "payload" for p in e["problems"])]
+    if len(answers) != len(scored):
+        raise ValueError(
+            f"answers: expected one engine answer per payload ({len(scored)}, in --payloads-out order), "
+            f"found {len(answers)}"
+        )
+    positions = [e["position"] for e in scored]
+    for entry, sample, answer in zip(scored, bundle.samples(Sample, indices=positions), answers, strict=True):
+        try:
+            entry["logprob_diff"] = compare_prefill_logprobs(sample, answer)
+        except ValueError as e:
+            entry["problems"].append({"kind": "logprob", "message": str(e), "image": None})
+
+
+def replay_bundle(
+    path: str | os.PathLike[str],
+    *,
+    dtype: str | None = None,
+    limit: int | None = None,
+    mm_process_config: Mapping[str, Any] | None = None,
+    expect: Mapping[str, Any] | None = None,
+    payloads_out: str | os.PathLike[str] | None = None,
+    answers: Sequence[Mapping[str, Any]] | None = None,
+    ray_address: str | None = None,
+    use_ray: bool = False,
+    num_tasks: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    allow_outside_media: bool = False,
+) -> dict[str, Any]:
+    """Replay ``path`` (a bundle directory or packed file) and return the report (see module doc).
+
+    Args:
+        dtype: ``"bf16"``, ``"fp16"`` or ``"fp32"``; default the bundle's ``training_dtype``.
+        limit: replay only the first ``limit`` samples.
+        mm_process_config: replace the recorded ``mm_process_config`` (what-if replays).
+        expect: an earlier report; images whose rebuilt tensors changed become ``fingerprint``
+            problems (``report["expect"]`` lists them too).
+        payloads_out: write one SGLang prefill payload per sample (JSON lines, bundle order).
+        answers: the engine's answers to those payloads, in the same order (one per sample with a
+            payload); each sample's ``logprob_diff`` then compares the answer's response tail to
+            ``rollout_log_probs``; an answer that does not line up is a ``logprob`` problem.
+        use_ray / ray_address: shard the samples over Ray tasks (see :mod:`._ray`).
+        progress: called as ``progress(done, total)`` after each sample (local replay) or each
+            finished shard (Ray).
+        allow_outside_media: also read image files that samples name outside the bundle (regular
+            files only). Default: only the bundle's own stored media are read; any other path is
+            a ``rebuild`` problem, and nothing outside the bundle reaches the report or payloads.
+    """
+    if expect is not None:
+        check_replay_report(expect, "expect")  # before the work, not after it
+    bundle = open_replay_bundle(path)
+    try:
+        return _replay_open_bundle(
+            path, bundle, dtype=dtype, limit=limit, mm_process_config=mm_process_config, expect=expect,
+            payloads_out=payloads_out, answers=answers, ray_address=ray_address, use_ray=use_ray,
+            num_tasks=num_tasks, progress=progress, allow_outside_media=allow_outside_media,
+        )  # fmt: skip
+    finally:
+        bundle.close()
+
+
+def _replay_open_bundle(
+    path: str | os.PathLike[str],
+    bundle: Bundle,
+    *,
+    dtype: str | None,
+    limit: int | None,
+    mm_process_config: Mapping[str, Any] | None,
+    expect: Mapping[str, Any] | None,
+    payloads_out: str | os.PathLike[str] | None,
+    answers: Sequence[Mapping[str, Any]] | None,
+    ray_address: str | None,
+    use_ray: bool,
+    num_tasks: int | None,
+    progress: Callable[[int, int], None] | None,
+    allow_outside_media: bool,
+) -> dict[str, Any]:
+    if expect is not None:
+        check_report_bundle(expect, bundle, "expect")  # before the work, not after it
+    plan = plan_replay(
+        bundle, dtype=dtype, limit=limit, mm_process_config=mm_process_config,
+        allow_outside_media=allow_outside_media,
+    )  # fmt: skip
+    processor = load_processor(plan.processor_settings)
+    want_payloads = payloads_out is not None
+    if use_ray or ray_address is not None:
+        from trainer_hooks.replay._ray import replay_on_ray
+
+        entries, payloads, peak = replay_on_ray(
+            plan, address=ray_address, with_payloads=want_payloads, num_tasks=num_tasks, progress=progress
+        )
+        peak = max(peak, peak_rss_bytes())
+    else:
+        total = len(plan.positions)
+        done = [0]
+
+        def tick(_position: int) -> None:
+            done[0] += 1
+            if progress is not None:
+                progress(done[0], total)
+
+        entries, payloads, peak = replay_positions(
+            plan,
+            plan.positions,
+            bundle=bundle,
+            processor=processor,
+            with_payloads=want_payloads,
+            on_sample=tick,
+        )
+    if answers is not None:
+        _fill_logprob_diffs(bundle, entries, answers)
+    if bundle.meta.get("processor") is None:
+        # Nothing recorded: the rebuild is a guess, and the report must say so (never "none").
+        family = FAMILIES[processor.settings["family"]]
+        processor.disagreements.insert(
+            0,
+            f"{bundle.path}: meta.processor is null: the bundle recorded no processor settings (only "
+            f"token-space runs record them); rebuilt with the shipped {family.hub_model} hub config, which "
+            "may not be the model's",
+        )
+    proc_problems = [{"kind": "processor", "message": n, "image": None} for n in processor.disagreements]
+    report: dict[str, Any] = {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        "bundle": str(Path(os.path.abspath(path))),
+        "bundle_id": bundle_identity(bundle),
+        "kind": bundle.kind,
+        "dtype": plan.dtype,
+        "token_space": plan.token_space,
+        # Positions before this one are a checkpoint's pending (in-flight) groups: not training data.
+        "skipped_pending": first_trainable(bundle),
+        "processor": processor.settings,
+        "summary": {},
+        "samples": entries,
+    }
+    extra = list(proc_problems)
+    if expect is not None:
+        changed = compare_reports(report, expect)
+        report["expect"] = {"bundle": expect.get("bundle"), "changed": changed}
+        extra.extend(changed)
+    report["summary"] = summarize(entries, peak, extra)
+    if payloads_out is not None:
+        write_json_lines(payloads, payloads_out)
+    return report
