@@ -88,7 +88,7 @@ def floor(samples: list[dict], path: Path, interval: float) -> float:
     plain = [_plain(s) for s in samples]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     cpu0 = time.thread_time()
-    t0 = last = time.perf_counter()
+    last = time.perf_counter()
     for s in plain:
         os.write(fd, comp.compress(msgpack.packb(s, use_bin_type=True)))
         now = time.perf_counter()
