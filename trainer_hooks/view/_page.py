@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import bundles
-from bundles import Bundle, BundleError
+from bundles import Bundle, BundleError, is_store_url
 from bundles.support import MANIFEST_NAME, human_bytes
 from trainer_hooks.view._actions import Action, parse_action
 from trainer_hooks.view._media import Shown, shown_suffix
@@ -124,14 +124,22 @@ def chips(d: Any) -> dict[str, Any]:
 
 
 def _bundle_bytes(bundle: Bundle) -> int:
+    shards = sum(int(s["size"]) for s in bundle.manifest["shards"])
+    if is_store_url(str(bundle.path)):  # on an object store: what the manifest lists
+        return shards + bundle.media_bytes
     if bundle.packed:
         return bundle.path.stat().st_size
-    shards = sum(int(s["size"]) for s in bundle.manifest["shards"])
     try:
         manifest = (bundle.path / MANIFEST_NAME).stat().st_size
     except OSError:
         manifest = 0
     return manifest + shards + bundle.media_bytes
+
+
+def _where_label(bundle: Bundle) -> str:
+    if is_store_url(str(bundle.path)):
+        return "on the object store"
+    return "packed file" if bundle.packed else "bundle on disk"
 
 
 def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct: int) -> dict[str, Any]:
@@ -150,7 +158,7 @@ def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct
         {"value": str(refs), "label": "media references"},
         {"value": f"{refs / stored:.2f}×" if stored else "–", "label": "dedup ratio"},
         {"value": size(bundle.media_bytes), "label": "media"},
-        {"value": size(_bundle_bytes(bundle)), "label": "packed file" if bundle.packed else "bundle on disk"},
+        {"value": size(_bundle_bytes(bundle)), "label": _where_label(bundle)},
     ]
     if finite:
         stats.append({"value": f"{math.fsum(finite) / len(finite):.3g}", "label": "mean reward"})
