@@ -73,6 +73,7 @@ from bundles._errors import (
     BundleIOError,
     BundleNotFoundError,
     BundleVerificationError,
+    MediaMissingError,
     UnsafeBundleError,
 )
 from bundles._faults import fault_point
@@ -90,7 +91,7 @@ from bundles._layout import (
     STORE_POINTER_NAME,
     STORE_POINTER_VERSION,
 )
-from bundles._media import MediaRef
+from bundles._media import MediaRef, sha256_file
 from bundles._progress import Progress
 from bundles._source import LAYOUT_DIRS, Entry, layout_name_ok, read_tar_index
 from bundles._store import Store, StoreURL, get_store, parallel, store_error
@@ -749,12 +750,29 @@ def _upload(local: Any, root: Path, place: _Place, stats: UploadStats, progress:
 
     with Progress(f"uploading {place.url.name}", total=total, unit="B", enabled=progress) as bar:
 
+        def check(path: Path, data: bytes | None) -> None:
+            # The key is the digest, and other bundles of a pool will trust it without uploading:
+            # bytes that disagree with their name (a hard-linked run file edited in place) must
+            # never be stored under it. Hashing costs ~0.5 s per GB against minutes of upload.
+            if data is None:
+                hexdigest, _ = sha256_file(str(path))
+            else:
+                hexdigest = hashlib.sha256(data).hexdigest()
+            if not path.name.startswith(hexdigest):
+                raise MediaMissingError(
+                    f"{place.url}: {MEDIA_DIR}/{path.name}: the file's bytes hash to sha256:{hexdigest}, not the "
+                    "digest it is stored under (edited in place after it was linked?); not uploaded"
+                )
+
         def put_media(key: str, path: Path, size: int) -> None:
             if size > MULTIPART_THRESHOLD:
+                check(path, None)
                 store.put_large(key, path)
             else:
+                data = path.read_bytes()
+                check(path, data)
                 try:
-                    store.put(key, path.read_bytes(), mode="create")
+                    store.put(key, data, mode="create")
                 except Exception as e:
                     # Already there: the same content, from another writer or our own retry.
                     if type(e).__name__ != "AlreadyExistsError":
