@@ -35,8 +35,9 @@ lies beside the first media root, so media are hard-linked, not copied) and then
 Reading. :class:`StoreSource` is a source for :class:`bundles._reader.Bundle`: the manifest and
 shards are read with single GETs, media lazily with range reads (:class:`RangeFile`), sizes come
 from one listing of the generation and of the media prefix. A packed ``.rbundle`` object is read
-in place by :class:`StorePackedSource`: its tar headers are fetched by range reads (all of them
-at once, in one ``get_ranges`` call, where the packer's deterministic layout predicts them) and checked by the same :func:`bundles._source.read_tar_index` as a local packed file.
+in place by :class:`StorePackedSource`: its tar headers are fetched by range reads, all at once
+where the packer's deterministic layout predicts them, and checked by the same
+:func:`bundles._source.read_tar_index` as a local packed file.
 
 Garbage and reference accounting. Media in a shared pool belong to every bundle whose manifest
 lists them, so nothing deletes them when one bundle goes: :func:`collect_garbage` marks the media
@@ -72,6 +73,7 @@ from bundles._errors import (
     BundleIOError,
     BundleNotFoundError,
     BundleVerificationError,
+    MediaMissingError,
     UnsafeBundleError,
 )
 from bundles._faults import fault_point
@@ -89,7 +91,7 @@ from bundles._layout import (
     STORE_POINTER_NAME,
     STORE_POINTER_VERSION,
 )
-from bundles._media import MediaRef
+from bundles._media import MediaRef, sha256_file
 from bundles._progress import Progress
 from bundles._source import LAYOUT_DIRS, Entry, layout_name_ok, read_tar_index
 from bundles._store import Store, StoreURL, get_store, parallel, store_error
@@ -447,7 +449,7 @@ class StoreSource:
 
 class _StoreReader:
     """``pread`` over one object for :func:`read_tar_index`, served from prefetched header blocks
-    where possible (one ``get_ranges`` call), else by a range read."""
+    where possible, else by a range read."""
 
     def __init__(self, store: Store, key: str, size: int, where: str) -> None:
         self.store, self.key, self.size, self.where = store, key, size, where
@@ -547,9 +549,9 @@ class StorePackedSource:
 
 
 def _prefetch_headers(reader: _StoreReader) -> None:
-    """Fetch the tar headers where :mod:`bundles._pack`'s deterministic layout puts them, in one
-    ``get_ranges`` call (ranges under 1 MiB apart are merged into one request, the others are
-    fetched concurrently): the first member is the manifest, which lists every other member's size.
+    """Fetch the tar headers where :mod:`bundles._pack`'s deterministic layout puts them, all at
+    once (``get_ranges`` calls in parallel; obstore merges ranges under 1 MiB apart into one
+    request): the first member is the manifest, which lists every other member's size.
     Only a prediction: :func:`read_tar_index` still checks every header it reads, and a header
     that is not where predicted is read on its own."""
     block = 512
@@ -748,12 +750,29 @@ def _upload(local: Any, root: Path, place: _Place, stats: UploadStats, progress:
 
     with Progress(f"uploading {place.url.name}", total=total, unit="B", enabled=progress) as bar:
 
+        def check(path: Path, data: bytes | None) -> None:
+            # The key is the digest, and other bundles of a pool will trust it without uploading:
+            # bytes that disagree with their name (a hard-linked run file edited in place) must
+            # never be stored under it. Hashing costs ~0.5 s per GB against minutes of upload.
+            if data is None:
+                hexdigest, _ = sha256_file(str(path))
+            else:
+                hexdigest = hashlib.sha256(data).hexdigest()
+            if not path.name.startswith(hexdigest):
+                raise MediaMissingError(
+                    f"{place.url}: {MEDIA_DIR}/{path.name}: the file's bytes hash to sha256:{hexdigest}, not the "
+                    "digest it is stored under (edited in place after it was linked?); not uploaded"
+                )
+
         def put_media(key: str, path: Path, size: int) -> None:
             if size > MULTIPART_THRESHOLD:
+                check(path, None)
                 store.put_large(key, path)
             else:
+                data = path.read_bytes()
+                check(path, data)
                 try:
-                    store.put(key, path.read_bytes(), mode="create")
+                    store.put(key, data, mode="create")
                 except Exception as e:
                     # Already there: the same content, from another writer or our own retry.
                     if type(e).__name__ != "AlreadyExistsError":

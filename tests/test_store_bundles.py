@@ -363,3 +363,18 @@ def test_list_remote_bundles_names_the_bundles_under_a_prefix(moto: Any, tmp_pat
     found = bundles.list_remote_bundles(base)
     assert found == {"fully_async_1": f"{base}/fully_async_1", "fully_async_2": f"{base}/fully_async_2"}
     assert bundles.list_remote_bundles(f"s3://{moto.current}/nothing") == {}
+
+
+def test_media_whose_bytes_disagree_with_their_name_are_never_uploaded(moto: Any, tmp_path: Path) -> None:
+    """A hard-linked run file edited in place after the local write: the pool would serve the
+    wrong bytes under the digest to every later bundle that skips uploading it."""
+    from bundles import MediaMissingError
+
+    samples, run, blobs = samples_with_media(tmp_path, n=2)
+    local = write_bundle(tmp_path / "l", samples, media_roots=[run])  # hard links into the run dir
+    victim = Path(samples[1]["image"])
+    victim.chmod(0o644)
+    victim.write_bytes(b"Y" * len(blobs[1]))  # same size, other bytes: also the bundle's file
+    with pytest.raises(MediaMissingError, match=rf"media/{victim.name}: the file's bytes hash to"):
+        bundles.upload_bundle(local, f"s3://{moto.current}/run/x", shared_media=True)
+    assert not any(victim.name in k for k in keys(moto))

@@ -817,26 +817,35 @@ def scan_journal(
             continue
         view = memoryview(data)
         torn = None
-        frames: list[tuple[int, int, int, int, int]] = []  # (start, mlen, blen, crc, end)
-        # Pass 1: the framing and the sync marks, touching only the record headers and metas.
-        while pos < len(data):
-            if len(data) - pos < _FRAME.size:
-                torn = f"{len(data) - pos} trailing bytes, shorter than a record header"
-                break
-            magic, mlen, blen, crc = _FRAME.unpack_from(data, pos)
-            end = pos + _FRAME.size + mlen + blen
-            if magic != RECORD_MAGIC or mlen > MAX_META_BYTES or blen > MAX_BODY_BYTES:
-                torn = "no record header"
-                break
-            if end > len(data):
-                torn = f"record of {mlen + blen} bytes, {len(data) - pos - _FRAME.size} present"
-                break
-            frames.append((pos, mlen, blen, crc, end))
-            pos = end
+        # Pass 1: the framing, the metas and the sync marks, read with pread: the bodies (all but
+        # a few per cent of the bytes) are not touched until a record is decoded.
+        frames: list[tuple[int, int, int, int, int, bytes]] = []  # (start, mlen, blen, crc, end, meta)
+        size = len(data)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while pos < size:
+                if size - pos < _FRAME.size:
+                    torn = f"{size - pos} trailing bytes, shorter than a record header"
+                    break
+                head = os.pread(fd, _FRAME.size + 256, pos)
+                magic, mlen, blen, crc = _FRAME.unpack_from(head, 0)
+                end = pos + _FRAME.size + mlen + blen
+                if magic != RECORD_MAGIC or mlen > MAX_META_BYTES or blen > MAX_BODY_BYTES:
+                    torn = "no record header"
+                    break
+                if end > size:
+                    torn = f"record of {mlen + blen} bytes, {size - pos - _FRAME.size} present"
+                    break
+                meta_b = head[_FRAME.size : _FRAME.size + mlen]
+                if len(meta_b) < mlen:
+                    meta_b = os.pread(fd, mlen, pos + _FRAME.size)
+                frames.append((pos, mlen, blen, crc, end, meta_b))
+                pos = end
+        finally:
+            os.close(fd)
         synced_upto = -1  # frames before this index were fsynced (a sync mark follows them)
         metas: list[Any] = []
-        for i, (start, mlen, blen, crc, _end) in enumerate(frames):
-            meta_b = view[start + _FRAME.size : start + _FRAME.size + mlen]
+        for i, (_start, mlen, blen, crc, _end, meta_b) in enumerate(frames):
             try:
                 meta = msgpack.unpackb(meta_b, raw=False, strict_map_key=False)
                 kind = meta[1]
@@ -846,10 +855,9 @@ def scan_journal(
                 synced_upto = i
             metas.append(meta)
         # Pass 2: records (checksums of the unsynced tail checked now, the others when decoded).
-        for i, (start, mlen, blen, crc, end) in enumerate(frames):
+        for i, (start, mlen, blen, crc, end, meta_b) in enumerate(frames):
             lengths = _LENGTHS.pack(mlen, blen)
-            meta_b = view[start + _FRAME.size : start + _FRAME.size + mlen]
-            body = view[start + _FRAME.size + mlen : end]
+            body = view[start + _FRAME.size + mlen : end] if blen else b""
             pending_crc: int | None = crc
             if i > synced_upto:
                 if _crc(lengths, meta_b, body) != crc:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import bundles
-from bundles import Bundle
+from bundles import Bundle, BundleError, is_store_url
 from bundles.support import MANIFEST_NAME, human_bytes
 from trainer_hooks.view._actions import Action, parse_action
 from trainer_hooks.view._media import Shown, shown_suffix
@@ -44,7 +44,12 @@ STATUS_CLASS = {"completed": "ok", "truncated": "warn", "aborted": "warn", "fail
 @functools.cache
 def environment() -> Any:
     """The one Jinja2 environment of the page: templates shipped in the package, autoescaped."""
-    import jinja2
+    try:
+        import jinja2
+    except ImportError:
+        raise BundleError(
+            "view writes its page from Jinja2 templates: pip install 'rollout-bundles[view]'"
+        ) from None
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("trainer_hooks.view", "templates"),
@@ -119,14 +124,22 @@ def chips(d: Any) -> dict[str, Any]:
 
 
 def _bundle_bytes(bundle: Bundle) -> int:
+    shards = sum(int(s["size"]) for s in bundle.manifest["shards"])
+    if is_store_url(str(bundle.path)):  # on an object store: what the manifest lists
+        return shards + bundle.media_bytes
     if bundle.packed:
         return bundle.path.stat().st_size
-    shards = sum(int(s["size"]) for s in bundle.manifest["shards"])
     try:
         manifest = (bundle.path / MANIFEST_NAME).stat().st_size
     except OSError:
         manifest = 0
     return manifest + shards + bundle.media_bytes
+
+
+def _where_label(bundle: Bundle) -> str:
+    if is_store_url(str(bundle.path)):
+        return "on the object store"
+    return "packed file" if bundle.packed else "bundle on disk"
 
 
 def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct: int) -> dict[str, Any]:
@@ -145,7 +158,7 @@ def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct
         {"value": str(refs), "label": "media references"},
         {"value": f"{refs / stored:.2f}×" if stored else "–", "label": "dedup ratio"},
         {"value": size(bundle.media_bytes), "label": "media"},
-        {"value": size(_bundle_bytes(bundle)), "label": "packed file" if bundle.packed else "bundle on disk"},
+        {"value": size(_bundle_bytes(bundle)), "label": _where_label(bundle)},
     ]
     if finite:
         stats.append({"value": f"{math.fsum(finite) / len(finite):.3g}", "label": "mean reward"})
@@ -261,7 +274,7 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
         action = parse_action(text) if text is not None else None
         turn["action"] = text
         turn["action_desc"] = action.describe() if action is not None and action.kind != "text" else None
-        if s is not None and s.thumb is not None and s.size and img.name in refs:
+        if s is not None and s.thumb is not None and s.size and img.name is not None and img.name in refs:
             w, h = s.size
             turn.update(ref=refs[img.name], w=w, h=h, tw=s.thumb.width, th=s.thumb.height,
                         scale=_f(w / s.thumb.width))  # fmt: skip
@@ -273,12 +286,12 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
             # linked file by its suffix, and .html/.svg/... would run outside this page's CSP.
             if link_base is not None and img.name and s.linkable and shown_suffix(img.name):
                 turn["href"] = link_base + urllib.parse.quote(img.name)
-            if img.name in large_refs:
+            if img.name in large_refs and s.large is not None:
                 turn["large"] = {
                     "kind": "inline",
                     "ref": large_refs[img.name],
                     "scale": _f(w / s.large.width),
-                }  # type: ignore[union-attr]
+                }
             elif turn["href"]:
                 turn["large"] = {"kind": "link", "href": turn["href"]}
             else:
@@ -364,7 +377,9 @@ def _filters(
     numeric("ln", "response length", {v.position: _reward_number(v.response_length) for v in views}, True)
     numeric("tn", "turns", {v.position: float(len(v.images)) for v in views}, True)
     if replay_by_pos is not None:
-        with_p, clean, missing = [], [], []
+        with_p: list[int] = []
+        clean: list[int] = []
+        missing: list[int] = []
         kinds: dict[str, list[int]] = {}
         for v in views:
             entry = replay_by_pos.get(v.position)
@@ -402,7 +417,9 @@ def page_context(
 ) -> dict[str, Any]:
     """Everything the template shows, as plain data."""
     names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
-    defs, refs, large_refs = [], {}, {}
+    defs: list[dict[str, Any]] = []
+    refs: dict[str, str] = {}
+    large_refs: dict[str, str] = {}
     for name in names:
         t, big = shown[name].thumb, shown[name].large
         if t is not None:
@@ -489,7 +506,7 @@ def page_context(
             )
             spread = {"mean": f"{mean:.3g}", "std": f"{std:.3g}", "min": f"{min(rewards):.3g}",
                       "max": f"{max(rewards):.3g}", "flat": len(rewards) > 1 and std == 0}  # fmt: skip
-        columns = [by_position[m.position] for m in members]
+        columns: list[dict[str, Any]] = [by_position[m.position] for m in members]
         rows = max(len(c["turns"]) for c in columns)
         groups.append({"label": dash(members[0].group_index), "columns": columns, "rows": list(range(rows)),
                        "spread": spread, "n": len(members)})  # fmt: skip
@@ -691,3 +708,43 @@ def _logprob_color(v: float) -> tuple[int, int, int]:
 
 def _diff_color(v: float) -> tuple[int, int, int]:
     return _mix((255, 255, 255), (200, 30, 30), abs(v) / 0.5)
+
+
+# -- the search page: the one page with a script ------------------------------------------------------------
+
+SEARCH_TEXT = 2000  # characters of a prompt and of a response the search page holds
+_HASH_SLOT = "__SCRIPT_AND_STYLE_HASHES__"
+
+
+def search_rows(views: list[SampleView]) -> list[dict[str, str]]:
+    rows = []
+    for v in views:
+        prompt = " ".join(m["text"] for m in _prompt(v.prompt) or [])
+        rows.append({"pos": str(v.position), "status": v.status or "no status", "reward": reward_text(v.reward),
+                     "prompt": prompt[:SEARCH_TEXT], "response": (v.response or "")[:SEARCH_TEXT]})  # fmt: skip
+    return rows
+
+
+def render_search(rows: list[dict[str, str]], title: str, report_href: str) -> str:
+    """The search page: a table of every sample's prompt and response (text, escaped by the
+    template engine) and one small script, ``templates/search.js``, that hides the rows not
+    holding every typed word. Its CSP allows exactly that script and that stylesheet, by their
+    SHA-256 hashes, and nothing else (no other script, no fetch, no image): the bundle's text is
+    only ever read by the script as ``textContent``, never run or parsed as HTML."""
+    import base64
+    import hashlib
+    import re
+
+    page = str(environment().get_template("search.html.j2").render(
+        csp=f"default-src 'none'; {_HASH_SLOT}; base-uri 'none'; form-action 'none'",
+        title=title, rows=rows, report_href=report_href))  # fmt: skip
+
+    def digest(body: str) -> str:
+        return (
+            "'sha256-" + base64.b64encode(hashlib.sha256(body.encode("utf-8")).digest()).decode("ascii") + "'"
+        )
+
+    scripts = re.findall(r"<script>(.*?)</script>", page, re.S)
+    styles = re.findall(r"<style>(.*?)</style>", page, re.S)
+    assert len(scripts) == 1 and len(styles) == 1, "the search page has one script and one style, ours"
+    return page.replace(_HASH_SLOT, f"script-src {digest(scripts[0])}; style-src {digest(styles[0])}", 1)

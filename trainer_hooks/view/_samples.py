@@ -84,7 +84,7 @@ def jsonable(v: Any, depth: int = 0) -> Any:
     if hasattr(v, "dtype") and hasattr(v, "shape"):
         kind = "tensor" if type(v).__module__.startswith("torch") else "ndarray"
         try:
-            shape = [int(d) for d in v.shape]
+            shape: Any = [int(d) for d in v.shape]
         except (TypeError, ValueError):
             shape = "?"
         return f"<{kind} {str(v.dtype).removeprefix('torch.')} {shape}>"
@@ -141,9 +141,9 @@ def _grid_rows(sample: Mapping[str, Any]) -> list[list[int] | None] | None:
     rows = as_list(mti.get("image_grid_thw"))
     if not rows:
         return None
-    out = []
-    for r in rows:
-        r = as_list(r)
+    out: list[list[int] | None] = []
+    for row in rows:
+        r = as_list(row)
         # A legal sample may hold anything here (strings, inf, negative): such a row has no count.
         if r is None or len(r) != 3 or not all(_grid_int(x) for x in r):
             out.append(None)
