@@ -3,7 +3,7 @@
     python benchmarks/bench_miles_save.py [--n 600] [--turns 8] [--repeats 5] [--dir bench-out]
 
 Needs the Miles snapshot at ``../shared/miles`` (imported with the test harness' stand-ins for
-sglang and sglang_router, see tests/miles_harness.py). Reuses ``benchmarks/bench_save.py``'s cached
+sglang and sglang_router, see tests/helpers/miles_snapshot.py). Reuses ``benchmarks/bench_save.py``'s cached
 screenshots (~1 MB PNGs in a run media directory) and sample shape (multi-turn trajectories of
 ``--turns`` screenshots, turn k references the first k+1; 1024 prompt tokens each), as Miles
 ``Sample`` objects. ``trainer_hooks.miles.FullyAsyncRolloutFn`` (Miles' class with ``save``) runs on
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 
 from bench_save import ensure_media, machine_description, make_samples  # noqa: E402
-from miles_harness import add_miles_to_path, miles_missing  # noqa: E402
+from helpers.miles_snapshot import add_miles_to_path, miles_missing  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

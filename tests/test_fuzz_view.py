@@ -124,7 +124,9 @@ def test_any_samples_give_a_page_or_a_bundle_error(
 
 @settings(max_examples=EXAMPLES * 5)
 @given(action_text)
-@example(json.dumps({"arguments": {"action": "left_click", "coordinate": [1, 10**400]}}))  # found: OverflowError
+@example(
+    json.dumps({"arguments": {"action": "left_click", "coordinate": [1, 10**400]}})
+)  # found: OverflowError
 @example("click(" * 3000)
 def test_any_action_text_parses_or_is_shown_as_text(s: str) -> None:
     a = parse_action(s)

@@ -10,13 +10,13 @@ import asyncio
 import time
 
 import pytest
-from miles_harness import require_miles
+from helpers.miles_snapshot import require_miles
 
 MILES = require_miles()
 
 pytestmark = pytest.mark.torch
 
-from miles_helpers import install_scripted_engine, make_tokenizer_dir, miles_args, write_prompts  # noqa: E402
+from helpers.miles_run import install_scripted_engine, make_tokenizer_dir, miles_args, write_prompts  # noqa: E402
 
 from trainer_hooks.checkpoints import journal_dir, scan_journal  # noqa: E402
 

@@ -1,7 +1,7 @@
 """trainer_hooks.miles against Miles' real classes: ``RolloutDataSourceWithBuffer`` (reading a
 200-prompt JSONL file with a local tokenizer), ``FullyAsyncRolloutFn`` run through Miles'
 ``call_rollout_function`` (its background event loop, as ``RolloutManager`` runs it) and
-``DefaultDataBuffer``. Generation is a scripted engine (tests/miles_helpers.py), as in Miles' own
+``DefaultDataBuffer``. Generation is a scripted engine (tests/helpers/miles_run.py), as in Miles' own
 fully-async tests. One save is one bundle holding the cursor and every group; a load restores
 them in order; nested groups come back nested."""
 
@@ -13,13 +13,13 @@ import sys
 import time
 
 import pytest
-from miles_harness import REPO, require_miles
+from helpers.miles_snapshot import REPO, require_miles
 
 MILES = require_miles()
 
 pytestmark = pytest.mark.torch
 
-from miles_helpers import install_scripted_engine, make_tokenizer_dir, miles_args, write_prompts  # noqa: E402
+from helpers.miles_run import install_scripted_engine, make_tokenizer_dir, miles_args, write_prompts  # noqa: E402
 
 import bundles  # noqa: E402
 from trainer_hooks.checkpoints import read_rollout_checkpoint, save_rollout_checkpoint  # noqa: E402

@@ -8,7 +8,7 @@ from argparse import Namespace
 
 import numpy as np
 import pytest
-from miles_harness import require_miles
+from helpers.miles_snapshot import require_miles
 
 MILES = require_miles()
 

@@ -2,7 +2,7 @@
 unchanged, with Miles' own pytest config: ``asyncio_mode = auto``) run twice in a subprocess:
 once with :class:`trainer_hooks.miles.BundledDataBuffer` in place of ``DefaultDataBuffer``, once
 with :class:`trainer_hooks.miles.FullyAsyncRolloutFn` in place of Miles' class (the swap:
-tests/miles_swap.py). Every one of Miles' tests must pass, and our classes must have been built."""
+tests/helpers/miles_swap.py). Every one of Miles' tests must pass, and our classes must have been built."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from miles_harness import REPO, require_miles
+from helpers.miles_snapshot import REPO, require_miles
 
 MILES = require_miles()
 pytest.importorskip("pytest_asyncio", reason="Miles' async tests need pytest-asyncio (the miles-tests extra)")
@@ -42,7 +42,7 @@ def run_miles_tests(mode: str, tmp_path: Path) -> tuple[int, int, dict]:
             "-m",
             "pytest",
             "-p",
-            "miles_swap",
+            "helpers.miles_swap",
             "-p",
             "no:cacheprovider",
             # Miles' conftest imports its whole engine/router fixture stack; these tests use none of it.

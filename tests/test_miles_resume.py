@@ -1,6 +1,6 @@
 """Save -> SIGKILL -> resume on Miles' real ``FullyAsyncRolloutFn`` and real data source (a local
 tokenizer, a 200-prompt JSONL file), through the two command-line plugins: the run
-(tests/miles_resume_child.py) is killed with SIGKILL at seeded moments after it has saved, resumed
+(tests/helpers/miles_resume_child.py) is killed with SIGKILL at seeded moments after it has saved, resumed
 from its last checkpoint each time, and finally runs to the end. In the lineage of the weights
 that survive, every prompt is trained exactly once."""
 
@@ -16,16 +16,16 @@ import time
 from collections import Counter
 
 import pytest
-from miles_harness import REPO, require_miles
+from helpers.miles_snapshot import REPO, require_miles
 
 MILES = require_miles()
 
-from miles_helpers import make_tokenizer_dir, write_prompts  # noqa: E402
+from helpers.miles_run import make_tokenizer_dir, write_prompts  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 N_PROMPTS = 200
-CHILD = REPO / "tests" / "miles_resume_child.py"
+CHILD = REPO / "tests" / "helpers" / "miles_resume_child.py"
 
 
 def start(work, tok, prompts, seed):

@@ -14,7 +14,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
-from miles_harness import require_miles
+from helpers.miles_snapshot import require_miles
 
 require_miles()
 Image = pytest.importorskip("PIL.Image")

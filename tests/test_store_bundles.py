@@ -318,7 +318,7 @@ def test_media_refs_without_paths_and_images(moto: Any, tmp_path: Path) -> None:
 def test_a_large_packed_object_is_indexed_in_three_requests(moto: Any, tmp_path: Path) -> None:
     """The headers lie past the first read: fetched together, where the packer's layout puts
     them (one request per header, one after another, before). Counted at a proxy."""
-    from store_servers import FaultProxy
+    from helpers.store import FaultProxy
 
     run = tmp_path / "big"
     blobs = [hashlib.sha256(bytes([i])).digest() * 12_500 for i in range(6)]  # 400 KB each

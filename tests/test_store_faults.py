@@ -1,5 +1,5 @@
 """Faults between a writer or reader and a real S3 server (moto on 127.0.0.1), injected by a proxy
-on loopback (tests/store_servers.py ``FaultProxy``): 503 answers and connections dropped mid-upload
+on loopback (tests/helpers/store.py ``FaultProxy``): 503 answers and connections dropped mid-upload
 are retried with backoff; what the retries cannot fix is a BundleError naming the URL, and no
 reader ever finds a partial bundle."""
 
@@ -24,7 +24,7 @@ from bundles import BundleIOError, BundleNotFoundError, open_bundle, write_bundl
 
 @pytest.fixture(scope="module")
 def proxy(moto_s3: Any) -> Iterator[Any]:
-    from store_servers import FaultProxy
+    from helpers.store import FaultProxy
 
     p = FaultProxy(moto_s3.endpoint)
     yield p

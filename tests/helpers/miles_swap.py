@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from miles_harness import add_miles_to_path
+from helpers.miles_snapshot import add_miles_to_path
 
 add_miles_to_path()
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MILES_ROOT = (REPO / ".." / "shared" / "miles").resolve()
 #: Engine-only packages replaced by import stand-ins (see the module docstring for why each).
 STAND_INS = ("sglang", "sglang_router")
@@ -41,7 +41,7 @@ STAND_INS = ("sglang", "sglang_router")
 def _placeholder(module: str, name: str) -> type:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(
-            f"{module}.{name} is an import stand-in (tests/miles_harness.py): this code path needs "
+            f"{module}.{name} is an import stand-in (tests/helpers/miles_snapshot.py): this code path needs "
             "the real engine"
         )
 
@@ -57,7 +57,7 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        module = types.ModuleType(spec.name, "import stand-in (tests/miles_harness.py)")
+        module = types.ModuleType(spec.name, "import stand-in (tests/helpers/miles_snapshot.py)")
         module.__path__ = []
 
         def __getattr__(attr: str, _module: str = spec.name) -> Any:

@@ -1,6 +1,6 @@
 """A training run on Miles' real classes, killed and resumed by tests/test_miles_resume.py.
 
-    python tests/miles_resume_child.py WORK TOKENIZER PROMPTS SEED
+    python tests/helpers/miles_resume_child.py WORK TOKENIZER PROMPTS SEED
 
 Builds the data source as ``RolloutManager`` does (``load_function(args.data_source_path)(args)``
 with ``--data-source-path trainer_hooks.miles.BundledDataSource``), Miles' own
@@ -26,13 +26,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parents[1]),
+    str(Path(__file__).resolve().parents[2]),
+]  # tests/, the repo
 
-from miles_harness import add_miles_to_path  # noqa: E402
+from helpers.miles_snapshot import add_miles_to_path  # noqa: E402
 
 add_miles_to_path()
 
-from miles_helpers import install_scripted_engine, miles_args  # noqa: E402
+from helpers.miles_run import install_scripted_engine, miles_args  # noqa: E402
 
 
 def write_json_atomic(path: Path, value: object) -> None:

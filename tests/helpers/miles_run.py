@@ -1,5 +1,5 @@
 """Inputs for tests that run Miles' real data source and rollout function (import after
-``miles_harness.require_miles()``): a small local tokenizer, a JSONL prompt file, the arguments
+``helpers.miles_snapshot.require_miles()``): a small local tokenizer, a JSONL prompt file, the arguments
 Miles' classes read, and a scripted engine in place of SGLang generation."""
 
 from __future__ import annotations
