@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from bundles._atomic import atomic_write
 from bundles._errors import (
     BundleError,
     BundleExistsError,
@@ -600,11 +601,8 @@ def _download_one(source: Any, name: str, ref: MediaRef, target: Path, bar: Prog
             source.path,
             [f"{source.where(MEDIA_DIR + '/' + name)}: digest: expected {ref.digest}, found {digest}"],
         )
-    tmp = target / f".{name}.{os.getpid()}.{secrets.token_hex(3)}.rehydrate"
-    with open(tmp, "xb") as f:
-        f.write(data)
-    os.chmod(tmp, 0o444)
-    os.replace(tmp, dst)
+    # The one atomic write; no sweep, as a local rehydrate (the run directory is removed whole).
+    atomic_write(dst, data, mode=0o444, sweep=False)
     bar.advance()
     return ref.with_path(str(dst))
 
