@@ -1,0 +1,75 @@
+"""Bundles on an object store: the commit protocol without rename, reading in place, gc.
+
+A store has no rename and no directories, so the local protocol (stage, fsync, rename) cannot
+apply. What it has, and what this protocol relies on, are atomic single-object puts, create-only
+puts (``If-None-Match: *``) and compare-and-swap puts (``If-Match: <etag>``); docs/FORMAT.md §9
+is the normative description. A bundle at URL ``U`` is:
+
+``U/media/<hex><suffix>``  (or ``<parent of U>/.media/`` with ``shared_media``)
+    content-addressed media, written create-only: a retry, or two writers uploading the same
+    screenshot, store the same bytes once. Media already present are not uploaded again.
+``U/<generation>/samples/NNNNNN.msgpack.zst``, ``U/<generation>/manifest.json``
+    one *generation*, named ``g<UTC time>-<random>`` by its writer so that no two writers ever
+    share a key: the shards, then the manifest last (create-only). The manifest lists every
+    object with its size and digest, exactly as in a directory.
+``U/bundle.json``  (:data:`~bundles._layout.STORE_POINTER_NAME`)
+    the pointer: which generation is the bundle, the manifest's size and digest, and where the
+    media are. Publishing is one conditional put of this small object: create-only for a new
+    bundle (of two racing writers exactly one wins; the other gets :class:`BundleExistsError`
+    and nothing of the winner's is touched), or, with ``overwrite=True``, a compare-and-swap on
+    the pointer's ETag (a writer that loses the swap reads the pointer again and retries: the
+    last writer wins, as with directories, and no writer's update is applied over one it did not
+    see). The replaced generation is then deleted, manifest first.
+
+A reader reads the pointer, then the manifest it names, and checks the manifest's digest
+against the pointer: it never sees a torn bundle, only the old one or the new one. A prefix
+without a pointer (a writer that died, or lost a race) is invisible, and ``gc`` removes it once
+it is older than a limit. A bundle copied verbatim onto a store (``aws s3 sync bundle_dir
+s3://b/x``: ``U/manifest.json`` with no pointer) is read too.
+
+Writing. :func:`write_remote_bundle` writes the bundle into a local scratch directory with the
+local writer (so every check, hash and error of ``write_bundle`` applies unchanged; the scratch
+lies beside the first media root, so media are hard-linked, not copied) and then uploads it with
+:func:`upload_bundle`, concurrently (:data:`~bundles._store.CONCURRENCY` requests in flight).
+
+Reading. :class:`StoreSource` is a source for :class:`bundles._reader.Bundle`: the manifest and
+shards are read with single GETs, media lazily with range reads (:class:`RangeFile`), sizes come
+from one listing of the generation and of the media prefix. A packed ``.rbundle`` object is read
+in place by :class:`StorePackedSource`: its tar headers are fetched by range reads, all at once
+where the packer's deterministic layout predicts them, and checked by the same
+:func:`bundles._source.read_tar_index` as a local packed file.
+
+Garbage and reference accounting. Media in a shared pool belong to every bundle whose manifest
+lists them, so nothing deletes them when one bundle goes: :func:`collect_garbage` marks the media
+that the live generations under a prefix list, and sweeps the rest, along with generations that
+no pointer names, once they are older than ``older_than`` (the grace period that protects a
+writer that has uploaded media but not yet published its pointer). Stale multipart uploads are
+not listed by obstore; writers use multipart only for media over
+:data:`MULTIPART_THRESHOLD`, and a bucket lifecycle rule (``AbortIncompleteMultipartUpload``)
+removes abandoned parts.
+"""
+
+from __future__ import annotations
+
+# One module per part of the protocol, importing one way: _pointer <- _read <- _write <- _packed,
+# and _gc on _pointer.
+from bundles._remote._gc import GarbageReport, collect_garbage
+from bundles._remote._packed import object_size, pack_to_store, unpack_from_store
+from bundles._remote._pointer import is_remote_bundle, list_remote_bundles
+from bundles._remote._read import open_remote_bundle
+from bundles._remote._write import UploadStats, remove_remote_bundle, upload_bundle, write_remote_bundle
+
+__all__ = [
+    "GarbageReport",
+    "UploadStats",
+    "collect_garbage",
+    "is_remote_bundle",
+    "list_remote_bundles",
+    "object_size",
+    "open_remote_bundle",
+    "pack_to_store",
+    "remove_remote_bundle",
+    "unpack_from_store",
+    "upload_bundle",
+    "write_remote_bundle",
+]

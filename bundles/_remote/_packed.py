@@ -1,0 +1,98 @@
+"""Packed ``.rbundle`` files on a store: pack to and unpack from a URL.
+
+See :mod:`bundles._remote` for the protocol."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bundles._errors import (
+    BundleError,
+    BundleExistsError,
+    BundleNotFoundError,
+)
+from bundles._fs import remove_tree
+from bundles._remote._pointer import MULTIPART_THRESHOLD
+from bundles._remote._read import StorePackedSource
+from bundles._remote._write import _rewrite_message
+from bundles._store import StoreURL, get_store, store_error
+
+
+# -- packed files --------------------------------------------------------------------------------
+def pack_to_store(
+    path: Any, url_text: str, *, overwrite: bool = False, progress: bool | None = None
+) -> StoreURL:
+    """:func:`bundles.pack_bundle` onto a store: packed locally, then uploaded in one atomic put
+    (create-only unless ``overwrite``)."""
+    from bundles._pack import pack_bundle
+
+    url = StoreURL(url_text)
+    store = get_store(url)
+    if not overwrite:
+        try:
+            if (store.head(url.key)) is not None:
+                raise BundleExistsError(f"{url}: output exists; pass overwrite=True to replace it")
+        except BundleError:
+            raise
+        except Exception as e:
+            raise store_error(url, "look for an existing object", e) from e
+    with tempfile.TemporaryDirectory(prefix="rollout-bundles-pack-") as tmp:
+        out = pack_bundle(path, Path(tmp) / url.name, progress=progress)
+        try:
+            if out.stat().st_size > MULTIPART_THRESHOLD:
+                if not overwrite and (store.head(url.key)) is not None:
+                    raise BundleExistsError(f"{url}: output exists; pass overwrite=True to replace it")
+                (store.put_large(url.key, out))  # a multipart upload appears atomically at its end
+            else:
+                (store.put(url.key, out.read_bytes(), mode="overwrite" if overwrite else "create"))
+        except BundleError:
+            raise
+        except Exception as e:
+            if type(e).__name__ == "AlreadyExistsError":
+                raise BundleExistsError(f"{url}: output appeared during the pack; not replaced") from None
+            raise store_error(url, "upload the packed bundle", e) from e
+    return url
+
+
+def unpack_from_store(
+    url_text: str, out_dir: Any, *, overwrite: bool = False, progress: bool | None = None
+) -> Any:
+    """:func:`bundles.unpack_bundle` from a packed object on a store: read in place, every member
+    checked by the same rules, written to a local directory and fully verified there."""
+    from bundles._commit import scratch_dir
+    from bundles._pack import unpack_bundle
+
+    url = StoreURL(url_text)
+    dest = Path(os.path.abspath(out_dir))
+    if os.path.lexists(dest) and not overwrite:
+        raise BundleExistsError(f"{dest}: output exists; pass overwrite=True to replace it")
+    source = StorePackedSource(url, get_store(url))
+    scratch = scratch_dir(dest, "download")
+    try:
+        packed = scratch / url.name
+        with open(packed, "xb") as f:
+            data = (source._store.get(url.key))[0]
+            f.write(data)
+        try:
+            return unpack_bundle(packed, dest, overwrite=overwrite, progress=progress)
+        except BundleError as e:
+            _rewrite_message(e, str(packed), str(url))
+            raise
+    finally:
+        remove_tree(scratch)
+
+
+def object_size(url_text: str, storage_options: Mapping[str, Any] | None = None) -> int:
+    """The size of one object (a packed bundle on a store)."""
+    url = StoreURL(url_text)
+    try:
+        meta = get_store(url, storage_options).head(url.key)
+    except Exception as e:
+        raise store_error(url, "read the object's size", e) from e
+    if meta is None:
+        raise BundleNotFoundError(f"{url}: no object here")
+    return int(meta["size"])

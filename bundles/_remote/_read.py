@@ -1,0 +1,425 @@
+"""Reading a bundle on a store in place: range reads of media and members, concurrent rehydrate.
+
+See :mod:`bundles._remote` for the protocol."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from bundles._atomic import atomic_write
+from bundles._errors import (
+    BundleError,
+    BundleIOError,
+    BundleNotFoundError,
+    BundleVerificationError,
+    UnsafeBundleError,
+)
+from bundles._layout import (
+    DIGEST_PREFIX,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    MEDIA_DIR,
+    PACK_SUFFIX,
+    SHARDS_DIR,
+    STORE_GENERATION_RE,
+    STORE_POINTER_NAME,
+)
+from bundles._media import MediaRef
+from bundles._progress import Progress
+from bundles._remote._pointer import READ_WINDOW, _Place, _place
+from bundles._source import LAYOUT_DIRS, Entry, read_tar_index
+from bundles._store import Store, StoreURL, get_store, parallel, store_error
+
+
+# -- reading -------------------------------------------------------------------------------------
+class RangeFile(io.RawIOBase):
+    """A read-only binary file over ``size`` bytes at ``offset`` of one object, read with range
+    requests of at least :data:`READ_WINDOW` bytes (a media file is usually one request)."""
+
+    def __init__(self, store: Store, key: str, offset: int, size: int, where: str) -> None:
+        super().__init__()
+        self._store, self._key, self._offset, self._size, self._where = store, key, offset, size, where
+        self._pos = 0
+        self._buf = b""
+        self._buf_start = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + pos)
+        return self._pos
+
+    def _fill(self, want: int) -> None:
+        start = self._pos
+        end = min(self._size, start + max(want, READ_WINDOW))
+        try:
+            data = self._store.get_range(self._key, self._offset + start, self._offset + end)
+        except FileNotFoundError:
+            raise BundleVerificationError(
+                self._where, [f"{self._where}: missing (removed while open?)"]
+            ) from None
+        except Exception as e:
+            raise store_error(self._where, "read", e) from e
+        if len(data) != end - start:
+            raise UnsafeBundleError(
+                f"{self._where}: truncated: asked for {end - start} bytes, got {len(data)}"
+            )
+        self._buf, self._buf_start = data, start
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        rel = self._pos - self._buf_start
+        if not (rel >= 0 and rel + n <= len(self._buf)):
+            self._fill(n)
+            rel = 0
+        memoryview(b).cast("B")[:n] = self._buf[rel : rel + n]
+        self._pos += n
+        return n
+
+    def readall(self) -> bytes:
+        n = self._size - self._pos
+        if n <= 0:
+            return b""
+        out = bytearray(n)
+        got = self.readinto(out)
+        return bytes(out[:got])
+
+
+class StoreSource:
+    """A bundle on a store, as a source for :class:`bundles._reader.Bundle` (see the module
+    docstring). ``path`` is the bundle's :class:`StoreURL`; names are bundle-relative."""
+
+    packed = False
+    remote = True
+
+    def __init__(self, place: _Place) -> None:
+        self._place = place
+        self.path = place.url
+        self._sizes: dict[str, int] | None = None
+        self._listed_media: set[str] = set()
+
+    def where(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def media_path(self, name: str) -> str:
+        return self.where(name)
+
+    def read_manifest(self) -> bytes:
+        p = self._place
+        try:
+            data, _ = p.store.get(p.key(MANIFEST_NAME))
+        except FileNotFoundError:
+            raise BundleNotFoundError(
+                f"{self.path}: not a bundle: {MANIFEST_NAME} of generation {p.pointer.generation} is missing "
+                "(removed by a later overwrite?)"
+            ) from None
+        except Exception as e:
+            raise store_error(self.path, f"read {MANIFEST_NAME}", e) from e
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise UnsafeBundleError(
+                f"{self.where(MANIFEST_NAME)}: exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes"
+            )
+        if p.pointer.manifest_digest is not None:
+            digest = DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
+            if digest != p.pointer.manifest_digest or len(data) != p.pointer.manifest_size:
+                raise BundleVerificationError(
+                    self.path,
+                    [
+                        f"{self.where(MANIFEST_NAME)}: digest: the pointer expects {p.pointer.manifest_digest}, found {digest}"
+                    ],
+                )
+        try:  # which media names the listing should report (the pool also holds others' media)
+            listed = json.loads(data).get("media", [])
+            self._listed_media = {
+                f"{e['digest'][len(DIGEST_PREFIX) :]}{e['suffix']}" for e in listed if isinstance(e, dict)
+            }
+        except Exception:
+            self._listed_media = set()  # load_manifest names the problem
+        return data
+
+    def reload_manifest(self) -> Any:
+        """The manifest the pointer names now (to tell a replaced bundle from a damaged one)."""
+        from bundles._manifest import parse_manifest_bytes
+
+        fresh = StoreSource(_place(str(self.path), None, "read the pointer"))
+        fresh._place = _Place(self._place.url, self._place.store, fresh._place.pointer)
+        return parse_manifest_bytes(fresh.read_manifest(), fresh.where(MANIFEST_NAME))
+
+    def _list(self) -> dict[str, int]:
+        p = self._place
+        base = p.url.key_of(p.pointer.generation) if p.pointer.generation else p.url.key
+        sizes: dict[str, int] = {}
+
+        try:
+            bundle_objects, media_objects = parallel(p.store.listing, [base, p.media_prefix])
+        except Exception as e:
+            raise store_error(self.path, "list the bundle's objects", e) from e
+        for m in bundle_objects:
+            rel = m["path"][len(base) + 1 :] if base else m["path"]
+            if p.pointer.generation is None and (
+                rel == STORE_POINTER_NAME or rel.startswith(MEDIA_DIR + "/") or STORE_GENERATION_RE.match(rel)
+            ):
+                continue  # a plain layout: media are listed below; other generations are not ours
+            sizes[rel] = m["size"]
+        for m in media_objects:
+            name = m["path"][len(p.media_prefix) + 1 :]
+            # The media prefix is shared (by a pool's bundles, or by the generations of one bundle):
+            # only a plain layout owns its media/ alone, so only there is an unlisted file a problem.
+            if name in self._listed_media or p.pointer.generation is None:
+                sizes[f"{MEDIA_DIR}/{name}"] = m["size"]
+        self._sizes = sizes
+        return sizes
+
+    def entries(self) -> Iterator[Entry]:
+        for d in LAYOUT_DIRS:
+            yield Entry(d, "dir", 0)
+        for name, size in self._list().items():
+            yield Entry(name, "file", size)
+
+    def open(self, name: str) -> tuple[BinaryIO, int]:
+        p = self._place
+        key = p.key(name)
+        size = (self._sizes or {}).get(name)
+        if size is None:
+            try:
+                meta = p.store.head(key)
+            except Exception as e:
+                raise store_error(self.where(name), "read", e) from e
+            if meta is None:
+                raise FileNotFoundError(2, "listed in the manifest but missing", self.where(name))
+            size = int(meta["size"])
+        return RangeFile(p.store, key, 0, size, self.where(name)), size  # type: ignore[return-value]
+
+    def hash(self, name: str) -> tuple[str, int]:
+        f, _ = self.open(name)
+        with f:
+            data = f.read()
+        return hashlib.sha256(data).hexdigest(), len(data)
+
+    def rehydrate(
+        self, media: Mapping[str, MediaRef], target: Path, progress: bool | None
+    ) -> dict[str, MediaRef]:
+        return _download_media(self, media, target, progress)
+
+    def close(self) -> None:
+        pass
+
+
+class _StoreReader:
+    """``pread`` over one object for :func:`read_tar_index`, served from prefetched header blocks
+    where possible, else by a range read."""
+
+    def __init__(self, store: Store, key: str, size: int, where: str) -> None:
+        self.store, self.key, self.size, self.where = store, key, size, where
+        self._blocks: dict[int, bytes] = {}
+        self.requests = 0
+
+    def prefetch(self, starts: list[int], length: int) -> None:
+        starts = [s for s in starts if s + length <= self.size]
+        if not starts:
+            return
+        # get_ranges keeps ~10 requests in flight; chunks of it in parallel keep more (a header
+        # of every 1 MB screenshot is a request of its own).
+        chunks = [starts[i : i + 16] for i in range(0, len(starts), 16)]
+        try:
+            fetched = parallel(lambda c: self.store.get_ranges(self.key, c, [s + length for s in c]), chunks)
+        except Exception as e:
+            raise store_error(self.where, "read the packed file's headers", e) from e
+        self.requests += 1
+        for chunk, blocks in zip(chunks, fetched, strict=True):
+            self._blocks.update(zip(chunk, blocks, strict=True))
+
+    def pread(self, n: int, pos: int) -> bytes:
+        n = max(0, min(n, self.size - pos))
+        for start, block in self._blocks.items():
+            if start <= pos and pos + n <= start + len(block):
+                return block[pos - start : pos - start + n]
+        if n == 0:
+            return b""
+        self.requests += 1
+        try:
+            data = self.store.get_range(
+                self.key, pos, pos + max(n, 4096) if pos + 4096 <= self.size else self.size
+            )
+        except Exception as e:
+            raise store_error(self.where, "read", e) from e
+        self._blocks[pos] = data
+        return data[:n]
+
+
+class StorePackedSource:
+    """A packed ``.rbundle`` object read in place by member ranges (see the module docstring)."""
+
+    packed = True
+    remote = True
+
+    def __init__(self, url: StoreURL, store: Store) -> None:
+        self.path = url
+        self._store = store
+        try:
+            meta = store.head(url.key)
+        except Exception as e:
+            raise store_error(url, "open the packed bundle", e) from e
+        if meta is None:
+            raise BundleNotFoundError(f"{url}: no bundle here (the object does not exist)")
+        self.size = int(meta["size"])
+        reader = _StoreReader(store, url.key, self.size, str(url))
+        _prefetch_headers(reader)
+        self.members = read_tar_index(reader, url)  # type: ignore[arg-type]
+        self.index_requests = reader.requests
+
+    def where(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def media_path(self, name: str) -> str:
+        return self.where(name)
+
+    def read_manifest(self) -> bytes:
+        f, _ = self.open(MANIFEST_NAME)
+        with f:
+            return f.read()
+
+    def entries(self) -> Iterator[Entry]:
+        for m in self.members.values():
+            yield Entry(m.name, "dir" if m.is_dir else "file", m.size)
+
+    def open(self, name: str) -> tuple[BinaryIO, int]:
+        m = self.members.get(name)
+        if m is None:
+            raise FileNotFoundError(2, "listed in the manifest but missing", self.where(name))
+        if m.is_dir:
+            raise UnsafeBundleError(f"{self.where(name)}: expected a regular file, found a directory")
+        return RangeFile(self._store, self.path.key, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]
+
+    def hash(self, name: str) -> tuple[str, int]:
+        f, _ = self.open(name)
+        with f:
+            data = f.read()
+        return hashlib.sha256(data).hexdigest(), len(data)
+
+    def rehydrate(
+        self, media: Mapping[str, MediaRef], target: Path, progress: bool | None
+    ) -> dict[str, MediaRef]:
+        return _download_media(self, media, target, progress)
+
+    def close(self) -> None:
+        pass
+
+
+def _prefetch_headers(reader: _StoreReader) -> None:
+    """Fetch the tar headers where :mod:`bundles._pack`'s deterministic layout puts them, all at
+    once (``get_ranges`` calls in parallel; obstore merges ranges under 1 MiB apart into one
+    request): the first member is the manifest, which lists every other member's size.
+    Only a prediction: :func:`read_tar_index` still checks every header it reads, and a header
+    that is not where predicted is read on its own."""
+    block = 512
+    first = reader.pread(min(reader.size, 1024 * 1024), 0)
+    try:
+        import tarfile
+
+        info = tarfile.TarInfo.frombuf(first[:block], "utf-8", "surrogateescape")
+        if info.name != MANIFEST_NAME or block + info.size > len(first):
+            return
+        manifest = json.loads(first[block : block + info.size])
+        sizes = [(MANIFEST_NAME, info.size), (MEDIA_DIR, 0)]
+        sizes += sorted((f"{MEDIA_DIR}/{e['digest'][7:]}{e['suffix']}", e["size"]) for e in manifest["media"])
+        sizes.append((SHARDS_DIR, 0))
+        sizes += [(e["path"], e["size"]) for e in manifest["shards"]]
+    except Exception:
+        return  # not the usual layout: read_tar_index reads header by header
+    starts, pos = [], 0
+    for _, size in sizes:
+        starts.append(pos)
+        pos += block + -(-size // block) * block
+    starts.append(pos)  # the end-of-archive blocks
+    # From the byte before each header: tarfile reads it to check that the previous member's
+    # data is all there.
+    reader.prefetch([s - 1 for s in starts[2:]], block + 1)
+    tail = max(pos, reader.size - 64 * 1024)
+    reader.prefetch([tail], reader.size - tail)
+
+
+def _download_one(source: Any, name: str, ref: MediaRef, target: Path, bar: Progress) -> MediaRef:
+    dst = target / name
+    try:
+        if os.stat(dst).st_size == ref.size:
+            bar.advance()
+            return ref.with_path(str(dst))
+    except FileNotFoundError:
+        pass
+    if isinstance(source, StorePackedSource):
+        m = source.members[f"{MEDIA_DIR}/{name}"]
+        data = source._store.get_range(source.path.key, m.offset, m.offset + m.size)
+    else:
+        data, _ = source._place.store.get(source._place.key(f"{MEDIA_DIR}/{name}"))
+    digest = DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
+    if digest != ref.digest or len(data) != ref.size:
+        raise BundleVerificationError(
+            source.path,
+            [f"{source.where(MEDIA_DIR + '/' + name)}: digest: expected {ref.digest}, found {digest}"],
+        )
+    # The one atomic write; no sweep, as a local rehydrate (the run directory is removed whole).
+    atomic_write(dst, data, mode=0o444, sweep=False)
+    bar.advance()
+    return ref.with_path(str(dst))
+
+
+def _download_media(
+    source: Any, media: Mapping[str, MediaRef], target: Path, progress: bool | None
+) -> dict[str, MediaRef]:
+    """Download every media file into ``target`` concurrently, each checked against its digest
+    before it is renamed into place (a file already there with the right size is kept)."""
+
+    def run() -> dict[str, MediaRef]:
+        with Progress(
+            f"rehydrating {source.path.name}", total=len(media), unit="files", enabled=progress
+        ) as bar:
+            refs = parallel(lambda item: _download_one(source, item[0], item[1], target, bar), media.items())
+        return dict(zip(media, refs, strict=True))
+
+    try:
+        return run()
+    except BundleError:
+        raise
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) and not os.path.isdir(target):
+            raise BundleIOError.wrap(target, "rehydrate", e) from e
+        if e.__class__.__module__.startswith("obstore") or isinstance(e, FileNotFoundError):
+            raise store_error(source.path, "download media", e) from e
+        raise BundleIOError.wrap(target, f"rehydrate {source.path}", e) from e
+    except Exception as e:
+        raise store_error(source.path, "download media", e) from e
+
+
+def open_remote_bundle(
+    url_text: str, *, verify: str = "fast", storage_options: Mapping[str, Any] | None = None
+) -> Any:
+    """:func:`bundles.open_bundle` for a URL: a bundle prefix, or a packed ``.rbundle`` object."""
+    from bundles._reader import Bundle, load_manifest
+
+    url = StoreURL(url_text)
+    source: StoreSource | StorePackedSource
+    if url.name.endswith(PACK_SUFFIX):
+        source = StorePackedSource(url, get_store(url, storage_options))
+    else:
+        source = StoreSource(_place(url, storage_options, "read the pointer"))
+    bundle = Bundle(source, load_manifest(source))  # type: ignore[arg-type]
+    if verify != "none":
+        bundle.verify(full=verify == "full", progress=False)
+    return bundle

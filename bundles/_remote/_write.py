@@ -1,0 +1,349 @@
+"""Writing a bundle to a store: upload without rename, then publish its pointer (FORMAT.md §9).
+
+See :mod:`bundles._remote` for the protocol."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bundles._errors import (
+    BundleError,
+    BundleExistsError,
+    BundleFormatError,
+    MediaMissingError,
+)
+from bundles._faults import fault_point
+from bundles._fs import remove_tree
+from bundles._layout import (
+    DIGEST_PREFIX,
+    MANIFEST_NAME,
+    MEDIA_DIR,
+    SHARDS_DIR,
+    STORE_POINTER_NAME,
+)
+from bundles._media import sha256_file
+from bundles._progress import Progress
+from bundles._remote._pointer import (
+    _PUBLISH_ATTEMPTS,
+    MULTIPART_THRESHOLD,
+    Pointer,
+    _new_generation,
+    _Place,
+    _place,
+    _read_pointer,
+)
+from bundles._store import Store, StoreURL, get_store, parallel, store_error
+
+
+# -- writing -------------------------------------------------------------------------------------
+@dataclass
+class UploadStats:
+    """What one upload sent: for the benchmark and the trainer's log line."""
+
+    media_uploaded: int = 0
+    media_skipped: int = 0
+    bytes_uploaded: int = 0
+    objects: int = 0
+    seconds: float = 0.0
+    generation: str = ""
+    replaced: list[str] = field(default_factory=list)
+
+
+def _check_absent(store: Store, url: StoreURL) -> Pointer | None:
+    try:
+        return _read_pointer(store, url)
+    except BundleFormatError:
+        return Pointer(None, None, None, False)  # something is there, not ours to judge
+    except Exception as e:
+        raise store_error(url, "look for an existing bundle", e) from e
+
+
+def upload_bundle(
+    bundle_path: str | os.PathLike[str],
+    url_text: str,
+    *,
+    overwrite: bool = False,
+    shared_media: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+) -> UploadStats:
+    """Upload the local bundle directory at ``bundle_path`` to ``url`` with the commit protocol
+    of the module docstring; return what was sent.
+
+    Raises:
+        BundleExistsError: a bundle is at ``url`` (without ``overwrite``), or another writer
+            published one there first; nothing of theirs is touched.
+        BundleNotFoundError: the bucket does not exist.
+        BundleIOError: the store refused a request after the retries, or no credentials; the
+            bundle at ``url`` (if any) is unchanged.
+    """
+    from bundles._reader import open_bundle
+
+    url = StoreURL(url_text)
+    store = get_store(url, storage_options)
+    local = open_bundle(bundle_path, verify="none")
+    if local.packed:
+        raise BundleError(
+            f"{bundle_path}: upload_bundle takes a bundle directory; pack_bundle uploads a packed file"
+        )
+    existing = _check_absent(store, url)
+    if existing is not None and not overwrite:
+        raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
+    stats = UploadStats(generation=_new_generation())
+    started = time.perf_counter()
+    place = _Place(url, store, Pointer(stats.generation, None, None, shared_media))
+    root = Path(local.path)
+    manifest_bytes = (root / MANIFEST_NAME).read_bytes()
+    try:
+        (_upload(local, root, place, stats, progress))
+        pointer = Pointer(
+            stats.generation,
+            len(manifest_bytes),
+            DIGEST_PREFIX + hashlib.sha256(manifest_bytes).hexdigest(),
+            shared_media,
+        )
+        fault_point("store.before-publish")
+        previous = _publish(place, pointer, overwrite)
+    except BaseException as e:
+        _discard_generation(place, stats.generation)
+        if isinstance(e, BundleError) or not isinstance(e, Exception):
+            raise
+        raise store_error(url, "upload the bundle", e) from e
+    if previous is not None:
+        stats.replaced = _retire(place, previous)
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+def _upload(local: Any, root: Path, place: _Place, stats: UploadStats, progress: bool | None) -> None:
+    store = place.store
+    existing = {m["path"]: m["size"] for m in store.listing(place.media_prefix)}
+    todo: list[tuple[str, Path, int]] = []
+    for ref in local.media:
+        key = f"{place.media_prefix}/{ref.filename}"
+        if existing.get(key) == ref.size:
+            stats.media_skipped += 1
+            continue
+        todo.append((key, root / MEDIA_DIR / ref.filename, ref.size))
+    shards = [(place.key(e["path"]), root / e["path"], e["size"]) for e in local.manifest["shards"]]
+    total = sum(size for *_, size in todo + shards)
+    lock = threading.Lock()
+
+    with Progress(f"uploading {place.url.name}", total=total, unit="B", enabled=progress) as bar:
+
+        def check(path: Path, data: bytes | None) -> None:
+            # The key is the digest, and other bundles of a pool will trust it without uploading:
+            # bytes that disagree with their name (a hard-linked run file edited in place) must
+            # never be stored under it. Hashing costs ~0.5 s per GB against minutes of upload.
+            if data is None:
+                hexdigest, _ = sha256_file(str(path))
+            else:
+                hexdigest = hashlib.sha256(data).hexdigest()
+            if not path.name.startswith(hexdigest):
+                raise MediaMissingError(
+                    f"{place.url}: {MEDIA_DIR}/{path.name}: the file's bytes hash to sha256:{hexdigest}, not the "
+                    "digest it is stored under (edited in place after it was linked?); not uploaded"
+                )
+
+        def put_media(key: str, path: Path, size: int) -> None:
+            if size > MULTIPART_THRESHOLD:
+                check(path, None)
+                store.put_large(key, path)
+            else:
+                data = path.read_bytes()
+                check(path, data)
+                try:
+                    store.put(key, data, mode="create")
+                except Exception as e:
+                    # Already there: the same content, from another writer or our own retry.
+                    if type(e).__name__ != "AlreadyExistsError":
+                        raise
+            fault_point("store.media")
+            with lock:
+                stats.media_uploaded += 1
+                stats.bytes_uploaded += size
+            bar.advance(size)
+
+        def put_shard(key: str, path: Path, size: int) -> None:
+            _put_create_same(store, key, path.read_bytes())
+            fault_point("store.shard")
+            with lock:
+                stats.bytes_uploaded += size
+            bar.advance(size)
+
+        jobs = [(put_media, t) for t in todo] + [(put_shard, t) for t in shards]
+        parallel(lambda job: job[0](*job[1]), jobs)
+    # The manifest last: a generation without one is never read (and gc removes it).
+    _put_create_same(store, place.key(MANIFEST_NAME), (root / MANIFEST_NAME).read_bytes())
+    stats.objects = len(todo) + len(shards) + 1
+
+
+def _put_create_same(store: Store, key: str, data: bytes) -> None:
+    """A create-only put that also succeeds when the object already holds exactly ``data`` (a
+    retried request whose first attempt was applied: the generation is ours alone)."""
+    try:
+        store.put(key, data, mode="create")
+    except Exception as e:
+        if type(e).__name__ != "AlreadyExistsError":
+            raise
+        current, _ = store.get(key)
+        if current != data:
+            raise BundleError(f"{store.scheme}://{store.bucket}/{key}: exists with other content") from None
+
+
+def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None:
+    """Make ``pointer`` the bundle's pointer; return the pointer it replaced (None if none)."""
+    store, url = place.store, place.url
+    key = url.key_of(STORE_POINTER_NAME)
+    body = pointer.to_bytes()
+    for _ in range(_PUBLISH_ATTEMPTS):
+        current = _check_absent(store, url)
+        if current is None or (current.generation is None and not overwrite):
+            if current is not None:
+                raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
+            try:
+                (store.put(key, body, mode="create"))
+                return None
+            except Exception as e:
+                if type(e).__name__ != "AlreadyExistsError":
+                    raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
+                won = _check_absent(store, url)
+                if won is not None and won.generation == pointer.generation:
+                    return None  # our own retried request was applied
+                if not overwrite:
+                    raise BundleExistsError(
+                        f"{url}: another writer published a bundle here first (the create-only put of "
+                        f"{STORE_POINTER_NAME} failed); nothing of theirs was changed"
+                    ) from None
+                continue
+        if not overwrite:
+            raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
+        if current.generation is None:
+            # A plain layout (no pointer yet): create the pointer, then retire the plain objects.
+            try:
+                (store.put(key, body, mode="create"))
+                return current
+            except Exception as e:
+                if type(e).__name__ != "AlreadyExistsError":
+                    raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
+                continue
+        try:
+            (store.put(key, body, mode={"e_tag": current.etag}))
+            return current
+        except Exception as e:
+            if type(e).__name__ not in ("PreconditionError", "AlreadyExistsError", "NotModifiedError"):
+                raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
+            # Another writer swapped the pointer since we read it: read it again and retry.
+    raise BundleError(
+        f"{url}: other writers kept replacing the bundle; gave up after {_PUBLISH_ATTEMPTS} tries"
+    )
+
+
+def _discard_generation(place: _Place, generation: str) -> None:
+    """Best effort: remove an unpublished generation (it is invisible anyway; gc removes what a
+    failure here leaves)."""
+    try:
+        prefix = place.url.key_of(generation)
+        objs = place.store.listing(prefix)
+        keys = sorted((m["path"] for m in objs), key=lambda k: not k.endswith("/" + MANIFEST_NAME))
+        if keys:
+            (place.store.delete(keys))
+    except Exception:
+        pass
+
+
+def _retire(place: _Place, previous: Pointer) -> list[str]:
+    """Delete the replaced generation, manifest first (the pointer no longer names it)."""
+    url, store = place.url, place.store
+    try:
+        if previous.generation is None:
+            objs = store.listing(url.key)
+            keys = [
+                m["path"]
+                for m in objs
+                if m["path"] == url.key_of(MANIFEST_NAME)
+                or m["path"].startswith(url.key_of(SHARDS_DIR) + "/")
+            ]
+        else:
+            objs = store.listing(url.key_of(previous.generation))
+            keys = [m["path"] for m in objs]
+        keys.sort(key=lambda k: not k.endswith(MANIFEST_NAME))
+        (store.delete(keys))
+        return keys
+    except Exception:
+        return []  # left for gc: no pointer names it
+
+
+def _rewrite_message(error: BaseException, local: str, url: str) -> None:
+    """Name the URL, not the local scratch copy, in an error of the local writer."""
+    if error.args and isinstance(error.args[0], str):
+        error.args = (error.args[0].replace(local, url), *error.args[1:])
+
+
+def write_remote_bundle(
+    url_text: str,
+    samples: Iterable[Any],
+    *,
+    media_roots: Any = (),
+    overwrite: bool = False,
+    progress: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    shared_media: bool = False,
+    **kwargs: Any,
+) -> StoreURL:
+    """:func:`bundles.write_bundle` for a URL (see the module docstring)."""
+    from bundles._commit import scratch_dir
+    from bundles._writer import _media_roots, write_bundle
+
+    url = StoreURL(url_text)
+    store = get_store(url, storage_options)
+    if not overwrite and _check_absent(store, url) is not None:
+        raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
+    roots = _media_roots(media_roots, Path(url.name))
+    # Beside the first media root: same filesystem, so the local writer hard-links media.
+    beside = os.path.abspath(roots[0]) if roots else os.path.join(tempfile.gettempdir(), "rollout-bundles")
+    scratch = scratch_dir(beside, "upload")
+    try:
+        local = scratch / url.name
+        try:
+            write_bundle(local, samples, media_roots=roots, progress=progress, **kwargs)
+        except BundleError as e:
+            _rewrite_message(e, str(local), str(url))
+            raise
+        upload_bundle(
+            local,
+            url,
+            overwrite=overwrite,
+            shared_media=shared_media,
+            storage_options=storage_options,
+            progress=progress,
+        )
+    finally:
+        remove_tree(scratch)
+    return url
+
+
+def remove_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Delete the bundle at ``url``: the pointer first (so no reader finds half of it), then its
+    generation and, unless shared, its media. Shared media are left to :func:`collect_garbage`."""
+    place = _place(url_text, storage_options, "read the pointer")
+    url, store = place.url, place.store
+    try:
+        if place.pointer.generation is None:
+            (store.delete([url.key_of(MANIFEST_NAME)]))
+        else:
+            (store.delete([url.key_of(STORE_POINTER_NAME)]))
+        objs = store.listing(url.key)
+        keys = sorted((m["path"] for m in objs), key=lambda k: not k.endswith(MANIFEST_NAME))
+        if keys:
+            (store.delete(keys))
+    except Exception as e:
+        raise store_error(url, "remove the bundle", e) from e
