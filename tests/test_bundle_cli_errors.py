@@ -112,6 +112,8 @@ def _as_unprivileged(code: str) -> dict:
         """
         import json, os, sys
         import bundles, bundles.cli, bundles.support, PIL.Image, msgpack, zstandard  # noqa: F401
+        # What argparse and friends import lazily: nobody cannot read a stdlib under /root (pyenv).
+        import argparse, gettext, locale, encodings.idna, tarfile  # noqa: F401, E401
         if os.geteuid() == 0:
             try:
                 os.setgroups([])
