@@ -33,6 +33,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import trainer_hooks
 
 IMPORT_ROOT = Path(trainer_hooks.__file__).resolve().parents[1]
