@@ -45,11 +45,20 @@ from miles_harness import add_miles_to_path, miles_missing  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--n", type=int, default=600, help="samples in flight = screenshots (default 600)")
     parser.add_argument("--turns", type=int, default=8, help="samples per group")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=Path("bench-out"))
+    parser.add_argument(
+        "--rollout-journal-interval",
+        type=float,
+        default=1.0,
+        help="the rollout journal's fsync interval, as the option (default 1.0, the option's default); "
+        "0 measures the bundle protocol alone",
+    )
     ns = parser.parse_args(argv)
     if (reason := miles_missing()) is not None:
         print(reason)
@@ -125,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         bundle_link_mode="auto",
         keep_rollout_checkpoints=2,
         bf16=True,
+        rollout_journal_interval=ns.rollout_journal_interval,
     )
     source = ListSource()
     fn = FullyAsyncRolloutFn(RolloutFnConstructorInput(args=args, data_source=source))
@@ -137,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     handout = time.perf_counter() - t_start  # includes the worker's start
 
     print(machine_description(bench_dir))
-    print(f"{n_samples} samples in flight in {len(pending)} groups (1024 prompt tokens, 1-{ns.turns} 1080p screenshots each)")
+    print(
+        f"{n_samples} samples in flight in {len(pending)} groups (1024 prompt tokens, 1-{ns.turns} 1080p "
+        f"screenshots each); rollout journal {'on' if fn.rollout_state.ledger is not None else 'off'} "
+        f"(--rollout-journal-interval {ns.rollout_journal_interval})"
+    )
     blocked, commit = [], []
     for rid in range(ns.repeats):
         os.sync()
@@ -148,10 +162,18 @@ def main(argv: list[str] | None = None) -> int:
         commit.append(time.perf_counter() - t1)
         fut.result()
         blocked.append(t1 - t0)
-        print(f"  repeat {rid}: save() blocked {1000 * (t1 - t0):7.2f} ms; background commit {commit[-1]:6.2f} s")
+        print(
+            f"  repeat {rid}: save() blocked {1000 * (t1 - t0):7.2f} ms; background commit {commit[-1]:6.2f} s"
+        )
 
     floor, snap, deep = [], [], []
-    cursor = {"sample_offset": 75, "epoch_id": 0, "sample_group_index": 75, "sample_index": 600, "metadata": {}}
+    cursor = {
+        "sample_offset": 75,
+        "epoch_id": 0,
+        "sample_group_index": 75,
+        "sample_index": 600,
+        "metadata": {},
+    }
     for _ in range(ns.repeats):
         t0 = time.perf_counter()
         torch.save(cursor, bench_dir / "global_dataset_state_dict_0.pt")

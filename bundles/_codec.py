@@ -137,10 +137,20 @@ def only_numbers(items: list[Any]) -> bool:
 _SUM_FROM = 64
 
 
+# The ".key" / "[key]" part of a key path, per key: a save builds one key path per nested value
+# of every sample, and samples repeat their keys. Bounded: arbitrary keys never grow it past this.
+_KEY_PART_CACHE_MAX = 4096
+_key_parts: dict[tuple[type, object], str] = {}
+
+
 def key_path(parent: str, key: object) -> str:
-    if isinstance(key, str) and key.isidentifier():
-        return f"{parent}.{key}"
-    return f"{parent}[{key!r}]"
+    cache_key = (type(key), key)
+    part = _key_parts.get(cache_key)
+    if part is None:
+        part = f".{key}" if isinstance(key, str) and key.isidentifier() else f"[{key!r}]"
+        if len(_key_parts) < _KEY_PART_CACHE_MAX:
+            _key_parts[cache_key] = part
+    return parent + part
 
 
 def _pack_header_and_bytes(header: list[Any], data: bytes | np.ndarray) -> bytes:
@@ -190,6 +200,7 @@ class SampleEncoder:
         self._prefixes = string_prefixes
         self._packer = msgpack.Packer(use_bin_type=True, strict_types=True, autoreset=True)
         self._ext_cache: dict[tuple[int, str, int, str], msgpack.ExtType] = {}
+        self._array_headers: dict[tuple[str, tuple[int, ...]], bytes] = {}
         self._items = 0
         # Extensions by exact type (one dict lookup), then by isinstance for types whose
         # subclasses count and whose modules are imported lazily: (class getter, handler).
@@ -340,12 +351,15 @@ class SampleEncoder:
                 f"{where}: numpy array of dtype {arr.dtype} is not numeric or bool; object and "
                 "structured arrays are not stored"
             )
-        # np.ascontiguousarray would turn a 0-d array into a 1-d one.
-        data = arr if arr.flags.c_contiguous else arr.copy(order="C")
-        return msgpack.ExtType(
-            EXT_NDARRAY,
-            _pack_header_and_bytes([data.dtype.str, list(data.shape)], data.reshape(-1).view(np.uint8)),
-        )
+        # One packed header per (dtype, shape): a save holds thousands of arrays of a few shapes.
+        # ``tobytes()`` is the C-order bytes whatever the array's layout (0-d arrays included).
+        key = (arr.dtype.str, arr.shape)
+        header = self._array_headers.get(key)
+        if header is None:
+            header = msgpack.packb([key[0], list(key[1])])
+            if len(self._array_headers) < _KEY_PART_CACHE_MAX:
+                self._array_headers[key] = header
+        return msgpack.ExtType(EXT_NDARRAY, header + arr.tobytes())
 
     def _npscalar(self, obj: np.generic, where: str, depth: int) -> msgpack.ExtType:
         dtype = obj.dtype

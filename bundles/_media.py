@@ -72,6 +72,18 @@ class MediaRef:
         return MediaRef(self.digest, self.size, self.suffix, None if path is None else os.fspath(path))
 
 
+def trusted_ref(digest: str, size: int, suffix: str) -> MediaRef:
+    """A :class:`MediaRef` of values already validated (a digest from :func:`digest_from_name` or
+    a hash, a suffix from :func:`media_suffix` or a MediaRef, a size from ``stat``), without
+    validating them again: the writer makes one per stored file on its hot path."""
+    ref = object.__new__(MediaRef)
+    object.__setattr__(ref, "digest", digest)
+    object.__setattr__(ref, "size", size)
+    object.__setattr__(ref, "suffix", suffix)
+    object.__setattr__(ref, "path", None)
+    return ref
+
+
 def media_suffix(name: str) -> str:
     """The suffix a media file keeps in content-addressed storage: its last extension, if sane."""
     suffix = os.path.splitext(name)[1]

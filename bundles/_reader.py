@@ -168,9 +168,13 @@ class Bundle:
         """A stored file of a packed bundle that stays readable after :meth:`close` (an image
         whose pixels are decoded later); see ``PackedSource.open_detached``."""
         source = self._source
-        assert isinstance(source, PackedSource)
+        # A local packed file shares one duplicate descriptor; a source without descriptors (a
+        # packed object in a store, read by range requests) opens its member as it is.
+        opener = getattr(source, "open_detached", None)
         try:
-            return source.open_detached(f"{MEDIA_DIR}/{name}")
+            if opener is not None:
+                return opener(f"{MEDIA_DIR}/{name}")  # type: ignore[no-any-return]
+            return source.open(f"{MEDIA_DIR}/{name}")[0]
         except FileNotFoundError:
             raise MediaMissingError(
                 f"{source.where(MEDIA_DIR + '/' + name)}: listed in the manifest but missing"

@@ -35,8 +35,9 @@ lies beside the first media root, so media are hard-linked, not copied) and then
 Reading. :class:`StoreSource` is a source for :class:`bundles._reader.Bundle`: the manifest and
 shards are read with single GETs, media lazily with range reads (:class:`RangeFile`), sizes come
 from one listing of the generation and of the media prefix. A packed ``.rbundle`` object is read
-in place by :class:`StorePackedSource`: its tar headers are fetched by range reads (all of them
-at once, in one ``get_ranges`` call, where the packer's deterministic layout predicts them) and checked by the same :func:`bundles._source.read_tar_index` as a local packed file.
+in place by :class:`StorePackedSource`: its tar headers are fetched by range reads, all at once
+where the packer's deterministic layout predicts them, and checked by the same
+:func:`bundles._source.read_tar_index` as a local packed file.
 
 Garbage and reference accounting. Media in a shared pool belong to every bundle whose manifest
 lists them, so nothing deletes them when one bundle goes: :func:`collect_garbage` marks the media
@@ -447,7 +448,7 @@ class StoreSource:
 
 class _StoreReader:
     """``pread`` over one object for :func:`read_tar_index`, served from prefetched header blocks
-    where possible (one ``get_ranges`` call), else by a range read."""
+    where possible, else by a range read."""
 
     def __init__(self, store: Store, key: str, size: int, where: str) -> None:
         self.store, self.key, self.size, self.where = store, key, size, where
@@ -547,9 +548,9 @@ class StorePackedSource:
 
 
 def _prefetch_headers(reader: _StoreReader) -> None:
-    """Fetch the tar headers where :mod:`bundles._pack`'s deterministic layout puts them, in one
-    ``get_ranges`` call (ranges under 1 MiB apart are merged into one request, the others are
-    fetched concurrently): the first member is the manifest, which lists every other member's size.
+    """Fetch the tar headers where :mod:`bundles._pack`'s deterministic layout puts them, all at
+    once (``get_ranges`` calls in parallel; obstore merges ranges under 1 MiB apart into one
+    request): the first member is the manifest, which lists every other member's size.
     Only a prediction: :func:`read_tar_index` still checks every header it reads, and a header
     that is not where predicted is read on its own."""
     block = 512

@@ -14,7 +14,8 @@ Configuration comes the way users' other tools take it: obstore reads the standa
 ``max_retries``/``retry_timeout``).
 
 Faults. obstore retries 5xx answers, dropped connections and timeouts with exponential backoff
-and jitter (here: up to :data:`DEFAULT_MAX_RETRIES` times within :data:`DEFAULT_RETRY_TIMEOUT_S`).
+and jitter (here: up to :data:`DEFAULT_MAX_RETRIES` times within :data:`DEFAULT_RETRY_TIMEOUT_S`; one
+request may take :data:`DEFAULT_REQUEST_TIMEOUT_S`).
 Whatever is left becomes a :class:`BundleError` naming the URL: a missing bucket or object a
 :class:`BundleNotFoundError`, missing or refused credentials and every other failure a
 :class:`BundleIOError`; obstore's multi-line debug dump is cut to its first line and the
@@ -37,7 +38,8 @@ from bundles._location import STORE_EXTRA, STORE_SCHEMES
 __all__ = ["Store", "StoreURL", "get_store", "parallel", "store_error"]
 
 DEFAULT_MAX_RETRIES = 5
-DEFAULT_RETRY_TIMEOUT_S = 30.0
+DEFAULT_RETRY_TIMEOUT_S = 120.0
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
 # How many requests one operation keeps in flight (uploads, downloads, deletes).
 CONCURRENCY = 32
 
@@ -180,7 +182,8 @@ class Store:
         from obstore.store import from_url
 
         config: dict[str, Any] = {}
-        client: dict[str, Any] = {}
+        # obstore's default request timeout (30 s) fails a 16 MiB part on a slow or busy link.
+        client: dict[str, Any] = {"timeout": f"{DEFAULT_REQUEST_TIMEOUT_S:g}s", "connect_timeout": "10s"}
         retry: dict[str, Any] = {
             "max_retries": DEFAULT_MAX_RETRIES,
             "retry_timeout": datetime.timedelta(seconds=DEFAULT_RETRY_TIMEOUT_S),
@@ -199,6 +202,11 @@ class Store:
                 retry[key] = value
             else:
                 config[key] = value
+        # Explicit client options replace the ones obstore reads from the environment: keep
+        # AWS_ALLOW_HTTP (and its GCS/Azure peers) working.
+        env_http = os.environ.get(_ENV_PREFIX_OF.get(scheme, "AWS_") + "ALLOW_HTTP", "")
+        if "allow_http" not in client and env_http.strip().lower() in ("1", "true", "yes", "on"):
+            client["allow_http"] = True
         where = f"{scheme}://{bucket}"
         try:
             make: Any = from_url  # its overloads are per scheme, known only at run time
@@ -254,6 +262,7 @@ class Store:
 
 
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+_ENV_PREFIX_OF = {"s3": "AWS_", "gs": "GOOGLE_", "az": "AZURE_"}
 _stores: dict[tuple[Any, ...], Store] = {}
 _stores_lock = threading.Lock()
 

@@ -64,7 +64,7 @@ from bundles._layout import (
 )
 from bundles._location import classify
 from bundles._manifest import nesting_depth_exceeds
-from bundles._media import MediaRef, digest_from_name, media_suffix, sha256_file
+from bundles._media import MediaRef, digest_from_name, media_suffix, sha256_file, trusted_ref
 from bundles._options import OUTSIDE_PATHS, LinkMode, OutsidePolicy
 from bundles._pil import png_bytes
 from bundles._progress import Progress
@@ -337,7 +337,7 @@ class _MediaIngester:
                 return stored
         if claimed is not None and self.link != "copy":
             # A trusted name can be linked straight to its final name: no temporary, no rename.
-            final = MediaRef(claimed, st.st_size, suffix)
+            final = trusted_ref(claimed, st.st_size, suffix)
             target = os.path.join(self.media_dir, final.filename)
             method = ingest(source, target, self.link, st.st_dev, self.media_dev)
             if method != "copy":
@@ -362,7 +362,7 @@ class _MediaIngester:
         if size != st.st_size:
             os.unlink(tmp)
             raise MediaMissingError(f"{self.dest}: {where}: {source} changed size while being stored")
-        final = MediaRef(digest, size, suffix)
+        final = trusted_ref(digest, size, suffix)
         if final.filename in self.stored:
             os.unlink(tmp)
             return final

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 from miles_harness import require_miles
@@ -84,10 +85,8 @@ def test_miles_dashboard_reader_shows_our_dump(dump):
             want.status,
         )
         (image,) = got.multimodal_inputs["images"]
-        assert (
-            image.startswith(str(path))
-            and open(image, "rb").read() == open(want.multimodal_inputs["images"][0], "rb").read()
-        )
+        assert image.startswith(str(path))
+        assert Path(image).read_bytes() == Path(want.multimodal_inputs["images"][0]).read_bytes()
     # The token view's parquet mirror is built by Miles' reader from what ours loaded.
     row = reader._rollout_columns(3, 4, evaluation=False)
     assert (row["tokens"], row["loss_mask"], row["total_length"]) == ([5, 6, 7, 12, 9], [1, 0], 5)

@@ -29,7 +29,7 @@ def cli(server: Any, *argv: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         env=env,
-        timeout=120,
+        timeout=300,  # replay imports transformers: slow on a loaded machine
     )
 
 
@@ -75,3 +75,49 @@ def test_the_bundle_commands_take_urls(moto_s3: Any, tmp_path: Path, monkeypatch
 def test_gc_refuses_a_local_path(moto_s3: Any, tmp_path: Path) -> None:
     proc = cli(moto_s3, "gc", str(tmp_path))
     assert proc.returncode == 2 and "gc takes an object-store URL" in proc.stderr
+
+
+def _trainer_like_bundle(moto_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    from trainer_hooks.testing import png_bytes
+
+    for k, v in moto_s3.env.items():
+        monkeypatch.setenv(k, v)
+    bucket = moto_s3.bucket()
+    path = put_media(tmp_path / "m", png_bytes(16, 16, (1, 2, 3)))
+    sample = {
+        "index": 0,
+        "prompt": "x",
+        "tokens": [1, 2],
+        "response": "y",
+        "response_length": 1,
+        "reward": 1.0,
+        "loss_mask": [1],
+        "status": "completed",
+        "multimodal_inputs": {"images": [path]},
+    }
+    url = f"s3://{bucket}/dump"
+    write_bundle(url, [sample], media_roots=[tmp_path / "m"])
+    return url
+
+
+def test_view_renders_a_bundle_on_a_store(
+    moto_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = _trainer_like_bundle(moto_s3, tmp_path, monkeypatch)
+    out = tmp_path / "report.html"
+    proc = cli(moto_s3, "view", url, "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    page = out.read_text()
+    assert url.split("//", 1)[1] in page and "on the object store" in page
+    assert "data:image/" in page and 'href="s3:' not in page  # inlined: no files beside the page
+
+
+@pytest.mark.processor
+def test_replay_reads_a_bundle_on_a_store(
+    moto_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = _trainer_like_bundle(moto_s3, tmp_path, monkeypatch)
+    report = tmp_path / "replay.json"
+    proc = cli(moto_s3, "replay", url, "--report", str(report))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(report.read_text())["bundle"] == url

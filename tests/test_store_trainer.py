@@ -14,11 +14,11 @@ import pytest
 
 pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
 
-import obstore  # noqa: E402
-from obstore.store import S3Store  # noqa: E402
+import obstore
+from obstore.store import S3Store
 
-from bundles import open_bundle  # noqa: E402
-from trainer_hooks import (  # noqa: E402
+from bundles import open_bundle
+from trainer_hooks import (
     RolloutCheckpointer,
     Sample,
     flush_dump_uploads,
@@ -30,7 +30,7 @@ from trainer_hooks import (  # noqa: E402
     save_debug_rollout_data,
     store_media,
 )
-from trainer_hooks.testing import png_bytes  # noqa: E402
+from trainer_hooks.testing import png_bytes
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_url_options_are_kept_as_urls(bucket: str, tmp_path: Path) -> None:
     )
     assert args.save == url and args.load == url
     assert args.save_debug_rollout_data == f"{url}/dumps/rollout_{{rollout_id}}"
-    with pytest.raises(ValueError, match="--save-debug-trajectory-data .*not supported for this option"):
+    with pytest.raises(ValueError, match=r"--save-debug-trajectory-data .*not supported for this option"):
         args_for(tmp_path, "a", "--save-debug-trajectory-data", f"{url}/t.jsonl")
 
 
@@ -122,8 +122,9 @@ def test_checkpoints_on_a_store_share_a_pool_survive_retention_and_resume(
 
 
 def test_debug_dumps_upload_in_the_background_and_load_back(
-    bucket: str, moto_s3: Any, tmp_path: Path
+    bucket: str, moto_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     template = f"s3://{bucket}/run/dumps/rollout_{{rollout_id}}"
     args = args_for(
         tmp_path, "a", "--save-debug-rollout-data", template, "--load-debug-rollout-data", template
@@ -144,6 +145,8 @@ def test_debug_dumps_upload_in_the_background_and_load_back(
     release_run_media(args)  # the uploads are done: nothing of them needs the run directory
     samples, meta = load_debug_rollout_data(args, 5)
     assert meta == {"m": 1} and len(samples) == 1
+    (image,) = samples[0].multimodal_inputs["images"]  # a local file: processors open media by path
+    assert Path(getattr(image, "path", image)).read_bytes() == shot
     b = open_bundle(str(out), verify="full")
     with b.open_media(b[0]["multimodal_inputs"]["images"][0]) as f:
         assert hashlib.sha256(f.read()).digest() == hashlib.sha256(shot).digest()

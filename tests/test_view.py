@@ -22,6 +22,7 @@ from bundles import MediaRef, pack_bundle, remove_bundle, write_bundle
 from trainer_hooks.cli import main
 
 Image = pytest.importorskip("PIL.Image")
+pytest.importorskip("jinja2", reason="view needs the [view] extra (jinja2)")
 ImageDraw = pytest.importorskip("PIL.ImageDraw")
 
 HOSTILE = "<script>alert(1)</script>"

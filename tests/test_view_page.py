@@ -113,7 +113,9 @@ def test_page_renders_runs_no_script_and_requests_nothing(page: Path, tmp_path: 
     others = [u for u in r.requests if u != page.as_uri() and not u.startswith("data:")]
     assert others == [], others
     text = page.read_text()
-    assert '.html"' not in re.sub(r'title="[^"]*"', "", text)  # the .html media file is never a link target
+    links = re.findall(r'(?:href|src)="([^"#][^"]*)"', text)
+    others = {u for u in links if not u.startswith("data:") and not u.endswith(".png")}
+    assert others == {"report.search.html"}  # the .html media file is never a link target
 
 
 def overlay_pixels(png: Path, box: tuple[float, float, float, float]) -> list[tuple[int, int]]:
@@ -250,3 +252,29 @@ def test_a_600_turn_page_stays_small(tmp_path: Path) -> None:
     written = write_html_report(b, tmp_path / "r.html")
     assert written.images == 600
     assert written.bytes < 3 * 2**20, written.bytes
+
+
+def test_the_search_page_runs_only_its_own_script(page: Path, tmp_path: Path) -> None:
+    """The search box lives on a second page whose CSP allows one script by its hash: typing
+    hides the rows without the words; the bundle's hostile text runs nothing and fetches nothing."""
+    need_chromium()
+    search = page.with_name("report.search.html")
+    assert search.is_file() and 'href="report.search.html"' in page.read_text()
+    typed = """(() => { const q = document.getElementById('q'); q.value = WORDS;
+        q.dispatchEvent(new Event('input')); })()"""
+    visible = """({rows: Array.from(document.querySelectorAll('tbody tr')).filter(r => !r.hidden)
+            .map(r => Number(r.querySelector('a').textContent)),
+        n: document.getElementById('n').textContent, scripts: document.scripts.length, title: document.title})"""
+    r = render(search.as_uri(), visible, tmp_path / "s0.png")
+    assert r.errors == [] and r.value["rows"] == [0, 1, 2, 3] and r.value["n"] == "4"
+    assert r.value["scripts"] == 1 and r.value["title"] == "search · debug_dump · dump"
+    r = render(
+        search.as_uri(), visible, tmp_path / "s1.png", actions=[typed.replace("WORDS", '"hello type"')]
+    )
+    assert r.value["rows"] == [2] and r.value["n"] == "1"  # its script ran: the CSP hash matches
+    r = render(
+        search.as_uri(), visible, tmp_path / "s2.png", actions=[typed.replace("WORDS", '"document.title"')]
+    )
+    assert r.value["rows"] == [0] and r.value["title"] == "search · debug_dump · dump"  # found as text only
+    assert [u for u in r.requests if u != search.as_uri() and not u.startswith("data:")] == []
+    assert r.errors == []

@@ -131,4 +131,4 @@ def test_templates_ship_as_package_data_and_the_view_extra_exists() -> None:
     pyproject = (TEMPLATES.parents[2] / "pyproject.toml").read_text()
     assert '"view/templates/*"' in pyproject  # [tool.setuptools.package-data] trainer_hooks
     assert re.search(r'^view = \[.*"jinja2>=3.1".*"pillow>=10".*\]$', pyproject, re.M)
-    assert {p.suffix for p in TEMPLATES.iterdir()} <= {".j2", ".css"}
+    assert {p.suffix for p in TEMPLATES.iterdir()} <= {".j2", ".css", ".js"}

@@ -267,6 +267,11 @@ def save_debug_rollout_data(
     )
 
 
+def _remote_cache_dir(url: str) -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rollout-bundles" / "remote"
+    return base / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
 def _cache_dir_for(pack: Path) -> Path:
     st = os.stat(pack)
     name = f".{pack.name}.{st.st_size}-{st.st_mtime_ns}.unpacked"
@@ -347,7 +352,8 @@ def load_debug_rollout_data(
     ``sample_cls=dict`` returns the stored dicts.
 
     Verification follows ``args.bundle_verify`` (default ``"fast"``). Media references point into
-    the dump (or its unpacked cache directory).
+    the dump (or its unpacked cache directory; for a dump on an object store, a local download
+    cache, ``$XDG_CACHE_HOME/rollout-bundles/remote/<hash of the URL>``).
     """
     cls = resolve_sample_cls(sample_cls)
     template = getattr(args, "load_debug_rollout_data", None)
@@ -359,7 +365,12 @@ def load_debug_rollout_data(
     bundle = open_debug_dump(path, verify=getattr(args, "bundle_verify", None) or "fast")
     if bundle.kind != DEBUG_DUMP_KIND:
         raise BundleFormatError(f"{bundle.path}: kind: expected {DEBUG_DUMP_KIND!r}, found {bundle.kind!r}")
-    samples = list(bundle.samples(sample_cls=cls))
+    if is_store_url(path):
+        # Media of a dump on a store are URLs, which the code loaded samples go to (a processor,
+        # PIL) cannot open: they are downloaded into a local cache, content-addressed.
+        samples = bundle.rehydrate(_remote_cache_dir(path), progress=False, sample_cls=cls)
+    else:
+        samples = list(bundle.samples(sample_cls=cls))
     samples = _subsample(samples, getattr(args, "load_debug_rollout_data_subsample", None))
     metadata = bundle.meta.get("metadata", {})
     if not isinstance(metadata, dict):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles import MediaRef
+from bundles.support import atomic_writer
 from trainer_hooks.dumps._debug_dump import DEBUG_DUMP_KIND, open_debug_dump
 
 __all__ = ["dump_payload", "export_torch_dump"]
@@ -71,13 +72,6 @@ def export_torch_dump(
     payload = dump_payload(src, verify=verify)
     out = Path(os.path.abspath(dest))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_writer(out, durable=True) as f:  # the one atomic write (bundles.support)
+        torch.save(payload, f)
     return out

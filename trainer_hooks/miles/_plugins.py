@@ -117,7 +117,7 @@ def _cursor_of(source: Any) -> dict[str, Any] | None:
     return cursor
 
 
-def _restore_cursor(source: Any, cursor: dict[str, Any] | None, where: Path) -> None:
+def _restore_cursor(source: Any, cursor: dict[str, Any] | None, where: Path | str) -> None:
     if cursor is None or _cursor_of(source) is None:
         return
     for f in _CURSOR_FIELDS:
@@ -176,7 +176,7 @@ class BundledDataSource(RolloutDataSourceWithBuffer):
             if samples:
                 self.rollout_state.recycled(samples)
 
-    def save(self, rollout_id: int) -> Future[Path] | None:  # type: ignore[override]
+    def save(self, rollout_id: int) -> Future[Path] | None:
         """Queue the bundle of ``rollout_id`` (written in the background; the state is cut now)."""
         if not self.args.rollout_global_dataset:
             return None
@@ -191,7 +191,7 @@ class BundledDataSource(RolloutDataSourceWithBuffer):
             state.set_cursor(_cursor_of(self))
             return state.save(rollout_id, in_flight_is_consumed=not state.buffer_attached)
 
-    def load(self, rollout_id: int | None = None) -> RolloutCheckpoint | None:  # type: ignore[override]
+    def load(self, rollout_id: int | None = None) -> Any:
         if not self.args.rollout_global_dataset or self.args.load is None or rollout_id is None:
             return None
         state = self.rollout_state
@@ -318,7 +318,7 @@ class FullyAsyncRolloutFn(_MilesFullyAsyncRolloutFn):
 
     async def __call__(self, input: Any) -> Any:
         if not input.evaluation:
-            if self._worker is None and self.args.custom_async_data_buffer_path is None:
+            if self._worker is None and self.args.custom_async_data_buffer_path is None:  # type: ignore[has-type]
                 self._output = BundledDataBuffer(
                     DataBufferConstructorInput(args=self.args, unused_handler_fn=self._handle_unused)
                 )

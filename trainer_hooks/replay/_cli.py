@@ -237,7 +237,7 @@ def run_replay(ns: argparse.Namespace) -> int:
                 allow_outside_media=ns.allow_outside_media,
             )
     except ReportError as e:  # --expect names a report of another bundle
-        raise CommandError(f"--expect {ns.expect}: {e}", status=2) from None
+        raise CommandError(f"--expect {ns.expect}: {str(e).removeprefix('expect: ')}", status=2) from None
     except BundleError:
         raise  # an unreadable bundle: exit 1 (some are ValueErrors too)
     except ValueError as e:  # --answers that do not match the payloads, unusable settings

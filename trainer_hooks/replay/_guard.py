@@ -269,7 +269,7 @@ def _default_convert(
     if any(a is not None for a in adapters):
         if not all(a is not None for a in adapters):
             raise ValueError("convert_samples_to_train_data: cannot mix adapter and adapter-less samples")
-        data["adapter_slots"] = [a.slot for a in adapters]
+        data["adapter_slots"] = [a.slot for a in adapters if a is not None]
         step_slots = sorted(metadata.get("step_slots", []))
         data["step_slots"] = step_slots
         data["step_adapter_names"] = sorted(metadata.get("step_adapter_names", []))

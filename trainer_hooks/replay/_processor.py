@@ -203,10 +203,10 @@ def check_image_settings(values: Mapping[str, Any], where: str) -> dict[str, Any
             if key in size:
                 size[key] = _as_size(key, size[key], low, MAX_REPLAY_PIXELS, f"{where}.size")
         out["size"] = size
-    low = out.get("min_pixels", (size or {}).get("shortest_edge"))
-    high = out.get("max_pixels", (size or {}).get("longest_edge"))
-    if isinstance(low, int) and isinstance(high, int) and low > high:
-        raise ValueError(f"{where}: min_pixels {low} is above max_pixels {high}")
+    least = out.get("min_pixels", (size or {}).get("shortest_edge"))
+    most = out.get("max_pixels", (size or {}).get("longest_edge"))
+    if isinstance(least, int) and isinstance(most, int) and least > most:
+        raise ValueError(f"{where}: min_pixels {least} is above max_pixels {most}")
     for key in ("image_mean", "image_std"):
         if key in out:
             v = out[key]

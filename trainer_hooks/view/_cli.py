@@ -42,6 +42,12 @@ def run_view(ns: argparse.Namespace) -> int:
         import PIL  # noqa: F401
     except ImportError:
         raise CommandError("view needs Pillow for the thumbnails: pip install pillow", status=2) from None
+    try:
+        import jinja2  # noqa: F401
+    except ImportError:
+        raise CommandError(
+            "view needs Jinja2 for its page: pip install 'rollout-bundles[view]'", status=2
+        ) from None
     from trainer_hooks.replay import check_report_bundle
     from trainer_hooks.view._report import write_html_report
 
@@ -52,8 +58,9 @@ def run_view(ns: argparse.Namespace) -> int:
         check_report_bundle(ns.replay, ns.bundle, f"--replay {ns.replay}")
 
     written = write_html_report(
-        ns.bundle, ns.output, replay=ns.replay, limit=ns.limit, samples=ns.samples, progress=ns.progress
-    )
+        ns.bundle, ns.output, replay=ns.replay, limit=ns.limit, samples=ns.samples, progress=ns.progress,
+        search=not ns.no_search, inline_budget=int(ns.inline_budget * 2**20),
+    )  # fmt: skip
     if written.not_shown:
         n = len(written.not_shown)
         first = "; ".join(written.not_shown[:3]) + ("; ..." if n > 3 else "")
@@ -61,10 +68,12 @@ def run_view(ns: argparse.Namespace) -> int:
               f"the page): {first}", file=sys.stderr)  # fmt: skip
     if ns.json:
         print(json.dumps({"output": str(written.path), "samples": written.samples, "images": written.images,
-                          "bytes": written.bytes, "not_shown": written.not_shown}, indent=2, sort_keys=True))  # fmt: skip
+                          "bytes": written.bytes, "not_shown": written.not_shown,
+                          "search": None if written.search is None else str(written.search)}, indent=2, sort_keys=True))  # fmt: skip
     else:
         print(f"wrote {written.path} ({written.samples} samples, {written.images} screenshots, "
-              f"{written.bytes / 2**20:.1f} MiB): open it in a browser")  # fmt: skip
+              f"{written.bytes / 2**20:.1f} MiB): open it in a browser"
+              + (f"; search page {written.search}" if written.search else ""))  # fmt: skip
     return 0
 
 
@@ -75,11 +84,13 @@ def register(subparsers: Any) -> None:
         "view",
         "write one self-contained HTML report of a bundle's samples and screenshots",
         run_view,
-        description="Write one self-contained HTML file (inlined thumbnails and styles, no scripts, no network) "
-        "describing a bundle: kind, meta, counts, sizes, dedup ratio, then each sample with its status, reward, "
-        "lengths, turns and screenshots. Thumbnails link to the full-size images when the bundle is a "
-        "directory that stays next to the report. With --replay, each sample also shows the replay's guard "
-        "and token-check results and log-prob differences.",
+        description="Write one self-contained HTML file (inlined thumbnails and styles, no script, no network) "
+        "describing a bundle: kind, meta, counts, sizes, dedup ratio, histograms of reward, response length and "
+        "turns, CSS-only filters and sorting, GRPO groups side by side with their advantages, then each sample "
+        "with its status, reward, lengths, log-prob strip and screenshots. A click on a screenshot opens a large "
+        "view with the turn's action (click, drag, scroll, typed text) drawn over it. Beside it, "
+        "REPORT.search.html searches prompts and responses (one script, allowed by its CSP hash). With --replay, "
+        "each sample also shows the replay's guard and token-check results and log-prob differences.",
     )
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle directory or a packed bundle file")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write (replaced)")
@@ -89,6 +100,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--limit", type=_limit, metavar="N", help="show at most N samples (N >= 1; omit for all)")
     p.add_argument(
         "--samples", type=_positions, metavar="3,7,12", help="show only these sample positions, in this order"
+    )
+    p.add_argument(
+        "--inline-budget",
+        type=float,
+        default=8.0,
+        metavar="MIB",
+        help="MiB of large views (1280 px JPEGs) inlined for a packed bundle or a small dump (default "
+        "8); beyond it a large view is the stored file beside the page, or the enlarged thumbnail",
+    )
+    p.add_argument(
+        "--no-search",
+        action="store_true",
+        help="do not write the search page (REPORT.search.html, the one page with a script)",
     )
     add_json_option(p, "what was written")
     add_progress_option(p)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import bundles
-from bundles import Bundle
+from bundles import Bundle, BundleError, is_store_url
 from bundles.support import MANIFEST_NAME, human_bytes
 from trainer_hooks.view._actions import Action, parse_action
 from trainer_hooks.view._media import Shown, shown_suffix
@@ -44,7 +44,12 @@ STATUS_CLASS = {"completed": "ok", "truncated": "warn", "aborted": "warn", "fail
 @functools.cache
 def environment() -> Any:
     """The one Jinja2 environment of the page: templates shipped in the package, autoescaped."""
-    import jinja2
+    try:
+        import jinja2
+    except ImportError:
+        raise BundleError(
+            "view writes its page from Jinja2 templates: pip install 'rollout-bundles[view]'"
+        ) from None
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("trainer_hooks.view", "templates"),
@@ -119,14 +124,22 @@ def chips(d: Any) -> dict[str, Any]:
 
 
 def _bundle_bytes(bundle: Bundle) -> int:
+    shards = sum(int(s["size"]) for s in bundle.manifest["shards"])
+    if is_store_url(str(bundle.path)):  # on an object store: what the manifest lists
+        return shards + bundle.media_bytes
     if bundle.packed:
         return bundle.path.stat().st_size
-    shards = sum(int(s["size"]) for s in bundle.manifest["shards"])
     try:
         manifest = (bundle.path / MANIFEST_NAME).stat().st_size
     except OSError:
         manifest = 0
     return manifest + shards + bundle.media_bytes
+
+
+def _where_label(bundle: Bundle) -> str:
+    if is_store_url(str(bundle.path)):
+        return "on the object store"
+    return "packed file" if bundle.packed else "bundle on disk"
 
 
 def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct: int) -> dict[str, Any]:
@@ -145,7 +158,7 @@ def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct
         {"value": str(refs), "label": "media references"},
         {"value": f"{refs / stored:.2f}×" if stored else "–", "label": "dedup ratio"},
         {"value": size(bundle.media_bytes), "label": "media"},
-        {"value": size(_bundle_bytes(bundle)), "label": "packed file" if bundle.packed else "bundle on disk"},
+        {"value": size(_bundle_bytes(bundle)), "label": _where_label(bundle)},
     ]
     if finite:
         stats.append({"value": f"{math.fsum(finite) / len(finite):.3g}", "label": "mean reward"})
@@ -691,3 +704,43 @@ def _logprob_color(v: float) -> tuple[int, int, int]:
 
 def _diff_color(v: float) -> tuple[int, int, int]:
     return _mix((255, 255, 255), (200, 30, 30), abs(v) / 0.5)
+
+
+# -- the search page: the one page with a script ------------------------------------------------------------
+
+SEARCH_TEXT = 2000  # characters of a prompt and of a response the search page holds
+_HASH_SLOT = "__SCRIPT_AND_STYLE_HASHES__"
+
+
+def search_rows(views: list[SampleView]) -> list[dict[str, str]]:
+    rows = []
+    for v in views:
+        prompt = " ".join(m["text"] for m in _prompt(v.prompt) or [])
+        rows.append({"pos": str(v.position), "status": v.status or "no status", "reward": reward_text(v.reward),
+                     "prompt": prompt[:SEARCH_TEXT], "response": (v.response or "")[:SEARCH_TEXT]})  # fmt: skip
+    return rows
+
+
+def render_search(rows: list[dict[str, str]], title: str, report_href: str) -> str:
+    """The search page: a table of every sample's prompt and response (text, escaped by the
+    template engine) and one small script, ``templates/search.js``, that hides the rows not
+    holding every typed word. Its CSP allows exactly that script and that stylesheet, by their
+    SHA-256 hashes, and nothing else (no other script, no fetch, no image): the bundle's text is
+    only ever read by the script as ``textContent``, never run or parsed as HTML."""
+    import base64
+    import hashlib
+    import re
+
+    page = str(environment().get_template("search.html.j2").render(
+        csp=f"default-src 'none'; {_HASH_SLOT}; base-uri 'none'; form-action 'none'",
+        title=title, rows=rows, report_href=report_href))  # fmt: skip
+
+    def digest(body: str) -> str:
+        return (
+            "'sha256-" + base64.b64encode(hashlib.sha256(body.encode("utf-8")).digest()).decode("ascii") + "'"
+        )
+
+    scripts = re.findall(r"<script>(.*?)</script>", page, re.S)
+    styles = re.findall(r"<style>(.*?)</style>", page, re.S)
+    assert len(scripts) == 1 and len(styles) == 1, "the search page has one script and one style, ours"
+    return page.replace(_HASH_SLOT, f"script-src {digest(scripts[0])}; style-src {digest(styles[0])}", 1)

@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import bundles
-from bundles import Bundle, BundleError, BundleIOError, BundleVerificationError, open_bundle
+from bundles import Bundle, BundleError, BundleIOError, BundleVerificationError, is_store_url, open_bundle
 from bundles.support import MEDIA_DIR, atomic_write
 from trainer_hooks.replay import REPORT_FORMAT as REPLAY_FORMAT
 from trainer_hooks.replay import ReportError, check_replay_report, check_report_bundle, load_replay_report
 from trainer_hooks.view._media import pictures
-from trainer_hooks.view._page import page_context, render_page
+from trainer_hooks.view._page import page_context, render_page, render_search, search_rows
 from trainer_hooks.view._samples import sample_view
 
 __all__ = [
@@ -69,6 +69,7 @@ class ReportWritten:
     bytes: int  # size of the HTML file
     not_shown: list[str] = field(default_factory=list)  # one line per stored file that cannot be shown
     missing: list[str] = field(default_factory=list)  # media files listed in the manifest but missing
+    search: Path | None = None  # the search page written beside the report
 
 
 def _open(path: str | os.PathLike[str]) -> tuple[Bundle, list[str]]:
@@ -112,6 +113,7 @@ def write_html_report(
     thumb_width: int = THUMB_WIDTH,
     large_width: int = LARGE_WIDTH,
     inline_budget: int = INLINE_BUDGET,
+    search: bool = True,
     progress: bool | None = None,
 ) -> ReportWritten:
     """Write one self-contained HTML page describing ``bundle`` to ``output`` (atomically).
@@ -128,6 +130,8 @@ def write_html_report(
             directory bundle of at most ``SMALL_DUMP`` distinct screenshots. Beyond it, and for
             larger directory bundles, a large view shows the stored file beside the page (only
             ``.png``/``.jpg``/``.jpeg`` files), or the thumbnail enlarged (a packed bundle).
+        search: also write the search page, ``<output stem>.search.html`` beside the report
+            (the report itself runs no script; see :func:`~trainer_hooks.view._page.render_search`).
         progress: draw a progress line while making thumbnails (default: on a terminal).
 
     Raises:
@@ -172,15 +176,22 @@ def write_html_report(
     # budget; beyond it the thumbnail is enlarged). A directory bundle's large views are its
     # stored files, linked at full resolution, except in a small dump, whose page then works
     # alone (mailed, attached to a bug) at little cost.
-    budget = inline_budget if b.packed or len(names) <= SMALL_DUMP else 0
+    # A bundle on an object store has no files beside the page either.
+    no_files = b.packed or is_store_url(str(b.path))
+    budget = inline_budget if no_files or len(names) <= SMALL_DUMP else 0
     shown = pictures(b, names, thumb_width=thumb_width, large_width=large_width, large_budget=budget,
                      progress=progress)  # fmt: skip
     link_base = None  # a packed bundle has no files to link to
-    if not b.packed:
+    if not no_files:
         rel = os.path.relpath(b.path / MEDIA_DIR, out.parent)
         link_base = "/".join(urllib.parse.quote(part) for part in Path(rel).parts) + "/"
+    search_path = out.with_name(out.stem + ".search.html") if search else None
     context = page_context(b, views, shown, link_base=link_base, replay=report, replay_name=replay_name)
+    context["search_href"] = urllib.parse.quote(search_path.name) if search_path else None
     data = render_page(context).encode("utf-8")
     _write(out, data)
+    if search_path is not None:
+        page = render_search(search_rows(views), context["title"], urllib.parse.quote(out.name))
+        _write(search_path, page.encode("utf-8"))
     not_shown = [t.error for name in names if (t := shown[name]).error]
-    return ReportWritten(out, len(views), context["shown_images"], len(data), not_shown, missing)
+    return ReportWritten(out, len(views), context["shown_images"], len(data), not_shown, missing, search_path)

@@ -75,6 +75,11 @@ def vectors() -> dict[str, dict[str, Any]]:
         p.write_bytes(_png())
         return [_sample([MediaRef.from_file(p)])], [tmp / "run"]
 
+    def tokens_text(tmp: Path) -> Any:
+        samples, roots = one_png(tmp)
+        samples[0]["tokens"] = "151644 872 198"  # found by tests/test_fuzz_untrusted.py (was a TypeError)
+        return samples, roots
+
     where = "meta.processor.mm_process_config.image"
     out: dict[str, dict[str, Any]] = {
         "absolute-path": (outside("/etc/passwd"), _processor(), "problem", "rebuild",
@@ -104,6 +109,10 @@ def vectors() -> dict[str, dict[str, Any]]:
                          "can rebuild (Qwen2.5-VL, Qwen3-VL, Qwen2-VL)"),
         "model-path-not-a-string": (one_png, _processor(model_path=["Qwen2-VL"]), "refused", None,
                                     "meta.processor.model_path: expected a string or null"),
+        "patch-size-null": (one_png, _processor({"patch_size": None}), "refused", None,
+                            f"{where}.patch_size: expected an int in 1..128, found None"),
+        "tokens-not-a-list": (tokens_text, _processor(), "problem", "payload",
+                              "sample index 0: tokens: expected a list of token ids, found str"),
         "null-processor": (one_png, None, "problem", "processor",
                            "meta.processor is null: the bundle recorded no processor settings"),
     }  # fmt: skip
