@@ -416,3 +416,17 @@ def test_a_damaged_fsynced_record_is_refused_when_decoded_naming_it(tmp_path):
     (rec,) = scan_journal(journal_dir(args.save), lineage="L").records  # the scan defers the check
     with pytest.raises(JournalError, match="checksum mismatch"):
         record_body(rec, f"{segment}: record 1")
+
+
+def test_a_batch_of_takes_cut_by_a_crash_moves_neither_the_cursor_nor_its_groups(tmp_path):
+    from trainer_hooks.checkpoints import RolloutLedger
+
+    args = make_args(tmp_path, "run-a")
+    journal = RolloutJournal(journal_dir(args.save), lineage="L", interval=0.05)
+    for gid in (0, 1):  # a whole batch: the cursor after it is {"offset": 2}
+        journal.append_take(gid, [{"index": gid}], {"offset": 2}, batch_end=1)
+    journal.append_take(2, [{"index": 2}], {"offset": 4}, batch_end=3)  # its batch-mate was lost
+    journal.close()
+    state = RolloutLedger(make_args(tmp_path, "run-b")).recover(-1, sample_cls=dict)
+    assert [g.gid for g in state.pending] == [0, 1]  # group 2 is handed out again by the source
+    assert state.cursor == {"offset": 2}

@@ -44,7 +44,7 @@ INTERVAL = 0.05
 GROUPS = 16
 SIZE = 2
 BATCH = 2
-SAVE_EVERY = 3
+SAVE_EVERY = 2
 TRIAL_TIMEOUT_S = 60
 
 SERVER = textwrap.dedent(
@@ -254,7 +254,8 @@ def check_trial(d: Path, attempts: list[dict[str, Any]], label: str) -> dict[str
     strict=False,
     reason="known bug, issue 19 left open: on a loaded machine a resume after an early kill (trial 0, "
     "killed at 0.09 s) can find the data source exhausted with groups neither journaled nor in flight; "
-    "drain() then raises RolloutWorkerError (loud, never a silent loss). Passes on most runs.",
+    "drain() then raises RolloutWorkerError (loud, never a silent loss). The batch-cursor fix may be its "
+    "cause; not yet shown under load. Passes on most runs.",
 )
 def test_sigkill_at_seeded_points_loses_at_most_an_interval_and_trains_every_prompt_once(tmp_path):
     server = Server(tmp_path)

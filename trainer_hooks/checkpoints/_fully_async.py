@@ -241,11 +241,12 @@ class FullyAsyncRolloutFn:
             if not fresh:
                 self._source_exhausted = True
             cursor = self._cursor() if fresh else None
-            for group in fresh:
-                # The snapshot is taken before the generator can touch the group: it is what a
-                # checkpoint saves and what the journal records (no second copy).
-                snap = snapshot_groups([group], where="in_flight")[0]
-                gid = self.ledger.take(snap, cursor, snapshot=False)
+            # The snapshots are taken before the generator can touch the groups: they are what a
+            # checkpoint saves and what the journal records (no second copy).
+            snaps = snapshot_groups(fresh, where="in_flight")
+            for gid, group, snap in zip(
+                self.ledger.take_batch(snaps, cursor, snapshot=False), fresh, snaps, strict=True
+            ):
                 self._in_flight[gid] = snap
                 out.append((gid, group, {}))
         return out

@@ -263,14 +263,26 @@ class RolloutJournal:
         return snapshot_groups(groups, where=where, deferred=checks), checks
 
     def append_take(
-        self, gid: int, group: Iterable[Any], cursor: Any = None, *, snapshot: bool = True
+        self,
+        gid: int,
+        group: Iterable[Any],
+        cursor: Any = None,
+        *,
+        snapshot: bool = True,
+        batch_end: int | None = None,
     ) -> int:
-        """A prompt group handed out (``group`` as the data source gave it) and the cursor after."""
+        """A prompt group handed out (``group`` as the data source gave it) and the cursor after.
+
+        Groups handed out together share one cursor (the one after the last of them): each take
+        names the last group id of its batch (``batch_end``, default ``gid``), and a resume
+        applies a batch only when its last take survived, so a cursor never skips a group whose
+        take was lost."""
         if snapshot:
             (g,), checks = self._snapshot([group], f"take[{gid}]")
         else:
             g, checks = list(group), []
-        return self._push("take", gid, {"cursor": cursor, "n": len(g)}, {"samples": g}, checks)
+        b = {"cursor": cursor, "n": len(g), "end": gid if batch_end is None else batch_end}
+        return self._push("take", gid, b, {"samples": g}, checks)
 
     def append_sample(self, gid: int, sibling: int, sample: Any) -> int:
         """One finished, graded sample ``sibling`` of group ``gid``."""

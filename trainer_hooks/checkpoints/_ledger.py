@@ -278,11 +278,19 @@ class RolloutLedger:
     def take(self, group: Sequence[Any], cursor: Any = None, *, snapshot: bool = True) -> int:
         """A group handed out; returns its id. ``snapshot=False``: ``group`` is a snapshot
         already (sample dicts nothing mutates)."""
-        gid = self.new_gid()
+        return self.take_batch([group], cursor, snapshot=snapshot)[0]
+
+    def take_batch(
+        self, groups: Sequence[Sequence[Any]], cursor: Any = None, *, snapshot: bool = True
+    ) -> list[int]:
+        """Groups handed out together, ``cursor`` the data source's position after the last;
+        returns their ids. A resume applies the batch only whole (see ``append_take``)."""
+        gids = [self.new_gid() for _ in groups]
         journal = self.open()
-        if journal is not None:
-            journal.append_take(gid, group, cursor, snapshot=snapshot)
-        return gid
+        if journal is not None and gids:
+            for gid, group in zip(gids, groups, strict=True):
+                journal.append_take(gid, group, cursor, snapshot=snapshot, batch_end=gids[-1])
+        return gids
 
     def append_sample(self, gid: int, sibling: int, sample: Any) -> None:
         journal = self.open()
@@ -367,7 +375,7 @@ class RolloutLedger:
         assert journal is not None
         if event == "handed_out":
             for gid, snap in zip(p["gids"], p["snapshots"], strict=True):
-                journal.append_take(gid, snap, p.get("cursor"), snapshot=False)
+                journal.append_take(gid, snap, p.get("cursor"), snapshot=False, batch_end=p["gids"][-1])
         elif event == "finished":
             journal.append_group(p["gid"], p["snapshot"], snapshot=False)
         elif event == "consumed":
@@ -470,6 +478,7 @@ class RolloutLedger:
         earlier = int(info.get("compacted_upto", watermark))
         consumed: dict[int, tuple[int, Any]] = {}
         replayed = dropped = 0
+        batch: list[JournalRecord] = []  # takes of a batch whose last take is not replayed yet
         jdir = journal_dir(load)
         placer = _Placer(args, jdir / MEDIA_DIR, verify)
         if use_journal and (ckpt is None or lineage is not None):
@@ -509,8 +518,13 @@ class RolloutLedger:
                         if rec.kind != "group":
                             continue
                     if rec.kind == "take":
-                        pending[rec.a] = RecoveredGroup(rec.a, [rec])
-                        state.cursor = (rec.b or {}).get("cursor", state.cursor)
+                        # A batch of takes shares the cursor after its last group: applied whole.
+                        batch.append(rec)
+                        if rec.a == (rec.b or {}).get("end", rec.a):
+                            for r in batch:
+                                pending[r.a] = RecoveredGroup(r.a, [r])
+                            state.cursor = (rec.b or {}).get("cursor", state.cursor)
+                            batch = []
                     elif rec.kind == "sample":
                         if rec.a in pending:
                             pending[rec.a].done[int(rec.b)] = rec
