@@ -101,7 +101,28 @@ class RangeFile(io.RawIOBase):
         return bytes(out[:got])
 
 
-class StoreSource:
+class _StoreSourceBase:
+    """What both store sources share: hashing and rehydrating through their ``open``."""
+
+    def open(self, name: str) -> tuple[BinaryIO, int]:
+        raise NotImplementedError
+
+    def hash(self, name: str) -> tuple[str, int]:
+        f, _ = self.open(name)
+        with f:
+            data = f.read()
+        return hashlib.sha256(data).hexdigest(), len(data)
+
+    def rehydrate(
+        self, media: Mapping[str, MediaRef], target: Path, progress: bool | None
+    ) -> dict[str, MediaRef]:
+        return _download_media(self, media, target, progress)
+
+    def close(self) -> None:
+        pass
+
+
+class StoreSource(_StoreSourceBase):
     """A bundle on a store, as a source for :class:`bundles._reader.Bundle` (see the module
     docstring). ``path`` is the bundle's :class:`StoreURL`; names are bundle-relative."""
 
@@ -206,20 +227,6 @@ class StoreSource:
             size = int(meta["size"])
         return RangeFile(p.store, key, 0, size, self.where(name)), size  # type: ignore[return-value]
 
-    def hash(self, name: str) -> tuple[str, int]:
-        f, _ = self.open(name)
-        with f:
-            data = f.read()
-        return hashlib.sha256(data).hexdigest(), len(data)
-
-    def rehydrate(
-        self, media: Mapping[str, MediaRef], target: Path, progress: bool | None
-    ) -> dict[str, MediaRef]:
-        return _download_media(self, media, target, progress)
-
-    def close(self) -> None:
-        pass
-
 
 class _StoreReader:
     """``pread`` over one object for :func:`read_tar_index`, served from prefetched header blocks
@@ -263,7 +270,7 @@ class _StoreReader:
         return data[:n]
 
 
-class StorePackedSource:
+class StorePackedSource(_StoreSourceBase):
     """A packed ``.rbundle`` object read in place by member ranges (see the module docstring)."""
 
     packed = True
@@ -306,20 +313,6 @@ class StorePackedSource:
         if m.is_dir:
             raise UnsafeBundleError(f"{self.where(name)}: expected a regular file, found a directory")
         return RangeFile(self._store, self.path.key, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]
-
-    def hash(self, name: str) -> tuple[str, int]:
-        f, _ = self.open(name)
-        with f:
-            data = f.read()
-        return hashlib.sha256(data).hexdigest(), len(data)
-
-    def rehydrate(
-        self, media: Mapping[str, MediaRef], target: Path, progress: bool | None
-    ) -> dict[str, MediaRef]:
-        return _download_media(self, media, target, progress)
-
-    def close(self) -> None:
-        pass
 
 
 def _prefetch_headers(reader: _StoreReader) -> None:
