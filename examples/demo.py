@@ -425,6 +425,9 @@ def step_resume(d: Demo) -> None:
             "--load", d.args1.save,
             "--start-rollout-id", str(last_id + 1),
             "--num-rollout", str(last_id + 4),
+            # This run trains only what the checkpoint holds (its data source is empty), so its
+            # dataset differs from the checkpoint's on purpose: accepted by name (docs/RESUME.md).
+            "--resume-accept-changes", "dataset",
         ]
     )  # fmt: skip
     a = d.args2
