@@ -49,16 +49,20 @@ def miles_rollout(monkeypatch):
         return ds, fn, step
 
     yield make
+    for ds, fn in made:
+        if fn._worker is not None:
+            stop_worker(fn)
+        ds.close()
+
+
+def stop_worker(fn):
     from miles.utils.async_utils import run
 
     async def stop(task):
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    for ds, fn in made:
-        if fn._worker is not None:
-            run(stop(fn._worker))
-        ds.close()
+    run(stop(fn._worker))
 
 
 def group_ids(groups):
@@ -69,14 +73,17 @@ def test_a_resume_replays_the_journal_after_the_checkpoint(inputs, tmp_path, mil
     tok, prompts = inputs
     save = str(tmp_path / "ckpt")
     args = miles_args(tok, prompts, save=save, rollout_journal_interval=0.05)
-    ds, _, step = miles_rollout(args)
+    ds, fn, step = miles_rollout(args)
     first = group_ids(step(0))
     ds.save(0).result()
     second = group_ids(step(1))  # trained into weights that are never saved
     deadline = time.monotonic() + 10
     while ds.rollout_state.counts()["completed"] < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    with ds.rollout_state.lock:  # freeze the worker's view: what the journal has is the crash state
+    # The "crash": the worker stops handing out groups (a live worker would keep journaling takes
+    # while the resume below reads the journal, and the cursor read here would be stale).
+    stop_worker(fn)
+    with ds.rollout_state.lock:  # what the journal has now is the crash state
         handed = ds.sample_group_index
         ds.rollout_state.ledger.flush()
         counts = ds.rollout_state.counts()
