@@ -33,8 +33,6 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import trainer_hooks
 
 IMPORT_ROOT = Path(trainer_hooks.__file__).resolve().parents[1]
@@ -250,13 +248,6 @@ def check_trial(d: Path, attempts: list[dict[str, Any]], label: str) -> dict[str
     return {"worst_lost_age_s": worst}
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known bug, issue 19 left open: on a loaded machine a resume after an early kill (trial 0, "
-    "killed at 0.09 s) can find the data source exhausted with groups neither journaled nor in flight; "
-    "drain() then raises RolloutWorkerError (loud, never a silent loss). The batch-cursor fix may be its "
-    "cause; not yet shown under load. Passes on most runs.",
-)
 def test_sigkill_at_seeded_points_loses_at_most_an_interval_and_trains_every_prompt_once(tmp_path):
     server = Server(tmp_path)
     points = schedule(SEED, POINTS)
