@@ -42,7 +42,7 @@ import contextlib
 import dataclasses
 import gc
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from typing import Any, BinaryIO
 
 import msgpack
@@ -202,6 +202,7 @@ class SampleEncoder:
         self._ext_cache: dict[tuple[int, str, int, str], msgpack.ExtType] = {}
         self._array_headers: dict[tuple[str, tuple[int, ...]], bytes] = {}
         self._items = 0
+        self._number_lists: Container[int] = ()
         # Extensions by exact type (one dict lookup), then by isinstance for types whose
         # subclasses count and whose modules are imported lazily: (class getter, handler).
         self.ext_by_type: dict[type, Callable[[Any, str, int], Any]] = {
@@ -221,8 +222,12 @@ class SampleEncoder:
             (pil_image_class, self._pil_image),
         ]
 
-    def encode(self, sample: Any, where: str) -> bytes:
+    def encode(self, sample: Any, where: str, number_lists: Container[int] = ()) -> bytes:
+        """``number_lists``: ids of lists inside ``sample`` the caller has proved to hold only
+        ints, floats and bools (with :func:`only_numbers`); they are packed without a second
+        proof. The caller keeps them alive and unchanged until this returns."""
         self._items = 0
+        self._number_lists = number_lists
         try:
             data: bytes = self._packer.pack(self._convert(sample, where, 0))
         except BundleError:
@@ -232,6 +237,8 @@ class SampleEncoder:
             # int or float. Name it (the only per-item walk, and only on failure).
             _explain(sample, where, self)
             raise UnsupportedValueError(f"{where}: cannot be packed: {e}") from None
+        finally:
+            self._number_lists = ()  # ids are reused once their lists are freed
         if self._items > MAX_SAMPLE_ITEMS:
             raise UnsupportedValueError(
                 f"{where}: the sample holds {self._items} items (list, tuple and map elements, plus one "
@@ -281,6 +288,7 @@ class SampleEncoder:
             self._items += len(obj) + 1
             out = {}
             prefixes = self._prefixes
+            numbers = self._number_lists
             for k, v in obj.items():
                 tk = type(k)
                 if tk is not str and tk is not int:
@@ -292,7 +300,7 @@ class SampleEncoder:
                 tv = type(v)
                 if tv in _PASSTHROUGH or (tv is str and prefixes is not None and not v.startswith(prefixes)):
                     out[k] = v
-                elif tv is list and depth < MAX_NESTING_DEPTH and only_numbers(v):
+                elif tv is list and depth < MAX_NESTING_DEPTH and (id(v) in numbers or only_numbers(v)):
                     self._items += len(v) + 1
                     out[k] = v
                 else:
@@ -300,7 +308,7 @@ class SampleEncoder:
             return out
         if t is list:
             self._items += len(obj) + 1
-            if only_numbers(obj):
+            if id(obj) in self._number_lists or only_numbers(obj):
                 return obj  # token ids, masks, log-probs: msgpack packs them as they are
             return [
                 v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1)

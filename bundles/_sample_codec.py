@@ -19,8 +19,8 @@ Errors: :class:`UnsupportedValueError` (encoding) and :class:`BundleFormatError`
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Container, Mapping
+from typing import Any, Protocol
 
 import msgpack
 
@@ -30,6 +30,12 @@ from bundles._layout import MAX_SAMPLE_RAW_BYTES
 from bundles._media import MediaRef
 
 __all__ = ["decode_sample", "encode_sample", "sample_encoder"]
+
+
+class SampleEncodeFn(Protocol):
+    """What :func:`sample_encoder` returns."""
+
+    def __call__(self, sample: Any, where: str = "sample", *, number_lists: Container[int] = ()) -> bytes: ...
 
 
 def _no_ref(value: MediaRef, where: str) -> MediaRef:
@@ -42,22 +48,27 @@ def sample_encoder(
     string_prefixes: tuple[str, ...] | None = None,
     resolve_ref: Callable[[MediaRef, str], MediaRef] | None = None,
     store_image: Callable[[Any, str], MediaRef] | None = None,
-) -> Callable[[Any, str], bytes]:
-    """A reusable ``encode(sample, where) -> bytes``: :func:`encode_sample` with one encoder kept
-    across samples (building one costs more than encoding a small sample). Record types registered
-    after this call are not known to it."""
+) -> SampleEncodeFn:
+    """A reusable ``encode(sample, where, *, number_lists=()) -> bytes``: :func:`encode_sample`
+    with one encoder kept across samples (building one costs more than encoding a small sample).
+    Record types registered after this call are not known to it.
+
+    ``number_lists``: the ids of lists inside ``sample`` that the caller has already proved hold
+    only ints, floats and bools (:func:`bundles.support.only_numbers`, say in a snapshot's type
+    check); they are packed without a second proof. Those lists must stay alive and unchanged
+    until ``encode`` returns (an id names an object only while it lives)."""
     if resolve_string is None:
         encoder = SampleEncoder(lambda v, w: None, resolve_ref or _no_ref, (), store_image)
     else:
         encoder = SampleEncoder(resolve_string, resolve_ref or _no_ref, string_prefixes, store_image)
 
-    def encode(sample: Any, where: str = "sample") -> bytes:
+    def encode(sample: Any, where: str = "sample", *, number_lists: Container[int] = ()) -> bytes:
         # The collector is paused while the sample's containers are built (see gc_paused;
         # inlined: this runs once per sample).
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return encoder.encode(sample, where)
+            return encoder.encode(sample, where, number_lists)
         finally:
             if was_enabled:
                 gc.enable()

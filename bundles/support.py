@@ -27,6 +27,10 @@ What is here, by concern:
   :func:`add_json_option`, :func:`add_progress_option`, :func:`build_parser`,
   :func:`run_command`, :func:`main_with`, :class:`CommandError`, :func:`check_output_file`,
   :func:`int_at_least`, :func:`cli_message` (habits described in :mod:`bundles._cli`).
+* **Codec primitives.** :func:`only_numbers`, the C-speed proof that a list holds only ints,
+  floats and bools, which the encoder uses to pack a number list as it is; a client that proves a
+  list once (a snapshot's type check) hands its result to the encoder (``number_lists`` of
+  :func:`bundles.sample_encoder`'s ``encode``) instead of proving it twice.
 * **On-disk names** a tool looking inside a bundle directory needs: :data:`MANIFEST_NAME`,
   :data:`MEDIA_DIR`, :data:`SHARDS_DIR` (docs/FORMAT.md).
 
@@ -54,6 +58,7 @@ from bundles._cli import (
     main_with,
     run_command,
 )
+from bundles._codec import only_numbers
 from bundles._commit import scratch_dir
 from bundles._faults import KILL_ENV, arm_kill, fault_point, on_fault_point
 from bundles._fs import remove_tree
@@ -85,6 +90,7 @@ __all__ = [
     "int_at_least",
     "main_with",
     "on_fault_point",
+    "only_numbers",
     "pid_alive",
     "pid_namespace",
     "proc_stat",

@@ -430,3 +430,99 @@ def test_a_batch_of_takes_cut_by_a_crash_moves_neither_the_cursor_nor_its_groups
     state = RolloutLedger(make_args(tmp_path, "run-b")).recover(-1, sample_cls=dict)
     assert [g.gid for g in state.pending] == [0, 1]  # group 2 is handed out again by the source
     assert state.cursor == {"offset": 2}
+
+
+def test_a_number_list_the_snapshot_proved_is_not_proved_again_by_the_encoder():
+    from bundles import sample_encoder
+    from bundles.support import only_numbers
+
+    offered: list[str] = []
+    encode = sample_encoder(resolve_string=lambda v, w: offered.append(v), string_prefixes=("/",))
+    tokens = [*range(100), 7]
+    assert only_numbers(tokens)
+    sample = {"tokens": tokens, "logp": [-0.5] * 80}
+    # Told the ids it was proved by, the encoder packs the same bytes without a second proof.
+    assert encode(sample, number_lists={id(tokens)}) == encode(sample)
+    # The proof really is skipped: a list named as proved is packed as it is (this one breaks the
+    # contract on purpose, so that the skip shows), while without the hint its string is offered
+    # to the resolver.
+    lying = [*range(100), "/run/x.png", 1]
+    encode({"l": lying})
+    assert offered == ["/run/x.png"]
+    offered.clear()
+    encode({"l": lying}, number_lists={id(lying)})
+    assert offered == []
+
+
+def test_the_journal_still_checks_what_the_snapshot_copied_shallowly(tmp_path):
+    from trainer_hooks.checkpoints import JournalError
+
+    journal = RolloutJournal(tmp_path / "journal", lineage="L1", interval=0.05)
+    journal.append_sample(0, 0, {"index": 0, "tokens": [*range(100), [1], 2]})  # a list among the ints
+    with pytest.raises(JournalError, match=r"tokens\[100\].*list"):
+        journal.flush()
+    with pytest.raises(JournalError):
+        journal.close()
+
+
+def bodies(jdir: Path, kind: str) -> list:
+    """The values of a journal's ``kind`` records, decoded as the module docstring specifies
+    (a zstd frame of one value in the bundle codec; media from ``journal/media``)."""
+    import zstandard
+
+    out = []
+    for rec in scan_journal(jdir).records:
+        if rec.kind == kind:
+            media = {n: MediaRef.from_file(jdir / "media" / n) for n in rec.media}
+            out.append(decode_sample(zstandard.ZstdDecompressor().decompress(bytes(rec.body)), media))
+    return out
+
+
+def test_a_lent_sample_is_the_callers_again_only_once_encoded(tmp_path):
+    gate = threading.Event()
+    journal = RolloutJournal(tmp_path / "journal", lineage="L1", interval=0.05)
+    sample = Sample(index=3, group_index=1, tokens=[*range(200), 9], reward=1.0)
+    with on_fault_point("journal.append", lambda seq: gate.wait(10)):  # the writer is held
+        seq = journal.append_sample(1, 0, sample, copy=False)
+        with pytest.raises(TimeoutError, match=f"seq {seq}"):
+            journal.wait_encoded(timeout=0.2)
+        gate.set()
+        journal.wait_encoded(timeout=10)
+    sample.tokens.append(10**6)  # the caller's again: the record is what was lent
+    sample.reward = -1.0
+    journal.close()
+    (body,) = bodies(tmp_path / "journal", "sample")
+    assert body["tokens"] == [*range(200), 9] and body["reward"] == 1.0
+
+
+def test_drain_hands_out_lent_samples_only_after_the_journal_encoded_them(tmp_path):
+    args = make_args(tmp_path, "run-a")
+    gate = threading.Event()
+    held = threading.Event()
+
+    def hold(seq):
+        held.set()
+        gate.wait(10)
+
+    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(1)), generate_sample=SampleGen())
+    got: list = []
+    with on_fault_point("journal.append", hold):
+        t = threading.Thread(target=lambda: got.append(fn.drain(1, timeout=20, step=0)))
+        t.start()
+        assert held.wait(10)
+        deadline = time.monotonic() + 10
+        while fn.get_metrics()["buffer/total_got"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        t.join(0.3)
+        # drain() took the finished group from the buffer and waits: it is not encoded yet.
+        assert fn.get_metrics()["buffer/total_got"] == 1 and t.is_alive() and not got
+        gate.set()
+        t.join(20)
+    (group,) = got[0]
+    for s in group:  # the trainer's now: mutating them cannot reach the journal
+        s.tokens.clear()
+        s.reward = None
+    fn.close()
+    lent = bodies(journal_dir(args.save), "sample")
+    assert sorted(b["index"] for b in lent) == [0, 1]
+    assert all(len(b["tokens"]) == 201 and b["reward"] == float(b["index"]) for b in lent)

@@ -266,20 +266,20 @@ class FullyAsyncRolloutFn:
                     # buffered).
                     with self._lock:
                         started = self._next_groups(room)
-                    for gid, group, done in started:
-                        tasks.add(asyncio.create_task(self._run_group(gid, group, done)))
+                    for gid, group, siblings in started:
+                        tasks.add(asyncio.create_task(self._run_group(gid, group, siblings)))
                 if tasks:
-                    done, _ = await asyncio.wait(
+                    finished, _ = await asyncio.wait(
                         tasks, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED
                     )
-                    tasks -= done
-                    for t in done:
-                        t.result()
+                    tasks -= finished
+                    for task in finished:
+                        task.result()
                 else:
                     await asyncio.sleep(self.poll_interval)
         finally:
-            for t in tasks:
-                t.cancel()
+            for task in tasks:
+                task.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -287,7 +287,9 @@ class FullyAsyncRolloutFn:
         assert self.generate_sample is not None
         result = await self.generate_sample(self.args, sample)
         with self._lock:
-            self.ledger.append_sample(gid, sibling, result)
+            # Lent, not copied: nothing touches a finished sample until drain() hands it to
+            # training, and drain() first waits for the journal to have encoded it.
+            self.ledger.append_sample(gid, sibling, result, copy=False)
         return result
 
     async def _generate(self, gid: int, group: list[Any], done: dict[int, Any]) -> tuple[list[Any], bool]:
@@ -355,7 +357,9 @@ class FullyAsyncRolloutFn:
             groups = self.buffer.get(n)
             gids = [self._buffer_gids.popleft() for _ in groups]
             self.ledger.record_consumed(-1 if step is None else step, gids)
-        # Groups restored from the journal are decoded only now, outside the lock.
+        # The samples lent to the journal become the trainer's once encoded (usually already),
+        # and groups restored from the journal are decoded only now; both outside the lock.
+        self.ledger.wait_encoded()
         return sorted((materialize(g) for g in groups), key=_group_index)
 
     def __call__(self, rollout_id: int, evaluation: bool = False) -> list[list[Any]]:

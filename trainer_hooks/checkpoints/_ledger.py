@@ -292,10 +292,16 @@ class RolloutLedger:
                 journal.append_take(gid, group, cursor, snapshot=snapshot, batch_end=gids[-1])
         return gids
 
-    def append_sample(self, gid: int, sibling: int, sample: Any) -> None:
+    def append_sample(self, gid: int, sibling: int, sample: Any, *, copy: bool = True) -> None:
+        """``copy=False``: the sample is lent to the journal until :meth:`wait_encoded`."""
         journal = self.open()
         if journal is not None:
-            journal.append_sample(gid, sibling, sample)
+            journal.append_sample(gid, sibling, sample, copy=copy)
+
+    def wait_encoded(self) -> None:
+        """Every sample lent so far (``copy=False``) is the caller's again."""
+        if self.journal is not None:
+            self.journal.wait_encoded()
 
     def append_group(self, gid: int, group: Sequence[Any] | None = None) -> None:
         journal = self.open()
