@@ -310,10 +310,29 @@ class SampleEncoder:
             self._items += len(obj) + 1
             if id(obj) in self._number_lists or only_numbers(obj):
                 return obj  # token ids, masks, log-probs: msgpack packs them as they are
-            return [
-                v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1)
-                for i, v in enumerate(obj)
-            ]
+            if depth >= MAX_NESTING_DEPTH:  # any item needing conversion is refused as too deep
+                return [
+                    v if self._plain(v) else self._convert(v, f"{where}[{i}]", depth + 1)
+                    for i, v in enumerate(obj)
+                ]
+            # Inlined for a list of media paths (a sample's screenshots: thousands per save):
+            # scalars as they are, a string straight to the resolver, containers recursed into.
+            out_list = []
+            prefixes = self._prefixes
+            resolve = self._resolve_string
+            for i, v in enumerate(obj):
+                tv = type(v)
+                if tv in _PASSTHROUGH:
+                    out_list.append(v)
+                elif tv is str:
+                    if prefixes is not None and not v.startswith(prefixes):
+                        out_list.append(v)
+                    else:
+                        ref = resolve(v, f"{where}[{i}]")
+                        out_list.append(v if ref is None else self._ref_ext(EXT_PATH_REF, ref))
+                else:
+                    out_list.append(self._convert(v, f"{where}[{i}]", depth + 1))
+            return out_list
         handler = self.ext_by_type.get(t)
         if handler is None:
             for get_class, by_class in self.ext_by_class:
