@@ -153,7 +153,9 @@ class FullyAsyncRolloutFn:
         generate_group: ``async (args, group) -> group``; the returned group is buffered.
         generate_sample: instead of ``generate_group``, ``async (args, sample) -> sample``: the
             siblings of a group generate concurrently and each is journaled when finished, so
-            a resume keeps finished siblings and regenerates only the others.
+            a resume keeps finished siblings and regenerates only the others. A returned
+            sample is lent to the journal, not copied: the generator must not change it
+            afterwards (``drain()`` hands it to training once the journal has encoded it).
         max_in_flight: groups generating at once (default ``2 * rollout_batch_size``).
         max_buffered: stop submitting while in-flight plus buffered groups reach this
             (default ``4 * rollout_batch_size``).
