@@ -423,7 +423,15 @@ def test_answers_fill_logprob_diff_and_misaligned_answers_fail(tmp_path, capsys)
         "max_abs": 0.0,
         "mean_abs": 0.0,
         "tokens": 4,
+        "recomputed": rollout,
     }
+    assert diffs[0]["recomputed"] == pytest.approx([v + 0.01 for v in rollout])
+    # The view draws the per-token difference strip from it (only for the sample that differs
+    # it is not all zero; both carry the strip).
+    from trainer_hooks.view import write_html_report
+
+    html = write_html_report(dump, tmp_path / "view.html", replay=report_path).path.read_text()
+    assert html.count("per-token difference to the replay") == 2
     # An answer scoring other tokens (e.g. a different tokenisation) is a violation.
     path.write_text(
         json.dumps(answers[0]) + "\n" + json.dumps(sglang_answer(payloads[1], rollout, shift=1)) + "\n"

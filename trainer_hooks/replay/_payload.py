@@ -185,7 +185,8 @@ def compare_prefill_logprobs(sample: Any, response: Mapping[str, Any]) -> dict[s
     score exactly the response tokens; their log-probs are compared to ``rollout_log_probs``.
 
     Returns:
-        ``{"max_abs", "mean_abs", "tokens"}``.
+        ``{"max_abs", "mean_abs", "tokens", "recomputed"}`` (``recomputed``: the engine's
+        log-prob of each response token, in order).
 
     Raises:
         ValueError: no ``input_token_logprobs``, token ids that do not line up with the response,
@@ -235,11 +236,14 @@ def compare_prefill_logprobs(sample: Any, response: Mapping[str, Any]) -> dict[s
     if not all(type(v) in (int, float) for v in logprobs):
         bad = next(v for v in logprobs if type(v) not in (int, float))
         raise ValueError(f"{where}: the answer's response tail holds a log-prob that is no number: {bad!r}")
-    diffs = [abs(float(a) - float(b)) for a, b in zip(logprobs, rollout, strict=True)]
+    recomputed = [float(v) for v in logprobs]
+    diffs = [abs(a - float(b)) for a, b in zip(recomputed, rollout, strict=True)]
     return {
         "max_abs": max(diffs) if diffs else 0.0,
         "mean_abs": sum(diffs) / len(diffs) if diffs else 0.0,
         "tokens": n,
+        # Per response token (what `rollout-bundle view --replay` draws as its |Δ| strip).
+        "recomputed": recomputed,
     }
 
 

@@ -11,7 +11,8 @@ Report (``rollout-bundle replay --report FILE.json``; read by ``rollout-bundle v
                   "images": [{"image", "vision_tokens", "placeholder_tokens",
                               "pixel_values": {"shape", "dtype", "sha256"},
                               "image_grid_thw": {"shape", "dtype", "sha256", "values"}}],
-                  "bytes_before_cast", "bytes_after_cast", "logprob_diff": null}]}
+                  "bytes_before_cast", "bytes_after_cast",
+                  "logprob_diff": null | {"max_abs", "mean_abs", "tokens", "recomputed"}}]}
 
 Problem kinds: ``guard`` (media references and dense tensors both shipped), ``convert`` (the
 converter refused the sample), ``rebuild`` (an image could not be loaded or processed),
