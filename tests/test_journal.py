@@ -402,8 +402,7 @@ def test_inspect_shows_the_journal_state(tmp_path, capsys):
 
 
 def test_a_damaged_fsynced_record_is_refused_when_decoded_naming_it(tmp_path):
-    from trainer_hooks.checkpoints import JournalError
-    from trainer_hooks.checkpoints._journal import record_body
+    from trainer_hooks.checkpoints import JournalError, record_body
 
     args = make_args(tmp_path, "run-a")
     journal = RolloutJournal(journal_dir(args.save), lineage="L", interval=0.05)

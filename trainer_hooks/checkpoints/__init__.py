@@ -54,14 +54,9 @@ from trainer_hooks.checkpoints._fully_async import (
     ListDataSource,
     RolloutWorkerError,
 )
-from trainer_hooks.checkpoints._journal import (
-    JOURNAL_DIR,
-    JournalError,
-    JournalScan,
-    RolloutJournal,
-    journal_dir,
-    scan_journal,
-)
+from trainer_hooks.checkpoints._journal import RolloutJournal
+from trainer_hooks.checkpoints._journal_format import JOURNAL_DIR, JournalError, journal_dir
+from trainer_hooks.checkpoints._journal_scan import JournalRecord, JournalScan, record_body, scan_journal
 from trainer_hooks.checkpoints._ledger import (
     DEFAULT_JOURNAL_INTERVAL,
     LazyGroup,
@@ -108,6 +103,7 @@ __all__ = [
     "GroupBuffer",
     "IncompatibleResumeError",
     "JournalError",
+    "JournalRecord",
     "JournalScan",
     "LazyGroup",
     "ListDataSource",
@@ -130,6 +126,7 @@ __all__ = [
     "load_rollout_checkpoint",
     "materialize",
     "read_rollout_checkpoint",
+    "record_body",
     "run_fingerprint",
     "save_rollout_checkpoint",
     "scan_journal",

@@ -57,9 +57,10 @@ segments wholly at or before ``seq`` and the media only they referenced. The che
 calls it with the *previous* checkpoint's watermark: one generation of journal is kept, so a
 trainer that restores the older checkpoint's step can still replay what was consumed after it.
 
-Reading (:func:`scan_journal`) keeps record bodies compressed and undecoded (decoding is deferred
-until a group is needed); a torn or corrupt tail ends the scan with one line naming the segment
-and offset, and segments of another lineage (another run's journal) are skipped with one line.
+Layout: the format (names, framing, limits, :class:`JournalError`) is
+:mod:`._journal_format`; reading (:func:`scan_journal`: bodies kept compressed and undecoded, a
+torn tail named in one line, foreign lineages skipped) is :mod:`._journal_scan`; this module is
+the writer.
 """
 
 from __future__ import annotations
@@ -67,14 +68,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import mmap
 import os
 import shutil
-import struct
 import threading
 import time
 import uuid
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -84,59 +82,30 @@ from typing import Any
 import msgpack
 import zstandard
 
-from bundles import BundleError, MediaRef, sample_encoder
+from bundles import MediaRef, sample_encoder
 from bundles.support import atomic_path, fault_point
-from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
+from trainer_hooks.checkpoints._journal_format import (
+    DEFAULT_SEGMENT_BYTES,
+    FRAME,
+    LENGTHS,
+    MEDIA_DIR,
+    RECORD_MAGIC,
+    SEGMENT_MAGIC,
+    SEGMENT_PREFIX,
+    SEGMENT_SUFFIX,
+    U32,
+    ZSTD_LEVEL,
+    JournalError,
+    is_content_name,
+    record_crc,
+    segment_name,
+)
+from trainer_hooks.checkpoints._journal_scan import scan_journal
 from trainer_hooks.checkpoints._snapshot import sample_dict, snapshot_groups
 
-__all__ = [
-    "JOURNAL_DIR",
-    "JournalError",
-    "JournalRecord",
-    "JournalScan",
-    "RolloutJournal",
-    "journal_dir",
-    "scan_journal",
-]
+__all__ = ["FlushStats", "RolloutJournal", "new_lineage"]
 
 logger = logging.getLogger(__name__)
-
-JOURNAL_DIR = "journal"
-MEDIA_DIR = "media"
-SEGMENT_PREFIX = "segment-"
-SEGMENT_SUFFIX = ".rjl"
-SEGMENT_MAGIC = b"RBJOURNAL1\n"
-RECORD_MAGIC = b"RJR1"
-_FRAME = struct.Struct("<4sIII")
-_LENGTHS = struct.Struct("<II")
-_U32 = struct.Struct("<I")
-#: Limits when reading (a journal may be damaged): one record's meta and body, a segment header.
-MAX_META_BYTES = 1 << 20
-MAX_BODY_BYTES = 1 << 30
-DEFAULT_SEGMENT_BYTES = 256 << 20
-ZSTD_LEVEL = 1
-
-KINDS = ("take", "sample", "group", "consumed", "recycled", "dropped", "sync")
-
-
-class JournalError(BundleError):
-    """The journal cannot be written or read as asked (names the journal and the record)."""
-
-
-def journal_dir(root: str | os.PathLike[str]) -> Path:
-    """``<root>/rollout/journal``: the journal beside the rollout checkpoints of ``root``."""
-    return Path(os.path.abspath(root)) / CHECKPOINT_SUBDIR / JOURNAL_DIR
-
-
-def _segment_name(first_seq: int, lineage: str, attempt: int = 0) -> str:
-    # ``attempt`` > 0 when a dead writer left a segment starting at the same seq with no complete
-    # record (killed before its first record was whole): names sort by (seq, attempt).
-    return f"{SEGMENT_PREFIX}{first_seq:012d}-{lineage}-{attempt:03d}{SEGMENT_SUFFIX}"
-
-
-def _is_content_name(name: str) -> bool:
-    stem = name.split(".", 1)[0]
-    return len(stem) == 64 and all(c in "0123456789abcdef" for c in stem)
 
 
 def _fsync_path(path: str, *, directory: bool = False) -> None:
@@ -574,7 +543,7 @@ class RolloutJournal:
         self._close_segment()
         attempt = 0
         while True:
-            path = self.directory / _segment_name(first_seq, self.lineage, attempt)
+            path = self.directory / segment_name(first_seq, self.lineage, attempt)
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
                 break
@@ -588,7 +557,7 @@ class RolloutJournal:
                 "fingerprint": self.fingerprint,
             }
         )
-        os.write(fd, SEGMENT_MAGIC + _U32.pack(len(header)) + header)
+        os.write(fd, SEGMENT_MAGIC + U32.pack(len(header)) + header)
         self._fd, self._segment, self._segment_size = fd, path, 0
         with self._cond:
             self._segments[path] = (first_seq, first_seq - 1, set())
@@ -621,11 +590,11 @@ class RolloutJournal:
             value = sample_dict(item.value, where) if item.lent else item.value
             body = self._compressor.compress(self._encode(value, where, number_lists=numbers))
         meta = msgpack.packb([item.seq, item.kind, item.at, item.a, item.b, sorted(set(media))])
-        lengths = _LENGTHS.pack(len(meta), len(body))
-        crc = zlib.crc32(body, zlib.crc32(meta, zlib.crc32(lengths)))
+        lengths = LENGTHS.pack(len(meta), len(body))
+        crc = record_crc(lengths, meta, body)
         self._batch_stats.records += 1
         self._totals["records"] += 1
-        return _FRAME.pack(RECORD_MAGIC, len(meta), len(body), crc) + meta + body, media
+        return FRAME.pack(RECORD_MAGIC, len(meta), len(body), crc) + meta + body, media
 
     # media: linked into journal/media at append time, so a teardown of the run cannot take them
     def _string_media(self, value: str, where: str, media: list[str]) -> MediaRef | None:
@@ -637,7 +606,7 @@ class RolloutJournal:
         if not norm.startswith(self._roots) or not os.path.isfile(norm):
             return None
         name = os.path.basename(norm)
-        if _is_content_name(name):
+        if is_content_name(name):
             size = os.stat(norm).st_size
             ref = MediaRef("sha256:" + name.split(".", 1)[0], size, os.path.splitext(name)[1])
         else:
@@ -727,9 +696,9 @@ class RolloutJournal:
         durable = self._written_seq
         if self._fd is not None:  # the sync mark: what inspect reads the unflushed age from
             meta = msgpack.packb([-1, "sync", time.time(), -1, durable, []])
-            lengths = _LENGTHS.pack(len(meta), 0)
-            crc = zlib.crc32(meta, zlib.crc32(lengths))
-            mark = _FRAME.pack(RECORD_MAGIC, len(meta), 0, crc) + meta
+            lengths = LENGTHS.pack(len(meta), 0)
+            crc = record_crc(lengths, meta, b"")
+            mark = FRAME.pack(RECORD_MAGIC, len(meta), 0, crc) + meta
             os.write(self._fd, mark)
             self._segment_size += len(mark)
         with self._cond:
@@ -750,262 +719,6 @@ class RolloutJournal:
         )
 
 
-# -- reading -------------------------------------------------------------------------------------
-@dataclass
-class JournalRecord:
-    """One complete record; ``body`` is the compressed codec value (decoded only when needed).
-
-    Records before a segment's last ``sync`` mark were fsynced whole: their checksum is checked
-    when they are decoded (:func:`record_body`), not by the scan; those after it are checked by
-    the scan, since only there can a write have been torn."""
-
-    seq: int
-    kind: str
-    at: float
-    a: Any
-    b: Any
-    media: list[str]
-    body: bytes | memoryview
-    segment: Path
-    crc: int | None = None  # the checksum still to check (None: checked)
-    lengths: bytes = b""
-    meta: bytes | memoryview = b""
-
-
-@dataclass
-class JournalScan:
-    """What :func:`scan_journal` found: complete records in seq order and one line per problem."""
-
-    directory: Path
-    records: list[JournalRecord] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    segments: int = 0
-    bytes: int = 0
-    lineages: set[str] = field(default_factory=set)
-    fingerprint: dict[str, Any] | None = None
-    last_sync_at: float | None = None
-    synced_seq: int = 0
-    torn: bool = False
-
-
-def _segment_paths(directory: Path) -> list[Path]:
-    try:
-        names = sorted(
-            n for n in os.listdir(directory) if n.startswith(SEGMENT_PREFIX) and n.endswith(SEGMENT_SUFFIX)
-        )
-    except FileNotFoundError:
-        return []
-    return [directory / n for n in names]
-
-
-def _map(path: Path) -> Any:
-    """The segment's bytes, memory-mapped (only the pages a scan touches are read)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return b""
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-
-
-def _header(data: Any, where: str) -> tuple[dict[str, Any] | None, int, str | None]:
-    if len(data) < len(SEGMENT_MAGIC) + 4 or data[: len(SEGMENT_MAGIC)] != SEGMENT_MAGIC:
-        return None, 0, f"{where}: not a rollout journal segment (no header); skipped"
-    pos = len(SEGMENT_MAGIC)
-    (hlen,) = _U32.unpack_from(data, pos)
-    pos += 4
-    try:
-        if hlen > MAX_META_BYTES:
-            raise ValueError("header too large")
-        header = msgpack.unpackb(bytes(data[pos : pos + hlen]), raw=False)
-        if not isinstance(header, dict) or not isinstance(header.get("lineage"), str):
-            raise ValueError("no lineage")
-    except Exception as e:
-        return None, 0, f"{where}: unreadable segment header ({e}); skipped"
-    return header, pos + hlen, None
-
-
-def journal_lineages(directory: str | os.PathLike[str]) -> set[str]:
-    """The lineages of a journal's segments, from their headers only."""
-    out = set()
-    for path in _segment_paths(Path(directory)):
-        header, _, _ = _header(_map(path), str(path))
-        if header is not None:
-            out.add(header["lineage"])
-    return out
-
-
-def _crc(lengths: bytes, meta: Any, body: Any) -> int:
-    return zlib.crc32(body, zlib.crc32(meta, zlib.crc32(lengths)))
-
-
-def scan_journal(
-    directory: str | os.PathLike[str],
-    *,
-    lineage: str | None = None,
-    after_seq: int = 0,
-    decode_bodies: bool = True,
-    only: Sequence[Path] | None = None,
-) -> JournalScan:
-    """Read the complete records of a journal, oldest first, keeping bodies undecoded.
-
-    Segments of a lineage other than ``lineage`` are skipped (one problem line each); records
-    with seq <= ``after_seq`` are not kept. A torn or corrupt record ends its segment (one
-    problem line naming the segment and the byte offset): it and everything after it in that
-    segment were never durable, or are damaged; the next segment is read only if it continues at
-    the next seq (a resumed run's). ``decode_bodies=False`` keeps no bodies (indexing).
-    """
-    directory = Path(directory)
-    scan = JournalScan(directory)
-    expected: int | None = None
-    for path in only if only is not None else _segment_paths(directory):
-        try:
-            data = _map(path)
-        except FileNotFoundError:
-            continue
-        scan.segments += 1
-        scan.bytes += len(data)
-        where = f"{path}"
-        header, pos, problem = _header(data, where)
-        if header is None:
-            scan.problems.append(problem or where)
-            scan.torn = True
-            continue
-        seg_lineage = header["lineage"]
-        scan.lineages.add(seg_lineage)
-        if lineage is None or seg_lineage == lineage:
-            scan.fingerprint = header.get("fingerprint")
-        if lineage is not None and seg_lineage != lineage:
-            scan.problems.append(
-                f"{where}: journal segment of another run lineage ({seg_lineage}, expected {lineage}); ignored"
-            )
-            continue
-        view = memoryview(data)
-        torn = None
-        # Pass 1: the framing, the metas and the sync marks, read with pread: the bodies (all but
-        # a few per cent of the bytes) are not touched until a record is decoded.
-        frames: list[tuple[int, int, int, int, int, bytes]] = []  # (start, mlen, blen, crc, end, meta)
-        size = len(data)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            while pos < size:
-                if size - pos < _FRAME.size:
-                    torn = f"{size - pos} trailing bytes, shorter than a record header"
-                    break
-                head = os.pread(fd, _FRAME.size + 256, pos)
-                magic, mlen, blen, crc = _FRAME.unpack_from(head, 0)
-                end = pos + _FRAME.size + mlen + blen
-                if magic != RECORD_MAGIC or mlen > MAX_META_BYTES or blen > MAX_BODY_BYTES:
-                    torn = "no record header"
-                    break
-                if end > size:
-                    torn = f"record of {mlen + blen} bytes, {size - pos - _FRAME.size} present"
-                    break
-                meta_b = head[_FRAME.size : _FRAME.size + mlen]
-                if len(meta_b) < mlen:
-                    meta_b = os.pread(fd, mlen, pos + _FRAME.size)
-                frames.append((pos, mlen, blen, crc, end, meta_b))
-                pos = end
-        finally:
-            os.close(fd)
-        synced_upto = -1  # frames before this index were fsynced (a sync mark follows them)
-        metas: list[Any] = []
-        for i, (_start, mlen, blen, crc, _end, meta_b) in enumerate(frames):
-            try:
-                meta = msgpack.unpackb(meta_b, raw=False, strict_map_key=False)
-                kind = meta[1]
-            except Exception:
-                meta, kind = None, None
-            if kind == "sync" and blen == 0 and _crc(_LENGTHS.pack(mlen, 0), meta_b, b"") == crc:
-                synced_upto = i
-            metas.append(meta)
-        # Pass 2: records (checksums of the unsynced tail checked now, the others when decoded).
-        for i, (start, mlen, blen, crc, end, meta_b) in enumerate(frames):
-            lengths = _LENGTHS.pack(mlen, blen)
-            body = view[start + _FRAME.size + mlen : end] if blen else b""
-            pending_crc: int | None = crc
-            if i > synced_upto:
-                if _crc(lengths, meta_b, body) != crc:
-                    torn, pos = "checksum mismatch", start
-                    break
-                pending_crc = None
-            meta = metas[i]
-            try:
-                seq, kind, at, a, b, media = meta
-            except Exception as e:
-                damaged = pending_crc is not None and _crc(lengths, meta_b, body) != crc
-                torn, pos = "checksum mismatch" if damaged else f"malformed record meta ({e})", start
-                break
-            if kind == "sync":
-                scan.last_sync_at, scan.synced_seq = at, max(scan.synced_seq, int(b))
-                continue
-            if kind not in KINDS or type(seq) is not int:
-                torn, pos = f"unknown record kind {kind!r}", start
-                break
-            if expected is not None and seq != expected:
-                scan.problems.append(
-                    f"{where}: record seq {seq} follows {expected - 1}: a gap; the scan stops here"
-                )
-                scan.torn = True
-                return scan
-            expected = seq + 1
-            if seq > after_seq:
-                scan.records.append(
-                    JournalRecord(
-                        seq,
-                        kind,
-                        at,
-                        a,
-                        b,
-                        list(media),
-                        body if decode_bodies else b"",
-                        path,
-                        pending_crc if decode_bodies else None,
-                        lengths,
-                        meta_b if decode_bodies else b"",
-                    )
-                )
-        if torn is not None:
-            scan.problems.append(
-                f"{where}: torn tail at byte {pos} ({torn}): {len(data) - pos} bytes ignored (never durable); "
-                "the records before it are kept"
-            )
-            scan.torn = True
-            # The next segment continues only if it starts at the next seq (a resumed run's):
-            # the gap check above stops the scan otherwise.
-    return scan
-
-
-def record_body(rec: JournalRecord, where: str) -> bytes:
-    """The codec bytes of a record's body, its checksum checked first if the scan deferred it."""
-    if rec.crc is not None:
-        if _crc(rec.lengths, rec.meta, rec.body) != rec.crc:
-            raise JournalError(f"{where}: checksum mismatch: the record was damaged after it was written")
-        rec.crc = None
-    return decompress_body(rec.body, where)
-
-
 def new_lineage() -> str:
     """A fresh lineage id (a run that does not resume starts one)."""
     return uuid.uuid4().hex
-
-
-_local = threading.local()
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    # One per thread: making one allocates a decompression context (a cost per record when a
-    # resume decodes thousands), and one object must not be used by two threads at once.
-    d = getattr(_local, "decompressor", None)
-    if d is None:
-        d = _local.decompressor = zstandard.ZstdDecompressor()
-    return d
-
-
-def decompress_body(body: bytes | memoryview, where: str) -> bytes:
-    """The codec bytes of a record body (bounded by the format's per-sample limit)."""
-    from bundles import UnsafeBundleError
-
-    try:
-        return _decompressor().decompress(bytes(body), max_output_size=MAX_BODY_BYTES)
-    except zstandard.ZstdError as e:
-        raise UnsafeBundleError(f"{where}: record body is not a valid zstd frame: {e}") from None

@@ -26,7 +26,8 @@ from typing import Any
 
 from bundles import is_bundle
 from bundles.support import human_bytes
-from trainer_hooks.checkpoints._journal import JOURNAL_DIR, MEDIA_DIR, scan_journal
+from trainer_hooks.checkpoints._journal_format import JOURNAL_DIR, MEDIA_DIR
+from trainer_hooks.checkpoints._journal_scan import scan_journal
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
 
 __all__ = ["journal_state", "register"]

@@ -60,16 +60,9 @@ from bundles.support import atomic_path, fault_point
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
 from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
-from trainer_hooks.checkpoints._journal import (
-    MEDIA_DIR,
-    JournalRecord,
-    RolloutJournal,
-    journal_dir,
-    journal_lineages,
-    new_lineage,
-    record_body,
-    scan_journal,
-)
+from trainer_hooks.checkpoints._journal import RolloutJournal, new_lineage
+from trainer_hooks.checkpoints._journal_format import MEDIA_DIR, journal_dir
+from trainer_hooks.checkpoints._journal_scan import JournalRecord, journal_lineages, record_body, scan_journal
 from trainer_hooks.checkpoints._paths import checkpoint_path, list_rollout_checkpoints
 from trainer_hooks.checkpoints._reader import RolloutCheckpoint, read_rollout_checkpoint
 from trainer_hooks.run_media import ensure_run_dir
