@@ -132,3 +132,59 @@ def test_subsample_ratios_as_miles_takes_them(dump, tmp_path, ratio):
     assert [s.index for s in got] == [s.index for s in want]
     if ratio == 0.0:
         assert len(got) == 6  # Miles' slicing keeps every row at 0
+
+
+def test_the_dashboard_launcher_serves_our_dump_over_http_without_miles_rollout_deps(dump, tmp_path):
+    """``python -m trainer_hooks.miles.dashboard`` end to end: Miles' FastAPI app under uvicorn, in a
+    child process that has Miles' dashboard but not its rollout stack (no sglang stand-ins: a laptop
+    looking at dumps), answering over HTTP on 127.0.0.1 from our bundled dump."""
+    pytest.importorskip("uvicorn", reason="serving Miles' dashboard needs fastapi and uvicorn (miles-tests)")
+    pytest.importorskip("fastapi", reason="serving Miles' dashboard needs fastapi and uvicorn (miles-tests)")
+    import json
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    dump_dir, _, samples = dump
+    with socket.socket() as s:  # a free port on loopback
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(MILES)])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer_hooks.miles.dashboard", "--dump-details", str(dump_dir),
+         "--host", "127.0.0.1", "--port", str(port), "--cache-dir", str(tmp_path / "cache")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def get(path: str):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return json.loads(r.read())
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                meta = get("/api/meta")
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"the dashboard did not come up:\n{proc.communicate(timeout=5)[0][-3000:]}"
+                    ) from None
+                time.sleep(0.2)
+        assert meta["rollout_ids"]["train"] == [3]
+        rows = get("/api/rollout/3/summary")["rows"]
+        assert sorted(r["sample_index"] for r in rows) == [s.index for s in samples]
+        assert {r["sample_index"]: r["group_index"] for r in rows} == {
+            s.index: s.group_index for s in samples
+        }
+        tokens = get("/api/rollout/3/sample/4/tokens")  # Miles' token view of sample 4
+        assert (
+            tokens["token_ids"] == samples[4].tokens
+            and tokens["rollout_log_probs"] == samples[4].rollout_log_probs
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -23,22 +23,31 @@ They share one :class:`trainer_hooks.checkpoints.RolloutState` per run (per ``ar
 journal hook. Resume order: buffered (completed) groups train first, in-flight groups are
 regenerated ahead of recycled ones and of new prompts, and the cursor continues.
 
-Miles is imported when this package is imported; without it, importing says so in one line.
+Miles' rollout code is imported when one of these names is first used (``--data-source-path
+trainer_hooks.miles.BundledDataSource`` does that); without it, that says so in one line. The
+package itself imports without it, so that :mod:`trainer_hooks.miles.dashboard` runs where only
+Miles' dashboard is installed (a laptop looking at dumps has no sglang).
 """
 
-try:
-    import miles.rollout.data_source
-    import miles.rollout.fully_async_data_buffer  # noqa: F401
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        f"trainer_hooks.miles needs Miles importable (the `miles` package and its rollout dependencies): {e}"
-    ) from e
+from __future__ import annotations
 
-from trainer_hooks.miles._plugins import (
-    BundledDataBuffer,
-    BundledDataSource,
-    FullyAsyncRolloutFn,
-    rollout_state,
-)
+from typing import Any
 
 __all__ = ["BundledDataBuffer", "BundledDataSource", "FullyAsyncRolloutFn", "rollout_state"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'trainer_hooks.miles' has no attribute {name!r}")
+    try:
+        import miles.rollout.data_source
+        import miles.rollout.fully_async_data_buffer  # noqa: F401
+    except ImportError as e:  # depends on the environment
+        raise ImportError(
+            f"trainer_hooks.miles needs Miles importable (the `miles` package and its rollout dependencies): {e}"
+        ) from e
+    from trainer_hooks.miles import _plugins
+
+    value = getattr(_plugins, name)
+    globals()[name] = value  # resolved once
+    return value
