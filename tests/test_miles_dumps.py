@@ -188,3 +188,54 @@ def test_the_dashboard_launcher_serves_our_dump_over_http_without_miles_rollout_
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_stock_miles_step_leaves_a_bundled_dump_through_its_log_function_option(tmp_path):
+    """``--custom-rollout-log-function-path trainer_hooks.miles.log_rollout_bundle``: Miles' own
+    ``log_rollout_data`` (what ``RolloutManager.generate`` calls after its pickle dump) writes the
+    step's samples as a bundle beside that dump, PIL screenshots stored as PNG; Miles' metrics
+    logging still runs."""
+    from miles.ray.rollout.metrics import log_rollout_data
+    from PIL import Image
+
+    from bundles import open_bundle
+    from trainer_hooks.miles import bundle_dump_template
+
+    template = str(tmp_path / "details" / "rollout_data" / "{rollout_id}.pt")
+    args = Namespace(
+        custom_rollout_log_function_path="trainer_hooks.miles.log_rollout_bundle",
+        save_debug_rollout_data=template,  # what Miles derives from --dump-details
+        load_debug_rollout_data=None,
+        log_passrate=False,
+        advantage_estimator="grpo",
+        reward_key=None,
+        sglang_speculative_algorithm=None,
+        log_reward_category=None,
+        rollout_num_gpus=1,
+        wandb_always_use_train_step=False,
+    )
+    colours = [(i * 40, 2, 3) for i in range(4)]
+    samples = [
+        Sample(index=i, group_index=i // 2, prompt=f"task {i}", tokens=[1, 2, 3 + i], response="click(10, 20)",
+               response_length=1, reward=float(i), status=Sample.Status.COMPLETED,
+               multimodal_inputs={"images": [Image.new("RGB", (8, 8), colours[i])]})
+        for i in range(4)
+    ]  # fmt: skip
+    log_rollout_data(3, args, samples, {}, 1.5)
+    path = tmp_path / "details" / "rollout_data" / "3.bundle"
+    assert bundle_dump_template(args) == str(path).replace("3.bundle", "{rollout_id}.bundle")
+    assert bundle_dump_template(Namespace(dump_details=str(tmp_path / "d"))) == str(
+        tmp_path / "d" / "rollout_data" / "{rollout_id}.bundle"
+    )
+    assert bundle_dump_template(Namespace()) is None
+    bundle = open_bundle(path, verify="full")
+    assert bundle.meta["rollout_id"] == 3 and bundle.meta["metadata"] == {"rollout_time_s": 1.5}
+    load_args = Namespace(
+        load_debug_rollout_data=template[: -len(".pt")] + ".bundle", load_debug_rollout_data_subsample=None
+    )
+    back, metadata = load_debug_rollout_data(load_args, 3, sample_cls=Sample)
+    assert metadata == {"rollout_time_s": 1.5}
+    assert [s.index for s in back] == [0, 1, 2, 3] and [s.tokens for s in back] == [s.tokens for s in samples]
+    for s, colour in zip(back, colours, strict=True):
+        (image,) = s.multimodal_inputs["images"]
+        assert image.getpixel((0, 0)) == colour

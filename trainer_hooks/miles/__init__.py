@@ -8,6 +8,10 @@ yet) and the recycled ones; ``RolloutManager.load`` restores all of it::
     --data-source-path trainer_hooks.miles.BundledDataSource
     --custom-async-data-buffer-path trainer_hooks.miles.BundledDataBuffer
 
+and one more makes each step's debug dump a bundle too (:mod:`trainer_hooks.miles._log`)::
+
+    --custom-rollout-log-function-path trainer_hooks.miles.log_rollout_bundle
+
 * :class:`BundledDataSource` (a ``RolloutDataSourceWithBuffer``) sees every group handed out
   (``get_samples``) and recycled (``add_samples``); its ``save``/``load`` write and read the bundle
   at ``<--save>/rollout/fully_async_<N>`` (``load`` falls back to Miles' own
@@ -33,11 +37,21 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BundledDataBuffer", "BundledDataSource", "FullyAsyncRolloutFn", "rollout_state"]
+from trainer_hooks.miles._log import bundle_dump_template, log_rollout_bundle
+
+__all__ = [
+    "BundledDataBuffer",
+    "BundledDataSource",
+    "FullyAsyncRolloutFn",
+    "bundle_dump_template",
+    "log_rollout_bundle",
+    "rollout_state",
+]
+_PLUGINS = frozenset({"BundledDataBuffer", "BundledDataSource", "FullyAsyncRolloutFn", "rollout_state"})
 
 
 def __getattr__(name: str) -> Any:
-    if name not in __all__:
+    if name not in _PLUGINS:
         raise AttributeError(f"module 'trainer_hooks.miles' has no attribute {name!r}")
     try:
         import miles.rollout.data_source
