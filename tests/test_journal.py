@@ -25,7 +25,7 @@ from trainer_hooks import (
     run_media_dir,
     store_media,
 )
-from trainer_hooks.checkpoints import RolloutJournal, journal_dir, scan_journal
+from trainer_hooks.checkpoints import JournalError, RolloutJournal, journal_dir, scan_journal
 from trainer_hooks.testing import png_bytes
 
 SIZE = 2
@@ -510,11 +510,12 @@ def test_drain_hands_out_lent_samples_only_after_the_journal_encoded_them(tmp_pa
         t.start()
         assert held.wait(10)
         deadline = time.monotonic() + 10
-        while fn.get_metrics()["buffer/total_got"] < 1 and time.monotonic() < deadline:
+        while fn.get_metrics()["buffer/size"] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         t.join(0.3)
-        # drain() took the finished group from the buffer and waits: it is not encoded yet.
-        assert fn.get_metrics()["buffer/total_got"] == 1 and t.is_alive() and not got
+        # The group is finished and buffered, but not encoded yet: drain() waits, taking nothing.
+        metrics = fn.get_metrics()
+        assert metrics["buffer/size"] == 1 and metrics["buffer/total_got"] == 0 and t.is_alive() and not got
         gate.set()
         t.join(20)
     (group,) = got[0]
@@ -525,3 +526,53 @@ def test_drain_hands_out_lent_samples_only_after_the_journal_encoded_them(tmp_pa
     lent = bodies(journal_dir(args.save), "sample")
     assert sorted(b["index"] for b in lent) == [0, 1]
     assert all(len(b["tokens"]) == 201 and b["reward"] == float(b["index"]) for b in lent)
+
+
+def test_a_lent_sample_holding_container_subclasses_is_journaled_as_plain_containers(tmp_path):
+    from collections import OrderedDict, namedtuple
+
+    Point = namedtuple("Point", "x y")
+    journal = RolloutJournal(tmp_path / "journal", lineage="L1", interval=0.05)
+    sample = {
+        "index": 1,
+        "metadata": OrderedDict(a=1, b=[1, 2]),
+        "click": Point(3, 4),
+        "tokens": [*range(100)],
+    }
+    journal.append_sample(0, 0, sample, copy=False)
+    journal.close()
+    (body,) = bodies(tmp_path / "journal", "sample")
+    assert body["metadata"] == {"a": 1, "b": [1, 2]} and type(body["metadata"]) is dict
+    assert body["click"] == (3, 4) and body["tokens"] == [*range(100)]
+
+
+def test_lending_something_that_is_no_sample_fails_the_caller_not_the_journal(tmp_path):
+    journal = RolloutJournal(tmp_path / "journal", lineage="L1", interval=0.05)
+    with pytest.raises(TypeError, match=r"group\[0\]\[1\]: expected a Sample"):
+        journal.append_sample(0, 1, 42, copy=False)
+    journal.append_sample(0, 0, {"index": 0}, copy=False)  # the journal goes on
+    journal.close()
+    assert [b["index"] for b in bodies(tmp_path / "journal", "sample")] == [0]
+    with pytest.raises(JournalError, match="closed"):  # a closed journal is said, never waited on
+        journal.append_sample(0, 2, {"index": 2})
+        journal.flush()
+    with pytest.raises(JournalError, match="stopped"):
+        journal.wait_encoded(timeout=5)
+
+
+def test_a_drain_timing_out_on_the_journal_leaves_its_groups_buffered(tmp_path):
+    args = make_args(tmp_path, "run-a")
+    gate = threading.Event()
+    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(1)), generate_sample=SampleGen())
+    with on_fault_point("journal.append", lambda seq: gate.wait(10)):  # the writer is held
+        deadline = time.monotonic() + 10
+        fn.start()
+        while fn.get_metrics()["buffer/size"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(TimeoutError, match="encode"):
+            fn.drain(1, timeout=0.3, step=0)
+        assert fn.get_metrics()["buffer/size"] == 1  # nothing taken
+        gate.set()
+        (group,) = fn.drain(1, timeout=10, step=0)
+    assert sorted(s.index for s in group) == [0, 1]
+    fn.close()

@@ -190,7 +190,7 @@ def test_the_dashboard_launcher_serves_our_dump_over_http_without_miles_rollout_
         proc.wait(timeout=10)
 
 
-def test_a_stock_miles_step_leaves_a_bundled_dump_through_its_log_function_option(tmp_path):
+def test_a_stock_miles_step_leaves_a_bundled_dump_through_its_log_function_option(tmp_path, caplog):
     """``--custom-rollout-log-function-path trainer_hooks.miles.log_rollout_bundle``: Miles' own
     ``log_rollout_data`` (what ``RolloutManager.generate`` calls after its pickle dump) writes the
     step's samples as a bundle beside that dump, PIL screenshots stored as PNG; Miles' metrics
@@ -221,7 +221,9 @@ def test_a_stock_miles_step_leaves_a_bundled_dump_through_its_log_function_optio
                multimodal_inputs={"images": [Image.new("RGB", (8, 8), colours[i])]})
         for i in range(4)
     ]  # fmt: skip
-    log_rollout_data(3, args, samples, {}, 1.5)
+    with caplog.at_level("INFO", logger="miles.ray.rollout.metrics"):
+        log_rollout_data(3, args, samples, {}, 1.5)
+    assert any(r.getMessage().startswith("perf 3:") for r in caplog.records)  # Miles' logging ran on
     path = tmp_path / "details" / "rollout_data" / "3.bundle"
     assert bundle_dump_template(args) == str(path).replace("3.bundle", "{rollout_id}.bundle")
     assert bundle_dump_template(Namespace(dump_details=str(tmp_path / "d"))) == str(

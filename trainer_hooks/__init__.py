@@ -23,8 +23,9 @@ The subpackages are the map of the work, each ``__init__`` its public surface:
 :mod:`trainer_hooks.checkpoints` (snapshot, writer, reader, retention, the fully-async function),
 :mod:`trainer_hooks.dumps` (debug dumps, trajectory sidecar, legacy import),
 :mod:`trainer_hooks.arguments`, :mod:`trainer_hooks.replay` and :mod:`trainer_hooks.view`;
-:mod:`trainer_hooks.miles` (imported on its own: it imports Miles) holds the plugins a stock Miles
-run names on its command line (``--data-source-path``, ``--custom-async-data-buffer-path``).
+:mod:`trainer_hooks.miles` (imported on its own; its plugins import Miles when first used) holds
+what a stock Miles run names on its command line (``--data-source-path``,
+``--custom-async-data-buffer-path``, ``--custom-rollout-log-function-path``).
 This module re-exports what users call. ``trainer_hooks`` imports :mod:`bundles`' public API,
 never the reverse. Stand-in rollout manager and
 trainer objects for tests and demos live in :mod:`trainer_hooks.testing`.

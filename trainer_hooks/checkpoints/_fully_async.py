@@ -356,12 +356,19 @@ class FullyAsyncRolloutFn:
                         f"({len(self._in_flight)} in flight)"
                     )
                 self._changed.wait(0.1 if remaining is None else min(0.1, remaining))
+            # Every sample of a buffered group was journaled before the group was buffered.
+            lent_upto = self.ledger.last_seq() if self.generate_sample is not None else 0
+        if lent_upto:
+            # The samples lent to the journal become the trainer's once encoded (usually they
+            # are already). Waited for outside the lock and before anything is taken: a timeout
+            # leaves the groups buffered.
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self.ledger.wait_encoded(lent_upto, timeout=remaining)
+        with self._changed:
             groups = self.buffer.get(n)
             gids = [self._buffer_gids.popleft() for _ in groups]
             self.ledger.record_consumed(-1 if step is None else step, gids)
-        # The samples lent to the journal become the trainer's once encoded (usually already),
-        # and groups restored from the journal are decoded only now; both outside the lock.
-        self.ledger.wait_encoded()
+        # Groups restored from the journal are decoded only now, outside the lock.
         return sorted((materialize(g) for g in groups), key=_group_index)
 
     def __call__(self, rollout_id: int, evaluation: bool = False) -> list[list[Any]]:

@@ -82,7 +82,7 @@ from typing import Any
 import msgpack
 import zstandard
 
-from bundles import MediaRef, sample_encoder
+from bundles import MediaRef, UnsupportedValueError, sample_encoder
 from bundles.support import atomic_path, fault_point
 from trainer_hooks.checkpoints._journal_format import (
     DEFAULT_SEGMENT_BYTES,
@@ -273,7 +273,12 @@ class RolloutJournal:
         unchanged until :meth:`wait_encoded` covers the returned seq. :class:`FullyAsyncRolloutFn`
         lends each finished sample this way and waits in ``drain()``, before training can touch
         it (see the module docstring)."""
-        if not copy:
+        if not copy and type(sample) is not list:  # a nested group's trajectory is snapshotted
+            if not isinstance(sample, dict) and not callable(getattr(sample, "to_dict", None)):
+                raise TypeError(
+                    f"group[{gid}][{sibling}]: expected a Sample (an object with to_dict()) or a dict, "
+                    f"found {type(sample).__name__}"
+                )
             return self._push("sample", gid, sibling, sample, [], lent=True)
         (g,), checks = self._snapshot([[sample]], f"group[{gid}][{sibling}]")
         return self._push("sample", gid, sibling, g[0], checks)
@@ -321,32 +326,54 @@ class RolloutJournal:
         with self._cond:
             self._barrier = max(self._barrier, target)
             self._wake.set()
-            while self._durable_seq < target and self._error is None:
+            while self._durable_seq < target and self._error is None and self._thread.is_alive():
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"{self.directory}: journal flush to seq {target} timed out")
                 self._cond.wait(0.1 if remaining is None else min(0.1, remaining))
             self._raise_error()
+            if self._durable_seq < target:
+                raise JournalError(
+                    f"{self.directory}: the journal is closed; records up to {target} cannot be made durable"
+                )
             return self._durable_seq
 
-    def wait_encoded(self, seq: int | None = None, timeout: float | None = None) -> None:
+    def wait_encoded(
+        self, seq: int | None = None, timeout: float | None = None, *, raise_error: bool = True
+    ) -> None:
         """Return once every record up to ``seq`` (default: all appended so far) is encoded, so
         the values lent with ``copy=False`` are the caller's again. Not a durability barrier
         (that is :meth:`flush`); usually immediate, as the writer is a record or two behind.
-        Raises the writer's failure, if any (a :class:`JournalError`)."""
+
+        A failed or stopped writer reads nothing more, so the lent values are the caller's again
+        too: with ``raise_error`` (default) its failure is raised (a :class:`JournalError`),
+        without it this returns and the failure surfaces at the next :meth:`flush`.
+        ``TimeoutError`` after ``timeout`` seconds."""
         target = self.last_seq if seq is None else seq
         if self._encoded_seq >= target:
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._wake.set()
-            while self._encoded_seq < target and self._error is None:
-                self._encode_barrier = max(self._encode_barrier, target)
+            while True:
+                # The barrier is set before encoded_seq is read, and the writer sets encoded_seq
+                # before it reads the barrier: one of the two sees the other (no lost wake-up).
+                # The lowest target waiting is the barrier; every waiter re-sets its own.
+                low = self._encode_barrier
+                self._encode_barrier = target if not low else min(low, target)
+                if self._encoded_seq >= target or self._error is not None or not self._thread.is_alive():
+                    break
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"{self.directory}: journal encode of seq {target} timed out")
                 self._cond.wait(0.05 if remaining is None else min(0.05, remaining))
+            if not raise_error:
+                return
             self._raise_error()
+            if self._encoded_seq < target:
+                raise JournalError(
+                    f"{self.directory}: the journal's writer has stopped; record {target} was never encoded"
+                )
 
     def roll(self) -> int:
         """Start a new segment for the records appended after this call (a checkpoint's
@@ -502,8 +529,8 @@ class RolloutJournal:
             self._encoded_seq = item.seq
             if self._encode_barrier and item.seq >= self._encode_barrier:
                 with self._cond:
-                    if item.seq >= self._encode_barrier:  # (a waiter may have raised it since)
-                        self._encode_barrier = 0
+                    if self._encode_barrier and item.seq >= self._encode_barrier:
+                        self._encode_barrier = 0  # the waiters not done yet set it again
                         self._cond.notify_all()
             buf += frame
             self._note_segment_record(item.seq, media)
@@ -586,15 +613,33 @@ class RolloutJournal:
         body = b""
         if item.value is not None:
             where = f"{self.directory}: record {item.seq} ({item.kind} {item.a})"
-            # A lent sample is read in place (its owner leaves it alone until wait_encoded).
-            value = sample_dict(item.value, where) if item.lent else item.value
-            body = self._compressor.compress(self._encode(value, where, number_lists=numbers))
+            if item.lent:
+                body = self._compressor.compress(self._encode_lent(item.value, where))
+            else:
+                body = self._compressor.compress(self._encode(item.value, where, number_lists=numbers))
         meta = msgpack.packb([item.seq, item.kind, item.at, item.a, item.b, sorted(set(media))])
         lengths = LENGTHS.pack(len(meta), len(body))
         crc = record_crc(lengths, meta, body)
         self._batch_stats.records += 1
         self._totals["records"] += 1
         return FRAME.pack(RECORD_MAGIC, len(meta), len(body), crc) + meta + body, media
+
+    def _encode_lent(self, sample: Any, where: str) -> bytes:
+        """A lent sample, read in place (its owner leaves it alone until wait_encoded). The codec
+        takes plain containers only; a sample holding subclasses (an ``OrderedDict``, a
+        namedtuple) is snapshotted here, on this thread, which turns them into plain ones, as a
+        caller-side snapshot would have."""
+        media_before = len(self._media_of_item)
+        try:
+            return self._encode(sample_dict(sample, where), where)
+        except UnsupportedValueError:
+            del self._media_of_item[media_before:]
+            checks: list[Callable[[], Any]] = []
+            (snap,) = snapshot_groups([[sample]], where=where, deferred=checks)
+            numbers: set[int] = set()
+            for check in checks:
+                numbers.update(check() or ())
+            return self._encode(snap[0], where, number_lists=numbers)
 
     # media: linked into journal/media at append time, so a teardown of the run cannot take them
     def _string_media(self, value: str, where: str, media: list[str]) -> MediaRef | None:

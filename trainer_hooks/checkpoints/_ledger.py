@@ -291,10 +291,16 @@ class RolloutLedger:
         if journal is not None:
             journal.append_sample(gid, sibling, sample, copy=copy)
 
-    def wait_encoded(self) -> None:
-        """Every sample lent so far (``copy=False``) is the caller's again."""
+    def last_seq(self) -> int:
+        """The seq of the last journal record appended (0 without a journal)."""
+        return self.journal.last_seq if self.journal is not None else 0
+
+    def wait_encoded(self, seq: int | None = None, timeout: float | None = None) -> None:
+        """The samples lent (``copy=False``) up to record ``seq`` (default: all so far) are the
+        caller's again. A failed journal is not raised here (it reads nothing more; the next
+        flush raises it); ``TimeoutError`` after ``timeout`` seconds."""
         if self.journal is not None:
-            self.journal.wait_encoded()
+            self.journal.wait_encoded(seq, timeout, raise_error=False)
 
     def append_group(self, gid: int, group: Sequence[Any] | None = None) -> None:
         journal = self.open()

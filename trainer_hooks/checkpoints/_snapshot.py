@@ -99,7 +99,9 @@ class _Snapshotter:
             return value.copy()  # type: ignore[attr-defined]
         if isinstance(value, dict):
             return {k: self.value(v, (*path, k)) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, tuple):  # a namedtuple stays a tuple (the codec stores tuples)
+            return tuple(self.value(v, (*path, i)) for i, v in enumerate(value))
+        if isinstance(value, list):
             return [self.value(v, (*path, i)) for i, v in enumerate(value)]
         return copy.deepcopy(value)
 
