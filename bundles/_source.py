@@ -221,25 +221,14 @@ class Member:
     size: int
 
 
-class MemberFile(io.RawIOBase):
-    """A read-only binary file over ``size`` bytes at ``offset`` of the packed file ``source``.
+class WindowFile(io.RawIOBase):
+    """A read-only, seekable binary file over ``size`` bytes of something larger (a member of a
+    packed file, a range of an object): position and seeking; subclasses read."""
 
-    Reads use ``pread`` on the source's descriptor, so many of these can share it across threads.
-    The file holds its source, so the descriptor stays open while the file is in use even when
-    the ``Bundle`` it came from is gone (``open_bundle(p).open_media(ref)``), and it reads the
-    descriptor anew on each read: after the source is closed a read raises instead of reading
-    whatever file the number was reused for. Reaching the end of the underlying file before
-    ``size`` bytes raises :class:`UnsafeBundleError` (the packed file was truncated after it was
-    indexed).
-    """
-
-    def __init__(self, source: PackedSource | _Descriptor, offset: int, size: int, where: str) -> None:
+    def __init__(self, size: int) -> None:
         super().__init__()
-        self._source = source
-        self._offset = offset
         self._size = size
         self._pos = 0
-        self._where = where
 
     def readable(self) -> bool:
         return True
@@ -254,6 +243,25 @@ class MemberFile(io.RawIOBase):
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         self._pos = max(0, base + pos)
         return self._pos
+
+
+class MemberFile(WindowFile):
+    """A read-only binary file over ``size`` bytes at ``offset`` of the packed file ``source``.
+
+    Reads use ``pread`` on the source's descriptor, so many of these can share it across threads.
+    The file holds its source, so the descriptor stays open while the file is in use even when
+    the ``Bundle`` it came from is gone (``open_bundle(p).open_media(ref)``), and it reads the
+    descriptor anew on each read: after the source is closed a read raises instead of reading
+    whatever file the number was reused for. Reaching the end of the underlying file before
+    ``size`` bytes raises :class:`UnsafeBundleError` (the packed file was truncated after it was
+    indexed).
+    """
+
+    def __init__(self, source: PackedSource | _Descriptor, offset: int, size: int, where: str) -> None:
+        super().__init__(size)
+        self._source = source
+        self._offset = offset
+        self._where = where
 
     def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         n = min(len(b), self._size - self._pos)

@@ -5,7 +5,6 @@ See :mod:`bundles._remote` for the protocol."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -33,35 +32,20 @@ from bundles._layout import (
 from bundles._media import MediaRef
 from bundles._progress import Progress
 from bundles._remote._pointer import READ_WINDOW, _Place, _place
-from bundles._source import LAYOUT_DIRS, Entry, read_tar_index
+from bundles._source import LAYOUT_DIRS, Entry, WindowFile, read_tar_index
 from bundles._store import Store, StoreURL, get_store, parallel, store_error
 
 
 # -- reading -------------------------------------------------------------------------------------
-class RangeFile(io.RawIOBase):
+class RangeFile(WindowFile):
     """A read-only binary file over ``size`` bytes at ``offset`` of one object, read with range
     requests of at least :data:`READ_WINDOW` bytes (a media file is usually one request)."""
 
     def __init__(self, store: Store, key: str, offset: int, size: int, where: str) -> None:
-        super().__init__()
-        self._store, self._key, self._offset, self._size, self._where = store, key, offset, size, where
-        self._pos = 0
+        super().__init__(size)
+        self._store, self._key, self._offset, self._where = store, key, offset, where
         self._buf = b""
         self._buf_start = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + pos)
-        return self._pos
 
     def _fill(self, want: int) -> None:
         start = self._pos
