@@ -221,6 +221,18 @@ class Store:
         result = self.obs.put(self.store, key, data, mode=mode, use_multipart=False)
         return result.get("e_tag")
 
+    def put_create(self, key: str, data: Any) -> bool:
+        """A create-only put: True when this call created the object, False when one was there
+        already (obstore's ``AlreadyExistsError``, matched by name: obstore is imported lazily).
+        Any other failure is raised as it is."""
+        try:
+            self.put(key, data, mode="create")
+        except Exception as e:
+            if type(e).__name__ != "AlreadyExistsError":
+                raise
+            return False
+        return True
+
     def put_large(self, key: str, path: Any) -> None:
         """A multipart upload (overwrite: only for content-addressed keys, where a race writes the
         same bytes)."""

@@ -47,13 +47,13 @@ def pack_to_store(
                 if not overwrite and (store.head(url.key)) is not None:
                     raise BundleExistsError(f"{url}: output exists; pass overwrite=True to replace it")
                 (store.put_large(url.key, out))  # a multipart upload appears atomically at its end
-            else:
-                (store.put(url.key, out.read_bytes(), mode="overwrite" if overwrite else "create"))
+            elif overwrite:
+                store.put(url.key, out.read_bytes(), mode="overwrite")
+            elif not store.put_create(url.key, out.read_bytes()):
+                raise BundleExistsError(f"{url}: output appeared during the pack; not replaced")
         except BundleError:
             raise
         except Exception as e:
-            if type(e).__name__ == "AlreadyExistsError":
-                raise BundleExistsError(f"{url}: output appeared during the pack; not replaced") from None
             raise store_error(url, "upload the packed bundle", e) from e
     return url
 

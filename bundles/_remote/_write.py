@@ -160,12 +160,8 @@ def _upload(local: Any, root: Path, place: _Place, stats: UploadStats, progress:
             else:
                 data = path.read_bytes()
                 check(path, data)
-                try:
-                    store.put(key, data, mode="create")
-                except Exception as e:
-                    # Already there: the same content, from another writer or our own retry.
-                    if type(e).__name__ != "AlreadyExistsError":
-                        raise
+                # Already there: the same content, from another writer or our own retry.
+                store.put_create(key, data)
             fault_point("store.media")
             with lock:
                 stats.media_uploaded += 1
@@ -189,14 +185,10 @@ def _upload(local: Any, root: Path, place: _Place, stats: UploadStats, progress:
 def _put_create_same(store: Store, key: str, data: bytes) -> None:
     """A create-only put that also succeeds when the object already holds exactly ``data`` (a
     retried request whose first attempt was applied: the generation is ours alone)."""
-    try:
-        store.put(key, data, mode="create")
-    except Exception as e:
-        if type(e).__name__ != "AlreadyExistsError":
-            raise
+    if not store.put_create(key, data):
         current, _ = store.get(key)
         if current != data:
-            raise BundleError(f"{store.scheme}://{store.bucket}/{key}: exists with other content") from None
+            raise BundleError(f"{store.scheme}://{store.bucket}/{key}: exists with other content")
 
 
 def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None:
@@ -210,31 +202,31 @@ def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None
             if current is not None:
                 raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
             try:
-                (store.put(key, body, mode="create"))
-                return None
+                created = store.put_create(key, body)
             except Exception as e:
-                if type(e).__name__ != "AlreadyExistsError":
-                    raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
-                won = _check_absent(store, url)
-                if won is not None and won.generation == pointer.generation:
-                    return None  # our own retried request was applied
-                if not overwrite:
-                    raise BundleExistsError(
-                        f"{url}: another writer published a bundle here first (the create-only put of "
-                        f"{STORE_POINTER_NAME} failed); nothing of theirs was changed"
-                    ) from None
-                continue
+                raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
+            if created:
+                return None
+            won = _check_absent(store, url)  # another put got there first
+            if won is not None and won.generation == pointer.generation:
+                return None  # our own retried request was applied
+            if not overwrite:
+                raise BundleExistsError(
+                    f"{url}: another writer published a bundle here first (the create-only put of "
+                    f"{STORE_POINTER_NAME} failed); nothing of theirs was changed"
+                )
+            continue
         if not overwrite:
             raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
         if current.generation is None:
             # A plain layout (no pointer yet): create the pointer, then retire the plain objects.
             try:
-                (store.put(key, body, mode="create"))
-                return current
+                created = store.put_create(key, body)
             except Exception as e:
-                if type(e).__name__ != "AlreadyExistsError":
-                    raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
-                continue
+                raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
+            if created:
+                return current
+            continue
         try:
             (store.put(key, body, mode={"e_tag": current.etag}))
             return current
