@@ -141,6 +141,15 @@ class _Item:
     lent: bool = False  # value is the caller's sample itself, lent until encoded (copy=False)
 
 
+def _run_checks(checks: Iterable[Callable[[], Any]]) -> set[int]:
+    """Run a snapshot's deferred type checks (raising on a bad item); the ids of the lists they
+    proved to hold only numbers, for the encoder's ``number_lists``."""
+    numbers: set[int] = set()
+    for check in checks:
+        numbers.update(check() or ())
+    return numbers
+
+
 class RolloutJournal:
     """Append-only journal of rollout events with batched, background fsync (see module doc).
 
@@ -603,11 +612,7 @@ class RolloutJournal:
     def _frame(self, item: _Item) -> tuple[bytes, list[str]]:
         # The snapshot's deferred type check proves each long number list once; the encoder is
         # told which, so it does not sum them a second time (a third of the floor's cost).
-        numbers: set[int] = set()
-        for check in item.checks:
-            proved = check()
-            if proved:
-                numbers.update(proved)
+        numbers = _run_checks(item.checks)
         media: list[str] = []
         self._media_of_item = media
         body = b""
@@ -636,10 +641,7 @@ class RolloutJournal:
             del self._media_of_item[media_before:]
             checks: list[Callable[[], Any]] = []
             (snap,) = snapshot_groups([[sample]], where=where, deferred=checks)
-            numbers: set[int] = set()
-            for check in checks:
-                numbers.update(check() or ())
-            return self._encode(snap[0], where, number_lists=numbers)
+            return self._encode(snap[0], where, number_lists=_run_checks(checks))
 
     # media: linked into journal/media at append time, so a teardown of the run cannot take them
     def _string_media(self, value: str, where: str, media: list[str]) -> MediaRef | None:
