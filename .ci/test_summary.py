@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
-"""Print one line per tox env from the JUnit XML files pytest wrote: passed, failed, skipped.
+"""Print one line per tox env from the JUnit XML files pytest wrote: passed, failed, skipped;
+then one line per env and skip reason: how many tests were skipped, and why.
 
 ``make test`` runs this after tox, whatever tox's exit status, so the counts are the last thing
 on the screen. Usage: ``test_summary.py DIR`` (tox.ini writes ``{work_dir}/junit/<env>.xml``).
 Exit status 0 unless DIR holds no report at all. Standard library only.
+
+Skip reasons come from each ``<skipped>`` element: its ``message`` for a skipped test, the reason
+inside the text for a module skipped at collection (pytest writes ``message="collection
+skipped"`` and the ``(path, line, 'Skipped: reason')`` tuple as text), ``xfail: <reason>`` for an
+expected failure (JUnit counts those as skipped too).
 """
 
 from __future__ import annotations
 
+import ast
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 
@@ -24,6 +32,26 @@ def counts(path: Path) -> dict[str, float]:
     return total
 
 
+def skip_reason(skipped: ET.Element) -> str:
+    """Why one ``<skipped>`` element was skipped, in one line."""
+    message = skipped.get("message") or ""
+    if skipped.get("type") == "pytest.xfail":
+        return f"xfail: {message}" if message else "xfail"
+    if message == "collection skipped":
+        try:
+            where = ast.literal_eval((skipped.text or "").strip())
+            message = str(where[2])
+        except (ValueError, SyntaxError, TypeError, IndexError):
+            message = (skipped.text or "").strip()
+        message = message.removeprefix("Skipped: ")
+    return " ".join(message.split()) or "(no reason given)"
+
+
+def skip_reasons(path: Path) -> Counter[str]:
+    """How many tests of one report were skipped for each reason."""
+    return Counter(skip_reason(s) for s in ET.parse(path).getroot().iter("skipped"))
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -33,9 +61,11 @@ def main(argv: list[str]) -> int:
         print(f"test summary: no JUnit reports under {argv[1]} (did any tox env run pytest?)")
         return 1
     rows = [("ENV", "PASSED", "FAILED", "ERRORS", "SKIPPED", "TIME")]
+    skips: list[str] = []
     for path in reports:
         try:
             c = counts(path)
+            reasons = skip_reasons(path)
         except (ET.ParseError, OSError) as e:
             rows.append((path.stem, "-", "-", "-", "-", f"unreadable: {e}"))
             continue
@@ -49,6 +79,8 @@ def main(argv: list[str]) -> int:
                 f"{c['time']:.0f}s",
             )
         )
+        for reason, n in sorted(reasons.items(), key=lambda item: (-item[1], item[0])):
+            skips.append(f"  {path.stem}: {n} skipped: {reason}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print("test summary (per tox env):")
     for r in rows:
@@ -58,6 +90,9 @@ def main(argv: list[str]) -> int:
                 c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
             )
         )
+    if skips:
+        print("skipped, by reason:")
+        print("\n".join(skips))
     return 0
 
 

@@ -1,4 +1,9 @@
-"""Import the Miles snapshot (``../shared/miles``) for tests against the real trainer.
+"""Import a Miles checkout for tests against the real trainer.
+
+Where Miles is looked for: ``$MILES_SOURCE`` when set (any checkout of radixark/miles: the folder
+holding ``miles/`` and ``tests/``), else ``../shared/miles`` beside the project (the snapshot every
+developer machine and CI has). A user's clone has neither: the tests that need Miles then skip
+with one line saying so and naming ``MILES_SOURCE`` (docs/TESTING.md).
 
 :func:`require_miles` puts the snapshot on ``sys.path`` (appended: our packages win) and installs
 import stand-ins for the engine-only packages Miles imports at module level on the paths these
@@ -17,7 +22,7 @@ Each stand-in is a package whose attributes are placeholder classes that raise n
 stand-in when called, so a code path that does need the engine fails loudly, never silently.
 Everything else Miles imports on these paths is the real package (the ``miles-tests`` extra:
 httpx, pybase64, polars, aiohttp, pylatexenc, tokenizers; pytest-asyncio and pytest-timeout run
-Miles' own async tests). Without the snapshot, tests skip with one line.
+Miles' own async tests). Without a checkout, tests skip with one line.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import types
 from pathlib import Path
@@ -33,7 +39,20 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MILES_ROOT = (REPO / ".." / "shared" / "miles").resolve()
+#: The environment variable naming a Miles checkout (it wins over ``../shared/miles``).
+MILES_SOURCE_ENV = "MILES_SOURCE"
+#: The first words of the skip reason without a checkout (``.ci/test_summary.py`` groups by reason).
+MISSING = f"Miles checkout not found (set {MILES_SOURCE_ENV}=/path/to/miles)"
+
+
+def _miles_root() -> Path:
+    given = os.environ.get(MILES_SOURCE_ENV)
+    if given:
+        return Path(given).expanduser().absolute()
+    return (REPO / ".." / "shared" / "miles").resolve()
+
+
+MILES_ROOT = _miles_root()
 #: Engine-only packages replaced by import stand-ins (see the module docstring for why each).
 STAND_INS = ("sglang", "sglang_router")
 
@@ -84,9 +103,11 @@ def install_stand_ins() -> None:
 
 def miles_missing() -> str | None:
     """Why the snapshot cannot be used here, or None."""
-    if not (MILES_ROOT / "miles" / "utils" / "types.py").is_file():
-        return f"Miles snapshot not found at {MILES_ROOT} (see ../shared/miles/SNAPSHOT.md)"
-    return None
+    if (MILES_ROOT / "miles" / "utils" / "types.py").is_file():
+        return None
+    if os.environ.get(MILES_SOURCE_ENV):
+        return f"{MISSING}: {MILES_SOURCE_ENV}={os.environ[MILES_SOURCE_ENV]} has no miles/utils/types.py"
+    return f"{MISSING}: no {MILES_SOURCE_ENV}, and no checkout at {MILES_ROOT}"
 
 
 def add_miles_to_path() -> Path:
