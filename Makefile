@@ -39,6 +39,10 @@ endif
 VENV_OK   := $(VENV)/.stamp-venv
 TORCH_OK  := $(VENV)/.stamp-torch
 DEV_OK    := $(VENV)/.stamp-dev
+NODE_OK   := $(VENV)/.stamp-node
+# s3rver 3.7.1 (npm): a real S3 emulator that ignores If-None-Match and If-Match, for the tests of
+# the store probe (tests/test_store_preconditions.py). Pinned: the tests rely on what it ignores.
+S3RVER := s3rver@3.7.1
 
 .PHONY: demo test lint format bench bench-replay mutants venv clean distclean
 
@@ -46,7 +50,7 @@ demo: $(DEV_OK)
 	$(BIN)/python examples/demo.py
 
 # Ends with each tox env's passed/failed/skipped counts, whether or not tox passed.
-test: $(DEV_OK)
+test: $(DEV_OK) $(NODE_OK)
 	rm -rf .tox/junit
 	$(BIN)/tox run-parallel --parallel auto --parallel-no-spinner $(TOX_ARGS); \
 	status=$$?; $(BIN)/python .ci/test_summary.py .tox/junit; exit $$status
@@ -94,6 +98,12 @@ $(TORCH_OK): $(VENV_OK)
 $(DEV_OK): $(TORCH_OK) pyproject.toml
 	$(PIP) install --progress-bar off -e '.[test,dev,replay]' $(TORCH)
 	touch $@
+
+# Without npm the s3rver tests skip locally (CI fails them instead); the stamp waits for npm.
+$(NODE_OK): $(VENV_OK)
+	@if command -v npm >/dev/null 2>&1; then \
+		npm install --silent --no-audit --no-fund --prefix $(VENV)/node $(S3RVER) && touch $@; \
+	else echo "make: npm not found: tests against s3rver will be skipped (install Node.js and npm)"; fi
 
 clean:
 	rm -rf .tox build dist *.egg-info demo-out bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis mutants

@@ -20,11 +20,14 @@ import re
 
 from bundles._errors import UnsupportedLocationError
 
-__all__ = ["STORE_EXTRA", "STORE_SCHEMES", "check_location", "classify", "is_store_url", "local_path_only"]
+__all__ = ["SINGLE_WRITER_ENV", "STORE_EXTRA", "STORE_SCHEMES", "check_location", "classify", "is_store_url", "local_path_only"]
 
 # The schemes obstore serves, and the extra that installs it (one extra for all three).
 STORE_SCHEMES = ("s3", "gs", "az")
 STORE_EXTRA = "rollout-bundles[s3]"
+# Set to 1 where only one process ever writes a bucket whose store ignores preconditions
+# (bundles/_remote/_probe.py): the refusal to commit there becomes a warning.
+SINGLE_WRITER_ENV = "ROLLOUT_BUNDLE_SINGLE_WRITER"
 _URL_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _COLLAPSED_RE = re.compile(r"(s3|gs|az):/(?!/)")
 

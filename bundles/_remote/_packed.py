@@ -17,6 +17,7 @@ from bundles._errors import (
 )
 from bundles._fs import remove_tree
 from bundles._remote._pointer import MULTIPART_THRESHOLD
+from bundles._remote._probe import check_preconditions
 from bundles._remote._read import StorePackedSource
 from bundles._remote._write import _rewrite_message
 from bundles._store import StoreURL, get_store, store_error
@@ -40,6 +41,7 @@ def pack_to_store(
             raise
         except Exception as e:
             raise store_error(url, "look for an existing object", e) from e
+        check_preconditions(store, url)  # the create-only put below is one only where honoured
     with tempfile.TemporaryDirectory(prefix="rollout-bundles-pack-") as tmp:
         out = pack_bundle(path, Path(tmp) / url.name, progress=progress)
         try:

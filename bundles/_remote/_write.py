@@ -40,6 +40,7 @@ from bundles._remote._pointer import (
     _place,
     _read_pointer,
 )
+from bundles._remote._probe import check_preconditions
 from bundles._store import Store, StoreURL, get_store, parallel, store_error
 
 
@@ -97,6 +98,7 @@ def upload_bundle(
     existing = _check_absent(store, url)
     if existing is not None and not overwrite:
         raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
+    check_preconditions(store, url)  # publishing below is atomic only where they are honoured
     stats = UploadStats(generation=_new_generation())
     started = time.perf_counter()
     place = _Place(url, store, Pointer(stats.generation, None, None, shared_media))

@@ -1,0 +1,213 @@
+"""Stores that ignore the commit protocol's preconditions are detected before the first commit
+(bundles/_remote/_probe.py): a real server that ignores them (s3rver, npm, on 127.0.0.1) and a
+loopback proxy that strips ``If-None-Match``/``If-Match`` in front of moto are refused in one line
+naming the endpoint and what was ignored, unless the single-writer opt-in is given; servers
+that honour them (moto, SeaweedFS) are probed once per endpoint and bucket, then trusted."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import put_media
+
+pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+
+import obstore
+from obstore.store import S3Store
+
+from bundles import BundleError, UnsafeStoreError, UnsafeStoreWarning, open_bundle, pack_bundle, write_bundle
+from bundles.support import SINGLE_WRITER_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_verdicts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from bundles._remote._probe import forget_verdicts
+
+    monkeypatch.delenv(SINGLE_WRITER_ENV, raising=False)
+    forget_verdicts()
+    yield
+    forget_verdicts()
+
+
+@pytest.fixture
+def stripping_proxy(moto_s3: Any) -> Iterator[Any]:
+    from helpers.store import FaultProxy
+
+    proxy = FaultProxy(moto_s3.endpoint, strip=frozenset({"If-None-Match", "If-Match"}))
+    yield proxy
+    proxy.close()
+
+
+def _samples(tmp_path: Path, n: int = 3) -> tuple[list[dict[str, Any]], Path]:
+    run = tmp_path / "media"
+    paths = [put_media(run, hashlib.sha256(bytes([i])).digest() * 300) for i in range(n)]
+    return [{"index": i, "image": p, "tokens": [i] * 20} for i, p in enumerate(paths)], run
+
+
+def _keys(options: dict[str, Any], bucket: str) -> list[str]:
+    store = S3Store(
+        bucket,
+        endpoint=options["endpoint"],
+        access_key_id=options["access_key_id"],
+        secret_access_key=options["secret_access_key"],
+        region="us-east-1",
+        client_options={"allow_http": True},
+    )
+    return sorted(m["path"] for batch in obstore.list(store) for m in batch)
+
+
+def test_s3rver_ignores_create_only_puts_for_real(s3rver_s3: Any) -> None:
+    # The premise of the suite, checked on the server itself rather than assumed.
+    bucket = s3rver_s3.bucket()
+    o = s3rver_s3.options()
+    store = S3Store(
+        bucket,
+        endpoint=o["endpoint"],
+        access_key_id=o["access_key_id"],
+        secret_access_key=o["secret_access_key"],
+        region="us-east-1",
+        client_options={"allow_http": True},
+    )
+    obstore.put(store, "k", b"1", mode="create")
+    obstore.put(store, "k", b"2", mode="create")  # succeeds: the header is ignored
+    assert bytes(obstore.get(store, "k").bytes()) == b"2"
+
+
+def test_a_commit_to_s3rver_is_refused_in_one_line_and_leaves_nothing(s3rver_s3: Any, tmp_path: Path) -> None:
+    bucket = s3rver_s3.bucket()
+    options = s3rver_s3.options()
+    samples, run = _samples(tmp_path)
+    url = f"s3://{bucket}/run/ckpt"
+    with pytest.raises(UnsafeStoreError) as caught:
+        write_bundle(url, samples, media_roots=[run], storage_options=options)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert s3rver_s3.endpoint in message and f"s3://{bucket}" in message
+    assert "If-None-Match" in message and "If-Match" in message
+    assert SINGLE_WRITER_ENV in message
+    assert _keys(options, bucket) == []  # no media, no generation, no probe key left
+
+
+def test_the_single_writer_opt_in_writes_with_a_warning(
+    s3rver_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = s3rver_s3.bucket()
+    samples, run = _samples(tmp_path)
+    by_option = {**s3rver_s3.options(), "single_writer": True}
+    with pytest.warns(UnsafeStoreWarning, match="single-writer opt-in"):
+        write_bundle(f"s3://{bucket}/a", samples, media_roots=[run], storage_options=by_option)
+    assert [
+        s["tokens"] for s in open_bundle(f"s3://{bucket}/a", verify="full", storage_options=by_option)
+    ] == [s["tokens"] for s in samples]
+    monkeypatch.setenv(SINGLE_WRITER_ENV, "1")
+    with pytest.warns(UnsafeStoreWarning):
+        write_bundle(f"s3://{bucket}/b", samples, media_roots=[run], storage_options=s3rver_s3.options())
+    assert len(open_bundle(f"s3://{bucket}/b", storage_options=s3rver_s3.options())) == len(samples)
+
+
+def test_a_packed_bundle_is_not_put_on_s3rver(s3rver_s3: Any, tmp_path: Path) -> None:
+    bucket = s3rver_s3.bucket()
+    samples, run = _samples(tmp_path)
+    local = write_bundle(tmp_path / "b", samples, media_roots=[run])
+    env = {**os.environ, **s3rver_s3.env, "PYTHONPATH": str(ROOT)}
+    env.pop(SINGLE_WRITER_ENV, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer_hooks.cli", "pack", str(local), "-o", f"s3://{bucket}/b.rbundle"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 1, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ignores If-None-Match" in lines[0] and "Traceback" not in done.stderr
+    assert _keys(s3rver_s3.options(), bucket) == []
+
+
+def test_a_proxy_that_strips_the_headers_is_refused(
+    moto_s3: Any, stripping_proxy: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = moto_s3.bucket()
+    options = moto_s3.options(endpoint=stripping_proxy.endpoint)
+    samples, run = _samples(tmp_path)
+    with pytest.raises(UnsafeStoreError, match=r"If-None-Match.*If-Match"):
+        write_bundle(f"s3://{bucket}/x", samples, media_roots=[run], storage_options=options)
+    assert any("stripped if-none-match" in h[2].lower() for h in stripping_proxy.hits)
+    for k, v in moto_s3.env.items():  # pack_bundle takes its store from the environment
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", stripping_proxy.endpoint)
+    with pytest.raises(UnsafeStoreError):
+        pack_bundle(write_bundle(tmp_path / "local", samples, media_roots=[run]), f"s3://{bucket}/x.rbundle")
+
+
+def test_two_writers_racing_through_a_stripping_proxy_are_never_both_told_they_published(
+    moto_s3: Any, stripping_proxy: Any, tmp_path: Path
+) -> None:
+    # The review's attack: both racers used to be told they had published one destination.
+    bucket = moto_s3.bucket()
+    options = moto_s3.options(endpoint=stripping_proxy.endpoint)
+    samples, run = _samples(tmp_path)
+    outcomes: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def race(tag: int) -> None:
+        barrier.wait()
+        try:
+            write_bundle(
+                f"s3://{bucket}/contested",
+                [{**s, "writer": tag} for s in samples],
+                media_roots=[run],
+                storage_options=options,
+            )
+            outcomes.append("published")
+        except UnsafeStoreError:
+            outcomes.append("refused")
+        except BundleError as e:
+            outcomes.append(f"other: {e}")
+
+    threads = [threading.Thread(target=race, args=(t,)) for t in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert outcomes == ["refused", "refused"]
+
+
+def test_an_honest_server_is_probed_once_per_endpoint_and_bucket(moto_s3: Any, tmp_path: Path) -> None:
+    from helpers.store import FaultProxy
+
+    proxy = FaultProxy(moto_s3.endpoint)  # counts requests, changes nothing
+    try:
+        bucket = moto_s3.bucket()
+        options = moto_s3.options(endpoint=proxy.endpoint)
+        samples, run = _samples(tmp_path)
+        write_bundle(f"s3://{bucket}/one", samples, media_roots=[run], storage_options=options)
+        probes = [h for h in proxy.hits if ".rollout-bundle-probe-" in h[1]]
+        assert [h[0] for h in probes] == ["PUT", "PUT", "PUT"]  # two creates and the If-Match
+        assert not [k for k in _keys(options, bucket) if "probe" in k]  # deleted (a bulk POST)
+        proxy.clear()
+        write_bundle(f"s3://{bucket}/two", samples, media_roots=[run], storage_options=options)
+        assert not [h for h in proxy.hits if ".rollout-bundle-probe-" in h[1]]
+        other = moto_s3.bucket()
+        write_bundle(f"s3://{other}/one", samples, media_roots=[run], storage_options=options)
+        assert [h for h in proxy.hits if ".rollout-bundle-probe-" in h[1]]
+    finally:
+        proxy.close()
+
+
+def test_seaweedfs_honours_both_preconditions(seaweed_s3: Any, tmp_path: Path) -> None:
+    bucket = seaweed_s3.bucket()
+    samples, run = _samples(tmp_path)
+    url = f"s3://{bucket}/ok"
+    write_bundle(url, samples, media_roots=[run], storage_options=seaweed_s3.options())
+    assert len(open_bundle(url, verify="full", storage_options=seaweed_s3.options())) == len(samples)
