@@ -30,8 +30,10 @@ import argparse
 import asyncio
 import hashlib
 import json
+import logging
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,16 +105,42 @@ class Demo:
         return self.root / "shared-media"
 
     def show(self, text: object) -> str:
-        """``text`` with the temporary root as ``$DEMO`` and run uuids cut to 8 characters."""
+        """``text`` as the walk-through prints it: the temporary root as ``$DEMO``, ``--out`` relative
+        to the working directory when it is inside it, run uuids cut to 8 characters, and the unique
+        part of an unpacked cache directory's name cut (``.rollout_2.rbundle.….unpacked``)."""
         out = str(text).replace(str(self.root), "$DEMO")
+        if self.out.is_relative_to(Path.cwd()):
+            out = out.replace(str(self.out), os.path.relpath(self.out))
         for args in (self.args1, self.args2):
             if args is not None:
                 out = out.replace(args.run_uuid, args.run_uuid[:8] + "…")
-        return out
+        return re.sub(r"\.[0-9]+-[0-9]+\.unpacked", ".….unpacked", out)
 
 
 def say(d: Demo, text: str) -> None:
-    print(textwrap.indent(d.show(text), "  "))
+    """One line (or several) of the current step, indented under its heading."""
+    print(textwrap.indent(d.show(text), "  ", lambda line: True))
+
+
+class SayHandler(logging.Handler):
+    """Log records of ``trainer_hooks`` and ``bundles`` as lines of the step that emitted them.
+
+    Without it, Python's last-resort handler writes a warning's bare message to stderr, out of the
+    walk-through's indentation and with the temporary directory's real path in it."""
+
+    def __init__(self, d: Demo) -> None:
+        super().__init__(logging.INFO)
+        self.d = d
+
+    def emit(self, record: logging.LogRecord) -> None:
+        say(
+            self.d,
+            f"(logged by {record.name.split('._')[0]}, {record.levelname.lower()}) {record.getMessage()}",
+        )
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def mib(n: int) -> str:
@@ -395,12 +423,9 @@ def step_first_run(d: Demo) -> None:
         f"{trainer.images_read} screenshot reads checked against their digests",
     )
     say(d, f"stored {len(d.stored)} screenshots ({mib(stored_bytes)}) in {run_dir}")
-    say(
-        d,
-        f"save() blocked the caller {max(d.save_block_ms):.1f} ms at most (bundles are written in the background)",
-    )
     ckpt_root = Path(a.save) / "rollout"
     kept = sorted(p.name for p in ckpt_root.iterdir() if bundles.is_bundle(p))
+    say(d, save_cost(d, [ckpt_root / name for name in kept]))
     dumps = sorted(p.name for p in Path(a.save_debug_rollout_data).parent.iterdir() if bundles.is_bundle(p))
     say(d, f"checkpoints kept: {', '.join(kept)} (of {STEPS} saved); debug dumps: {', '.join(dumps)}")
     d.last_checkpoint = ckpt_root / kept[-1]
@@ -412,6 +437,21 @@ def step_first_run(d: Demo) -> None:
         d,
         f"release_run_media ran last; {run_dir} is gone (exists: {run_dir.exists()}). It freed {mib(freed)}: the "
         f"checkpoints and dumps hard-link the other {mib(stored_bytes - freed)} of screenshots",
+    )
+
+
+def save_cost(d: Demo, checkpoints: list[Path]) -> str:
+    """What ``save()`` cost the caller: the demo's own clock around each call, and the split each
+    checkpoint records in its meta (``save_telemetry``): the snapshot of the groups, and the wait
+    for the rollout journal to be durable (one fsync barrier). README.md quotes this line."""
+    telemetry = [bundles.open_bundle(p, verify="none").meta["save_telemetry"] for p in checkpoints]
+    snapshot_ms = max((t["blocking_s"] - t["journal_barrier_s"]) * 1e3 for t in telemetry)
+    d.numbers.update(save_ms=list(d.save_block_ms), snapshot_ms=snapshot_ms)
+    calls = ", ".join(f"{ms:.1f}" for ms in d.save_block_ms)
+    return (
+        f"save() blocked the caller {calls} ms ({len(d.save_block_ms)} saves): the snapshot of the groups "
+        f"{snapshot_ms:.1f} ms at most, the rest waiting for the rollout journal's fsync; the bundles "
+        "are written in the background"
     )
 
 
@@ -441,8 +481,8 @@ def step_resume(d: Demo) -> None:
     completed = [s for g in ckpt.completed_groups for s in g]
     say(
         d,
-        f"{d.last_checkpoint.name}: {len(ckpt.pending_groups)} pending group(s) ({len(pending)} prompts, "
-        f"resubmitted first), {len(ckpt.completed_groups)} completed group(s) ({len(completed)} samples) "
+        f"{d.last_checkpoint.name}: {plural(len(ckpt.pending_groups), 'pending group')} ({len(pending)} prompts, "
+        f"resubmitted first), {plural(len(ckpt.completed_groups), 'completed group')} ({len(completed)} samples) "
         f"in {d.timings['load'] * 1e3:.0f} ms",
     )
     checked = 0
@@ -538,11 +578,34 @@ def step_replay(d: Demo) -> None:
 
 
 def step_inspect(d: Demo) -> None:
-    """``rollout-bundle inspect`` on the last checkpoint (the CLI, through this interpreter)."""
+    """``rollout-bundle inspect`` on the last checkpoint (the CLI, through this interpreter), its
+    meta cut down to the fields a resume reads; the command prints all of it."""
     assert d.last_checkpoint is not None
-    cmd = [sys.executable, "-m", "trainer_hooks.cli", "inspect", str(d.last_checkpoint)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    say(d, "$ rollout-bundle inspect " + str(d.last_checkpoint) + "\n" + out.rstrip())
+    cmd = [sys.executable, "-m", "trainer_hooks.cli", "inspect", "--json", str(d.last_checkpoint)]
+    info = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    meta, journal = info["meta"], info.get("journal") or {}
+    say(d, f"$ rollout-bundle inspect --json {d.last_checkpoint}   (a few of its fields)")
+    ratio = f"{info['dedup_ratio']:.2f}x" if info["dedup_ratio"] else "n/a"
+    proc = meta.get("processor") or {}
+    dataset = (meta.get("fingerprint") or {}).get("dataset")
+    lines = [
+        ("kind", f"{info['kind']} (format_version {info['format_version']}), {plural(info['samples'], 'sample')}"),
+        ("media", f"{plural(info['media_files'], 'file')}, {mib(info['media_bytes'])}, "
+                  f"{info['media_references']} references (dedup ratio {ratio})"),
+        ("rollout_id", f"{meta['rollout_id']} of run {meta['run_uuid']}, training dtype {meta['training_dtype']}"),
+        ("groups", f"pending {meta['pending_group_ids']} (resubmitted on resume), completed "
+                   f"{meta['completed_group_ids']} (back into the buffer)"),
+        ("processor", f"{proc.get('model_path')}, backend {proc.get('image_processor_backend')!r}, "
+                      f"{proc.get('mm_process_config')}"),
+        ("fingerprint", f"{', '.join(sorted(meta.get('fingerprint') or {}))} (dataset: {dataset})"),
+        ("save", f"blocked {meta['save_telemetry']['blocking_s'] * 1e3:.1f} ms, of which the journal's fsync "
+                 f"{meta['save_telemetry']['journal_barrier_s'] * 1e3:.1f} ms"),
+    ]  # fmt: skip
+    for lineage in journal.get("lineages", []):
+        lines.append(("journal", f"{plural(lineage['records'], 'record')} beside it in {journal['path']}, "
+                                 f"durable up to seq {lineage['synced_seq']}"))  # fmt: skip
+    say(d, "\n".join(f"  {k:<12} {v}" for k, v in lines))
+    say(d, f"  the rest ({plural(len(meta), 'meta key')} in all): rollout-bundle inspect {d.last_checkpoint}")
 
 
 def step_view(d: Demo) -> None:
@@ -576,10 +639,11 @@ def step_view(d: Demo) -> None:
         )
     written = write_html_report(dump, d.out / f"{name}.html", replay=replay_path if replay_report else None)
     d.report = written.path
+    search = f" and its search page {written.search}" if written.search else ""
     say(
         d,
-        f"rollout-bundle view: {written.samples} samples, {written.images} screenshots, "
-        f"{mib(written.bytes)} in one file -> {written.path}",
+        f"rollout-bundle view: {plural(written.samples, 'sample')}, {plural(written.images, 'screenshot')}, "
+        f"{mib(written.bytes)} -> {written.path}{search}",
     )
 
 
@@ -607,6 +671,12 @@ def main(argv: list[str] | None = None) -> int:
     d = Demo(
         root=Path(tempfile.mkdtemp(prefix="rollout-bundles-demo-")).resolve(), out=Path(ns.out).resolve()
     )
+    # The library's log records (a resume accepting a changed dataset warns) are lines of the step.
+    handler = SayHandler(d)
+    loggers = [logging.getLogger(name) for name in ("trainer_hooks", "bundles")]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.propagate = False
     try:
         for i, (title, step) in enumerate(STEPS_, 1):
             print(f"[{i}/{len(STEPS_)}] {title}")
@@ -616,11 +686,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kept $DEMO = {d.root}")
         else:
             shutil.rmtree(d.root, ignore_errors=True)
+        for logger in loggers:
+            logger.removeHandler(handler)
+            logger.propagate = True
     print(
         f"demo OK in {time.perf_counter() - d.t0:.1f} s: {d.numbers['screenshots']} screenshots "
         f"({mib(d.numbers['stored_bytes'])}) rendered, 2 runs, 1 replay"
     )
-    print(f"open the report of the last debug dump: {d.report}")
+    print(f"open the report of the last debug dump: {d.show(d.report)}")
     return 0
 
 

@@ -2,15 +2,18 @@
 once without any test noticing (the resumed run's dataset was refused by the resume fingerprint).
 
 It runs as a real subprocess, exactly as ``make demo`` starts it, with ``--out`` in a temporary
-directory; the test checks its exit status, its last line, and the files it says it wrote.
+directory; the tests check its exit status, its last line, the files it says it wrote, that it
+reads as a walk-through (issue 24), and that README.md quotes what it prints.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,27 +23,117 @@ pytestmark = [pytest.mark.torch, pytest.mark.processor, pytest.mark.slow]
 DEMO = Path(__file__).resolve().parents[1] / "examples" / "demo.py"
 
 
-def test_make_demo_plays_a_whole_run_and_writes_its_report(tmp_path):
-    out = tmp_path / "demo-out"
+README = DEMO.parents[1] / "README.md"
+HEADING = re.compile(r"\[\d+/\d+\] \S")
+FOOTERS = ("demo OK in ", "open the report of the last debug dump: ", "kept $DEMO = ")
+JSON_LINE = re.compile(r'^\s*([{}\[\]],?|"[^"]*": .*)$')  # a line of an indented JSON dump
+MAX_JSON_LINES = 3
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """One run of the demo for the module, from a working directory of its own with the default
+    relative ``--out`` (as ``make demo`` runs it from the repository)."""
+    cwd = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, str(DEMO), "--out", str(out)],
+        [sys.executable, str(DEMO), "--out", "demo-out"],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, (
         f"demo exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
+    return proc, cwd
+
+
+def test_make_demo_plays_a_whole_run_and_writes_its_report(demo):
+    proc, cwd = demo
+    out = cwd / "demo-out"
     lines = proc.stdout.strip().splitlines()
     assert any(line.startswith("demo OK in") for line in lines), proc.stdout[-2000:]
     assert "[6/6]" in proc.stdout and "Traceback" not in proc.stderr
-    page = Path(lines[-1].rsplit(": ", 1)[1])  # "open the report of the last debug dump: <page>"
+    page = cwd / lines[-1].rsplit(": ", 1)[1]  # "open the report of the last debug dump: <page>"
     reports = sorted(out.glob("*.replay.json"))
     assert page.is_file() and page.parent == out and reports, sorted(p.name for p in out.iterdir())
     summary = json.loads(reports[-1].read_text())["summary"]
     assert summary["samples"] == 2 and summary["images"] == 6 and summary["problems"] == {}
     html = page.read_text()
     assert "Content-Security-Policy" in html and "<script" not in html.split("</head>")[1]
+    # What the view line says it wrote is what it wrote: the page and its search page.
+    view_line = next(line for line in lines if "rollout-bundle view:" in line)
+    assert "one file" not in view_line and "1 samples" not in proc.stdout
+    assert sorted(p.name for p in out.glob("*.html")) == ["rollout_2.html", "rollout_2.search.html"]
+    assert "rollout_2.search.html" in view_line
+
+
+def test_demo_reads_as_a_walk_through(demo):
+    """Each step's lines indented under its heading (log records too: nothing on stderr), no raw
+    temporary path, and no JSON dump of more than a few lines."""
+    proc, _ = demo
+    assert proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert HEADING.match(lines[0]), lines[0]
+    stray = [
+        line
+        for line in lines
+        if not (HEADING.match(line) or line.startswith(FOOTERS) or line.startswith("  "))
+    ]
+    assert stray == [], stray
+    assert "/tmp/" not in proc.stdout and tempfile.gettempdir() + os.sep not in proc.stdout
+    assert "rollout-bundles-demo-" not in proc.stdout and ".unpacked" not in proc.stdout.replace(
+        "….unpacked", ""
+    )
+    run = longest = 0
+    for line in lines:
+        run = run + 1 if JSON_LINE.match(line) else 0
+        longest = max(longest, run)
+    assert longest <= MAX_JSON_LINES, f"a JSON dump of {longest} lines"
+
+
+def _masked(line: str) -> str:
+    """A line of output with what changes between runs (numbers, uuids, pids) masked."""
+    line = re.sub(r"\b[0-9a-f]{8}…", "UUID…", line)
+    return re.sub(r"\d+(\.\d+)?", "N", line)
+
+
+def _readme_excerpt() -> list[str]:
+    text = README.read_text()
+    section = text[text.index("### What `make demo` shows") :]
+    return section.split("```\n", 2)[1].splitlines()
+
+
+def test_the_readme_excerpt_is_what_the_demo_prints(demo):
+    proc, _ = demo
+    printed = {_masked(line) for line in proc.stdout.splitlines()}
+    missing = [line for line in _readme_excerpt() if _masked(line) not in printed]
+    assert missing == [], missing
+
+
+def test_the_readme_figures_for_save_agree_with_the_demo(demo):
+    """README: the caller of save() waits for the snapshot ("about a millisecond for the demo's 6
+    samples") and one fsync of the rollout journal ("from about one to tens of milliseconds");
+    the demo prints both, measured."""
+    proc, _ = demo
+    readme = " ".join(README.read_text().split())
+    assert "about a millisecond for the demo's 6 samples" in readme
+    assert "in the demo from about one to tens of milliseconds" in readme
+    line = next(line for line in proc.stdout.splitlines() if "save() blocked the caller" in line)
+    m = re.search(
+        r"caller ([\d., ]+) ms \((\d+) saves\): the snapshot of the groups ([\d.]+) ms at most", line
+    )
+    assert m, line
+    calls = [float(x) for x in m[1].split(", ")]
+    snapshot = float(m[3])
+    assert len(calls) == int(m[2]) == 3
+    assert 0.0 < snapshot <= 10.0, line  # "about a millisecond": within an order of magnitude
+    assert snapshot <= max(calls) < 1000.0, line  # "tens of milliseconds", with room for a slow disk
+    assert "the rest waiting for the rollout journal's fsync" in line
+    # Each checkpoint's own record of the split is what the inspect step prints.
+    assert re.search(
+        r"^    save +blocked [\d.]+ ms, of which the journal's fsync [\d.]+ ms$", proc.stdout, re.M
+    )
