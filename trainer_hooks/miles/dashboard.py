@@ -1,6 +1,6 @@
 """Miles' dashboard on dumps our hooks write: :class:`BundleDumpReader`, and a launcher.
 
-    python -m trainer_hooks.miles.dashboard --dump-details DIR [Miles' dashboard options]
+    python -m trainer_hooks.miles.dashboard --dump-details DIR [--host ADDR] [Miles' dashboard options]
 
 Miles' dashboard (``miles.dashboard``) reads ``<DIR>/rollout_data/<id>.pt`` with ``torch.load``.
 Our hooks write a bundle there (a directory named ``<id>.pt``, or a packed file);
@@ -9,13 +9,23 @@ Our hooks write a bundle there (a directory named ``<id>.pt``, or a packed file)
 ``train_data/*.pt`` shards, old ``.pt`` dumps) to Miles' loader. The rest is Miles' reader,
 unchanged: discovery, the ``dashboard_columns`` parquet mirror (built lazily from the loaded
 samples), joins with the train shards. The launcher runs Miles' ``miles.dashboard.serve`` with
-this reader in place of its own.
+this reader in place of its own, and differs from Miles' launcher in two more ways:
 
-Needs Miles' dashboard dependencies (polars; fastapi and uvicorn to serve).
+* it listens on ``127.0.0.1`` unless ``--host`` says otherwise (Miles' default, ``0.0.0.0``, would
+  serve a run's prompts, responses and screenshots to the whole network); reach it over an SSH
+  port-forward, or widen it explicitly with ``--host 0.0.0.0``;
+* it checks the layout first: Miles' reader lists only ``DIR/rollout_data/<id>.pt`` (and
+  ``eval_<id>.pt``) and shows an empty dashboard for anything else, so a directory in another
+  layout is refused in one line saying what was expected and what was found (exit status 2).
+
+Needs Miles' dashboard dependencies: ``pip install 'rollout-bundles[dashboard]'`` (polars,
+fastapi, uvicorn) next to a Miles checkout; not Miles' rollout stack (no sglang).
 """
 
 from __future__ import annotations
 
+import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +35,13 @@ from miles.dashboard.dump_reader import DumpReader
 from bundles import is_bundle
 from trainer_hooks.dumps import dump_payload
 
-__all__ = ["BundleDumpReader", "main"]
+__all__ = ["DEFAULT_HOST", "BundleDumpReader", "dump_layout_problem", "main"]
+
+#: Where the launcher listens without ``--host``: this machine only.
+DEFAULT_HOST = "127.0.0.1"
+# The names Miles' DumpReader.rollout_ids lists under rollout_data/ (it parses the stem as an int).
+_DUMP_NAME = re.compile(r"(eval_)?[0-9]+\.pt")
+_SHOWN = 3  # names quoted in the layout error
 
 
 class BundleDumpReader(DumpReader):
@@ -37,10 +53,72 @@ class BundleDumpReader(DumpReader):
         return super()._torch_load(path, mmap=mmap)
 
 
+def _bundles_under(root: Path, depth: int = 2) -> list[Path]:
+    found: list[Path] = []
+    try:
+        children = sorted(root.iterdir())
+    except OSError:
+        return found
+    for child in children:
+        if is_bundle(child):
+            found.append(child)
+        elif depth > 1 and child.is_dir() and not child.is_symlink():
+            found += _bundles_under(child, depth - 1)
+    return found
+
+
+def _quote(paths: list[Path], root: Path) -> str:
+    names = [str(p.relative_to(root)) + ("/" if p.is_dir() else "") for p in paths[:_SHOWN]]
+    more = f" and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else ""
+    return ", ".join(names) + more
+
+
+def dump_layout_problem(dump_dir: str | Path) -> str | None:
+    """Why Miles' dashboard would show nothing of ``dump_dir``, in one line; None when it holds
+    at least one ``rollout_data/<id>.pt`` (or ``eval_<id>.pt``), file or bundle."""
+    root = Path(dump_dir)
+    expected = f"--dump-details {root}: expected {root}/rollout_data/<id>.pt (the --dump-details layout"
+    expected += ", as --save-debug-rollout-data DIR/rollout_data/{rollout_id}.pt writes it)"
+    if not root.is_dir():
+        return f"{expected}, found {'a file' if root.exists() else 'nothing'} at {root}"
+    rollout_dir = root / "rollout_data"
+    if rollout_dir.is_dir():
+        entries = sorted(rollout_dir.iterdir())
+        if any(_DUMP_NAME.fullmatch(p.name) for p in entries):
+            return None
+        if entries:
+            return f"{expected}, found rollout_data/ holding only {_quote(entries, root)}"
+        return f"{expected}, found an empty rollout_data/"
+    bundles = _bundles_under(root)
+    if bundles:
+        return f"{expected}, found no rollout_data/ but {len(bundles)} bundle(s) in another layout: {_quote(bundles, root)}"
+    entries = sorted(root.iterdir())
+    if entries:
+        return f"{expected}, found no rollout_data/, only {_quote(entries, root)}"
+    return f"{expected}, found an empty directory"
+
+
 def main(argv: list[str] | None = None) -> None:
+    """Run Miles' dashboard server with :class:`BundleDumpReader`, on ``127.0.0.1`` unless
+    ``--host`` is given; exit 2 with one line when the directory is not in the dump layout."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Only what the launcher decides before Miles' parser sees the rest (which stays Miles').
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--host")
+    pre.add_argument("--dump-details")
+    pre.add_argument("--demo", action="store_true")
+    known, _ = pre.parse_known_args(argv)
+    if known.dump_details is not None and not known.demo:
+        problem = dump_layout_problem(known.dump_details)
+        if problem is not None:
+            print(f"trainer_hooks.miles.dashboard: {problem}", file=sys.stderr)
+            raise SystemExit(2)
+    if known.host is None:
+        argv = ["--host", DEFAULT_HOST, *argv]
+
     import miles.dashboard.serve as serve
 
-    serve.DumpReader = BundleDumpReader  # the one thing that differs from Miles' own launcher
+    serve.DumpReader = BundleDumpReader  # the reader is the one thing that differs inside Miles' launcher
     serve.main(argv)
 
 
