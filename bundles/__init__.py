@@ -11,6 +11,7 @@ progress and the CLI kit.
 
 from bundles._commit import is_bundle, remove_bundle
 from bundles._errors import (
+    BucketNotFoundError,
     BundleError,
     BundleExistsError,
     BundleFormatError,
@@ -19,6 +20,7 @@ from bundles._errors import (
     BundleNotFoundError,
     BundleReplacedError,
     BundleVerificationError,
+    GarbagePrefixError,
     MediaMissingError,
     OutsidePathError,
     OutsidePathWarning,
@@ -47,6 +49,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MAX_DECODE_PIXELS",
     "PACK_SUFFIX",
+    "BucketNotFoundError",
     "Bundle",
     "BundleError",
     "BundleExistsError",
@@ -56,6 +59,7 @@ __all__ = [
     "BundleNotFoundError",
     "BundleReplacedError",
     "BundleVerificationError",
+    "GarbagePrefixError",
     "GarbageReport",
     "LinkMode",
     "Manifest",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "BucketNotFoundError",
     "BundleError",
     "BundleExistsError",
     "BundleFormatError",
@@ -21,6 +22,7 @@ __all__ = [
     "BundleNotFoundError",
     "BundleReplacedError",
     "BundleVerificationError",
+    "GarbagePrefixError",
     "MediaMissingError",
     "OutsidePathError",
     "OutsidePathWarning",
@@ -36,6 +38,11 @@ class BundleError(Exception):
 
 class BundleNotFoundError(BundleError, FileNotFoundError):
     """The path holds no bundle (no directory, or no manifest inside it)."""
+
+
+class BucketNotFoundError(BundleNotFoundError):
+    """The bucket (or container) of an object-store URL does not exist: create it first (the
+    library never creates buckets)."""
 
 
 class BundleExistsError(BundleError, FileExistsError):
@@ -139,3 +146,9 @@ class BundleVerificationError(BundleError):
 class BundleReplacedError(BundleError):
     """The bundle directory was replaced (``overwrite=True``) while this ``Bundle`` was open;
     open it again to read the new one."""
+
+
+class GarbagePrefixError(BundleError, ValueError):
+    """``collect_garbage`` was given a prefix it cannot judge: inside a shared media pool, a
+    generation or a bundle's media, where the pointers that may list the objects lie outside it.
+    The message names the prefix to give instead."""

@@ -16,7 +16,8 @@ Configuration comes the way users' other tools take it: obstore reads the standa
 Faults. obstore retries 5xx answers, dropped connections and timeouts with exponential backoff
 and jitter (here: up to :data:`DEFAULT_MAX_RETRIES` times within :data:`DEFAULT_RETRY_TIMEOUT_S`; one
 request may take :data:`DEFAULT_REQUEST_TIMEOUT_S`).
-Whatever is left becomes a :class:`BundleError` naming the URL: a missing bucket or object a
+Whatever is left becomes a :class:`BundleError` naming the URL: a missing bucket a
+:class:`BucketNotFoundError` naming it (on reads too), a missing object a
 :class:`BundleNotFoundError`, missing or refused credentials and every other failure a
 :class:`BundleIOError`; obstore's multi-line debug dump is cut to its first line and the
 server's error code.
@@ -32,10 +33,16 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from bundles._errors import BundleError, BundleIOError, BundleNotFoundError, UnsupportedLocationError
+from bundles._errors import (
+    BucketNotFoundError,
+    BundleError,
+    BundleIOError,
+    BundleNotFoundError,
+    UnsupportedLocationError,
+)
 from bundles._location import STORE_EXTRA, STORE_SCHEMES
 
-__all__ = ["Store", "StoreURL", "get_store", "parallel", "store_error"]
+__all__ = ["Store", "StoreURL", "bucket_missing", "get_store", "parallel", "store_error"]
 
 DEFAULT_MAX_RETRIES = 5
 DEFAULT_RETRY_TIMEOUT_S = 120.0
@@ -126,6 +133,12 @@ def _short(error: BaseException) -> str:
     return f"{text} ({code.group(1)})" if code else text
 
 
+def bucket_missing(error: BaseException) -> bool:
+    """The store answered that the bucket (S3, GCS) or container (Azure) does not exist."""
+    text = str(error)
+    return "NoSuchBucket" in text or "ContainerNotFound" in text or "bucket does not exist" in text
+
+
 def store_error(url: object, what: str, error: BaseException) -> BundleError:
     """``error`` from obstore as the :class:`BundleError` that names ``url`` and ``what`` failed."""
     if isinstance(error, BundleError):
@@ -134,9 +147,13 @@ def store_error(url: object, what: str, error: BaseException) -> BundleError:
     exc = obstore.exceptions
     text = str(error)
     short = _short(error)
-    if "NoSuchBucket" in text:
+    if bucket_missing(error):
         bucket = url.bucket if isinstance(url, StoreURL) else "?"
-        return BundleNotFoundError(f"{url}: cannot {what}: the bucket {bucket!r} does not exist")
+        scheme = url.scheme if isinstance(url, StoreURL) else "s3"
+        return BucketNotFoundError(
+            f"{url}: cannot {what}: the bucket {bucket!r} does not exist (create it first, e.g. "
+            f"aws s3 mb {scheme}://{bucket}; see README 'On an object store')"
+        )
     if (
         "/latest/api/token" in text
         or "169.254.169.254" in text

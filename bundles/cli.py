@@ -294,9 +294,14 @@ def _duration(text: str) -> float:
 def _gc(ns: argparse.Namespace) -> int:
     if not check_location(ns.prefix, "gc PREFIX"):
         raise _cli.CommandError(f"{ns.prefix}: gc takes an object-store URL (s3://bucket/prefix)", status=2)
+    from bundles._errors import GarbagePrefixError
     from bundles._remote import collect_garbage
+    from bundles._store import StoreURL
 
-    report = collect_garbage(ns.prefix, older_than_s=ns.older_than, dry_run=ns.dry_run)
+    try:
+        report = collect_garbage(ns.prefix, older_than_s=ns.older_than, dry_run=ns.dry_run)
+    except GarbagePrefixError as e:
+        raise _cli.CommandError(str(e), status=2) from None  # the caller's prefix, not the data
     if ns.json:
         _print_json(
             {
@@ -307,14 +312,29 @@ def _gc(ns: argparse.Namespace) -> int:
                 "media": report.media,
                 "bytes": report.bytes,
                 "kept_young": report.kept_young,
+                "skipped": [
+                    {"reason": k.reason, "where": k.where, "objects": k.objects} for k in report.skipped
+                ],
             }
         )
         return 0
     verb = "would remove" if ns.dry_run else "removed"
+    root = StoreURL(ns.prefix)
+    bucket = f"{root.scheme}://{root.bucket}"  # the lines name each object by its URL
     for g in report.generations:
-        print(f"{verb} generation {g}/")
+        print(f"{verb} generation {bucket}/{g}/")
     for m in report.media:
-        print(f"{verb} media {m}")
+        print(f"{verb} media {bucket}/{m}")
+    reasons: dict[str, list[Any]] = {}
+    for k in report.skipped:
+        reasons.setdefault(k.reason, []).append(k)
+    for reason, places in reasons.items():  # one line per reason: what was kept, where, why
+        shown = ", ".join(k.where for k in places[:3]) + (
+            f", +{len(places) - 3} more" if len(places) > 3 else ""
+        )
+        print(
+            f"kept {sum(k.objects for k in places)} object(s) in {len(places)} place(s) ({shown}): {reason}"
+        )
     print(
         f"{ns.prefix}: {report.bundles} live bundle(s); {verb} {len(report.generations)} generation(s) and "
         f"{len(report.media)} media file(s), {human_bytes(report.bytes)}; {report.kept_young} object(s) of "
@@ -416,10 +436,13 @@ def register(subparsers: Any) -> None:
         "remove unpublished generations and unreferenced shared media under an object-store prefix",
         _gc,
         description="Garbage collection of bundles on an object store (docs/FORMAT.md §9): generations that "
-        "no pointer names (a writer died, lost a race, or was replaced) and media of a shared pool that no "
-        "live bundle under PREFIX lists, once older than --older-than. Run it on the --save prefix of a run, "
-        "not while writers of that prefix reuse pooled media for longer than --older-than. Abandoned "
-        "multipart uploads are left to the bucket's lifecycle rule (AbortIncompleteMultipartUpload).",
+        "no pointer names (a writer died, lost a race, or was replaced) and media that no live bundle lists, "
+        "once older than --older-than. Only what a pointer or generation of ours vouches for is deleted: a "
+        "shared pool (<dir>/.media) only when PREFIX holds <dir>, against every bundle beside it (a prefix "
+        "inside a pool or a generation is refused, exit 2); objects of others, and everything a bundle with "
+        "an unreadable pointer may use, are kept and reported. Run it on the --save prefix of a run, not "
+        "while writers of that prefix reuse pooled media for longer than --older-than. Abandoned multipart "
+        "uploads are left to the bucket's lifecycle rule (AbortIncompleteMultipartUpload).",
     )
     p.add_argument("prefix", metavar="PREFIX", help="an object-store URL, e.g. s3://bucket/runs/r1")
     p.add_argument(

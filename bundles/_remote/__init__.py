@@ -40,13 +40,18 @@ where the packer's deterministic layout predicts them, and checked by the same
 :func:`bundles._source.read_tar_index` as a local packed file.
 
 Garbage and reference accounting. Media in a shared pool belong to every bundle whose manifest
-lists them, so nothing deletes them when one bundle goes: :func:`collect_garbage` marks the media
-that the live generations under a prefix list, and sweeps the rest, along with generations that
-no pointer names, once they are older than ``older_than`` (the grace period that protects a
-writer that has uploaded media but not yet published its pointer). Stale multipart uploads are
-not listed by obstore; writers use multipart only for media over
-:data:`MULTIPART_THRESHOLD`, and a bucket lifecycle rule (``AbortIncompleteMultipartUpload``)
-removes abandoned parts.
+lists them, so nothing deletes them when one bundle goes: :func:`collect_garbage` sweeps, once
+they are older than ``older_than`` (the grace period that protects a writer that has uploaded
+media but not yet published its pointer), the generations that no pointer names and the media
+that no live manifest lists, and nothing it cannot prove a writer of ours wrote: a pool
+``A/.media`` only against every bundle ``A/<name>`` (a prefix inside a pool or a generation is
+refused, :class:`~bundles._errors.GarbagePrefixError`), only when one of their pointers names
+``../.media``, and not at all while one of them cannot be read; objects of others that look like
+media by name are left and reported. The rule, and why it holds, is in :mod:`bundles._remote._gc`.
+A missing bucket is a :class:`~bundles._errors.BucketNotFoundError` naming it, on reads as on
+writes; nothing creates buckets. Stale multipart uploads are not listed by obstore; writers use
+multipart only for media over :data:`MULTIPART_THRESHOLD`, and a bucket lifecycle rule
+(``AbortIncompleteMultipartUpload``) removes abandoned parts.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from bundles._layout import (
     STORE_POINTER_NAME,
     STORE_POINTER_VERSION,
 )
-from bundles._store import Store, StoreURL, get_store, parallel, store_error
+from bundles._store import Store, StoreURL, bucket_missing, get_store, parallel, store_error
 
 MAX_POINTER_BYTES = 64 * 1024
 # Media above this size are uploaded in parts (a create-only put must be a single request, whose
@@ -128,7 +128,9 @@ def _read_pointer(store: Store, url: StoreURL) -> Pointer | None:
     when neither does."""
     try:
         data, meta = store.get(url.key_of(STORE_POINTER_NAME))
-    except FileNotFoundError:
+    except FileNotFoundError as e:
+        if bucket_missing(e):  # a GET's 404 body tells a missing bucket from a missing object
+            raise store_error(url, "read the bundle", e) from None
         if store.head(url.key_of(MANIFEST_NAME)) is not None:
             return Pointer(None, None, None, False)
         return None

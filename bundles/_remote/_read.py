@@ -33,7 +33,7 @@ from bundles._media import MediaRef
 from bundles._progress import Progress
 from bundles._remote._pointer import READ_WINDOW, _Place, _place
 from bundles._source import LAYOUT_DIRS, Entry, WindowFile, read_tar_index
-from bundles._store import Store, StoreURL, get_store, parallel, store_error
+from bundles._store import Store, StoreURL, bucket_missing, get_store, parallel, store_error
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -120,6 +120,11 @@ class StoreSource(_StoreSourceBase):
         self._listed_media: set[str] = set()
 
     def where(self, name: str) -> str:
+        """The URL of a bundle-relative name; for a media file, of the object itself (in a shared
+        pool that is ``<parent>/.media/<hex><suffix>``, not under the bundle)."""
+        if name.startswith(MEDIA_DIR + "/"):
+            url = self._place.url
+            return f"{url.scheme}://{url.bucket}/{self._place.key(name)}"
         return f"{self.path}/{name}"
 
     def media_path(self, name: str) -> str:
@@ -268,6 +273,7 @@ class StorePackedSource(_StoreSourceBase):
         except Exception as e:
             raise store_error(url, "open the packed bundle", e) from e
         if meta is None:
+            _check_bucket(store, url)  # a HEAD's 404 has no body to tell a missing bucket by
             raise BundleNotFoundError(f"{url}: no bundle here (the object does not exist)")
         self.size = int(meta["size"])
         reader = _StoreReader(store, url.key, self.size, str(url))
@@ -297,6 +303,16 @@ class StorePackedSource(_StoreSourceBase):
         if m.is_dir:
             raise UnsafeBundleError(f"{self.where(name)}: expected a regular file, found a directory")
         return RangeFile(self._store, self.path.key, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]
+
+
+def _check_bucket(store: Store, url: StoreURL) -> None:
+    """Raise :class:`BucketNotFoundError` when ``url``'s bucket does not exist (one listing)."""
+    try:
+        store.children(url.key)
+    except Exception as e:
+        if bucket_missing(e):
+            raise store_error(url, "open the packed bundle", e) from None
+        # Anything else: the object is missing, which the caller reports.
 
 
 def _prefetch_headers(reader: _StoreReader) -> None:
