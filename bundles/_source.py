@@ -102,9 +102,51 @@ def layout_name_ok(name: str) -> bool:
     if name in (MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR) or SHARD_PATH_RE.fullmatch(name):
         return True
     parts = name.split("/")
-    if len(parts) == 2 and parts[0] == MEDIA_DIR:
-        digest, dot, suffix = parts[1].partition(".")
-        return bool(DIGEST_RE.fullmatch("sha256:" + digest) and SUFFIX_RE.fullmatch(dot + suffix))
+    return len(parts) == 2 and parts[0] == MEDIA_DIR and media_name_ok(parts[1])
+
+
+def media_name_ok(name: str) -> bool:
+    """True for a content-addressed media file name, ``<64 lowercase hex><suffix>`` (a suffix of
+    at most three ``.part`` s of letters, digits, ``_`` and ``-``): the one rule for the names a
+    bundle's ``media/`` (and any store of media named by digest) may hold. Such a name has no
+    path separator and no ``..`` by construction, so ``root / name`` is always inside ``root``."""
+    digest, dot, suffix = name.partition(".")
+    return bool(DIGEST_RE.fullmatch("sha256:" + digest) and SUFFIX_RE.fullmatch(dot + suffix))
+
+
+def open_regular_file(path: str | os.PathLike[str]) -> tuple[BinaryIO, int]:
+    """Open ``path`` for reading if it is a regular file; return the file (unbuffered) and its size.
+
+    The one way this project opens a file it did not write itself (a bundle's members, a rollout
+    journal's segments and media): ``O_NOFOLLOW`` refuses a symlink as the last component,
+    ``O_NONBLOCK`` keeps a FIFO from blocking the open, and the type is checked on the opened
+    descriptor (``fstat``), so nothing can be swapped in between. Raises FileNotFoundError
+    (``ENOENT``/``ENOTDIR``, as the OS says), :class:`UnsafeBundleError` naming the path when it is
+    a symlink, a directory, a FIFO, a socket or a device, and ``OSError`` otherwise.
+    """
+    flags = (
+        os.O_RDONLY
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_NOCTTY", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeBundleError(f"{path}: expected a regular file, found a symlink") from None
+        if e.errno == errno.ENOTDIR:  # a parent is not a directory: missing, as ENOENT is
+            raise FileNotFoundError(e.errno, e.strerror, e.filename) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeBundleError(f"{path}: expected a regular file, found {describe(kind_of(st.st_mode))}")
+        return os.fdopen(fd, "rb", buffering=0), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
     return False
 
 
@@ -170,36 +212,17 @@ class DirSource:
         """Open one regular file of the bundle; return it and its size.
 
         Raises FileNotFoundError when it is missing and :class:`UnsafeBundleError` when it is a
-        link or a special file (checked on the opened descriptor, so nothing can be swapped in
-        between; ``O_NONBLOCK`` keeps a FIFO from blocking the open).
+        link or a special file (see :func:`open_regular_file`).
         """
         path = self.path / name
-        flags = (
-            os.O_RDONLY
-            | getattr(os, "O_NOFOLLOW", 0)
-            | getattr(os, "O_NONBLOCK", 0)
-            | getattr(os, "O_CLOEXEC", 0)
-        )
         try:
-            fd = os.open(path, flags)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise UnsafeBundleError(f"{path}: expected a regular file, found a symlink") from None
-            if e.errno in (errno.ENOENT, errno.ENOTDIR):
-                raise FileNotFoundError(
-                    errno.ENOENT, "listed in the manifest but missing", str(path)
-                ) from None
-            raise BundleIOError.wrap(self.path, f"read {name}", e) from e
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise UnsafeBundleError(
-                    f"{path}: expected a regular file, found {describe(kind_of(st.st_mode))}"
-                )
-            return os.fdopen(fd, "rb", buffering=0), st.st_size
-        except BaseException:
-            os.close(fd)
+            return open_regular_file(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "listed in the manifest but missing", str(path)) from None
+        except BundleError:
             raise
+        except OSError as e:
+            raise BundleIOError.wrap(self.path, f"read {name}", e) from e
 
     def hash(self, name: str) -> tuple[str, int]:
         f, _ = self.open(name)

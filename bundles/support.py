@@ -15,6 +15,10 @@ What is here, by concern:
   :func:`remove_tree`, the one tree deletion (fd-relative, never follows a symlink, never crosses
   a mount); :func:`scratch_dir`, a work directory beside a bundle that a later write cleans up if
   its process dies.
+* **Untrusted files.** :func:`open_regular_file`, the one open of a file this project did not
+  write itself (a bundle's members, a rollout journal's segments and media): regular files only,
+  never through a symlink, never blocking on a FIFO, one named error; :func:`media_name_ok`, the
+  one rule for a content-addressed media name (``<64 hex><suffix>``, never a path).
 * **Process identity.** :func:`boot_id`, :func:`pid_namespace`, :func:`proc_stat`,
   :func:`pid_alive`: enough to prove a leftover's writer dead (same boot, same pid namespace, no
   such live process), the only case in which it may be deleted.
@@ -65,6 +69,7 @@ from bundles._fs import remove_tree
 from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
 from bundles._proc import boot_id, pid_alive, pid_namespace, proc_stat
 from bundles._progress import Progress, human_bytes
+from bundles._source import media_name_ok, open_regular_file
 
 __all__ = [
     "KILL_ENV",
@@ -89,8 +94,10 @@ __all__ = [
     "human_bytes",
     "int_at_least",
     "main_with",
+    "media_name_ok",
     "on_fault_point",
     "only_numbers",
+    "open_regular_file",
     "pid_alive",
     "pid_namespace",
     "proc_stat",

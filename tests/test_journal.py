@@ -25,7 +25,13 @@ from trainer_hooks import (
     run_media_dir,
     store_media,
 )
-from trainer_hooks.checkpoints import JournalError, RolloutJournal, journal_dir, scan_journal
+from trainer_hooks.checkpoints import (
+    JournalCorruptError,
+    JournalError,
+    RolloutJournal,
+    journal_dir,
+    scan_journal,
+)
 from trainer_hooks.testing import png_bytes
 
 SIZE = 2
@@ -160,17 +166,26 @@ def test_a_torn_tail_is_ignored_and_named_in_one_line(tmp_path):
     scan = scan_journal(journal_dir(args.save), lineage="L")
     assert len(scan.records) == 5
     # Cut inside the fourth record: the records before it are kept, the rest ignored.
-    fourth = data.index(b"RJR1", data.index(b"RJR1", data.index(b"RJR1", data.index(b"RJR1") + 1) + 1) + 1)
+    fourth = data.index(b"RJR2", data.index(b"RJR2", data.index(b"RJR2", data.index(b"RJR2") + 1) + 1) + 1)
     segment.write_bytes(data[: fourth + 7])
     scan = scan_journal(journal_dir(args.save), lineage="L")
     assert [r.seq for r in scan.records] == [1, 2, 3]
     assert len(scan.problems) == 1 and str(segment) in scan.problems[0] and "torn tail" in scan.problems[0]
-    # A flipped byte in a complete record is a checksum mismatch, not an exception.
-    damaged = bytearray(data)
-    damaged[fourth + 20] ^= 0xFF
+    # A flipped byte in a complete record of the unsynced tail (the sync mark after it cut off)
+    # is a checksum mismatch there: a torn write, ignored.
+    sync = data.rindex(b"RJR2")
+    damaged = bytearray(data[:sync])
+    damaged[fourth + 24] ^= 0xFF
     segment.write_bytes(bytes(damaged))
     scan = scan_journal(journal_dir(args.save), lineage="L")
     assert [r.seq for r in scan.records] == [1, 2, 3] and "checksum" in scan.problems[0]
+    # The same flip with the sync mark after it: the record was durable, so it is corruption,
+    # named, and the scan fails closed (tests/test_journal_hostile.py has one test per attack).
+    damaged = bytearray(data)
+    damaged[fourth + 24] ^= 0xFF
+    segment.write_bytes(bytes(damaged))
+    with pytest.raises(JournalCorruptError, match=rf"{segment}: record at byte {fourth} \(seq 4 expected\)"):
+        scan_journal(journal_dir(args.save), lineage="L")
 
 
 def run_and_crash(
@@ -410,7 +425,7 @@ def test_a_damaged_fsynced_record_is_refused_when_decoded_naming_it(tmp_path):
     journal.close()
     (segment,) = journal_dir(args.save).glob("segment-*.rjl")
     data = bytearray(segment.read_bytes())
-    data[data.index(b"RJR1") + 60] ^= 0xFF  # inside the body of a record a sync mark follows
+    data[data.index(b"RJR2") + 64] ^= 0xFF  # inside the body of a record a sync mark follows
     segment.write_bytes(bytes(data))
     (rec,) = scan_journal(journal_dir(args.save), lineage="L").records  # the scan defers the check
     with pytest.raises(JournalError, match="checksum mismatch"):

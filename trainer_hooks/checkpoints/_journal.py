@@ -3,15 +3,20 @@
 A rollout checkpoint is written only when the trainer saves; the journal covers the time between.
 It lives at ``<save>/rollout/journal/`` beside the checkpoints::
 
-    journal/segment-<first seq:012d>.rjl   append-only record files, oldest first
+    journal/segment-<first seq:012d>-<lineage>-<attempt:03d>.rjl   append-only record files, oldest first
     journal/media/<sha256 hex><suffix>      the media the records reference (hard links)
 
 Records
 -------
-A segment starts with ``SEGMENT_MAGIC`` and one length-prefixed msgpack header (``{"lineage",
-"first_seq", "created_at"}``); then records, each framed as::
+A segment (format version 2, :mod:`._journal_format`) starts with ``SEGMENT_MAGIC`` and one
+length-prefixed, checksummed msgpack header (``{"lineage", "first_seq", "created_at",
+"fingerprint"}``); then records, each framed as::
 
-    "RJR1" | u32 meta_len | u32 body_len | u32 crc32(lengths + meta + body) | meta | body
+    "RJR2" | u32 meta_len | u32 body_len | u32 crc32(body) | u32 crc32(the 16 bytes before + meta) | meta | body
+
+The second checksum covers the frame and the meta, so a scan checks what recovery replays
+without reading the bodies; version 1 segments (one checksum over lengths, meta and body) are
+still read (see :mod:`._journal_format`).
 
 ``meta`` is a small msgpack list ``[seq, kind, at, a, b, media]`` (``seq`` increases by one per
 record across segments; ``at`` the append time; ``media`` the stored file names the body
@@ -86,18 +91,14 @@ from bundles import MediaRef, UnsupportedValueError, sample_encoder
 from bundles.support import atomic_path, fault_point
 from trainer_hooks.checkpoints._journal_format import (
     DEFAULT_SEGMENT_BYTES,
-    FRAME,
-    LENGTHS,
     MEDIA_DIR,
-    RECORD_MAGIC,
-    SEGMENT_MAGIC,
     SEGMENT_PREFIX,
     SEGMENT_SUFFIX,
-    U32,
     ZSTD_LEVEL,
     JournalError,
+    frame_record,
     is_content_name,
-    record_crc,
+    segment_header,
     segment_name,
 )
 from trainer_hooks.checkpoints._journal_scan import scan_journal
@@ -593,7 +594,7 @@ class RolloutJournal:
                 "fingerprint": self.fingerprint,
             }
         )
-        os.write(fd, SEGMENT_MAGIC + U32.pack(len(header)) + header)
+        os.write(fd, segment_header(header))
         self._fd, self._segment, self._segment_size = fd, path, 0
         with self._cond:
             self._segments[path] = (first_seq, first_seq - 1, set())
@@ -623,11 +624,9 @@ class RolloutJournal:
             else:
                 body = self._compressor.compress(self._encode(item.value, where, number_lists=numbers))
         meta = msgpack.packb([item.seq, item.kind, item.at, item.a, item.b, sorted(set(media))])
-        lengths = LENGTHS.pack(len(meta), len(body))
-        crc = record_crc(lengths, meta, body)
         self._batch_stats.records += 1
         self._totals["records"] += 1
-        return FRAME.pack(RECORD_MAGIC, len(meta), len(body), crc) + meta + body, media
+        return frame_record(meta, body), media
 
     def _encode_lent(self, sample: Any, where: str) -> bytes:
         """A lent sample, read in place (its owner leaves it alone until wait_encoded). The codec
@@ -742,10 +741,7 @@ class RolloutJournal:
         self._unsynced_since = None
         durable = self._written_seq
         if self._fd is not None:  # the sync mark: what inspect reads the unflushed age from
-            meta = msgpack.packb([-1, "sync", time.time(), -1, durable, []])
-            lengths = LENGTHS.pack(len(meta), 0)
-            crc = record_crc(lengths, meta, b"")
-            mark = FRAME.pack(RECORD_MAGIC, len(meta), 0, crc) + meta
+            mark = frame_record(msgpack.packb([-1, "sync", time.time(), -1, durable, []]), b"")
             os.write(self._fd, mark)
             self._segment_size += len(mark)
         with self._cond:

@@ -1,14 +1,35 @@
 """Reading the rollout journal: :func:`scan_journal` keeps record bodies compressed and undecoded
-(decoding is deferred until a group is needed, :func:`record_body`); a torn or corrupt tail ends
-the scan with one line naming the segment and offset, and segments of another lineage (another
-run's journal) are skipped with one line. Segments are memory-mapped, so a scan reads only the
-pages it touches. The format is :mod:`._journal_format`'s; the writer is :mod:`._journal`."""
+(decoding is deferred until a group is needed, :func:`record_body`). Segments are memory-mapped,
+so a scan reads only the pages it touches. The format is :mod:`._journal_format`'s; the writer
+is :mod:`._journal`.
+
+What a scan trusts, and what it refuses
+---------------------------------------
+Segments are opened as a bundle's files are (:func:`bundles.support.open_regular_file`: regular
+files only, never through a symlink, never blocking on a FIFO), and each one's name, header and
+records must agree (the lineage and first seq in the name are the header's; seqs go up by one
+from the header's first seq and on into the next segment of the lineage). Every record's frame
+and meta are checked against their checksum before anything reads them (version 1: the whole
+record), and the meta must be one the writer writes (kinds, types, media names that are
+``<64 hex><suffix>``, so nothing a record names can lie outside ``journal/media``).
+
+A record that fails is a *torn tail* only where a crash can have torn a write: no valid sync
+mark follows it in its segment (a sync mark is written after an fsync that made everything
+before it durable), and the segment is the last of its lineage or the next one continues from
+the seq the damage cut off (a resumed run's, which started there). Then it and everything after
+it in the segment are ignored, in one line. Anything else, a damaged record that was durable, a
+gap or a step back in the seqs, a name or header that disagrees, is
+:class:`~._journal_format.JournalCorruptError`: the scan fails closed, naming the segment, the
+byte offset, the seq the record should have had, what was expected and what was found.
+Segments of another lineage (another run's journal) are skipped with one line.
+"""
 
 from __future__ import annotations
 
 import mmap
 import os
 import threading
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,19 +38,29 @@ from typing import Any
 import msgpack
 import zstandard
 
-from bundles import UnsafeBundleError
+from bundles import BundleError, UnsafeBundleError
+from bundles.support import open_regular_file
 from trainer_hooks.checkpoints._journal_format import (
     FRAME,
+    FRAME_V1,
     KINDS,
     LENGTHS,
     MAX_BODY_BYTES,
     MAX_META_BYTES,
     RECORD_MAGIC,
+    RECORD_MAGIC_V1,
     SEGMENT_MAGIC,
+    SEGMENT_MAGIC_PREFIX,
+    SEGMENT_MAGIC_V1,
     SEGMENT_PREFIX,
     SEGMENT_SUFFIX,
+    SUPPORTED_VERSIONS,
     U32,
+    JournalCorruptError,
     JournalError,
+    head_crc,
+    is_media_name,
+    parse_segment_name,
     record_crc,
 )
 
@@ -48,9 +79,11 @@ __all__ = [
 class JournalRecord:
     """One complete record; ``body`` is the compressed codec value (decoded only when needed).
 
-    Records before a segment's last ``sync`` mark were fsynced whole: their checksum is checked
-    when they are decoded (:func:`record_body`), not by the scan; those after it are checked by
-    the scan, since only there can a write have been torn."""
+    Its frame and meta were checked by the scan. The body's checksum (format version 2) is
+    checked when it is decoded (:func:`record_body`) for records before their segment's last
+    sync mark (fsynced whole), by the scan for those after it (only there can a write have been
+    torn); ``crc`` is the body checksum still to check (None: checked). ``lengths`` and ``meta``
+    are kept for compatibility and unused (a version 1 record is checked whole by the scan)."""
 
     seq: int
     kind: str
@@ -60,9 +93,10 @@ class JournalRecord:
     media: list[str]
     body: bytes | memoryview
     segment: Path
-    crc: int | None = None  # the checksum still to check (None: checked)
+    crc: int | None = None  # the body checksum still to check (None: checked)
     lengths: bytes = b""
     meta: bytes | memoryview = b""
+    offset: int = 0  # the record's byte offset in its segment
 
 
 @dataclass
@@ -79,52 +113,313 @@ class JournalScan:
     last_sync_at: float | None = None
     synced_seq: int = 0
     torn: bool = False
+    #: the first seq the last torn tail cut off (None: no torn tail at the end)
+    torn_seq: int | None = None
 
 
-def _segment_paths(directory: Path) -> list[Path]:
+@dataclass
+class _Entry:
+    path: Path
+    first_seq: int
+    lineage: str
+    attempt: int
+
+
+@dataclass
+class _Frame:
+    start: int
+    end: int
+    meta: tuple[Any, ...]
+    blen: int
+    body_crc: int | None  # version 2: the body's checksum; version 1: None (checked whole)
+
+
+@dataclass
+class _Torn:
+    path: Path
+    pos: int
+    reason: str
+    lost_seq: int | None
+
+
+def _entries(directory: Path, only: Sequence[Path] | None) -> list[_Entry]:
+    if only is not None:
+        paths = [Path(p) for p in only]
+    else:
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise JournalError(f"{directory}: cannot list the journal: {e.strerror or e}") from None
+        paths = [directory / n for n in names if n.startswith(SEGMENT_PREFIX) and n.endswith(SEGMENT_SUFFIX)]
+    out = []
+    for path in paths:
+        parsed = parse_segment_name(path.name)
+        if parsed is None:
+            raise JournalCorruptError(
+                f"{path}: not a journal segment name: expected segment-<seq>-<lineage>-<attempt>{SEGMENT_SUFFIX}"
+            )
+        out.append(_Entry(path, *parsed))
+    out.sort(key=lambda e: (e.first_seq, e.attempt, e.lineage))
+    return out
+
+
+def _open(path: Path) -> tuple[Any, int]:
+    """The segment's bytes, memory-mapped, and a descriptor to ``pread`` its frames (the caller
+    closes it); opened as a bundle's files are (regular files only, no symlink, no blocking)."""
     try:
-        names = sorted(
-            n for n in os.listdir(directory) if n.startswith(SEGMENT_PREFIX) and n.endswith(SEGMENT_SUFFIX)
-        )
+        f, size = open_regular_file(path)
     except FileNotFoundError:
-        return []
-    return [directory / n for n in names]
-
-
-def _map(path: Path) -> Any:
-    """The segment's bytes, memory-mapped (only the pages a scan touches are read)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return b""
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-
-
-def _header(data: Any, where: str) -> tuple[dict[str, Any] | None, int, str | None]:
-    if len(data) < len(SEGMENT_MAGIC) + 4 or data[: len(SEGMENT_MAGIC)] != SEGMENT_MAGIC:
-        return None, 0, f"{where}: not a rollout journal segment (no header); skipped"
-    pos = len(SEGMENT_MAGIC)
-    (hlen,) = U32.unpack_from(data, pos)
-    pos += 4
+        raise
+    except BundleError:
+        raise
+    except OSError as e:
+        raise JournalError(f"{path}: cannot read the journal segment: {e.strerror or e}") from None
+    fd = os.dup(f.fileno())
+    f.close()
     try:
-        if hlen > MAX_META_BYTES:
-            raise ValueError("header too large")
-        header = msgpack.unpackb(bytes(data[pos : pos + hlen]), raw=False)
-        if not isinstance(header, dict) or not isinstance(header.get("lineage"), str):
-            raise ValueError("no lineage")
+        data: Any = b"" if size == 0 else mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except BaseException:
+        os.close(fd)
+        raise
+    return data, fd
+
+
+def _header(data: Any, path: Path) -> tuple[dict[str, Any] | None, int, int, str | None]:
+    """``(header, records' start, version, damage)``: damage is why the header cannot be read
+    (None when it can). A segment of a version this release does not read is refused."""
+    magic_len = len(SEGMENT_MAGIC)
+    head = bytes(data[:magic_len])
+    if head.startswith(SEGMENT_MAGIC_PREFIX) and len(head) == magic_len and head.endswith(b"\n"):
+        version_text = head[len(SEGMENT_MAGIC_PREFIX) : -1]
+        if version_text.isdigit() and int(version_text) not in SUPPORTED_VERSIONS:
+            raise JournalError(
+                f"{path}: journal format version {int(version_text)}: this rollout-bundles reads versions "
+                f"{', '.join(map(str, SUPPORTED_VERSIONS))}; a newer rollout-bundles wrote it"
+            )
+    if head == SEGMENT_MAGIC:
+        version, lengths_size = 2, 8
+    elif head == SEGMENT_MAGIC_V1:
+        version, lengths_size = 1, 4
+    else:
+        return None, 0, 2, f"expected the segment magic {SEGMENT_MAGIC!r}, found {head!r}"
+    if len(data) < magic_len + lengths_size:
+        return None, 0, version, f"{len(data)} bytes, shorter than a segment header"
+    pos = magic_len + lengths_size
+    (hlen,) = U32.unpack_from(data, magic_len)
+    if hlen > MAX_META_BYTES:
+        return None, 0, version, f"header length {hlen}, over the {MAX_META_BYTES}-byte limit"
+    if pos + hlen > len(data):
+        return None, 0, version, f"header of {hlen} bytes, {len(data) - pos} present"
+    raw = bytes(data[pos : pos + hlen])
+    if version == 2:
+        (stored,) = U32.unpack_from(data, magic_len + 4)
+        found = zlib.crc32(raw, zlib.crc32(bytes(data[magic_len : magic_len + 4])))
+        if found != stored:
+            return None, 0, version, f"header checksum: expected {stored:#010x}, found {found:#010x}"
+    try:
+        header = msgpack.unpackb(raw, raw=False)
     except Exception as e:
-        return None, 0, f"{where}: unreadable segment header ({e}); skipped"
-    return header, pos + hlen, None
+        return None, 0, version, f"header is not msgpack ({e})"
+    if not isinstance(header, dict) or type(header.get("lineage")) is not str:
+        if version == 2:  # checksummed: the writer wrote it so
+            raise JournalCorruptError(
+                f"{path}: segment header: expected a map with a lineage, found {header!r}"
+            )
+        return None, 0, version, "header without a lineage"
+    return header, pos + hlen, version, None
+
+
+def _corrupt(where: str, what: str) -> JournalCorruptError:
+    return JournalCorruptError(f"{where}: {what}")
+
+
+_SHAPES = {
+    "take": "seq >= 1, a group id (int), b {cursor, n: int, end: int}",
+    "sample": "seq >= 1, a group id (int), b a sibling index (int >= 0)",
+    "group": "seq >= 1, a group id (int), b a size (int >= 0) or None",
+    "consumed": "seq >= 1, a step (int), b a list of group ids (ints)",
+    "recycled": "seq >= 1, a group id (int), b {n: int}",
+    "dropped": "seq >= 1, a group id (int), b None",
+    "sync": "seq -1, b a durable seq (int)",
+}
+
+
+def _check_meta(meta_b: bytes, path: Path, pos: int, next_seq: int | None) -> tuple[Any, ...]:
+    """The record meta as the writer writes it, or :class:`JournalCorruptError` (its checksum
+    matched, so this is not a torn write: a writer bug or a crafted journal)."""
+    try:
+        meta = msgpack.unpackb(meta_b, raw=False, strict_map_key=False)
+        seq, kind, at, a, b, media = meta
+        good = type(meta) is list and type(kind) is str and type(at) in (int, float) and type(media) is list
+    except Exception:
+        good = False
+    if not good:
+        raise _corrupt(
+            _where(path, pos, next_seq),
+            f"record meta: expected [seq, kind, at, a, b, media], found {_short(meta_b)}",
+        )
+    for name in media:
+        if not is_media_name(name):
+            raise _corrupt(
+                _where(path, pos, next_seq),
+                f"record media: expected content-addressed names '<64 hex><suffix>', found {_short(name)}",
+            )
+    if kind == "sync":
+        good = seq == -1 and type(seq) is int and type(b) is int
+    elif type(seq) is not int or seq < 1 or type(a) is not int:
+        good = False
+    elif kind == "sample":
+        good = type(b) is int and b >= 0
+    elif kind == "take":
+        good = type(b) is dict and _ints(b, ("n", "end"))
+    elif kind == "group":
+        good = b is None or (type(b) is int and b >= 0)
+    elif kind == "consumed":
+        good = type(b) is list and all(type(g) is int for g in b)
+    elif kind == "recycled":
+        good = type(b) is dict and _ints(b, ("n",))
+    elif kind == "dropped":
+        good = b is None
+    else:
+        raise _corrupt(
+            _where(path, pos, next_seq),
+            f"record kind: expected one of {', '.join(KINDS)}, found {_short(kind)}",
+        )
+    if not good:
+        raise _corrupt(
+            _where(path, pos, next_seq),
+            f"{kind} record: expected {_SHAPES[kind]}, found seq {_short(seq)}, a {_short(a)}, b {_short(b)}",
+        )
+    return seq, kind, at, a, b, media
+
+
+def _where(path: Path, pos: int, next_seq: int | None) -> str:
+    return f"{path}: record at byte {pos}" + ("" if next_seq is None else f" (seq {next_seq} expected)")
+
+
+def _ints(d: dict[Any, Any], keys: tuple[str, ...]) -> bool:
+    return all(k not in d or type(d[k]) is int for k in keys)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _walk(
+    fd: int, data: Any, pos: int, version: int, path: Path, next_seq: int | None
+) -> tuple[list[_Frame], int | None, str | None]:
+    """The frames from ``pos`` on, each checked against its checksum; stops at the first that
+    fails: ``(frames, its offset, why)`` (None, None: the segment ends cleanly). Frames and metas
+    are read with ``pread`` (the bodies, all but a few per cent of the bytes, are not touched
+    unless version 1 needs them for its checksum)."""
+    frames: list[_Frame] = []
+    size = len(data)
+    frame = FRAME if version == 2 else FRAME_V1
+    magic_expected = RECORD_MAGIC if version == 2 else RECORD_MAGIC_V1
+    fsize = frame.size
+    view = memoryview(data) if version == 1 and size else None
+    while pos < size:
+        if size - pos < fsize:
+            return frames, pos, f"{size - pos} trailing bytes, shorter than a record frame"
+        head = os.pread(fd, fsize + 256, pos)
+        if version == 2:
+            magic, mlen, blen, body_crc, stored = FRAME.unpack_from(head, 0)
+        else:
+            magic, mlen, blen, stored = FRAME_V1.unpack_from(head, 0)
+            body_crc = None
+        if magic != magic_expected:
+            return frames, pos, f"expected the record magic {magic_expected!r}, found {magic!r}"
+        if mlen > MAX_META_BYTES or blen > MAX_BODY_BYTES:
+            return frames, pos, f"meta_len {mlen}, body_len {blen}: over the format's limits"
+        end = pos + fsize + mlen + blen
+        if pos + fsize + mlen > size:
+            return frames, pos, f"record meta of {mlen} bytes, {size - pos - fsize} present"
+        meta_b = head[fsize : fsize + mlen]
+        if len(meta_b) < mlen:
+            meta_b = os.pread(fd, mlen, pos + fsize)
+        if version == 2:
+            found = head_crc(head[:16], meta_b)
+            if found != stored:
+                return frames, pos, f"frame checksum: expected {stored:#010x}, found {found:#010x}"
+            if end > size:
+                return frames, pos, f"record of {mlen + blen} bytes, {size - pos - fsize} present"
+        else:
+            if end > size:
+                return frames, pos, f"record of {mlen + blen} bytes, {size - pos - fsize} present"
+            assert view is not None
+            found = record_crc(LENGTHS.pack(mlen, blen), meta_b, view[pos + fsize + mlen : end])
+            if found != stored:
+                return frames, pos, f"checksum: expected {stored:#010x}, found {found:#010x}"
+        meta = _check_meta(meta_b, path, pos, next_seq)
+        if meta[1] != "sync" and next_seq is not None:
+            next_seq += 1
+        frames.append(_Frame(pos, end, meta, blen, body_crc))
+        pos = end
+    return frames, None, None
+
+
+def _sync_mark_after(data: Any, start: int, versions: Sequence[int]) -> int | None:
+    """The offset of the first valid sync mark at or after ``start`` (None: none). A sync mark is
+    written after an fsync made every byte before it durable: damage before one is not a torn
+    write."""
+    size = len(data)
+    for version in versions:
+        magic, frame = (RECORD_MAGIC, FRAME) if version == 2 else (RECORD_MAGIC_V1, FRAME_V1)
+        i = data.find(magic, start) if size else -1
+        while i != -1:
+            if i + frame.size <= size:
+                fields = frame.unpack_from(data, i)
+                mlen, blen = fields[1], fields[2]
+                if blen == 0 and mlen <= 256 and i + frame.size + mlen <= size:
+                    meta_b = bytes(data[i + frame.size : i + frame.size + mlen])
+                    if version == 2:
+                        ok = fields[3] == 0 and head_crc(bytes(data[i : i + 16]), meta_b) == fields[4]
+                    else:
+                        ok = record_crc(LENGTHS.pack(mlen, 0), meta_b, b"") == fields[3]
+                    if ok:
+                        try:
+                            meta = msgpack.unpackb(meta_b, raw=False)
+                        except Exception:
+                            meta = None
+                        if type(meta) is list and len(meta) == 6 and meta[1] == "sync":
+                            return i
+            i = data.find(magic, i + 1)
+    return None
 
 
 def journal_lineages(directory: str | os.PathLike[str]) -> set[str]:
-    """The lineages of a journal's segments, from their headers only."""
+    """The lineages of a journal's segments, from their headers (their names for a segment whose
+    header a crash tore)."""
     out = set()
-    for path in _segment_paths(Path(directory)):
-        header, _, _ = _header(_map(path), str(path))
+    for entry in _entries(Path(directory), None):
+        try:
+            data, fd = _open(entry.path)
+        except FileNotFoundError:
+            continue
+        try:
+            header, _, _, _ = _header(data, entry.path)
+        finally:
+            os.close(fd)
         if header is not None:
-            out.add(header["lineage"])
+            _check_names(entry, header)
+        out.add(entry.lineage)
     return out
+
+
+def _check_names(entry: _Entry, header: dict[str, Any]) -> None:
+    if header["lineage"] != entry.lineage:
+        raise JournalCorruptError(
+            f"{entry.path}: segment header: expected lineage {entry.lineage!r} (the segment's name), "
+            f"found {_short(header['lineage'])}"
+        )
+    if header.get("first_seq", entry.first_seq) != entry.first_seq:
+        raise JournalCorruptError(
+            f"{entry.path}: segment header: expected first_seq {entry.first_seq} (the segment's name), "
+            f"found {_short(header.get('first_seq'))}"
+        )
 
 
 def scan_journal(
@@ -137,107 +432,139 @@ def scan_journal(
 ) -> JournalScan:
     """Read the complete records of a journal, oldest first, keeping bodies undecoded.
 
-    Segments of a lineage other than ``lineage`` are skipped (one problem line each); records
-    with seq <= ``after_seq`` are not kept. A torn or corrupt record ends its segment (one
-    problem line naming the segment and the byte offset): it and everything after it in that
-    segment were never durable, or are damaged; the next segment is read only if it continues at
-    the next seq (a resumed run's). ``decode_bodies=False`` keeps no bodies (indexing).
+    ``lineage``: only that run lineage's segments are read (the others are skipped, one problem
+    line each); None reads every lineage, each checked on its own. Records with seq <=
+    ``after_seq`` are checked but not kept. A torn tail (see the module docstring) is one
+    problem line; corruption raises :class:`JournalCorruptError`, a segment that is not a
+    regular file :class:`bundles.UnsafeBundleError`. ``decode_bodies=False`` keeps no bodies
+    (indexing); ``only``: just these segments (of ``lineage``).
     """
     directory = Path(directory)
     scan = JournalScan(directory)
-    expected: int | None = None
-    for path in only if only is not None else _segment_paths(directory):
+    chains: dict[str, list[_Entry]] = {}
+    for entry in _entries(directory, only):
+        chains.setdefault(entry.lineage, []).append(entry)
+    for name in sorted(chains):
+        if lineage is not None and name != lineage:
+            for entry in chains[name]:
+                _foreign(scan, entry, lineage)
+            continue
+        _scan_chain(scan, chains[name], after_seq, decode_bodies)
+    return scan
+
+
+def _foreign(scan: JournalScan, entry: _Entry, lineage: str) -> None:
+    try:
+        data, fd = _open(entry.path)
+    except FileNotFoundError:
+        return
+    try:
+        header, _, _, _ = _header(data, entry.path)
+    finally:
+        os.close(fd)
+    scan.segments += 1
+    scan.bytes += len(data)
+    if header is not None:
+        _check_names(entry, header)
+        scan.lineages.add(header["lineage"])
+    scan.problems.append(
+        f"{entry.path}: journal segment of another run lineage ({entry.lineage}, expected {lineage}); ignored"
+    )
+
+
+def _scan_chain(scan: JournalScan, chain: list[_Entry], after_seq: int, decode_bodies: bool) -> None:
+    """One lineage's segments, in seq order: each continues the one before it."""
+    expected: int | None = None  # the seq of the next data record
+    torn: _Torn | None = None  # a torn tail not yet known to be the last one
+    for entry in chain:
         try:
-            data = _map(path)
+            data, fd = _open(entry.path)
         except FileNotFoundError:
-            continue
-        scan.segments += 1
-        scan.bytes += len(data)
-        where = f"{path}"
-        header, pos, problem = _header(data, where)
-        if header is None:
-            scan.problems.append(problem or where)
-            scan.torn = True
-            continue
-        seg_lineage = header["lineage"]
-        scan.lineages.add(seg_lineage)
-        if lineage is None or seg_lineage == lineage:
-            scan.fingerprint = header.get("fingerprint")
-        if lineage is not None and seg_lineage != lineage:
-            scan.problems.append(
-                f"{where}: journal segment of another run lineage ({seg_lineage}, expected {lineage}); ignored"
-            )
-            continue
-        view = memoryview(data)
-        torn = None
-        # Pass 1: the framing, the metas and the sync marks, read with pread: the bodies (all but
-        # a few per cent of the bytes) are not touched until a record is decoded.
-        frames: list[tuple[int, int, int, int, int, bytes]] = []  # (start, mlen, blen, crc, end, meta)
-        size = len(data)
-        fd = os.open(path, os.O_RDONLY)
+            continue  # compacted meanwhile
         try:
-            while pos < size:
-                if size - pos < FRAME.size:
-                    torn = f"{size - pos} trailing bytes, shorter than a record header"
-                    break
-                head = os.pread(fd, FRAME.size + 256, pos)
-                magic, mlen, blen, crc = FRAME.unpack_from(head, 0)
-                end = pos + FRAME.size + mlen + blen
-                if magic != RECORD_MAGIC or mlen > MAX_META_BYTES or blen > MAX_BODY_BYTES:
-                    torn = "no record header"
-                    break
-                if end > size:
-                    torn = f"record of {mlen + blen} bytes, {size - pos - FRAME.size} present"
-                    break
-                meta_b = head[FRAME.size : FRAME.size + mlen]
-                if len(meta_b) < mlen:
-                    meta_b = os.pread(fd, mlen, pos + FRAME.size)
-                frames.append((pos, mlen, blen, crc, end, meta_b))
-                pos = end
+            scan.segments += 1
+            scan.bytes += len(data)
+            header, pos, version, damage = _header(data, entry.path)
+            frames: list[_Frame] = []
+            damage_at: int | None = 0 if damage is not None else None
+            if header is not None:
+                _check_names(entry, header)
+                scan.lineages.add(header["lineage"])
+                scan.fingerprint = header.get("fingerprint")
+                frames, damage_at, damage = _walk(
+                    fd, data, pos, version, entry.path, expected if expected is not None else entry.first_seq
+                )
+            else:
+                scan.lineages.add(entry.lineage)
         finally:
             os.close(fd)
-        synced_upto = -1  # frames before this index were fsynced (a sync mark follows them)
-        metas: list[Any] = []
-        for i, (_start, mlen, blen, crc, _end, meta_b) in enumerate(frames):
-            try:
-                meta = msgpack.unpackb(meta_b, raw=False, strict_map_key=False)
-                kind = meta[1]
-            except Exception:
-                meta, kind = None, None
-            if kind == "sync" and blen == 0 and record_crc(LENGTHS.pack(mlen, 0), meta_b, b"") == crc:
-                synced_upto = i
-            metas.append(meta)
-        # Pass 2: records (checksums of the unsynced tail checked now, the others when decoded).
-        for i, (start, mlen, blen, crc, end, meta_b) in enumerate(frames):
-            lengths = LENGTHS.pack(mlen, blen)
-            body = view[start + FRAME.size + mlen : end] if blen else b""
-            pending_crc: int | None = crc
-            if i > synced_upto:
-                if record_crc(lengths, meta_b, body) != crc:
-                    torn, pos = "checksum mismatch", start
+        # Records after the last sync mark were not fsynced: their bodies are checked now.
+        last_sync = max((i for i, f in enumerate(frames) if f.meta[1] == "sync"), default=-1)
+        view = memoryview(data) if len(data) else None
+        for i in range(last_sync + 1, len(frames)):
+            f = frames[i]
+            if f.body_crc is not None and f.blen:
+                assert view is not None
+                found = zlib.crc32(view[f.end - f.blen : f.end])
+                if found != f.body_crc:
+                    damage_at, damage = (
+                        f.start,
+                        f"body checksum: expected {f.body_crc:#010x}, found {found:#010x}",
+                    )
+                    del frames[i:]
                     break
-                pending_crc = None
-            meta = metas[i]
-            try:
-                seq, kind, at, a, b, media = meta
-            except Exception as e:
-                damaged = pending_crc is not None and record_crc(lengths, meta_b, body) != crc
-                torn, pos = "checksum mismatch" if damaged else f"malformed record meta ({e})", start
-                break
+                f.body_crc = None
+        data_frames = [f for f in frames if f.meta[1] != "sync"]
+        # The seq the damage cut off: the one after the segment's last good record.
+        cut_seq = (
+            data_frames[-1].meta[0] + 1
+            if data_frames
+            else (expected if expected is not None else entry.first_seq)
+        )
+        if damage_at is not None:
+            mark = _sync_mark_after(data, damage_at + 1, (version,) if header is not None else (2, 1))
+            if mark is not None:
+                raise JournalCorruptError(
+                    f"{entry.path}: record at byte {damage_at} (seq {cut_seq} expected) is damaged: {damage}; "
+                    f"a valid sync mark follows at byte {mark}, so it was durable: corruption, not a torn write; "
+                    "refusing to resume from this journal (nothing is guessed)"
+                )
+        for f in frames:
+            seq, kind, at, a, b, media = f.meta
             if kind == "sync":
                 scan.last_sync_at, scan.synced_seq = at, max(scan.synced_seq, int(b))
                 continue
-            if kind not in KINDS or type(seq) is not int:
-                torn, pos = f"unknown record kind {kind!r}", start
-                break
-            if expected is not None and seq != expected:
-                scan.problems.append(
-                    f"{where}: record seq {seq} follows {expected - 1}: a gap; the scan stops here"
+            if expected is None:
+                expected = seq
+            if seq != expected:
+                if torn is not None:
+                    raise JournalCorruptError(
+                        f"{torn.path}: record at byte {torn.pos} (seq {torn.lost_seq} expected) is damaged: "
+                        f"{torn.reason}; the journal goes on in {entry.path} at seq {seq}, past it (a run "
+                        f"resumed after a crash goes on at seq {torn.lost_seq}): it was durable: corruption, not a "
+                        "torn write; refusing to resume from this journal (nothing is guessed)"
+                    )
+                raise JournalCorruptError(
+                    f"{entry.path}: record at byte {f.start}: expected seq {expected}, found {seq} "
+                    + (
+                        f"(records {expected}..{seq - 1} are missing: a segment removed or damaged)"
+                        if seq > expected
+                        else "(a seq repeated or going back)"
+                    )
+                    + "; refusing to resume from this journal (nothing is guessed)"
                 )
-                scan.torn = True
-                return scan
+            if header is not None and f is data_frames[0] and seq != header.get("first_seq", seq):
+                raise JournalCorruptError(
+                    f"{entry.path}: record at byte {f.start}: expected seq {header.get('first_seq')} (the "
+                    f"segment header's first_seq), found {seq}"
+                )
+            torn = None
             expected = seq + 1
             if seq > after_seq:
+                body: bytes | memoryview = b""
+                if decode_bodies and f.blen:
+                    assert view is not None
+                    body = view[f.end - f.blen : f.end]
                 scan.records.append(
                     JournalRecord(
                         seq,
@@ -246,29 +573,32 @@ def scan_journal(
                         a,
                         b,
                         list(media),
-                        body if decode_bodies else b"",
-                        path,
-                        pending_crc if decode_bodies else None,
-                        lengths,
-                        meta_b if decode_bodies else b"",
+                        body,
+                        entry.path,
+                        f.body_crc if decode_bodies else None,
+                        offset=f.start,
                     )
                 )
-        if torn is not None:
+        if damage_at is not None:
+            torn = _Torn(entry.path, damage_at, damage or "damaged", cut_seq)
             scan.problems.append(
-                f"{where}: torn tail at byte {pos} ({torn}): {len(data) - pos} bytes ignored (never durable); "
-                "the records before it are kept"
+                f"{entry.path}: torn tail at byte {damage_at} ({damage}): {len(data) - damage_at} bytes ignored "
+                "(never durable); the records before it are kept"
             )
             scan.torn = True
-            # The next segment continues only if it starts at the next seq (a resumed run's):
-            # the gap check above stops the scan otherwise.
-    return scan
+            expected = cut_seq if expected is None else expected
+    scan.torn_seq = None if torn is None else torn.lost_seq
 
 
 def record_body(rec: JournalRecord, where: str) -> bytes:
     """The codec bytes of a record's body, its checksum checked first if the scan deferred it."""
     if rec.crc is not None:
-        if record_crc(rec.lengths, rec.meta, rec.body) != rec.crc:
-            raise JournalError(f"{where}: checksum mismatch: the record was damaged after it was written")
+        found = zlib.crc32(rec.body)
+        if found != rec.crc:
+            raise JournalCorruptError(
+                f"{where}: body checksum mismatch at byte {rec.offset}: expected {rec.crc:#010x}, found "
+                f"{found:#010x}: the record was damaged after it was written"
+            )
         rec.crc = None
     return decompress_body(rec.body, where)
 

@@ -32,6 +32,10 @@ groups from the previous watermark on, so finished siblings survive a checkpoint
 
 A torn tail is ignored; a record whose media are missing from ``journal/media`` is dropped (its
 sibling or group regenerates); segments of another lineage are ignored; each is one log line.
+Anything a crash cannot have left (a durable record damaged, a gap in the seqs, a record naming a
+file outside the journal, a link or special file where a segment or a media file should be) is
+refused before anything is placed: :class:`~._journal_format.JournalCorruptError` or
+:class:`bundles.UnsafeBundleError`, naming the file and the record (see :mod:`._journal_scan`).
 Completed groups stay encoded (:class:`LazyGroup`) until training takes them.
 """
 
@@ -52,16 +56,24 @@ from bundles import (
     BundleFormatError,
     BundleNotFoundError,
     BundleVerificationError,
+    MediaMissingError,
     MediaRef,
+    UnsafeBundleError,
     decode_sample,
     is_store_url,
 )
-from bundles.support import atomic_path, fault_point
+from bundles.support import atomic_path, fault_point, open_regular_file
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
 from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
 from trainer_hooks.checkpoints._journal import RolloutJournal, new_lineage
-from trainer_hooks.checkpoints._journal_format import MEDIA_DIR, journal_dir
+from trainer_hooks.checkpoints._journal_format import (
+    MEDIA_DIR,
+    JournalCorruptError,
+    JournalError,
+    is_media_name,
+    journal_dir,
+)
 from trainer_hooks.checkpoints._journal_scan import JournalRecord, journal_lineages, record_body, scan_journal
 from trainer_hooks.checkpoints._paths import checkpoint_path, list_rollout_checkpoints
 from trainer_hooks.checkpoints._reader import RolloutCheckpoint, read_rollout_checkpoint
@@ -109,19 +121,25 @@ class _Placer:
 
     def _place(self, name: str, where: str) -> MediaRef:
         fault_point("resume.place", name)
+        if not is_media_name(name):  # the scan refused such a record already; never a path
+            raise JournalCorruptError(f"{where}: media name {name!r} is not '<64 hex><suffix>'")
         src = self.source / name
         run_dir = ensure_run_dir(self.args)
         dst = run_dir / name
-        if not dst.exists():
-            try:
-                os.link(src, dst)
-            except FileExistsError:
-                pass
-            except OSError:  # another filesystem: copy
-                with atomic_path(dst, sweep=False) as tmp:
-                    shutil.copyfile(src, tmp)
-        size = dst.stat().st_size
-        ref = MediaRef("sha256:" + name.split(".", 1)[0], size, os.path.splitext(name)[1], str(dst))
+        # Read as a bundle reads its media: a regular file, never through a symlink (a link out
+        # of the journal would copy whatever it points at into the run), never blocking.
+        try:
+            f, size = open_regular_file(src)
+        except FileNotFoundError:
+            raise MediaMissingError(f"{src}: journal media file missing ({where})") from None
+        except OSError as e:
+            raise JournalError(
+                f"{src}: cannot read the journal media file ({where}): {e.strerror or e}"
+            ) from None
+        with f:
+            if not os.path.lexists(dst):
+                _link_or_copy(f, src, dst)
+        ref = MediaRef("sha256:" + name[:64], size, name[64:], str(dst))
         if self.verify:
             found = MediaRef.from_file(dst)
             if found.digest != ref.digest:
@@ -132,6 +150,27 @@ class _Placer:
                     ],
                 )
         return ref
+
+
+def _link_or_copy(f: Any, src: Path, dst: Path) -> None:
+    """Place the opened journal media file ``f`` (``src``) at ``dst``: a hard link to the very
+    inode that was opened (a link is made without following ``src`` and checked against the open
+    file, so a file swapped in meanwhile is never linked), else a copy of the open file."""
+    st = os.fstat(f.fileno())
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except FileExistsError:
+        return
+    except OSError:  # another filesystem, or no hard links: copy what was opened
+        with atomic_path(dst, sweep=False) as tmp, open(tmp, "wb") as out:
+            shutil.copyfileobj(f, out, 1 << 20)
+        return
+    linked = os.lstat(dst)
+    if (linked.st_ino, linked.st_dev) != (st.st_ino, st.st_dev):
+        os.unlink(dst)
+        raise UnsafeBundleError(
+            f"{src}: replaced while it was being linked into {dst.parent}; nothing placed"
+        )
 
 
 class LazyGroup:
@@ -492,6 +531,15 @@ class RolloutLedger:
             if lineage is not None:
                 scan = scan_journal(jdir, lineage=lineage, after_seq=min(earlier, watermark))
                 fault_point("resume.scanned", len(scan.records))
+                if scan.torn_seq is not None and ckpt is not None and scan.torn_seq <= watermark:
+                    # The checkpoint's save made the journal durable up to its watermark first:
+                    # a crash cannot have torn a record it covers.
+                    raise JournalCorruptError(
+                        f"{jdir}: the journal's last segment is damaged from record {scan.torn_seq} on, but "
+                        f"checkpoint {ckpt.path} covers up to record {watermark}, made durable before it was "
+                        f"saved: corruption, not a torn write ({_torn_line(scan.problems)}); refusing to resume from "
+                        "this journal (nothing is guessed)"
+                    )
                 state.problems += scan.problems
                 if ckpt is None and scan.fingerprint is not None:
                     state.accepted += check_fingerprint(scan.fingerprint, now_fp, where=str(jdir), args=args)
@@ -626,6 +674,10 @@ class RolloutLedger:
 
     def _media_check(self, jdir: Path, records: list[JournalRecord], state: RecoveredState) -> Any:
         media = jdir / MEDIA_DIR
+        if media.is_symlink():
+            raise UnsafeBundleError(
+                f"{media}: expected the journal's media directory, found a symlink; refusing to follow it"
+            )
         present: dict[str, bool] = {}
         reported: set[str] = set()
 
@@ -634,7 +686,7 @@ class RolloutLedger:
             for name in rec.media:
                 p = present.get(name)
                 if p is None:
-                    p = present[name] = (media / name).is_file()
+                    p = present[name] = _present(media / name)
                 if not p:
                     good = False
                     if name not in reported:
@@ -652,6 +704,23 @@ class RolloutLedger:
             rec = prompt[0]
             return [_build(s, cls, rec.segment) for s in _decode(rec, placer)["samples"]]
         return prompt
+
+
+def _torn_line(problems: list[str]) -> str:
+    return next((p for p in reversed(problems) if "torn tail" in p), "")
+
+
+def _present(path: Path) -> bool:
+    """Whether a journal media file is there (False: removed; its records regenerate). A link or
+    a special file in its place is refused (:class:`bundles.UnsafeBundleError`), never followed."""
+    try:
+        f, _ = open_regular_file(path)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise JournalError(f"{path}: cannot read the journal media file: {e.strerror or e}") from None
+    f.close()
+    return True
 
 
 def _size(group: RecoveredGroup) -> int:

@@ -1,0 +1,201 @@
+"""The rollout journal's recovery on hostile input (issue 24, R1-R6): the corpus of
+``tests/vectors/hostile/journal/`` (``generate_journal.py``), one test per attack. Real files, a
+real FIFO and real symlinks made at test time, real subprocesses where a hang must be shown not
+to happen."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import trainer_args
+
+from bundles import BundleError, BundleVerificationError
+from trainer_hooks.checkpoints import JournalError, RolloutLedger, journal_dir, scan_journal
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "vectors" / "hostile" / "journal"
+TABLE: dict[str, dict] = json.loads((CORPUS / "expected.json").read_text())
+_spec = importlib.util.spec_from_file_location("journal_generator", CORPUS.parent / "generate_journal.py")
+generator = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+_spec.loader.exec_module(generator)  # type: ignore[union-attr]
+
+PRIVATE = b"PRIVATE: a file of the user's that no journal may read"
+#: how long a refusal may take (a hang was killed after 30 s on the previous release)
+PROMPT_S = 20.0
+
+
+def vector(tmp_path: Path, name: str) -> Path:
+    """A scratch copy of vector ``name`` as ``tmp_path/ckpt`` (the ``--save``/``--load`` of
+    :func:`trainer_args`), with what git cannot hold made now."""
+    save = tmp_path / "ckpt"
+    shutil.copytree(CORPUS / name, save, symlinks=True)
+    outside = tmp_path / "private" / "secret.png"
+    outside.parent.mkdir()
+    outside.write_bytes(PRIVATE)
+    generator.make_specials(save, name, outside)
+    return save
+
+
+def args_of(tmp_path: Path):
+    return trainer_args(tmp_path, "run-b", "--rollout-journal-interval", "0.05")
+
+
+def recover(tmp_path: Path, name: str) -> None:
+    row = TABLE[name]
+    RolloutLedger(args_of(tmp_path)).recover(
+        row["restored_step"], sample_cls=dict, verify_media=row["verify_media"]
+    )
+
+
+def assert_refused(error: BaseException, save: Path, name: str) -> None:
+    """The table's error class, its message, the file it must name; never a guess."""
+    row = TABLE[name]
+    text = str(error)
+    assert type(error).__name__ == row["error"], f"{type(error).__name__}: {text}"
+    assert row["message"] in text, text
+    assert str(save / row["names"]) in text, text
+    assert "torn tail" not in text.split(": ")[-1]
+
+
+def files_under(root: Path) -> set[Path]:
+    return {Path(d) / f for d, _, fs in os.walk(root) for f in fs}
+
+
+def test_the_journal_table_lists_every_vector_and_the_generator_agrees(tmp_path):
+    assert json.loads(json.dumps(generator.vectors())) == TABLE
+    assert {r["attack"] for r in TABLE.values()} == {"R1", "R2", "R3", "R4", "R5", "R6"}
+    for name in TABLE:
+        generator.build(name, tmp_path / name)  # deterministic: the same bytes every time
+        made = {p.relative_to(tmp_path / name): p.read_bytes() for p in files_under(tmp_path / name)}
+        committed = {p.relative_to(CORPUS / name): p.read_bytes() for p in files_under(CORPUS / name)}
+        assert made == committed, name
+
+
+def healthy(tmp_path: Path, version: int) -> Path:
+    """The vectors' journal without the attack (8 groups, all consumed by steps 0 and 1)."""
+    save = tmp_path / "ckpt"
+    segment, _ = generator._records(version)
+    generator._write(save, segment)
+    return save
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_the_vectors_journal_without_the_attack_resumes_cleanly(tmp_path, version):
+    """One bit (or one name) away from each vector: a journal that resumes (version 1 too), with
+    every group consumed at or before the restored step, so none comes back."""
+    healthy(tmp_path, version)
+    state = RolloutLedger(args_of(tmp_path)).recover(1, sample_cls=dict)
+    assert state.pending == [] and state.completed == [] and not state.problems
+    assert state.stats["records_replayed"] == 18
+    # At step 0 the groups step 1 consumed come back, generations kept.
+    state = RolloutLedger(args_of(tmp_path)).recover(0, sample_cls=dict)
+    assert sorted(g for g, _ in state.completed) == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("name", ["r1-media-traversal", "r1-media-traversal-v1"])
+def test_r1_a_media_name_with_dot_dot_is_refused_before_anything_is_created(tmp_path, name):
+    save = vector(tmp_path, name)
+    before = files_under(tmp_path)
+    with pytest.raises(JournalError) as e:
+        recover(tmp_path, name)
+    assert_refused(e.value, save, name)
+    # Nothing was created: no evil.png beside the run's media directory, nothing in it.
+    assert files_under(tmp_path) - before == set()
+    assert [p for p in files_under(tmp_path) if p.name == "evil.png"] == [save / "rollout" / "evil.png"]
+
+
+@pytest.mark.parametrize("name", ["r2-media-symlink", "r2-media-symlink-v1"])
+def test_r2_journal_media_linked_outside_the_save_is_never_read(tmp_path, name):
+    save = vector(tmp_path, name)
+    before = files_under(tmp_path)
+    for verify in (False, True):  # without verification it was copied in; with it, read first
+        with pytest.raises(BundleError) as e:
+            RolloutLedger(args_of(tmp_path)).recover(1, sample_cls=dict, verify_media=verify)
+        assert not isinstance(e.value, BundleVerificationError)  # refused before the read
+        assert_refused(e.value, save, name)
+        made = files_under(tmp_path) - before
+        assert not [p for p in made if p.read_bytes() == PRIVATE], made
+
+
+@pytest.mark.parametrize("name", ["r3-consumed-step-flip", "r3-consumed-step-flip-v1"])
+def test_r3_a_flipped_bit_in_a_durable_consumed_step_fails_closed(tmp_path, name):
+    save = vector(tmp_path, name)
+    for step in (0, 1, 2, None):  # whichever step was restored, nothing is guessed
+        with pytest.raises(JournalError) as e:
+            RolloutLedger(args_of(tmp_path)).recover(step, sample_cls=dict)
+        assert_refused(e.value, save, name)
+    with pytest.raises(JournalError):  # inspect and every reader refuse it too
+        scan_journal(journal_dir(save), lineage=generator.LINEAGE)
+
+
+@pytest.mark.parametrize("name", ["r4-frame-header-flip", "r4-frame-header-flip-v1"])
+def test_r4_a_flipped_bit_in_a_durable_frame_header_is_corruption_not_a_torn_tail(tmp_path, name):
+    save = vector(tmp_path, name)
+    with pytest.raises(JournalError) as e:
+        recover(tmp_path, name)
+    assert_refused(e.value, save, name)
+    assert "a valid sync mark follows" in str(e.value) and "never durable" not in str(e.value)
+
+
+RECOVER = """
+import sys
+sys.path.insert(0, {tests!r})
+from helpers import trainer_args
+from trainer_hooks.checkpoints import RolloutLedger
+from pathlib import Path
+args = trainer_args(Path({tmp!r}), "run-b", "--rollout-journal-interval", "0.05")
+try:
+    RolloutLedger(args).recover(1, sample_cls=dict)
+except Exception as e:
+    print(f"{{type(e).__name__}}: {{e}}", file=sys.stderr)
+    sys.exit(3)
+sys.exit(0)
+"""
+
+
+def run(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=PROMPT_S * 3, cwd=ROOT)
+    return done, time.monotonic() - started
+
+
+def assert_one_line_naming(done: subprocess.CompletedProcess[str], path: Path, what: str) -> None:
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert str(path) in lines[0] and what in lines[0], lines
+
+
+def test_r5_a_fifo_named_like_a_segment_hangs_neither_resume_nor_inspect(tmp_path):
+    name = "r5-segment-fifo"
+    save = vector(tmp_path, name)
+    fifo = save / TABLE[name]["names"]
+    assert fifo.is_fifo()
+    code = RECOVER.format(tests=str(ROOT / "tests"), tmp=str(tmp_path))
+    done, took = run([sys.executable, "-c", code])
+    assert took < PROMPT_S and done.returncode == 3, (took, done.stderr)
+    assert done.stderr.startswith(TABLE[name]["error"] + ": "), done.stderr
+    assert_one_line_naming(done, fifo, TABLE[name]["message"])
+    for target in (journal_dir(save), save):
+        done, took = run([sys.executable, "-m", "trainer_hooks.cli", "inspect", str(target)])
+        assert took < PROMPT_S and done.returncode == 1 and done.stdout == "", (took, done)
+        assert_one_line_naming(done, fifo, TABLE[name]["message"])
+
+
+def test_r6_a_directory_named_like_a_segment_is_one_named_error(tmp_path):
+    name = "r6-segment-directory"
+    save = vector(tmp_path, name)
+    with pytest.raises(BundleError) as e:
+        recover(tmp_path, name)
+    assert not isinstance(e.value, OSError)  # was a raw IsADirectoryError
+    assert_refused(e.value, save, name)
+    done, took = run([sys.executable, "-m", "trainer_hooks.cli", "inspect", str(journal_dir(save))])
+    assert took < PROMPT_S and done.returncode == 1 and done.stdout == "", done
+    assert_one_line_naming(done, save / TABLE[name]["names"], TABLE[name]["message"])
