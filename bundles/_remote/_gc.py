@@ -33,6 +33,10 @@ bundle lists, whatever prefix it is given:
   meanwhile) is *unjudged*: nothing under it, and nothing in the pool beside it, is garbage.
 * **Grace period.** Garbage younger than ``older_than_s`` is kept (a writer uploads media before
   it publishes the pointer that lists them).
+* **Manifests not yet (or no longer) live.** Media that the manifest of any other generation
+  still present lists are kept this run (a writer between its manifest and its pointer, which may
+  have reused pooled objects instead of uploading them); a generation this run removes releases
+  its media to the next. An unreadable one of them is treated as an unreadable pointer.
 * **Just before deleting** pool media, the pointers beside the pool are listed again; if any
   appeared or changed since they were read, that pool is left for the next run (a writer that
   reused pooled objects published meanwhile).
@@ -155,7 +159,9 @@ class _Bundle:
     generation: str | None = None  # the live one
     etag: str | None = None
     listed: set[str] = field(default_factory=set)  # media file names the live manifest lists
-    generations: set[str] = field(default_factory=set)  # generations of ours under U (see _ours)
+    generations: set[str] = field(default_factory=set)  # generations of ours under U
+    pending: set[str] = field(default_factory=set)  # media names the other generations' manifests list
+    pending_bad: bool = False  # another generation's manifest could not be read
 
 
 def _judge(store: Store, url: StoreURL, b: _Bundle) -> None:
@@ -179,6 +185,21 @@ def _judge(store: Store, url: StoreURL, b: _Bundle) -> None:
         raise store_error(bundle_url, "read the bundle", e) from e
     b.readable, b.shared, b.generation, b.etag = True, pointer.shared_media, pointer.generation, pointer.etag
     b.listed = {m.filename for m in manifest.media}
+
+
+def _read_pending(store: Store, url: StoreURL, b: _Bundle, gen: str) -> None:
+    """Add the media that ``U/<gen>/manifest.json`` (not the live generation) lists to
+    ``b.pending``: a writer about to publish it, or one whose pointer swap gc has not seen."""
+    where = f"{url.scheme}://{url.bucket}/{_join(_join(b.key, gen), MANIFEST_NAME)}"
+    try:
+        raw, _ = store.get(_join(_join(b.key, gen), MANIFEST_NAME))
+        b.pending.update(m.filename for m in parse_manifest_bytes(raw, where).media)
+    except FileNotFoundError:
+        return  # removed meanwhile (retired by its writer, or by another gc)
+    except BundleError:
+        b.pending_bad = True
+    except Exception as e:
+        raise store_error(where, "read the manifest", e) from e
 
 
 def _plain_ok(store: Store, key: str) -> bool:
@@ -217,11 +238,11 @@ def collect_garbage(
     url = StoreURL(prefix_text)
     store = get_store(url, storage_options)
     report = GarbageReport(dry_run=dry_run)
+    _check_prefix(url, store)
     try:
         objects = store.listing(url.key)
     except Exception as e:
         raise store_error(url, "list", e) from e
-    _check_prefix(url, store)
     now = datetime.datetime.now(datetime.timezone.utc)
     by_key = {m["path"]: m for m in objects}
 
@@ -258,6 +279,21 @@ def collect_garbage(
         raise
     except Exception as e:
         raise store_error(url, "read the bundles", e) from e
+    # The manifests of the other generations: their media are kept this run too, so a writer
+    # between its manifest and its pointer (or one that reused pooled media) never loses them. A
+    # generation gc removes releases its media to the next run.
+    others = [
+        (b, gen)
+        for b in found.values()
+        for gen in sorted(b.generations)
+        if not (b.readable and gen == b.generation) and _join(_join(b.key, gen), MANIFEST_NAME) in by_key
+    ]
+    try:
+        parallel(lambda item: _read_pending(store, url, *item), others)
+    except BundleError:
+        raise
+    except Exception as e:
+        raise store_error(url, "read the generations' manifests", e) from e
     plain = [b for b in found.values() if b.plain and not b.pointer_key and _under(b.key, url.key)]
     try:
         sound = parallel(lambda b: _plain_ok(store, b.key), plain)
@@ -301,8 +337,7 @@ def collect_garbage(
             dirs.setdefault(d, []).append(key)
     by_parent: dict[str, list[_Bundle]] = {}
     for b in found.values():
-        if b.pointer_key:
-            by_parent.setdefault(_parent(b.key) if "/" in b.key else "", []).append(b)
+        by_parent.setdefault(_parent(b.key), []).append(b)
     pools: dict[str, list[str]] = {}  # pool dir -> its doomed keys (checked again before deleting)
     for d, keys in sorted(dirs.items()):
         owner, _, kind = d.rpartition("/")
@@ -311,26 +346,26 @@ def collect_garbage(
             continue
         if kind == STORE_MEDIA_POOL:
             beside = [b for b in by_parent.get(owner, []) if b.key != owner]
-            if any(not b.readable for b in beside):
+            if any((b.pointer_key and not b.readable) or b.pending_bad for b in beside):
                 skipped[(UNJUDGED, where(d))] = len(keys)
                 continue
-            users = [b for b in beside if b.shared]
+            users = [b for b in beside if b.readable and b.shared]
             if not users:
                 skipped[(NOT_OURS_POOL, where(d))] = len(keys)
                 continue
-            listed = set().union(*(b.listed for b in users))
+            listed = set().union(*(b.listed for b in users), *(b.pending for b in beside))
         else:
             b = found.get(owner, _Bundle(owner))
-            if b.pointer_key and not b.readable:
+            if (b.pointer_key and not b.readable) or b.pending_bad:
                 skipped[(UNJUDGED, where(d))] = len(keys)
                 continue
             if b.readable:
-                listed = b.listed if not b.shared else set()
+                listed = (b.listed if not b.shared else set()) | b.pending
             elif b.plain:
                 skipped[(PLAIN_COPY, where(d))] = len(keys)
                 continue
             elif b.generations:
-                listed = set()  # a writer that died before publishing: its media alone
+                listed = b.pending  # a writer that died before publishing (or is about to)
             else:
                 skipped[(NOT_OURS_MEDIA, where(d))] = len(keys)
                 continue
@@ -346,7 +381,9 @@ def collect_garbage(
         owner = d.rpartition("/")[0]
         fault_point("gc.before-recheck", where(d))
         before = {
-            _join(b.key, STORE_POINTER_NAME): b.etag for b in by_parent.get(owner, []) if b.key != owner
+            _join(b.key, STORE_POINTER_NAME): b.etag
+            for b in by_parent.get(owner, [])
+            if b.key != owner and b.pointer_key
         }
         try:
             names = [n for n in store.children(owner) if n != STORE_MEDIA_POOL]
