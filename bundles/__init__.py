@@ -25,6 +25,8 @@ from bundles._errors import (
     OutsidePathError,
     OutsidePathWarning,
     UnsafeBundleError,
+    UnsafeStoreError,
+    UnsafeStoreWarning,
     UnsupportedLocationError,
     UnsupportedValueError,
 )
@@ -73,6 +75,8 @@ __all__ = [
     "ShardEntry",
     "StoreURL",
     "UnsafeBundleError",
+    "UnsafeStoreError",
+    "UnsafeStoreWarning",
     "UnsupportedLocationError",
     "UnsupportedValueError",
     "UploadStats",

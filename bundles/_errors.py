@@ -27,6 +27,8 @@ __all__ = [
     "OutsidePathError",
     "OutsidePathWarning",
     "UnsafeBundleError",
+    "UnsafeStoreError",
+    "UnsafeStoreWarning",
     "UnsupportedLocationError",
     "UnsupportedValueError",
 ]
@@ -152,3 +154,13 @@ class GarbagePrefixError(BundleError, ValueError):
     """``collect_garbage`` was given a prefix it cannot judge: inside a shared media pool, a
     generation or a bundle's media, where the pointers that may list the objects lie outside it.
     The message names the prefix to give instead."""
+
+
+class UnsafeStoreError(BundleError):
+    """The store ignores ``If-None-Match: *`` or ``If-Match``, so a commit there would not be
+    atomic against a second writer (see :mod:`bundles._remote._probe`); the message names the
+    endpoint, the bucket, what was ignored and the single-writer opt-in."""
+
+
+class UnsafeStoreWarning(UserWarning):
+    """A store ignores preconditions and the single-writer opt-in was given: written anyway."""

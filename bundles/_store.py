@@ -65,6 +65,14 @@ _CLIENT_KEYS = frozenset(
     }
 )
 _RETRY_KEYS = frozenset({"max_retries", "retry_timeout"})
+# Options of ours, never passed to obstore: see bundles/_remote/_probe.py.
+_OWN_KEYS = frozenset({"single_writer"})
+# Where each scheme's endpoint comes from when storage_options do not name one.
+_ENDPOINT_ENV = {
+    "s3": ("AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
+    "gs": ("GOOGLE_SERVICE_ENDPOINT",),
+    "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"),
+}
 _PART_RE = re.compile(r"[^/\x00]+")
 
 T = TypeVar("T")
@@ -199,6 +207,7 @@ class Store:
         from obstore.store import from_url
 
         config: dict[str, Any] = {}
+        self.single_writer = bool((options or {}).get("single_writer", False))
         # obstore's default request timeout (30 s) fails a 16 MiB part on a slow or busy link.
         client: dict[str, Any] = {"timeout": f"{DEFAULT_REQUEST_TIMEOUT_S:g}s", "connect_timeout": "10s"}
         retry: dict[str, Any] = {
@@ -211,6 +220,8 @@ class Store:
             },
         }
         for key, value in (options or {}).items():
+            if key in _OWN_KEYS:
+                continue
             if key in _CLIENT_KEYS:
                 client[key] = value
             elif key == "retry_timeout":
@@ -232,6 +243,11 @@ class Store:
             raise BundleError(f"{where}: cannot configure the store: {_short(e)}") from None
         self.scheme = scheme
         self.bucket = bucket
+        # The endpoint as configured (None: the scheme's default service), for messages and for
+        # caching what the endpoint was found to support.
+        self.endpoint: str | None = config.get("endpoint") or next(
+            (os.environ[k] for k in _ENDPOINT_ENV.get(scheme, ()) if os.environ.get(k)), None
+        )
 
     # Each method is a thin wrapper: the one place that knows obstore's call shapes.
     def put(self, key: str, data: Any, mode: Any = "overwrite") -> str | None:

@@ -36,7 +36,8 @@ What is here, by concern:
   list once (a snapshot's type check) hands its result to the encoder (``number_lists`` of
   :func:`bundles.sample_encoder`'s ``encode``) instead of proving it twice.
 * **On-disk names** a tool looking inside a bundle directory needs: :data:`MANIFEST_NAME`,
-  :data:`MEDIA_DIR`, :data:`SHARDS_DIR` (docs/FORMAT.md).
+  :data:`MEDIA_DIR`, :data:`SHARDS_DIR` (docs/FORMAT.md); and :data:`SINGLE_WRITER_ENV`, the
+  environment variable that opts in to writing on a store that ignores preconditions.
 
 Stability: the names in ``__all__`` are public API with the same promise as :mod:`bundles`':
 within a major version a name is kept, its arguments only gain keyword options with defaults that
@@ -67,6 +68,7 @@ from bundles._commit import scratch_dir
 from bundles._faults import KILL_ENV, arm_kill, fault_point, on_fault_point
 from bundles._fs import remove_tree
 from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
+from bundles._location import SINGLE_WRITER_ENV
 from bundles._proc import boot_id, pid_alive, pid_namespace, proc_stat
 from bundles._progress import Progress, human_bytes
 from bundles._source import media_name_ok, open_regular_file
@@ -77,6 +79,7 @@ __all__ = [
     "MEDIA_DIR",
     "PROG",
     "SHARDS_DIR",
+    "SINGLE_WRITER_ENV",
     "CommandError",
     "Progress",
     "add_command",

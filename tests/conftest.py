@@ -76,6 +76,23 @@ def seaweed_s3() -> Iterator[Any]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def s3rver_s3() -> Iterator[Any]:
+    """s3rver (npm) on 127.0.0.1: a real S3 emulator that ignores preconditions. ``make test``
+    installs it into .venv/node; CI fails rather than skip without it."""
+    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+    pytest.importorskip("boto3", reason="boto3 (moto[server]) is not installed")
+    from helpers.store import s3rver_binary, s3rver_server
+
+    if s3rver_binary() is None:
+        message = "s3rver is not installed (make test installs it: npm install --prefix .venv/node s3rver)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with s3rver_server() as server:
+        yield server
+
+
 @pytest.fixture(autouse=True)
 def _miles_only_where_asked(request: pytest.FixtureRequest) -> Iterator[None]:
     """The Miles snapshot is importable only in the tests against Miles (the modules that call

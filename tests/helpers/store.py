@@ -38,13 +38,15 @@ class S3Server:
     endpoint: str
     make_bucket: Any
     buckets: list[str] = field(default_factory=list)
+    access_key: str = ACCESS_KEY
+    secret_key: str = SECRET_KEY
 
     @property
     def env(self) -> dict[str, str]:
         return {
             "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
             "AWS_REGION": "us-east-1",
             "AWS_ALLOW_HTTP": "true",
         }
@@ -52,8 +54,8 @@ class S3Server:
     def options(self, endpoint: str | None = None) -> dict[str, Any]:
         return {
             "endpoint": endpoint or self.endpoint,
-            "access_key_id": ACCESS_KEY,
-            "secret_access_key": SECRET_KEY,
+            "access_key_id": self.access_key,
+            "secret_access_key": self.secret_key,
             "region": "us-east-1",
             "allow_http": True,
         }
@@ -76,14 +78,14 @@ def free_port(limit: int = 50000) -> int:
     raise RuntimeError(f"no free port below {limit}")
 
 
-def _boto(endpoint: str) -> Any:
+def _boto(endpoint: str, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> Any:
     import boto3
 
     return boto3.client(
         "s3",
         endpoint_url=endpoint,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
         region_name="us-east-1",
     )
 
@@ -183,6 +185,55 @@ def seaweed_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def s3rver_binary() -> str | None:
+    """s3rver (npm), a real S3 emulator that ignores ``If-None-Match`` and ``If-Match``: where
+    ``make test`` installs it (.venv/node), or ``$S3RVER``, or on PATH."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for candidate in (
+        os.environ.get("S3RVER", ""),
+        os.path.join(root, ".venv", "node", "node_modules", ".bin", "s3rver"),
+        shutil.which("s3rver") or "",
+    ):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@contextlib.contextmanager
+def s3rver_server(timeout_s: float = 30.0) -> Iterator[S3Server]:
+    """s3rver on 127.0.0.1 with its data under a temporary directory. It checks no signatures
+    (``--allow-mismatched-signatures``) but knows one key pair only, its own."""
+    binary = s3rver_binary()
+    if binary is None:
+        raise FileNotFoundError("s3rver")
+    work = tempfile.mkdtemp(prefix="s3rver-")
+    port = free_port()
+    argv = [binary, "-d", work, "-a", "127.0.0.1", "-p", str(port), "-s", "--allow-mismatched-signatures"]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        client = _boto(endpoint, "S3RVER", "S3RVER")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"s3rver exited with {proc.returncode}")
+            try:
+                client.list_buckets()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield S3Server("s3rver", endpoint, lambda b: client.create_bucket(Bucket=b), [], "S3RVER", "S3RVER")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 class FaultProxy:
     """An HTTP proxy on 127.0.0.1 in front of a server, injecting faults per request.
 
@@ -195,15 +246,19 @@ class FaultProxy:
     * ``("drop_request", n)``: close the connection after reading ``n`` bytes of the body, never
       forwarding it (the upload dies mid-way);
     * ``("drop_response", n)``: forward, then send only the first ``n`` bytes of the answer.
+
+    ``strip`` names request headers never forwarded: with ``If-None-Match`` and ``If-Match`` the
+    proxy turns a server that honours preconditions into one that ignores them.
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, strip: frozenset[str] = frozenset()) -> None:
         import socketserver
         import threading
         import urllib.parse
 
         parsed = urllib.parse.urlparse(upstream)
         self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self.strip = frozenset(h.lower() for h in strip)
         self.rules: list[list[Any]] = []
         self.hits: list[tuple[str, str, str]] = []  # (method, path, what happened)
         self._lock = threading.Lock()
@@ -260,7 +315,9 @@ class FaultProxy:
             name, _, value = h.decode("latin-1").partition(":")
             if name.strip().lower() == "content-length":
                 length = int(value.strip())
-            if name.strip().lower() not in ("connection", "keep-alive"):
+            if name.strip().lower() in self.strip:
+                self.hits.append(("-", path, f"stripped {name.strip()}"))
+            elif name.strip().lower() not in ("connection", "keep-alive"):
                 headers.append(h)
         action = self._match(method, path)
         if action and action[0] == "drop_request":
