@@ -10,7 +10,13 @@ The habits every subcommand follows, enforced here rather than in each command:
 - one error prefix, ``rollout-bundle CMD: error: ...`` (argparse's own usage errors already
   read that way), and no traceback for an expected failure: a :class:`BundleError`, an
   ``OSError`` on a path the user named, or a :class:`CommandError`;
-- exit status 0 on success, 1 when the work failed or found problems, 2 on a usage error;
+- one exit-status rule (README.md, "Command line"): 0 on success; 1 for the bundle's problem
+  (a BUNDLE, FILE or directory the command works on is missing, unreadable, corrupt or fails its
+  check; verify's problems, replay's violations, diff's differences, an I/O error while working);
+  2 for the caller's (bad usage or values, an INDEX out of range, a key path no sample has, an
+  option's input that is unusable or made from another bundle, an output that exists without
+  --force or cannot be written as named, a URL scheme that is not served, a refusal that needs a
+  flag, a missing optional dependency). ``tests/test_cli_exit_codes.py`` holds every command to it;
 - messages name the CLI's flags, not the API arguments the library's messages mention
   (``pass overwrite=True`` reads ``pass --force`` here);
 - ``--json`` on every command that reports, ``--progress/--no-progress`` (default: drawn only
@@ -26,7 +32,13 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from bundles._errors import BundleError, BundleVerificationError, public_path
+from bundles._errors import (
+    BundleError,
+    BundleExistsError,
+    BundleVerificationError,
+    UnsupportedLocationError,
+    public_path,
+)
 from bundles._layout import FORMAT_VERSION
 
 PROG = "rollout-bundle"
@@ -43,7 +55,8 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 class CommandError(Exception):
-    """An expected failure a subcommand reports in one line; ``status`` 2 means bad usage."""
+    """An expected failure a subcommand reports in one line; ``status`` 1 is the bundle's problem,
+    2 the caller's (see the module docstring)."""
 
     def __init__(self, message: str, status: int = 1) -> None:
         super().__init__(message)
@@ -157,6 +170,9 @@ def run_command(ns: argparse.Namespace) -> int:
         for p in e.problems:
             print(f"  - {cli_message(p)}", file=sys.stderr)
         return 1
+    except (BundleExistsError, UnsupportedLocationError) as e:
+        error(command, str(e))  # an output that exists (pass --force), a URL that is not served:
+        return 2  # the caller's to change
     except BundleError as e:
         error(command, str(e))
         return 1

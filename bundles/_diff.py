@@ -9,7 +9,9 @@ wherever they sit), arrays, tensors and bytes by dtype, shape and the sha256 of 
 A changed sample lists the key paths that differ (``multimodal_inputs.images[1]``), at most
 ``limit`` of them. A list of numbers with the same length on both sides that differs in more
 than a few places (log-probs after a cast) is one entry naming how many items differ and the
-first of them, rather than a line per token.
+first of them, rather than a line per token. A list whose length differs (a screenshot dropped) is
+one entry with both lengths and the first position where the two lists part (the end of the
+shorter one when it is a prefix of the longer: the list was shortened or extended).
 
 Matched by position, both bundles are read one shard at a time; with ``by``, A's fingerprints
 are held in memory.
@@ -27,10 +29,15 @@ from bundles._layout import MEDIA_DIR
 from bundles._reader import Bundle
 from bundles._show import fingerprint, select, summarise
 
-__all__ = ["diff_bundles"]
+__all__ = ["DiffKeyError", "diff_bundles"]
 
 SPELLED_OUT = 3  # a same-length number list differing in more places than this is one entry
 _SUMMARIES = ("ndarray", "tensor", "bytes")
+
+
+class DiffKeyError(BundleError, ValueError):
+    """``by`` cannot match the samples: a sample lacks the key path, or its value is not a unique
+    number or string. The caller's choice of key (the CLI's ``--by``), not a damaged bundle."""
 
 
 class _Absent:
@@ -87,6 +94,17 @@ def changes(a: Any, b: Any, path: str = "") -> Iterator[dict[str, Any]]:
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             yield from changes(x, y, f"{path}[{i}]")
         return
+    if isinstance(a, list) and isinstance(b, list):
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        yield {
+            "path": path,
+            "length_a": len(a),
+            "length_b": len(b),
+            "first": first,
+            "a": _shown(a),
+            "b": _shown(b),
+        }
+        return
     yield {"path": path, "a": _shown(a), "b": _shown(b)}
 
 
@@ -104,10 +122,10 @@ def _key(bundle: Bundle, i: int, sample: dict[Any, Any], parts: list[str], by: s
     picked: Any = select(sample, [parts])
     for p in parts:
         if not isinstance(picked, dict) or p not in picked:
-            raise BundleError(f"{bundle.path}: samples[{i}]: has no key path {by!r} to match samples by")
+            raise DiffKeyError(f"{bundle.path}: samples[{i}]: has no key path {by!r} to match samples by")
         picked = picked[p]
     if picked is not None and type(picked) not in (int, float, str, bool):
-        raise BundleError(
+        raise DiffKeyError(
             f"{bundle.path}: samples[{i}].{by}: expected a number or string to match samples by, "
             f"found {type(picked).__name__}"
         )
@@ -121,7 +139,7 @@ def _keyed(bundle: Bundle, by: str) -> Iterator[tuple[Any, int, dict[Any, Any]]]
     for i, s in enumerate(bundle.samples()):
         key = _key(bundle, i, s, parts, by)
         if key in first:
-            raise BundleError(
+            raise DiffKeyError(
                 f"{bundle.path}: samples[{i}].{by}: {key!r} repeats samples[{first[key]}]; "
                 "matching needs a key path whose value is unique per sample"
             )

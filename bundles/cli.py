@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from bundles import _cli
-from bundles._diff import diff_bundles
+from bundles._diff import DiffKeyError, diff_bundles
 from bundles._layout import MEDIA_DIR
 from bundles._location import check_location, is_store_url
 from bundles._pack import pack_bundle, unpack_bundle
@@ -104,7 +104,9 @@ def _show(ns: argparse.Namespace) -> int:
     n = len(bundle)
     for i in ns.indices:
         if not -n <= i < n:
-            raise _cli.CommandError(f"{bundle.path}: sample index {i} is out of range: the bundle holds {n}")
+            raise _cli.CommandError(  # the caller's index, like a --keys typo: exit 2
+                f"{bundle.path}: sample index {i} is out of range: the bundle holds {n}", status=2
+            )
     positions = [i % n for i in ns.indices] if ns.indices else range(n)
     prefix = f"{bundle.path}/{MEDIA_DIR}/"
     out = sys.stdout
@@ -139,6 +141,10 @@ def _show(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _fmt_value(v: object) -> str:
     """A changed value on one line: arrays as their kind, dtype and shape; long text cut."""
     if isinstance(v, dict) and v.get("type") in ("ndarray", "tensor"):
@@ -154,14 +160,18 @@ def _fmt_value(v: object) -> str:
 def _diff(ns: argparse.Namespace) -> int:
     a = open_bundle(ns.a, verify="none")
     b = open_bundle(ns.b, verify="none")
-    report = diff_bundles(a, b, by=ns.by, limit=ns.limit)
+    try:
+        report = diff_bundles(a, b, by=ns.by, limit=ns.limit)
+    except DiffKeyError as e:  # --by cannot match these samples: the caller's key, exit 2
+        raise _cli.CommandError(str(e), status=2) from None
     if ns.json:
         _print_json(report)
         return 0 if report["same"] else 1
     for side in ("a", "b"):
         r = report[side]
         print(
-            f"{side.upper()}: {r['path']} ({r['kind']}, {r['samples']} samples, {r['media_files']} media files)"
+            f"{side.upper()}: {r['path']} ({r['kind']}, {_count(r['samples'], 'sample')}, "
+            f"{_count(r['media_files'], 'media file')})"
         )
     if report["kind"]:
         print(f"kind: {report['kind']['a']} -> {report['kind']['b']}")
@@ -203,12 +213,29 @@ def _change_line(c: dict[str, Any]) -> str:
             f"{c['path']}: {c['items_differ']} of {c['length']} items differ, first at [{c['first']}]: "
             f"{_fmt_value(c['a'])} -> {_fmt_value(c['b'])}"
         )
+    if "length_a" in c:
+        return _length_line(c)
     if c.get("only_in") == "a":
         return f"{c['path']}: only in A: {_fmt_value(c['a'])}"
     if c.get("only_in") == "b":
         return f"{c['path']}: only in B: {_fmt_value(c['b'])}"
     a, b = _fmt_value(c["a"]), _fmt_value(c["b"])
     return f"{c['path']}: {a} -> {b}" if a != b else f"{c['path']}: {a}, different content"
+
+
+def _length_line(c: dict[str, Any]) -> str:
+    """A list whose length differs: both lengths, then how the lists part."""
+    n, m, i, a, b = c["length_a"], c["length_b"], c["first"], c["a"], c["b"]
+    line = f"{c['path']}: {n} vs {m} items"
+    if i == min(n, m):  # the shorter list is the longer one's start
+        longer, side = (a, "A") if n > m else (b, "B")
+        line += f" (list {'shortened' if n > m else 'extended'}: {abs(n - m)} item(s) only in {side}"
+        if isinstance(longer, list):
+            line += f", from [{i}]: {_fmt_value(longer[i])}"
+        return line + ")"
+    if isinstance(a, list) and isinstance(b, list):
+        return line + f", first difference at [{i}]: {_fmt_value(a[i])} -> {_fmt_value(b[i])}"
+    return line + f", first difference at [{i}]"
 
 
 def _verify(ns: argparse.Namespace) -> int:
@@ -242,6 +269,8 @@ def _where(location: str) -> str:
 
 
 def _pack(ns: argparse.Namespace) -> int:
+    if not is_store_url(ns.output) and os.path.isdir(ns.output):  # the caller's -o: exit 2
+        raise _cli.CommandError(f"-o {ns.output}: is a directory; name the file to write", status=2)
     out = pack_bundle(ns.bundle, ns.output, overwrite=ns.force, progress=ns.progress)
     if is_store_url(str(out)):
         from bundles._remote import object_size

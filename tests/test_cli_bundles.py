@@ -66,7 +66,7 @@ def test_pack_unpack_round_trip_as_a_real_process(tmp_path):
     r = subprocess.run(
         [*cmd, "unpack", str(packed), "-o", str(tmp_path / "u")], capture_output=True, text=True, check=False
     )
-    assert r.returncode == 1 and "output exists" in r.stderr
+    assert r.returncode == 2 and "output exists" in r.stderr  # the caller's: pass --force
 
 
 def test_errors_are_messages_not_tracebacks(tmp_path, capsys):

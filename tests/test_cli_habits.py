@@ -99,7 +99,7 @@ def test_expected_failures_are_one_prefixed_line_without_traceback(tmp_path):
     assert cli("pack", str(b), "-o", str(packed)).returncode == 0
 
     r = cli("pack", str(b), "-o", str(packed))  # exists: the message names the flag, not the API
-    assert r.returncode == 1
+    assert r.returncode == 2  # the caller's to fix (--force): tests/test_cli_exit_codes.py
     assert r.stderr == f"rollout-bundle pack: error: {packed}: output exists; pass --force to replace it\n"
 
     r = cli("unpack", str(tmp_path / "gone.rbundle"), "-o", str(tmp_path / "u"))

@@ -76,7 +76,7 @@ def test_show_full_keys_negative_and_every_sample(tmp_path: Path, capsys: pytest
 
 def test_show_of_a_bad_index_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     b = write_bundle(tmp_path / "b", [{"a": 1}])
-    assert main(["show", str(b), "3"]) == 1
+    assert main(["show", str(b), "3"]) == 2  # the caller's index, like a bad --keys
     err = capsys.readouterr().err
     assert err == f"rollout-bundle show: error: {b}: sample index 3 is out of range: the bundle holds 1\n"
 
@@ -161,7 +161,7 @@ def test_diff_by_key_and_of_copies(tmp_path: Path, capsys: pytest.CaptureFixture
         "same: samples 0 added, 0 removed, 0 changed, 3 unchanged; "
         "media 0 only in A, 0 only in B, 4 in both\n"
     )
-    assert main(["diff", str(a), str(b), "--by", "nope"]) == 1
+    assert main(["diff", str(a), str(b), "--by", "nope"]) == 2  # the caller's key path, like --keys
     assert "has no key path 'nope'" in capsys.readouterr().err
     # A packed copy, read in place, is the same bundle; show reads it like the directory.
     pack_bundle(a, tmp_path / "a.rbundle")
@@ -178,7 +178,7 @@ def test_diff_by_a_key_that_repeats_names_both_samples_on_either_side(
     a = write_bundle(tmp_path / "a", s, media_roots=[run])
     twice = write_bundle(tmp_path / "twice", [s[0], s[1], s[0]], media_roots=[run])
     for left, right in ((a, twice), (twice, a)):
-        assert main(["diff", str(left), str(right), "--by", "index"]) == 1
+        assert main(["diff", str(left), str(right), "--by", "index"]) == 2  # the caller's --by
         err = capsys.readouterr().err
         assert err.startswith("rollout-bundle diff: error: ") and err.count("\n") == 1
         assert f"{twice}: samples[2].index: 0 repeats samples[0]" in err
@@ -193,3 +193,31 @@ def test_diff_limit_below_zero_is_a_usage_error_not_a_traceback(
         main(["diff", str(a), str(a), "--limit", "-1"])
     assert e.value.code == 2
     assert capsys.readouterr().err.endswith("error: argument --limit: expected an int >= 0, found -1\n")
+
+
+def test_diff_names_a_shortened_list_by_its_lengths(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A screenshot dropped from a sample reads "4 vs 3 items (list shortened ...)", not "different
+    content" (issue 24, item 8); an inserted one names where the lists part."""
+    run = tmp_path / "run"
+    shots = [put_media(run, bytes([i]) * 64) for i in range(4)]
+    a = write_bundle(tmp_path / "a", [{"images": shots, "tokens": list(range(50))}], media_roots=[run])
+    b = write_bundle(tmp_path / "b", [{"images": shots[:3], "tokens": list(range(60))}], media_roots=[run])
+    c = write_bundle(tmp_path / "c", [{"images": [shots[0], shots[3], *shots[1:]], "tokens": list(range(50))}],
+                     media_roots=[run])  # fmt: skip
+    assert main(["diff", str(a), str(b)]) == 1
+    text = capsys.readouterr().out
+    dropped = MediaRef.from_bytes(bytes([3]) * 64).filename
+    assert (
+        f'  images: 4 vs 3 items (list shortened: 1 item(s) only in A, from [3]: "media/{dropped}")\n' in text
+    )
+    assert "  tokens: 50 vs 60 items (list extended: 10 item(s) only in B)\n" in text  # summarised: no item
+    assert "different content" not in text
+    assert main(["diff", str(b), str(c)]) == 1
+    text = capsys.readouterr().out
+    first = MediaRef.from_bytes(bytes([1]) * 64).filename
+    assert f'  images: 3 vs 5 items, first difference at [1]: "media/{first}" -> "media/{dropped}"\n' in text
+    assert main(["diff", str(a), str(b), "--json"]) == 1
+    change = json.loads(capsys.readouterr().out)["samples"]["changed"][0]["changes"][0]
+    assert (change["path"], change["length_a"], change["length_b"], change["first"]) == ("images", 4, 3, 3)

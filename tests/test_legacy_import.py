@@ -145,7 +145,7 @@ def test_not_a_dump_and_existing_output(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert r.returncode == 1 and "destination exists" in r.stderr
+    assert r.returncode == 2 and "destination exists" in r.stderr  # the caller's: pass --force
 
 
 def test_a_legacy_dump_given_to_the_loader_names_the_import_command(tmp_path):

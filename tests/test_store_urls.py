@@ -139,7 +139,7 @@ def test_the_cli_refuses_an_unsupported_scheme_in_one_line(command: list[str], i
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, "-m", "trainer_hooks.cli", command[0], "hdfs://nn/x", *command[1:]]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr  # the caller's URL: tests/test_cli_exit_codes.py
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "unsupported URL scheme 'hdfs'" in lines[0], proc.stderr
     assert "rollout-bundles[s3]" in lines[0] and "Traceback" not in proc.stderr

@@ -19,7 +19,7 @@ from helpers import put_media
 from helpers.browser import INSTALL_HINT, find_chromium, render
 
 from bundles import MediaRef, pack_bundle, remove_bundle, write_bundle
-from trainer_hooks.cli import main
+from trainer_hooks.cli import build_parser, main
 
 Image = pytest.importorskip("PIL.Image")
 pytest.importorskip("jinja2", reason="view needs the [view] extra (jinja2)")
@@ -201,7 +201,7 @@ def test_bad_input_is_one_error_line(
     bad_summary = {**replay_report(bundle), "summary": {"problems": ["guard"]}}
     (tmp_path / "SUMMARY").write_text(json.dumps(bad_summary))
     args = [str(tmp_path / a) if a in ("REPORT", "MISSING", "SUMMARY") else a for a in args]
-    assert main(["view", str(bundle), "-o", str(tmp_path / "r.html"), *args]) == 1
+    assert main(["view", str(bundle), "-o", str(tmp_path / "r.html"), *args]) == 2  # the caller's input
     err = capsys.readouterr().err
     assert err.startswith("rollout-bundle view: error: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "r.html").exists()
@@ -263,3 +263,25 @@ def test_packed_bundle_is_read_in_place(tmp_path: Path, capsys: pytest.CaptureFi
     lightboxes = text.split('<div class="lightboxes">')[1]
     assert len(re.findall(r'<use href="#L\d+"', lightboxes)) == 12  # every large view inlined instead
     assert "packed file" in text and not list(tmp_path.glob("*.unpacked"))
+
+
+def test_view_says_what_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ "1 sample", not "1 samples"; the search page it writes beside the report is named, and is
+    the only other file (issue 24, item 8); --no-search writes the report alone and says so."""
+    b = write_bundle(tmp_path / "b", [{"prompt": "hi", "response": "ok"}])
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["view", str(b), "-o", str(out / "r.html")]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith(f"wrote {out / 'r.html'} (1 sample, 0 screenshots, ") and "1 samples" not in line
+    assert f" and its search page {out / 'r.search.html'}: open r.html in a browser\n" in line
+    assert sorted(p.name for p in out.iterdir()) == ["r.html", "r.search.html"]
+    (out / "r.search.html").unlink()
+    assert main(["view", str(b), "-o", str(out / "r.html"), "--no-search"]) == 0
+    line = capsys.readouterr().out
+    assert "search" not in line and line.endswith(": open r.html in a browser\n")
+    assert sorted(p.name for p in out.iterdir()) == ["r.html"]
+    summary = next(
+        a.help for a in build_parser()._subparsers._group_actions[0]._choices_actions if a.dest == "view"
+    )
+    assert "one self-contained" not in summary and "search page" in summary

@@ -197,7 +197,7 @@ def test_a_replay_report_of_another_bundle_is_refused(
     report = {"format": "rollout-bundle-replay", "version": 1, "bundle": str(a),
               "bundle_id": bundle_identity(open_bundle(a)), "samples": [], "summary": {}}  # fmt: skip
     (tmp_path / "a.json").write_text(json.dumps(report))
-    assert main(["view", str(b), "-o", str(tmp_path / "r.html"), "--replay", str(tmp_path / "a.json")]) == 1
+    assert main(["view", str(b), "-o", str(tmp_path / "r.html"), "--replay", str(tmp_path / "a.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "a replay report of another bundle" in err and str(a) in err
     assert not (tmp_path / "r.html").exists()

@@ -203,10 +203,10 @@ def test_histograms_and_logprob_strip_are_drawn(page: Path) -> None:
         r'<rect class="bar [^"]*"[^>]*height="([\d.]+)"><title>([^<]+)</title>', charts[0][1]
     )
     assert [t for _, t in reward_bars] == [
-        "0: 1 samples",
-        "0.25: 1 samples",
-        "0.5: 1 samples",
-        "1: 1 samples",
+        "0: 1 sample",  # not "1 samples" (issue 24, item 8)
+        "0.25: 1 sample",
+        "0.5: 1 sample",
+        "1: 1 sample",
     ]
     assert len(re.findall(r'<img src="data:image/png;base64,[^"]+" alt="per-token log-probs', text)) == 1
 

@@ -6,7 +6,10 @@ subcommand is one new module and one line here. What every subcommand shares (th
 ``rollout-bundle CMD: error: ...``, exit statuses, ``--json``, ``--progress/--no-progress``,
 ``--version``) lives in :mod:`bundles._cli`.
 
-Exit status: 0 on success, 1 when the work failed or found problems, 2 on a usage error.
+Exit status: 0 on success, 1 for the bundle's problem (missing, unreadable, corrupt, or failing
+the command's check), 2 for the caller's (usage, values, options, outputs); the rule in full is in
+README.md's "Command line" and :mod:`bundles._cli`, and ``tests/test_cli_exit_codes.py`` runs
+every subcommand against it.
 """
 
 from __future__ import annotations

@@ -168,7 +168,12 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
 
 def run_replay(ns: argparse.Namespace) -> int:
     from trainer_hooks.replay._replay import replay_bundle
-    from trainer_hooks.replay._report import ReportError, load_replay_report, write_report
+    from trainer_hooks.replay._report import (
+        ReportError,
+        check_report_bundle,
+        load_replay_report,
+        write_report,
+    )
 
     if ns.bundle is None:
         # `replay --ray BUNDLE`: argparse hands the bundle to --ray's optional ADDRESS. An address
@@ -197,6 +202,10 @@ def run_replay(ns: argparse.Namespace) -> int:
             raise CommandError(
                 f"--expect: expected a replay report (written by --report): {e}", status=2
             ) from None
+        try:  # a report of another bundle: the caller's pair to fix (exit 2, as view --replay)
+            check_report_bundle(expect, ns.bundle, f"--expect {ns.expect}")
+        except ReportError as e:
+            raise CommandError(str(e), status=2) from None
     answers = None
     if ns.answers is not None:
         try:

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from bundles import BundleIndexError
 from bundles.support import (
     CommandError,
     add_command,
@@ -48,19 +49,23 @@ def run_view(ns: argparse.Namespace) -> int:
         raise CommandError(
             "view needs Jinja2 for its page: pip install 'rollout-bundles[view]'", status=2
         ) from None
-    from trainer_hooks.replay import check_report_bundle
+    from trainer_hooks.replay import ReportError, check_report_bundle
     from trainer_hooks.view._report import write_html_report
 
     if ns.limit is not None and ns.limit < 1:
         raise CommandError("--limit must be at least 1; omit it for every sample", status=2)
     check_output_file("-o", ns.output)  # before any work; a missing directory is refused, not created
-    if ns.replay is not None:  # a report of another bundle is refused, not shown
-        check_report_bundle(ns.replay, ns.bundle, f"--replay {ns.replay}")
-
-    written = write_html_report(
-        ns.bundle, ns.output, replay=ns.replay, limit=ns.limit, samples=ns.samples, progress=ns.progress,
-        search=not ns.no_search, inline_budget=int(ns.inline_budget * 2**20),
-    )  # fmt: skip
+    # A --replay that is not a report, or a report of another bundle, is the caller's to fix (exit
+    # 2, as replay --expect); so is a --samples position out of range. A bad BUNDLE exits 1.
+    try:
+        if ns.replay is not None:  # a report of another bundle is refused, not shown
+            check_report_bundle(ns.replay, ns.bundle, f"--replay {ns.replay}")
+        written = write_html_report(
+            ns.bundle, ns.output, replay=ns.replay, limit=ns.limit, samples=ns.samples, progress=ns.progress,
+            search=not ns.no_search, inline_budget=int(ns.inline_budget * 2**20),
+        )  # fmt: skip
+    except (ReportError, BundleIndexError) as e:
+        raise CommandError(str(e), status=2) from None
     if written.not_shown:
         n = len(written.not_shown)
         first = "; ".join(written.not_shown[:3]) + ("; ..." if n > 3 else "")
@@ -71,10 +76,14 @@ def run_view(ns: argparse.Namespace) -> int:
                           "bytes": written.bytes, "not_shown": written.not_shown,
                           "search": None if written.search is None else str(written.search)}, indent=2, sort_keys=True))  # fmt: skip
     else:
-        print(f"wrote {written.path} ({written.samples} samples, {written.images} screenshots, "
-              f"{written.bytes / 2**20:.1f} MiB): open it in a browser"
-              + (f"; search page {written.search}" if written.search else ""))  # fmt: skip
+        print(f"wrote {written.path} ({_count(written.samples, 'sample')}, {_count(written.images, 'screenshot')}, "
+              f"{written.bytes / 2**20:.1f} MiB)" + (f" and its search page {written.search}" if written.search else "")
+              + f": open {written.path.name} in a browser")  # fmt: skip
     return 0
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def register(subparsers: Any) -> None:
@@ -82,14 +91,16 @@ def register(subparsers: Any) -> None:
     p = add_command(
         subparsers,
         "view",
-        "write one self-contained HTML report of a bundle's samples and screenshots",
+        "write an HTML report of a bundle's samples and screenshots, and its search page",
         run_view,
-        description="Write one self-contained HTML file (inlined thumbnails and styles, no script, no network) "
+        description="Write an HTML report (inlined thumbnails and styles, no script, no network) "
         "describing a bundle: kind, meta, counts, sizes, dedup ratio, histograms of reward, response length and "
         "turns, CSS-only filters and sorting, GRPO groups side by side with their advantages, then each sample "
         "with its status, reward, lengths, log-prob strip and screenshots. A click on a screenshot opens a large "
-        "view with the turn's action (click, drag, scroll, typed text) drawn over it. Beside it, "
-        "REPORT.search.html searches prompts and responses (one script, allowed by its CSP hash). With --replay, "
+        "view with the turn's action (click, drag, scroll, typed text) drawn over it; for a packed bundle or a "
+        "small dump the large views are inlined too, otherwise they are the bundle's stored files, linked. "
+        "Beside it, a second file, REPORT.search.html, searches prompts and responses (one script, allowed "
+        "by its CSP hash; --no-search writes the report alone). With --replay, "
         "each sample also shows the replay's guard and token-check results and log-prob differences.",
     )
     p.add_argument("bundle", metavar="BUNDLE", help="a bundle directory or a packed bundle file")
