@@ -20,6 +20,13 @@ tests use, but never calls there:
 
 Each stand-in is a package whose attributes are placeholder classes that raise naming the
 stand-in when called, so a code path that does need the engine fails loudly, never silently.
+Two placeholders also carry the class method Miles' real ``parse_args`` calls on them to register
+the engine's options (``tests/test_miles_settings.py`` runs that parser):
+``sglang.srt.server_args.ServerArgs.add_cli_args`` adds three of SGLang's server options, with
+SGLang's definitions: ``--dp-size`` and ``--enable-dp-attention`` (Miles' ``validate_args`` reads
+them) and ``--model-impl`` (``sglang_model_impl``, as close to our ``sglang_model_path`` as a
+typo: the settings check must tell it apart); ``sglang_router.launch_router.RouterArgs.add_cli_args``
+adds none (Miles only forwards them to the router it would start).
 Everything else Miles imports on these paths is the real package (the ``miles-tests`` extra:
 httpx, pybase64, polars, aiohttp, pylatexenc, tokenizers; pytest-asyncio and pytest-timeout run
 Miles' own async tests). Without a checkout, tests skip with one line.
@@ -57,6 +64,24 @@ MILES_ROOT = _miles_root()
 STAND_INS = ("sglang", "sglang_router")
 
 
+def _server_cli_args(parser: Any, **kwargs: Any) -> None:
+    # SGLang's own definitions (sglang/srt/server_args.py) of the three options; see the docstring.
+    parser.add_argument("--dp-size", type=int, default=1)
+    parser.add_argument("--enable-dp-attention", action="store_true")
+    parser.add_argument("--model-impl", type=str, default="auto")
+
+
+def _router_cli_args(parser: Any, **kwargs: Any) -> None:
+    pass
+
+
+# Class methods Miles' parse_args calls on a stand-in (see the module docstring).
+_CLASS_METHODS: dict[tuple[str, str], dict[str, Any]] = {
+    ("sglang.srt.server_args", "ServerArgs"): {"add_cli_args": staticmethod(_server_cli_args)},
+    ("sglang_router.launch_router", "RouterArgs"): {"add_cli_args": staticmethod(_router_cli_args)},
+}
+
+
 def _placeholder(module: str, name: str) -> type:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(
@@ -65,7 +90,14 @@ def _placeholder(module: str, name: str) -> type:
         )
 
     return type(
-        name, (), {"__module__": module, "__new__": refuse, "__init_subclass__": classmethod(lambda c: None)}
+        name,
+        (),
+        {
+            "__module__": module,
+            "__new__": refuse,
+            "__init_subclass__": classmethod(lambda c: None),
+            **_CLASS_METHODS.get((module, name), {}),
+        },
     )
 
 

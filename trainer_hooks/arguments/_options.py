@@ -2,15 +2,21 @@
 
 Two kinds of options (listed in docs/TRAINER_HOOKS.md):
 
-* This project's own (and the token-space engine build's): :data:`OWN_OPTIONS`.
-  :func:`add_arguments` adds them to any parser that lacks them.
+* This project's own (and the token-space engine build's): :data:`OWN_OPTIONS`, from one table,
+  :data:`SETTINGS` (flag, argparse definition, the types a config file may give). Everything that
+  reaches them is derived from it: the argparse options (:func:`add_arguments`, and
+  :func:`add_own_arguments` for a parser that already has Miles' options, such as the one a custom
+  generate function's ``add_arguments`` receives), the checks of values that were set on ``args``
+  without argparse (:func:`check_settings`: Miles' ``--custom-config-path`` YAML), and the value
+  checks both share (:func:`validate_settings`).
 * Miles' (``--save``, ``--fp16``, ``--rollout-batch-size``, ``--sglang-*``, …):
   :data:`MILES_OPTIONS`, with Miles' type, default and choices (SGLang's for ``--sglang-*``).
   :func:`add_arguments` never adds them directly, because Miles calls its
   ``add_custom_arguments`` hook *before* defining its own options and argparse refuses an option
   defined twice; it arranges for the parser to add the ones still missing when it parses.
   :func:`parse_args` (no Miles) adds them all up front.
-``validate_args`` raises ``ValueError`` naming the option; it normalizes some values in place
+``validate_args`` raises ``ValueError`` naming the option (:func:`validate_settings` for ours, then
+Miles' that we use); it normalizes some values in place
 (``shared_media_dir``, ``save``, ``load`` and the debug-dump templates made absolute, because
 Ray workers may run in another directory;
 ``sglang_mm_process_config`` parsed from JSON) and sets ``args.rollout_processor_args``.
@@ -19,11 +25,12 @@ Ray workers may run in another directory;
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bundles import LinkMode, UnsupportedLocationError, Verify, check_location
@@ -35,11 +42,16 @@ __all__ = [
     "BUNDLE_VERIFY_MODES",
     "MILES_OPTIONS",
     "OWN_OPTIONS",
+    "SETTINGS",
+    "Setting",
     "add_arguments",
     "add_miles_options",
+    "add_own_arguments",
     "build_parser",
+    "check_settings",
     "parse_args",
     "validate_args",
+    "validate_settings",
 ]
 
 # The choices of --bundle-link-mode / --bundle-verify: bundles' own vocabularies.
@@ -53,94 +65,129 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
     return set(parser._option_string_actions)
 
 
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One of this project's options: its flag, its argparse definition, and what a value set on
+    ``args`` without argparse (a ``--custom-config-path`` YAML key) may be."""
+
+    flag: str
+    kwargs: Mapping[str, Any]
+    #: What the value may be when it did not come through argparse: ``"str"``, ``"int"``,
+    #: ``"float"`` (an int too), ``"bool"``, ``"fields"`` (a comma-separated string or a list of
+    #: strings); None is allowed where the default is None.
+    kind: str
+
+    @property
+    def name(self) -> str:
+        """The ``args`` attribute (argparse's dest), also the YAML key."""
+        return self.flag[2:].replace("-", "_")
+
+    @property
+    def default(self) -> Any:
+        return self.kwargs.get("default")
+
+
 # Options that exist only here, or only in the token-space engine build: Miles never defines
 # them, so they are safe to add in Miles' add_custom_arguments hook (which runs before Miles
-# adds its own options, where any option Miles defines later would be a conflict).
+# adds its own options, where any option Miles defines later would be a conflict). Every one of
+# them that the Miles plugins read (trainer_hooks.miles, trainer_hooks.checkpoints, run media)
+# is here: tests/test_miles_settings.py checks the source against this table.
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "--shared-media-dir",
+        dict(
+            default=None,
+            help="Shared filesystem directory for rollout media; each run writes under <dir>/<run uuid> "
+            "and removes that directory at teardown.",
+        ),
+        "str",
+    ),
+    # None until validate_settings draws a uuid4: a default drawn here would be shared by every
+    # parse in the process.
+    Setting(
+        "--run-uuid",
+        dict(default=None, help="Name of this run's media directory (default: a new uuid4 hex)."),
+        "str",
+    ),
+    Setting(
+        "--bundle-link-mode",
+        dict(
+            choices=BUNDLE_LINK_MODES,
+            default="auto",
+            help="How bundles take media from the run directory: hardlink, reflink, copy, or auto "
+            "(the first that works).",
+        ),
+        "str",
+    ),
+    Setting(
+        "--keep-rollout-checkpoints",
+        dict(type=int, default=None, help="Keep only the newest N rollout checkpoints (default: keep all)."),
+        "int",
+    ),
+    Setting(
+        "--bundle-verify",
+        dict(
+            choices=BUNDLE_VERIFY_MODES,
+            default="fast",
+            help="Verification when opening a bundle: none, fast (sizes), full (hashes).",
+        ),
+        "str",
+    ),
+    Setting(
+        "--resume-verify-media",
+        dict(
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="Hash every media file a resume places in the run directory (default: on). Hard "
+            "links share inodes with the checkpoint, so an in-place edit would otherwise go unseen.",
+        ),
+        "bool",
+    ),
+    Setting(
+        "--rollout-journal-interval",
+        dict(
+            type=float,
+            default=1.0,
+            metavar="SECONDS",
+            help="Journal every graded sample beside the rollout checkpoints and fsync the journal at "
+            "most this often, on a background thread (default 1.0; 0 disables the journal). A crash then "
+            "loses at most this much generation (docs/RESUME.md).",
+        ),
+        "float",
+    ),
+    Setting(
+        "--resume-accept-changes",
+        dict(
+            default=None,
+            metavar="FIELD[,FIELD]",
+            help="Resume although the checkpoint's fingerprint differs in these fields (model_path, "
+            "tokenizer, processor, training_dtype, n_samples_per_prompt, dataset); resume refuses any "
+            "other difference.",
+        ),
+        "fields",
+    ),
+    # Miles skips SGLang's model_path (it uses --hf-checkpoint); the processor check reads it.
+    Setting(
+        "--sglang-model-path",
+        dict(default=None, help="The engines' model path (default: --hf-checkpoint)."),
+        "str",
+    ),
+    # The token-space engine build's trainer-side switch.
+    Setting(
+        "--enable-token-space-processor",
+        dict(
+            action="store_true",
+            default=False,
+            help="Process multimodal inputs in the trainer with the engines' processor; requires every "
+            "engine group to share the processor settings (checked at parse time).",
+        ),
+        "bool",
+    ),
+)
+
+
 def _own_options() -> list[tuple[str, dict[str, Any]]]:
-    return [
-        (
-            "--shared-media-dir",
-            dict(
-                default=None,
-                help="Shared filesystem directory for rollout media; each run writes under <dir>/<run uuid> "
-                "and removes that directory at teardown.",
-            ),
-        ),
-        # None until validate_args draws a uuid4: a default drawn here would be shared by every
-        # parse in the process.
-        (
-            "--run-uuid",
-            dict(default=None, help="Name of this run's media directory (default: a new uuid4 hex)."),
-        ),
-        (
-            "--bundle-link-mode",
-            dict(
-                choices=BUNDLE_LINK_MODES,
-                default="auto",
-                help="How bundles take media from the run directory: hardlink, reflink, copy, or auto "
-                "(the first that works).",
-            ),
-        ),
-        (
-            "--keep-rollout-checkpoints",
-            dict(
-                type=int, default=None, help="Keep only the newest N rollout checkpoints (default: keep all)."
-            ),
-        ),
-        (
-            "--bundle-verify",
-            dict(
-                choices=BUNDLE_VERIFY_MODES,
-                default="fast",
-                help="Verification when opening a bundle: none, fast (sizes), full (hashes).",
-            ),
-        ),
-        (
-            "--resume-verify-media",
-            dict(
-                action=argparse.BooleanOptionalAction,
-                default=True,
-                help="Hash every media file a resume places in the run directory (default: on). Hard "
-                "links share inodes with the checkpoint, so an in-place edit would otherwise go unseen.",
-            ),
-        ),
-        (
-            "--rollout-journal-interval",
-            dict(
-                type=float,
-                default=1.0,
-                metavar="SECONDS",
-                help="Journal every graded sample beside the rollout checkpoints and fsync the journal at "
-                "most this often, on a background thread (default 1.0; 0 disables the journal). A crash then "
-                "loses at most this much generation (docs/RESUME.md).",
-            ),
-        ),
-        (
-            "--resume-accept-changes",
-            dict(
-                default=None,
-                metavar="FIELD[,FIELD]",
-                help="Resume although the checkpoint's fingerprint differs in these fields (model_path, "
-                "tokenizer, processor, training_dtype, n_samples_per_prompt, dataset); resume refuses any "
-                "other difference.",
-            ),
-        ),
-        # Miles skips SGLang's model_path (it uses --hf-checkpoint); the processor check reads it.
-        (
-            "--sglang-model-path",
-            dict(default=None, help="The engines' model path (default: --hf-checkpoint)."),
-        ),
-        # The token-space engine build's trainer-side switch.
-        (
-            "--enable-token-space-processor",
-            dict(
-                action="store_true",
-                default=False,
-                help="Process multimodal inputs in the trainer with the engines' processor; requires every "
-                "engine group to share the processor settings (checked at parse time).",
-            ),
-        ),
-    ]
+    return [(st.flag, dict(st.kwargs)) for st in SETTINGS]
 
 
 # Options Miles defines (itself, through its training backend, or from SGLang's ServerArgs), with
@@ -232,6 +279,19 @@ def add_miles_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
+def add_own_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add this project's own options (:data:`SETTINGS`) that ``parser`` lacks; return it. Nothing
+    else: for a parser that already has Miles' options (a custom generate function's
+    ``add_arguments`` gets Miles' finished parser)."""
+    existing = _options(parser)
+    own = [(flag, kw) for flag, kw in _own_options() if flag not in existing]
+    if own:
+        group = parser.add_argument_group("rollout bundles and run media")
+        for flag, kw in own:
+            group.add_argument(flag, **kw)
+    return parser
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add this project's options to ``parser``; return it. Works as Miles'
     ``parse_args(add_custom_arguments=add_arguments)`` hook and on a finished Miles parser.
@@ -244,12 +304,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
       Miles' type, default and choices, when the parser parses and still lacks them (a parser
       that is not Miles').
     """
-    existing = _options(parser)
-    own = [(flag, kw) for flag, kw in _own_options() if flag not in existing]
-    if own:
-        group = parser.add_argument_group("rollout bundles and run media")
-        for flag, kw in own:
-            group.add_argument(flag, **kw)
+    add_own_arguments(parser)
     if not getattr(parser, _DEFERRED_MARK, False):
         parse_known_args = parser.parse_known_args
 
@@ -270,8 +325,59 @@ _STORE_OPTIONS: frozenset[str] = frozenset(
 )
 
 
-def validate_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Check the options in one pass; raise ``ValueError`` naming the option. Returns ``args``."""
+_KINDS: dict[str, str] = {
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "fields": "a comma-separated string or a list of strings",
+}
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    if kind == "str":
+        return isinstance(value, (str, os.PathLike))
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "fields":
+        return isinstance(value, str) or (
+            isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+        )
+    raise AssertionError(kind)
+
+
+def check_settings(values: Mapping[str, Any], *, where: str) -> None:
+    """Check the types of this project's settings among ``values`` (a namespace's ``vars`` or a
+    config file's keys) that did not come through argparse; raise ``ValueError`` naming ``where``,
+    the key, its option, what was expected and what was found. Keys that are not ours are left
+    alone; :func:`validate_settings` checks the values themselves."""
+    for st in SETTINGS:
+        if st.name not in values:
+            continue
+        value = values[st.name]
+        if value is None and st.default is None:
+            continue
+        if not _is_kind(value, st.kind):
+            choices = st.kwargs.get("choices")
+            expected = f"one of {', '.join(choices)}" if choices else _KINDS[st.kind]
+            raise ValueError(f"{where}: {st.name} ({st.flag}): expected {expected}, found {value!r}")
+
+
+def _fields(value: Any) -> list[str]:
+    items = [value] if isinstance(value, str) else list(value)
+    return [f.strip() for v in items for f in str(v).split(",") if f.strip()]
+
+
+def validate_settings(args: argparse.Namespace) -> argparse.Namespace:
+    """Check this project's own settings on ``args`` (:data:`SETTINGS`), whichever way they were
+    set, with the command line's messages; normalize ``shared_media_dir`` (absolute) and draw
+    ``run_uuid`` when unset. Settings absent from ``args`` are left absent (their readers use the
+    table's defaults). Returns ``args``; :func:`validate_args` starts with it, and the Miles plugins
+    call it (through :func:`trainer_hooks.miles.check_args`) on a stock Miles run's ``args``."""
     g = lambda name, default=None: getattr(args, name, default)  # noqa: E731
 
     if g("shared_media_dir") is not None:
@@ -279,6 +385,41 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         if os.path.exists(path) and not os.path.isdir(path):
             raise ValueError(f"--shared-media-dir {path}: expected a directory, found a file")
         args.shared_media_dir = path
+    if g("run_uuid") is None:
+        args.run_uuid = uuid.uuid4().hex
+    check_run_id(args.run_uuid, option="--run-uuid")
+
+    keep = g("keep_rollout_checkpoints")
+    if keep is not None and keep < 1:
+        raise ValueError(
+            f"--keep-rollout-checkpoints: expected at least 1 (the newest is needed to resume), found {keep}"
+        )
+    interval = g("rollout_journal_interval")
+    if interval is not None and not (float(interval) >= 0 and float(interval) != float("inf")):
+        raise ValueError(f"--rollout-journal-interval: expected seconds >= 0 (0 disables), found {interval}")
+    if g("resume_accept_changes") is not None:
+        from trainer_hooks.checkpoints import FINGERPRINT_FIELDS
+
+        unknown = [f for f in _fields(args.resume_accept_changes) if f not in FINGERPRINT_FIELDS]
+        if unknown:
+            raise ValueError(
+                f"--resume-accept-changes: unknown field(s) {', '.join(unknown)}; expected some of "
+                f"{', '.join(FINGERPRINT_FIELDS)}"
+            )
+    for name, choices in (("bundle_link_mode", BUNDLE_LINK_MODES), ("bundle_verify", BUNDLE_VERIFY_MODES)):
+        value = g(name)
+        if value is not None and value not in choices:
+            raise ValueError(
+                f"--{name.replace('_', '-')}: expected one of {', '.join(choices)}, found {value!r}"
+            )
+    return args
+
+
+def validate_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Check the options in one pass; raise ``ValueError`` naming the option. Returns ``args``."""
+    g = lambda name, default=None: getattr(args, name, default)  # noqa: E731
+
+    validate_settings(args)
     # Every path the rollout side writes or reads is resolved now, on the driver: a Ray actor
     # may run in another working directory.
     for name in (
@@ -302,10 +443,6 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
                     )
                 continue  # a URL is absolute already
             setattr(args, name, os.path.abspath(os.fspath(getattr(args, name))))
-    if g("run_uuid") is None:
-        args.run_uuid = uuid.uuid4().hex
-    check_run_id(args.run_uuid, option="--run-uuid")
-
     if g("fp16") and g("bf16"):
         raise ValueError("--fp16 and --bf16: choose at most one")
 
@@ -327,31 +464,6 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
             raise ValueError(f"--{name.replace('_', '-')}: expected a positive integer, found {value}")
     if g("start_rollout_id") is not None and args.start_rollout_id < 0:
         raise ValueError(f"--start-rollout-id: expected >= 0, found {args.start_rollout_id}")
-
-    keep = g("keep_rollout_checkpoints")
-    if keep is not None and keep < 1:
-        raise ValueError(
-            f"--keep-rollout-checkpoints: expected at least 1 (the newest is needed to resume), found {keep}"
-        )
-    interval = g("rollout_journal_interval")
-    if interval is not None and not (float(interval) >= 0 and float(interval) != float("inf")):
-        raise ValueError(f"--rollout-journal-interval: expected seconds >= 0 (0 disables), found {interval}")
-    if g("resume_accept_changes") is not None:
-        from trainer_hooks.checkpoints import FINGERPRINT_FIELDS
-
-        fields = [f.strip() for f in str(args.resume_accept_changes).split(",") if f.strip()]
-        unknown = [f for f in fields if f not in FINGERPRINT_FIELDS]
-        if unknown:
-            raise ValueError(
-                f"--resume-accept-changes: unknown field(s) {', '.join(unknown)}; expected some of "
-                f"{', '.join(FINGERPRINT_FIELDS)}"
-            )
-    for name, choices in (("bundle_link_mode", BUNDLE_LINK_MODES), ("bundle_verify", BUNDLE_VERIFY_MODES)):
-        value = g(name)
-        if value is not None and value not in choices:
-            raise ValueError(
-                f"--{name.replace('_', '-')}: expected one of {', '.join(choices)}, found {value!r}"
-            )
 
     if g("sglang_mm_process_config") is not None:
         args.sglang_mm_process_config = parse_mm_process_config(

@@ -27,6 +27,11 @@ They share one :class:`trainer_hooks.checkpoints.RolloutState` per run (per ``ar
 journal hook. Resume order: buffered (completed) groups train first, in-flight groups are
 regenerated ahead of recycled ones and of new prompts, and the cursor continues.
 
+This project's own settings (``shared_media_dir``, ``bundle_link_mode``, ...) reach a stock run
+through Miles' ``--custom-config-path`` YAML, or through a custom generate function's
+``add_arguments`` (:func:`add_arguments`); every plugin checks them once with :func:`check_args`
+(:mod:`trainer_hooks.miles._settings`; docs/INTEGRATION.md A.6).
+
 Miles' rollout code is imported when one of these names is first used (``--data-source-path
 trainer_hooks.miles.BundledDataSource`` does that); without it, that says so in one line. The
 package itself imports without it, so that :mod:`trainer_hooks.miles.dashboard` runs where only
@@ -38,12 +43,15 @@ from __future__ import annotations
 from typing import Any
 
 from trainer_hooks.miles._log import bundle_dump_template, log_rollout_bundle
+from trainer_hooks.miles._settings import add_arguments, check_args
 
 __all__ = [
     "BundledDataBuffer",
     "BundledDataSource",
     "FullyAsyncRolloutFn",
+    "add_arguments",
     "bundle_dump_template",
+    "check_args",
     "log_rollout_bundle",
     "rollout_state",
 ]

@@ -23,6 +23,7 @@ from argparse import Namespace
 from typing import Any
 
 from trainer_hooks.dumps import save_debug_rollout_data
+from trainer_hooks.miles._settings import check_args
 
 __all__ = ["bundle_dump_template", "log_rollout_bundle"]
 
@@ -45,6 +46,7 @@ def log_rollout_bundle(
 ) -> bool:
     """Miles' custom rollout log function: write this step's samples as a bundled debug dump
     (see the module docstring); returns False so that Miles' own logging still runs."""
+    check_args(args)  # this project's settings, once per run (a stock run's first seam may be this)
     template = bundle_dump_template(args)
     if template is None:
         return False

@@ -47,6 +47,7 @@ from trainer_hooks.checkpoints import (
     materialize,
     read_rollout_checkpoint,
 )
+from trainer_hooks.miles._settings import check_args
 from trainer_hooks.run_media import store_media
 
 __all__ = ["BundledDataBuffer", "BundledDataSource", "FullyAsyncRolloutFn", "rollout_state"]
@@ -60,7 +61,9 @@ _CURSOR_FIELDS = ("sample_offset", "epoch_id", "sample_group_index", "sample_ind
 
 
 def rollout_state(args: Any) -> RolloutState:
-    """The run's :class:`RolloutState`: one per ``args`` object, shared by the plugins."""
+    """The run's :class:`RolloutState`: one per ``args`` object, shared by the plugins. The
+    first call for an ``args`` checks this project's settings on it (:func:`check_args`)."""
+    check_args(args)
     with _STATES_LOCK:
         state = _STATES.get(id(args))
         if state is None or state.args is not args:

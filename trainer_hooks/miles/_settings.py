@@ -1,0 +1,135 @@
+"""This project's settings in a stock Miles run: how they reach ``args``, and one check of them.
+
+Stock Miles' ``parse_args`` knows none of our options (``--shared-media-dir``, ``--run-uuid``,
+``--bundle-link-mode``, ... :data:`trainer_hooks.arguments.SETTINGS`): with ``--fully-async`` it
+adds custom options only from its own rollout function and from
+``--custom-generate-function-path`` (their ``add_arguments``), so ``train_async.py`` stops with
+"unrecognized arguments" on any of ours. Two of Miles' own mechanisms reach them:
+
+* ``--custom-config-path FILE``: Miles sets every key of that YAML on ``args`` after parsing
+  (``shared_media_dir: /shared/media``). Nothing in Miles checks the keys;
+* a custom generate function's ``add_arguments(parser)``, which Miles calls on its finished
+  parser: ``generate.add_arguments = trainer_hooks.miles.add_arguments`` (or a call to it from
+  the function's own) adds our options, and argparse checks them as usual.
+
+:func:`check_args` is what makes the first of these safe: the plugins call it once per ``args``
+object, at their first seam (construction, or the first ``log_rollout_bundle``), before anything
+is read. It refuses, in one ``ValueError`` that names the config file:
+
+* a key of that YAML that is not ours but close to one of ours (``difflib``, ratio >= 0.8:
+  ``shared_media_dirr``, ``shared-media-dir``), unless Miles' own parser defines it: SGLang's
+  ``sglang_model_impl`` is as close to our ``sglang_model_path``, and a Miles option in the same
+  YAML is Miles' business (the dests are read from Miles' parser, built once, and only when a key
+  is close). Keys far from ours are left alone: the YAML is Miles' channel for any custom
+  function's settings. Where the YAML cannot be read in this process (a relative path and another
+  working directory), every attribute of ``args`` is looked at the same way;
+* a value of the wrong type (``keep_rollout_checkpoints: three``), and any value the command line
+  would refuse, with the command line's message (:func:`trainer_hooks.arguments.validate_settings`,
+  which also makes ``shared_media_dir`` absolute and draws ``run_uuid`` when unset).
+
+Trade-off: Megatron's options are not in Miles' parser as built here (Megatron adds them around
+it); one within the ratio of ours given in the YAML (or, without a readable YAML, present at all)
+would be refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import functools
+import io
+import threading
+from typing import Any
+
+from trainer_hooks.arguments import SETTINGS, add_own_arguments, check_settings, validate_settings
+
+__all__ = ["add_arguments", "check_args", "miles_option_names"]
+
+SETTING_NAMES = frozenset(st.name for st in SETTINGS)
+#: How close (difflib's ratio) a key must be to one of ours to be taken for a misspelling of it.
+CLOSE = 0.8
+
+_CHECKED: dict[int, Any] = {}
+_CHECKED_LOCK = threading.Lock()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """This project's options, for a custom generate function's ``add_arguments`` (Miles calls it
+    on its finished parser): ``generate.add_arguments = trainer_hooks.miles.add_arguments``."""
+    return add_own_arguments(parser)
+
+
+@functools.lru_cache(maxsize=1)
+def miles_option_names() -> frozenset[str]:
+    """The dests of Miles' own parser (its options and SGLang's ``--sglang-*``), or an empty set
+    where Miles' parser cannot be built."""
+    try:
+        from miles.utils.arguments import get_miles_extra_args_provider
+
+        parser = argparse.ArgumentParser(add_help=False)
+        # Miles' provider parses sys.argv once to find the user's functions and prints its usage
+        # when that fails (it catches the exit itself).
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            get_miles_extra_args_provider()(parser)
+    except (Exception, SystemExit):  # not a Miles process, or a Miles we cannot build a parser of
+        return frozenset()
+    return frozenset(action.dest for action in parser._actions)
+
+
+def _config_keys(path: str) -> list[str] | None:
+    """The keys of Miles' ``--custom-config-path`` YAML (a path or ``base64:<payload>``), or None
+    where it cannot be read here."""
+    import yaml
+
+    try:
+        try:
+            from miles.utils.file_arg_utils import resolve_file_arg
+        except ImportError:  # not a Miles process: a plain path
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = resolve_file_arg(path)
+        data = yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return [str(k) for k in data] if isinstance(data, dict) else None
+
+
+def _near_misses(args: Any, keys: list[str]) -> list[tuple[str, str]]:
+    """(key, our setting it is close to) for each of ``keys`` that looks like a misspelling of one
+    of our settings and that Miles does not define."""
+    near = []
+    for key in keys:
+        if key in SETTING_NAMES or key.startswith("_"):
+            continue
+        norm = key.replace("-", "_")
+        match = [norm] if norm in SETTING_NAMES else difflib.get_close_matches(norm, SETTING_NAMES, 1, CLOSE)
+        if match:
+            near.append((key, match[0]))
+    if near:
+        known = miles_option_names()
+        near = [(key, match) for key, match in near if key not in known]
+    return near
+
+
+def check_args(args: Any) -> Any:
+    """Check this project's settings on ``args`` once (see the module docstring); returns ``args``.
+    Raises ``ValueError`` naming the key (and ``--custom-config-path``) or the option."""
+    with _CHECKED_LOCK:
+        if _CHECKED.get(id(args)) is args:
+            return args
+        config = getattr(args, "custom_config_path", None)
+        where = f"--custom-config-path {config}" if config else "args"
+        keys = _config_keys(str(config)) if config else None
+        near = _near_misses(args, list(vars(args)) if keys is None else keys)
+        if near:
+            listed = "; ".join(f"{key!r} (did you mean {match!r}?)" for key, match in sorted(near))
+            raise ValueError(
+                f"{where}: unknown setting {listed}; this project's settings are "
+                f"{', '.join(st.name for st in SETTINGS)} (docs/INTEGRATION.md A.6)"
+            )
+        check_settings(vars(args), where=where)
+        validate_settings(args)
+        _CHECKED[id(args)] = args
+    return args
