@@ -145,6 +145,23 @@ def test_gc_of_each_store_vector_deletes_nothing_live_and_nothing_not_its_own(
         assert code == 0, text
 
 
+def test_the_media_of_a_bundle_copied_verbatim_are_never_collected(moto: Any, tmp_path: Path) -> None:
+    """``aws s3 sync bundle_dir s3://b/x`` and a file of the user's beside its media: no pointer
+    of ours vouches for any of it (before: the unlisted file was deleted)."""
+    run = tmp_path / "run-media"
+    local = write_bundle(tmp_path / "plain", [{"image": put_media(run, image("a"))}], media_roots=[run])
+    store = raw_store(moto)
+    for f in local.rglob("*"):
+        if f.is_file():
+            obstore.put(store, f"mix/synced/{f.relative_to(local)}", f.read_bytes())
+    obstore.put(store, f"mix/synced/media/{pooled_name('mine')}", image("mine"))
+    before = contents(moto)
+    report = bundles.collect_garbage(f"s3://{moto.current}/mix", older_than_s=0)
+    assert report.media == [] and report.bundles == 1 and contents(moto) == before
+    assert [(k.where, k.objects) for k in report.skipped] == [(f"s3://{moto.current}/mix/synced/media", 1)]
+    assert len(open_bundle(f"s3://{moto.current}/mix/synced", verify="none")) == 1
+
+
 def test_gc_of_the_pool_is_refused_in_the_library_too(moto: Any, tmp_path: Path) -> None:
     """Item 1 through the API: ``collect_garbage`` raises, naming the prefix to give instead."""
     url = write(moto, tmp_path, "run-7/rollout/fully_async_40", ["a", "b", "c"])

@@ -202,12 +202,14 @@ def _read_pending(store: Store, url: StoreURL, b: _Bundle, gen: str) -> None:
         raise store_error(where, "read the manifest", e) from e
 
 
-def _plain_ok(store: Store, key: str) -> bool:
-    """``key/manifest.json`` is a bundle's manifest (only to count the bundles)."""
+def _plain_ok(store: Store, b: _Bundle) -> bool:
+    """``U/manifest.json`` is a bundle's manifest: count it, and note what it lists (its media are
+    never gc's; only the unlisted ones are reported as left)."""
     try:
-        parse_manifest_bytes(store.get(_join(key, MANIFEST_NAME))[0], key)
+        manifest = parse_manifest_bytes(store.get(_join(b.key, MANIFEST_NAME))[0], b.key)
     except (FileNotFoundError, BundleError):
         return False
+    b.listed = {m.filename for m in manifest.media}
     return True
 
 
@@ -296,7 +298,7 @@ def collect_garbage(
         raise store_error(url, "read the generations' manifests", e) from e
     plain = [b for b in found.values() if b.plain and not b.pointer_key and _under(b.key, url.key)]
     try:
-        sound = parallel(lambda b: _plain_ok(store, b.key), plain)
+        sound = parallel(lambda b: _plain_ok(store, b), plain)
     except Exception as e:
         raise store_error(url, "read the bundles copied verbatim", e) from e
     report.bundles = sum(b.readable for b in found.values()) + sum(sound)
@@ -362,7 +364,9 @@ def collect_garbage(
             if b.readable:
                 listed = (b.listed if not b.shared else set()) | b.pending
             elif b.plain:
-                skipped[(PLAIN_COPY, where(d))] = len(keys)
+                unlisted = sum(k.rpartition("/")[2] not in b.listed for k in keys)
+                if unlisted:
+                    skipped[(PLAIN_COPY, where(d))] = unlisted
                 continue
             elif b.generations:
                 listed = b.pending  # a writer that died before publishing (or is about to)
