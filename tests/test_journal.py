@@ -591,3 +591,19 @@ def test_a_drain_timing_out_on_the_journal_leaves_its_groups_buffered(tmp_path):
         (group,) = fn.drain(1, timeout=10, step=0)
     assert sorted(s.index for s in group) == [0, 1]
     fn.close()
+
+
+def test_a_torn_tail_the_checkpoint_covers_is_corruption_not_a_torn_write(tmp_path):
+    # save() makes the journal durable up to the checkpoint's watermark before it commits: a
+    # crash cannot tear a record at or before it (issue 24, R4's rule at the ledger).
+    args, _, _ = run_and_crash(tmp_path, save_at=(0,), steps=1)
+    watermark = open_bundle(checkpoint_path(args.save, 0)).meta["journal"]["watermark"]
+    jdir = journal_dir(args.save)
+    segments = sorted(jdir.glob("segment-*.rjl"))
+    holding = next(p for p in segments if watermark in {r.seq for r in scan_journal(jdir, only=[p]).records})
+    rec = next(r for r in scan_journal(jdir, only=[holding]).records if r.seq == watermark)
+    holding.write_bytes(holding.read_bytes()[: rec.offset + 7])
+    for later in segments[segments.index(holding) + 1 :]:
+        later.unlink()
+    with pytest.raises(JournalCorruptError, match=f"covers up to record {watermark}"):
+        resume(tmp_path, 0)

@@ -199,3 +199,47 @@ def test_r6_a_directory_named_like_a_segment_is_one_named_error(tmp_path):
     done, took = run([sys.executable, "-m", "trainer_hooks.cli", "inspect", str(journal_dir(save))])
     assert took < PROMPT_S and done.returncode == 1 and done.stdout == "", done
     assert_one_line_naming(done, save / TABLE[name]["names"], TABLE[name]["message"])
+
+
+def test_a_torn_tail_is_one_only_where_a_crash_can_tear_a_write(tmp_path):
+    """Not an attack of its own: the rule R4's fix rests on. A cut after the last sync mark of
+    the last segment is a torn tail (one line, the records before it kept), also when the next
+    segment continues at the seq it cut off (a resumed run's); followed by one that does not,
+    it was durable: corruption."""
+    segment, at = generator._records(2)
+    jdir = journal_dir(healthy(tmp_path, 2))
+    first = jdir / generator.SEGMENT
+    first.write_bytes(segment[: at["consumed1"] + 7])  # the last sync mark and record 18 cut off
+    scan = scan_journal(jdir, lineage=generator.LINEAGE)
+    assert [r.seq for r in scan.records] == list(range(1, 18)) and scan.torn_seq == 18
+    (line,) = scan.problems
+    assert f"{first}: torn tail at byte {at['consumed1']}" in line and "never durable" in line
+    resumed = jdir / f"segment-000000000018-{generator.LINEAGE}-000.rjl"
+    resumed.write_bytes(
+        generator._segment_header(2, 18) + generator._frame(2, [18, "dropped", 9.0, 3, None, []])
+    )
+    scan = scan_journal(jdir, lineage=generator.LINEAGE)
+    assert [r.seq for r in scan.records][-2:] == [17, 18] and scan.torn_seq is None
+    resumed.unlink()
+    skipping = jdir / f"segment-000000000019-{generator.LINEAGE}-000.rjl"
+    skipping.write_bytes(
+        generator._segment_header(2, 19) + generator._frame(2, [19, "dropped", 9.0, 3, None, []])
+    )
+    with pytest.raises(JournalError, match=rf"{first}: record at byte {at['consumed1']} \(seq 18 expected\)"):
+        scan_journal(jdir, lineage=generator.LINEAGE)
+
+
+def test_a_version_1_journal_resumes_and_the_run_goes_on_in_version_2(tmp_path):
+    healthy(tmp_path, 1)
+    ledger = RolloutLedger(args_of(tmp_path))
+    state = ledger.recover(0, sample_cls=dict)
+    assert sorted(g for g, _ in state.completed) == [4, 5, 6, 7]
+    ledger.record_consumed(1, [4, 5, 6, 7])
+    ledger.close()
+    jdir = journal_dir(tmp_path / "ckpt")
+    (old, new) = sorted(jdir.glob("segment-*.rjl"))
+    assert old.read_bytes().startswith(b"RBJOURNAL1\n") and new.read_bytes().startswith(b"RBJOURNAL2\n")
+    scan = scan_journal(jdir, lineage=generator.LINEAGE)
+    assert [r.seq for r in scan.records] == list(range(1, 20)) and not scan.problems
+    state = RolloutLedger(args_of(tmp_path)).recover(0, sample_cls=dict)
+    assert sorted(g for g, _ in state.completed) == [4, 5, 6, 7]  # consumed by step 1 twice: back
