@@ -125,9 +125,14 @@ def _check_prefix(url: StoreURL, store: Store) -> None:
     for i, part in enumerate(parts):
         owner = StoreURL(f"{url.scheme}://{url.bucket}/{'/'.join(parts[:i])}")
         if part == STORE_MEDIA_POOL:
+            what = (
+                f"the shared media pool of the bundles under {owner}"
+                if i == len(parts) - 1
+                else f"inside the shared media pool {owner.child(STORE_MEDIA_POOL)}"
+            )
             raise GarbagePrefixError(
-                f"{url}: inside the shared media pool {owner.child(STORE_MEDIA_POOL)}: gc collects a pool "
-                f"only against every bundle that may use it; give the pool's parent, {owner}"
+                f"{url}: {what}: gc collects a pool only against every bundle that may use it; "
+                f"give the pool's parent, {owner}"
             )
         if STORE_GENERATION_RE.fullmatch(part):
             raise GarbagePrefixError(
