@@ -64,6 +64,7 @@ from bundles._faults import fault_point
 from bundles._layout import (
     MANIFEST_NAME,
     MEDIA_DIR,
+    SHARD_PATH_RE,
     STORE_GENERATION_RE,
     STORE_MEDIA_POOL,
     STORE_POINTER_NAME,
@@ -275,7 +276,7 @@ def collect_garbage(
     foreign: set[tuple[str, str]] = set()
     for (u, gen), keys in gen_objects.items():
         rels = [k[len(_join(u, gen)) + 1 :] for k in keys]
-        if all(r == MANIFEST_NAME or (r != MEDIA_DIR and layout_name_ok(r)) for r in rels):
+        if all(r == MANIFEST_NAME or SHARD_PATH_RE.fullmatch(r) for r in rels):
             found[u].generations.add(gen)
         else:
             foreign.add((u, gen))  # a name like ours holding what no writer of ours writes
