@@ -33,10 +33,10 @@ bundle lists, whatever prefix it is given:
   meanwhile) is *unjudged*: nothing under it, and nothing in the pool beside it, is garbage.
 * **Grace period.** Garbage younger than ``older_than_s`` is kept (a writer uploads media before
   it publishes the pointer that lists them).
-* **Manifests not yet (or no longer) live.** Media that the manifest of any other generation
-  still present lists are kept this run (a writer between its manifest and its pointer, which may
-  have reused pooled objects instead of uploading them); a generation this run removes releases
-  its media to the next. An unreadable one of them is treated as an unreadable pointer.
+* **Manifests not yet live.** Media that the manifest of another generation younger than the
+  grace period lists are kept (a writer between its manifest and its pointer, which may have
+  reused pooled objects instead of uploading them); an unreadable such manifest is treated as an
+  unreadable pointer. A generation old enough to be removed protects nothing.
 * **Just before deleting** pool media, the pointers beside the pool are listed again; if any
   appeared or changed since they were read, that pool is left for the next run (a writer that
   reused pooled objects published meanwhile).
@@ -287,14 +287,20 @@ def collect_garbage(
         raise
     except Exception as e:
         raise store_error(url, "read the bundles", e) from e
-    # The manifests of the other generations: their media are kept this run too, so a writer
-    # between its manifest and its pointer (or one that reused pooled media) never loses them. A
-    # generation gc removes releases its media to the next run.
+
+    # The manifests of the other generations this run keeps (younger than the grace period):
+    # what they list is kept too, so a writer between its manifest and its pointer (which may
+    # have reused pooled media) never loses it. A generation this run removes lists nothing.
+    def young(keys: list[str]) -> bool:
+        return any((now - by_key[k]["last_modified"]).total_seconds() <= older_than_s for k in keys)
+
     others = [
         (b, gen)
         for b in found.values()
         for gen in sorted(b.generations)
-        if not (b.readable and gen == b.generation) and _join(_join(b.key, gen), MANIFEST_NAME) in by_key
+        if not (b.readable and gen == b.generation)
+        and _join(_join(b.key, gen), MANIFEST_NAME) in by_key
+        and young(gen_objects[(b.key, gen)])
     ]
     try:
         parallel(lambda item: _read_pending(store, url, *item), others)
@@ -314,7 +320,7 @@ def collect_garbage(
 
     def sweep(keys: list[str]) -> bool:
         """Doom ``keys`` (one unit) if all are past the grace period; False if kept young."""
-        if any((now - by_key[k]["last_modified"]).total_seconds() <= older_than_s for k in keys):
+        if young(keys):
             report.kept_young += len(keys)
             return False
         doomed.extend(keys)
