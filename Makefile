@@ -43,6 +43,8 @@ NODE_OK   := $(VENV)/.stamp-node
 # s3rver 3.7.1 (npm): a real S3 emulator that ignores If-None-Match and If-Match, for the tests of
 # the store probe (tests/test_store_preconditions.py). Pinned: the tests rely on what it ignores.
 S3RVER := s3rver@3.7.1
+# Azurite, Azure Storage's emulator, for the az:// locations of tests/test_locations.py.
+AZURITE := azurite@3.35.0
 
 .PHONY: demo test lint format bench bench-replay mutants venv clean distclean
 
@@ -102,8 +104,8 @@ $(DEV_OK): $(TORCH_OK) pyproject.toml
 # Without npm the s3rver tests skip locally (CI fails them instead); the stamp waits for npm.
 $(NODE_OK): $(VENV_OK)
 	@if command -v npm >/dev/null 2>&1; then \
-		npm install --silent --no-audit --no-fund --prefix $(VENV)/node $(S3RVER) && touch $@; \
-	else echo "make: npm not found: tests against s3rver will be skipped (install Node.js and npm)"; fi
+		npm install --silent --no-audit --no-fund --prefix $(VENV)/node $(S3RVER) $(AZURITE) && touch $@; \
+	else echo "make: npm not found: tests against s3rver and Azurite will be skipped (install Node.js and npm)"; fi
 
 clean:
 	rm -rf .tox build dist *.egg-info demo-out bench-out .pytest_cache .mypy_cache .ruff_cache .hypothesis mutants

@@ -9,7 +9,7 @@ This module is the format API. Tools built on bundles (trainer_hooks, the CLI) a
 progress and the CLI kit.
 """
 
-from bundles._commit import is_bundle, remove_bundle
+from bundles._entry import is_bundle, list_bundles, remove_bundle
 from bundles._errors import (
     BucketNotFoundError,
     BundleError,
@@ -89,6 +89,7 @@ __all__ = [
     "encode_sample",
     "is_bundle",
     "is_store_url",
+    "list_bundles",
     "list_remote_bundles",
     "open_bundle",
     "pack_bundle",

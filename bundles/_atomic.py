@@ -14,7 +14,10 @@ Protocol, for a destination ``d``:
    after a power loss the destination may be the old file, or, on a filesystem that does not
    order a file's data before a rename over another file, an empty or short one.
 3. The file is given its final ``mode`` (read-only media) before the rename, then renamed over
-   the destination with ``rename(2)`` (``os.replace``): atomic for every reader.
+   the destination with ``rename(2)`` (``os.replace``): atomic for every reader. With
+   ``replace=False`` the rename is ``renameat2(RENAME_NOREPLACE)`` instead, so that of two
+   writers racing for a new file exactly one creates it and the other gets ``FileExistsError``
+   (a check before the write cannot promise that: both writers pass it).
 4. Any failure (an exception, ``KeyboardInterrupt`` included) unlinks the temporary file and
    re-raises, with an ``OSError`` naming the destination rather than the temporary name.
 
@@ -40,7 +43,7 @@ from typing import IO, Any
 
 from bundles._commit import remove_stale_staging, staging_name
 from bundles._faults import fault_point
-from bundles._fs import fsync_dir
+from bundles._fs import fsync_dir, rename_noreplace
 
 __all__ = ["atomic_path", "atomic_write", "atomic_writer", "remove_stale_temps"]
 
@@ -68,6 +71,7 @@ def atomic_path(
     durable: bool = False,
     mode: int | None = None,
     sweep: bool = True,
+    replace: bool = True,
     _data_synced: bool = False,
 ) -> Iterator[Path]:
     """Yield a fresh temporary path beside ``dest``; the caller creates the file there (open it
@@ -76,7 +80,8 @@ def atomic_path(
     raises, the temporary file is removed. See the module docstring for the protocol.
 
     ``sweep=True`` first removes temporary files (and bundle staging leftovers) of provably dead
-    writers in ``dest``'s directory: one ``scandir`` of it.
+    writers in ``dest``'s directory: one ``scandir`` of it. ``replace=False`` never replaces an
+    existing ``dest``: ``FileExistsError`` naming it instead (step 3).
     """
     dest = Path(dest)
     if sweep:
@@ -89,7 +94,10 @@ def atomic_path(
         if mode is not None:
             os.chmod(tmp, mode)
         fault_point("atomic_write.after-data", dest)
-        os.replace(tmp, dest)
+        if replace:
+            os.replace(tmp, dest)
+        else:
+            rename_noreplace(tmp, dest)  # EEXIST is a FileExistsError
         fault_point("atomic_write.after-rename", dest)
         if durable:
             fsync_dir(dest.parent)
@@ -110,10 +118,13 @@ def atomic_writer(
     sweep: bool = True,
     text: bool = False,
     encoding: str = "utf-8",
+    replace: bool = True,
 ) -> Iterator[IO[Any]]:
     """``with atomic_writer(path, durable=True) as f: f.write(...)``: a new file object whose
     content replaces ``dest`` atomically when the block ends normally (see :func:`atomic_path`)."""
-    with atomic_path(dest, durable=durable, mode=mode, sweep=sweep, _data_synced=durable) as tmp:
+    with atomic_path(
+        dest, durable=durable, mode=mode, sweep=sweep, replace=replace, _data_synced=durable
+    ) as tmp:
         f: IO[Any]
         with open(tmp, "x", encoding=encoding) if text else open(tmp, "xb") as f:
             yield f

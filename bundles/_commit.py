@@ -54,7 +54,7 @@ from bundles._errors import BundleError, BundleExistsError, BundleIOError, Bundl
 from bundles._faults import fault_point
 from bundles._fs import exchange, fsync_dir, remove_tree, rename_noreplace
 from bundles._layout import MANIFEST_NAME, RETIRED_MARKER, STAGING_MARKER, STAGING_RE
-from bundles._location import classify, local_path_only
+from bundles._location import local_path_only
 from bundles._proc import boot_id, pid_alive, pid_namespace
 
 # A leftover of another boot of this host name is removed once nothing in it changed for this
@@ -243,14 +243,9 @@ def _replaceable(dest: Path) -> bool:
     return (dest / MANIFEST_NAME).is_file() or not any(dest.iterdir())
 
 
-def is_bundle(path: str | os.PathLike[str]) -> bool:
+def is_bundle_dir(path: str | os.PathLike[str]) -> bool:
     """True for a committed bundle directory: not a symlink, not a staging or retired directory,
-    with a manifest. Cheap (two stats); :func:`open_bundle` is what validates it. An object-store
-    URL is answered by the store (one or two requests)."""
-    if classify(path) == "store":
-        from bundles._remote import is_remote_bundle
-
-        return is_remote_bundle(str(path))
+    with a manifest. Cheap (two stats). :func:`bundles.is_bundle` answers for every location."""
     p = Path(path)
     return not p.is_symlink() and not is_staging_name(p.name) and (p / MANIFEST_NAME).is_file()
 
@@ -268,21 +263,17 @@ def _discard(path: Path) -> None:
     remove_tree(path)
 
 
-def remove_bundle(path: str | os.PathLike[str]) -> None:
-    """Delete the bundle at ``path`` so that no reader ever finds half of it.
+def remove_bundle_dir(path: str | os.PathLike[str]) -> None:
+    """Delete the bundle directory at ``path`` so that no reader ever finds half of it
+    (:func:`bundles.remove_bundle` for every location).
 
     The bundle is first renamed to a retired name (atomic), then removed; a crash in between
     leaves a retired directory that the next write into the same parent cleans up. Only a
     bundle (a directory with a manifest) is removed: anything else raises. A bundle removed by
     someone else meanwhile raises :class:`BundleNotFoundError`, as if it had never been there.
     """
-    if classify(path) == "store":
-        from bundles._remote import remove_remote_bundle
-
-        remove_remote_bundle(str(path))
-        return
     dest = Path(os.path.abspath(path))
-    if not is_bundle(dest):
+    if not is_bundle_dir(dest):
         if not os.path.lexists(dest):
             raise BundleNotFoundError(f"{dest}: no bundle here (path does not exist)")
         raise BundleNotFoundError(f"{dest}: not a bundle ({MANIFEST_NAME} is missing); refusing to remove it")

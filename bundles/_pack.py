@@ -115,7 +115,10 @@ def pack_bundle(
         if os.path.lexists(out) and not overwrite:
             raise BundleExistsError(f"{out}: output exists; pass overwrite=True to replace it")
         try:
-            _write_packed(bundle, out, progress)
+            _write_packed(bundle, out, progress, replace=overwrite)
+        except FileExistsError:
+            # Another packer created it between the check above and our rename: theirs stays.
+            raise BundleExistsError(f"{out}: output appeared during the pack; not replaced") from None
         except OSError as e:
             if isinstance(e, BundleError):
                 raise
@@ -123,7 +126,7 @@ def pack_bundle(
     return out
 
 
-def _write_packed(bundle: Bundle, out: Path, progress: bool | None) -> None:
+def _write_packed(bundle: Bundle, out: Path, progress: bool | None, *, replace: bool) -> None:
     expected: dict[str, tuple[str, int]] = {e.path: (e.digest, e.size) for e in bundle.manifest.shards}
     expected.update({f"{MEDIA_DIR}/{r.filename}": (r.digest, r.size) for r in bundle.media})
     members = sorted([MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR, *expected])
@@ -133,7 +136,7 @@ def _write_packed(bundle: Bundle, out: Path, progress: bool | None) -> None:
     # The one atomic write (bundles._atomic): durable, and a dead packer's temporary file is
     # removed by the next write into this directory.
     with (
-        atomic_writer(out, durable=True) as raw,
+        atomic_writer(out, durable=True, replace=replace) as raw,
         Progress(f"packing {bundle.path.name}", total=total, unit="B", enabled=progress) as bar,
         tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar,  # closed first
     ):

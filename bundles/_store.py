@@ -71,7 +71,7 @@ _OWN_KEYS = frozenset({"single_writer"})
 _ENDPOINT_ENV = {
     "s3": ("AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
     "gs": ("GOOGLE_SERVICE_ENDPOINT",),
-    "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT"),
+    "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT", "AZURITE_BLOB_STORAGE_URL"),
 }
 _PART_RE = re.compile(r"[^/\x00]+")
 
@@ -301,12 +301,17 @@ class Store:
         result = self.obs.list_with_delimiter(self.store, prefix.rstrip("/") + "/" if prefix else None)
         return [p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"]]
 
+    def files(self, prefix: str) -> list[str]:
+        """The names of the objects right under ``prefix/`` (one level, not below)."""
+        result = self.obs.list_with_delimiter(self.store, prefix.rstrip("/") + "/" if prefix else None)
+        return [str(m["path"]).rsplit("/", 1)[-1] for m in result["objects"]]
+
     def delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):
             self.obs.delete(self.store, keys[i : i + 1000])
 
 
-_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_", "AZURITE_")
 _ENV_PREFIX_OF = {"s3": "AWS_", "gs": "GOOGLE_", "az": "AZURE_"}
 _stores: dict[tuple[Any, ...], Store] = {}
 _stores_lock = threading.Lock()

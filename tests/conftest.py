@@ -93,6 +93,23 @@ def s3rver_s3() -> Iterator[Any]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def azurite_az() -> Iterator[Any]:
+    """Azurite (npm), Azure Storage's emulator, on 127.0.0.1: ``az://`` URLs. ``make test``
+    installs it into .venv/node; CI fails rather than skip without it."""
+    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+    pytest.importorskip("azure.storage.blob", reason="azure-storage-blob (s3-test extra) is not installed")
+    from helpers.store import azurite_binary, azurite_server
+
+    if azurite_binary() is None:
+        message = "Azurite is not installed (make test installs it: npm install --prefix .venv/node azurite)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with azurite_server() as server:
+        yield server
+
+
 @pytest.fixture(autouse=True)
 def _miles_only_where_asked(request: pytest.FixtureRequest) -> Iterator[None]:
     """The Miles snapshot is importable only in the tests against Miles (the modules that call

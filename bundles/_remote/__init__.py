@@ -59,7 +59,14 @@ from __future__ import annotations
 # One module per part of the protocol, importing one way: _pointer <- _read <- _write <- _packed,
 # and _gc on _pointer.
 from bundles._remote._gc import GarbageReport, collect_garbage
-from bundles._remote._packed import object_size, pack_to_store, unpack_from_store
+from bundles._remote._packed import (
+    list_packed_objects,
+    object_exists,
+    object_size,
+    pack_to_store,
+    remove_packed_object,
+    unpack_from_store,
+)
 from bundles._remote._pointer import is_remote_bundle, list_remote_bundles
 from bundles._remote._read import open_remote_bundle
 from bundles._remote._write import UploadStats, remove_remote_bundle, upload_bundle, write_remote_bundle
@@ -69,10 +76,13 @@ __all__ = [
     "UploadStats",
     "collect_garbage",
     "is_remote_bundle",
+    "list_packed_objects",
     "list_remote_bundles",
+    "object_exists",
     "object_size",
     "open_remote_bundle",
     "pack_to_store",
+    "remove_packed_object",
     "remove_remote_bundle",
     "unpack_from_store",
     "upload_bundle",

@@ -15,7 +15,9 @@ from bundles._errors import (
     BundleExistsError,
     BundleNotFoundError,
 )
+from bundles._faults import fault_point
 from bundles._fs import remove_tree
+from bundles._layout import PACK_SUFFIX
 from bundles._remote._pointer import MULTIPART_THRESHOLD
 from bundles._remote._probe import check_preconditions
 from bundles._remote._read import StorePackedSource
@@ -44,6 +46,7 @@ def pack_to_store(
         check_preconditions(store, url)  # the create-only put below is one only where honoured
     with tempfile.TemporaryDirectory(prefix="rollout-bundles-pack-") as tmp:
         out = pack_bundle(path, Path(tmp) / url.name, progress=progress)
+        fault_point("store.before-put", url)
         try:
             if out.stat().st_size > MULTIPART_THRESHOLD:
                 if not overwrite and (store.head(url.key)) is not None:
@@ -98,3 +101,34 @@ def object_size(url_text: str, storage_options: Mapping[str, Any] | None = None)
     if meta is None:
         raise BundleNotFoundError(f"{url}: no object here")
     return int(meta["size"])
+
+
+def object_exists(url_text: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether the object at ``url`` exists (a packed bundle on a store: one HEAD)."""
+    url = StoreURL(url_text)
+    try:
+        return get_store(url, storage_options).head(url.key) is not None
+    except Exception as e:
+        raise store_error(url, "look for the object", e) from e
+
+
+def remove_packed_object(url_text: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Delete a packed bundle on a store: one object, so one delete is atomic for readers."""
+    url = StoreURL(url_text)
+    if not object_exists(url, storage_options):
+        raise BundleNotFoundError(f"{url}: no bundle here (no such object)")
+    try:
+        get_store(url, storage_options).delete([url.key])
+    except Exception as e:
+        raise store_error(url, "remove the packed bundle", e) from e
+
+
+def list_packed_objects(prefix_text: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The packed bundles (``*.rbundle`` objects) right under ``prefix``, as URLs."""
+    url = StoreURL(prefix_text)
+    store = get_store(url, storage_options)
+    try:
+        names = store.files(url.key)
+    except Exception as e:
+        raise store_error(url, "list the packed bundles", e) from e
+    return sorted(str(url.child(n)) for n in names if n.endswith(PACK_SUFFIX) and n != PACK_SUFFIX)

@@ -234,6 +234,90 @@ def s3rver_server(timeout_s: float = 30.0) -> Iterator[S3Server]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+AZURITE_ACCOUNT = "devstoreaccount1"
+# Azurite's well-known development key (public, in Microsoft's documentation), not a secret.
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+@dataclass
+class AzureServer:
+    """Azurite's blob service on 127.0.0.1: ``az://<container>/<prefix>`` URLs."""
+
+    endpoint: str
+    containers: list[str] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        # obstore's emulator mode takes the account from these and the endpoint from
+        # AZURITE_BLOB_STORAGE_URL (otherwise it assumes 127.0.0.1:10000).
+        return {
+            "AZURE_STORAGE_ACCOUNT_NAME": AZURITE_ACCOUNT,
+            "AZURE_STORAGE_ACCOUNT_KEY": AZURITE_KEY,
+            "AZURE_STORAGE_USE_EMULATOR": "true",
+            "AZURITE_BLOB_STORAGE_URL": self.endpoint,
+            "AZURE_ALLOW_HTTP": "true",
+        }
+
+    def container(self) -> str:
+        from azure.storage.blob import BlobServiceClient
+
+        name = f"t-{secrets.token_hex(6)}"
+        conn = (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint={self.endpoint}/{AZURITE_ACCOUNT};"
+        )
+        BlobServiceClient.from_connection_string(conn).create_container(name)
+        self.containers.append(name)
+        return name
+
+
+def azurite_binary() -> str | None:
+    """Azurite's blob server (npm ``azurite``): where ``make test`` installs it (.venv/node), or
+    ``$AZURITE_BLOB``, or on PATH."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for candidate in (
+        os.environ.get("AZURITE_BLOB", ""),
+        os.path.join(root, ".venv", "node", "node_modules", ".bin", "azurite-blob"),
+        shutil.which("azurite-blob") or "",
+    ):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@contextlib.contextmanager
+def azurite_server(timeout_s: float = 30.0) -> Iterator[AzureServer]:
+    binary = azurite_binary()
+    if binary is None:
+        raise FileNotFoundError("azurite-blob")
+    work = tempfile.mkdtemp(prefix="azurite-")
+    port = free_port()
+    argv = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "-l", work, "-s"]
+    argv += ["--skipApiVersionCheck", "--loose"]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    server = AzureServer(f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"azurite exited with {proc.returncode}")
+            try:
+                server.container()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 class FaultProxy:
     """An HTTP proxy on 127.0.0.1 in front of a server, injecting faults per request.
 
