@@ -22,7 +22,8 @@ is read. It refuses, in one ``ValueError`` that names the config file:
   YAML is Miles' business (the dests are read from Miles' parser, built once, and only when a key
   is close). Keys far from ours are left alone: the YAML is Miles' channel for any custom
   function's settings. Where the YAML cannot be read in this process (a relative path and another
-  working directory), every attribute of ``args`` is looked at the same way;
+  working directory), every attribute of ``args`` is looked at the same way; without
+  ``--custom-config-path`` there is nothing to misspell (argparse refuses a misspelt option);
 * a value of the wrong type (``keep_rollout_checkpoints: three``), and any value the command line
   would refuse, with the command line's message (:func:`trainer_hooks.arguments.validate_settings`,
   which also makes ``shared_media_dir`` absolute and draws ``run_uuid`` when unset).
@@ -121,8 +122,12 @@ def check_args(args: Any) -> Any:
             return args
         config = getattr(args, "custom_config_path", None)
         where = f"--custom-config-path {config}" if config else "args"
-        keys = _config_keys(str(config)) if config else None
-        near = _near_misses(args, list(vars(args)) if keys is None else keys)
+        # Only a config file's keys can be misspelt (argparse refuses a misspelt option); where the
+        # file cannot be read here, every attribute may have come from it.
+        keys = _config_keys(str(config)) if config else []
+        if keys is None:
+            keys = list(vars(args))
+        near = _near_misses(args, keys)
         if near:
             listed = "; ".join(f"{key!r} (did you mean {match!r}?)" for key, match in sorted(near))
             raise ValueError(
