@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import html
 import io
@@ -281,7 +282,6 @@ def test_view_says_what_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[s
     line = capsys.readouterr().out
     assert "search" not in line and line.endswith(": open r.html in a browser\n")
     assert sorted(p.name for p in out.iterdir()) == ["r.html"]
-    summary = next(
-        a.help for a in build_parser()._subparsers._group_actions[0]._choices_actions if a.dest == "view"
-    )
-    assert "one self-contained" not in summary and "search page" in summary
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    summary = next(a.help for a in sub._choices_actions if a.dest == "view")
+    assert summary and "one self-contained" not in summary and "search page" in summary
