@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.miles_snapshot import MILES_SOURCE_ENV, MISSING
+from helpers.miles_snapshot import MILES_ROOT, MILES_SOURCE_ENV, MISSING, miles_missing
 
 REPO = Path(__file__).parents[1]
 SUMMARY = REPO / ".ci" / "test_summary.py"
@@ -102,13 +102,13 @@ def test_without_a_miles_checkout_the_miles_tests_skip_and_the_summary_says_why_
 
 
 def test_miles_source_names_the_checkout_the_tests_import(tmp_path):
-    """``MILES_SOURCE=/path/to/miles`` wins over ``../shared/miles``: Miles is imported from there."""
-    shared = (REPO / ".." / "shared" / "miles").resolve()
-    if not (shared / "miles" / "utils" / "types.py").is_file():
-        pytest.skip(f"{MISSING}: this test needs ../shared/miles to copy from")
+    """``MILES_SOURCE=/path/to/miles`` wins over ``../shared/miles``: Miles is imported from there
+    (a link to the checkout this run found, under another name)."""
+    if (reason := miles_missing()) is not None:
+        pytest.skip(reason)  # this test links to the checkout the other tests found
     elsewhere = tmp_path / "checkouts" / "miles"
     elsewhere.parent.mkdir()
-    elsewhere.symlink_to(shared, target_is_directory=True)
+    elsewhere.symlink_to(MILES_ROOT, target_is_directory=True)
     code = (
         "import sys; sys.path.insert(0, 'tests')\n"
         "from helpers.miles_snapshot import require_miles\n"
