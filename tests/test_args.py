@@ -496,3 +496,44 @@ def test_every_option_is_listed_in_the_docs() -> None:
     doc = (Path(__file__).resolve().parents[1] / "docs" / "TRAINER_HOOKS.md").read_text()
     for flag in (*OWN_OPTIONS, *MILES_OPTIONS):
         assert f"`{flag}`" in doc, flag
+
+
+# This project's settings table, and the check a stock Miles run gets (trainer_hooks.miles.check_args;
+# against Miles' real parse_args in tests/test_miles_settings.py). Here Miles is not importable.
+
+
+def test_the_options_and_their_defaults_come_from_the_settings_table():
+    from trainer_hooks.arguments import SETTINGS, add_own_arguments
+
+    assert tuple(st.flag for st in SETTINGS) == OWN_OPTIONS
+    defaults = vars(add_own_arguments(argparse.ArgumentParser()).parse_args([]))
+    assert defaults == {st.name: st.default for st in SETTINGS}
+
+
+def test_check_args_names_a_misspelt_config_key_a_wrong_type_and_a_bad_value(tmp_path):
+    from trainer_hooks.miles import check_args
+
+    config = tmp_path / "rollout_bundles.yaml"
+
+    def check(text: str) -> argparse.Namespace:
+        config.write_text(text)
+        args = argparse.Namespace(custom_config_path=str(config), save=None, **yaml.safe_load(text))
+        return check_args(args)
+
+    with pytest.raises(
+        ValueError, match=r"unknown setting 'bundle_link' \(did you mean 'bundle_link_mode'\?\)"
+    ):
+        check("bundle_link: copy\n")
+    with pytest.raises(ValueError) as e:
+        check("keep_rollout_checkpoints: 2.5\n")
+    assert str(e.value) == (
+        f"--custom-config-path {config}: keep_rollout_checkpoints (--keep-rollout-checkpoints): "
+        "expected an integer, found 2.5"
+    )
+    with pytest.raises(
+        ValueError, match=r"^--resume-accept-changes: unknown field\(s\) weights; expected some of"
+    ):
+        check("resume_accept_changes: [weights]\n")
+    args = check("shared_media_dir: media\nmy_own_function_setting: 1\n")  # a key far from ours is not ours
+    assert args.shared_media_dir == os.path.abspath("media") and len(args.run_uuid) == 32
+    assert check_args(args) is args  # once per args object
