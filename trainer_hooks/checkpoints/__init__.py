@@ -55,7 +55,12 @@ from trainer_hooks.checkpoints._fully_async import (
     RolloutWorkerError,
 )
 from trainer_hooks.checkpoints._journal import RolloutJournal
-from trainer_hooks.checkpoints._journal_format import JOURNAL_DIR, JournalCorruptError, JournalError, journal_dir
+from trainer_hooks.checkpoints._journal_format import (
+    JOURNAL_DIR,
+    JournalCorruptError,
+    JournalError,
+    journal_dir,
+)
 from trainer_hooks.checkpoints._journal_scan import JournalRecord, JournalScan, record_body, scan_journal
 from trainer_hooks.checkpoints._ledger import (
     DEFAULT_JOURNAL_INTERVAL,
