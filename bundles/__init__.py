@@ -9,7 +9,15 @@ This module is the format API. Tools built on bundles (trainer_hooks, the CLI) a
 progress and the CLI kit.
 """
 
-from bundles._entry import is_bundle, list_bundles, remove_bundle
+from bundles._entry import (
+    is_bundle,
+    list_bundles,
+    open_bundle,
+    pack_bundle,
+    remove_bundle,
+    unpack_bundle,
+    write_bundle,
+)
 from bundles._errors import (
     BucketNotFoundError,
     BundleError,
@@ -35,14 +43,12 @@ from bundles._location import check_location, is_store_url
 from bundles._manifest import Manifest, MediaEntry, ShardEntry
 from bundles._media import MediaRef
 from bundles._options import LinkMode, OutsidePolicy, Verify
-from bundles._pack import pack_bundle, unpack_bundle
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
-from bundles._reader import Bundle, open_bundle
+from bundles._reader import Bundle
 from bundles._records import Record, register_record_type
 from bundles._remote import GarbageReport, UploadStats, collect_garbage, list_remote_bundles, upload_bundle
 from bundles._sample_codec import decode_sample, encode_sample, sample_encoder
 from bundles._store import StoreURL
-from bundles._writer import write_bundle
 
 __version__ = "0.1.0"
 

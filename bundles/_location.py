@@ -20,7 +20,15 @@ import re
 
 from bundles._errors import UnsupportedLocationError
 
-__all__ = ["SINGLE_WRITER_ENV", "STORE_EXTRA", "STORE_SCHEMES", "check_location", "classify", "is_store_url", "local_path_only"]
+__all__ = [
+    "SINGLE_WRITER_ENV",
+    "STORE_EXTRA",
+    "STORE_SCHEMES",
+    "check_location",
+    "classify",
+    "is_store_url",
+    "local_path_only",
+]
 
 # The schemes obstore serves, and the extra that installs it (one extra for all three).
 STORE_SCHEMES = ("s3", "gs", "az")

@@ -36,9 +36,9 @@ from bundles._errors import (
 )
 from bundles._fs import fsync_dir, make_read_only, remove_tree
 from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
-from bundles._location import classify, local_path_only
+from bundles._options import Verify
 from bundles._progress import Progress
-from bundles._reader import Bundle, load_manifest, open_bundle
+from bundles._reader import Bundle, load_manifest, open_local
 from bundles._source import DirSource, PackedSource
 
 _CHUNK = 8 * 1024 * 1024
@@ -74,7 +74,7 @@ class _HashingReader:
         return data
 
 
-def _refuse_overlap(src: Path, out: Path, what: str) -> None:
+def _refuse_overlap(src: Path | str, out: Path, what: str) -> None:
     """Refuse an output that is the input, lies inside it, or contains it (replacing it would
     delete the input)."""
     s = os.path.realpath(src)
@@ -85,44 +85,25 @@ def _refuse_overlap(src: Path, out: Path, what: str) -> None:
         )
 
 
-def pack_bundle(
-    path: str | os.PathLike[str],
-    out_file: str | os.PathLike[str],
-    *,
-    overwrite: bool = False,
-    progress: bool | None = None,
+def pack_local(
+    bundle: Bundle, out_file: str | os.PathLike[str], *, overwrite: bool, progress: bool | None
 ) -> Path:
-    """Pack the bundle at ``path`` into the single file ``out_file`` (written atomically).
-
-    The bundle is verified (fast level) first, and every file's digest is checked while it is
-    packed, so a damaged bundle is never packed. ``path`` may itself be a packed file (repacking
-    reads it in place).
-
-    Raises:
-        BundleVerificationError: a file of the bundle disagrees with the manifest.
-        BundleError: ``out_file`` exists (without ``overwrite``), is a directory, or is the input,
-            inside it or around it; writing it failed (the ``OSError`` is the ``__cause__``).
-    """
-    if classify(out_file, "pack output") == "store":
-        from bundles._remote import pack_to_store
-
-        return pack_to_store(path, str(out_file), overwrite=overwrite, progress=progress)  # type: ignore[return-value]
+    """:func:`bundles.pack_bundle` of an open bundle (any location) into a local file."""
     out = Path(os.path.abspath(out_file))
-    with open_bundle(path, verify="fast") as bundle:
-        _refuse_overlap(bundle.path, out, "pack")
-        if os.path.isdir(out):
-            raise BundleError(f"{out}: output is a directory; expected the path of the packed file to write")
-        if os.path.lexists(out) and not overwrite:
-            raise BundleExistsError(f"{out}: output exists; pass overwrite=True to replace it")
-        try:
-            _write_packed(bundle, out, progress, replace=overwrite)
-        except FileExistsError:
-            # Another packer created it between the check above and our rename: theirs stays.
-            raise BundleExistsError(f"{out}: output appeared during the pack; not replaced") from None
-        except OSError as e:
-            if isinstance(e, BundleError):
-                raise
-            raise BundleIOError.wrap(out, "write the packed bundle", e) from e
+    _refuse_overlap(bundle.path, out, "pack")
+    if os.path.isdir(out):
+        raise BundleError(f"{out}: output is a directory; expected the path of the packed file to write")
+    if os.path.lexists(out) and not overwrite:
+        raise BundleExistsError(f"{out}: output exists; pass overwrite=True to replace it")
+    try:
+        _write_packed(bundle, out, progress, replace=overwrite)
+    except FileExistsError:
+        # Another packer created it between the check above and our rename: theirs stays.
+        raise BundleExistsError(f"{out}: output appeared during the pack; not replaced") from None
+    except OSError as e:
+        if isinstance(e, BundleError):
+            raise
+        raise BundleIOError.wrap(out, "write the packed bundle", e) from e
     return out
 
 
@@ -169,32 +150,14 @@ def _write_packed(bundle: Bundle, out: Path, progress: bool | None, *, replace: 
             bar.advance(size)
 
 
-def unpack_bundle(
+def unpack_local(
     packed: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
     *,
     overwrite: bool = False,
     progress: bool | None = None,
 ) -> Bundle:
-    """Unpack a packed bundle into the new directory ``out_dir``, fully verify it, commit it.
-
-    Every member is checked before anything is written, by the rules the in-place reader applies
-    (:func:`bundles._source.read_tar_index`).
-
-    Raises:
-        BundleNotFoundError: ``packed`` does not exist.
-        BundleExistsError: ``out_dir`` exists and ``overwrite`` is false.
-        UnsafeBundleError: a member is absolute, holds ``..``, is a link, sparse or special file,
-            appears twice or has a name outside the layout; or the file is truncated. Nothing is
-            left at ``out_dir``.
-        BundleError: ``out_dir`` is the packed file or contains it.
-        BundleIOError: writing failed (the ``OSError`` is the ``__cause__``).
-    """
-    local_path_only(out_dir, "unpack output")
-    if classify(packed, "packed bundle") == "store":
-        from bundles._remote import unpack_from_store
-
-        return unpack_from_store(str(packed), out_dir, overwrite=overwrite, progress=progress)
+    """:func:`bundles.unpack_bundle` of a local packed file into a local directory."""
     src = Path(os.path.abspath(packed))
     dest = Path(os.path.abspath(out_dir))
     if not os.path.lexists(src):
@@ -251,7 +214,7 @@ def unpack_bundle(
         raise
     finally:
         source.close()
-    return open_bundle(dest, verify="none")
+    return open_local(dest, Verify.NONE)
 
 
-__all__ = ["pack_bundle", "unpack_bundle"]
+__all__ = ["pack_local", "unpack_local"]

@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, overload
+from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
 from bundles._atomic import atomic_path
 from bundles._commit import is_staging_name
@@ -43,13 +43,16 @@ from bundles._errors import (
 )
 from bundles._fs import check_link_mode, copy_and_hash, ingest, make_read_only
 from bundles._layout import MANIFEST_NAME, MEDIA_DIR
-from bundles._location import classify, local_path_only
+from bundles._location import local_path_only
 from bundles._manifest import Manifest, ShardEntry, parse_manifest_bytes
 from bundles._media import MediaRef
 from bundles._options import LinkMode, Verify
 from bundles._progress import Progress
 from bundles._shards import iter_shard
-from bundles._source import LAYOUT_DIRS, DirSource, PackedSource, Source, describe
+from bundles._source import LAYOUT_DIRS, DirSource, PackedSource, RemoteSource, Source, describe
+
+if TYPE_CHECKING:
+    from bundles._store import StoreURL
 
 VERIFY_LEVELS = Verify.values()
 
@@ -168,13 +171,9 @@ class Bundle:
         """A stored file of a packed bundle that stays readable after :meth:`close` (an image
         whose pixels are decoded later); see ``PackedSource.open_detached``."""
         source = self._source
-        # A local packed file shares one duplicate descriptor; a source without descriptors (a
-        # packed object in a store, read by range requests) opens its member as it is.
-        opener = getattr(source, "open_detached", None)
+        # A local packed file shares one duplicate descriptor (see PackedSource.open_detached).
         try:
-            if opener is not None:
-                return opener(f"{MEDIA_DIR}/{name}")
-            return source.open(f"{MEDIA_DIR}/{name}")[0]
+            return source.open_detached(f"{MEDIA_DIR}/{name}")
         except FileNotFoundError:
             raise MediaMissingError(
                 f"{source.where(MEDIA_DIR + '/' + name)}: listed in the manifest but missing"
@@ -294,9 +293,8 @@ class Bundle:
         """
         if self._source.packed:
             return
-        reload = getattr(self._source, "reload_manifest", None)  # a bundle on a store
         try:
-            current = reload() if reload is not None else parse_manifest(self.path)
+            current = parse_manifest_bytes(self._source.reread_manifest(), self._source.where(MANIFEST_NAME))
         except BundleError:
             current = None
         if current != self.manifest:
@@ -433,8 +431,8 @@ class Bundle:
             )
         target = Path(os.path.abspath(media_dir))
         target.mkdir(parents=True, exist_ok=True)
-        if getattr(self._source, "remote", False):  # a store: downloaded concurrently
-            return list(self._samples(self._source.rehydrate(self._media, target, progress)))  # type: ignore[union-attr]
+        if isinstance(self._source, RemoteSource):  # a store: downloaded concurrently
+            return list(self._samples(self._source.rehydrate(self._media, target, progress)))
         target_dev = os.stat(target).st_dev
         placed: dict[str, MediaRef] = {}
         with Progress(
@@ -476,7 +474,7 @@ class Bundle:
 
 
 def _built(
-    rows: Iterator[dict[Any, Any]], sample_cls: Any, path: Path, indices: list[int] | None = None
+    rows: Iterator[dict[Any, Any]], sample_cls: Any, path: Path | StoreURL, indices: list[int] | None = None
 ) -> Iterator[Any]:
     """``rows``, or ``sample_cls.from_dict(row)`` of each; a ``from_dict`` error names the sample
     (its index in the bundle: ``indices[i]`` when the rows are those samples)."""
@@ -501,40 +499,9 @@ def _built(
     return build()
 
 
-def open_bundle(
-    path: str | os.PathLike[str],
-    *,
-    verify: Verify | str = "fast",
-    storage_options: dict[str, Any] | None = None,
-) -> Bundle:
-    """Open the bundle at ``path`` (a directory, or a packed file read in place) and verify it to
-    the given level.
-
-    Args:
-        path: a bundle directory, or a packed bundle file (``.rbundle``). A packed file is read
-            by member offsets without extracting it; its members are checked by the same rules
-            as :func:`unpack_bundle` before anything is read. Or an object-store URL
-            (``s3://bucket/prefix``, needs ``rollout-bundles[s3]``): read in place, shards
-            streamed and media fetched lazily with range reads (docs/FORMAT.md §9).
-        storage_options: for a URL only, as in :func:`write_bundle`.
-        verify: ``"none"``, ``"fast"`` (files present with their sizes, shard digests) or
-            ``"full"`` (also every media digest).
-
-    Raises:
-        BundleNotFoundError: no bundle there (or only a staging directory of an unfinished write).
-        BundleFormatError: the manifest does not follow the format, e.g. an unknown ``format_version``.
-        UnsafeBundleError: a packed file holds a member the unpack rules refuse, or is truncated.
-        BundleVerificationError: verification failed; ``.problems`` lists every bad file.
-    """
-    level = Verify.parse(verify)
-    if level is None:
-        raise BundleFormatError(f"verify: expected one of {', '.join(VERIFY_LEVELS)}, found {verify!r}")
-    if classify(path) == "store":
-        from bundles._remote import open_remote_bundle
-
-        return open_remote_bundle(str(path), verify=verify, storage_options=storage_options)
-    if storage_options is not None:
-        raise BundleError(f"{path}: storage_options apply to object-store URLs only")
+def open_local(path: str | os.PathLike[str], level: Verify) -> Bundle:
+    """:func:`bundles.open_bundle` for a local path: a bundle directory, or a packed file read in
+    place (its members checked by the unpack rules before anything is read)."""
     p = Path(os.path.abspath(path))
     if is_staging_name(p.name):
         raise BundleNotFoundError(f"{p}: is the staging directory of an unfinished write, not a bundle")

@@ -29,10 +29,10 @@ import os
 import stat
 import tarfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 from bundles._errors import BundleError, BundleIOError, BundleNotFoundError, UnsafeBundleError
 from bundles._layout import (
@@ -45,6 +45,10 @@ from bundles._layout import (
     SUFFIX_RE,
 )
 from bundles._media import sha256_stream
+
+if TYPE_CHECKING:
+    from bundles._media import MediaRef
+    from bundles._store import StoreURL
 
 LAYOUT_DIRS = (MEDIA_DIR, SHARDS_DIR)
 _BLOCK = tarfile.BLOCKSIZE
@@ -155,6 +159,7 @@ class DirSource:
     """A bundle directory."""
 
     packed = False
+    remote = False
 
     def __init__(self, root: Path) -> None:
         self.path = root
@@ -223,6 +228,12 @@ class DirSource:
             raise
         except OSError as e:
             raise BundleIOError.wrap(self.path, f"read {name}", e) from e
+
+    def open_detached(self, name: str) -> BinaryIO:
+        return self.open(name)[0]  # a file descriptor of its own, valid after close()
+
+    def reread_manifest(self) -> bytes:
+        return self.read_manifest()  # the directory at the path now
 
     def hash(self, name: str) -> tuple[str, int]:
         f, _ = self.open(name)
@@ -327,7 +338,7 @@ class _HeaderFile:
     """The file object tarfile reads headers through: positioned reads, each capped at
     ``_MAX_HEADER_READ`` (tarfile seeks over member data; it only reads headers)."""
 
-    def __init__(self, reader: Any, where: Path) -> None:
+    def __init__(self, reader: Any, where: Path | str) -> None:
         self._reader = reader
         self._pos = 0
         self._where = where
@@ -358,7 +369,7 @@ def _type_name(info: tarfile.TarInfo) -> str:
     return _TYPE_NAMES.get(info.type, f"tar member type {info.type!r}")
 
 
-def check_member(info: tarfile.TarInfo, where: Path, seen: set[str], file_size: int) -> Member:
+def check_member(info: tarfile.TarInfo, where: Path | str, seen: set[str], file_size: int) -> Member:
     """Check one tar header against the rules of docs/FORMAT.md §7; return the member it describes.
 
     The single implementation used by ``unpack_bundle`` and by the in-place reader.
@@ -403,7 +414,7 @@ def check_member(info: tarfile.TarInfo, where: Path, seen: set[str], file_size: 
 _PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 
 
-def _legacy_hint(fd: Any, where: Path) -> str:
+def _legacy_hint(fd: Any, where: Path | str) -> str:
     """A hint for a file that looks like a ``torch.save`` dump (the debug dumps written before
     bundles): ``rollout-bundle import-dump`` converts those. Empty for anything else."""
     try:  # a descriptor, or a remote reader with pread(n, pos)
@@ -415,11 +426,11 @@ def _legacy_hint(fd: Any, where: Path) -> str:
         return ""
     return (
         f"; it looks like a torch.save file (a debug dump from before bundles?): convert it with "
-        f"`rollout-bundle import-dump {where} -o {where.with_suffix('')}.rbundle`"
+        f"`rollout-bundle import-dump {where} -o {os.path.splitext(str(where))[0]}.rbundle`"
     )
 
 
-def read_tar_index(fd: Any, where: Path) -> dict[str, Member]:
+def read_tar_index(fd: Any, where: Path | str) -> dict[str, Member]:
     """Index the packed bundle open at ``fd`` (a descriptor, or an object with ``size`` and
     ``pread(n, pos)``): every member checked (see :func:`check_member`), in archive order, before
     any member's data is read.
@@ -458,7 +469,7 @@ def read_tar_index(fd: Any, where: Path) -> dict[str, Member]:
     return members
 
 
-def _check_archive_end(reader: Any, where: Path, end: int, file_size: int) -> None:
+def _check_archive_end(reader: Any, where: Path | str, end: int, file_size: int) -> None:
     """After the last member: at least the two zero blocks that end a tar, then only zeros."""
     if file_size - end < 2 * _BLOCK:
         raise UnsafeBundleError(
@@ -483,6 +494,7 @@ class PackedSource:
     """A packed bundle read in place (see the module docstring)."""
 
     packed = True
+    remote = False
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -563,6 +575,9 @@ class PackedSource:
             self._detached = _Descriptor(os.dup(self._fd))
         return MemberFile(self._detached, m.offset, m.size, self.where(name))  # type: ignore[return-value]
 
+    def reread_manifest(self) -> bytes:
+        return self.read_manifest()  # the file opened: a rename over its path is never read
+
     def hash(self, name: str) -> tuple[str, int]:
         f, _ = self.open(name)
         with f:
@@ -582,4 +597,56 @@ class _Descriptor:
         weakref.finalize(self, os.close, fd)
 
 
-Source = DirSource | PackedSource
+@runtime_checkable
+class Source(Protocol):
+    """What a :class:`~bundles._reader.Bundle` reads through: :class:`DirSource` and
+    :class:`PackedSource` here, ``StoreSource`` and ``StorePackedSource`` in :mod:`bundles._remote`.
+
+    Names are bundle-relative (``manifest.json``, ``samples/000000.msgpack.zst``,
+    ``media/<hex><suffix>``). ``packed``: members can only be copied out, never linked.
+    ``remote``: the bytes come over a network; such a source is also a :class:`RemoteSource`.
+    """
+
+    @property
+    def path(self) -> Path | StoreURL: ...
+    @property
+    def packed(self) -> bool: ...
+    @property
+    def remote(self) -> bool: ...
+
+    def where(self, name: str) -> str:
+        """Where ``name`` lives, for messages (a path, a member, a URL)."""
+        ...
+
+    def media_path(self, name: str) -> str:
+        """The path a sample's reference to the stored file ``name`` is rewritten to."""
+        ...
+
+    def read_manifest(self) -> bytes: ...
+
+    def reread_manifest(self) -> bytes:
+        """The manifest as the location holds it now (it may have been replaced since it was
+        opened): tells a bundle swapped by another writer from a damaged one."""
+        ...
+
+    def entries(self) -> Iterator[Entry]: ...
+
+    def open(self, name: str) -> tuple[BinaryIO, int]:
+        """One stored file and its size; ``FileNotFoundError`` when missing."""
+        ...
+
+    def open_detached(self, name: str) -> BinaryIO:
+        """``open(name)`` for a reader that may outlive :meth:`close` (an image decoded later)."""
+        ...
+
+    def hash(self, name: str) -> tuple[str, int]: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class RemoteSource(Source, Protocol):
+    """A source on an object store: rehydrating downloads its media concurrently."""
+
+    def rehydrate(
+        self, media: Mapping[str, MediaRef], target: Path, progress: bool | None
+    ) -> dict[str, MediaRef]: ...

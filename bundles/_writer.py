@@ -62,7 +62,6 @@ from bundles._layout import (
     SHARDS_DIR,
     ZSTD_LEVEL,
 )
-from bundles._location import classify
 from bundles._manifest import nesting_depth_exceeds
 from bundles._media import MediaRef, digest_from_name, media_suffix, sha256_file, trusted_ref
 from bundles._options import OUTSIDE_PATHS, LinkMode, OutsidePolicy
@@ -450,7 +449,7 @@ def _as_dict(sample: Any, dest: Path, index: int) -> dict[Any, Any]:
     )
 
 
-def write_bundle(
+def write_local(
     dest: str | os.PathLike[str],
     samples: Iterable[Any],
     *,
@@ -462,80 +461,11 @@ def write_bundle(
     progress: bool | None = None,
     missing_media: str = "error",
     outside_paths: OutsidePolicy = "warn",
-    storage_options: Mapping[str, Any] | None = None,
-    shared_media: bool = False,
 ) -> Path:
-    """Write ``samples`` and every media file they reference into a new bundle at ``dest``.
-
-    Args:
-        dest: the bundle directory to create (its parent is created if missing), or an
-            object-store URL (``s3://bucket/prefix``, ``gs://``, ``az://``; needs the
-            ``rollout-bundles[s3]`` extra), written with the commit protocol of
-            docs/FORMAT.md §9 (:mod:`bundles._remote`); any other URL scheme is refused.
-        samples: dicts (as ``Sample.to_dict()`` gives) or objects with ``to_dict()``.
-        media_roots: a directory (``str`` or path-like), or an iterable of them, whose files may
-            be referenced by absolute path strings. Any ``str`` in a sample that is an absolute
-            path inside one of them is a reference; all other strings are kept as they are.
-            ``MediaRef`` values are references wherever they appear.
-        outside_paths: what to do with an absolute path string outside every media root that
-            names an existing file (kept as a string, it dangles once the file is gone):
-            ``"warn"`` (default: one :class:`OutsidePathWarning` per write with the count and the
-            first key paths), ``"error"`` (:class:`OutsidePathError` naming the key path, nothing
-            written), ``"keep"`` (silently), or a callable taking the path and returning one of
-            these, to decide per path (trainer_hooks refuses other runs' media this way).
-        kind: what the bundle holds, e.g. ``"debug_dump"`` or ``"rollout_checkpoint"``.
-        meta: a JSON-compatible dict kept in the manifest.
-        link: ``"auto"`` (hardlink, else reflink, else copy), ``"hardlink"``, ``"reflink"`` or ``"copy"``.
-        overwrite: replace an existing bundle at ``dest`` atomically.
-        progress: draw a progress line (default: only on a terminal).
-        missing_media: ``"error"`` (default): a path string inside a media root whose file does
-            not exist is an error; ``"keep"``: it is kept as a plain string (a ``MediaRef`` to a
-            missing file is an error either way).
-        storage_options: for a URL only: obstore configuration (``endpoint``,
-            ``access_key_id``, ``secret_access_key``, ``region``, ``allow_http``, ...) that
-            overrides the standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
-        shared_media: for a URL only: store media in the content-addressed pool shared by the
-            bundles beside this one (``<parent>/.media/``), so that a file referenced by many
-            bundles of a run is uploaded once.
-
-    Returns:
-        The absolute path of the committed bundle (for a URL: its ``StoreURL``).
-
-    Raises:
-        MediaMissingError: a referenced file is missing or disagrees with its reference; the
-            message names the sample index and key path. Nothing is written in that case.
-        UnsupportedValueError: a value cannot be stored without pickle.
-        OutsidePathError: with ``outside_paths="error"``, a path string outside the media roots
-            names a file.
-        BundleExistsError: ``dest`` exists and ``overwrite`` is false.
-        BundleIOError: the filesystem refused a write (no space, file too large, permissions);
-            it names the file, keeps the ``OSError`` as ``__cause__``, and leaves nothing at ``dest``.
-
-    Example:
-        >>> write_bundle("/ckpt/dump_3", [s.to_dict() for s in samples], media_roots=[run_dir])
-    """
-    if classify(dest) == "store":
-        from bundles._remote import write_remote_bundle
-
-        return write_remote_bundle(  # type: ignore[return-value]
-            str(dest),
-            samples,
-            media_roots=media_roots,
-            kind=kind,
-            meta=meta,
-            link=link,
-            overwrite=overwrite,
-            progress=progress,
-            missing_media=missing_media,
-            outside_paths=outside_paths,
-            storage_options=storage_options,
-            shared_media=shared_media,
-        )
-    if storage_options is not None or shared_media:
-        raise BundleError(f"{dest}: storage_options and shared_media apply to object-store URLs only")
+    """:func:`bundles.write_bundle` into a local directory (its arguments, errors and protocol)."""
     dest = Path(os.path.abspath(dest))
     link = check_link_mode(link)
-    roots = _media_roots(media_roots, dest)
+    roots = resolve_media_roots(media_roots, dest)
     if not callable(outside_paths) and outside_paths not in OUTSIDE_PATHS:
         raise BundleError(
             f"{dest}: outside_paths: expected one of {', '.join(OUTSIDE_PATHS)} or a callable, found {outside_paths!r}"
@@ -626,7 +556,7 @@ def _write(
     return dest
 
 
-def _media_roots(media_roots: Any, dest: Path) -> list[str]:
+def resolve_media_roots(media_roots: Any, dest: Path) -> list[str]:
     """``media_roots`` as a list of path strings: one path (``str`` or path-like) is one root; an
     iterable gives one root per item. A bare ``str`` must never be iterated: its characters
     would make ``/`` a root, and every absolute path in a sample a reference."""

@@ -15,11 +15,10 @@ from typing import Any
 
 from bundles import _cli
 from bundles._diff import DiffKeyError, diff_bundles
+from bundles._entry import open_bundle, pack_bundle, unpack_bundle
 from bundles._layout import MEDIA_DIR
 from bundles._location import check_location, is_store_url
-from bundles._pack import pack_bundle, unpack_bundle
 from bundles._progress import human_bytes
-from bundles._reader import open_bundle
 from bundles._show import dumps_pretty, parse_key_paths, select, to_json
 
 __all__ = ["main", "register"]

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from bundles._commit import scratch_dir
 from bundles._errors import (
     BundleError,
     BundleExistsError,
@@ -18,6 +19,8 @@ from bundles._errors import (
 from bundles._faults import fault_point
 from bundles._fs import remove_tree
 from bundles._layout import PACK_SUFFIX
+from bundles._pack import pack_local, unpack_local
+from bundles._reader import Bundle
 from bundles._remote._pointer import MULTIPART_THRESHOLD
 from bundles._remote._probe import check_preconditions
 from bundles._remote._read import StorePackedSource
@@ -27,14 +30,17 @@ from bundles._store import StoreURL, get_store, store_error
 
 # -- packed files --------------------------------------------------------------------------------
 def pack_to_store(
-    path: Any, url_text: str, *, overwrite: bool = False, progress: bool | None = None
+    bundle: Bundle,
+    url_text: str,
+    *,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> StoreURL:
-    """:func:`bundles.pack_bundle` onto a store: packed locally, then uploaded in one atomic put
-    (create-only unless ``overwrite``)."""
-    from bundles._pack import pack_bundle
-
+    """:func:`bundles.pack_bundle` of an open bundle onto a store: packed locally, then uploaded
+    in one atomic put (create-only unless ``overwrite``)."""
     url = StoreURL(url_text)
-    store = get_store(url)
+    store = get_store(url, storage_options)
     if not overwrite:
         try:
             if (store.head(url.key)) is not None:
@@ -45,7 +51,7 @@ def pack_to_store(
             raise store_error(url, "look for an existing object", e) from e
         check_preconditions(store, url)  # the create-only put below is one only where honoured
     with tempfile.TemporaryDirectory(prefix="rollout-bundles-pack-") as tmp:
-        out = pack_bundle(path, Path(tmp) / url.name, progress=progress)
+        out = pack_local(bundle, Path(tmp) / url.name, overwrite=False, progress=progress)
         fault_point("store.before-put", url)
         try:
             if out.stat().st_size > MULTIPART_THRESHOLD:
@@ -64,18 +70,21 @@ def pack_to_store(
 
 
 def unpack_from_store(
-    url_text: str, out_dir: Any, *, overwrite: bool = False, progress: bool | None = None
-) -> Any:
-    """:func:`bundles.unpack_bundle` from a packed object on a store: read in place, every member
-    checked by the same rules, written to a local directory and fully verified there."""
-    from bundles._commit import scratch_dir
-    from bundles._pack import unpack_bundle
-
+    url_text: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Bundle:
+    """:func:`bundles.unpack_bundle` from a packed object on a store: its headers checked in
+    place by the same rules, then downloaded, unpacked into a local directory and fully
+    verified there."""
     url = StoreURL(url_text)
     dest = Path(os.path.abspath(out_dir))
     if os.path.lexists(dest) and not overwrite:
         raise BundleExistsError(f"{dest}: output exists; pass overwrite=True to replace it")
-    source = StorePackedSource(url, get_store(url))
+    source = StorePackedSource(url, get_store(url, storage_options))
     scratch = scratch_dir(dest, "download")
     try:
         packed = scratch / url.name
@@ -83,7 +92,7 @@ def unpack_from_store(
             data = (source._store.get(url.key))[0]
             f.write(data)
         try:
-            return unpack_bundle(packed, dest, overwrite=overwrite, progress=progress)
+            return unpack_local(packed, dest, overwrite=overwrite, progress=progress)
         except BundleError as e:
             _rewrite_message(e, str(packed), str(url))
             raise

@@ -30,7 +30,9 @@ from bundles._layout import (
     STORE_POINTER_NAME,
 )
 from bundles._media import MediaRef
+from bundles._options import Verify
 from bundles._progress import Progress
+from bundles._reader import Bundle, load_manifest
 from bundles._remote._pointer import READ_WINDOW, _Place, _place
 from bundles._source import LAYOUT_DIRS, Entry, WindowFile, read_tar_index
 from bundles._store import Store, StoreURL, bucket_missing, get_store, parallel, store_error
@@ -96,6 +98,9 @@ class _StoreSourceBase:
         with f:
             data = f.read()
         return hashlib.sha256(data).hexdigest(), len(data)
+
+    def open_detached(self, name: str) -> BinaryIO:
+        return self.open(name)[0]  # range reads: nothing to release at close()
 
     def rehydrate(
         self, media: Mapping[str, MediaRef], target: Path, progress: bool | None
@@ -163,13 +168,11 @@ class StoreSource(_StoreSourceBase):
             self._listed_media = set()  # load_manifest names the problem
         return data
 
-    def reload_manifest(self) -> Any:
+    def reread_manifest(self) -> bytes:
         """The manifest the pointer names now (to tell a replaced bundle from a damaged one)."""
-        from bundles._manifest import parse_manifest_bytes
-
         fresh = StoreSource(_place(str(self.path), None, "read the pointer"))
         fresh._place = _Place(self._place.url, self._place.store, fresh._place.pointer)
-        return parse_manifest_bytes(fresh.read_manifest(), fresh.where(MANIFEST_NAME))
+        return fresh.read_manifest()
 
     def _list(self) -> dict[str, int]:
         p = self._place
@@ -278,7 +281,7 @@ class StorePackedSource(_StoreSourceBase):
         self.size = int(meta["size"])
         reader = _StoreReader(store, url.key, self.size, str(url))
         _prefetch_headers(reader)
-        self.members = read_tar_index(reader, url)  # type: ignore[arg-type]
+        self.members = read_tar_index(reader, url)
         self.index_requests = reader.requests
 
     def where(self, name: str) -> str:
@@ -291,6 +294,9 @@ class StorePackedSource(_StoreSourceBase):
         f, _ = self.open(MANIFEST_NAME)
         with f:
             return f.read()
+
+    def reread_manifest(self) -> bytes:
+        return self.read_manifest()  # one object, put atomically: read again as it is now
 
     def entries(self) -> Iterator[Entry]:
         for m in self.members.values():
@@ -401,18 +407,16 @@ def _download_media(
 
 
 def open_remote_bundle(
-    url_text: str, *, verify: str = "fast", storage_options: Mapping[str, Any] | None = None
-) -> Any:
+    url_text: str, *, verify: Verify = Verify.FAST, storage_options: Mapping[str, Any] | None = None
+) -> Bundle:
     """:func:`bundles.open_bundle` for a URL: a bundle prefix, or a packed ``.rbundle`` object."""
-    from bundles._reader import Bundle, load_manifest
-
     url = StoreURL(url_text)
     source: StoreSource | StorePackedSource
     if url.name.endswith(PACK_SUFFIX):
         source = StorePackedSource(url, get_store(url, storage_options))
     else:
         source = StoreSource(_place(url, storage_options, "read the pointer"))
-    bundle = Bundle(source, load_manifest(source))  # type: ignore[arg-type]
-    if verify != "none":
-        bundle.verify(full=verify == "full", progress=False)
+    bundle = Bundle(source, load_manifest(source))
+    if verify is not Verify.NONE:
+        bundle.verify(full=verify is Verify.FULL, progress=False)
     return bundle

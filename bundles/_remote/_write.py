@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bundles._commit import scratch_dir
 from bundles._errors import (
     BundleError,
     BundleExistsError,
@@ -30,7 +31,9 @@ from bundles._layout import (
     STORE_POINTER_NAME,
 )
 from bundles._media import sha256_file
+from bundles._options import Verify
 from bundles._progress import Progress
+from bundles._reader import open_local
 from bundles._remote._pointer import (
     _PUBLISH_ATTEMPTS,
     MULTIPART_THRESHOLD,
@@ -42,6 +45,7 @@ from bundles._remote._pointer import (
 )
 from bundles._remote._probe import check_preconditions
 from bundles._store import Store, StoreURL, get_store, parallel, store_error
+from bundles._writer import resolve_media_roots, write_local
 
 
 # -- writing -------------------------------------------------------------------------------------
@@ -86,11 +90,9 @@ def upload_bundle(
         BundleIOError: the store refused a request after the retries, or no credentials; the
             bundle at ``url`` (if any) is unchanged.
     """
-    from bundles._reader import open_bundle
-
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
-    local = open_bundle(bundle_path, verify="none")
+    local = open_local(bundle_path, Verify.NONE)
     if local.packed:
         raise BundleError(
             f"{bundle_path}: upload_bundle takes a bundle directory; pack_bundle uploads a packed file"
@@ -294,21 +296,18 @@ def write_remote_bundle(
     **kwargs: Any,
 ) -> StoreURL:
     """:func:`bundles.write_bundle` for a URL (see the module docstring)."""
-    from bundles._commit import scratch_dir
-    from bundles._writer import _media_roots, write_bundle
-
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
     if not overwrite and _check_absent(store, url) is not None:
         raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
-    roots = _media_roots(media_roots, Path(url.name))
+    roots = resolve_media_roots(media_roots, Path(url.name))
     # Beside the first media root: same filesystem, so the local writer hard-links media.
     beside = os.path.abspath(roots[0]) if roots else os.path.join(tempfile.gettempdir(), "rollout-bundles")
     scratch = scratch_dir(beside, "upload")
     try:
         local = scratch / url.name
         try:
-            write_bundle(local, samples, media_roots=roots, progress=progress, **kwargs)
+            write_local(local, samples, media_roots=roots, progress=progress, **kwargs)
         except BundleError as e:
             _rewrite_message(e, str(local), str(url))
             raise
