@@ -135,6 +135,33 @@ class Bundle:
         return self._source.packed
 
     @property
+    def location(self) -> str:
+        """What kind of location the bundle is read from, in words: ``"directory"``, ``"packed
+        file"``, ``"object store"`` or ``"packed file on an object store"``."""
+        src = self._source
+        if src.remote:
+            return "packed file on an object store" if src.packed else "object store"
+        return "packed file" if src.packed else "directory"
+
+    @property
+    def stored_bytes(self) -> int:
+        """What the bundle occupies where it lives: a packed bundle's file (or object), else the
+        bytes of its shards and stored media as the manifest lists them."""
+        size = self._source.stored_size()
+        if size is not None:
+            return size
+        return sum(s.size for s in self.manifest.shards) + self.media_bytes
+
+    @property
+    def media_dir(self) -> Path | None:
+        """The local directory holding the stored media as plain files, for a page to link to;
+        None where they are members of a packed file or objects on a store."""
+        src = self._source
+        if src.packed or src.remote or not isinstance(src.path, Path):
+            return None
+        return src.path / MEDIA_DIR
+
+    @property
     def kind(self) -> str:
         return self.manifest.kind
 

@@ -235,6 +235,9 @@ class DirSource:
     def reread_manifest(self) -> bytes:
         return self.read_manifest()  # the directory at the path now
 
+    def stored_size(self) -> int | None:
+        return None
+
     def hash(self, name: str) -> tuple[str, int]:
         f, _ = self.open(name)
         with f:
@@ -578,6 +581,11 @@ class PackedSource:
     def reread_manifest(self) -> bytes:
         return self.read_manifest()  # the file opened: a rename over its path is never read
 
+    def stored_size(self) -> int | None:
+        if self._fd < 0:
+            raise BundleError(f"{self.path}: the bundle was closed")
+        return os.fstat(self._fd).st_size
+
     def hash(self, name: str) -> tuple[str, int]:
         f, _ = self.open(name)
         with f:
@@ -640,6 +648,11 @@ class Source(Protocol):
         ...
 
     def hash(self, name: str) -> tuple[str, int]: ...
+
+    def stored_size(self) -> int | None:
+        """The size of the one file or object a packed source reads; None for many files."""
+        ...
+
     def close(self) -> None: ...
 
 

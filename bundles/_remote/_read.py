@@ -168,6 +168,9 @@ class StoreSource(_StoreSourceBase):
             self._listed_media = set()  # load_manifest names the problem
         return data
 
+    def stored_size(self) -> int | None:
+        return None
+
     def reread_manifest(self) -> bytes:
         """The manifest the pointer names now (to tell a replaced bundle from a damaged one)."""
         fresh = StoreSource(_place(str(self.path), None, "read the pointer"))
@@ -297,6 +300,9 @@ class StorePackedSource(_StoreSourceBase):
 
     def reread_manifest(self) -> bytes:
         return self.read_manifest()  # one object, put atomically: read again as it is now
+
+    def stored_size(self) -> int | None:
+        return self.size
 
     def entries(self) -> Iterator[Entry]:
         for m in self.members.values():

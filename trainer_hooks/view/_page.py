@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import bundles
-from bundles import Bundle, BundleError, is_store_url
-from bundles.support import MANIFEST_NAME, human_bytes
+from bundles import Bundle, BundleError
+from bundles.support import human_bytes
 from trainer_hooks.view._actions import Action, parse_action
 from trainer_hooks.view._media import Shown, shown_suffix
 from trainer_hooks.view._samples import SampleView, num
@@ -123,23 +123,12 @@ def chips(d: Any) -> dict[str, Any]:
 # -- sections -----------------------------------------------------------------------------------------------
 
 
-def _bundle_bytes(bundle: Bundle) -> int:
-    shards = sum(int(s["size"]) for s in bundle.manifest["shards"])
-    if is_store_url(str(bundle.path)):  # on an object store: what the manifest lists
-        return shards + bundle.media_bytes
-    if bundle.packed:
-        return bundle.path.stat().st_size
-    try:
-        manifest = (bundle.path / MANIFEST_NAME).stat().st_size
-    except OSError:
-        manifest = 0
-    return manifest + shards + bundle.media_bytes
-
-
-def _where_label(bundle: Bundle) -> str:
-    if is_store_url(str(bundle.path)):
-        return "on the object store"
-    return "packed file" if bundle.packed else "bundle on disk"
+_WHERE_LABEL = {
+    "directory": "bundle on disk",
+    "packed file": "packed file",
+    "object store": "on the object store",
+    "packed file on an object store": "packed, on the object store",
+}
 
 
 def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct: int) -> dict[str, Any]:
@@ -158,7 +147,7 @@ def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct
         {"value": str(refs), "label": "media references"},
         {"value": f"{refs / stored:.2f}×" if stored else "–", "label": "dedup ratio"},
         {"value": size(bundle.media_bytes), "label": "media"},
-        {"value": size(_bundle_bytes(bundle)), "label": _where_label(bundle)},
+        {"value": size(bundle.stored_bytes), "label": _WHERE_LABEL.get(bundle.location, bundle.location)},
     ]
     if finite:
         stats.append({"value": f"{math.fsum(finite) / len(finite):.3g}", "label": "mean reward"})

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import bundles
-from bundles import Bundle, BundleError, BundleIOError, BundleVerificationError, is_store_url, open_bundle
+from bundles import Bundle, BundleError, BundleIOError, BundleVerificationError, open_bundle
 from bundles.support import MEDIA_DIR, atomic_write
 from trainer_hooks.replay import REPORT_FORMAT as REPLAY_FORMAT
 from trainer_hooks.replay import ReportError, check_replay_report, check_report_bundle, load_replay_report
@@ -177,13 +177,14 @@ def write_html_report(
     # stored files, linked at full resolution, except in a small dump, whose page then works
     # alone (mailed, attached to a bug) at little cost.
     # A bundle on an object store has no files beside the page either.
-    no_files = b.packed or is_store_url(str(b.path))
+    media_dir = b.media_dir  # None: no files to link to (packed, or on a store)
+    no_files = media_dir is None
     budget = inline_budget if no_files or len(names) <= SMALL_DUMP else 0
     shown = pictures(b, names, thumb_width=thumb_width, large_width=large_width, large_budget=budget,
                      progress=progress)  # fmt: skip
     link_base = None  # a packed bundle has no files to link to
-    if not no_files:
-        rel = os.path.relpath(b.path / MEDIA_DIR, out.parent)
+    if media_dir is not None:
+        rel = os.path.relpath(media_dir, out.parent)
         link_base = "/".join(urllib.parse.quote(part) for part in Path(rel).parts) + "/"
     search_path = out.with_name(out.stem + ".search.html") if search else None
     context = page_context(b, views, shown, link_base=link_base, replay=report, replay_name=replay_name)
