@@ -102,3 +102,61 @@ def test_each_trainer_hooks_subpackage_declares_its_surface(package):
     module = importlib.import_module(f"trainer_hooks.{package}")
     assert module.__doc__ and module.__doc__.strip()
     assert all(hasattr(module, name) for name in module.__all__)
+
+
+# -- the seam inside bundles: local half, store half, one entry above both ----------------------
+#: The modules above both halves: they may import the store half (bundles._remote).
+ABOVE_BOTH = {"bundles", "bundles._entry", "bundles.cli"}
+
+
+def _bundles_graph() -> dict[str, set[str]]:
+    """Module -> the bundles modules it imports, every import counted (inside functions too)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "bundles").rglob("*.py")):
+        name = _module_name(path)
+        graph[name] = {
+            dotted
+            for _, dotted in _imported(ast.parse(path.read_text(), str(path)))
+            if dotted.startswith("bundles")
+        }
+    return graph
+
+
+def test_the_local_half_of_bundles_never_imports_the_store_half():
+    found = [
+        f"{module} imports {dotted}"
+        for module, deps in _bundles_graph().items()
+        if not module.startswith("bundles._remote") and module not in ABOVE_BOTH
+        for dotted in deps
+        if dotted.startswith("bundles._remote")
+    ]
+    assert found == [], "the store half builds on the local one, never the reverse:\n" + "\n".join(found)
+
+
+def test_bundles_has_no_import_circle():
+    graph = _bundles_graph()
+    modules = set(graph)
+    # A package's __init__ hands names on; a submodule importing its own package is not a circle.
+    edges = {
+        m: {d for d in deps if d in modules and d != m and not m.startswith(d + ".")}
+        for m, deps in graph.items()
+    }
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(edges[m]):
+            if state.get(d) == 1:
+                circles.append(" -> ".join([*stack[stack.index(d) :], d]))
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m)
+    assert circles == [], "import circles in bundles:\n" + "\n".join(circles)
