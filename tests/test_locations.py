@@ -4,10 +4,9 @@ prefix on Azure Storage's emulator (Azurite). Each subclass says only where its 
 servers are real, on 127.0.0.1, started once per session by the fixtures in conftest.py, and each
 test gets a bucket (or container) of its own through the standard environment.
 
-gs:// runs no server here: no GCS emulator available to this project honours the preconditions
-the commit protocol needs (fake-gcs-server ignores ``ifGenerationMatch`` on uploads), so gs://
-is tested only for URL parsing and configuration errors (tests/test_store_urls.py); see
-docs/TESTING.md."""
+gs:// runs no server here: no GCS emulator this project can install honours the preconditions
+the commit protocol needs, so gs:// is tested only for URL parsing and configuration errors
+(tests/test_store_urls.py); docs/TESTING.md says exactly what was and was not tested."""
 
 from __future__ import annotations
 
