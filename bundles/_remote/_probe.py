@@ -37,6 +37,7 @@ import warnings
 from bundles._errors import BundleError, UnsafeStoreError, UnsafeStoreWarning
 from bundles._location import SINGLE_WRITER_ENV
 from bundles._store import Store, StoreURL, store_error
+from bundles._writer import stacklevel_outside_bundles
 
 __all__ = ["SINGLE_WRITER_ENV", "check_preconditions", "forget_verdicts"]
 
@@ -108,7 +109,7 @@ def check_preconditions(store: Store, url: StoreURL) -> None:
             f"{where} ignores {what}; writing anyway (single-writer opt-in): two writers racing for "
             f"one bundle would both publish",
             UnsafeStoreWarning,
-            stacklevel=3,
+            stacklevel=stacklevel_outside_bundles(),
         )
         return
     raise UnsafeStoreError(
