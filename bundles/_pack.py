@@ -97,7 +97,9 @@ def pack_local(
         raise BundleExistsError(f"{out}: output exists; pass overwrite=True to replace it")
     try:
         _write_packed(bundle, out, progress, replace=overwrite)
-    except FileExistsError:
+    except FileExistsError as e:
+        if e.filename is None or os.fspath(e.filename) != os.fspath(out):
+            raise BundleIOError.wrap(out, "write the packed bundle", e) from e
         # Another packer created it between the check above and our rename: theirs stays.
         raise BundleExistsError(f"{out}: output appeared during the pack; not replaced") from None
     except OSError as e:
