@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import functools
 import io
 import threading
 from typing import Any
@@ -61,10 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return add_own_arguments(parser)
 
 
-@functools.lru_cache(maxsize=1)
+_miles_names: frozenset[str] | None = None
+
+
 def miles_option_names() -> frozenset[str]:
     """The dests of Miles' own parser (its options and SGLang's ``--sglang-*``), or an empty set
-    where Miles' parser cannot be built."""
+    where Miles' parser cannot be built. Only a parser built is remembered: a process that
+    imports Miles later (a test, a notebook) asks again rather than keep the empty answer."""
+    global _miles_names
+    if _miles_names is not None:
+        return _miles_names
     try:
         from miles.utils.arguments import get_miles_extra_args_provider
 
@@ -75,7 +80,8 @@ def miles_option_names() -> frozenset[str]:
             get_miles_extra_args_provider()(parser)
     except (Exception, SystemExit):  # not a Miles process, or a Miles we cannot build a parser of
         return frozenset()
-    return frozenset(action.dest for action in parser._actions)
+    _miles_names = frozenset(action.dest for action in parser._actions)
+    return _miles_names
 
 
 def _config_keys(path: str) -> list[str] | None:
