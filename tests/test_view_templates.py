@@ -99,7 +99,7 @@ def test_hostile_strings_in_every_field_land_escaped(tmp_path: Path) -> None:
 
 
 def test_autoescape_is_on_and_no_template_opts_out() -> None:
-    from trainer_hooks.view._page import environment
+    from trainer_hooks.view._jinja import environment
 
     env = environment()
     assert env.autoescape is True
@@ -116,13 +116,13 @@ def test_the_escaping_test_catches_a_template_without_autoescape(
     what the first test would then find."""
     import jinja2
 
-    from trainer_hooks.view import _page
+    from trainer_hooks.view import _jinja
 
     bundle, report, _ = hostile_bundle(tmp_path)
     unsafe = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False, undefined=jinja2.StrictUndefined
     )
-    monkeypatch.setattr(_page, "environment", lambda: unsafe)
+    monkeypatch.setattr(_jinja, "environment", lambda: unsafe)
     write_html_report(bundle, tmp_path / "unsafe.html", replay=report)
     assert "<i data-x" in (tmp_path / "unsafe.html").read_text()
 

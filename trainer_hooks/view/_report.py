@@ -12,7 +12,7 @@ about 8. No script is needed for that, so the page still runs none.
 The work is split by concern: :mod:`~trainer_hooks.view._samples` reads each sample down to what
 the page shows (any legal value, never a crash), :mod:`~trainer_hooks.view._media` reads and
 decodes each stored screenshot once (PNG/JPEG only, through :func:`bundles.decode_image`),
-:mod:`~trainer_hooks.view._page` turns both into plain data, and Jinja2 templates with
+:mod:`~trainer_hooks.view._context` turns both into plain data, and Jinja2 templates with
 autoescaping write the HTML (``templates/``), so no string from the bundle is escaped by hand.
 
 A thumbnail links to the full-size image by a relative path when the bundle is a directory, so
@@ -42,9 +42,11 @@ from bundles import Bundle, BundleError, BundleIOError, BundleVerificationError,
 from bundles.support import MEDIA_DIR, atomic_write
 from trainer_hooks.replay import REPORT_FORMAT as REPLAY_FORMAT
 from trainer_hooks.replay import ReportError, check_replay_report, check_report_bundle, load_replay_report
+from trainer_hooks.view._context import page_context
+from trainer_hooks.view._jinja import render_page
 from trainer_hooks.view._media import pictures
-from trainer_hooks.view._page import page_context, render_page, render_search, search_rows
 from trainer_hooks.view._samples import sample_view
+from trainer_hooks.view._search import render_search, search_rows
 
 __all__ = [
     "REPLAY_FORMAT",
@@ -131,7 +133,7 @@ def write_html_report(
             larger directory bundles, a large view shows the stored file beside the page (only
             ``.png``/``.jpg``/``.jpeg`` files), or the thumbnail enlarged (a packed bundle).
         search: also write the search page, ``<output stem>.search.html`` beside the report
-            (the report itself runs no script; see :func:`~trainer_hooks.view._page.render_search`).
+            (the report itself runs no script; see :func:`~trainer_hooks.view._search.render_search`).
         progress: draw a progress line while making thumbnails (default: on a terminal).
 
     Raises:

@@ -5,7 +5,7 @@ crash the page: a top-level numpy array (an ``advantages`` field), numpy scalars
 ``image_grid_thw`` of strings or with ``inf``, a foreign object whose ``repr`` raises. Values are
 turned into JSON-able summaries (arrays as ``<ndarray float32 [5]>``, long number lists cut),
 never asked for their truth value, and strings are kept as they are: escaping is the template
-engine's job (:mod:`trainer_hooks.view._page`).
+engine's job (:mod:`trainer_hooks.view._context`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""The page: what it shows, as plain data, rendered by Jinja2 templates with autoescaping.
+"""The page's data: what the report shows, as plain data, for ``templates/report.html.j2``.
 
-Nothing here writes HTML. :func:`page_context` turns the bundle, the samples' views, the stored
-screenshots' pictures and the replay report into dicts and lists of plain strings and numbers;
-``templates/report.html.j2`` lays them out. The environment escapes every ``{{ value }}``
-(``autoescape=True``, for every template, whatever its name), so a prompt, an action, a file name
-or a replay message from a stranger's bundle lands as text, and no template uses ``|safe``
-(``tests/test_view_templates.py`` checks both, with hostile strings in every field). Undefined
-names are errors (``StrictUndefined``), so a typo in a template fails the tests, not the page.
+Its one reason to change is what the page shows. Nothing here writes HTML: :func:`page_context`
+turns the bundle, the samples' views, the stored screenshots' pictures and the replay report into
+dicts and lists of plain strings and numbers; the template lays them out, escaped by the
+environment of :mod:`trainer_hooks.view._jinja`. Pictures come from
+:mod:`trainer_hooks.view._graphics`.
 
 The Content-Security-Policy in the page's ``<meta>`` forbids every script and every fetch except
 images from ``data:`` URIs and the stored files beside the page (``'self'``).
@@ -15,7 +13,6 @@ images from ``data:`` URIs and the stored files beside the page (``'self'``).
 from __future__ import annotations
 
 import datetime
-import functools
 import json
 import math
 import urllib.parse
@@ -24,13 +21,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import bundles
-from bundles import Bundle, BundleError
+from bundles import Bundle
 from bundles.support import human_bytes
-from trainer_hooks.view._actions import Action, parse_action
+from trainer_hooks.view._actions import parse_action
+from trainer_hooks.view._graphics import OVERLAY_COLOR, bin_of, bins, histogram, logprob_strip, overlay, px
 from trainer_hooks.view._media import Shown, shown_suffix
 from trainer_hooks.view._samples import SampleView, num
 
-__all__ = ["CSP", "environment", "page_context", "render_page"]
+__all__ = ["CSP", "page_context", "prompt_messages", "reward_text"]
 
 CSP = (
     "default-src 'none'; img-src data: 'self'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -39,31 +37,6 @@ INDEX_OPEN_MAX = 60  # samples listed unfolded in the index table
 MAX_TEXT = 20_000  # characters of a prompt or response shown before the rest is cut
 DEFAULT_MERGE_SIZE = 2  # Qwen2-VL: 2x2 patches make one vision token
 STATUS_CLASS = {"completed": "ok", "truncated": "warn", "aborted": "warn", "failed": "bad", "pending": "info"}
-
-
-@functools.cache
-def environment() -> Any:
-    """The one Jinja2 environment of the page: templates shipped in the package, autoescaped."""
-    try:
-        import jinja2
-    except ImportError:
-        raise BundleError(
-            "view writes its page from Jinja2 templates: pip install 'rollout-bundles[view]'"
-        ) from None
-
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("trainer_hooks.view", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-    return env
-
-
-def render_page(context: Mapping[str, Any]) -> str:
-    return str(environment().get_template("report.html.j2").render(**context))
 
 
 # -- small formatting helpers (return plain text; the template escapes it) -----------------------------
@@ -202,7 +175,7 @@ def _replay_summary(replay: Mapping[str, Any], name: str) -> dict[str, Any]:
     ]}  # fmt: skip
 
 
-def _prompt(prompt: Any) -> list[dict[str, Any]] | None:
+def prompt_messages(prompt: Any) -> list[dict[str, Any]] | None:
     """The prompt as messages ``{"role", "text"}`` (role None for a plain string or other value)."""
     if prompt is None:
         return None
@@ -266,11 +239,11 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
         if s is not None and s.thumb is not None and s.size and img.name is not None and img.name in refs:
             w, h = s.size
             turn.update(ref=refs[img.name], w=w, h=h, tw=s.thumb.width, th=s.thumb.height,
-                        scale=_f(w / s.thumb.width))  # fmt: skip
+                        scale=px(w / s.thumb.width))  # fmt: skip
             turn["shapes"] = overlay(action, (w, h), v.screen)
             # A thumbnail shows only where the pointer went (one ring); the large view has it all.
             ring = next((sh for sh in reversed(turn["shapes"]) if sh["t"] == "ring"), None)
-            turn["mark"] = {"cx": ring["cx"], "cy": ring["cy"], "r": _f(max(w, h) / 40)} if ring else None
+            turn["mark"] = {"cx": ring["cx"], "cy": ring["cy"], "r": px(max(w, h) / 40)} if ring else None
             # Only a stored .png/.jpg/.jpeg that decoded is a link target: a browser renders a
             # linked file by its suffix, and .html/.svg/... would run outside this page's CSP.
             if link_base is not None and img.name and s.linkable and shown_suffix(img.name):
@@ -279,7 +252,7 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
                 turn["large"] = {
                     "kind": "inline",
                     "ref": large_refs[img.name],
-                    "scale": _f(w / s.large.width),
+                    "scale": px(w / s.large.width),
                 }
             elif turn["href"]:
                 turn["large"] = {"kind": "link", "href": turn["href"]}
@@ -470,7 +443,7 @@ def page_context(
                           dash(v.response_length), str(len(v.images))],
             "problems": None if entry is None else len(entry.get("problems") or []),
             "replay": None if entry is None else _replay_block(entry),
-            "prompt": _prompt(v.prompt),
+            "prompt": prompt_messages(v.prompt),
             "turns": _turns(v, shown, refs, large_refs, link_base, merge, replay_images),
             "response": text(v.response) if v.response else None,
             "strip": logprob_strip(v.logprobs),
@@ -521,64 +494,6 @@ def page_context(
     }
 
 
-# -- issue 21: overlays, large views, groups, filters, sorting, charts ---------------------------------------
-
-OVERLAY_COLOR = "#ff2bd6"  # drawn over screenshots; tests look for it
-
-
-def overlay(
-    action: Action | None, size: tuple[int, int], screen: tuple[float, float] | None
-) -> list[dict[str, Any]]:
-    """SVG shapes for ``action`` in the screenshot's own pixels (``size``), scaled from the
-    ``screen`` space the agent's coordinates are in (default: the screenshot's)."""
-    if action is None or action.kind == "text":
-        return []
-    w, h = size
-    sx, sy = (w / screen[0], h / screen[1]) if screen else (1.0, 1.0)
-    unit = max(w, h) / 100  # 19 px on a 1920 px screenshot
-    pts = [(x * sx, y * sy) for x, y in action.points]
-    shapes: list[dict[str, Any]] = []
-    label = action.describe()
-
-    def ring(x: float, y: float, r: float) -> None:
-        shapes.append({"t": "ring", "cx": _f(x), "cy": _f(y), "r": _f(r), "sw": _f(unit * 0.35)})
-
-    if action.kind == "drag" and len(pts) == 2:
-        (x1, y1), (x2, y2) = pts
-        shapes.append(
-            {"t": "line", "x1": _f(x1), "y1": _f(y1), "x2": _f(x2), "y2": _f(y2), "sw": _f(unit * 0.35)}
-        )
-        ring(x1, y1, unit * 1.2)
-        ring(x2, y2, unit * 2)
-        anchor = (x2, y2)
-    elif pts:
-        x, y = pts[-1]
-        ring(x, y, unit * 2.2)
-        if action.kind in ("double_click", "triple_click"):
-            ring(x, y, unit * 1.3)
-        shapes.append({"t": "dot", "cx": _f(x), "cy": _f(y), "r": _f(unit * 0.45)})
-        anchor = (x, y)
-    else:
-        anchor = (w / 2, h / 2) if action.kind == "scroll" else (unit * 2, unit * 2)
-    if action.kind == "scroll" and action.scroll is not None:
-        dx, dy = action.scroll
-        norm = math.hypot(dx, dy) or 1.0
-        x, y = anchor
-        length = unit * 8
-        shapes.append({"t": "line", "x1": _f(x), "y1": _f(y), "x2": _f(x + dx / norm * length),
-                       "y2": _f(y + dy / norm * length), "sw": _f(unit * 0.6)})  # fmt: skip
-    # The label sits beside the anchor, kept inside the picture.
-    lx = min(max(anchor[0] + unit * 3, unit), max(unit, w - len(label[:120]) * unit * 1.36 - unit * 2))
-    ly = min(max(anchor[1] - unit * 2.5, unit * 3), h - unit)
-    shapes.append({"t": "label", "x": _f(lx), "y": _f(ly), "fs": _f(unit * 2.2), "text": label[:120],
-                   "bw": _f(len(label[:120]) * unit * 1.36 + unit * 1.5), "bh": _f(unit * 3)})  # fmt: skip
-    return shapes
-
-
-def _f(x: float) -> str:
-    return f"{x:.1f}".rstrip("0").rstrip(".")
-
-
 def _reward_number(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
@@ -599,141 +514,3 @@ def advantages(rewards: list[float | None]) -> list[float | None]:
     mean = math.fsum(known) / len(known)
     std = math.sqrt(math.fsum((r - mean) ** 2 for r in known) / (len(known) - 1)) if len(known) > 1 else 0.0
     return [None if r is None else (r - mean) / (std + 1e-6) if std > 0 else r - mean for r in rewards]
-
-
-def bins(values: list[float], *, max_bins: int = 8, integers: bool = False) -> list[tuple[float, float, str]]:
-    """Histogram bins ``(low, high, label)``: one per distinct value when there are few, else
-    ``max_bins`` equal-width bins from the smallest to the largest value (the last one closed)."""
-    distinct = sorted(set(values))
-    if not distinct:
-        return []
-    if len(distinct) <= max_bins:
-        return [(v, v, num(int(v) if integers and v.is_integer() else v)) for v in distinct]
-    lo, hi = distinct[0], distinct[-1]
-    step = (hi - lo) / max_bins
-    out = []
-    for k in range(max_bins):
-        a, b = lo + k * step, hi if k == max_bins - 1 else lo + (k + 1) * step
-        fa, fb = (
-            (f"{math.ceil(a)}", f"{math.floor(b) if k == max_bins - 1 else math.ceil(b) - 1}")
-            if integers
-            else (f"{a:.3g}", f"{b:.3g}")
-        )
-        out.append((a, b, f"{fa}–{fb}"))
-    return out
-
-
-def bin_of(v: float | None, edges: list[tuple[float, float, str]]) -> int | None:
-    if v is None:
-        return None
-    for k, (a, b, _) in enumerate(edges):
-        if (a == b and v == a) or (a <= v < b) or (k == len(edges) - 1 and a <= v <= b):
-            return k
-    return None
-
-
-def histogram(
-    title: str, edges: list[tuple[float, float, str]], counts: list[int], ids: list[str]
-) -> dict[str, Any]:
-    """An inline-SVG bar chart: bars scaled to the largest count."""
-    width, height, gap = 240, 64, 2
-    top = max(counts) if counts else 0
-    n = max(1, len(counts))
-    bar_w = (width - gap * (n - 1)) / n
-    bars = []
-    for k, (c, (_, _, label)) in enumerate(zip(counts, edges, strict=True)):
-        bh = 0 if not top else max(1.0 if c else 0.0, height * c / top)
-        bars.append({"x": _f(k * (bar_w + gap)), "y": _f(height - bh), "w": _f(bar_w), "h": _f(bh),
-                     "label": label, "count": c, "id": ids[k]})  # fmt: skip
-    return {"title": title, "w": width, "h": height, "bars": bars,
-            "first": edges[0][2] if edges else "", "last": edges[-1][2] if edges else ""}  # fmt: skip
-
-
-def logprob_strip(values: list[float | None] | None, *, diff: bool = False) -> dict[str, Any] | None:
-    """A one-pixel-high PNG, one pixel per token (means of runs beyond 2048 tokens), coloured by
-    log-prob (green 0, yellow -1, red -6 and below; grey when not a number), as a data URI the
-    page scales up. With ``diff``, the values are |differences| (white 0, red 0.5 and above)."""
-    if not values:
-        return None
-    import base64
-    import io
-
-    from PIL import Image
-
-    n = len(values)
-    width = min(n, 2048)
-    pixels = []
-    for k in range(width):
-        chunk = [v for v in values[k * n // width : (k + 1) * n // width] if v is not None]
-        if not chunk:
-            pixels.append((160, 160, 170))
-            continue
-        v = math.fsum(chunk) / len(chunk)
-        pixels.append(_diff_color(v) if diff else _logprob_color(v))
-    im = Image.new("RGB", (width, 1))
-    im.putdata(pixels)
-    out = io.BytesIO()
-    im.save(out, "PNG", optimize=True)
-    finite = [v for v in values if v is not None]
-    return {
-        "uri": "data:image/png;base64," + base64.b64encode(out.getvalue()).decode("ascii"),
-        "tokens": n,
-        "min": f"{min(finite):.3g}" if finite else "–",
-        "mean": f"{math.fsum(finite) / len(finite):.3g}" if finite else "–",
-    }
-
-
-def _mix(c1: tuple[int, int, int], c2: tuple[int, int, int], t: float) -> tuple[int, int, int]:
-    t = min(1.0, max(0.0, t))
-    return tuple(round(a + (b - a) * t) for a, b in zip(c1, c2, strict=True))  # type: ignore[return-value]
-
-
-def _logprob_color(v: float) -> tuple[int, int, int]:
-    green, yellow, red = (46, 160, 67), (240, 200, 40), (200, 30, 30)
-    if v >= -1:
-        return _mix(green, yellow, -v)
-    return _mix(yellow, red, (-v - 1) / 5)
-
-
-def _diff_color(v: float) -> tuple[int, int, int]:
-    return _mix((255, 255, 255), (200, 30, 30), abs(v) / 0.5)
-
-
-# -- the search page: the one page with a script ------------------------------------------------------------
-
-SEARCH_TEXT = 2000  # characters of a prompt and of a response the search page holds
-_HASH_SLOT = "__SCRIPT_AND_STYLE_HASHES__"
-
-
-def search_rows(views: list[SampleView]) -> list[dict[str, str]]:
-    rows = []
-    for v in views:
-        prompt = " ".join(m["text"] for m in _prompt(v.prompt) or [])
-        rows.append({"pos": str(v.position), "status": v.status or "no status", "reward": reward_text(v.reward),
-                     "prompt": prompt[:SEARCH_TEXT], "response": (v.response or "")[:SEARCH_TEXT]})  # fmt: skip
-    return rows
-
-
-def render_search(rows: list[dict[str, str]], title: str, report_href: str) -> str:
-    """The search page: a table of every sample's prompt and response (text, escaped by the
-    template engine) and one small script, ``templates/search.js``, that hides the rows not
-    holding every typed word. Its CSP allows exactly that script and that stylesheet, by their
-    SHA-256 hashes, and nothing else (no other script, no fetch, no image): the bundle's text is
-    only ever read by the script as ``textContent``, never run or parsed as HTML."""
-    import base64
-    import hashlib
-    import re
-
-    page = str(environment().get_template("search.html.j2").render(
-        csp=f"default-src 'none'; {_HASH_SLOT}; base-uri 'none'; form-action 'none'",
-        title=title, rows=rows, report_href=report_href))  # fmt: skip
-
-    def digest(body: str) -> str:
-        return (
-            "'sha256-" + base64.b64encode(hashlib.sha256(body.encode("utf-8")).digest()).decode("ascii") + "'"
-        )
-
-    scripts = re.findall(r"<script>(.*?)</script>", page, re.S)
-    styles = re.findall(r"<style>(.*?)</style>", page, re.S)
-    assert len(scripts) == 1 and len(styles) == 1, "the search page has one script and one style, ours"
-    return page.replace(_HASH_SLOT, f"script-src {digest(scripts[0])}; style-src {digest(styles[0])}", 1)
