@@ -158,7 +158,27 @@ def _find_checkpoint(args: Any, rollout_id: int) -> bool:
     return False
 
 
-class BundledDataSource(RolloutDataSourceWithBuffer):
+class _SavesThroughState:
+    """``flush``/``close`` of the two Miles plugins that save: both go through the run's one
+    checkpointer and journal (``rollout_state``)."""
+
+    rollout_state: Any
+
+    def flush(self) -> list[Path]:
+        if self.rollout_state.ledger is not None:
+            self.rollout_state.ledger.flush()
+        return self.rollout_state.checkpointer.flush()
+
+    def close(self) -> None:
+        """Wait for queued saves and the journal (``RolloutManager.dispose`` calls this)."""
+        try:
+            self.rollout_state.checkpointer.close()
+        finally:
+            if self.rollout_state.ledger is not None:
+                self.rollout_state.ledger.close()
+
+
+class BundledDataSource(_SavesThroughState, RolloutDataSourceWithBuffer):
     """Miles' ``RolloutDataSourceWithBuffer`` whose ``save``/``load`` write and read one bundle of
     the whole rollout state (``--data-source-path trainer_hooks.miles.BundledDataSource``)."""
 
@@ -231,19 +251,6 @@ class BundledDataSource(RolloutDataSourceWithBuffer):
         )
         return ckpt
 
-    def flush(self) -> list[Path]:
-        if self.rollout_state.ledger is not None:
-            self.rollout_state.ledger.flush()
-        return self.rollout_state.checkpointer.flush()
-
-    def close(self) -> None:
-        """Wait for queued saves and the journal (``RolloutManager.dispose`` calls this)."""
-        try:
-            self.rollout_state.checkpointer.close()
-        finally:
-            if self.rollout_state.ledger is not None:
-                self.rollout_state.ledger.close()
-
 
 class BundledDataBuffer(DefaultDataBuffer):
     """Miles' ``DefaultDataBuffer`` reporting every finished and consumed group, and starting with
@@ -304,7 +311,7 @@ class _TrackedDataSource:
         return getattr(self._inner, name)
 
 
-class FullyAsyncRolloutFn(_MilesFullyAsyncRolloutFn):
+class FullyAsyncRolloutFn(_SavesThroughState, _MilesFullyAsyncRolloutFn):
     """Miles' ``FullyAsyncRolloutFn`` with ``save(rollout_id)`` / ``load(rollout_id)`` of one bundle.
 
     Construct it as Miles does (``FullyAsyncRolloutFn(RolloutFnConstructorInput(args, data_source))``);
@@ -368,15 +375,3 @@ class FullyAsyncRolloutFn(_MilesFullyAsyncRolloutFn):
             state.recycled(groups)
             state.restore_completed((_prompt_group_of(g), g) for g in ckpt.completed_groups)
         return ckpt
-
-    def flush(self) -> list[Path]:
-        if self.rollout_state.ledger is not None:
-            self.rollout_state.ledger.flush()
-        return self.rollout_state.checkpointer.flush()
-
-    def close(self) -> None:
-        try:
-            self.rollout_state.checkpointer.close()
-        finally:
-            if self.rollout_state.ledger is not None:
-                self.rollout_state.ledger.close()
