@@ -185,18 +185,24 @@ def seaweed_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def s3rver_binary() -> str | None:
-    """s3rver (npm), a real S3 emulator that ignores ``If-None-Match`` and ``If-Match``: where
-    ``make test`` installs it (.venv/node), or ``$S3RVER``, or on PATH."""
+def _npm_binary(command: str, env_var: str) -> str | None:
+    """An npm server's executable: ``$<env_var>``, or where ``make test`` installs it
+    (.venv/node), or on PATH."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for candidate in (
-        os.environ.get("S3RVER", ""),
-        os.path.join(root, ".venv", "node", "node_modules", ".bin", "s3rver"),
-        shutil.which("s3rver") or "",
+        os.environ.get(env_var, ""),
+        os.path.join(root, ".venv", "node", "node_modules", ".bin", command),
+        shutil.which(command) or "",
     ):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def s3rver_binary() -> str | None:
+    """s3rver (npm), a real S3 emulator that ignores ``If-None-Match`` and ``If-Match``: where
+    ``make test`` installs it (.venv/node), or ``$S3RVER``, or on PATH."""
+    return _npm_binary("s3rver", "S3RVER")
 
 
 @contextlib.contextmanager
@@ -274,15 +280,7 @@ class AzureServer:
 def azurite_binary() -> str | None:
     """Azurite's blob server (npm ``azurite``): where ``make test`` installs it (.venv/node), or
     ``$AZURITE_BLOB``, or on PATH."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for candidate in (
-        os.environ.get("AZURITE_BLOB", ""),
-        os.path.join(root, ".venv", "node", "node_modules", ".bin", "azurite-blob"),
-        shutil.which("azurite-blob") or "",
-    ):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    return _npm_binary("azurite-blob", "AZURITE_BLOB")
 
 
 @contextlib.contextmanager
