@@ -94,14 +94,17 @@ from trainer_hooks.checkpoints._journal_format import (
     MEDIA_DIR,
     SEGMENT_PREFIX,
     SEGMENT_SUFFIX,
+    SHIPMENT_SUFFIX,
     ZSTD_LEVEL,
     JournalError,
     frame_record,
     is_content_name,
     segment_header,
     segment_name,
+    shipment_name,
 )
 from trainer_hooks.checkpoints._journal_scan import scan_journal
+from trainer_hooks.checkpoints._journal_store import JournalShipper
 from trainer_hooks.checkpoints._snapshot import sample_dict, snapshot_groups
 
 __all__ = ["FlushStats", "RolloutJournal", "new_lineage"]
@@ -163,6 +166,8 @@ class RolloutJournal:
             treated as ``"auto"``: a hard link is what keeps a file alive past a teardown).
         first_seq: the seq of the first record (one after the resumed state's last seq).
         store_image: ``(image, where) -> MediaRef`` storing a PIL image in a media root.
+        shipper: the journal is on an object store (:mod:`._journal_store`): ``directory`` is
+            then a local spool, and each fsync becomes a shipment of the segment and its new media.
     """
 
     def __init__(
@@ -177,10 +182,14 @@ class RolloutJournal:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         store_image: Callable[[Any, str], MediaRef] | None = None,
         fingerprint: dict[str, Any] | None = None,
+        shipper: JournalShipper | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"--rollout-journal-interval: expected > 0 seconds here, found {interval}")
         self.directory = Path(directory)
+        self._shipper = shipper
+        # What messages name: the journal where it is kept (the store prefix, not the spool).
+        self.where = str(shipper) if shipper is not None else str(self.directory)
         self.media_dir = self.directory / MEDIA_DIR
         self.media_dir.mkdir(parents=True, exist_ok=True)
         self.lineage = lineage
@@ -209,6 +218,10 @@ class RolloutJournal:
         self._segment_size = 0
         self._segments: dict[Path, tuple[int, int, set[str]]] = {}  # path -> (first, last seq, media)
         self._media_refs: dict[str, int] = {}  # stored media name -> segments referencing it
+        # On a store: the media each shipped segment carried, and the shipments whose records are
+        # compacted but whose media a live record still references (path -> carried names).
+        self._carried: dict[Path, set[str]] = {}
+        self._retired: dict[Path, set[str]] = {}
         self._known_media: set[str] = set()
         self._by_value: dict[str, MediaRef] = {}  # media path string -> its reference (bounded)
         self._new_media: list[str] = []
@@ -339,12 +352,12 @@ class RolloutJournal:
             while self._durable_seq < target and self._error is None and self._thread.is_alive():
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"{self.directory}: journal flush to seq {target} timed out")
+                    raise TimeoutError(f"{self.where}: journal flush to seq {target} timed out")
                 self._cond.wait(0.1 if remaining is None else min(0.1, remaining))
             self._raise_error()
             if self._durable_seq < target:
                 raise JournalError(
-                    f"{self.directory}: the journal is closed; records up to {target} cannot be made durable"
+                    f"{self.where}: the journal is closed; records up to {target} cannot be made durable"
                 )
             return self._durable_seq
 
@@ -375,14 +388,14 @@ class RolloutJournal:
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"{self.directory}: journal encode of seq {target} timed out")
+                    raise TimeoutError(f"{self.where}: journal encode of seq {target} timed out")
                 self._cond.wait(0.05 if remaining is None else min(0.05, remaining))
             if not raise_error:
                 return
             self._raise_error()
             if self._encoded_seq < target:
                 raise JournalError(
-                    f"{self.directory}: the journal's writer has stopped; record {target} was never encoded"
+                    f"{self.where}: the journal's writer has stopped; record {target} was never encoded"
                 )
 
     def roll(self) -> int:
@@ -401,6 +414,8 @@ class RolloutJournal:
         removed_segments = removed_media = 0
         if not self._adopted:
             self._adopt_existing()  # here, off the rollout's path: a resumed journal can be large
+        if self._shipper is not None:
+            return self._compact_shipments(upto_seq)
         with self._cond:
             for path, (first, last, media) in sorted(self._segments.items()):
                 if path == self._segment or last > upto_seq or last < first:
@@ -423,6 +438,35 @@ class RolloutJournal:
                     except FileNotFoundError:
                         pass
         return removed_segments, removed_media
+
+    def _compact_shipments(self, upto_seq: int) -> tuple[int, int]:
+        """compact() on a store: a shipment goes once its records are covered and no live record
+        references a media file it carries (see :mod:`._journal_store`)."""
+        assert self._shipper is not None
+        covered = 0
+        with self._cond:
+            for path, (first, last, media) in sorted(self._segments.items()):
+                if path == self._segment or last > upto_seq or last < first:
+                    continue
+                del self._segments[path]
+                covered += 1
+                for name in media:
+                    left = self._media_refs.get(name, 0) - 1
+                    if left > 0:
+                        self._media_refs[name] = left
+                    else:
+                        self._media_refs.pop(name, None)
+                self._retired[path] = self._carried.pop(path, set())
+            gone = [p for p, carried in self._retired.items() if not any(n in self._media_refs for n in carried)]
+            removed_media = 0
+            for path in gone:
+                carried = self._retired.pop(path)
+                self._known_media.difference_update(carried)  # referenced again: shipped again
+                removed_media += len(carried)
+        if gone:
+            fault_point("journal.compact", gone[0])
+            self._shipper.delete(shipment_name(p.name) for p in gone)
+        return covered, removed_media
 
     def stats(self) -> dict[str, Any]:
         """Totals, the last flush's cost and the current backlog (for meta, logs and inspect)."""
@@ -455,7 +499,7 @@ class RolloutJournal:
     def _raise_error(self) -> None:
         if self._error is not None:
             raise JournalError(
-                f"{self.directory}: the rollout journal's writer failed: {type(self._error).__name__}: "
+                f"{self.where}: the rollout journal's writer failed: {type(self._error).__name__}: "
                 f"{self._error}"
             ) from self._error
 
@@ -465,7 +509,10 @@ class RolloutJournal:
         first compaction, on the checkpoint writer's thread."""
         self._adopted = True
         with self._cond:
-            known = set(self._segments)
+            known = set(self._segments) | set(self._retired)
+        if self._shipper is not None:
+            self._adopt_shipments(known)
+            return
         for path in sorted(self.directory.glob(f"{SEGMENT_PREFIX}*-{self.lineage}-*{SEGMENT_SUFFIX}")):
             if path in known:
                 continue  # written by this journal: indexed as it was written
@@ -479,6 +526,33 @@ class RolloutJournal:
                 self._segments[path] = (scan.records[0].seq, scan.records[-1].seq, media)
                 for name in media:
                     self._media_refs[name] = self._media_refs.get(name, 0) + 1
+
+    def _adopt_shipments(self, known: set[Path]) -> None:
+        """_adopt_existing() on a store: read the lineage's shipments back (into the spool, one at
+        a time) for what they cover, reference and carry."""
+        assert self._shipper is not None
+        for name, _ in self._shipper.shipments(self.lineage):
+            path = self.directory / (name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
+            if path in known:
+                continue
+            tmp = self.directory / f".adopt-{uuid.uuid4().hex}"
+            tmp.mkdir()
+            try:
+                shipment = self._shipper.fetch(name, tmp)
+                scan = scan_journal(tmp, lineage=self.lineage, decode_bodies=False, only=[shipment.segment])
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            media: set[str] = set()
+            for r in scan.records:
+                media.update(r.media)
+            with self._cond:
+                if scan.records:
+                    self._segments[path] = (scan.records[0].seq, scan.records[-1].seq, media)
+                    for m in media:
+                        self._media_refs[m] = self._media_refs.get(m, 0) + 1
+                    self._carried[path] = set(shipment.media)
+                else:
+                    self._retired[path] = set(shipment.media)
 
     def _run(self) -> None:
         next_sync = time.monotonic() + self.interval
@@ -506,7 +580,7 @@ class RolloutJournal:
                     break
         except BaseException as e:  # surfaced by flush()/close(); also logged once now
             logger.error(
-                "%s: the rollout journal's writer failed: %s: %s", self.directory, type(e).__name__, e
+                "%s: the rollout journal's writer failed: %s: %s", self.where, type(e).__name__, e
             )
             with self._cond:
                 self._error = e
@@ -606,8 +680,9 @@ class RolloutJournal:
         # A segment is durable before the next one gets a record: what survives is a prefix.
         if self._unsynced_since is not None:
             self._sync()
-        os.close(self._fd)
-        self._fd = None
+        if self._fd is not None:  # (a shipment closes its segment itself)
+            os.close(self._fd)
+            self._fd = None
         self._segment = None
 
     def _frame(self, item: _Item) -> tuple[bytes, list[str]]:
@@ -618,7 +693,7 @@ class RolloutJournal:
         self._media_of_item = media
         body = b""
         if item.value is not None:
-            where = f"{self.directory}: record {item.seq} ({item.kind} {item.a})"
+            where = f"{self.where}: record {item.seq} ({item.kind} {item.a})"
             if item.lent:
                 body = self._compressor.compress(self._encode_lent(item.value, where))
             else:
@@ -716,19 +791,45 @@ class RolloutJournal:
         self._new_media.append(target)
         self._new_dir_entries = True
 
+    def _ship(self) -> None:
+        """The store's fsync: end the segment with its sync mark, put it with the media its
+        records were first to reference as one create-only object, then drop the spool's copies
+        (the next record starts a new segment)."""
+        assert self._shipper is not None
+        if self._fd is None or self._segment is None:
+            return
+        path = self._segment
+        mark = frame_record(msgpack.packb([-1, "sync", time.time(), -1, self._written_seq, []]), b"")
+        os.write(self._fd, mark)
+        os.close(self._fd)
+        self._fd = None
+        media = [Path(p) for p in self._new_media]
+        self._shipper.ship(path, media)
+        with self._cond:
+            self._carried[path] = {p.name for p in media}
+        for p in [path, *media]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+        self._new_media.clear()
+        self._new_dir_entries = False
+
     def _sync(self) -> None:
         started = time.monotonic()
         fault_point("journal.fsync", self._written_seq)
-        for path in self._new_media:
-            _fsync_path(path)  # the linked bytes (run media are not fsynced when stored)
-        if self._new_media or self._new_dir_entries:
-            _fsync_path(str(self.media_dir), directory=True)
-            _fsync_path(str(self.directory), directory=True)
-        self._new_media.clear()
-        self._new_dir_entries = False
-        fsync_started = time.monotonic()
-        if self._fd is not None:
-            os.fdatasync(self._fd)
+        fsync_started = started
+        if self._shipper is not None:
+            self._ship()  # the put is what makes it durable; the spool is never fsynced
+        else:
+            for path in self._new_media:
+                _fsync_path(path)  # the linked bytes (run media are not fsynced when stored)
+            if self._new_media or self._new_dir_entries:
+                _fsync_path(str(self.media_dir), directory=True)
+                _fsync_path(str(self.directory), directory=True)
+            self._new_media.clear()
+            self._new_dir_entries = False
+            fsync_started = time.monotonic()
+            if self._fd is not None:
+                os.fdatasync(self._fd)
         done = time.monotonic()
         fault_point("journal.synced", self._written_seq)
         stats = self._batch_stats

@@ -48,6 +48,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from bundles import BundleError
 from bundles.support import media_name_ok
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
@@ -86,6 +88,14 @@ MAX_META_BYTES = 1 << 20
 MAX_BODY_BYTES = 1 << 30
 DEFAULT_SEGMENT_BYTES = 256 << 20
 ZSTD_LEVEL = 1
+
+#: The journal on an object store (:mod:`._journal_store`): one object per flush interval, a
+#: segment and the media its records were first to reference, named after the segment.
+SHIPMENT_SUFFIX = ".rjs"
+SHIPMENT_MAGIC = b"RBJSHIP1\n"
+#: Limits when reading a shipment: its size, and how many media it may carry.
+MAX_SHIPMENT_BYTES = 4 << 30
+MAX_SHIPMENT_MEDIA = 1 << 16
 
 KINDS = ("take", "sample", "group", "consumed", "recycled", "dropped", "sync")
 
@@ -151,6 +161,19 @@ def frame_record(meta: bytes, body: bytes) -> bytes:
     """One version 2 record: frame, meta, body."""
     head = FRAME_HEAD.pack(RECORD_MAGIC, len(meta), len(body), zlib.crc32(body))
     return head + U32.pack(head_crc(head, meta)) + meta + body
+
+
+def shipment_name(segment: str) -> str:
+    """The store object that carries segment ``segment`` (see :mod:`._journal_store`)."""
+    return segment[: -len(SEGMENT_SUFFIX)] + SHIPMENT_SUFFIX
+
+
+def shipment_header(segment_len: int, media: list[tuple[str, int]]) -> bytes:
+    """A shipment's first bytes: magic, header length, its checksum, the msgpack header
+    ``{"segment": <bytes>, "media": [[name, size], ...]}``; the segment and the media follow."""
+    header = msgpack.packb({"segment": segment_len, "media": [[n, s] for n, s in media]})
+    length = U32.pack(len(header))
+    return SHIPMENT_MAGIC + length + U32.pack(zlib.crc32(header, zlib.crc32(length))) + header
 
 
 def segment_header(header: bytes) -> bytes:

@@ -45,6 +45,7 @@ import contextlib
 import logging
 import os
 import shutil
+import tempfile
 import time
 from argparse import Namespace
 from collections.abc import Iterable, Iterator, Sequence
@@ -60,9 +61,8 @@ from bundles import (
     MediaRef,
     UnsafeBundleError,
     decode_sample,
-    is_store_url,
 )
-from bundles.support import atomic_path, fault_point, open_regular_file
+from bundles.support import atomic_path, fault_point, open_regular_file, remove_tree, scratch_dir
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
 from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
@@ -75,6 +75,7 @@ from trainer_hooks.checkpoints._journal_format import (
     journal_dir,
 )
 from trainer_hooks.checkpoints._journal_scan import JournalRecord, journal_lineages, record_body, scan_journal
+from trainer_hooks.checkpoints._journal_store import JournalShipper, download_journal, journal_prefix
 from trainer_hooks.checkpoints._paths import checkpoint_path, list_rollout_checkpoints
 from trainer_hooks.checkpoints._reader import RolloutCheckpoint, read_rollout_checkpoint
 from trainer_hooks.run_media import ensure_run_dir
@@ -88,16 +89,7 @@ DEFAULT_JOURNAL_INTERVAL = 1.0
 
 def journal_interval(args: Namespace) -> float:
     value = getattr(args, "rollout_journal_interval", None)
-    interval = DEFAULT_JOURNAL_INTERVAL if value is None else float(value)
-    if interval > 0 and any(is_store_url(getattr(args, n, None)) for n in ("save", "load")):
-        # The journal is an append log in a local directory beside the checkpoints; with
-        # checkpoints on an object store there is no such directory: checkpoints only.
-        if value is not None:
-            logger.warning(
-                "--rollout-journal-interval %s: ignored, --save/--load is an object-store URL", value
-            )
-        return 0.0
-    return interval
+    return DEFAULT_JOURNAL_INTERVAL if value is None else float(value)
 
 
 class _Placer:
@@ -276,6 +268,9 @@ class RolloutLedger:
         self.journal: RolloutJournal | None = None
         self._last_checkpoint_stats: dict[str, Any] | None = None
         self._quiet = False
+        # With --save/--load on a store: the writer's spool and the recovery's staging (local
+        # directories beside the run's media, removed at close).
+        self._scratch: list[Path] = []
 
     # -- the journal -------------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
@@ -285,8 +280,16 @@ class RolloutLedger:
         """Start the journal (no-op when disabled or started)."""
         if self.journal is None and self.enabled:
             register_record_types()  # before the journal's encoder is made
+            prefix = journal_prefix(self.args.save)
+            shipper = None if prefix is None else JournalShipper(prefix)
+            if shipper is not None:
+                shipper.check()  # a store that ignores preconditions: refused here, in one line
+                directory = self._scratch_dir("journal")
+            else:
+                directory = journal_dir(self.args.save)
             self.journal = RolloutJournal(
-                journal_dir(self.args.save),
+                directory,
+                shipper=shipper,
                 lineage=self.lineage,
                 interval=self.interval,
                 media_roots=[str(r) for r in run_media_roots(self.args)],
@@ -440,10 +443,23 @@ class RolloutLedger:
             self._quiet = False
 
     def close(self) -> None:
-        if self.journal is not None:
-            journal, self.journal = self.journal, None
-            journal.close()
-            self._first_seq = journal.last_seq + 1
+        try:
+            if self.journal is not None:
+                journal, self.journal = self.journal, None
+                journal.close()
+                self._first_seq = journal.last_seq + 1
+        finally:
+            while self._scratch:
+                remove_tree(self._scratch.pop())
+
+    def _scratch_dir(self, purpose: str) -> Path:
+        """A local directory beside the run's media (same filesystem: media are hard-linked), or
+        in the temp dir without one; a dead process's is removed by the next one made there."""
+        roots = run_media_roots(self.args)
+        beside = roots[0] if roots else Path(tempfile.gettempdir()) / "rollout-journal"
+        path = scratch_dir(beside, purpose)
+        self._scratch.append(path)
+        return path
 
     # -- recovery ----------------------------------------------------------------------------------
     def recover(
@@ -523,7 +539,20 @@ class RolloutLedger:
         consumed: dict[int, tuple[int, Any]] = {}
         replayed = dropped = 0
         batch: list[JournalRecord] = []  # takes of a batch whose last take is not replayed yet
-        jdir = journal_dir(load)
+        prefix = journal_prefix(load) if use_journal else None
+        if prefix is not None:
+            # On a store: the shipments, checked, unpacked into a local journal directory that
+            # the scan below reads as it reads a local one.
+            jdir = self._scratch_dir("journal-recovery")
+            shipments = download_journal(JournalShipper(prefix), jdir)
+            logger.info(
+                "rollout journal: %d shipment(s), %d bytes, read from %s",
+                len(shipments),
+                sum(s.size for s in shipments),
+                prefix,
+            )
+        else:
+            jdir = journal_dir(load)
         placer = _Placer(args, jdir / MEDIA_DIR, verify)
         if use_journal and (ckpt is None or lineage is not None):
             if ckpt is None:

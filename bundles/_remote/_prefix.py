@@ -1,0 +1,143 @@
+"""A prefix on an object store for objects a tool keeps beside its bundles (the rollout journal).
+
+A bundle on a store is written, read and removed through :func:`bundles.write_bundle` and its
+peers; a tool that keeps objects of its own next to bundles (trainer_hooks' rollout journal keeps
+one create-only object per flush interval under ``<save>/rollout/journal/``) needs a handful of
+operations on flat objects instead, with the same configuration, the same errors naming the URL,
+and the same refusal of a store that ignores preconditions (:mod:`._probe`). That is all
+:class:`StorePrefix` is: it knows nothing of what the objects hold.
+
+Names are one path component each (no ``/``, no ``.``/``..``): an object listed under the prefix
+whose name is anything else is not returned by :meth:`StorePrefix.names`, so a name read back from
+a (possibly hostile) store can be used as a local file name only after the caller's own check of
+its form, never as a path. Reads are bounded: :meth:`StorePrefix.get` refuses an object larger
+than the caller's limit before downloading it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from bundles._errors import BundleError, BundleNotFoundError
+from bundles._location import classify
+from bundles._remote._probe import check_preconditions
+from bundles._store import Store, StoreURL, get_store, store_error
+
+__all__ = ["StorePrefix"]
+
+_NAME_RE = re.compile(r"[^/\x00]+")
+
+
+class StorePrefix:
+    """The objects right under one store prefix (``s3://bucket/a/b``), by name.
+
+    Args:
+        url: an ``s3://``, ``gs://`` or ``az://`` URL (configured as :mod:`bundles._store` says).
+        storage_options: obstore options, as for :func:`bundles.write_bundle`.
+    """
+
+    def __init__(self, url: str | StoreURL, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.url = url if isinstance(url, StoreURL) else StoreURL(str(url))
+        self.storage_options = dict(storage_options or {})
+        self._store: Store | None = None
+        self._checked = False
+
+    @classmethod
+    def at(
+        cls, location: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+    ) -> StorePrefix | None:
+        """The prefix at ``location`` when it is a store URL, None for a local path (another
+        URL scheme, or a store URL without its extra, raises :class:`UnsupportedLocationError`)."""
+        if classify(location) != "store":
+            return None
+        return cls(str(location), storage_options)
+
+    def child(self, name: str) -> StorePrefix:
+        """The prefix ``<url>/<name>`` (``name`` may hold ``/``-separated parts)."""
+        return StorePrefix(self.url.child(name), self.storage_options)
+
+    def __str__(self) -> str:
+        return str(self.url)
+
+    def __repr__(self) -> str:
+        return f"StorePrefix({str(self.url)!r})"
+
+    def _key(self, name: str) -> str:
+        if name in (".", "..") or not _NAME_RE.fullmatch(name):
+            raise BundleError(f"{self.url}: {name!r} is not an object name (one path component)")
+        return self.url.key_of(name)
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = get_store(self.url, self.storage_options)
+        return self._store
+
+    def check_preconditions(self) -> None:
+        """Ask the store now whether it honours preconditions (once per process and bucket; see
+        :mod:`bundles._remote._probe`): :class:`UnsafeStoreError` when it does not, unless the
+        single-writer opt-in is set. :meth:`put_create` asks before its first put anyway."""
+        if not self._checked:
+            check_preconditions(self.store, self.url.child("probe"))
+            self._checked = True
+
+    def put_create(self, name: str, data: bytes | bytearray | memoryview) -> bool:
+        """Store ``data`` at ``name`` unless an object is there: True when this call created it,
+        False when one was there already (it is left as it was). The first put through a prefix
+        asks the store whether it honours preconditions (:mod:`bundles._remote._probe`); one that
+        does not is refused with :class:`UnsafeStoreError` unless the single-writer opt-in is set."""
+        key = self._key(name)
+        self.check_preconditions()
+        try:
+            return self.store.put_create(key, data)
+        except Exception as e:
+            raise store_error(self.url.child(name), "create the object", e) from e
+
+    def get(self, name: str, *, max_bytes: int) -> bytes:
+        """The bytes of object ``name``: :class:`BundleNotFoundError` when it is not there, a
+        :class:`BundleError` when it is larger than ``max_bytes`` (checked before downloading)."""
+        key = self._key(name)
+        url = self.url.child(name)
+        try:
+            head = self.store.head(key)
+            if head is None:
+                raise BundleNotFoundError(f"{url}: not found")
+            size = int(head.get("size", 0))
+            if size > max_bytes:
+                raise BundleError(f"{url}: expected at most {max_bytes} bytes, found an object of {size}")
+            data, _ = self.store.get(key)
+        except BundleError:
+            raise
+        except Exception as e:
+            raise store_error(url, "read the object", e) from e
+        if len(data) > max_bytes:  # replaced by a larger object between the two requests
+            raise BundleError(f"{url}: expected at most {max_bytes} bytes, found {len(data)}")
+        return data
+
+    def names(self) -> dict[str, int]:
+        """Every object right under the prefix (not below), name -> size; names that are not one
+        path component are left out."""
+        try:
+            listing = self.store.listing(self.url.key)
+        except Exception as e:
+            raise store_error(self.url, "list the prefix", e) from e
+        base = self.url.key + "/" if self.url.key else ""
+        out: dict[str, int] = {}
+        for meta in listing:
+            rel = str(meta["path"])[len(base) :]
+            if rel and "/" not in rel and rel not in (".", "..") and _NAME_RE.fullmatch(rel):
+                out[rel] = int(meta.get("size", 0))
+        return out
+
+    def delete(self, names: Iterable[str]) -> None:
+        """Delete these objects (absent ones are no error)."""
+        keys = [self._key(n) for n in names]
+        if not keys:
+            return
+        try:
+            self.store.delete(keys)
+        except Exception as e:
+            raise store_error(self.url, f"delete {len(keys)} object(s)", e) from e

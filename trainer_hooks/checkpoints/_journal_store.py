@@ -1,0 +1,264 @@
+"""The rollout journal on an object store: one create-only object per flush interval.
+
+With ``--save s3://…`` (or ``gs://``, ``az://``) there is no local directory beside the
+checkpoints, and the node that crashed may be gone with its disk, so the journal keeps its
+records on the store, at ``<save>/rollout/journal/``::
+
+    segment-<first seq:012d>-<lineage>-<attempt:03d>.rjs   one shipment per flush interval
+
+The writer (:class:`~._journal.RolloutJournal`) works exactly as on a local disk, into a spool
+directory beside the run's media (so media are hard-linked, not copied, at append time and
+survive the run's teardown). Where a local journal fsyncs, a store journal *ships*: it closes the
+segment (ending it with a sync mark), and puts one object holding the segment and every media
+file its records were the first to reference::
+
+    "RBJSHIP1\\n" | u32 header_len | u32 crc32(header_len + header) | header | segment | media...
+
+``header`` is msgpack ``{"segment": <segment bytes>, "media": [[name, size], ...]}``; the segment
+is a version 2 segment, byte for byte what a local journal writes, so recovery downloads the
+shipments into a staging directory and runs the local scan unchanged. The put is create-only
+(``If-None-Match: *``): an object is whole or absent, never torn, and a second writer of the same
+lineage (a zombie of the crashed trainer) is refused, not merged. Shipments are put one after
+the other, so what is on the store is always a prefix of the records, as on a disk; a crash
+loses at most the records appended since the last shipment (``--rollout-journal-interval``).
+
+Costs: one PUT per interval per writer (two when a segment rolls over at a checkpoint), whatever
+the number of screenshots, instead of one request per media file; the event loop pays exactly
+what it pays locally, since shipping runs on the journal's thread. Media are not shared between
+shipments: a screenshot referenced again after its shipment was deleted is shipped again.
+
+Compaction deletes a shipment once every record in it is covered by a committed checkpoint *and*
+no live record references a media file it carries; so a shipment may outlive its records for as
+long as a later record still needs a screenshot it brought. Recovery reads every shipment of
+the lineage and checks each before anything is placed: the magic, the header's checksum and
+shape, the sizes against the object's length, each media name (``<64 hex><suffix>``) and its
+content against the digest its name is (a media file whose bytes do not hash to their name is
+refused, never placed), then the segment with the scan's own checks.
+
+The store must honour preconditions (checked by :class:`bundles.StorePrefix` before the first
+put; ``ROLLOUT_BUNDLE_SINGLE_WRITER=1`` is the opt-in for one that does not).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import os
+import threading
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from bundles import BundleError, StorePrefix
+from bundles.support import fault_point
+from trainer_hooks.checkpoints._journal_format import (
+    JOURNAL_DIR,
+    MAX_META_BYTES,
+    MAX_SHIPMENT_BYTES,
+    MAX_SHIPMENT_MEDIA,
+    MEDIA_DIR,
+    SEGMENT_SUFFIX,
+    SHIPMENT_MAGIC,
+    SHIPMENT_SUFFIX,
+    U32,
+    JournalCorruptError,
+    JournalError,
+    is_content_name,
+    is_media_name,
+    parse_segment_name,
+    shipment_header,
+    shipment_name,
+)
+from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
+
+__all__ = ["JournalShipper", "Shipment", "download_journal", "journal_prefix"]
+
+# How many shipments a recovery downloads at once.
+_DOWNLOADS = 16
+
+
+def journal_prefix(root: str | os.PathLike[str]) -> StorePrefix | None:
+    """``<root>/rollout/journal`` when ``root`` is a store URL; None for a local directory."""
+    prefix = StorePrefix.at(root)
+    return None if prefix is None else prefix.child(f"{CHECKPOINT_SUBDIR}/{JOURNAL_DIR}")
+
+
+@dataclass
+class Shipment:
+    """One shipment read back: its object name, the segment file it was unpacked to, the media it
+    carried (names), and its size on the store."""
+
+    name: str
+    segment: Path
+    media: list[str]
+    size: int
+
+
+class JournalShipper:
+    """Puts and deletes a journal's shipments under one store prefix (the writer's store side)."""
+
+    def __init__(self, prefix: StorePrefix) -> None:
+        self.prefix = prefix
+
+    def __str__(self) -> str:
+        return str(self.prefix)
+
+    def check(self) -> None:
+        """Refuse a store that ignores preconditions now, on the caller's thread, rather than at
+        the first shipment on the journal's thread."""
+        self.prefix.check_preconditions()
+
+    def ship(self, segment: Path, media: Sequence[Path]) -> str:
+        """Put one shipment: segment file ``segment`` and media files ``media``; returns the
+        object name. :class:`JournalError` when the object exists (another writer of the lineage)."""
+        name = shipment_name(segment.name)
+        blobs = [p.read_bytes() for p in media]
+        body = segment.read_bytes()
+        data = b"".join(
+            [shipment_header(len(body), [(p.name, len(b)) for p, b in zip(media, blobs, strict=True)]), body, *blobs]
+        )
+        fault_point("journal.ship", name)
+        if not self.prefix.put_create(name, data):
+            raise JournalError(
+                f"{self.prefix}/{name}: the shipment exists already: another writer is journaling lineage "
+                f"{segment.name.split('-')[2]} (a trainer of the same run still running?); refusing to "
+                "write beside it"
+            )
+        fault_point("journal.shipped", name)
+        return name
+
+    def delete(self, names: Iterable[str]) -> None:
+        self.prefix.delete(list(names))
+
+    def shipments(self, lineage: str | None = None) -> list[tuple[str, int]]:
+        """(name, size) of the shipments under the prefix (of ``lineage``), oldest first."""
+        out = []
+        for name, size in self.prefix.names().items():
+            parsed = _parse_name(name)
+            if parsed is not None and (lineage is None or parsed[1] == lineage):
+                out.append((parsed, name, size))
+        return [(name, size) for _, name, size in sorted(out)]
+
+    def fetch(self, name: str, into: Path) -> Shipment:
+        """Download shipment ``name`` and unpack it into directory ``into`` (its segment there,
+        its media in ``into/media``), every part checked first (module docstring)."""
+        data = self.prefix.get(name, max_bytes=MAX_SHIPMENT_BYTES)
+        return unpack_shipment(data, name, into, where=f"{self.prefix}/{name}")
+
+
+def _parse_name(name: str) -> tuple[int, str, int] | None:
+    if not name.endswith(SHIPMENT_SUFFIX):
+        return None
+    return parse_segment_name(name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
+
+
+def unpack_shipment(data: bytes, name: str, into: Path, *, where: str) -> Shipment:
+    """Check shipment ``data`` (object ``name``) and write its segment and media under ``into``."""
+    if _parse_name(name) is None:
+        raise JournalCorruptError(f"{where}: not a journal shipment name: expected segment-<seq>-<lineage>-<attempt>.rjs")
+    view = memoryview(data)
+    head = len(SHIPMENT_MAGIC) + 2 * U32.size
+    if len(data) < head or bytes(view[: len(SHIPMENT_MAGIC)]) != SHIPMENT_MAGIC:
+        raise JournalCorruptError(
+            f"{where}: expected a journal shipment (magic {SHIPMENT_MAGIC!r}), found {bytes(view[:16])!r}"
+        )
+    (hlen,) = U32.unpack_from(data, len(SHIPMENT_MAGIC))
+    (crc,) = U32.unpack_from(data, len(SHIPMENT_MAGIC) + U32.size)
+    if hlen > MAX_META_BYTES or head + hlen > len(data):
+        raise JournalCorruptError(f"{where}: shipment header of {hlen} bytes does not fit the object of {len(data)}")
+    raw = view[head : head + hlen]
+    length = data[len(SHIPMENT_MAGIC) : len(SHIPMENT_MAGIC) + U32.size]
+    if zlib.crc32(raw, zlib.crc32(length)) != crc:
+        raise JournalCorruptError(f"{where}: shipment header checksum mismatch: the object was damaged")
+    try:
+        header = msgpack.unpackb(raw, strict_map_key=True)  # bounded: hlen <= MAX_META_BYTES
+    except Exception as e:
+        raise JournalCorruptError(f"{where}: shipment header is not msgpack: {e}") from None
+    seg_len, media = _check_header(header, where)
+    pos = head + hlen
+    if pos + seg_len + sum(size for _, size in media) != len(data):
+        raise JournalCorruptError(
+            f"{where}: the header lists {seg_len} segment bytes and {sum(s for _, s in media)} media bytes "
+            f"after byte {pos}, the object has {len(data) - pos}"
+        )
+    segment = into / (name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
+    chunks = []
+    at = pos + seg_len
+    for media_name, size in media:
+        blob = view[at : at + size]
+        at += size
+        digest = hashlib.sha256(blob).hexdigest()
+        if digest != media_name.split(".", 1)[0]:
+            raise JournalCorruptError(
+                f"{where}: media {media_name}: expected content of digest {media_name.split('.', 1)[0]}, "
+                f"found {digest}: the object was damaged or forged; nothing is placed"
+            )
+        chunks.append((media_name, blob))
+    _write_new(segment, view[pos : pos + seg_len], where)
+    media_dir = into / MEDIA_DIR
+    media_dir.mkdir(exist_ok=True)
+    for media_name, blob in chunks:
+        target = media_dir / media_name
+        if os.path.lexists(target):
+            continue  # shipped twice (again after a resume): the same bytes, checked above
+        # Unpacked beside its name, then renamed: two shipments carrying one screenshot may be
+        # unpacked at once, and both hold the same (checked) bytes.
+        tmp = media_dir / f".{media_name}.{os.getpid()}.{threading.get_ident()}"
+        _write_new(tmp, blob, where)
+        os.replace(tmp, target)
+    return Shipment(name, segment, [n for n, _ in media], len(data))
+
+
+def _check_header(header: Any, where: str) -> tuple[int, list[tuple[str, int]]]:
+    if not isinstance(header, dict) or set(header) != {"segment", "media"}:
+        raise JournalCorruptError(f"{where}: shipment header: expected keys segment and media, found {header!r:.80}")
+    seg_len, media = header["segment"], header["media"]
+    if type(seg_len) is not int or not 0 <= seg_len <= MAX_SHIPMENT_BYTES:
+        raise JournalCorruptError(f"{where}: shipment header: segment: expected a size, found {seg_len!r:.40}")
+    if not isinstance(media, list) or len(media) > MAX_SHIPMENT_MEDIA:
+        raise JournalCorruptError(
+            f"{where}: shipment header: media: expected a list of at most {MAX_SHIPMENT_MEDIA}, found {type(media).__name__}"
+        )
+    out = []
+    for i, entry in enumerate(media):
+        ok = isinstance(entry, list) and len(entry) == 2 and type(entry[1]) is int and entry[1] >= 0
+        if not ok or not is_media_name(entry[0]) or not is_content_name(entry[0]):
+            raise JournalCorruptError(
+                f"{where}: shipment header: media[{i}]: expected [<64 hex><suffix>, size], found {entry!r:.80}"
+            )
+        out.append((entry[0], entry[1]))
+    return seg_len, out
+
+
+def _write_new(path: Path, data: Any, where: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except FileExistsError:
+        raise JournalCorruptError(f"{where}: {path.name} is carried twice") from None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def download_journal(shipper: JournalShipper, staging: Path) -> list[Shipment]:
+    """Download every shipment under the shipper's prefix into ``staging`` (segments there, media in
+    ``staging/media``), checked; the local scan then reads ``staging`` as a journal directory."""
+    (staging / MEDIA_DIR).mkdir(parents=True, exist_ok=True)
+    names = shipper.shipments()
+    fault_point("resume.download", len(names))
+    if not names:
+        return []
+    try:
+        with concurrent.futures.ThreadPoolExecutor(min(_DOWNLOADS, len(names))) as pool:
+            return list(pool.map(lambda n: shipper.fetch(n[0], staging), names))
+    except BundleError:
+        raise
+    except OSError as e:
+        raise JournalError(f"{staging}: cannot unpack the journal downloaded from {shipper}: {e}") from None
