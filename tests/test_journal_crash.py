@@ -63,8 +63,8 @@ SERVER = textwrap.dedent(
         def event(**kw):
             os.write(log, (json.dumps({{"attempt": attempt, "t": time.time(), **kw}}) + "\\n").encode())
         args = parse_args(["--rollout-batch-size", str(cfg["batch"]), "--shared-media-dir", os.path.join(d, "shared"),
-                           "--run-uuid", f"run-{{attempt}}", "--save", os.path.join(d, "ckpt"),
-                           "--load", os.path.join(d, "ckpt"), "--rollout-journal-interval", str(cfg["interval"]),
+                           "--run-uuid", f"run-{{attempt}}", "--save", cfg.get("save") or os.path.join(d, "ckpt"),
+                           "--load", cfg.get("save") or os.path.join(d, "ckpt"), "--rollout-journal-interval", str(cfg["interval"]),
                            "--keep-rollout-checkpoints", "2"])
         rng = random.Random(cfg["seed"] * 1000 + attempt)
         groups = [[Sample(group_index=g, index=g * cfg["size"] + i, prompt=f"p{{g}}") for i in range(cfg["size"])]
@@ -142,27 +142,46 @@ JOURNAL_POINTS = [
     ("retention.remove", 1),
 ]
 RESUME_POINTS = [("resume.scanned", 1), ("resume.place", 5)]
+# On an object store (--save s3://...): the journal ships instead of fsyncing, and the checkpoint
+# commit uploads (bundles/_remote/_write.py); the resume downloads the shipments first.
+STORE_JOURNAL_POINTS = [
+    ("journal.append", 40),
+    ("journal.link", 20),
+    ("journal.ship", 4),
+    ("journal.shipped", 4),
+    ("journal.compact", 1),
+    ("store.media", 2),
+    ("store.shard", 2),
+    ("store.before-publish", 2),
+    ("retention.remove", 1),
+]
+STORE_RESUME_POINTS = [("resume.download", 1), ("resume.scanned", 1), ("resume.place", 5)]
 
 
-def schedule(seed: int, n: int) -> list[dict[str, Any]]:
+def schedule(
+    seed: int,
+    n: int,
+    journal_points: list[tuple[str, int]] = JOURNAL_POINTS,
+    resume_points: list[tuple[str, int]] = RESUME_POINTS,
+) -> list[dict[str, Any]]:
     """Every kind once, then random ones up to ``n``: a timer kill during generation, a fault
     point of the journal or the checkpoint commit, or a kill during the resume itself."""
     rng = random.Random(seed)
     kinds: list[dict[str, Any]] = [{"kill_after": rng.uniform(0.05, 0.35)}]
-    kinds += [{"point": f"{name}@{rng.randint(1, k)}"} for name, k in JOURNAL_POINTS]
+    kinds += [{"point": f"{name}@{rng.randint(1, k)}"} for name, k in journal_points]
     kinds += [
         {"kill_after": rng.uniform(0.1, 0.3), "resume_point": f"{n_}@{rng.randint(1, k)}"}
-        for n_, k in RESUME_POINTS
+        for n_, k in resume_points
     ]
     while len(kinds) < n:
         r = rng.random()
         if r < 0.35:
             kinds.append({"kill_after": rng.uniform(0.03, 0.4)})
         elif r < 0.85:
-            name, k = rng.choice(JOURNAL_POINTS)
+            name, k = rng.choice(journal_points)
             kinds.append({"point": f"{name}@{rng.randint(1, k)}"})
         else:
-            name, k = rng.choice(RESUME_POINTS)
+            name, k = rng.choice(resume_points)
             kinds.append(
                 {"kill_after": rng.uniform(0.05, 0.3), "resume_point": f"{name}@{rng.randint(1, k)}"}
             )
@@ -170,10 +189,10 @@ def schedule(seed: int, n: int) -> list[dict[str, Any]]:
 
 
 class Server:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, env_extra: dict[str, str] | None = None) -> None:
         script = tmp_path / "server.py"
         script.write_text(SERVER.format(repo=str(IMPORT_ROOT)))
-        env = {**os.environ}
+        env = {**os.environ, **(env_extra or {})}
         env.pop("ROLLOUT_BUNDLES_KILL_AT", None)
         self.proc = subprocess.Popen(
             [sys.executable, str(script)],
@@ -249,8 +268,56 @@ def check_trial(d: Path, attempts: list[dict[str, Any]], label: str) -> dict[str
 
 
 def test_sigkill_at_seeded_points_loses_at_most_an_interval_and_trains_every_prompt_once(tmp_path):
-    server = Server(tmp_path)
-    points = schedule(SEED, POINTS)
+    run_suite(tmp_path, Server(tmp_path), schedule(SEED, POINTS))
+
+
+def test_on_an_object_store_sigkill_at_seeded_points_loses_at_most_an_interval(tmp_path, seaweed_s3):
+    """The same runs with ``--save``/``--load s3://...`` on SeaweedFS, through a loopback proxy
+    that injects the store's own failures: the shipments' puts dropped mid-body, answered 503,
+    or answered and the answer lost (the client's retry then finds its own object), before a
+    kill at a seeded point. Every trial uses a fresh prefix of one bucket."""
+    from helpers.store import FaultProxy
+
+    bucket = seaweed_s3.bucket()
+    proxy = FaultProxy(seaweed_s3.endpoint)
+    env = {**seaweed_s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}
+    points = schedule(SEED, POINTS, STORE_JOURNAL_POINTS, STORE_RESUME_POINTS)
+    injected: list[tuple[str, str, str]] = []
+    faults = [("drop_request", 200), ("status", 503), ("drop_response", 10)]
+    for i, point in enumerate(points):
+        if i % 3 == 0:  # every third trial also has the store fail under it
+            point["store_fault"] = faults[(i // 3) % len(faults)]
+    try:
+        run_suite(
+            tmp_path,
+            Server(tmp_path, env),
+            points,
+            save_of=lambda i: f"s3://{bucket}/trial{i}/ckpt",
+            before_trial=lambda point: _arm(proxy, point, injected),
+        )
+        _arm(proxy, {}, injected)
+        assert len(injected) >= 4, f"too few store faults were injected: {injected}"
+        print(f"{len(injected)} store faults injected, e.g. {injected[:3]}")
+    finally:
+        proxy.close()
+
+
+def _arm(proxy: Any, point: dict[str, Any], injected: list[tuple[str, str, str]]) -> None:
+    injected += [h for h in proxy.hits if h[2] != "forwarded" and not h[2].startswith("stripped")]
+    proxy.clear()
+    fault = point.get("store_fault")
+    if fault is not None:
+        # The first two shipment puts of the run fail this way; obstore retries each.
+        proxy.add("PUT", ".rjs", tuple(fault), times=2)
+
+
+def run_suite(
+    tmp_path: Path,
+    server: Server,
+    points: list[dict[str, Any]],
+    save_of: Any = None,
+    before_trial: Any = None,
+) -> None:
     killed = 0
     unreached: list[str] = []
     worst = 0.0
@@ -269,6 +336,10 @@ def test_sigkill_at_seeded_points_loses_at_most_an_interval_and_trains_every_pro
                 "save_every": SAVE_EVERY,
                 "seed": SEED + i,
             }
+            if save_of is not None:
+                base["save"] = save_of(i)
+            if before_trial is not None:
+                before_trial(point)
             attempts: list[dict[str, Any]] = []
             plan = [{k: v for k, v in point.items() if k in ("kill_after", "point")}]
             if "resume_point" in point:

@@ -122,7 +122,7 @@ class JournalShipper:
             [shipment_header(len(body), [(p.name, len(b)) for p, b in zip(media, blobs, strict=True)]), body, *blobs]
         )
         fault_point("journal.ship", name)
-        if not self.prefix.put_create(name, data):
+        if not self.prefix.put_create(name, data) and not self._ours(name, data):
             raise JournalError(
                 f"{self.prefix}/{name}: the shipment exists already: another writer is journaling lineage "
                 f"{segment.name.split('-')[2]} (a trainer of the same run still running?); refusing to "
@@ -130,6 +130,14 @@ class JournalShipper:
             )
         fault_point("journal.shipped", name)
         return name
+
+    def _ours(self, name: str, data: bytes) -> bool:
+        """Whether the object that made a create-only put fail holds exactly ``data``: our own put,
+        retried by the client after its answer was lost (the first attempt did create it)."""
+        try:
+            return self.prefix.get(name, max_bytes=len(data)) == data
+        except BundleError:
+            return False
 
     def delete(self, names: Iterable[str]) -> None:
         self.prefix.delete(list(names))
