@@ -1,0 +1,223 @@
+"""The rollout journal on an object store (``--save s3://…``; trainer_hooks/checkpoints/_journal_store.py),
+against moto and s3rver on 127.0.0.1: what a run leaves there, compaction, a second writer of one
+lineage, forged shipments refused before anything is placed, and a store that ignores
+preconditions. The SIGKILL suite on SeaweedFS is in tests/test_journal_crash.py."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+
+import msgpack
+import obstore
+from obstore.store import S3Store
+
+from bundles import UnsafeStoreError
+from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, Sample, parse_args, store_media
+from trainer_hooks.checkpoints import JournalCorruptError, JournalError
+from trainer_hooks.testing import png_bytes
+
+GROUPS, SIZE = 8, 2
+
+
+def _env(monkeypatch: pytest.MonkeyPatch, server: Any) -> str:
+    for k, v in server.env.items():
+        monkeypatch.setenv(k, v)
+    return server.bucket()
+
+
+def _client(server: Any, bucket: str) -> S3Store:
+    o = server.options()
+    return S3Store(
+        bucket,
+        endpoint=o["endpoint"],
+        access_key_id=o["access_key_id"],
+        secret_access_key=o["secret_access_key"],
+        region="us-east-1",
+        client_options={"allow_http": True},
+    )
+
+
+def _journal_objects(client: S3Store, save_key: str) -> dict[str, bytes]:
+    prefix = f"{save_key}/rollout/journal/"
+    out = {}
+    for batch in obstore.list(client, prefix):
+        for m in batch:
+            out[m["path"][len(prefix) :]] = bytes(obstore.get(client, m["path"]).bytes())
+    return out
+
+
+def _args(tmp_path: Path, url: str, run: str, interval: str = "0.05") -> Any:
+    return parse_args(
+        [
+            "--rollout-batch-size", "2",
+            "--shared-media-dir", str(tmp_path / "shared"),
+            "--run-uuid", run,
+            "--save", url,
+            "--load", url,
+            "--rollout-journal-interval", interval,
+        ]
+    )  # fmt: skip
+
+
+def _groups() -> list[list[Sample]]:
+    return [[Sample(group_index=g, index=g * SIZE + i, prompt=f"p{g}") for i in range(SIZE)] for g in range(GROUPS)]
+
+
+async def _gen(args: Any, s: Sample) -> Sample:
+    await asyncio.sleep(0.001)
+    s.multimodal_inputs = {"images": [store_media(args, png_bytes(8, 8, (s.index, 17, 99)))]}
+    s.tokens = list(range(50)) + [s.index]
+    s.reward = float(s.index)
+    s.status = Sample.Status.COMPLETED
+    return s
+
+
+def _crashed_run(tmp_path: Path, url: str, steps: int, save_at: tuple[int, ...] = ()) -> tuple[Any, list[int]]:
+    """A run that trains ``steps`` steps, saving at ``save_at``, and then "dies": its journal is
+    made durable (as the interval would) and the run is left unclosed."""
+    fn = FullyAsyncRolloutFn(_args(tmp_path, url, "run-0"), ListDataSource(_groups()), generate_sample=_gen, max_in_flight=4)
+    trained = []
+    for step in range(steps):
+        trained += [s.index for g in fn(step) for s in g]
+        if step in save_at:
+            fn.save(step).result()
+    fn.ledger.flush()
+    return fn, trained
+
+
+def _resume(tmp_path: Path, url: str, step: int, run: str = "run-1") -> tuple[Any, list[int]]:
+    fn = FullyAsyncRolloutFn(_args(tmp_path, url, run), ListDataSource(_groups()), generate_sample=_gen, max_in_flight=4)
+    fn.load(step)
+    trained = [s.index for st in range(step + 1, GROUPS // 2) for g in fn(st) for s in g]
+    fn.close()
+    return fn, trained
+
+
+@pytest.fixture
+def moto(moto_s3: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str]:
+    return moto_s3, _env(monkeypatch, moto_s3)
+
+
+def test_a_run_on_a_store_leaves_shipments_and_resumes_from_them_exactly_once(moto: Any, tmp_path: Path) -> None:
+    server, bucket = moto
+    url = f"s3://{bucket}/ckpt"
+    dead, first = _crashed_run(tmp_path, url, steps=3, save_at=(1,))
+    objects = _journal_objects(_client(server, bucket), "ckpt")
+    assert objects and all(n.startswith("segment-") and n.endswith(".rjs") for n in objects), sorted(objects)
+    assert not any((tmp_path / "shared").glob("*journal*/segment-*")), "the spool keeps no shipped segment"
+    _, rest = _resume(tmp_path, url, step=1)
+    # Step 2's weights are gone: what it trained comes back, everything is trained once after step 1.
+    assert sorted(first[:8] + rest) == list(range(GROUPS * SIZE))
+    dead.ledger.journal.close()
+
+
+def test_compaction_deletes_the_shipments_a_committed_checkpoint_covers(moto: Any, tmp_path: Path) -> None:
+    server, bucket = moto
+    url = f"s3://{bucket}/compact"
+    client = _client(server, bucket)
+    fn = FullyAsyncRolloutFn(_args(tmp_path, url, "run-0"), ListDataSource(_groups()), generate_sample=_gen, max_in_flight=4)
+    fn(0)
+    fn.save(0).result()
+    fn(1)
+    before = set(_journal_objects(client, "compact"))
+    fn.save(1).result()  # compacts up to checkpoint 0's watermark
+    fn(2)
+    fn.save(2).result()  # and up to checkpoint 1's
+    after = set(_journal_objects(client, "compact"))
+    fn.close()
+    gone = before - after
+    assert gone, f"nothing was compacted: {sorted(before)} -> {sorted(after)}"
+    first_left = min(int(n.split("-")[1]) for n in after)
+    assert all(int(n.split("-")[1]) < first_left for n in gone)
+    _, rest = _resume(tmp_path, url, step=2)
+    assert len(rest) == GROUPS * SIZE - 6 * SIZE
+
+
+def test_a_second_writer_of_the_lineage_is_refused_not_merged(moto: Any, tmp_path: Path) -> None:
+    server, bucket = moto
+    url = f"s3://{bucket}/twice"
+    fn, _ = _crashed_run(tmp_path, url, steps=1)
+    journal = fn.ledger.journal
+    # Another trainer of the lineage shipped the next records (rollouts in flight may append a
+    # few more before the next shipment starts: every name it can take is taken).
+    client = _client(server, bucket)
+    for seq in range(journal.last_seq + 1, journal.last_seq + 80):
+        obstore.put(client, f"twice/rollout/journal/segment-{seq:012d}-{journal.lineage}-000.rjs", b"theirs")
+    fn(1)
+    with pytest.raises(JournalError, match=r"\.rjs: the shipment exists already: another writer"):
+        fn.ledger.flush()
+
+
+def _shipment(objects: dict[str, bytes]) -> tuple[str, bytes]:
+    return next((n, b) for n, b in sorted(objects.items()) if n.endswith(".rjs"))
+
+
+def _forge(data: bytes, how: str) -> bytes:
+    magic = b"RBJSHIP1\n"
+    hlen = struct.unpack_from("<I", data, len(magic))[0]
+    start = len(magic) + 8
+    header = msgpack.unpackb(data[start : start + hlen])
+    if how == "magic":
+        return b"RBJSHIP9\n" + data[len(magic) :]
+    if how == "header-checksum":
+        return data[: start + 1] + bytes([data[start + 1] ^ 1]) + data[start + 2 :]
+    tail = data[start + hlen :]
+    if how == "forged-media":
+        # The header is re-made with a valid checksum: only the digest check can catch it.
+        assert header["media"], "the first shipment carries media"
+        tail = tail[:-1] + bytes([tail[-1] ^ 0xFF])
+    elif how == "sizes":
+        header["segment"] += 7
+    elif how == "name":
+        header["media"][0][0] = "../../etc/passwd"
+    raw = msgpack.packb(header)
+    length = struct.pack("<I", len(raw))
+    return magic + length + struct.pack("<I", zlib.crc32(raw, zlib.crc32(length))) + raw + tail
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("magic", "expected a journal shipment"),
+        ("header-checksum", "shipment header checksum mismatch"),
+        ("forged-media", "media [0-9a-f]{64}.png: expected content of digest .* nothing is placed"),
+        ("sizes", "the header lists .* segment bytes"),
+        ("name", r"shipment header: media\[0\]: expected \[<64 hex><suffix>, size\]"),
+    ],
+)
+def test_a_forged_shipment_is_refused_naming_the_object_before_anything_is_placed(
+    moto: Any, tmp_path: Path, how: str, message: str
+) -> None:
+    server, bucket = moto
+    url = f"s3://{bucket}/forged-{how}"
+    client = _client(server, bucket)
+    dead, _ = _crashed_run(tmp_path, url, steps=1)
+    dead.ledger.journal.close()
+    name, data = _shipment(_journal_objects(client, f"forged-{how}"))
+    obstore.put(client, f"forged-{how}/rollout/journal/{name}", _forge(data, how))
+    fn = FullyAsyncRolloutFn(_args(tmp_path, url, "run-1"), ListDataSource(_groups()), generate_sample=_gen)
+    with pytest.raises(JournalCorruptError, match=rf"^{url}/rollout/journal/{name}: {message}"):
+        fn.load(-1)
+    run = tmp_path / "shared" / "run-1"
+    placed = [p for p in run.iterdir() if not p.name.startswith(".")] if run.exists() else []
+    assert not placed, f"placed before the check: {placed}"
+    assert not list((tmp_path / "shared").glob("**/etc/passwd"))
+
+
+def test_the_journal_refuses_a_store_that_ignores_preconditions_at_open(
+    s3rver_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = _env(monkeypatch, s3rver_s3)
+    url = f"s3://{bucket}/unsafe"
+    fn = FullyAsyncRolloutFn(_args(tmp_path, url, "run-0"), ListDataSource(_groups()), generate_sample=_gen)
+    with pytest.raises(UnsafeStoreError, match=r"ignores If-None-Match: \*"):
+        fn(0)
+    assert not _journal_objects(_client(s3rver_s3, bucket), "unsafe")
