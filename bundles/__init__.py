@@ -46,7 +46,14 @@ from bundles._options import LinkMode, OutsidePolicy, Verify
 from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle
 from bundles._records import Record, register_record_type
-from bundles._remote import GarbageReport, StorePrefix, UploadStats, collect_garbage, list_remote_bundles, upload_bundle
+from bundles._remote import (
+    GarbageReport,
+    StorePrefix,
+    UploadStats,
+    collect_garbage,
+    list_remote_bundles,
+    upload_bundle,
+)
 from bundles._sample_codec import decode_sample, encode_sample, sample_encoder
 from bundles._store import StoreURL
 

@@ -36,16 +36,18 @@ writer exactly there (tests/test_atomic_write.py).
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
 from bundles._commit import remove_stale_staging, staging_name
+from bundles._errors import UnsafeBundleError
 from bundles._faults import fault_point
-from bundles._fs import fsync_dir, rename_noreplace
+from bundles._fs import LINK_UNSUPPORTED_ERRNOS, fsync_dir, rename_noreplace
 
-__all__ = ["atomic_path", "atomic_write", "atomic_writer", "remove_stale_temps"]
+__all__ = ["atomic_path", "atomic_write", "atomic_writer", "place_file", "remove_stale_temps"]
 
 
 def _fsync_file(path: str | os.PathLike[str]) -> None:
@@ -149,6 +151,59 @@ def atomic_write(
         else:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
     return Path(dest)
+
+
+def place_file(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    link: str = "auto",
+    opened: IO[bytes] | None = None,
+) -> str:
+    """Put ``src``'s bytes at the new path ``dst``: a hard link, else a copy. Returns
+    ``"hardlink"``, ``"copy"``, or ``"exists"`` when ``dst`` was there already (left as it is:
+    callers place content-addressed files, whose name says what they hold).
+
+    ``link``: ``"auto"`` (or ``"reflink"``) links where the filesystem allows and copies where it
+    cannot (another filesystem, no hard links); ``"hardlink"`` raises instead of copying;
+    ``"copy"`` always copies. The link never follows ``src`` if it is a symlink. A copy is atomic
+    (:func:`atomic_path`) and not fsynced (the caller decides when its files are durable).
+    ``opened``: ``src`` opened already (by :func:`bundles.support.open_regular_file`, for
+    untrusted input): the link is checked to be that very inode and a copy reads that file, so a
+    file swapped in meanwhile is never placed (:class:`UnsafeBundleError`).
+
+    The one "hard-link, else copy" of trainer_hooks (the journal placing run media, a resume
+    placing journal media); a bundle's writer has its own, which also reflinks and hashes as it
+    copies (:func:`bundles._fs.ingest`).
+    """
+    src, dst = os.fspath(src), os.fspath(dst)
+    if link != "copy":
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except FileExistsError:
+            return "exists"
+        except OSError as e:
+            if link == "hardlink" or e.errno not in LINK_UNSUPPORTED_ERRNOS:
+                raise
+        else:
+            if opened is not None:
+                st, linked = os.fstat(opened.fileno()), os.lstat(dst)
+                if (linked.st_ino, linked.st_dev) != (st.st_ino, st.st_dev):
+                    os.unlink(dst)
+                    raise UnsafeBundleError(
+                        f"{src}: replaced while it was being linked into {os.path.dirname(dst)}; nothing placed"
+                    )
+            return "hardlink"
+    if os.path.lexists(dst):
+        return "exists"
+    with atomic_path(dst, sweep=False) as tmp:
+        if opened is None:
+            shutil.copyfile(src, tmp)
+        else:
+            opened.seek(0)
+            with open(tmp, "wb") as out:
+                shutil.copyfileobj(opened, out, 1 << 20)
+    return "copy"
 
 
 def remove_stale_temps(directory: str | os.PathLike[str]) -> list[Path]:

@@ -34,7 +34,7 @@ COPY_CHUNK = 1024 * 1024
 _FICLONE = 0x40049409  # _IOW(0x94, 9, int) from linux/fs.h
 
 # Errors that mean "this mechanism is not available here", as opposed to a real failure.
-_UNSUPPORTED_ERRNOS = frozenset(
+LINK_UNSUPPORTED_ERRNOS = _UNSUPPORTED_ERRNOS = frozenset(
     {
         errno.EXDEV,
         errno.EPERM,

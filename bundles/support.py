@@ -10,7 +10,8 @@ What is here, by concern:
 
 * **Files and trees.** :func:`atomic_write` / :func:`atomic_writer` / :func:`atomic_path`, the one
   atomic file write (temporary file beside the destination, optional fsync of file and
-  directory, rename, cleanup on failure; protocol in :mod:`bundles._atomic`);
+  directory, rename, cleanup on failure; protocol in :mod:`bundles._atomic`); :func:`place_file`,
+  the one "hard-link, else copy" of the tools built on bundles;
   :func:`remove_stale_temps` for the leftovers of writers that died mid-write;
   :func:`remove_tree`, the one tree deletion (fd-relative, never follows a symlink, never crosses
   a mount); :func:`scratch_dir`, a work directory beside a bundle that a later write cleans up if
@@ -49,7 +50,7 @@ change in any release: import it from here, never from a ``bundles._private`` mo
 
 from __future__ import annotations
 
-from bundles._atomic import atomic_path, atomic_write, atomic_writer, remove_stale_temps
+from bundles._atomic import atomic_path, atomic_write, atomic_writer, place_file, remove_stale_temps
 from bundles._cli import (
     PROG,
     CommandError,
@@ -103,6 +104,7 @@ __all__ = [
     "open_regular_file",
     "pid_alive",
     "pid_namespace",
+    "place_file",
     "proc_stat",
     "remove_stale_temps",
     "remove_tree",

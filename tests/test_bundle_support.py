@@ -52,3 +52,33 @@ def test_unknown_names_still_raise_attribute_error():
             bundles.no_such_name  # noqa: B018
         with pytest.raises(AttributeError):
             bundles.cli.no_such_name  # noqa: B018
+
+
+def test_place_file_links_copies_and_never_places_a_file_swapped_in(tmp_path):
+    """The one "hard-link, else copy" of the tools built on bundles (the journal, a resume)."""
+    import os
+
+    from bundles import UnsafeBundleError
+
+    src = tmp_path / "a.png"
+    src.write_bytes(b"screenshot")
+    assert support.place_file(src, tmp_path / "linked") == "hardlink"
+    assert os.stat(tmp_path / "linked").st_ino == os.stat(src).st_ino
+    assert support.place_file(src, tmp_path / "linked") == "exists"
+    assert support.place_file(src, tmp_path / "copied", link="copy") == "copy"
+    assert os.stat(tmp_path / "copied").st_ino != os.stat(src).st_ino
+    assert (tmp_path / "copied").read_bytes() == b"screenshot"
+    # A symlink is linked as a link (never followed), so a placed "file" cannot reach outside.
+    (tmp_path / "evil").symlink_to("/etc/passwd")
+    support.place_file(tmp_path / "evil", tmp_path / "placed-link")
+    assert (tmp_path / "placed-link").is_symlink()
+    # Opened first, then swapped: the link would be another inode, so nothing is placed.
+    (tmp_path / "other").write_bytes(b"someone else's file")
+    with open(src, "rb") as opened:
+        os.replace(tmp_path / "other", src)
+        with pytest.raises(UnsafeBundleError, match="replaced while it was being linked"):
+            support.place_file(src, tmp_path / "swapped", opened=opened)
+        assert not (tmp_path / "swapped").exists()
+        # A copy reads the file that was opened, not the one now at the path.
+        assert support.place_file(src, tmp_path / "copy-of-opened", link="copy", opened=opened) == "copy"
+        assert (tmp_path / "copy-of-opened").read_bytes() == b"screenshot"

@@ -68,22 +68,29 @@ def _args(tmp_path: Path, url: str, run: str, interval: str = "0.05") -> Any:
 
 
 def _groups() -> list[list[Sample]]:
-    return [[Sample(group_index=g, index=g * SIZE + i, prompt=f"p{g}") for i in range(SIZE)] for g in range(GROUPS)]
+    return [
+        [Sample(group_index=g, index=g * SIZE + i, prompt=f"p{g}") for i in range(SIZE)]
+        for g in range(GROUPS)
+    ]
 
 
 async def _gen(args: Any, s: Sample) -> Sample:
     await asyncio.sleep(0.001)
     s.multimodal_inputs = {"images": [store_media(args, png_bytes(8, 8, (s.index, 17, 99)))]}
-    s.tokens = list(range(50)) + [s.index]
+    s.tokens = [*range(50), s.index]
     s.reward = float(s.index)
     s.status = Sample.Status.COMPLETED
     return s
 
 
-def _crashed_run(tmp_path: Path, url: str, steps: int, save_at: tuple[int, ...] = ()) -> tuple[Any, list[int]]:
+def _crashed_run(
+    tmp_path: Path, url: str, steps: int, save_at: tuple[int, ...] = ()
+) -> tuple[Any, list[int]]:
     """A run that trains ``steps`` steps, saving at ``save_at``, and then "dies": its journal is
     made durable (as the interval would) and the run is left unclosed."""
-    fn = FullyAsyncRolloutFn(_args(tmp_path, url, "run-0"), ListDataSource(_groups()), generate_sample=_gen, max_in_flight=4)
+    fn = FullyAsyncRolloutFn(
+        _args(tmp_path, url, "run-0"), ListDataSource(_groups()), generate_sample=_gen, max_in_flight=4
+    )
     trained = []
     for step in range(steps):
         trained += [s.index for g in fn(step) for s in g]
@@ -94,7 +101,9 @@ def _crashed_run(tmp_path: Path, url: str, steps: int, save_at: tuple[int, ...] 
 
 
 def _resume(tmp_path: Path, url: str, step: int, run: str = "run-1") -> tuple[Any, list[int]]:
-    fn = FullyAsyncRolloutFn(_args(tmp_path, url, run), ListDataSource(_groups()), generate_sample=_gen, max_in_flight=4)
+    fn = FullyAsyncRolloutFn(
+        _args(tmp_path, url, run), ListDataSource(_groups()), generate_sample=_gen, max_in_flight=4
+    )
     fn.load(step)
     trained = [s.index for st in range(step + 1, GROUPS // 2) for g in fn(st) for s in g]
     fn.close()
@@ -106,7 +115,9 @@ def moto(moto_s3: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str]:
     return moto_s3, _env(monkeypatch, moto_s3)
 
 
-def test_a_run_on_a_store_leaves_shipments_and_resumes_from_them_exactly_once(moto: Any, tmp_path: Path) -> None:
+def test_a_run_on_a_store_leaves_shipments_and_resumes_from_them_exactly_once(
+    moto: Any, tmp_path: Path
+) -> None:
     server, bucket = moto
     url = f"s3://{bucket}/ckpt"
     dead, first = _crashed_run(tmp_path, url, steps=3, save_at=(1,))
@@ -123,7 +134,9 @@ def test_compaction_deletes_the_shipments_a_committed_checkpoint_covers(moto: An
     server, bucket = moto
     url = f"s3://{bucket}/compact"
     client = _client(server, bucket)
-    fn = FullyAsyncRolloutFn(_args(tmp_path, url, "run-0"), ListDataSource(_groups()), generate_sample=_gen, max_in_flight=4)
+    fn = FullyAsyncRolloutFn(
+        _args(tmp_path, url, "run-0"), ListDataSource(_groups()), generate_sample=_gen, max_in_flight=4
+    )
     fn(0)
     fn.save(0).result()
     fn(1)

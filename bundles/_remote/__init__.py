@@ -67,8 +67,8 @@ from bundles._remote._packed import (
     remove_packed_object,
     unpack_from_store,
 )
-from bundles._remote._prefix import StorePrefix
 from bundles._remote._pointer import is_remote_bundle, list_remote_bundles
+from bundles._remote._prefix import StorePrefix
 from bundles._remote._read import open_remote_bundle
 from bundles._remote._write import UploadStats, remove_remote_bundle, upload_bundle, write_remote_bundle
 

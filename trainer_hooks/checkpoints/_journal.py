@@ -71,10 +71,8 @@ the writer.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -88,7 +86,7 @@ import msgpack
 import zstandard
 
 from bundles import MediaRef, UnsupportedValueError, sample_encoder
-from bundles.support import atomic_path, fault_point
+from bundles.support import fault_point, place_file, remove_tree
 from trainer_hooks.checkpoints._journal_format import (
     DEFAULT_SEGMENT_BYTES,
     MEDIA_DIR,
@@ -457,7 +455,9 @@ class RolloutJournal:
                     else:
                         self._media_refs.pop(name, None)
                 self._retired[path] = self._carried.pop(path, set())
-            gone = [p for p, carried in self._retired.items() if not any(n in self._media_refs for n in carried)]
+            gone = [
+                p for p, carried in self._retired.items() if not any(n in self._media_refs for n in carried)
+            ]
             removed_media = 0
             for path in gone:
                 carried = self._retired.pop(path)
@@ -541,7 +541,7 @@ class RolloutJournal:
                 shipment = self._shipper.fetch(name, tmp)
                 scan = scan_journal(tmp, lineage=self.lineage, decode_bodies=False, only=[shipment.segment])
             finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+                remove_tree(tmp)
             media: set[str] = set()
             for r in scan.records:
                 media.update(r.media)
@@ -579,9 +579,7 @@ class RolloutJournal:
                         self._sync()
                     break
         except BaseException as e:  # surfaced by flush()/close(); also logged once now
-            logger.error(
-                "%s: the rollout journal's writer failed: %s: %s", self.where, type(e).__name__, e
-            )
+            logger.error("%s: the rollout journal's writer failed: %s: %s", self.where, type(e).__name__, e)
             with self._cond:
                 self._error = e
                 self._cond.notify_all()
@@ -763,25 +761,12 @@ class RolloutJournal:
             return
         target = str(self.media_dir / name)
         fault_point("journal.link", name)
-        linked = False
-        if self.link != "copy":
-            try:
-                os.link(source, target)
-                linked = True
-            except FileExistsError:
-                linked = True
-            except OSError as e:
-                if self.link == "hardlink" or e.errno not in (
-                    errno.EXDEV,
-                    errno.EPERM,
-                    errno.EMLINK,
-                    errno.ENOTSUP,
-                ):
-                    raise JournalError(f"{where}: cannot link {source} into {self.media_dir}: {e}") from None
-        if not linked:
-            # Durability comes with the next flush (its fsync of new media), not per file here.
-            with atomic_path(target, sweep=False) as tmp:
-                shutil.copyfile(source, tmp)
+        # Durability comes with the next flush (its fsync of new media), not per file here.
+        try:
+            how = place_file(source, target, link="hardlink" if self.link == "hardlink" else self.link)
+        except OSError as e:
+            raise JournalError(f"{where}: cannot link {source} into {self.media_dir}: {e}") from None
+        if how == "copy":
             self._batch_stats.media_copied += 1
             self._totals["media_copied"] += 1
         else:

@@ -119,7 +119,11 @@ class JournalShipper:
         blobs = [p.read_bytes() for p in media]
         body = segment.read_bytes()
         data = b"".join(
-            [shipment_header(len(body), [(p.name, len(b)) for p, b in zip(media, blobs, strict=True)]), body, *blobs]
+            [
+                shipment_header(len(body), [(p.name, len(b)) for p, b in zip(media, blobs, strict=True)]),
+                body,
+                *blobs,
+            ]
         )
         fault_point("journal.ship", name)
         if not self.prefix.put_create(name, data) and not self._ours(name, data):
@@ -167,7 +171,9 @@ def _parse_name(name: str) -> tuple[int, str, int] | None:
 def unpack_shipment(data: bytes, name: str, into: Path, *, where: str) -> Shipment:
     """Check shipment ``data`` (object ``name``) and write its segment and media under ``into``."""
     if _parse_name(name) is None:
-        raise JournalCorruptError(f"{where}: not a journal shipment name: expected segment-<seq>-<lineage>-<attempt>.rjs")
+        raise JournalCorruptError(
+            f"{where}: not a journal shipment name: expected segment-<seq>-<lineage>-<attempt>.rjs"
+        )
     view = memoryview(data)
     head = len(SHIPMENT_MAGIC) + 2 * U32.size
     if len(data) < head or bytes(view[: len(SHIPMENT_MAGIC)]) != SHIPMENT_MAGIC:
@@ -177,7 +183,9 @@ def unpack_shipment(data: bytes, name: str, into: Path, *, where: str) -> Shipme
     (hlen,) = U32.unpack_from(data, len(SHIPMENT_MAGIC))
     (crc,) = U32.unpack_from(data, len(SHIPMENT_MAGIC) + U32.size)
     if hlen > MAX_META_BYTES or head + hlen > len(data):
-        raise JournalCorruptError(f"{where}: shipment header of {hlen} bytes does not fit the object of {len(data)}")
+        raise JournalCorruptError(
+            f"{where}: shipment header of {hlen} bytes does not fit the object of {len(data)}"
+        )
     raw = view[head : head + hlen]
     length = data[len(SHIPMENT_MAGIC) : len(SHIPMENT_MAGIC) + U32.size]
     if zlib.crc32(raw, zlib.crc32(length)) != crc:
@@ -223,10 +231,14 @@ def unpack_shipment(data: bytes, name: str, into: Path, *, where: str) -> Shipme
 
 def _check_header(header: Any, where: str) -> tuple[int, list[tuple[str, int]]]:
     if not isinstance(header, dict) or set(header) != {"segment", "media"}:
-        raise JournalCorruptError(f"{where}: shipment header: expected keys segment and media, found {header!r:.80}")
+        raise JournalCorruptError(
+            f"{where}: shipment header: expected keys segment and media, found {header!r:.80}"
+        )
     seg_len, media = header["segment"], header["media"]
     if type(seg_len) is not int or not 0 <= seg_len <= MAX_SHIPMENT_BYTES:
-        raise JournalCorruptError(f"{where}: shipment header: segment: expected a size, found {seg_len!r:.40}")
+        raise JournalCorruptError(
+            f"{where}: shipment header: segment: expected a size, found {seg_len!r:.40}"
+        )
     if not isinstance(media, list) or len(media) > MAX_SHIPMENT_MEDIA:
         raise JournalCorruptError(
             f"{where}: shipment header: media: expected a list of at most {MAX_SHIPMENT_MEDIA}, found {type(media).__name__}"

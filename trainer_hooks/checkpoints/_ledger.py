@@ -43,8 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import shutil
 import tempfile
 import time
 from argparse import Namespace
@@ -62,7 +60,7 @@ from bundles import (
     UnsafeBundleError,
     decode_sample,
 )
-from bundles.support import atomic_path, fault_point, open_regular_file, remove_tree, scratch_dir
+from bundles.support import fault_point, open_regular_file, place_file, remove_tree, scratch_dir
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
 from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
@@ -129,8 +127,10 @@ class _Placer:
                 f"{src}: cannot read the journal media file ({where}): {e.strerror or e}"
             ) from None
         with f:
-            if not os.path.lexists(dst):
-                _link_or_copy(f, src, dst)
+            try:
+                place_file(src, dst, opened=f)
+            except OSError as e:
+                raise JournalError(f"{src}: cannot place the journal media file in {run_dir}: {e}") from None
         ref = MediaRef("sha256:" + name[:64], size, name[64:], str(dst))
         if self.verify:
             found = MediaRef.from_file(dst)
@@ -142,27 +142,6 @@ class _Placer:
                     ],
                 )
         return ref
-
-
-def _link_or_copy(f: Any, src: Path, dst: Path) -> None:
-    """Place the opened journal media file ``f`` (``src``) at ``dst``: a hard link to the very
-    inode that was opened (a link is made without following ``src`` and checked against the open
-    file, so a file swapped in meanwhile is never linked), else a copy of the open file."""
-    st = os.fstat(f.fileno())
-    try:
-        os.link(src, dst, follow_symlinks=False)
-    except FileExistsError:
-        return
-    except OSError:  # another filesystem, or no hard links: copy what was opened
-        with atomic_path(dst, sweep=False) as tmp, open(tmp, "wb") as out:
-            shutil.copyfileobj(f, out, 1 << 20)
-        return
-    linked = os.lstat(dst)
-    if (linked.st_ino, linked.st_dev) != (st.st_ino, st.st_dev):
-        os.unlink(dst)
-        raise UnsafeBundleError(
-            f"{src}: replaced while it was being linked into {dst.parent}; nothing placed"
-        )
 
 
 class LazyGroup:
