@@ -64,8 +64,11 @@ trainer that restores the older checkpoint's step can still replay what was cons
 
 Layout: the format (names, framing, limits, :class:`JournalError`) is
 :mod:`._journal_format`; reading (:func:`scan_journal`: bodies kept compressed and undecoded, a
-torn tail named in one line, foreign lineages skipped) is :mod:`._journal_scan`; this module is
-the writer.
+torn tail named in one line, foreign lineages skipped) is :mod:`._journal_scan`; the media the
+records reference (found, placed, counted) :mod:`._journal_media`; which segment holds what, and
+so what compaction deletes, :mod:`._journal_index`; the journal on an object store (a shipment
+per interval instead of an fsync) :mod:`._journal_store`. This module is the writer: the queue,
+the thread, the segments' bytes and the flush.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ import msgpack
 import zstandard
 
 from bundles import MediaRef, UnsupportedValueError, sample_encoder
-from bundles.support import fault_point, place_file, remove_tree
+from bundles.support import fault_point, remove_tree
 from trainer_hooks.checkpoints._journal_format import (
     DEFAULT_SEGMENT_BYTES,
     MEDIA_DIR,
@@ -96,11 +99,12 @@ from trainer_hooks.checkpoints._journal_format import (
     ZSTD_LEVEL,
     JournalError,
     frame_record,
-    is_content_name,
     segment_header,
     segment_name,
     shipment_name,
 )
+from trainer_hooks.checkpoints._journal_index import SegmentIndex
+from trainer_hooks.checkpoints._journal_media import JournalMedia
 from trainer_hooks.checkpoints._journal_scan import scan_journal
 from trainer_hooks.checkpoints._journal_store import JournalShipper
 from trainer_hooks.checkpoints._snapshot import sample_dict, snapshot_groups
@@ -195,8 +199,10 @@ class RolloutJournal:
         self.interval = float(interval)
         self.link = link
         self.segment_bytes = segment_bytes
-        self._store_image = store_image
-        self._roots = tuple(os.path.abspath(r).rstrip(os.sep) + os.sep for r in media_roots)
+        self._media = JournalMedia(
+            self.media_dir, media_roots, link=link, store_image=store_image, count=self._count_media
+        )
+        self._index = SegmentIndex()  # under _cond: what each segment holds, what compaction frees
         self._next_seq = first_seq
         self._seq_lock = threading.Lock()
         self._queue: deque[_Item] = deque()
@@ -214,26 +220,18 @@ class RolloutJournal:
         self._fd: int | None = None
         self._segment: Path | None = None
         self._segment_size = 0
-        self._segments: dict[Path, tuple[int, int, set[str]]] = {}  # path -> (first, last seq, media)
-        self._media_refs: dict[str, int] = {}  # stored media name -> segments referencing it
-        # On a store: the media each shipped segment carried, and the shipments whose records are
-        # compacted but whose media a live record still references (path -> carried names).
-        self._carried: dict[Path, set[str]] = {}
-        self._retired: dict[Path, set[str]] = {}
-        self._known_media: set[str] = set()
-        self._by_value: dict[str, MediaRef] = {}  # media path string -> its reference (bounded)
-        self._new_media: list[str] = []
         self._new_dir_entries = False
         self._unsynced_since: float | None = None
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
         self._media_of_item: list[str] = []  # the media names of the record being encoded
+        media = self._media
         self._encode = sample_encoder(
-            resolve_string=lambda v, w: self._string_media(v, w, self._media_of_item),
-            string_prefixes=self._roots,
-            resolve_ref=lambda r, w: self._ref_media(r, w, self._media_of_item),
+            resolve_string=lambda v, w: media.string(v, w, self._media_of_item),
+            string_prefixes=media.roots,
+            resolve_ref=lambda r, w: media.ref(r, w, self._media_of_item),
             store_image=None
             if store_image is None
-            else lambda im, w: self._image_media(im, w, self._media_of_item),
+            else lambda im, w: media.image(im, w, self._media_of_item),
         )
         self._totals: dict[str, Any] = {
             "records": 0,
@@ -415,58 +413,32 @@ class RolloutJournal:
         if self._shipper is not None:
             return self._compact_shipments(upto_seq)
         with self._cond:
-            for path, (first, last, media) in sorted(self._segments.items()):
-                if path == self._segment or last > upto_seq or last < first:
-                    continue
+            segments, names = self._index.compact_files(upto_seq, self._segment)
+            self._media.forget(names)
+            # Under the lock, as the writer thread indexes what it writes under it.
+            for path in segments:
                 fault_point("journal.compact", path)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-                del self._segments[path]
                 removed_segments += 1
-                for name in media:
-                    left = self._media_refs.get(name, 0) - 1
-                    if left > 0:
-                        self._media_refs[name] = left
-                        continue
-                    self._media_refs.pop(name, None)
-                    self._known_media.discard(name)
-                    try:
-                        os.unlink(self.media_dir / name)
-                        removed_media += 1
-                    except FileNotFoundError:
-                        pass
+            for name in names:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.media_dir / name)
+                    removed_media += 1
         return removed_segments, removed_media
 
     def _compact_shipments(self, upto_seq: int) -> tuple[int, int]:
         """compact() on a store: a shipment goes once its records are covered and no live record
         references a media file it carries (see :mod:`._journal_store`)."""
         assert self._shipper is not None
-        covered = 0
         with self._cond:
-            for path, (first, last, media) in sorted(self._segments.items()):
-                if path == self._segment or last > upto_seq or last < first:
-                    continue
-                del self._segments[path]
-                covered += 1
-                for name in media:
-                    left = self._media_refs.get(name, 0) - 1
-                    if left > 0:
-                        self._media_refs[name] = left
-                    else:
-                        self._media_refs.pop(name, None)
-                self._retired[path] = self._carried.pop(path, set())
-            gone = [
-                p for p, carried in self._retired.items() if not any(n in self._media_refs for n in carried)
-            ]
-            removed_media = 0
-            for path in gone:
-                carried = self._retired.pop(path)
-                self._known_media.difference_update(carried)  # referenced again: shipped again
-                removed_media += len(carried)
+            covered, gone = self._index.compact_shipments(upto_seq, self._segment)
+            for _, carried in gone:
+                self._media.forget(carried)  # referenced again: shipped again
         if gone:
-            fault_point("journal.compact", gone[0])
-            self._shipper.delete(shipment_name(p.name) for p in gone)
-        return covered, removed_media
+            fault_point("journal.compact", gone[0][0])
+            self._shipper.delete(shipment_name(p.name) for p, _ in gone)
+        return covered, sum(len(c) for _, c in gone)
 
     def stats(self) -> dict[str, Any]:
         """Totals, the last flush's cost and the current backlog (for meta, logs and inspect)."""
@@ -477,7 +449,7 @@ class RolloutJournal:
                 **self._totals,
                 "durable_seq": self._durable_seq,
                 "last_seq": self.last_seq,
-                "segments": len(self._segments),
+                "segments": len(self._index),
                 "oldest_unflushed_age_s": 0.0 if oldest is None else round(now - oldest, 6),
                 "last_flush": {
                     k: round(v, 6) if isinstance(v, float) else v for k, v in vars(self.last_flush).items()
@@ -508,14 +480,13 @@ class RolloutJournal:
         """Index the segments already on disk (a resumed lineage's) for compaction; runs at the
         first compaction, on the checkpoint writer's thread."""
         self._adopted = True
-        with self._cond:
-            known = set(self._segments) | set(self._retired)
         if self._shipper is not None:
-            self._adopt_shipments(known)
+            self._adopt_shipments()
             return
         for path in sorted(self.directory.glob(f"{SEGMENT_PREFIX}*-{self.lineage}-*{SEGMENT_SUFFIX}")):
-            if path in known:
-                continue  # written by this journal: indexed as it was written
+            with self._cond:
+                if path in self._index:
+                    continue  # written by this journal: indexed as it was written
             scan = scan_journal(self.directory, lineage=self.lineage, decode_bodies=False, only=[path])
             if not scan.records:
                 continue
@@ -523,18 +494,17 @@ class RolloutJournal:
             for r in scan.records:
                 media.update(r.media)
             with self._cond:
-                self._segments[path] = (scan.records[0].seq, scan.records[-1].seq, media)
-                for name in media:
-                    self._media_refs[name] = self._media_refs.get(name, 0) + 1
+                self._index.adopt(path, scan.records[0].seq, scan.records[-1].seq, media)
 
-    def _adopt_shipments(self, known: set[Path]) -> None:
+    def _adopt_shipments(self) -> None:
         """_adopt_existing() on a store: read the lineage's shipments back (into the spool, one at
         a time) for what they cover, reference and carry."""
         assert self._shipper is not None
         for name, _ in self._shipper.shipments(self.lineage):
             path = self.directory / (name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
-            if path in known:
-                continue
+            with self._cond:
+                if path in self._index:
+                    continue
             tmp = self.directory / f".adopt-{uuid.uuid4().hex}"
             tmp.mkdir()
             try:
@@ -545,14 +515,17 @@ class RolloutJournal:
             media: set[str] = set()
             for r in scan.records:
                 media.update(r.media)
+            first, last = (scan.records[0].seq, scan.records[-1].seq) if scan.records else (1, 0)
             with self._cond:
-                if scan.records:
-                    self._segments[path] = (scan.records[0].seq, scan.records[-1].seq, media)
-                    for m in media:
-                        self._media_refs[m] = self._media_refs.get(m, 0) + 1
-                    self._carried[path] = set(shipment.media)
-                else:
-                    self._retired[path] = set(shipment.media)
+                self._index.adopt(path, first, last, media, set(shipment.media))
+
+    def _count_media(self, how: str) -> None:
+        if how == "copy":
+            self._batch_stats.media_copied += 1
+            self._totals["media_copied"] += 1
+        else:
+            self._batch_stats.media_linked += 1
+            self._totals["media_linked"] += 1
 
     def _run(self) -> None:
         next_sync = time.monotonic() + self.interval
@@ -641,12 +614,7 @@ class RolloutJournal:
     def _note_segment_record(self, seq: int, media: list[str]) -> None:
         assert self._segment is not None
         with self._cond:
-            first, _, names = self._segments[self._segment]
-            self._segments[self._segment] = (first, seq, names)
-            for name in media:
-                if name not in names:
-                    names.add(name)
-                    self._media_refs[name] = self._media_refs.get(name, 0) + 1
+            self._index.note(self._segment, seq, media)
 
     def _start_segment(self, first_seq: int) -> None:
         self._close_segment()
@@ -669,7 +637,7 @@ class RolloutJournal:
         os.write(fd, segment_header(header))
         self._fd, self._segment, self._segment_size = fd, path, 0
         with self._cond:
-            self._segments[path] = (first_seq, first_seq - 1, set())
+            self._index.start(path, first_seq)
         self._new_dir_entries = True
 
     def _close_segment(self) -> None:
@@ -715,67 +683,6 @@ class RolloutJournal:
             (snap,) = snapshot_groups([[sample]], where=where, deferred=checks)
             return self._encode(snap[0], where, number_lists=_run_checks(checks))
 
-    # media: linked into journal/media at append time, so a teardown of the run cannot take them
-    def _string_media(self, value: str, where: str, media: list[str]) -> MediaRef | None:
-        known = self._by_value.get(value)
-        if known is not None and known.filename in self._known_media:
-            media.append(known.filename)  # the same screenshot in many samples: resolved once
-            return known
-        norm = os.path.normpath(value)
-        if not norm.startswith(self._roots) or not os.path.isfile(norm):
-            return None
-        name = os.path.basename(norm)
-        if is_content_name(name):
-            size = os.stat(norm).st_size
-            ref = MediaRef("sha256:" + name.split(".", 1)[0], size, os.path.splitext(name)[1])
-        else:
-            ref = MediaRef.from_file(norm)
-        self._place(norm, ref, where)
-        if len(self._by_value) < 1 << 16:
-            self._by_value[value] = ref
-        media.append(ref.filename)
-        return ref
-
-    def _ref_media(self, ref: MediaRef, where: str, media: list[str]) -> MediaRef:
-        source = ref.path
-        if source is None:
-            for root in self._roots:
-                if os.path.exists(root + ref.filename):
-                    source = root + ref.filename
-                    break
-        if source is None:
-            if ref.filename not in self._known_media:
-                raise JournalError(f"{where}: MediaRef {ref.digest} has no path and is in no media root")
-        else:
-            self._place(source, ref, where)
-        media.append(ref.filename)
-        return MediaRef(ref.digest, ref.size, ref.suffix)
-
-    def _image_media(self, image: Any, where: str, media: list[str]) -> MediaRef:
-        assert self._store_image is not None
-        return self._ref_media(self._store_image(image, where), where, media)
-
-    def _place(self, source: str, ref: MediaRef, where: str) -> None:
-        name = ref.filename
-        if name in self._known_media:
-            return
-        target = str(self.media_dir / name)
-        fault_point("journal.link", name)
-        # Durability comes with the next flush (its fsync of new media), not per file here.
-        try:
-            how = place_file(source, target, link="hardlink" if self.link == "hardlink" else self.link)
-        except OSError as e:
-            raise JournalError(f"{where}: cannot link {source} into {self.media_dir}: {e}") from None
-        if how == "copy":
-            self._batch_stats.media_copied += 1
-            self._totals["media_copied"] += 1
-        else:
-            self._batch_stats.media_linked += 1
-            self._totals["media_linked"] += 1
-        self._known_media.add(name)
-        self._new_media.append(target)
-        self._new_dir_entries = True
-
     def _ship(self) -> None:
         """The store's fsync: end the segment with its sync mark, put it with the media its
         records were first to reference as one create-only object, then drop the spool's copies
@@ -788,14 +695,13 @@ class RolloutJournal:
         os.write(self._fd, mark)
         os.close(self._fd)
         self._fd = None
-        media = [Path(p) for p in self._new_media]
+        media = [Path(p) for p in self._media.take_new()]
         self._shipper.ship(path, media)
         with self._cond:
-            self._carried[path] = {p.name for p in media}
+            self._index.shipped(path, {p.name for p in media})
         for p in [path, *media]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)
-        self._new_media.clear()
         self._new_dir_entries = False
 
     def _sync(self) -> None:
@@ -805,12 +711,12 @@ class RolloutJournal:
         if self._shipper is not None:
             self._ship()  # the put is what makes it durable; the spool is never fsynced
         else:
-            for path in self._new_media:
+            new = self._media.take_new()
+            for path in new:
                 _fsync_path(path)  # the linked bytes (run media are not fsynced when stored)
-            if self._new_media or self._new_dir_entries:
+            if new or self._new_dir_entries:
                 _fsync_path(str(self.media_dir), directory=True)
                 _fsync_path(str(self.directory), directory=True)
-            self._new_media.clear()
             self._new_dir_entries = False
             fsync_started = time.monotonic()
             if self._fd is not None:
