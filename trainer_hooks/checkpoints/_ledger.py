@@ -46,10 +46,10 @@ import logging
 import tempfile
 import time
 from argparse import Namespace
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from bundles import (
     BundleFormatError,
@@ -227,6 +227,147 @@ class RecoveredState:
     meta: dict[str, Any] = field(default_factory=dict)
     #: fingerprint fields that differ and were accepted (--resume-accept-changes)
     accepted: list[str] = field(default_factory=list)
+
+
+class _Replay:
+    """The groups a recovery rebuilds: from the checkpoint, then one journal record at a time.
+
+    ``pending``: groups in flight (gid -> prompt and finished siblings); ``completed``: finished
+    groups not yet trained; ``consumed``: gid -> (step, group) handed to training after the
+    checkpoint (they come back when that step's weights are gone)."""
+
+    def __init__(
+        self, pending: dict[int, RecoveredGroup], completed: dict[int, Any], next_gid: int, cls: Any
+    ) -> None:
+        self.pending = pending
+        self.completed = completed
+        self.consumed: dict[int, tuple[int, Any]] = {}
+        self.next_gid = next_gid
+        self.cls = cls
+        self.cursor: Any = None
+        self.state: RecoveredState | None = None
+        self.placer: _Placer | None = None
+        self.media_ok: Any = lambda rec: True
+        self.replayed = self.dropped = 0
+        self._batch: list[JournalRecord] = []  # takes of a batch whose last take is not replayed yet
+
+    @classmethod
+    def from_checkpoint(
+        cls, ckpt: RolloutCheckpoint | None, state: RecoveredState, ledger: RolloutLedger, sample_cls: Any
+    ) -> _Replay:
+        """The checkpoint's groups by id (its fingerprint checked first); empty without one."""
+        if ckpt is None:
+            replay = cls({}, {}, 0, sample_cls)
+            replay.state = state
+            return replay
+        state.meta = ckpt.meta
+        state.accepted += check_fingerprint(
+            ckpt.meta.get("fingerprint"), ledger.fingerprint(), where=str(ckpt.path), args=ledger.args
+        )
+        info = ckpt.meta.get("journal") or {}
+        state.cursor = ckpt.meta.get("data_source_cursor", ckpt.data_source_state)
+        pending_ids = ckpt.meta.get("pending_group_ids") or list(range(len(ckpt.pending_groups)))
+        completed_ids = ckpt.meta.get("completed_group_ids") or [
+            len(pending_ids) + i for i in range(len(ckpt.completed_groups))
+        ]
+        recycled_ids = ckpt.meta.get("recycled_group_ids") or [
+            len(pending_ids) + len(completed_ids) + i for i in range(len(ckpt.recycled_groups))
+        ]
+        for key, ids, groups in (
+            ("pending_group_ids", pending_ids, ckpt.pending_groups),
+            ("completed_group_ids", completed_ids, ckpt.completed_groups),
+            ("recycled_group_ids", recycled_ids, ckpt.recycled_groups),
+        ):
+            if len(ids) != len(groups) or not all(type(i) is int for i in ids):
+                raise BundleFormatError(
+                    f"{ckpt.path}: meta.{key}: expected {len(groups)} group ids (ints), found {ids!r}"
+                )
+        pending = {
+            gid: RecoveredGroup(gid, g) for gid, g in zip(pending_ids, ckpt.pending_groups, strict=True)
+        }
+        # Recycled groups regenerate after the in-flight ones, like them.
+        pending.update(
+            (gid, RecoveredGroup(gid, g)) for gid, g in zip(recycled_ids, ckpt.recycled_groups, strict=True)
+        )
+        completed: dict[int, Any] = dict(zip(completed_ids, ckpt.completed_groups, strict=True))
+        next_gid = int(info.get("next_gid", len(pending_ids) + len(completed_ids) + len(recycled_ids)))
+        replay = cls(pending, completed, next_gid, sample_cls)
+        replay.state = state
+        return replay
+
+    def apply(self, rec: JournalRecord, watermark: int) -> None:
+        """One record, in seq order (the kinds are in :mod:`._journal`'s docstring)."""
+        if rec.seq <= watermark:
+            # Between the previous checkpoint and this one: only the finished siblings of
+            # groups this checkpoint holds in flight (it saved them as prompts).
+            if rec.kind == "sample" and rec.a in self.pending and self.media_ok(rec):
+                self.pending[rec.a].done[int(rec.b)] = rec
+            return
+        self.replayed += 1
+        if rec.kind in ("take", "sample", "group", "recycled", "dropped"):
+            self.next_gid = max(self.next_gid, rec.a + 1)
+        if not self.media_ok(rec):
+            self.dropped += 1
+            if rec.kind != "group":
+                return  # a prompt or sibling whose media are gone: it regenerates
+        handler = self._HANDLERS.get(rec.kind)
+        if handler is not None:
+            handler(self, rec)
+
+    def _take(self, rec: JournalRecord) -> None:
+        # A batch of takes shares the cursor after its last group: applied whole.
+        self._batch.append(rec)
+        if rec.a == (rec.b or {}).get("end", rec.a):
+            for r in self._batch:
+                self.pending[r.a] = RecoveredGroup(r.a, [r])
+            assert self.state is not None
+            self.state.cursor = (rec.b or {}).get("cursor", self.state.cursor)
+            self._batch = []
+
+    def _sample(self, rec: JournalRecord) -> None:
+        if rec.a in self.pending:
+            self.pending[rec.a].done[int(rec.b)] = rec
+
+    def _group(self, rec: JournalRecord) -> None:
+        group = self.pending.pop(rec.a, None)
+        if not self.media_ok(rec):
+            if group is not None:
+                group.done.clear()
+                self.pending[rec.a] = group  # regenerate it whole
+            return
+        assert self.placer is not None
+        if rec.b is not None:
+            self.completed[rec.a] = LazyGroup(rec.a, [(rec, True)], self.placer, self.cls)
+        elif group is not None and group.done and len(group.done) == _size(group):
+            self.completed[rec.a] = LazyGroup(
+                rec.a, [(group.done[i], False) for i in sorted(group.done)], self.placer, self.cls
+            )
+        elif group is not None:
+            self.pending[rec.a] = group
+
+    def _consumed(self, rec: JournalRecord) -> None:
+        for gid in rec.b:
+            if gid in self.completed:
+                self.consumed[gid] = (int(rec.a), self.completed.pop(gid))
+
+    def _recycled(self, rec: JournalRecord) -> None:
+        self.completed.pop(rec.a, None)
+        self.consumed.pop(rec.a, None)
+        self.pending.pop(rec.a, None)  # re-queued behind the groups in flight
+        self.pending[rec.a] = RecoveredGroup(rec.a, [rec])
+
+    def _dropped(self, rec: JournalRecord) -> None:
+        self.pending.pop(rec.a, None)
+        self.completed.pop(rec.a, None)
+
+    _HANDLERS: ClassVar[dict[str, Callable[[_Replay, JournalRecord], None]]] = {
+        "take": _take,
+        "sample": _sample,
+        "group": _group,
+        "consumed": _consumed,
+        "recycled": _recycled,
+        "dropped": _dropped,
+    }
 
 
 class RolloutLedger:
@@ -451,204 +592,149 @@ class RolloutLedger:
     ) -> RecoveredState:
         """Restore from ``--load``: the newest checkpoint at or before ``restored_step`` plus the
         journal after it (see the module docstring). ``exact``: the checkpoint of exactly
-        ``restored_step`` must exist (the behaviour without a journal)."""
+        ``restored_step`` must exist (the behaviour without a journal).
+
+        The steps, each a method: choose and read the checkpoint (:meth:`_read_checkpoint`),
+        rebuild its groups (:meth:`_Replay.from_checkpoint`), find the journal (downloaded from a
+        store into staging, :meth:`_journal_for`), scan it and check what it may replay
+        (:meth:`_journal_records`), apply its records one by one (:meth:`_Replay.apply`), then
+        hand back what training and generation take (:meth:`_finish`)."""
         started = time.perf_counter()
-        args = self.args
-        load = getattr(args, "load", None)
+        load = getattr(self.args, "load", None)
         if load is None:
             raise ValueError("--load is not set: expected a checkpoint directory")
         cls = resolve_sample_cls(sample_cls)
         register_record_types()
-        verify = verify_media if verify_media is not None else getattr(args, "resume_verify_media", True)
-        found = list_rollout_checkpoints(load)
+        verify = verify_media if verify_media is not None else getattr(self.args, "resume_verify_media", True)
         use_journal = self.interval > 0
-        if exact or not use_journal:
-            # Without a journal, the checkpoint asked for must exist (BundleNotFoundError if not).
-            rid: int | None = restored_step if restored_step is not None else max(found, default=0)
-        else:
-            rid = max((r for r in found if restored_step is None or r <= restored_step), default=None)
-        ckpt: RolloutCheckpoint | None = None
-        if rid is not None:
-            ckpt = read_rollout_checkpoint(args, rid, sample_cls=cls, verify_media=verify)
-            if restored_step is not None and rid != restored_step:
-                logger.info(
-                    "%s: the newest rollout checkpoint at or before step %s", ckpt.path, restored_step
-                )
+        ckpt = self._read_checkpoint(load, restored_step, exact or not use_journal, cls, verify)
         state = RecoveredState(ckpt.path if ckpt else None, ckpt.rollout_id if ckpt else None)
-        now_fp = self.fingerprint()
-        info: dict[str, Any] = {}
-        if ckpt is not None:
-            state.meta = ckpt.meta
-            state.accepted += check_fingerprint(
-                ckpt.meta.get("fingerprint"), now_fp, where=str(ckpt.path), args=args
-            )
-            info = ckpt.meta.get("journal") or {}
-            state.cursor = ckpt.meta.get("data_source_cursor", ckpt.data_source_state)
-            pending_ids = ckpt.meta.get("pending_group_ids") or list(range(len(ckpt.pending_groups)))
-            completed_ids = ckpt.meta.get("completed_group_ids") or [
-                len(pending_ids) + i for i in range(len(ckpt.completed_groups))
-            ]
-            recycled_ids = ckpt.meta.get("recycled_group_ids") or [
-                len(pending_ids) + len(completed_ids) + i for i in range(len(ckpt.recycled_groups))
-            ]
-            for key, ids, groups in (
-                ("pending_group_ids", pending_ids, ckpt.pending_groups),
-                ("completed_group_ids", completed_ids, ckpt.completed_groups),
-                ("recycled_group_ids", recycled_ids, ckpt.recycled_groups),
-            ):
-                if len(ids) != len(groups) or not all(type(i) is int for i in ids):
-                    raise BundleFormatError(
-                        f"{ckpt.path}: meta.{key}: expected {len(groups)} group ids (ints), found {ids!r}"
-                    )
-            pending = {
-                gid: RecoveredGroup(gid, g) for gid, g in zip(pending_ids, ckpt.pending_groups, strict=True)
-            }
-            # Recycled groups regenerate after the in-flight ones, like them.
-            pending.update(
-                (gid, RecoveredGroup(gid, g))
-                for gid, g in zip(recycled_ids, ckpt.recycled_groups, strict=True)
-            )
-            completed: dict[int, Any] = dict(zip(completed_ids, ckpt.completed_groups, strict=True))
-            next_gid = int(info.get("next_gid", len(pending_ids) + len(completed_ids) + len(recycled_ids)))
-        else:
-            pending, completed, next_gid = {}, {}, 0
+        replay = _Replay.from_checkpoint(ckpt, state, self, cls)
+        info = (ckpt.meta.get("journal") or {}) if ckpt is not None else {}
         lineage = info.get("lineage")
         watermark = int(info.get("watermark", 0))
         earlier = int(info.get("compacted_upto", watermark))
-        consumed: dict[int, tuple[int, Any]] = {}
-        replayed = dropped = 0
-        batch: list[JournalRecord] = []  # takes of a batch whose last take is not replayed yet
-        prefix = journal_prefix(load) if use_journal else None
-        if prefix is not None:
-            # On a store: the shipments, checked, unpacked into a local journal directory that
-            # the scan below reads as it reads a local one.
-            jdir = self._scratch_dir("journal-recovery")
-            shipments = download_journal(JournalShipper(prefix), jdir)
-            logger.info(
-                "rollout journal: %d shipment(s), %d bytes, read from %s",
-                len(shipments),
-                sum(s.size for s in shipments),
-                prefix,
-            )
-        else:
-            jdir = journal_dir(load)
-        placer = _Placer(args, jdir / MEDIA_DIR, verify)
+        jdir = self._journal_for(load) if use_journal else journal_dir(load)
+        replay.placer = _Placer(self.args, jdir / MEDIA_DIR, verify)
         if use_journal and (ckpt is None or lineage is not None):
             if ckpt is None:
                 lineage = self._only_lineage(jdir, state)
             if lineage is not None:
-                scan = scan_journal(jdir, lineage=lineage, after_seq=min(earlier, watermark))
-                fault_point("resume.scanned", len(scan.records))
-                if scan.torn_seq is not None and ckpt is not None and scan.torn_seq <= watermark:
-                    # The checkpoint's save made the journal durable up to its watermark first:
-                    # a crash cannot have torn a record it covers.
-                    raise JournalCorruptError(
-                        f"{jdir}: the journal's last segment is damaged from record {scan.torn_seq} on, but "
-                        f"checkpoint {ckpt.path} covers up to record {watermark}, made durable before it was "
-                        f"saved: corruption, not a torn write ({_torn_line(scan.problems)}); refusing to resume from "
-                        "this journal (nothing is guessed)"
-                    )
-                state.problems += scan.problems
-                if ckpt is None and scan.fingerprint is not None:
-                    state.accepted += check_fingerprint(scan.fingerprint, now_fp, where=str(jdir), args=args)
-                records = scan.records
-                after = next((r.seq for r in records if r.seq > watermark), None)
-                if after is not None and after != watermark + 1:
-                    state.problems.append(
-                        f"{jdir}: the journal resumes at record {after}, the checkpoint covers up to "
-                        f"{watermark}: the records in between are gone, so the journal is not replayed"
-                    )
-                    records = [r for r in records if r.seq <= watermark]
-                media_ok = self._media_check(jdir, records, state)
+                records, last = self._journal_records(jdir, lineage, ckpt, watermark, earlier, state)
+                replay.media_ok = self._media_check(jdir, records, state)
                 for rec in records:
-                    if rec.seq <= watermark:
-                        # Between the previous checkpoint and this one: only the finished siblings
-                        # of groups this checkpoint holds in flight (it saved them as prompts).
-                        if rec.kind == "sample" and rec.a in pending and media_ok(rec):
-                            pending[rec.a].done[int(rec.b)] = rec
-                        continue
-                    replayed += 1
-                    next_gid = max(
-                        next_gid,
-                        (rec.a + 1) if rec.kind in ("take", "sample", "group", "recycled", "dropped") else 0,
-                    )
-                    if not media_ok(rec):
-                        dropped += 1
-                        if rec.kind in ("take", "recycled"):
-                            continue  # its prompt's media are gone: nothing to regenerate from
-                        if rec.kind != "group":
-                            continue
-                    if rec.kind == "take":
-                        # A batch of takes shares the cursor after its last group: applied whole.
-                        batch.append(rec)
-                        if rec.a == (rec.b or {}).get("end", rec.a):
-                            for r in batch:
-                                pending[r.a] = RecoveredGroup(r.a, [r])
-                            state.cursor = (rec.b or {}).get("cursor", state.cursor)
-                            batch = []
-                    elif rec.kind == "sample":
-                        if rec.a in pending:
-                            pending[rec.a].done[int(rec.b)] = rec
-                    elif rec.kind == "group":
-                        group = pending.pop(rec.a, None)
-                        if not media_ok(rec):
-                            if group is not None:
-                                group.done.clear()
-                                pending[rec.a] = group  # regenerate it whole
-                            continue
-                        if rec.b is not None:
-                            completed[rec.a] = LazyGroup(rec.a, [(rec, True)], placer, cls)
-                        elif group is not None and group.done and len(group.done) == _size(group):
-                            completed[rec.a] = LazyGroup(
-                                rec.a, [(group.done[i], False) for i in sorted(group.done)], placer, cls
-                            )
-                        elif group is not None:
-                            pending[rec.a] = group
-                    elif rec.kind == "consumed":
-                        for gid in rec.b:
-                            if gid in completed:
-                                consumed[gid] = (int(rec.a), completed.pop(gid))
-                    elif rec.kind == "recycled":
-                        completed.pop(rec.a, None)
-                        consumed.pop(rec.a, None)
-                        pending.pop(rec.a, None)  # re-queued behind the groups in flight
-                        pending[rec.a] = RecoveredGroup(rec.a, [rec])
-                    elif rec.kind == "dropped":
-                        pending.pop(rec.a, None)
-                        completed.pop(rec.a, None)
-                last = scan.records[-1].seq if scan.records else 0
+                    replay.apply(rec, watermark)
                 self._first_seq = max(self._first_seq, last + 1, watermark + 1)
             self.lineage = lineage or self.lineage
         elif ckpt is not None:
             self._first_seq = watermark + 1
             if lineage is not None:
                 self.lineage = lineage
-        if ckpt is None and not replayed:
+        if ckpt is None and not replay.replayed:
             raise BundleNotFoundError(
                 f"{checkpoint_path(load, max(restored_step or 0, 0))}: no rollout checkpoint at or before step "
                 f"{restored_step} and no journal records in {jdir} to resume from"
             )
         self._compacted_upto = earlier if ckpt is not None else 0
-        self._next_gid = max(self._next_gid, next_gid)
-        # Consumed after the restored step: trained into weights that are gone; back first.
+        self._next_gid = max(self._next_gid, replay.next_gid)
+        return self._finish(state, replay, restored_step, cls, started)
+
+    def _read_checkpoint(
+        self, load: Any, restored_step: int | None, exact: bool, cls: Any, verify: bool
+    ) -> RolloutCheckpoint | None:
+        """The checkpoint to resume from: exactly ``restored_step``'s (without a journal it must
+        exist: :class:`BundleNotFoundError`), else the newest at or before it (None: none)."""
+        found = list_rollout_checkpoints(load)
+        if exact:
+            rid: int | None = restored_step if restored_step is not None else max(found, default=0)
+        else:
+            rid = max((r for r in found if restored_step is None or r <= restored_step), default=None)
+        if rid is None:
+            return None
+        ckpt = read_rollout_checkpoint(self.args, rid, sample_cls=cls, verify_media=verify)
+        if restored_step is not None and rid != restored_step:
+            logger.info("%s: the newest rollout checkpoint at or before step %s", ckpt.path, restored_step)
+        return ckpt
+
+    def _journal_for(self, load: Any) -> Path:
+        """The journal directory to scan: ``<load>/rollout/journal``, or, with ``--load`` on a store,
+        its shipments checked and unpacked into a local staging directory (:mod:`._journal_store`)."""
+        prefix = journal_prefix(load)
+        if prefix is None:
+            return journal_dir(load)
+        jdir = self._scratch_dir("journal-recovery")
+        shipments = download_journal(JournalShipper(prefix), jdir)
+        logger.info(
+            "rollout journal: %d shipment(s), %d bytes, read from %s",
+            len(shipments),
+            sum(s.size for s in shipments),
+            prefix,
+        )
+        return jdir
+
+    def _journal_records(
+        self,
+        jdir: Path,
+        lineage: str,
+        ckpt: RolloutCheckpoint | None,
+        watermark: int,
+        earlier: int,
+        state: RecoveredState,
+    ) -> tuple[list[JournalRecord], int]:
+        """The lineage's complete records from the previous watermark on, and its last seq;
+        refused when a torn tail lies where the checkpoint proves the journal was durable, cut
+        at a gap after the watermark (one problem line)."""
+        scan = scan_journal(jdir, lineage=lineage, after_seq=min(earlier, watermark))
+        fault_point("resume.scanned", len(scan.records))
+        if scan.torn_seq is not None and ckpt is not None and scan.torn_seq <= watermark:
+            # The checkpoint's save made the journal durable up to its watermark first:
+            # a crash cannot have torn a record it covers.
+            raise JournalCorruptError(
+                f"{jdir}: the journal's last segment is damaged from record {scan.torn_seq} on, but "
+                f"checkpoint {ckpt.path} covers up to record {watermark}, made durable before it was "
+                f"saved: corruption, not a torn write ({_torn_line(scan.problems)}); refusing to resume from "
+                "this journal (nothing is guessed)"
+            )
+        state.problems += scan.problems
+        if ckpt is None and scan.fingerprint is not None:
+            state.accepted += check_fingerprint(
+                scan.fingerprint, self.fingerprint(), where=str(jdir), args=self.args
+            )
+        records = scan.records
+        after = next((r.seq for r in records if r.seq > watermark), None)
+        if after is not None and after != watermark + 1:
+            state.problems.append(
+                f"{jdir}: the journal resumes at record {after}, the checkpoint covers up to "
+                f"{watermark}: the records in between are gone, so the journal is not replayed"
+            )
+            records = [r for r in records if r.seq <= watermark]
+        return records, (scan.records[-1].seq if scan.records else 0)
+
+    def _finish(
+        self, state: RecoveredState, replay: _Replay, restored_step: int | None, cls: Any, started: float
+    ) -> RecoveredState:
+        """Groups consumed after the restored step back first (trained into weights that are
+        gone), then the completed ones; in-flight groups with their finished siblings decoded."""
         back = [
             (gid, g)
-            for gid, (step, g) in consumed.items()
+            for gid, (step, g) in replay.consumed.items()
             if restored_step is not None and step > restored_step
         ]
-        state.completed = back + list(completed.items())
-        for group in pending.values():
+        state.completed = back + list(replay.completed.items())
+        placer = replay.placer
+        assert placer is not None
+        for group in replay.pending.values():
             group.prompt = self._prompt(group.prompt, placer, cls)
             group.done = {
                 i: _build(_decode(r, placer), cls, r.segment) if isinstance(r, JournalRecord) else r
                 for i, r in group.done.items()
             }
-        state.pending = list(pending.values())
+        state.pending = list(replay.pending.values())
         for line in state.problems:
             logger.warning("%s", line)
         state.stats = {
-            "records_replayed": replayed,
-            "records_dropped": dropped,
+            "records_replayed": replay.replayed,
+            "records_dropped": replay.dropped,
             "groups_in_flight": len(state.pending),
             "siblings_kept": sum(len(g.done) for g in state.pending),
             "groups_completed": len(state.completed),
@@ -659,13 +745,13 @@ class RolloutLedger:
             "resumed from %s and %d journal record(s): %d group(s) in flight (%d finished sibling(s) kept), "
             "%d completed (%d consumed after step %s came back), %d record(s) dropped, %.3f s",
             state.checkpoint or "no checkpoint",
-            replayed,
+            replay.replayed,
             len(state.pending),
             state.stats["siblings_kept"],
             len(state.completed),
             len(back),
             restored_step,
-            dropped,
+            replay.dropped,
             state.stats["load_s"],
         )
         return state
