@@ -62,6 +62,7 @@ from trainer_hooks.checkpoints._journal_format import (
     journal_dir,
 )
 from trainer_hooks.checkpoints._journal_scan import JournalRecord, JournalScan, record_body, scan_journal
+from trainer_hooks.checkpoints._journal_store import JournalShipper, journal_prefix
 from trainer_hooks.checkpoints._ledger import (
     DEFAULT_JOURNAL_INTERVAL,
     LazyGroup,
@@ -111,6 +112,7 @@ __all__ = [
     "JournalError",
     "JournalRecord",
     "JournalScan",
+    "JournalShipper",
     "LazyGroup",
     "ListDataSource",
     "RecoveredGroup",
@@ -128,6 +130,7 @@ __all__ = [
     "check_fingerprint",
     "checkpoint_path",
     "journal_dir",
+    "journal_prefix",
     "list_rollout_checkpoints",
     "load_rollout_checkpoint",
     "materialize",

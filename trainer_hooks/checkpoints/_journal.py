@@ -76,6 +76,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import threading
 import time
 import uuid
@@ -245,6 +246,15 @@ class RolloutJournal:
         self.last_flush = FlushStats()
         self._adopted = False  # the segments already on disk are indexed at the first compaction
         self._thread = threading.Thread(target=self._run, name="rollout-journal", daemon=True)
+        # On a store, shipments are put by a thread of their own, in order, so that the writer
+        # encodes the next interval while the last one uploads; at most two wait (backpressure).
+        self._shipping: queue.Queue[Any] | None = None
+        if shipper is not None:
+            self._shipping = queue.Queue(maxsize=2)
+            self._ship_thread = threading.Thread(
+                target=self._ship_loop, name="rollout-journal-ship", daemon=True
+            )
+            self._ship_thread.start()
         self._thread.start()
 
     # -- caller side (the rollout event loop): snapshot and queue, nothing else ------------------
@@ -466,6 +476,9 @@ class RolloutJournal:
                 self._closing = True
             self._wake.set()
             self._thread.join()
+            if self._shipping is not None:
+                self._shipping.put(None)
+                self._ship_thread.join()
         self._raise_error()
 
     def _raise_error(self) -> None:
@@ -683,11 +696,11 @@ class RolloutJournal:
             (snap,) = snapshot_groups([[sample]], where=where, deferred=checks)
             return self._encode(snap[0], where, number_lists=_run_checks(checks))
 
-    def _ship(self) -> None:
-        """The store's fsync: end the segment with its sync mark, put it with the media its
-        records were first to reference as one create-only object, then drop the spool's copies
-        (the next record starts a new segment)."""
-        assert self._shipper is not None
+    def _hand_off(self, started: float) -> None:
+        """The store's fsync, on the writer's thread: end the segment with its sync mark and queue
+        it, with the media its records were first to reference, for the shipping thread (the
+        next record starts a new segment). The records are durable once that thread has put it."""
+        assert self._shipping is not None
         if self._fd is None or self._segment is None:
             return
         path = self._segment
@@ -696,31 +709,65 @@ class RolloutJournal:
         os.close(self._fd)
         self._fd = None
         media = [Path(p) for p in self._media.take_new()]
-        self._shipper.ship(path, media)
         with self._cond:
             self._index.shipped(path, {p.name for p in media})
-        for p in [path, *media]:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(p)
+        stats = self._batch_stats
+        stats.oldest_unflushed_age_s = (
+            0.0 if self._unsynced_since is None else time.time() - self._unsynced_since
+        )
+        self._batch_stats = FlushStats()
+        self._unsynced_since = None
         self._new_dir_entries = False
+        self._shipping.put((path, media, self._written_seq, stats, started))
+
+    def _ship_loop(self) -> None:
+        """The shipping thread: put each queued segment, in order; then its records are durable."""
+        assert self._shipping is not None and self._shipper is not None
+        while True:
+            job = self._shipping.get()
+            if job is None:
+                return
+            path, media, durable, stats, started = job
+            try:
+                put_started = time.monotonic()
+                self._shipper.ship(path, media)
+                for p in [path, *media]:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(p)
+            except BaseException as e:  # surfaced by flush()/close(), as the writer's own failure
+                logger.error(
+                    "%s: the rollout journal's shipment failed: %s: %s", self.where, type(e).__name__, e
+                )
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
+                while self._shipping.get() is not None:  # nothing after a lost shipment is put
+                    pass
+                return
+            done = time.monotonic()
+            stats.fsync_s, stats.total_s = done - put_started, done - started
+            with self._cond:
+                self._durable_seq = max(self._durable_seq, durable)
+                self._totals["flushes"] += 1
+                self.last_flush = stats
+                self._cond.notify_all()
 
     def _sync(self) -> None:
         started = time.monotonic()
         fault_point("journal.fsync", self._written_seq)
-        fsync_started = started
-        if self._shipper is not None:
-            self._ship()  # the put is what makes it durable; the spool is never fsynced
-        else:
-            new = self._media.take_new()
-            for path in new:
-                _fsync_path(path)  # the linked bytes (run media are not fsynced when stored)
-            if new or self._new_dir_entries:
-                _fsync_path(str(self.media_dir), directory=True)
-                _fsync_path(str(self.directory), directory=True)
-            self._new_dir_entries = False
-            fsync_started = time.monotonic()
-            if self._fd is not None:
-                os.fdatasync(self._fd)
+        if self._shipping is not None:
+            self._hand_off(started)  # the put is what makes it durable; the spool is never fsynced
+            return
+        new = self._media.take_new()
+        for path in new:
+            _fsync_path(path)  # the linked bytes (run media are not fsynced when stored)
+        if new or self._new_dir_entries:
+            _fsync_path(str(self.media_dir), directory=True)
+            _fsync_path(str(self.directory), directory=True)
+        self._new_dir_entries = False
+        fsync_started = time.monotonic()
+        if self._fd is not None:
+            os.fdatasync(self._fd)
         done = time.monotonic()
         fault_point("journal.synced", self._written_seq)
         stats = self._batch_stats
