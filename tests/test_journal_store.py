@@ -174,32 +174,34 @@ def _shipment(objects: dict[str, bytes]) -> tuple[str, bytes]:
 
 
 def _forge(data: bytes, how: str) -> bytes:
+    """The shipment ``data`` damaged or forged one way (its layout: segment | media | header |
+    u32 header_len | u32 crc | magic)."""
     magic = b"RBJSHIP1\n"
-    hlen = struct.unpack_from("<I", data, len(magic))[0]
-    start = len(magic) + 8
+    hlen = struct.unpack_from("<I", data, len(data) - len(magic) - 8)[0]
+    start = len(data) - len(magic) - 8 - hlen
     header = msgpack.unpackb(data[start : start + hlen])
+    body = data[:start]
     if how == "magic":
-        return b"RBJSHIP9\n" + data[len(magic) :]
+        return data[: -len(magic)] + b"RBJSHIP9\n"
     if how == "header-checksum":
         return data[: start + 1] + bytes([data[start + 1] ^ 1]) + data[start + 2 :]
-    tail = data[start + hlen :]
     if how == "forged-media":
         # The header is re-made with a valid checksum: only the digest check can catch it.
         assert header["media"], "the first shipment carries media"
-        tail = tail[:-1] + bytes([tail[-1] ^ 0xFF])
+        body = body[:-1] + bytes([body[-1] ^ 0xFF])
     elif how == "sizes":
         header["segment"] += 7
     elif how == "name":
         header["media"][0][0] = "../../etc/passwd"
     raw = msgpack.packb(header)
     length = struct.pack("<I", len(raw))
-    return magic + length + struct.pack("<I", zlib.crc32(raw, zlib.crc32(length))) + raw + tail
+    return body + raw + length + struct.pack("<I", zlib.crc32(length, zlib.crc32(raw))) + magic
 
 
 @pytest.mark.parametrize(
     ("how", "message"),
     [
-        ("magic", "expected a journal shipment"),
+        ("magic", "expected a journal shipment \\(ending in"),
         ("header-checksum", "shipment header checksum mismatch"),
         ("forged-media", "media [0-9a-f]{64}.png: expected content of digest .* nothing is placed"),
         ("sizes", "the header lists .* segment bytes"),

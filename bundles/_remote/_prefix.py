@@ -29,6 +29,8 @@ from bundles._store import Store, StoreURL, get_store, store_error
 __all__ = ["StorePrefix"]
 
 _NAME_RE = re.compile(r"[^/\x00]+")
+# A download reads ranges of this size, all at once (obstore coalesces and parallelises them).
+RANGE_BYTES = 8 << 20
 
 
 class StorePrefix:
@@ -116,6 +118,43 @@ class StorePrefix:
         if len(data) > max_bytes:  # replaced by a larger object between the two requests
             raise BundleError(f"{url}: expected at most {max_bytes} bytes, found {len(data)}")
         return data
+
+    def download(self, name: str, path: str | os.PathLike[str], *, max_bytes: int) -> int:
+        """Write object ``name`` into the new file ``path`` (created exclusively, never through a
+        symlink) and return its size; bounded like :meth:`get`. A large object is read in
+        :data:`RANGE_BYTES` ranges, many at once, and written where each belongs: no copy of it
+        is held in memory."""
+        key = self._key(name)
+        url = self.url.child(name)
+        try:
+            head = self.store.head(key)
+            if head is None:
+                raise BundleNotFoundError(f"{url}: not found")
+            size = int(head.get("size", 0))
+            if size > max_bytes:
+                raise BundleError(f"{url}: expected at most {max_bytes} bytes, found an object of {size}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            try:
+                starts = list(range(0, size, RANGE_BYTES))
+                ends = [min(start + RANGE_BYTES, size) for start in starts]
+                chunks = self.store.get_ranges_buffers(key, starts, ends) if starts else []
+                for start, end, chunk in zip(starts, ends, chunks, strict=True):
+                    view = memoryview(chunk)
+                    if view.nbytes != end - start:  # replaced by another object meanwhile
+                        raise BundleError(f"{url}: the object changed while it was read")
+                    at = start
+                    while view:
+                        n = os.pwrite(fd, view, at)
+                        view, at = view[n:], at + n
+            finally:
+                os.close(fd)
+        except BundleError:
+            raise
+        except OSError as e:
+            raise BundleError(f"{url}: cannot download into {path}: {e.strerror or e}") from None
+        except Exception as e:
+            raise store_error(url, "read the object", e) from e
+        return size
 
     def names(self) -> dict[str, int]:
         """Every object right under the prefix (not below), name -> size; names that are not one

@@ -168,12 +168,14 @@ def shipment_name(segment: str) -> str:
     return segment[: -len(SEGMENT_SUFFIX)] + SHIPMENT_SUFFIX
 
 
-def shipment_header(segment_len: int, media: list[tuple[str, int]]) -> bytes:
-    """A shipment's first bytes: magic, header length, its checksum, the msgpack header
-    ``{"segment": <bytes>, "media": [[name, size], ...]}``; the segment and the media follow."""
+def shipment_trailer(segment_len: int, media: list[tuple[str, int]]) -> bytes:
+    """A shipment's last bytes, after its segment and media: the msgpack header
+    ``{"segment": <bytes>, "media": [[name, size], ...]}``, its length, the checksum of both, and
+    the magic. At the end, so that the segment is the object's first bytes: a recovery downloads
+    the object into a file and cuts it down to its segment, never copying the segment."""
     header = msgpack.packb({"segment": segment_len, "media": [[n, s] for n, s in media]})
     length = U32.pack(len(header))
-    return SHIPMENT_MAGIC + length + U32.pack(zlib.crc32(header, zlib.crc32(length))) + header
+    return header + length + U32.pack(zlib.crc32(length, zlib.crc32(header))) + SHIPMENT_MAGIC
 
 
 def segment_header(header: bytes) -> bytes:

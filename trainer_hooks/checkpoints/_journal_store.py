@@ -12,11 +12,13 @@ survive the run's teardown). Where a local journal fsyncs, a store journal *ship
 segment (ending it with a sync mark), and puts one object holding the segment and every media
 file its records were the first to reference::
 
-    "RBJSHIP1\\n" | u32 header_len | u32 crc32(header_len + header) | header | segment | media...
+    segment | media... | header | u32 header_len | u32 crc32(header + header_len) | "RBJSHIP1\\n"
 
 ``header`` is msgpack ``{"segment": <segment bytes>, "media": [[name, size], ...]}``; the segment
-is a version 2 segment, byte for byte what a local journal writes, so recovery downloads the
-shipments into a staging directory and runs the local scan unchanged. The put is create-only
+is a version 2 segment, byte for byte what a local journal writes, and comes first, so that
+recovery downloads each shipment into a file (ranges in parallel, never held in memory), checks
+the trailer and the media, places the media and cuts the file down to its segment: the local
+scan then reads the staging directory unchanged. The put is create-only
 (``If-None-Match: *``): an object is whole or absent, never torn, and a second writer of the same
 lineage (a zombie of the crashed trainer) is refused, not merged. Shipments are put one after
 the other, so what is on the store is always a prefix of the records, as on a disk; a crash
@@ -42,6 +44,7 @@ put; ``ROLLOUT_BUNDLE_SINGLE_WRITER=1`` is the opt-in for one that does not).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import os
 import threading
@@ -70,8 +73,8 @@ from trainer_hooks.checkpoints._journal_format import (
     is_content_name,
     is_media_name,
     parse_segment_name,
-    shipment_header,
     shipment_name,
+    shipment_trailer,
 )
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
 
@@ -118,13 +121,8 @@ class JournalShipper:
         name = shipment_name(segment.name)
         blobs = [p.read_bytes() for p in media]
         body = segment.read_bytes()
-        data = b"".join(
-            [
-                shipment_header(len(body), [(p.name, len(b)) for p, b in zip(media, blobs, strict=True)]),
-                body,
-                *blobs,
-            ]
-        )
+        trailer = shipment_trailer(len(body), [(p.name, len(b)) for p, b in zip(media, blobs, strict=True)])
+        data = b"".join([body, *blobs, trailer])
         fault_point("journal.ship", name)
         if not self.prefix.put_create(name, data) and not self._ours(name, data):
             raise JournalError(
@@ -158,8 +156,17 @@ class JournalShipper:
     def fetch(self, name: str, into: Path) -> Shipment:
         """Download shipment ``name`` and unpack it into directory ``into`` (its segment there,
         its media in ``into/media``), every part checked first (module docstring)."""
-        data = self.prefix.get(name, max_bytes=MAX_SHIPMENT_BYTES)
-        return unpack_shipment(data, name, into, where=f"{self.prefix}/{name}")
+        if _parse_name(name) is None:
+            raise JournalCorruptError(
+                f"{self.prefix}/{name}: not a journal shipment name: expected segment-<seq>-<lineage>-<attempt>.rjs"
+            )
+        part = into / f".{name}.download"
+        self.prefix.download(name, part, max_bytes=MAX_SHIPMENT_BYTES)
+        try:
+            return unpack_shipment(part, name, into, where=f"{self.prefix}/{name}")
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(part)
 
 
 def _parse_name(name: str) -> tuple[int, str, int] | None:
@@ -168,65 +175,69 @@ def _parse_name(name: str) -> tuple[int, str, int] | None:
     return parse_segment_name(name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
 
 
-def unpack_shipment(data: bytes, name: str, into: Path, *, where: str) -> Shipment:
-    """Check shipment ``data`` (object ``name``) and write its segment and media under ``into``."""
-    if _parse_name(name) is None:
-        raise JournalCorruptError(
-            f"{where}: not a journal shipment name: expected segment-<seq>-<lineage>-<attempt>.rjs"
-        )
-    view = memoryview(data)
-    head = len(SHIPMENT_MAGIC) + 2 * U32.size
-    if len(data) < head or bytes(view[: len(SHIPMENT_MAGIC)]) != SHIPMENT_MAGIC:
-        raise JournalCorruptError(
-            f"{where}: expected a journal shipment (magic {SHIPMENT_MAGIC!r}), found {bytes(view[:16])!r}"
-        )
-    (hlen,) = U32.unpack_from(data, len(SHIPMENT_MAGIC))
-    (crc,) = U32.unpack_from(data, len(SHIPMENT_MAGIC) + U32.size)
-    if hlen > MAX_META_BYTES or head + hlen > len(data):
-        raise JournalCorruptError(
-            f"{where}: shipment header of {hlen} bytes does not fit the object of {len(data)}"
-        )
-    raw = view[head : head + hlen]
-    length = data[len(SHIPMENT_MAGIC) : len(SHIPMENT_MAGIC) + U32.size]
-    if zlib.crc32(raw, zlib.crc32(length)) != crc:
-        raise JournalCorruptError(f"{where}: shipment header checksum mismatch: the object was damaged")
-    try:
-        header = msgpack.unpackb(raw, strict_map_key=True)  # bounded: hlen <= MAX_META_BYTES
-    except Exception as e:
-        raise JournalCorruptError(f"{where}: shipment header is not msgpack: {e}") from None
-    seg_len, media = _check_header(header, where)
-    pos = head + hlen
-    if pos + seg_len + sum(size for _, size in media) != len(data):
-        raise JournalCorruptError(
-            f"{where}: the header lists {seg_len} segment bytes and {sum(s for _, s in media)} media bytes "
-            f"after byte {pos}, the object has {len(data) - pos}"
-        )
-    segment = into / (name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
-    chunks = []
-    at = pos + seg_len
-    for media_name, size in media:
-        blob = view[at : at + size]
-        at += size
-        digest = hashlib.sha256(blob).hexdigest()
-        if digest != media_name.split(".", 1)[0]:
+def unpack_shipment(part: Path, name: str, into: Path, *, where: str) -> Shipment:
+    """Check the downloaded shipment ``part`` (object ``name``) and unpack it: its media into
+    ``into/media``, then the file itself, cut down to its segment, renamed into ``into``."""
+    tail = len(SHIPMENT_MAGIC) + 2 * U32.size
+    with open(part, "r+b") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - tail))
+        end = f.read(tail)
+        if len(end) < tail or end[-len(SHIPMENT_MAGIC) :] != SHIPMENT_MAGIC:
             raise JournalCorruptError(
-                f"{where}: media {media_name}: expected content of digest {media_name.split('.', 1)[0]}, "
-                f"found {digest}: the object was damaged or forged; nothing is placed"
+                f"{where}: expected a journal shipment (ending in {SHIPMENT_MAGIC!r}), found {end[-16:]!r}"
             )
-        chunks.append((media_name, blob))
-    _write_new(segment, view[pos : pos + seg_len], where)
-    media_dir = into / MEDIA_DIR
-    media_dir.mkdir(exist_ok=True)
-    for media_name, blob in chunks:
-        target = media_dir / media_name
-        if os.path.lexists(target):
-            continue  # shipped twice (again after a resume): the same bytes, checked above
-        # Unpacked beside its name, then renamed: two shipments carrying one screenshot may be
-        # unpacked at once, and both hold the same (checked) bytes.
-        tmp = media_dir / f".{media_name}.{os.getpid()}.{threading.get_ident()}"
-        _write_new(tmp, blob, where)
-        os.replace(tmp, target)
-    return Shipment(name, segment, [n for n, _ in media], len(data))
+        length = end[: U32.size]
+        (hlen,) = U32.unpack(length)
+        (crc,) = U32.unpack(end[U32.size : 2 * U32.size])
+        if hlen > MAX_META_BYTES or hlen + tail > size:
+            raise JournalCorruptError(
+                f"{where}: shipment header of {hlen} bytes does not fit the object of {size}"
+            )
+        f.seek(size - tail - hlen)
+        raw = f.read(hlen)
+        if zlib.crc32(length, zlib.crc32(raw)) != crc:
+            raise JournalCorruptError(f"{where}: shipment header checksum mismatch: the object was damaged")
+        try:
+            header = msgpack.unpackb(raw, strict_map_key=True)  # bounded: hlen <= MAX_META_BYTES
+        except Exception as e:
+            raise JournalCorruptError(f"{where}: shipment header is not msgpack: {e}") from None
+        seg_len, media = _check_header(header, where)
+        carried = sum(n for _, n in media)
+        if seg_len + carried + hlen + tail != size:
+            raise JournalCorruptError(
+                f"{where}: the header lists {seg_len} segment bytes and {carried} media bytes, "
+                f"the object holds {size - hlen - tail} before its header"
+            )
+        # Every media file is checked against its name before any is placed.
+        blobs = []
+        f.seek(seg_len)
+        for media_name, n in media:
+            blob = f.read(n)
+            digest = hashlib.sha256(blob).hexdigest()
+            if digest != media_name.split(".", 1)[0]:
+                raise JournalCorruptError(
+                    f"{where}: media {media_name}: expected content of digest {media_name.split('.', 1)[0]}, "
+                    f"found {digest}: the object was damaged or forged; nothing is placed"
+                )
+            blobs.append((media_name, blob))
+        media_dir = into / MEDIA_DIR
+        media_dir.mkdir(exist_ok=True)
+        for media_name, blob in blobs:
+            target = media_dir / media_name
+            if os.path.lexists(target):
+                continue  # shipped twice (again after a resume): the same bytes, checked above
+            # Unpacked beside its name, then renamed: two shipments carrying one screenshot may
+            # be unpacked at once, and both hold the same (checked) bytes.
+            tmp = media_dir / f".{media_name}.{os.getpid()}.{threading.get_ident()}"
+            _write_new(tmp, blob, where)
+            os.replace(tmp, target)
+        f.truncate(seg_len)  # what is left is the segment, byte for byte
+    segment = into / (name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
+    if os.path.lexists(segment):
+        raise JournalCorruptError(f"{where}: {segment.name} is carried twice")
+    os.rename(part, segment)
+    return Shipment(name, segment, [n for n, _ in media], size)
 
 
 def _check_header(header: Any, where: str) -> tuple[int, list[tuple[str, int]]]:
