@@ -6,7 +6,9 @@ The bundles command knows bundles only; this module (listed in ``trainer_hooks.c
 * ``rollout-bundle inspect <save>/rollout/journal`` (or ``<save>``, or ``<save>/rollout``: paths
   that hold a journal but are not bundles) shows the journal's state;
 * ``rollout-bundle inspect <save>/rollout/fully_async_N`` shows the bundle as before, then the
-  journal beside it (with ``--json``: one object, the journal under ``"journal"``).
+  journal beside it (with ``--json``: one object, the journal under ``"journal"``);
+* the same with ``<save>`` an object-store URL: the journal's shipments are downloaded and
+  checked into a temporary directory first, as a resume would (so this reads the whole journal).
 
 The state, per run lineage: segments, complete records by kind, bytes, the seq range, the last
 fsync (from the journal's ``sync`` marks), the records appended after it and the age of the oldest
@@ -20,14 +22,16 @@ import contextlib
 import io
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bundles import is_bundle
+from bundles import StorePrefix, is_bundle
 from bundles.support import human_bytes
 from trainer_hooks.checkpoints._journal_format import JOURNAL_DIR, MEDIA_DIR
 from trainer_hooks.checkpoints._journal_scan import scan_journal
+from trainer_hooks.checkpoints._journal_store import JournalShipper, download_journal
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
 
 __all__ = ["journal_state", "register"]
@@ -98,14 +102,39 @@ def _print_state(state: dict[str, Any]) -> None:
             print(f"problem       {p}")
 
 
+def _store_journal_state(text: str) -> dict[str, Any] | None:
+    """The state of the journal at or beside store URL ``text`` (its shipments downloaded and
+    checked into a temporary directory, then read as a local journal), or None without one."""
+    root = StorePrefix.at(text)
+    if root is None:
+        return None
+    url = root.url
+    candidates = [url, url.child(JOURNAL_DIR), url.child(f"{CHECKPOINT_SUBDIR}/{JOURNAL_DIR}")]
+    if url.key and "/" in url.key:
+        candidates.append(url.parent.child(JOURNAL_DIR))
+    for candidate in candidates:
+        if candidate.name != JOURNAL_DIR:
+            continue
+        shipper = JournalShipper(StorePrefix(candidate))
+        if not shipper.shipments():
+            continue
+        with tempfile.TemporaryDirectory(prefix="rollout-journal-inspect-") as tmp:
+            download_journal(shipper, Path(tmp))
+            state = journal_state(tmp)
+        state["path"] = str(candidate)
+        return state
+    return None
+
+
 def _wrap(original: Any) -> Any:
     def inspect(ns: argparse.Namespace) -> int:
+        store_state = _store_journal_state(ns.bundle)
         path = Path(ns.bundle)
-        journal = _find_journal(path) if path.is_dir() else None
-        if journal is None:
+        journal = _find_journal(path) if store_state is None and path.is_dir() else None
+        if journal is None and store_state is None:
             return int(original(ns))
-        state = journal_state(journal)
-        if not is_bundle(path):
+        state = store_state if store_state is not None else journal_state(journal)  # type: ignore[arg-type]
+        if not is_bundle(ns.bundle):
             if ns.json:
                 print(json.dumps({"journal": state}, indent=2, sort_keys=True))
             else:
