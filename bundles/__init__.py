@@ -10,6 +10,7 @@ progress and the CLI kit.
 """
 
 from bundles._entry import (
+    child_location,
     is_bundle,
     list_bundles,
     open_bundle,
@@ -97,6 +98,7 @@ __all__ = [
     "Verify",
     "__version__",
     "check_location",
+    "child_location",
     "collect_garbage",
     "decode_image",
     "decode_sample",

@@ -34,6 +34,7 @@ from bundles._location import classify, local_path_only
 from bundles._options import LinkMode, OutsidePolicy, Verify
 from bundles._pack import pack_local, unpack_local
 from bundles._reader import VERIFY_LEVELS, Bundle, open_local
+from bundles._store import StoreURL
 from bundles._writer import write_local
 
 __all__ = [
@@ -47,10 +48,9 @@ __all__ = [
 ]
 
 
-def _local_only(location: object, storage_options: object, shared_media: bool = False) -> None:
-    if storage_options is not None or shared_media:
-        what = "storage_options and shared_media apply" if shared_media else "storage_options apply"
-        raise BundleError(f"{location}: {what} to object-store URLs only")
+def _local_only(location: object, storage_options: object) -> None:
+    if storage_options is not None:
+        raise BundleError(f"{location}: storage_options apply to object-store URLs only")
 
 
 def write_bundle(
@@ -97,9 +97,10 @@ def write_bundle(
         storage_options: for a URL only: obstore configuration (``endpoint``,
             ``access_key_id``, ``secret_access_key``, ``region``, ``allow_http``, ...) that
             overrides the standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
-        shared_media: for a URL only: store media in the content-addressed pool shared by the
+        shared_media: on a store, keep media in the content-addressed pool shared by the
             bundles beside this one (``<parent>/.media/``), so that a file referenced by many
-            bundles of a run is uploaded once.
+            bundles of a run is uploaded once. Changes nothing in a directory, where bundles
+            that reference one file already share it (hard links; ``link="copy"`` copies).
 
     Returns:
         The absolute path of the committed bundle (for a URL: its ``StoreURL``).
@@ -133,7 +134,7 @@ def write_bundle(
             str(dest), samples, storage_options=storage_options, shared_media=shared_media, **options
         )
         return url
-    _local_only(dest, storage_options, shared_media)
+    _local_only(dest, storage_options)
     return write_local(dest, samples, **options)
 
 
@@ -296,6 +297,21 @@ def remove_bundle(path: str | os.PathLike[str], storage_options: Mapping[str, An
         raise BundleNotFoundError(f"{dest}: no bundle here (removed meanwhile by another process)") from None
     except OSError as e:
         raise BundleError(f"{dest}: cannot remove: {e.strerror}") from e
+
+
+def child_location(root: str | os.PathLike[str], rel: str) -> Path:
+    """The location ``rel`` (``/``-separated parts) below ``root``, as the entry points return
+    locations: an absolute :class:`~pathlib.Path` under a local directory, a
+    :class:`bundles.StoreURL` under a store URL (a ``str``; typed as the local case, as
+    :func:`write_bundle` documents). Lets a tool name ``<save>/rollout/fully_async_3`` without
+    asking which kind of location ``<save>`` is. An empty ``rel`` gives ``root`` itself, made
+    absolute or normalised (what a report records of where a bundle was read)."""
+    text = os.fspath(root)
+    if classify(text) == "store":
+        url: Any = StoreURL(text).child(rel) if rel else StoreURL(text)
+        return url
+    path = Path(os.path.abspath(text))
+    return path.joinpath(*rel.split("/")) if rel else path
 
 
 def list_bundles(root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> list[str]:

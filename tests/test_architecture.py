@@ -160,3 +160,38 @@ def test_bundles_has_no_import_circle():
         if m not in state:
             visit(m)
     assert circles == [], "import circles in bundles:\n" + "\n".join(circles)
+
+
+# The questions "which kind of location is this?" that trainer_hooks may ask: only while it
+# validates its arguments. Elsewhere it passes locations to bundles' entry points, which answer
+# for every kind (issue 26, item 2).
+LOCATION_QUESTIONS = {"is_store_url", "classify"}
+MAY_ASK = ("trainer_hooks/arguments/",)
+
+
+def location_questions(files) -> list[str]:
+    found = []
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(MAY_ASK):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                if name in LOCATION_QUESTIONS:
+                    found.append(f"{rel}:{node.lineno}: {name}()")
+    return found
+
+
+def test_trainer_hooks_never_asks_what_kind_of_location_it_has():
+    files = sorted((ROOT / "trainer_hooks").rglob("*.py"))
+    assert location_questions(files) == []
+
+
+def test_the_location_check_catches_a_question(tmp_path, monkeypatch):
+    bad = tmp_path / "trainer_hooks" / "dumps" / "_x.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("import bundles\nif bundles.is_store_url(p):\n    pass\n")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert location_questions([bad]) == ["trainer_hooks/dumps/_x.py:2: is_store_url()"]

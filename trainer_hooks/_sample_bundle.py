@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bundles import OutsidePolicy, is_store_url, write_bundle
+from bundles import OutsidePolicy, write_bundle
 from trainer_hooks._sample import register_record_types
 from trainer_hooks.run_media import run_media_dir
 
@@ -44,9 +44,6 @@ def write_samples_bundle(
     bundle writer as PNG media. ``outside_paths`` is passed on (see :func:`other_run_media_policy`).
     ``dest`` may be an object-store URL: then media go to the pool shared with its siblings."""
     register_record_types()
-    remote = is_store_url(dest)
-    if not remote:
-        dest.parent.mkdir(parents=True, exist_ok=True)
     return write_bundle(
         dest,
         samples,
@@ -59,8 +56,9 @@ def write_samples_bundle(
         missing_media=missing_media,
         outside_paths=outside_paths,
         # On a store, the bundles beside one another (a run's checkpoints, its dumps) share one
-        # content-addressed media pool: a screenshot is uploaded once per run.
-        shared_media=remote,
+        # content-addressed media pool: a screenshot is uploaded once per run (in a directory
+        # they share it already: hard links).
+        shared_media=True,
     )
 
 

@@ -8,7 +8,7 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from bundles import StoreURL, is_bundle, is_store_url, list_remote_bundles
+from bundles import child_location, list_bundles
 
 __all__ = [
     "CHECKPOINT_KIND",
@@ -35,33 +35,21 @@ Group = list[Any]
 
 def checkpoint_path(root: str | os.PathLike[str], rollout_id: int) -> Path:
     """``<root>/rollout/fully_async_<rollout_id>`` (a :class:`bundles.StoreURL` when ``root`` is
-    an object-store URL)."""
+    an object-store URL: :func:`bundles.child_location`)."""
     if isinstance(rollout_id, bool) or not isinstance(rollout_id, int) or rollout_id < 0:
         raise ValueError(f"rollout_id: expected an int >= 0, found {rollout_id!r}")
-    if is_store_url(root):
-        return StoreURL(str(root)).child(f"{CHECKPOINT_SUBDIR}/{CHECKPOINT_PREFIX}{rollout_id}")  # type: ignore[return-value]
-    return Path(os.path.abspath(root)) / CHECKPOINT_SUBDIR / f"{CHECKPOINT_PREFIX}{rollout_id}"
+    return child_location(root, f"{CHECKPOINT_SUBDIR}/{CHECKPOINT_PREFIX}{rollout_id}")
 
 
 def list_rollout_checkpoints(root: str | os.PathLike[str]) -> dict[int, Path]:
-    """Committed checkpoints under ``<root>/rollout``, by rollout id (staging directories and
-    directories without a manifest are not checkpoints)."""
+    """Committed checkpoints under ``<root>/rollout``, by rollout id, on any kind of root
+    (:func:`bundles.list_bundles`: staging directories, unpublished prefixes and directories
+    without a manifest are not bundles)."""
     found: dict[int, Path] = {}
-    if is_store_url(root):
-        for name, url in list_remote_bundles(StoreURL(str(root)).child(CHECKPOINT_SUBDIR)).items():
-            m = _CHECKPOINT_RE.fullmatch(name)
-            if m:
-                found[int(m["id"])] = url  # type: ignore[assignment]
-        return dict(sorted(found.items()))
-    parent = Path(root) / CHECKPOINT_SUBDIR
-    try:
-        entries = list(os.scandir(parent))
-    except FileNotFoundError:
-        return found
-    for e in entries:
-        m = _CHECKPOINT_RE.fullmatch(e.name)
-        if m and e.is_dir(follow_symlinks=False) and is_bundle(e.path):
-            found[int(m["id"])] = Path(e.path)
+    for location in list_bundles(child_location(root, CHECKPOINT_SUBDIR)):
+        m = _CHECKPOINT_RE.fullmatch(location.rstrip("/").rsplit("/", 1)[-1])
+        if m:
+            found[int(m["id"])] = checkpoint_path(root, int(m["id"]))
     return dict(sorted(found.items()))
 
 

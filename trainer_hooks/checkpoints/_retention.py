@@ -17,7 +17,7 @@ import logging
 import os
 from pathlib import Path
 
-from bundles import BundleNotFoundError, StoreURL, collect_garbage, is_store_url, remove_bundle
+from bundles import BundleNotFoundError, StorePrefix, collect_garbage, remove_bundle
 from bundles.support import fault_point
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR, list_rollout_checkpoints
 
@@ -52,10 +52,11 @@ def apply_retention(root: str | os.PathLike[str], keep: int | None, *, keep_id: 
             continue  # removed concurrently
         deleted.append(path)
         logger.info("retention: removed rollout checkpoint %s (keeping %d)", path, keep)
-    if deleted and is_store_url(root):
+    pool = StorePrefix.at(root)  # a pool exists on a store only: in a directory media are links
+    if deleted and pool is not None:
         # The checkpoints share one media pool: what no surviving checkpoint lists goes now (the
         # grace period spares media another writer has uploaded but not yet published).
-        pool_root = StoreURL(str(root)).child(CHECKPOINT_SUBDIR)
+        pool_root = pool.url.child(CHECKPOINT_SUBDIR)
         report = collect_garbage(pool_root, older_than_s=POOL_GRACE_S)
         logger.info(
             "retention: %s: removed %d unreferenced media file(s), %d bytes",

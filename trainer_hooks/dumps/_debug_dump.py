@@ -59,8 +59,8 @@ from bundles import (
     BundleExistsError,
     BundleFormatError,
     OutsidePolicy,
+    StorePrefix,
     StoreURL,
-    is_store_url,
     open_bundle,
     pack_bundle,
     unpack_bundle,
@@ -130,7 +130,7 @@ def write_dump_bundle(
 
     ``dest`` may be an object-store URL: the bundle is written locally and its upload queued in
     the background (:mod:`trainer_hooks.dumps._uploads`); the URL is returned at once."""
-    if is_store_url(dest):
+    if StorePrefix.at(dest) is not None:  # an upload is slow: written here, uploaded in the background
         return _write_dump_to_store(
             str(dest),
             list(samples),
@@ -285,10 +285,8 @@ def _cache_dir_for(pack: Path) -> Path:
 def open_debug_dump(path: str | os.PathLike[str], verify: str = "fast") -> Bundle:
     """Open a dump at ``path``: a bundle directory, or a packed file (unpacked into a cache
     directory beside it; see the module docstring); or an object-store URL, read in place."""
-    if is_store_url(path):
-        return open_bundle(path, verify=verify)
-    p = Path(os.path.abspath(path))
-    if p.is_file():
+    if os.path.isfile(path):  # a packed file here (a URL, a directory: opened where they are)
+        p = Path(os.path.abspath(path))
         cache = _cache_dir_for(p)
         if cache.is_dir():
             return open_bundle(cache, verify=verify)
@@ -298,7 +296,7 @@ def open_debug_dump(path: str | os.PathLike[str], verify: str = "fast") -> Bundl
             return unpack_bundle(p, cache, overwrite=False, progress=False)
         except BundleExistsError:
             return open_bundle(cache, verify=verify)
-    return open_bundle(p, verify=verify)
+    return open_bundle(path, verify=verify)
 
 
 def _subsample(samples: list[Any], ratio: float | None) -> list[Any]:
@@ -365,7 +363,7 @@ def load_debug_rollout_data(
     bundle = open_debug_dump(path, verify=getattr(args, "bundle_verify", None) or "fast")
     if bundle.kind != DEBUG_DUMP_KIND:
         raise BundleFormatError(f"{bundle.path}: kind: expected {DEBUG_DUMP_KIND!r}, found {bundle.kind!r}")
-    if is_store_url(path):
+    if bundle.media_dir is None:
         # Media of a dump on a store are URLs, which the code loaded samples go to (a processor,
         # PIL) cannot open: they are downloaded into a local cache, content-addressed.
         samples = bundle.rehydrate(_remote_cache_dir(path), progress=False, sample_cls=cls)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from bundles import Bundle, is_store_url
+from bundles import Bundle, child_location
 from trainer_hooks._sample import Sample
 from trainer_hooks.replay._fingerprint import compare_reports
 from trainer_hooks.replay._payload import compare_prefill_logprobs
@@ -160,7 +159,7 @@ def _replay_open_bundle(
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
-        "bundle": str(path) if is_store_url(str(path)) else str(Path(os.path.abspath(path))),
+        "bundle": str(child_location(path, "")),
         "bundle_id": bundle_identity(bundle),
         "kind": bundle.kind,
         "dtype": plan.dtype,
