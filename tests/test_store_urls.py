@@ -157,3 +157,41 @@ def test_trainer_options_refuse_an_unsupported_scheme(option: str, in_tmp: Path)
             [option, "hdfs://nn/x", "--shared-media-dir", str(in_tmp / "m"), "--rollout-batch-size", "1"]
         )
     assert list(in_tmp.iterdir()) == []
+
+
+def test_child_location_names_a_location_below_any_root(tmp_path) -> None:
+    import os
+
+    from bundles import StoreURL, child_location
+
+    here = child_location(os.path.relpath(tmp_path), "rollout/fully_async_3")
+    assert here == tmp_path / "rollout" / "fully_async_3" and here.is_absolute()
+    there = child_location("s3://bucket/run/", "rollout/fully_async_3")
+    assert isinstance(there, StoreURL) and there == "s3://bucket/run/rollout/fully_async_3"
+    assert child_location("s3://bucket/run", "") == "s3://bucket/run"
+    with pytest.raises(UnsupportedLocationError, match="unsupported URL scheme 'hdfs'"):
+        child_location("hdfs://x/y", "z")
+
+
+def stored_name(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest() + path.suffix
+
+
+def test_shared_media_changes_nothing_in_a_directory(tmp_path) -> None:
+    """Bundles of one run in a directory share media by hard links already."""
+    import os
+
+    from bundles import write_bundle
+
+    media = tmp_path / "run"
+    media.mkdir()
+    shot = media / "a.png"
+    shot.write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    b = write_bundle(
+        tmp_path / "b", [{"image": str(shot)}], media_roots=[media], shared_media=True, missing_media="error"
+    )
+    assert os.path.basename(open_bundle(b, verify="full")[0]["image"]) == stored_name(shot)
+    (stored,) = (b / "media").iterdir()
+    assert stored.stat().st_ino == shot.stat().st_ino
