@@ -30,7 +30,7 @@ from bundles import _remote
 from bundles._commit import is_bundle_dir, is_staging_name, remove_bundle_dir
 from bundles._errors import BundleError, BundleFormatError, BundleNotFoundError
 from bundles._layout import PACK_SUFFIX
-from bundles._location import classify, local_path_only
+from bundles._location import STORE_SCHEMES, classify, local_path_only, url_scheme
 from bundles._options import LinkMode, OutsidePolicy, Verify
 from bundles._pack import pack_local, unpack_local
 from bundles._reader import VERIFY_LEVELS, Bundle, open_local
@@ -305,9 +305,10 @@ def child_location(root: str | os.PathLike[str], rel: str) -> Path:
     :class:`bundles.StoreURL` under a store URL (a ``str``; typed as the local case, as
     :func:`write_bundle` documents). Lets a tool name ``<save>/rollout/fully_async_3`` without
     asking which kind of location ``<save>`` is. An empty ``rel`` gives ``root`` itself, made
-    absolute or normalised (what a report records of where a bundle was read)."""
+    absolute or normalised (what a report records of where a bundle was read). Naming needs no
+    store client: a store URL is named even where obstore is not installed."""
     text = os.fspath(root)
-    if classify(text) == "store":
+    if url_scheme(text) in STORE_SCHEMES or classify(text) == "store":
         url: Any = StoreURL(text).child(rel) if rel else StoreURL(text)
         return url
     path = Path(os.path.abspath(text))
