@@ -395,18 +395,26 @@ def journal_lineages(directory: str | os.PathLike[str]) -> set[str]:
     header a crash tore)."""
     out = set()
     for entry in _entries(Path(directory), None):
-        try:
-            data, fd = _open(entry.path)
-        except FileNotFoundError:
-            continue
-        try:
-            header, _, _, _ = _header(data, entry.path)
-        finally:
-            os.close(fd)
-        if header is not None:
-            _check_names(entry, header)
-        out.add(entry.lineage)
+        if _header_only(entry) is not None:
+            out.add(entry.lineage)
     return out
+
+
+def _header_only(entry: _Entry) -> tuple[dict[str, Any] | None, int] | None:
+    """``(header, size)`` of a segment read for its header alone, the header checked against the
+    segment's name (None for a header a crash tore); None when the segment is gone (a compaction
+    removed it since it was listed)."""
+    try:
+        data, fd = _open(entry.path)
+    except FileNotFoundError:
+        return None
+    try:
+        header, _, _, _ = _header(data, entry.path)
+    finally:
+        os.close(fd)
+    if header is not None:
+        _check_names(entry, header)
+    return header, len(data)
 
 
 def _check_names(entry: _Entry, header: dict[str, Any]) -> None:
@@ -454,18 +462,13 @@ def scan_journal(
 
 
 def _foreign(scan: JournalScan, entry: _Entry, lineage: str) -> None:
-    try:
-        data, fd = _open(entry.path)
-    except FileNotFoundError:
+    read = _header_only(entry)
+    if read is None:
         return
-    try:
-        header, _, _, _ = _header(data, entry.path)
-    finally:
-        os.close(fd)
+    header, size = read
     scan.segments += 1
-    scan.bytes += len(data)
+    scan.bytes += size
     if header is not None:
-        _check_names(entry, header)
         scan.lineages.add(header["lineage"])
     scan.problems.append(
         f"{entry.path}: journal segment of another run lineage ({entry.lineage}, expected {lineage}); ignored"
