@@ -25,8 +25,9 @@ others pay for their fsync too); decode reads from the page cache. Each repeat r
 once, after one untimed warm-up round; the table shows medians and the (min-max) range. Other
 processes on a shared machine make single runs noisy: compare the ratios, measured in one run.
 
-Targets (issue 11): decode <= 1.5x the floor and >= 15x faster than torch.load; encode <= 1.5x
-the floor and >= 5x faster than torch.save; on disk within 5 % of the floor.
+Targets (issue 11): decode <= 1.5x the floor; encode <= 1.5x the floor and >= 5x faster than
+torch.save; on disk within 5 % of the floor. Issue 25 raised decode against torch.load from
+>= 15x to >= 20x, stable under load.
 """
 
 from __future__ import annotations
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
     checks = [
         ("decode / floor", ratio(dec, "bundle", "floor"), "x", "<= 1.5x", lambda v: v <= 1.5),
-        ("torch.load / decode", ratio(dec, "torch", "bundle"), "x", ">= 15x", lambda v: v >= 15),
+        ("torch.load / decode", ratio(dec, "torch", "bundle"), "x", ">= 20x", lambda v: v >= 20),
         ("encode / floor", ratio(enc, "bundle", "floor"), "x", "<= 1.5x", lambda v: v <= 1.5),
         ("torch.save / encode", ratio(enc, "torch", "bundle"), "x", ">= 5x", lambda v: v >= 5),
         ("on disk / floor", (size["bundle"] / size["floor"],) * 3, "%", "<= 105 %", lambda v: v <= 1.05),

@@ -27,7 +27,8 @@ Figures, each beside its floor:
   and the full decode of every restored group (checksums, media placed and hashed, samples as
   dicts) against the codec's decode floor (zstd + ``bundles.decode_sample`` of the same bytes,
   every decoded sample kept as the recovery keeps them; plain ``msgpack.unpackb`` printed for
-  reference).
+  reference). Goals (issue 25): the durable throughput >= 90 % of its floor, lists and arrays
+  alike; the full decode >= 95 % of the codec's floor.
 """
 
 from __future__ import annotations
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             f"recovery of {r['samples']} journaled samples: load {r['load_s']:.3f} s, first new group submitted "
             f"after {r['first_group_s']:.3f} s (goal <= 1 s); full decode {r['decode_per_s']:.0f} samples/s, "
             f"codec floor {r['decode_floor_per_s']:.0f}/s: {100 * r['decode_per_s'] / r['decode_floor_per_s']:.1f} % "
-            f"(goal >= 90 %); plain msgpack.unpackb of the same bytes {r['plain_msgpack_per_s']:.0f}/s",
+            f"(goal >= 95 %); plain msgpack.unpackb of the same bytes {r['plain_msgpack_per_s']:.0f}/s",
             flush=True,
         )
     return 0
