@@ -9,6 +9,7 @@ This module is the format API. Tools built on bundles (trainer_hooks, the CLI) a
 progress and the CLI kit.
 """
 
+from bundles import _errors
 from bundles._entry import (
     child_location,
     is_bundle,
@@ -19,26 +20,7 @@ from bundles._entry import (
     unpack_bundle,
     write_bundle,
 )
-from bundles._errors import (
-    BucketNotFoundError,
-    BundleError,
-    BundleExistsError,
-    BundleFormatError,
-    BundleIndexError,
-    BundleIOError,
-    BundleNotFoundError,
-    BundleReplacedError,
-    BundleVerificationError,
-    GarbagePrefixError,
-    MediaMissingError,
-    OutsidePathError,
-    OutsidePathWarning,
-    UnsafeBundleError,
-    UnsafeStoreError,
-    UnsafeStoreWarning,
-    UnsupportedLocationError,
-    UnsupportedValueError,
-)
+from bundles._errors import *  # noqa: F403  (the exception hierarchy, whole)
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
 from bundles._location import check_location, is_store_url
 from bundles._manifest import Manifest, MediaEntry, ShardEntry
@@ -65,35 +47,17 @@ __all__ = [
     "FORMAT_VERSION",
     "MAX_DECODE_PIXELS",
     "PACK_SUFFIX",
-    "BucketNotFoundError",
     "Bundle",
-    "BundleError",
-    "BundleExistsError",
-    "BundleFormatError",
-    "BundleIOError",
-    "BundleIndexError",
-    "BundleNotFoundError",
-    "BundleReplacedError",
-    "BundleVerificationError",
-    "GarbagePrefixError",
     "GarbageReport",
     "LinkMode",
     "Manifest",
     "MediaEntry",
-    "MediaMissingError",
     "MediaRef",
-    "OutsidePathError",
-    "OutsidePathWarning",
     "OutsidePolicy",
     "Record",
     "ShardEntry",
     "StorePrefix",
     "StoreURL",
-    "UnsafeBundleError",
-    "UnsafeStoreError",
-    "UnsafeStoreWarning",
-    "UnsupportedLocationError",
-    "UnsupportedValueError",
     "UploadStats",
     "Verify",
     "__version__",
@@ -116,6 +80,8 @@ __all__ = [
     "upload_bundle",
     "write_bundle",
 ]
+# The exceptions: bundles._errors' __all__ is the one list of them.
+__all__ += _errors.__all__
 
 
 # Deprecated aliases, kept for one release: these moved to bundles.support (not the format API).
@@ -123,16 +89,6 @@ _MOVED_TO_SUPPORT = frozenset({"scratch_dir"})
 
 
 def __getattr__(name: str) -> object:
-    if name in _MOVED_TO_SUPPORT:
-        import warnings
+    from bundles._deprecated import moved_to_support
 
-        from bundles import support
-
-        warnings.warn(
-            f"bundles.{name} is deprecated and will be removed in the next release: "
-            f"use bundles.support.{name}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(support, name)
-    raise AttributeError(f"module 'bundles' has no attribute {name!r}")
+    return moved_to_support("bundles", _MOVED_TO_SUPPORT, name)

@@ -43,19 +43,9 @@ _MOVED_TO_SUPPORT = frozenset(
 
 
 def __getattr__(name: str) -> object:
-    if name in _MOVED_TO_SUPPORT:
-        import warnings
+    from bundles._deprecated import moved_to_support
 
-        from bundles import support
-
-        warnings.warn(
-            f"bundles.cli.{name} is deprecated and will be removed in the next release: "
-            f"use bundles.support.{name}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(support, name)
-    raise AttributeError(f"module 'bundles.cli' has no attribute {name!r}")
+    return moved_to_support("bundles.cli", _MOVED_TO_SUPPORT, name)
 
 
 BUNDLE_HELP = "a bundle directory or a packed bundle file, local or on an object store (s3://bucket/prefix)"
