@@ -493,9 +493,41 @@ def _check_archive_end(reader: Any, where: Path | str, end: int, file_size: int)
         pos += len(chunk)
 
 
-class PackedSource:
+class PackedMembers:
+    """What both packed sources (this module's file, a packed object on a store) answer from the
+    archive's index, ``members`` (:func:`read_tar_index`): names, entries, and the one lookup of
+    a member before it is opened."""
+
+    path: Path | StoreURL
+    members: dict[str, Member]
+
+    def where(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def media_path(self, name: str) -> str:
+        """Where a member is, as a name: ``<packed file>/<member>``. It names the member inside the
+        packed file and cannot be opened as a file; read it with ``Bundle.open_media``."""
+        return self.where(name)
+
+    def entries(self) -> Iterator[Entry]:
+        for m in self.members.values():
+            yield Entry(m.name, "dir" if m.is_dir else "file", m.size)
+
+    def member(self, name: str) -> Member:
+        """The regular member ``name``: ``FileNotFoundError`` when the archive has none, a
+        directory is :class:`UnsafeBundleError`."""
+        m = self.members.get(name)
+        if m is None:
+            raise FileNotFoundError(errno.ENOENT, "listed in the manifest but missing", self.where(name))
+        if m.is_dir:
+            raise UnsafeBundleError(f"{self.where(name)}: expected a regular file, found a directory")
+        return m
+
+
+class PackedSource(PackedMembers):
     """A packed bundle read in place (see the module docstring)."""
 
+    path: Path
     packed = True
     remote = False
 
@@ -527,14 +559,6 @@ class PackedSource:
         """The packed file's descriptor; -1 once closed."""
         return self._fd
 
-    def where(self, name: str) -> str:
-        return f"{self.path}/{name}"
-
-    def media_path(self, name: str) -> str:
-        """Where a member is, as a name: ``<packed file>/<member>``. It names the member inside the
-        packed file and cannot be opened as a file; read it with ``Bundle.open_media``."""
-        return self.where(name)
-
     def read_manifest(self) -> bytes:
         try:
             f, _ = self.open(MANIFEST_NAME)
@@ -545,16 +569,8 @@ class PackedSource:
         with f:
             return f.read()  # the index capped its size
 
-    def entries(self) -> Iterator[Entry]:
-        for m in self.members.values():
-            yield Entry(m.name, "dir" if m.is_dir else "file", m.size)
-
     def open(self, name: str) -> tuple[BinaryIO, int]:
-        m = self.members.get(name)
-        if m is None:
-            raise FileNotFoundError(errno.ENOENT, "listed in the manifest but missing", self.where(name))
-        if m.is_dir:
-            raise UnsafeBundleError(f"{self.where(name)}: expected a regular file, found a directory")
+        m = self.member(name)
         if self._fd < 0:
             raise BundleError(f"{self.path}: the bundle was closed")
         return MemberFile(self, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]

@@ -98,18 +98,25 @@ class StorePrefix:
         except Exception as e:
             raise store_error(self.url.child(name), "create the object", e) from e
 
+    def _size(self, key: str, url: StoreURL, max_bytes: int) -> int:
+        """The size of the object at ``key``, from its head, before anything is downloaded: one
+        that is absent or over ``max_bytes`` is refused here. The store's own errors pass through,
+        for the caller to name with what it was doing."""
+        head = self.store.head(key)
+        if head is None:
+            raise BundleNotFoundError(f"{url}: not found")
+        size = int(head.get("size", 0))
+        if size > max_bytes:
+            raise BundleError(f"{url}: expected at most {max_bytes} bytes, found an object of {size}")
+        return size
+
     def get(self, name: str, *, max_bytes: int) -> bytes:
         """The bytes of object ``name``: :class:`BundleNotFoundError` when it is not there, a
         :class:`BundleError` when it is larger than ``max_bytes`` (checked before downloading)."""
         key = self._key(name)
         url = self.url.child(name)
         try:
-            head = self.store.head(key)
-            if head is None:
-                raise BundleNotFoundError(f"{url}: not found")
-            size = int(head.get("size", 0))
-            if size > max_bytes:
-                raise BundleError(f"{url}: expected at most {max_bytes} bytes, found an object of {size}")
+            self._size(key, url, max_bytes)
             data, _ = self.store.get(key)
         except BundleError:
             raise
@@ -127,12 +134,7 @@ class StorePrefix:
         key = self._key(name)
         url = self.url.child(name)
         try:
-            head = self.store.head(key)
-            if head is None:
-                raise BundleNotFoundError(f"{url}: not found")
-            size = int(head.get("size", 0))
-            if size > max_bytes:
-                raise BundleError(f"{url}: expected at most {max_bytes} bytes, found an object of {size}")
+            size = self._size(key, url, max_bytes)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             try:
                 starts = list(range(0, size, RANGE_BYTES))

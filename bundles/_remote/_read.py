@@ -34,7 +34,7 @@ from bundles._options import Verify
 from bundles._progress import Progress
 from bundles._reader import Bundle, load_manifest
 from bundles._remote._pointer import READ_WINDOW, _Place, _place
-from bundles._source import LAYOUT_DIRS, Entry, WindowFile, read_tar_index
+from bundles._source import LAYOUT_DIRS, Entry, PackedMembers, WindowFile, read_tar_index
 from bundles._store import Store, StoreURL, bucket_missing, get_store, parallel, store_error
 
 
@@ -265,9 +265,10 @@ class _StoreReader:
         return data[:n]
 
 
-class StorePackedSource(_StoreSourceBase):
+class StorePackedSource(PackedMembers, _StoreSourceBase):
     """A packed ``.rbundle`` object read in place by member ranges (see the module docstring)."""
 
+    path: StoreURL
     packed = True
     remote = True
 
@@ -287,12 +288,6 @@ class StorePackedSource(_StoreSourceBase):
         self.members = read_tar_index(reader, url)
         self.index_requests = reader.requests
 
-    def where(self, name: str) -> str:
-        return f"{self.path}/{name}"
-
-    def media_path(self, name: str) -> str:
-        return self.where(name)
-
     def read_manifest(self) -> bytes:
         f, _ = self.open(MANIFEST_NAME)
         with f:
@@ -304,16 +299,8 @@ class StorePackedSource(_StoreSourceBase):
     def stored_size(self) -> int | None:
         return self.size
 
-    def entries(self) -> Iterator[Entry]:
-        for m in self.members.values():
-            yield Entry(m.name, "dir" if m.is_dir else "file", m.size)
-
     def open(self, name: str) -> tuple[BinaryIO, int]:
-        m = self.members.get(name)
-        if m is None:
-            raise FileNotFoundError(2, "listed in the manifest but missing", self.where(name))
-        if m.is_dir:
-            raise UnsafeBundleError(f"{self.where(name)}: expected a regular file, found a directory")
+        m = self.member(name)
         return RangeFile(self._store, self.path.key, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]
 
 
