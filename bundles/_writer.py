@@ -454,16 +454,17 @@ def write_local(
     dest: str | os.PathLike[str],
     samples: Iterable[Any],
     *,
-    media_roots: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] = (),
-    kind: str = "debug_dump",
-    meta: Mapping[str, Any] | None = None,
-    link: LinkMode | str = "auto",
-    overwrite: bool = False,
-    progress: bool | None = None,
-    missing_media: str = "error",
-    outside_paths: OutsidePolicy = "warn",
+    media_roots: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    kind: str,
+    meta: Mapping[str, Any] | None,
+    link: LinkMode | str,
+    overwrite: bool,
+    progress: bool | None,
+    missing_media: str,
+    outside_paths: OutsidePolicy,
 ) -> Path:
-    """:func:`bundles.write_bundle` into a local directory (its arguments, errors and protocol)."""
+    """:func:`bundles.write_bundle` into a local directory (its arguments, errors and protocol).
+    Every option is passed: their defaults are write_bundle's, stated once there."""
     dest = Path(os.path.abspath(dest))
     link = check_link_mode(link)
     roots = resolve_media_roots(media_roots, dest)

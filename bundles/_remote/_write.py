@@ -200,16 +200,20 @@ def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None
     store, url = place.store, place.url
     key = url.key_of(STORE_POINTER_NAME)
     body = pointer.to_bytes()
+
+    def create() -> bool:
+        """The create-only put of the pointer: False when an object is there already."""
+        try:
+            return store.put_create(key, body)
+        except Exception as e:
+            raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
+
     for _ in range(_PUBLISH_ATTEMPTS):
         current = _check_absent(store, url)
         if current is None or (current.generation is None and not overwrite):
             if current is not None:
                 raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
-            try:
-                created = store.put_create(key, body)
-            except Exception as e:
-                raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
-            if created:
+            if create():
                 return None
             won = _check_absent(store, url)  # another put got there first
             if won is not None and won.generation == pointer.generation:
@@ -224,11 +228,7 @@ def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None
             raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
         if current.generation is None:
             # A plain layout (no pointer yet): create the pointer, then retire the plain objects.
-            try:
-                created = store.put_create(key, body)
-            except Exception as e:
-                raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
-            if created:
+            if create():
                 return current
             continue
         try:
@@ -288,14 +288,15 @@ def write_remote_bundle(
     url_text: str,
     samples: Iterable[Any],
     *,
-    media_roots: Any = (),
-    overwrite: bool = False,
-    progress: bool | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    shared_media: bool = False,
+    media_roots: Any,
+    overwrite: bool,
+    progress: bool | None,
+    storage_options: Mapping[str, Any] | None,
+    shared_media: bool,
     **kwargs: Any,
 ) -> StoreURL:
-    """:func:`bundles.write_bundle` for a URL (see the module docstring)."""
+    """:func:`bundles.write_bundle` for a URL (see the module docstring); every option is passed,
+    the others (``kwargs``) to the local writer."""
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
     if not overwrite and _check_absent(store, url) is not None:
@@ -307,7 +308,7 @@ def write_remote_bundle(
     try:
         local = scratch / url.name
         try:
-            write_local(local, samples, media_roots=roots, progress=progress, **kwargs)
+            write_local(local, samples, media_roots=roots, overwrite=False, progress=progress, **kwargs)
         except BundleError as e:
             _rewrite_message(e, str(local), str(url))
             raise
