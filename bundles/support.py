@@ -18,8 +18,10 @@ What is here, by concern:
   its process dies.
 * **Untrusted files.** :func:`open_regular_file`, the one open of a file this project did not
   write itself (a bundle's members, a rollout journal's segments and media): regular files only,
-  never through a symlink, never blocking on a FIFO, one named error; :func:`media_name_ok`, the
-  one rule for a content-addressed media name (``<64 hex><suffix>``, never a path).
+  never through a symlink, never blocking on a FIFO, one named error; :func:`read_at_most`, the
+  one bounded read of such a file (a cap + 1 read tells an oversized file from one that fits);
+  :func:`media_name_ok`, the one rule for a content-addressed media name (``<64 hex><suffix>``,
+  never a path).
 * **Process identity.** :func:`boot_id`, :func:`pid_namespace`, :func:`proc_stat`,
   :func:`pid_alive`: enough to prove a leftover's writer dead (same boot, same pid namespace, no
   such live process), the only case in which it may be deleted.
@@ -72,6 +74,7 @@ from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
 from bundles._location import SINGLE_WRITER_ENV
 from bundles._proc import boot_id, pid_alive, pid_namespace, proc_stat
 from bundles._progress import Progress, human_bytes
+from bundles._reader import read_at_most
 from bundles._source import media_name_ok, open_regular_file
 
 __all__ = [
@@ -106,6 +109,7 @@ __all__ = [
     "pid_namespace",
     "place_file",
     "proc_stat",
+    "read_at_most",
     "remove_stale_temps",
     "remove_tree",
     "run_command",

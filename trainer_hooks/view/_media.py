@@ -34,7 +34,7 @@ from typing import Any
 
 import bundles
 from bundles import Bundle, BundleError, MediaMissingError
-from bundles.support import Progress
+from bundles.support import Progress, read_at_most
 
 __all__ = ["MAX_MEDIA_BYTES", "SHOWN_SUFFIXES", "Picture", "Shown", "pictures", "shown_suffix"]
 
@@ -97,14 +97,7 @@ def _jpeg(image: Any, width: int, quality: int, progressive: bool) -> Picture:
 def _read(bundle: Bundle, name: str, size: int) -> bytes:
     """The stored bytes of ``name``, at most ``size`` (its manifest size) + 1 read."""
     with bundle.open_media(name) as f:  # a directory's file, or a packed file's member (pread)
-        chunks, left = [], size + 1
-        while left > 0:
-            chunk = f.read(left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    return b"".join(chunks)
+        return read_at_most(f, size + 1)
 
 
 def _one(bundle: Bundle, name: str, size: int, thumb_width: int, large: Callable[[], int | None],
