@@ -32,7 +32,6 @@ on a one-thread executor, where Miles uses ``rollout_manager.generate.remote``.
 
 from __future__ import annotations
 
-import logging
 from argparse import Namespace
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,8 +47,6 @@ from trainer_hooks.run_media import (
 )
 
 __all__ = ["DriverReport", "train", "train_async"]
-
-logger = logging.getLogger(__name__)
 
 Factory = Callable[[Namespace], Any]
 
@@ -86,6 +83,27 @@ def _save(args: Namespace, rollout_id: int, actor: Any, critic: Any, rollout_man
     rollout_manager.save(rollout_id)
 
 
+@dataclass
+class _Run:
+    """One driver run, set up by :func:`_setup`: what a driver's loop steps through."""
+
+    args: Namespace
+    disposer: RunDisposer
+    report: DriverReport
+    rollout_manager: Any
+    actor: Any
+    critic: Any
+
+    def train_step(self, rollout_id: int, data: Any) -> None:
+        """Train on one step's rollout (the critic first, as in Miles), record it, and save when due."""
+        if self.critic is not None:
+            self.critic.train(rollout_id, data)
+        self.actor.train(rollout_id, data)
+        self.report.trained_rollout_ids.append(rollout_id)
+        if _should_save(self.args, rollout_id):
+            _save(self.args, rollout_id, self.actor, self.critic, self.rollout_manager)
+
+
 def _setup(
     args: Namespace,
     disposer: RunDisposer,
@@ -94,7 +112,7 @@ def _setup(
     create_actor: Factory | None,
     create_critic: Factory | None,
     lease_interval: float,
-) -> tuple[Any, Any, Any]:
+) -> _Run:
     default_manager, default_trainer = _default_factories()
 
     def release() -> None:
@@ -115,7 +133,7 @@ def _setup(
     critic = create_critic(args) if create_critic is not None else None
     if critic is not None:
         _register_close(disposer, critic, "critic")
-    return rollout_manager, actor, critic
+    return _Run(args, disposer, report, rollout_manager, actor, critic)
 
 
 def _flush(rollout_manager: Any) -> None:
@@ -161,27 +179,16 @@ def train(
     ``disposer``, if given, must be empty; passing one lets a caller read its ``history``
     even when the driver raises.
     """
-    start, stop = _steps(args)
-    report = DriverReport()
-    disposer = _fresh(disposer)
-    try:
-        with disposer:
-            rollout_manager, actor, critic = _setup(
-                args, disposer, report, create_rollout_manager, create_actor, create_critic, lease_interval
-            )
-            actor.update_weights()
-            for rollout_id in range(start, stop):
-                data = rollout_manager.generate(rollout_id)
-                if critic is not None:
-                    critic.train(rollout_id, data)
-                actor.train(rollout_id, data)
-                report.trained_rollout_ids.append(rollout_id)
-                if _should_save(args, rollout_id):
-                    _save(args, rollout_id, actor, critic, rollout_manager)
-                actor.update_weights()
-    finally:
-        report.teardown = list(disposer.history)
-    return report
+    return _drive(
+        _sync_steps, args, create_rollout_manager, create_actor, create_critic, disposer, lease_interval
+    )
+
+
+def _sync_steps(run: _Run, start: int, stop: int) -> None:
+    run.actor.update_weights()
+    for rollout_id in range(start, stop):
+        run.train_step(rollout_id, run.rollout_manager.generate(rollout_id))
+        run.actor.update_weights()
 
 
 def train_async(
@@ -198,41 +205,57 @@ def train_async(
     As in Miles' train_async.py, weights are updated every ``update_weights_interval`` steps,
     after waiting for the in-flight rollout (engines can't take new weights mid-generation).
     """
+    return _drive(
+        _async_steps, args, create_rollout_manager, create_actor, create_critic, disposer, lease_interval
+    )
+
+
+def _async_steps(run: _Run, start: int, stop: int) -> None:
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
+    # Wait for (never abandon) an in-flight generate: it may still be storing media, and
+    # the run directory must not be released under it.
+    run.disposer.callback(pool.shutdown, wait=True, cancel_futures=True, name="shutdown_rollout_thread")
+    run.actor.update_weights()
+    update_interval = getattr(run.args, "update_weights_interval", 1) or 1
+    next_future: Future[Any] | None = (
+        pool.submit(run.rollout_manager.generate, start) if start < stop else None
+    )
+    current: Any = None
+    for rollout_id in range(start, stop):
+        if next_future is not None:
+            current = next_future.result()
+            next_future = None
+        if rollout_id + 1 < stop:
+            next_future = pool.submit(run.rollout_manager.generate, rollout_id + 1)
+        run.train_step(rollout_id, current)
+        if (rollout_id + 1) % update_interval == 0:
+            if next_future is not None:
+                current = next_future.result()
+                next_future = None
+            run.actor.update_weights()
+
+
+def _drive(
+    steps: Callable[[_Run, int, int], None],
+    args: Namespace,
+    create_rollout_manager: Factory | None,
+    create_actor: Factory | None,
+    create_critic: Factory | None,
+    disposer: RunDisposer | None,
+    lease_interval: float,
+) -> DriverReport:
+    """What both drivers share: set up inside the disposer (the order of the module docstring),
+    run ``steps`` from ``--start-rollout-id`` to ``--num-rollout``, tear down, and report the
+    teardown also when a step raises."""
     start, stop = _steps(args)
     report = DriverReport()
     disposer = _fresh(disposer)
     try:
         with disposer:
-            rollout_manager, actor, critic = _setup(
+            run = _setup(
                 args, disposer, report, create_rollout_manager, create_actor, create_critic, lease_interval
             )
-            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout")
-            # Wait for (never abandon) an in-flight generate: it may still be storing media, and
-            # the run directory must not be released under it.
-            disposer.callback(pool.shutdown, wait=True, cancel_futures=True, name="shutdown_rollout_thread")
-            actor.update_weights()
-            update_interval = getattr(args, "update_weights_interval", 1) or 1
-            next_future: Future[Any] | None = (
-                pool.submit(rollout_manager.generate, start) if start < stop else None
-            )
-            current: Any = None
-            for rollout_id in range(start, stop):
-                if next_future is not None:
-                    current = next_future.result()
-                    next_future = None
-                if rollout_id + 1 < stop:
-                    next_future = pool.submit(rollout_manager.generate, rollout_id + 1)
-                if critic is not None:
-                    critic.train(rollout_id, current)
-                actor.train(rollout_id, current)
-                report.trained_rollout_ids.append(rollout_id)
-                if _should_save(args, rollout_id):
-                    _save(args, rollout_id, actor, critic, rollout_manager)
-                if (rollout_id + 1) % update_interval == 0:
-                    if next_future is not None:
-                        current = next_future.result()
-                        next_future = None
-                    actor.update_weights()
+            steps(run, start, stop)
     finally:
         report.teardown = list(disposer.history)
     return report
