@@ -268,28 +268,32 @@ MILES_OPTIONS = tuple(flag for flag, _ in _miles_options())
 _DEFERRED_MARK = "_trainer_hooks_miles_options_deferred"
 
 
-def add_miles_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add, with Miles' definitions, the Miles options ``parser`` does not define yet."""
+def _add_missing(
+    parser: argparse.ArgumentParser, options: list[tuple[str, dict[str, Any]]], title: str
+) -> argparse.ArgumentParser:
+    """Add the ``options`` that ``parser`` lacks, in one argument group titled ``title`` (none
+    when nothing is missing: calling it again is harmless); return the parser."""
     existing = _options(parser)
-    missing = [(flag, kw) for flag, kw in _miles_options() if flag not in existing]
+    missing = [(flag, kw) for flag, kw in options if flag not in existing]
     if missing:
-        group = parser.add_argument_group("Miles options used by trainer_hooks (as Miles defines them)")
+        group = parser.add_argument_group(title)
         for flag, kw in missing:
             group.add_argument(flag, **kw)
     return parser
+
+
+def add_miles_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add, with Miles' definitions, the Miles options ``parser`` does not define yet."""
+    return _add_missing(
+        parser, _miles_options(), "Miles options used by trainer_hooks (as Miles defines them)"
+    )
 
 
 def add_own_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add this project's own options (:data:`SETTINGS`) that ``parser`` lacks; return it. Nothing
     else: for a parser that already has Miles' options (a custom generate function's
     ``add_arguments`` gets Miles' finished parser)."""
-    existing = _options(parser)
-    own = [(flag, kw) for flag, kw in _own_options() if flag not in existing]
-    if own:
-        group = parser.add_argument_group("rollout bundles and run media")
-        for flag, kw in own:
-            group.add_argument(flag, **kw)
-    return parser
+    return _add_missing(parser, _own_options(), "rollout bundles and run media")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
