@@ -27,7 +27,7 @@ import logging
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from bundles import register_record_type
 
@@ -61,6 +61,31 @@ class RewardSpec:
 
 def _counter(data: Any, key: str) -> Any:
     return data.get(key, 0)
+
+
+_C = TypeVar("_C", bound="_Counters")
+
+
+@dataclass
+class _Counters:
+    """Counters summed over a sample's generation calls (``Sample.SpecInfo``,
+    ``Sample.PrefixCacheInfo``). Each field adds up the engine's ``meta_info`` key of its own
+    name, or the one ``_ENGINE_KEYS`` gives it; a dict holds them by field name (missing ones
+    read 0)."""
+
+    _ENGINE_KEYS: ClassVar[dict[str, str]] = {}
+
+    def add(self, meta_info: dict[str, Any]) -> None:
+        for f in fields(self):
+            key = self._ENGINE_KEYS.get(f.name, f.name)
+            setattr(self, f.name, getattr(self, f.name) + _counter(meta_info, key))
+
+    def to_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls: type[_C], data: dict[str, Any]) -> _C:
+        return cls(**{f.name: _counter(data, f.name) for f in fields(cls)})
 
 
 @dataclass
@@ -109,13 +134,16 @@ class Sample:
     non_generation_time: float = 0.0
 
     @dataclass
-    class SpecInfo:
+    class SpecInfo(_Counters):
         """Speculative-decoding counters summed over a sample's generation calls."""
 
         spec_accept_token_num: int = 0
         spec_draft_token_num: int = 0
         spec_verify_ct: int = 0
         completion_token_num: int = 0
+
+        # The engine reports completed tokens as "completion_tokens".
+        _ENGINE_KEYS: ClassVar[dict[str, str]] = {"completion_token_num": "completion_tokens"}
 
         @property
         def spec_accept_rate(self) -> float:
@@ -129,43 +157,20 @@ class Sample:
         def spec_accept_length(self) -> float:
             return self.completion_token_num / self.spec_verify_ct if self.spec_verify_ct > 0 else 0.0
 
-        def add(self, meta_info: dict[str, Any]) -> None:
-            self.spec_accept_token_num += _counter(meta_info, "spec_accept_token_num")
-            self.spec_draft_token_num += _counter(meta_info, "spec_draft_token_num")
-            self.spec_verify_ct += _counter(meta_info, "spec_verify_ct")
-            # The engine reports completed tokens as "completion_tokens".
-            self.completion_token_num += _counter(meta_info, "completion_tokens")
-
-        def to_dict(self) -> dict[str, int]:
-            return {f.name: getattr(self, f.name) for f in fields(self)}
-
-        @classmethod
-        def from_dict(cls, data: dict[str, Any]) -> Sample.SpecInfo:
-            return cls(**{f.name: _counter(data, f.name) for f in fields(cls)})
-
     spec_info: SpecInfo = field(default_factory=SpecInfo)
 
     @dataclass
-    class PrefixCacheInfo:
+    class PrefixCacheInfo(_Counters):
         """Prompt tokens the engine found in its prefix cache, summed over generation calls."""
 
         cached_tokens: int = 0
         total_prompt_tokens: int = 0
 
+        _ENGINE_KEYS: ClassVar[dict[str, str]] = {"total_prompt_tokens": "prompt_tokens"}
+
         @property
         def prefix_cache_hit_rate(self) -> float:
             return self.cached_tokens / self.total_prompt_tokens if self.total_prompt_tokens > 0 else 0.0
-
-        def add(self, meta_info: dict[str, Any]) -> None:
-            self.cached_tokens += _counter(meta_info, "cached_tokens")
-            self.total_prompt_tokens += _counter(meta_info, "prompt_tokens")
-
-        def to_dict(self) -> dict[str, int]:
-            return {f.name: getattr(self, f.name) for f in fields(self)}
-
-        @classmethod
-        def from_dict(cls, data: dict[str, Any]) -> Sample.PrefixCacheInfo:
-            return cls(**{f.name: _counter(data, f.name) for f in fields(cls)})
 
     prefix_cache_info: PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
 
