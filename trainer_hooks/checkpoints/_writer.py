@@ -30,6 +30,7 @@ import time
 from argparse import Namespace
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +63,25 @@ class CheckpointSaveError(BundleError):
     """A background checkpoint save failed; ``__cause__`` holds the original error."""
 
 
+@dataclass(frozen=True)
+class _Extras:
+    """What a save may hold besides its groups, as :meth:`RolloutCheckpointer.submit_snapshot`
+    takes it (there documented): one value on its way to the worker."""
+
+    recycled: list[list[Any]] | None = None
+    extra_meta: dict[str, Any] | None = None
+    on_commit: Callable[[dict[str, Any]], None] | None = None
+
+
 def _write_checkpoint(
     args: Namespace,
     rollout_id: int,
     pending: list[list[Any]],
     completed: list[list[Any]],
     checks: Sequence[Callable[[], None]] = (),
-    *,
-    recycled: list[list[Any]] | None = None,
-    extra_meta: dict[str, Any] | None = None,
-    on_commit: Callable[[dict[str, Any]], None] | None = None,
+    extras: _Extras = _Extras(),
 ) -> Path:
+    recycled = extras.recycled
     started = time.perf_counter()
     for check in checks:  # the snapshot's deferred checks, before anything is written
         check()
@@ -86,7 +95,7 @@ def _write_checkpoint(
     }
     if recycled is not None:
         layouts["recycled_group_sizes"] = [group_layout(g) for g in recycled]
-    extra = dict(extra_meta or {})
+    extra = dict(extras.extra_meta or {})
     flat_only = all(type(x) is int for sizes in layouts.values() for x in sizes)
     version = 1 if flat_only and recycled is None and not extra else CHECKPOINT_VERSION
     meta = {"checkpoint_version": version, "rollout_id": rollout_id, **run_meta(args), **layouts, **extra}
@@ -101,8 +110,8 @@ def _write_checkpoint(
         overwrite=True,
         outside_paths=other_run_media_policy(args),
     )
-    if on_commit is not None:
-        on_commit(meta)
+    if extras.on_commit is not None:
+        extras.on_commit(meta)
     apply_retention(args.save, getattr(args, "keep_rollout_checkpoints", None), keep_id=rollout_id)
     _log_save(path, meta, len(samples), time.perf_counter() - started)
     return path
@@ -138,12 +147,12 @@ def _write_logged(
     pending: list[list[Any]],
     completed: list[list[Any]],
     checks: Sequence[Callable[[], None]],
-    extra: dict[str, Any],
+    extras: _Extras,
 ) -> Path:
     """:func:`_write_checkpoint` on the worker. A failure is also logged at once: it is raised at
     the next ``save()``/``flush()``, but a process that never calls either still shows it."""
     try:
-        return _write_checkpoint(args, rollout_id, pending, completed, checks, **extra)
+        return _write_checkpoint(args, rollout_id, pending, completed, checks, extras)
     except BaseException as e:
         logger.error(
             "background save of the rollout checkpoint for rollout %s failed (raised at the next "
@@ -254,12 +263,12 @@ class RolloutCheckpointer:
         merged into the checkpoint (version 2 when present); ``on_commit(meta)`` runs on the
         worker once the bundle is committed (the journal's compaction).
         """
-        extra = {"recycled": recycled, "extra_meta": extra_meta, "on_commit": on_commit}
+        extras = _Extras(recycled, extra_meta, on_commit)
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-checkpoint")
             fut = self._executor.submit(
-                _write_logged, self.args, rollout_id, pending, completed, checks, extra
+                _write_logged, self.args, rollout_id, pending, completed, checks, extras
             )
             self._futures.append((rollout_id, dest, fut))
         return fut

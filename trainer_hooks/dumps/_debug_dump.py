@@ -48,7 +48,7 @@ import hashlib
 import os
 import tempfile
 from argparse import Namespace
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,17 +130,24 @@ def write_dump_bundle(
 
     ``dest`` may be an object-store URL: the bundle is written locally and its upload queued in
     the background (:mod:`trainer_hooks.dumps._uploads`); the URL is returned at once."""
-    if StorePrefix.at(dest) is not None:  # an upload is slow: written here, uploaded in the background
-        return _write_dump_to_store(
-            str(dest),
-            list(samples),
-            media_roots=list(media_roots),
+    sample_dicts, roots = list(samples), list(media_roots)
+
+    def write(where: Path, *, overwrite: bool) -> Path:
+        """The bundle itself, at ``where``: the rest is where it goes and how it is packed."""
+        return write_samples_bundle(
+            where,
+            sample_dicts,
+            media_roots=roots,
             kind=kind,
             meta=meta,
             link=link,
+            overwrite=overwrite,
             missing_media=missing_media,
             outside_paths=outside_paths,
         )
+
+    if StorePrefix.at(dest) is not None:  # an upload is slow: written here, uploaded in the background
+        return _write_dump_to_store(str(dest), write, roots)
     path = Path(os.path.abspath(dest))
     packed = path.name.endswith(PACK_SUFFIX)
     container = None
@@ -149,17 +156,7 @@ def write_dump_bundle(
         # hard-linked), packed atomically onto the file, then removed.
         container = scratch_dir(path, "packing")  # removed by a later write if this process dies
     try:
-        written = write_samples_bundle(
-            container / "bundle" if container else path,
-            list(samples),
-            media_roots=list(media_roots),
-            kind=kind,
-            meta=meta,
-            link=link,
-            overwrite=not packed,
-            missing_media=missing_media,
-            outside_paths=outside_paths,
-        )
+        written = write(container / "bundle" if container else path, overwrite=not packed)
         return pack_bundle(written, path, overwrite=True, progress=False) if packed else written
     except BundleError as e:
         if container is not None and e.args and isinstance(e.args[0], str):
@@ -176,16 +173,10 @@ def write_dump_bundle(
 
 
 def _write_dump_to_store(
-    url: str,
-    samples: list[dict[Any, Any]],
-    *,
-    media_roots: list[str | os.PathLike[str]],
-    kind: str,
-    meta: dict[str, Any],
-    link: str,
-    missing_media: str,
-    outside_paths: OutsidePolicy,
+    url: str, write: Callable[..., Path], media_roots: Sequence[str | os.PathLike[str]]
 ) -> Any:
+    """Write the bundle (``write(where, overwrite=...)``) in a scratch directory and queue its
+    upload to ``url``; the URL is returned at once."""
     # Beside the run's media directory: same filesystem, so media are hard-linked.
     beside = (
         os.path.abspath(media_roots[0])
@@ -194,17 +185,7 @@ def _write_dump_to_store(
     )
     scratch = scratch_dir(beside, "dump-upload")  # removed by a later write if this process dies
     try:
-        local = write_samples_bundle(
-            scratch / "bundle",
-            samples,
-            media_roots=media_roots,
-            kind=kind,
-            meta=meta,
-            link=link,
-            overwrite=False,
-            missing_media=missing_media,
-            outside_paths=outside_paths,
-        )
+        local = write(scratch / "bundle", overwrite=False)
     except BundleError as e:
         if e.args and isinstance(e.args[0], str):
             e.args = (e.args[0].replace(f"{scratch}/bundle", url), *e.args[1:])
