@@ -59,6 +59,24 @@ def _limit(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a number of samples, found {text!r}") from None
 
 
+# The files replay writes or compares against: (flag, metavar, help).
+_FILE_OPTIONS = (
+    ("--report", "FILE.json", "write per-sample results and fingerprints"),
+    ("--payloads-out", "FILE.jsonl", "write one SGLang prefill payload per sample"),
+    (
+        "--expect",
+        "FILE.json",
+        "compare fingerprints with an earlier --report; every changed image is a violation",
+    ),
+    (
+        "--answers",
+        "FILE.jsonl",
+        "SGLang answers to the --payloads-out payloads (same order): fill each sample's logprob_diff "
+        "(response tail against rollout_log_probs)",
+    ),
+)
+
+
 def register(subparsers: Any) -> None:
     """Add ``replay`` to the ``rollout-bundle`` subcommands."""
     p = add_command(
@@ -89,17 +107,8 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     add_json_option(p, "the summary")
     add_progress_option(p)
-    p.add_argument("--report", metavar="FILE.json", help="write per-sample results and fingerprints")
-    p.add_argument("--payloads-out", metavar="FILE.jsonl", help="write one SGLang prefill payload per sample")
-    p.add_argument(
-        "--expect", metavar="FILE.json",
-        help="compare fingerprints with an earlier --report; every changed image is a violation",
-    )  # fmt: skip
-    p.add_argument(
-        "--answers", metavar="FILE.jsonl",
-        help="SGLang answers to the --payloads-out payloads (same order): fill each sample's logprob_diff "
-        "(response tail against rollout_log_probs)",
-    )  # fmt: skip
+    for flag, metavar, text in _FILE_OPTIONS:
+        p.add_argument(flag, metavar=metavar, help=text)
     p.add_argument(
         "--mm-process-config", type=_json_object, default=None, metavar="JSON",
         help='replace the recorded mm_process_config, e.g. \'{"image": {"max_pixels": 1003520}}\'',

@@ -30,7 +30,7 @@ from typing import Any
 
 from bundles import Bundle, BundleError, MediaRef, decode_image
 
-__all__ = ["MAX_MEDIA_BYTES", "MediaReader", "load_image", "to_rgb"]
+__all__ = ["MAX_MEDIA_BYTES", "MediaReader", "check_small_file", "load_image", "to_rgb"]
 
 #: Largest media file replay reads (bytes): 1 GiB, far above any screenshot (a 4K PNG is ~25 MB).
 MAX_MEDIA_BYTES = 1 << 30
@@ -158,6 +158,18 @@ def _reason(e: BaseException) -> str:
     return str(e)
 
 
+def check_small_file(fd: int, label: str, limit: int, *, note: str = "", limit_of: str = "") -> None:
+    """Refuse, naming ``label``, what ``fd`` (opened with ``O_NONBLOCK``, so the open itself never
+    hangs) holds unless ``fstat`` says a regular file of at most ``limit`` bytes: a FIFO, a device
+    or a directory is never read, nor a file too large to hold. ``note`` follows the first message,
+    ``limit_of`` the second."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{label}: not a regular file{note}")
+    if st.st_size > limit:
+        raise ValueError(f"{label}: {st.st_size} bytes, over the {limit}-byte limit{limit_of}")
+
+
 def _read_outside(path: str, where: str) -> bytes:
     """A regular file named by a sample, with the caller's leave: never blocks, never streams."""
     flags = (
@@ -168,13 +180,9 @@ def _read_outside(path: str, where: str) -> bytes:
     except OSError as e:
         raise ValueError(f"{where}: {_short(path)}: {_reason(e)}") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{where}: {_short(path)}: not a regular file; only regular files are read")
-        if st.st_size > MAX_MEDIA_BYTES:
-            raise ValueError(
-                f"{where}: {_short(path)}: {st.st_size} bytes, over the {MAX_MEDIA_BYTES}-byte limit"
-            )
+        check_small_file(
+            fd, f"{where}: {_short(path)}", MAX_MEDIA_BYTES, note="; only regular files are read"
+        )
         chunks, left = [], MAX_MEDIA_BYTES + 1
         while left > 0:
             try:

@@ -46,11 +46,12 @@ import json
 import math
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
+
+from trainer_hooks.replay._media import check_small_file
 
 __all__ = [
     "DEFAULT_IMAGE_TOKEN_ID",
@@ -325,13 +326,7 @@ def _read_json_file(path: str) -> dict[str, Any] | None:
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path}: not a regular file")
-        if st.st_size > _MAX_CONFIG_BYTES:
-            raise ValueError(
-                f"{path}: {st.st_size} bytes, over the {_MAX_CONFIG_BYTES}-byte limit of a config file"
-            )
+        check_small_file(fd, path, _MAX_CONFIG_BYTES, limit_of=" of a config file")
         with os.fdopen(os.dup(fd), "rb") as f:
             raw = f.read(_MAX_CONFIG_BYTES + 1)
     finally:
@@ -425,10 +420,12 @@ def resolve_processor(settings: Mapping[str, Any] | None, where: str = "processo
     disagreements.extend(mm_problems)
     notes.extend(mm_notes)
 
-    local = None
+    local, family = None, DEFAULT_FAMILY
     if model_path:
-        try:
+        try:  # what model_path names: a local config, else a family known by the model's name
             local = _local_config(model_path)
+            if local is None:
+                family = model_family(model_path)
         except ValueError as e:
             raise ValueError(f"{where}.model_path: {e}") from None
     if local is not None:
@@ -439,21 +436,15 @@ def resolve_processor(settings: Mapping[str, Any] | None, where: str = "processo
     else:
         model_config = None
         if model_path:
-            try:
-                family = model_family(model_path)
-            except ValueError as e:
-                raise ValueError(f"{where}.model_path: {e}") from None
             notes.append(
                 f"model_path {model_path!r}: no local model directory or cached preprocessor_config.json; "
                 f"built from the shipped {FAMILIES[family].hub_model} hub config (the {FAMILIES[family].name} family)"
             )
-        else:
-            family = DEFAULT_FAMILY
-            if settings:
-                disagreements.append(
-                    f"{where}.model_path: not recorded; assumed the {FAMILIES[family].name} family "
-                    f"(the shipped {FAMILIES[family].hub_model} hub config)"
-                )
+        elif settings:
+            disagreements.append(
+                f"{where}.model_path: not recorded; assumed the {FAMILIES[family].name} family "
+                f"(the shipped {FAMILIES[family].hub_model} hub config)"
+            )
         config = shipped_preprocessor_config(family)
         source = f"shipped:{FAMILIES[family].config_file}"
     kwargs = {k: v for k, v in config.items() if k not in ("image_processor_type", "processor_class")}
