@@ -380,39 +380,66 @@ class _MediaIngester:
         fault_point("write.media")
 
 
+# Raw bytes of a shard below which it is compressed on the calling thread (see _ShardWriter).
+_THREADED_FROM = 4 * 1024 * 1024
+
+
 class _ShardWriter:
     """Streams encoded samples into zstandard frames, one shard file per ~64 MiB of samples.
 
-    Compression runs in zstd's own worker thread (``threads=1``) while Python encodes the next
-    samples, so it costs the save almost nothing. zstd's multi-threaded output does not depend on
-    the machine's core count, so the same samples still give the same bytes everywhere.
+    A shard's first :data:`_THREADED_FROM` raw bytes are held back. A shard that ends below it
+    (a save of a few hundred samples) is compressed on the calling thread at the flush: zstd's
+    worker would get less than one of its jobs, and the save would wait for all of it at the
+    flush with nothing to overlap. A longer shard streams through zstd's own worker thread
+    (``threads=1``) while Python encodes the next samples, so compression costs the save almost
+    nothing. Which of the two a shard gets depends on its raw size alone, and zstd's threaded
+    output does not depend on the machine's core count: the same samples give the same bytes
+    everywhere.
     """
 
     def __init__(self, shards_dir: Path, durability: Durability) -> None:
         self.shards_dir = shards_dir
         self.durability = durability
         self.entries: list[dict[str, Any]] = []
-        self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, threads=1)
+        self._threaded = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True, threads=1)
+        self._inline = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
         self._start_shard()
 
     def _start_shard(self) -> None:
-        self._stream = self._compressor.compressobj()
+        self._stream: Any = None  # None while the shard's samples are held back
+        self._held: list[bytes] = []
         self._chunks: list[bytes] = []
         self._raw = 0
         self._count = 0
 
-    def add(self, encoded: bytes) -> None:
+    def _open_stream(self, compressor: Any) -> None:
+        self._stream = compressor.compressobj()
+        for encoded in self._held:
+            self._compress(encoded)
+        self._held = []
+
+    def _compress(self, encoded: bytes) -> None:
         chunk = self._stream.compress(encoded)
         if chunk:
             self._chunks.append(chunk)
+
+    def add(self, encoded: bytes) -> None:
         self._raw += len(encoded)
         self._count += 1
+        if self._stream is not None:
+            self._compress(encoded)
+        else:
+            self._held.append(encoded)
+            if self._raw >= _THREADED_FROM:
+                self._open_stream(self._threaded)
         if self._raw >= SHARD_TARGET_RAW_BYTES:
             self.flush()
 
     def flush(self) -> None:
         if not self._count:
             return
+        if self._stream is None:
+            self._open_stream(self._inline)
         self._chunks.append(self._stream.flush())
         name = SHARD_NAME_FORMAT.format(index=len(self.entries))
         path = self.shards_dir / name

@@ -100,6 +100,7 @@ from trainer_hooks.checkpoints._journal_format import (
     ZSTD_LEVEL,
     JournalError,
     frame_record,
+    frame_record_parts,
     segment_header,
     segment_name,
     shipment_name,
@@ -113,6 +114,26 @@ from trainer_hooks.checkpoints._snapshot import sample_dict, snapshot_groups
 __all__ = ["FlushStats", "RolloutJournal", "new_lineage"]
 
 logger = logging.getLogger(__name__)
+
+
+# Buffers one writev takes (POSIX guarantees 16; Linux takes 1024).
+try:
+    _IOV_MAX = max(16, min(1024, os.sysconf("SC_IOV_MAX")))
+except (AttributeError, ValueError, OSError):
+    _IOV_MAX = 16
+
+
+def write_all(fd: int, parts: list[bytes]) -> None:
+    """Write ``parts`` to ``fd`` in order, all of them: ``os.writev`` of up to :data:`_IOV_MAX`
+    at a time, resumed where a short write stopped."""
+    views = [memoryview(p) for p in parts if p]
+    while views:
+        n = os.writev(fd, views[:_IOV_MAX])
+        while n and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
 
 
 def _fsync_path(path: str, *, directory: bool = False) -> None:
@@ -576,8 +597,13 @@ class RolloutJournal:
 
     def _drain(self, sync_at: float) -> None:
         """Frame and write the queued records; return early when an fsync is due (a caller that
-        appends faster than the writer drains must not postpone durability)."""
-        buf = bytearray()
+        appends faster than the writer drains must not postpone durability).
+
+        Records are written with ``os.writev`` of their parts, up to 8 MiB at a time: a sample's
+        compressed body is never copied into a buffer (which cost ~60 us and a dozen fresh pages
+        per 11k-token sample)."""
+        parts: list[bytes] = []
+        pending = 0
         last = None
         while self._queue and (self._unsynced_since is None or time.monotonic() < sync_at):
             item = self._queue.popleft()
@@ -588,9 +614,9 @@ class RolloutJournal:
                 with self._cond:
                     if self._roll_after == roll_after:
                         self._roll_after = None
-            if self._fd is None or roll or self._segment_size + len(buf) >= self.segment_bytes:
-                self._write(buf, last)
-                buf = bytearray()
+            if self._fd is None or roll or self._segment_size + pending >= self.segment_bytes:
+                self._write(parts, pending, last)
+                parts, pending = [], 0
                 self._start_segment(item.seq)
             fault_point("journal.append", item.seq)
             frame, media = self._frame(item)
@@ -600,25 +626,23 @@ class RolloutJournal:
                     if self._encode_barrier and item.seq >= self._encode_barrier:
                         self._encode_barrier = 0  # the waiters not done yet set it again
                         self._cond.notify_all()
-            buf += frame
+            parts.extend(frame)
+            pending += len(frame[0]) + len(frame[1])
             self._note_segment_record(item.seq, media)
             last = item.seq
-            if len(buf) >= 8 << 20:
-                self._write(buf, last)
-                buf = bytearray()
-        self._write(buf, last)
+            if pending >= 8 << 20 or len(parts) >= _IOV_MAX:
+                self._write(parts, pending, last)
+                parts, pending = [], 0
+        self._write(parts, pending, last)
 
-    def _write(self, buf: bytearray, last: int | None) -> None:
-        if not buf:
+    def _write(self, parts: list[bytes], size: int, last: int | None) -> None:
+        if not size:
             return
         assert self._fd is not None
-        view = memoryview(buf)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-        self._segment_size += len(buf)
-        self._batch_stats.bytes += len(buf)
-        self._totals["bytes"] += len(buf)
+        write_all(self._fd, parts)
+        self._segment_size += size
+        self._batch_stats.bytes += size
+        self._totals["bytes"] += size
         if last is not None:
             self._written_seq = last
         if self._unsynced_since is None:
@@ -664,7 +688,7 @@ class RolloutJournal:
             self._fd = None
         self._segment = None
 
-    def _frame(self, item: _Item) -> tuple[bytes, list[str]]:
+    def _frame(self, item: _Item) -> tuple[tuple[bytes, bytes], list[str]]:
         # The snapshot's deferred type check proves each long number list once; the encoder is
         # told which, so it does not sum them a second time (a third of the floor's cost).
         numbers = _run_checks(item.checks)
@@ -680,7 +704,7 @@ class RolloutJournal:
         meta = msgpack.packb([item.seq, item.kind, item.at, item.a, item.b, sorted(set(media))])
         self._batch_stats.records += 1
         self._totals["records"] += 1
-        return frame_record(meta, body), media
+        return frame_record_parts(meta, body), media
 
     def _encode_lent(self, sample: Any, where: str) -> bytes:
         """A lent sample, read in place (its owner leaves it alone until wait_encoded). The codec

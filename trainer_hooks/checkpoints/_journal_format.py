@@ -159,8 +159,14 @@ def head_crc(head: Any, meta: Any) -> int:
 
 def frame_record(meta: bytes, body: bytes) -> bytes:
     """One version 2 record: frame, meta, body."""
+    return b"".join(frame_record_parts(meta, body))
+
+
+def frame_record_parts(meta: bytes, body: bytes) -> tuple[bytes, bytes]:
+    """The bytes of :func:`frame_record` in two parts, (frame and meta, body), for a writer that
+    hands both to ``os.writev`` instead of copying a sample's body into one buffer."""
     head = FRAME_HEAD.pack(RECORD_MAGIC, len(meta), len(body), zlib.crc32(body))
-    return head + U32.pack(head_crc(head, meta)) + meta + body
+    return head + U32.pack(head_crc(head, meta)) + meta, body
 
 
 def shipment_name(segment: str) -> str:
