@@ -116,20 +116,13 @@ __all__ = ["FlushStats", "RolloutJournal", "new_lineage"]
 logger = logging.getLogger(__name__)
 
 
-# Buffers one writev takes (POSIX guarantees 16; Linux takes 1024).
-try:
-    _IOV_MAX = max(16, min(1024, os.sysconf("SC_IOV_MAX")))
-except (AttributeError, ValueError, OSError):
-    _IOV_MAX = 16
-
-
-def write_all(fd: int, parts: list[bytes]) -> None:
-    """Write ``parts`` to ``fd`` in order, all of them: ``os.writev`` of up to :data:`_IOV_MAX`
-    at a time, resumed where a short write stopped."""
+def write_all(fd: int, parts: tuple[bytes, ...]) -> None:
+    """Write ``parts`` to ``fd`` in order, all of them: one ``os.writev``, resumed where a short
+    write stopped."""
     views = [memoryview(p) for p in parts if p]
     while views:
-        n = os.writev(fd, views[:_IOV_MAX])
-        while n and n >= len(views[0]):
+        n = os.writev(fd, views)
+        while views and n >= len(views[0]):
             n -= len(views[0])
             views.pop(0)
         if n:
@@ -599,12 +592,11 @@ class RolloutJournal:
         """Frame and write the queued records; return early when an fsync is due (a caller that
         appends faster than the writer drains must not postpone durability).
 
-        Records are written with ``os.writev`` of their parts, up to 8 MiB at a time: a sample's
-        compressed body is never copied into a buffer (which cost ~60 us and a dozen fresh pages
-        per 11k-token sample)."""
-        parts: list[bytes] = []
-        pending = 0
-        last = None
+        Each record is written as soon as it is framed, with one ``os.writev`` of its parts: the
+        kernel copies the compressed body while it is still in the CPU's cache. Batching records
+        into a buffer of megabytes first cost a copy of every body, and the kernel's later copy
+        of the buffer missed the cache: ~100 us more a 44 kB record, two thirds of it in page
+        faults and system time (``benchmarks/bench_journal.py``, docs/PERFORMANCE.md)."""
         while self._queue and (self._unsynced_since is None or time.monotonic() < sync_at):
             item = self._queue.popleft()
             with self._cond:
@@ -614,9 +606,7 @@ class RolloutJournal:
                 with self._cond:
                     if self._roll_after == roll_after:
                         self._roll_after = None
-            if self._fd is None or roll or self._segment_size + pending >= self.segment_bytes:
-                self._write(parts, pending, last)
-                parts, pending = [], 0
+            if self._fd is None or roll or self._segment_size >= self.segment_bytes:
                 self._start_segment(item.seq)
             fault_point("journal.append", item.seq)
             frame, media = self._frame(item)
@@ -626,25 +616,17 @@ class RolloutJournal:
                     if self._encode_barrier and item.seq >= self._encode_barrier:
                         self._encode_barrier = 0  # the waiters not done yet set it again
                         self._cond.notify_all()
-            parts.extend(frame)
-            pending += len(frame[0]) + len(frame[1])
             self._note_segment_record(item.seq, media)
-            last = item.seq
-            if pending >= 8 << 20 or len(parts) >= _IOV_MAX:
-                self._write(parts, pending, last)
-                parts, pending = [], 0
-        self._write(parts, pending, last)
+            self._write(frame, item.seq)
 
-    def _write(self, parts: list[bytes], size: int, last: int | None) -> None:
-        if not size:
-            return
+    def _write(self, parts: tuple[bytes, bytes], seq: int) -> None:
         assert self._fd is not None
         write_all(self._fd, parts)
+        size = len(parts[0]) + len(parts[1])
         self._segment_size += size
         self._batch_stats.bytes += size
         self._totals["bytes"] += size
-        if last is not None:
-            self._written_seq = last
+        self._written_seq = seq
         if self._unsynced_since is None:
             self._unsynced_since = time.time()
 
