@@ -14,7 +14,7 @@ from typing import Any
 
 from trainer_hooks.replay._report import REPORT_FORMAT
 
-__all__ = ["compare_reports", "fingerprints", "tensor_bytes"]
+__all__ = ["compare_reports", "fingerprints", "grid_fingerprint", "tensor_bytes", "tensor_fingerprint"]
 
 
 def _digest(t: Any) -> str:
@@ -31,6 +31,17 @@ def _dtype_str(t: Any) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+def tensor_fingerprint(t: Any) -> dict[str, Any]:
+    """Shape, dtype and sha256 of the bytes of ``t`` (row-major, as the cast left them)."""
+    return {"shape": list(t.shape), "dtype": _dtype_str(t), "sha256": _digest(t)}
+
+
+def grid_fingerprint(row: Any) -> tuple[int, dict[str, Any]]:
+    """``(patches, fingerprint)`` of one ``image_grid_thw`` row ``(t, h, w)``."""
+    t, h, w = (int(x) for x in row.tolist())
+    return t * h * w, {**tensor_fingerprint(row), "values": [[t, h, w]]}
+
+
 def fingerprints(inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per image: shape, dtype and sha256 of its rows of ``pixel_values`` and of ``image_grid_thw``."""
     grid = inputs.get("image_grid_thw")
@@ -40,23 +51,12 @@ def fingerprints(inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
     offset = 0
     for j, row in enumerate(grid):
-        t, h, w = (int(x) for x in row.tolist())
-        patches = t * h * w
+        patches, grid_entry = grid_fingerprint(row)
         entry: dict[str, Any] = {"image": j}
         if pixels is not None:
-            part = pixels[offset : offset + patches]
-            entry["pixel_values"] = {
-                "shape": list(part.shape),
-                "dtype": _dtype_str(part),
-                "sha256": _digest(part),
-            }
+            entry["pixel_values"] = tensor_fingerprint(pixels[offset : offset + patches])
         offset += patches
-        entry["image_grid_thw"] = {
-            "shape": list(row.shape),
-            "dtype": _dtype_str(row),
-            "sha256": _digest(row),
-            "values": [[t, h, w]],
-        }
+        entry["image_grid_thw"] = grid_entry
         out.append(entry)
     return out
 

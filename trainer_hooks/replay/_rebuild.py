@@ -19,7 +19,7 @@ rebuild of 20 samples x two 1080p screenshots peaks at under 0.6x the float32 on
 from __future__ import annotations
 
 from argparse import Namespace
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from trainer_hooks._sample_bundle import training_dtype_name
@@ -31,6 +31,7 @@ __all__ = [
     "compute_multimodal_train_inputs",
     "dtype_from_name",
     "get_rollout_data",
+    "processed_batches",
     "sample_images",
     "training_dtype",
 ]
@@ -92,6 +93,32 @@ def _cast(value: Any, dtype: Any) -> Any:
     return value
 
 
+def processed_batches(
+    images: Sequence[Any],
+    processor: Callable[..., Any],
+    reader: MediaReader,
+    where: str,
+    *,
+    per_image: bool = True,
+) -> Iterator[dict[str, Any]]:
+    """The processor's outputs (``input_ids``/``attention_mask`` left out) for ``images`` of the
+    sample ``where`` names, one image (or, ``per_image=False``, the whole list) at a time.
+
+    The caller owns each yielded dict and should ``pop`` its values: this generator keeps no other
+    reference to them, so a popped float32 tensor is freed as soon as the caller drops it."""
+    batches = [list(images)] if not per_image else [[img] for img in images]
+    for first, batch in zip(range(0, len(images), len(batches[0])), batches, strict=True):
+        pil = [
+            reader.image(img, f"{where}: multimodal_inputs.images[{first + j}]")
+            for j, img in enumerate(batch)
+        ]
+        raw = processor(images=pil, return_tensors="pt")
+        del pil
+        out = {key: raw[key] for key in list(raw.keys()) if key not in _TEXT_KEYS}
+        del raw
+        yield out
+
+
 def compute_multimodal_train_inputs(
     samples: Iterable[Any],
     processor: Callable[..., Any],
@@ -142,27 +169,16 @@ def compute_multimodal_train_inputs(
             if on_sample is not None:
                 on_sample(position, None, 0)
             continue
-        batches = [images] if not per_image else [[img] for img in images]
         parts: dict[str, list[Any]] = {}
         before = 0
-        for first, batch in zip(range(0, len(images), len(batches[0])), batches, strict=True):
-            pil = [
-                reader.image(img, f"{where}: multimodal_inputs.images[{first + j}]")
-                for j, img in enumerate(batch)
-            ]
-            raw = processor(images=pil, return_tensors="pt")
-            del pil
-            for key in list(raw.keys()):
-                if key in _TEXT_KEYS:
-                    continue
-                value = raw[key]
+        for raw in processed_batches(images, processor, reader, where, per_image=per_image):
+            for key in list(raw):
+                # pop: the float32 original must be gone before the next image is processed
+                value = raw.pop(key)
                 if isinstance(value, torch.Tensor):
                     before += value.numel() * value.element_size()
                 parts.setdefault(key, []).append(_cast(value, dtype))
-                # Drop the float32 original now: the next image must not find it still alive.
-                raw[key] = None
                 del value
-            del raw
         cast: dict[str, Any] = {}
         for key, values in parts.items():
             if len(values) == 1:

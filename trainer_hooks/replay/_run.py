@@ -6,6 +6,16 @@ token-space check, the prefill payload, and the fingerprints of every image. The
 runs in the driver (a local replay) and in each Ray task (:mod:`trainer_hooks.replay._ray`),
 which is why a merged Ray report equals the local one; :func:`summarize` computes ``summary``
 from the sample entries alone (plus the peak RSS, per process, the one field that differs).
+
+A replay keeps none of the tensors it rebuilds, only their fingerprints, so it does not call
+:func:`compute_multimodal_train_inputs` as the trainer does: each image's processor output goes
+to a :class:`~trainer_hooks.replay._overlap.PixelWorker`, whose thread casts it to the training
+dtype and fingerprints it while this thread decodes the next image and runs the processor on it;
+the sample's images are never concatenated (the fingerprints of per-image rows are those of the
+concatenation). The price is memory, bounded: one image's float32 output in flight and one
+reusable cast buffer (see :mod:`trainer_hooks.replay._overlap`). A sample is finished (its
+``images`` filled in, ``on_sample`` called) when the next one has started. A processor whose
+outputs are not per-image rows gets the trainer's own rebuild, on this thread.
 """
 
 from __future__ import annotations
@@ -14,17 +24,24 @@ import resource
 import sys
 from argparse import Namespace
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, cast
 
 from bundles import Bundle, BundleError
 from trainer_hooks._sample import Sample
-from trainer_hooks.replay._fingerprint import fingerprints, tensor_bytes
+from trainer_hooks.replay._fingerprint import fingerprints, grid_fingerprint, tensor_bytes
 from trainer_hooks.replay._guard import _default_convert, guard_violations
 from trainer_hooks.replay._media import MediaReader
+from trainer_hooks.replay._overlap import PixelResult, PixelWorker, _wait
 from trainer_hooks.replay._payload import build_prefill_scoring_payload
 from trainer_hooks.replay._plan import ReplayPlan, open_replay_bundle
 from trainer_hooks.replay._processor import ReplayProcessor, load_processor
-from trainer_hooks.replay._rebuild import compute_multimodal_train_inputs, dtype_from_name
+from trainer_hooks.replay._rebuild import (
+    compute_multimodal_train_inputs,
+    dtype_from_name,
+    processed_batches,
+    sample_images,
+)
 from trainer_hooks.replay._tokens import check_image_tokens
 
 __all__ = ["peak_rss_bytes", "replay_positions", "summarize"]
@@ -44,8 +61,12 @@ def replay_positions(
     processor: ReplayProcessor | None = None,
     with_payloads: bool = False,
     on_sample: Callable[[int], None] | None = None,
+    overlap: bool = True,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     """Replay the samples at ``positions`` of ``plan.bundle``.
+
+    ``overlap``: cast and fingerprint on a worker thread (see the module doc); False: the same
+    work on the calling thread, with the same results.
 
     Returns ``(sample entries, payloads (empty unless with_payloads), peak RSS of this process)``.
     """
@@ -59,15 +80,100 @@ def replay_positions(
     media = MediaReader(bundle, allow_outside=plan.allow_outside_media)
     entries: list[dict[str, Any]] = []
     payloads: list[dict[str, Any]] = []
-    # Only the shards holding these positions are read (a Ray task reads its own part).
-    for position, sample in zip(wanted, bundle.samples(Sample, indices=wanted), strict=True):
-        entry, payload = _replay_one(position, sample, processor, dtype, args, plan, media, with_payloads)
-        entries.append(entry)
-        if with_payloads and payload is not None:
-            payloads.append(payload)
-        if on_sample is not None:
-            on_sample(position)
+    # A sample is finished (its fingerprints filled in) once the next one's work has started.
+    pending: tuple[int, Callable[[], None]] | None = None
+    with PixelWorker(overlap) as worker:
+        # Only the shards holding these positions are read (a Ray task reads its own part).
+        for position, sample in zip(wanted, bundle.samples(Sample, indices=wanted), strict=True):
+            entry, payload, finish = _replay_one(
+                position, sample, processor, dtype, args, plan, media, with_payloads, worker
+            )
+            entries.append(entry)
+            if with_payloads and payload is not None:
+                payloads.append(payload)
+            if pending is not None:
+                _finish(pending, on_sample)
+            pending = (position, finish)
+        if pending is not None:
+            _finish(pending, on_sample)
     return entries, payloads, peak_rss_bytes()
+
+
+def _finish(pending: tuple[int, Callable[[], None]], on_sample: Callable[[int], None] | None) -> None:
+    position, finish = pending
+    finish()
+    if on_sample is not None:
+        on_sample(position)
+
+
+class _Sequential(Exception):
+    """This sample's processor outputs are not of the shape the worker path assumes."""
+
+
+def _rebuild_overlapped(
+    position: int,
+    sample: Sample,
+    processor: ReplayProcessor,
+    dtype: Any,
+    media: MediaReader,
+    worker: PixelWorker,
+) -> tuple[int, Any, int, list[Future[PixelResult]]] | None:
+    """The rebuild of :func:`compute_multimodal_train_inputs`, cast and fingerprints handed to
+    ``worker`` image by image: ``(bytes before the cast, image_grid_thw, its bytes, one job per
+    image)``, or None for a sample without images.
+
+    Raises :class:`_Sequential` unless each image's output is one ``pixel_values`` tensor whose
+    rows are its ``image_grid_thw`` rows' patches, of one trailing shape and dtype across the
+    sample, and an integer grid of ``(t, h, w)`` rows (what every Qwen2-VL-family processor
+    returns): only then are per-image fingerprints those of the concatenated sample."""
+    import torch
+
+    where = f"sample index {sample.index} (position {position})"
+    images = sample_images(sample, where)
+    if not images:
+        return None
+    before = 0
+    grids: list[Any] = []
+    jobs: list[Future[PixelResult]] = []
+    first: tuple[Any, Any] | None = None
+    for j, raw in enumerate(processed_batches(images, processor, media, where)):
+        if set(raw) != _PER_IMAGE_KEYS:
+            raise _Sequential
+        pixels, grid = raw.pop("pixel_values"), raw.pop("image_grid_thw")
+        if not (
+            isinstance(pixels, torch.Tensor) and isinstance(grid, torch.Tensor) and pixels.dim() >= 1
+            and grid.dim() == 2 and grid.shape[1] == 3 and not grid.is_floating_point()
+        ):  # fmt: skip
+            raise _Sequential
+        patches = [int(t) * int(h) * int(w) for t, h, w in grid.tolist()]
+        if first is None:
+            first = (pixels.shape[1:], pixels.dtype)
+        if pixels.shape[0] != sum(patches) or (pixels.shape[1:], pixels.dtype) != first:
+            raise _Sequential
+        before += pixels.numel() * pixels.element_size() + grid.numel() * grid.element_size()
+        jobs.append(worker.submit([pixels], dtype, patches, trim=j == len(images) - 1))
+        del pixels  # the worker holds the only reference
+        grids.append(grid)
+    grid = grids[0] if len(grids) == 1 else torch.cat(grids, dim=0)
+    return before, grid, grid.numel() * grid.element_size(), jobs
+
+
+def _rebuild_sequential(
+    position: int, sample: Sample, processor: ReplayProcessor, dtype: Any, media: MediaReader
+) -> tuple[int, Any, int, list[dict[str, Any]]] | None:
+    """The rebuild as the trainer does it, for the outputs :func:`_rebuild_overlapped` refuses."""
+    before = [0]
+    rebuilt = compute_multimodal_train_inputs(
+        [sample],
+        processor,
+        dtype,
+        on_sample=lambda _p, _c, b: before.__setitem__(0, b),
+        first_position=position,
+        media=media,
+    )[0]
+    if rebuilt is None:
+        return None
+    return before[0], rebuilt.get("image_grid_thw"), tensor_bytes(rebuilt), fingerprints(rebuilt)
 
 
 def _replay_one(
@@ -79,7 +185,9 @@ def _replay_one(
     plan: ReplayPlan,
     media: MediaReader,
     with_payload: bool,
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    worker: PixelWorker,
+) -> tuple[dict[str, Any], dict[str, Any] | None, Callable[[], None]]:
+    """Everything but the fingerprints, which ``finish()`` fills in once the worker has them."""
     problems: list[dict[str, Any]] = []
     entry: dict[str, Any] = {
         "position": position,
@@ -98,26 +206,23 @@ def _replay_one(
     except (ValueError, TypeError, KeyError) as e:
         problems.append({"kind": "convert", "message": f"sample index {sample.index}: {e}", "image": None})
 
-    before = [0]
+    rebuilt: tuple[int, Any, int, list[Any]] | None
     try:
-        rebuilt = compute_multimodal_train_inputs(
-            [sample],
-            processor,
-            dtype,
-            on_sample=lambda _p, _c, b: before.__setitem__(0, b),
-            first_position=position,
-            media=media,
-        )[0]
+        try:
+            rebuilt = _rebuild_overlapped(position, sample, processor, dtype, media, worker)
+        except _Sequential:
+            rebuilt = _rebuild_sequential(position, sample, processor, dtype, media)
     except (OSError, ValueError, BundleError) as e:
         problems.append({"kind": "rebuild", "message": str(e), "image": None})  # names index and position
         rebuilt = None
+    tokens_per_image: list[tuple[int, int | None]] = []
+    finish: Callable[[], None] = _nothing
     if rebuilt is not None:
-        entry["bytes_before_cast"] = before[0]
-        entry["bytes_after_cast"] = tensor_bytes(rebuilt)
-        images = fingerprints(rebuilt)
-        grid = rebuilt.get("image_grid_thw")
-        tokens = sample.tokens if isinstance(sample.tokens, (list, tuple)) else []  # else a payload problem
+        before, grid, grid_bytes, pixels = rebuilt
+        entry["bytes_before_cast"] = before
         if grid is not None:
+            # not a list: a payload problem
+            tokens = sample.tokens if isinstance(sample.tokens, (list, tuple)) else []
             expected, found, token_problems = check_image_tokens(
                 tokens,
                 grid,
@@ -125,25 +230,43 @@ def _replay_one(
                 image_token_id=processor.image_token_id,
                 sample_index=sample.index,
             )
-            for img, want, got in zip(images, expected, found, strict=True):
-                img["vision_tokens"] = want
-                img["placeholder_tokens"] = got
+            tokens_per_image = list(zip(expected, found, strict=True))
             if plan.token_space:
                 problems.extend(token_problems)
-        entry["images"] = [
-            {
-                k: img.get(k)
-                for k in ("image", "vision_tokens", "placeholder_tokens", "pixel_values", "image_grid_thw")
-            }
-            for img in images
-        ]
-        del rebuilt
+
+        def fill_images() -> None:
+            if pixels and isinstance(pixels[0], Future):  # the worker's jobs: one per image
+                results = [_wait(job) for job in pixels]
+                rows = [row for fingerprints_of_image, _ in results for row in fingerprints_of_image]
+                entry["bytes_after_cast"] = sum(n for _, n in results) + grid_bytes
+                images = [
+                    {"image": j, "pixel_values": row, "image_grid_thw": grid_fingerprint(g)[1]}
+                    for j, (row, g) in enumerate(zip(rows, grid, strict=True))
+                ]
+            else:  # the sequential rebuild's fingerprints
+                entry["bytes_after_cast"] = grid_bytes
+                images = cast("list[dict[str, Any]]", pixels)
+            for img, (want, got) in zip(images, tokens_per_image, strict=True):
+                img["vision_tokens"] = want
+                img["placeholder_tokens"] = got
+            entry["images"] = [{k: img.get(k) for k in _IMAGE_KEYS} for img in images]
+
+        finish = fill_images
+
     payload = None
     try:
         payload = build_prefill_scoring_payload(args, sample, {}, media=media, images=with_payload)
     except (OSError, ValueError, BundleError) as e:
         problems.append({"kind": "payload", "message": str(e), "image": None})
-    return entry, payload
+    return entry, payload, finish
+
+
+def _nothing() -> None:
+    pass
+
+
+_PER_IMAGE_KEYS = frozenset({"pixel_values", "image_grid_thw"})
+_IMAGE_KEYS = ("image", "vision_tokens", "placeholder_tokens", "pixel_values", "image_grid_thw")
 
 
 def summarize(
