@@ -126,9 +126,8 @@ def puts_per_second(
     }
 
 
-def recovery(bench: Path, run_dir: Path, samples: list[dict], save: str, interval: float) -> dict:
-    shared = bench / "shared-recover"
-    remove_tree(shared) if shared.exists() else None
+def journal_for_recovery(bench: Path, run_dir: Path, samples: list[dict], save: str, interval: float) -> None:
+    """The journal a recovery from ``save`` reads: ``samples`` in groups of 8, no checkpoint."""
     prefix = journal_prefix(save)
     directory = bench / "journal-spool" if prefix is not None else journal_dir(save)
     if prefix is not None:
@@ -138,6 +137,14 @@ def recovery(bench: Path, run_dir: Path, samples: list[dict], save: str, interva
     else:
         shipper = None
     journal_groups(samples, directory, run_dir, interval, shipper=shipper)
+
+
+def recovery(bench: Path, groups_n: int, save: str, interval: float) -> dict:
+    """``FullyAsyncRolloutFn.load`` from ``save`` until the first new group is generated. The
+    caller holds no samples meanwhile: a trainer resuming holds none either, and the collector
+    would walk them (tens of millions of list slots) on every collection of the heap."""
+    shared = bench / "shared-recover"
+    remove_tree(shared) if shared.exists() else None
     first = threading.Event()
 
     async def gen(args: Any, sample: Any) -> Any:
@@ -154,7 +161,6 @@ def recovery(bench: Path, run_dir: Path, samples: list[dict], save: str, interva
             "--rollout-journal-interval", str(interval),
         ]
     )  # fmt: skip
-    groups_n = len(samples) // 8
     more = [[{"index": 10**6 + i, "group_index": 10**6} for i in range(8)]]
     fn = FullyAsyncRolloutFn(
         args, ListDataSource([[]] * groups_n + more), generate_sample=gen, max_in_flight=1, max_buffered=10**6
@@ -236,13 +242,17 @@ def journal_figures(
     del samples
     if recover_n:
         groups = make_samples(recover_n // 8 * 8, images, seed=1)
-        remote = recovery(bench, run_dir, groups, f"{url}/recover", 1.0)
+        groups_n = len(groups) // 8
         local_save = bench / "journal-recover-local"
         remove_tree(local_save) if local_save.exists() else None
-        here = recovery(bench, run_dir, groups, str(local_save), 1.0)
+        journal_for_recovery(bench, run_dir, groups, f"{url}/recover", 1.0)
+        journal_for_recovery(bench, run_dir, groups, str(local_save), 1.0)
+        del groups
+        remote = recovery(bench, groups_n, f"{url}/recover", 1.0)
+        here = recovery(bench, groups_n, str(local_save), 1.0)
         remove_tree(local_save) if local_save.exists() else None
         print(
-            f"journal on the store, recovery of {len(groups)} journaled samples: first new group after "
+            f"journal on the store, recovery of {groups_n * 8} journaled samples: first new group after "
             f"{remote['first_group_s']:.2f} s (load {remote['load_s']:.2f} s; goal <= 2 s); from a local "
             f"journal {here['first_group_s']:.2f} s",
             flush=True,

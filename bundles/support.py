@@ -37,7 +37,9 @@ What is here, by concern:
 * **Codec primitives.** :func:`only_numbers`, the C-speed proof that a list holds only ints,
   floats and bools, which the encoder uses to pack a number list as it is; a client that proves a
   list once (a snapshot's type check) hands its result to the encoder (``number_lists`` of
-  :func:`bundles.sample_encoder`'s ``encode``) instead of proving it twice.
+  :func:`bundles.sample_encoder`'s ``encode``) instead of proving it twice; :func:`gc_paused`,
+  the cyclic collector paused around work that builds many containers and no cycles (a save, a
+  decode, a journal's scan), whose collections would otherwise walk the whole process's heap.
 * **On-disk names** a tool looking inside a bundle directory needs: :data:`MANIFEST_NAME`,
   :data:`MEDIA_DIR`, :data:`SHARDS_DIR` (docs/FORMAT.md); and :data:`SINGLE_WRITER_ENV`, the
   environment variable that opts in to writing on a store that ignores preconditions.
@@ -66,7 +68,7 @@ from bundles._cli import (
     main_with,
     run_command,
 )
-from bundles._codec import only_numbers
+from bundles._codec import gc_paused, only_numbers
 from bundles._commit import scratch_dir
 from bundles._faults import KILL_ENV, arm_kill, fault_point, on_fault_point
 from bundles._fs import remove_tree
@@ -98,6 +100,7 @@ __all__ = [
     "check_output_file",
     "cli_message",
     "fault_point",
+    "gc_paused",
     "human_bytes",
     "int_at_least",
     "main_with",

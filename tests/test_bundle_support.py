@@ -82,3 +82,26 @@ def test_place_file_links_copies_and_never_places_a_file_swapped_in(tmp_path):
         # A copy reads the file that was opened, not the one now at the path.
         assert support.place_file(src, tmp_path / "copy-of-opened", link="copy", opened=opened) == "copy"
         assert (tmp_path / "copy-of-opened").read_bytes() == b"screenshot"
+
+
+def test_gc_paused_pauses_the_collector_and_gives_it_back_as_it_found_it():
+    import gc
+
+    from bundles.support import gc_paused
+
+    assert gc.isenabled()
+    with pytest.raises(KeyError):
+        with gc_paused():
+            assert not gc.isenabled()
+            with gc_paused():  # nested: the inner exit leaves it paused
+                pass
+            assert not gc.isenabled()
+            raise KeyError("x")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # off before, off after
+    finally:
+        gc.enable()

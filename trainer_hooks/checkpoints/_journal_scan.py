@@ -39,7 +39,7 @@ import msgpack
 import zstandard
 
 from bundles import BundleError, UnsafeBundleError
-from bundles.support import open_regular_file
+from bundles.support import gc_paused, open_regular_file
 from trainer_hooks.checkpoints._journal_format import (
     FRAME,
     FRAME_V1,
@@ -452,12 +452,16 @@ def scan_journal(
     chains: dict[str, list[_Entry]] = {}
     for entry in _entries(directory, only):
         chains.setdefault(entry.lineage, []).append(entry)
-    for name in sorted(chains):
-        if lineage is not None and name != lineage:
-            for entry in chains[name]:
-                _foreign(scan, entry, lineage)
-            continue
-        _scan_chain(scan, chains[name], after_seq, decode_bodies)
+    # A scan makes a few objects a record (tens of thousands) and no cycles; the collections
+    # they set off walk the whole heap of a trainer's process each time (its model, torch, the
+    # samples it holds): with the collector on, a scan of 10,000 records took 2-3x as long.
+    with gc_paused():
+        for name in sorted(chains):
+            if lineage is not None and name != lineage:
+                for entry in chains[name]:
+                    _foreign(scan, entry, lineage)
+                continue
+            _scan_chain(scan, chains[name], after_seq, decode_bodies)
     return scan
 
 

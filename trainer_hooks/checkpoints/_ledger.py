@@ -60,7 +60,7 @@ from bundles import (
     UnsafeBundleError,
     decode_sample,
 )
-from bundles.support import fault_point, open_regular_file, place_file, remove_tree, scratch_dir
+from bundles.support import fault_point, gc_paused, open_regular_file, place_file, remove_tree, scratch_dir
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
 from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
@@ -620,10 +620,11 @@ class RolloutLedger:
             if ckpt is None:
                 lineage = self._only_lineage(jdir, state)
             if lineage is not None:
-                records, last = self._journal_records(jdir, lineage, ckpt, watermark, earlier, state)
-                replay.media_ok = self._media_check(jdir, records, state)
-                for rec in records:
-                    replay.apply(rec, watermark)
+                with gc_paused():  # thousands of records, groups and no cycles (see scan_journal)
+                    records, last = self._journal_records(jdir, lineage, ckpt, watermark, earlier, state)
+                    replay.media_ok = self._media_check(jdir, records, state)
+                    for rec in records:
+                        replay.apply(rec, watermark)
                 self._first_seq = max(self._first_seq, last + 1, watermark + 1)
             self.lineage = lineage or self.lineage
         elif ckpt is not None:
