@@ -238,8 +238,37 @@ def recovery(bench_dir: Path, run_dir: Path, n: int, interval: float, images: li
     journal_groups(samples, journal_dir(save), run_dir, interval)
     del samples
     os.sync()
-    floor_per_s, plain_per_s = decode_floor(journal_dir(save), run_dir)
+    # Twice over, alternating: the codec's floor, then a recovery and the full decode of what it
+    # restored; each side's better run is compared (the first of either pays for growing the
+    # heap, and on a shared machine one run of either can be disturbed).
+    floors, plains, loads, firsts, decodes = [], [], [], [], []
+    decoded = 0
+    for _ in range(2):
+        floor_per_s, plain_per_s = decode_floor(journal_dir(save), run_dir)
+        floors.append(floor_per_s)
+        plains.append(plain_per_s)
+        t_load, t_first, decoded, t_decode = _recover_once(save, shared, interval, groups_n)
+        loads.append(t_load)
+        firsts.append(t_first)
+        decodes.append(decoded / t_decode)
+    shutil.rmtree(save, ignore_errors=True)
+    shutil.rmtree(shared, ignore_errors=True)
+    return {
+        "samples": decoded,
+        "load_s": min(loads),
+        "first_group_s": min(firsts),
+        "decode_per_s": max(decodes),
+        "decode_floor_per_s": max(floors),
+        "plain_msgpack_per_s": max(plains),
+    }
 
+
+def _recover_once(
+    save: Path, shared: Path, interval: float, groups_n: int
+) -> tuple[float, float, int, float]:
+    """``FullyAsyncRolloutFn.load`` from ``save``: seconds to load, to the first new group handed
+    to the generator, and the full decode of every restored group (samples, seconds)."""
+    shutil.rmtree(shared, ignore_errors=True)
     first = threading.Event()
 
     async def gen(args, sample):
@@ -279,20 +308,7 @@ def recovery(bench_dir: Path, run_dir: Path, n: int, interval: float, images: li
     t_decode = time.perf_counter() - t1
     fn.close()
     del lazy, fn
-    # The floor again, now that the heap has grown once for every run: the better of its two
-    # runs is the one compared against (the first pays for growing the heap, as the recovery may).
-    again = decode_floor(journal_dir(save), run_dir)
-    floor_per_s, plain_per_s = max(floor_per_s, again[0]), max(plain_per_s, again[1])
-    shutil.rmtree(save, ignore_errors=True)
-    shutil.rmtree(shared, ignore_errors=True)
-    return {
-        "samples": decoded,
-        "load_s": t_load,
-        "first_group_s": t_first,
-        "decode_per_s": decoded / t_decode,
-        "decode_floor_per_s": floor_per_s,
-        "plain_msgpack_per_s": plain_per_s,
-    }
+    return t_load, t_first, decoded, t_decode
 
 
 def main(argv: list[str] | None = None) -> int:
