@@ -45,7 +45,7 @@ import numpy as np
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_save import ensure_media, machine_description
+from bench_save import ensure_media, fsync_file, machine_description
 
 import bundles
 
@@ -73,14 +73,6 @@ def make_samples(paths: list[Path], n: int, tokens: int, refs: int) -> list[dict
     ]
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 PACKERS = {"msgpack": msgpack.Packer().pack, "msgspec": msgspec.msgpack.Encoder().encode}
 
 
@@ -102,8 +94,8 @@ def floor_save(samples: list[dict[str, Any]], paths: list[Path], dest: Path, pac
             os.fsync(fd)
         finally:
             os.close(fd)
-    _fsync_dir(media)
-    _fsync_dir(staging)
+    fsync_file(media)  # a directory: its entries (bench_save's fsync opens read-only)
+    fsync_file(staging)
     os.rename(staging, dest)
 
 
