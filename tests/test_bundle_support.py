@@ -90,13 +90,12 @@ def test_gc_paused_pauses_the_collector_and_gives_it_back_as_it_found_it():
     from bundles.support import gc_paused
 
     assert gc.isenabled()
-    with pytest.raises(KeyError):
-        with gc_paused():
-            assert not gc.isenabled()
-            with gc_paused():  # nested: the inner exit leaves it paused
-                pass
-            assert not gc.isenabled()
-            raise KeyError("x")
+    with pytest.raises(KeyError), gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():  # nested: the inner exit leaves it paused
+            pass
+        assert not gc.isenabled()
+        raise KeyError("x")
     assert gc.isenabled()
     gc.disable()
     try:
