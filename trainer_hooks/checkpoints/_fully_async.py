@@ -147,6 +147,11 @@ def _group_index(group: list[Any]) -> tuple[int, int]:
 class FullyAsyncRolloutFn:
     """Fully-asynchronous rollout with background generation and bundled checkpoints.
 
+    This is the trainer-agnostic loop (``trainer_hooks.FullyAsyncRolloutFn``), for a trainer of
+    one's own. Under Miles use :class:`trainer_hooks.miles.FullyAsyncRolloutFn` instead: Miles' own
+    class with ``save``/``load``, which keeps Miles' name so that ``--rollout-function-path`` needs
+    only the module changed.
+
     Args:
         args: parsed arguments (``rollout_batch_size``, ``save``, ``load``, run media options).
         data_source: ``get_samples(n) -> list[group]`` object or a callable ``n -> list[group]``.
