@@ -432,6 +432,18 @@ def test_an_int_enum_member_is_stored_as_its_value_wherever_it_is(tmp_path, valu
     assert set(types(back["v"])) == {int}
 
 
+class Huge(enum.IntEnum):
+    X = 2**70
+
+
+@pytest.mark.parametrize("value", [Huge.X, [Huge.X], [0] * 100 + [Huge.X]], ids=["scalar", "short", "long"])
+def test_an_int_enum_beyond_64_bits_is_refused_naming_its_key_path(tmp_path, value):
+    with pytest.raises(
+        UnsupportedValueError, match=r"samples\[0\]\.v(\[\d+\])?: <Huge\.X: \d+>'s value \d+ does not fit"
+    ):
+        write_bundle(tmp_path / "b", [{"v": value}])
+
+
 def test_an_enum_of_other_values_is_refused(tmp_path):
     with pytest.raises(
         UnsupportedValueError, match=r"samples\[0\]\.v: values of type .*Shade.* cannot be stored"
