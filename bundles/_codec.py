@@ -462,13 +462,11 @@ def _explain(sample: Any, where: str, encoder: SampleEncoder) -> None:
         elif t is list or t is tuple:
             stack.extend(reversed([(v, f"{path}[{i}]") for i, v in enumerate(obj)]))
         elif isinstance(obj, enum.Enum):
-            # Stored as its value (``_enum_member``), so judged by it: an int enum's value must
-            # fit in 64 bits; an enum of anything but ints and floats is refused.
-            if isinstance(obj, int):
-                if not _INT_MIN <= int(obj) <= _UINT_MAX:
-                    raise UnsupportedValueError(f"{path}: {obj!r}'s value {int(obj)} does not fit in 64 bits")
-            elif not isinstance(obj, float):
-                raise _unsupported_type(obj, path)
+            # Stored as its value, so judged by it (``_enum_member`` refuses all but int and
+            # float enums): an int enum's value must fit in 64 bits.
+            value = encoder._enum_member(obj, path, 0)
+            if type(value) is int and not _INT_MIN <= value <= _UINT_MAX:
+                raise UnsupportedValueError(f"{path}: {obj!r}'s value {value} does not fit in 64 bits")
         elif not (t in _PASSTHROUGH or t is str or t in encoder.ext_by_type or encoder.has_class_ext(obj)):
             raise _unsupported_type(obj, path)
 

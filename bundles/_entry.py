@@ -308,9 +308,10 @@ def child_location(root: str | os.PathLike[str], rel: str) -> Path:
     absolute or normalised (what a report records of where a bundle was read). Naming needs no
     store client: a store URL is named even where obstore is not installed."""
     text = os.fspath(root)
-    if url_scheme(text) in STORE_SCHEMES or classify(text) == "store":
+    if url_scheme(text) in STORE_SCHEMES:
         url: Any = StoreURL(text).child(rel) if rel else StoreURL(text)
         return url
+    classify(text)  # refuses any other URL scheme, and a store URL whose '//' was collapsed
     path = Path(os.path.abspath(text))
     return path.joinpath(*rel.split("/")) if rel else path
 

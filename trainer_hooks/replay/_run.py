@@ -25,7 +25,7 @@ import sys
 from argparse import Namespace
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import Any
 
 from bundles import Bundle, BundleError
 from trainer_hooks._sample import Sample
@@ -106,6 +106,12 @@ def _finish(pending: tuple[int, Callable[[], None]], on_sample: Callable[[int], 
         on_sample(position)
 
 
+# A sample's rebuild: bytes before the cast, its image_grid_thw, and its results (bytes after
+# the cast, one fingerprint entry per image), which the overlapped rebuild has only once its
+# worker jobs are done.
+_Rebuilt = tuple[int, Any, Callable[[], tuple[int, list[dict[str, Any]]]]]
+
+
 class _Sequential(Exception):
     """This sample's processor outputs are not of the shape the worker path assumes."""
 
@@ -117,10 +123,9 @@ def _rebuild_overlapped(
     dtype: Any,
     media: MediaReader,
     worker: PixelWorker,
-) -> tuple[int, Any, int, list[Future[PixelResult]]] | None:
+) -> _Rebuilt | None:
     """The rebuild of :func:`compute_multimodal_train_inputs`, cast and fingerprints handed to
-    ``worker`` image by image: ``(bytes before the cast, image_grid_thw, its bytes, one job per
-    image)``, or None for a sample without images.
+    ``worker`` image by image, or None for a sample without images.
 
     Raises :class:`_Sequential` unless each image's output is one ``pixel_values`` tensor whose
     rows are its ``image_grid_thw`` rows' patches, of one trailing shape and dtype across the
@@ -155,12 +160,23 @@ def _rebuild_overlapped(
         del pixels  # the worker holds the only reference
         grids.append(grid)
     grid = grids[0] if len(grids) == 1 else torch.cat(grids, dim=0)
-    return before, grid, grid.numel() * grid.element_size(), jobs
+
+    def results() -> tuple[int, list[dict[str, Any]]]:
+        done = [_wait(job) for job in jobs]
+        rows = [row for fingerprints_of_image, _ in done for row in fingerprints_of_image]
+        after = sum(n for _, n in done) + grid.numel() * grid.element_size()
+        images = [
+            {"image": j, "pixel_values": row, "image_grid_thw": grid_fingerprint(g)[1]}
+            for j, (row, g) in enumerate(zip(rows, grid, strict=True))
+        ]
+        return after, images
+
+    return before, grid, results
 
 
 def _rebuild_sequential(
     position: int, sample: Sample, processor: ReplayProcessor, dtype: Any, media: MediaReader
-) -> tuple[int, Any, int, list[dict[str, Any]]] | None:
+) -> _Rebuilt | None:
     """The rebuild as the trainer does it, for the outputs :func:`_rebuild_overlapped` refuses."""
     before = [0]
     rebuilt = compute_multimodal_train_inputs(
@@ -173,7 +189,8 @@ def _rebuild_sequential(
     )[0]
     if rebuilt is None:
         return None
-    return before[0], rebuilt.get("image_grid_thw"), tensor_bytes(rebuilt), fingerprints(rebuilt)
+    after, images = tensor_bytes(rebuilt), fingerprints(rebuilt)
+    return before[0], rebuilt.get("image_grid_thw"), lambda: (after, images)
 
 
 def _replay_one(
@@ -206,7 +223,7 @@ def _replay_one(
     except (ValueError, TypeError, KeyError) as e:
         problems.append({"kind": "convert", "message": f"sample index {sample.index}: {e}", "image": None})
 
-    rebuilt: tuple[int, Any, int, list[Any]] | None
+    rebuilt: _Rebuilt | None
     try:
         try:
             rebuilt = _rebuild_overlapped(position, sample, processor, dtype, media, worker)
@@ -218,7 +235,7 @@ def _replay_one(
     tokens_per_image: list[tuple[int, int | None]] = []
     finish: Callable[[], None] = _nothing
     if rebuilt is not None:
-        before, grid, grid_bytes, pixels = rebuilt
+        before, grid, results = rebuilt
         entry["bytes_before_cast"] = before
         if grid is not None:
             # not a list: a payload problem
@@ -235,17 +252,7 @@ def _replay_one(
                 problems.extend(token_problems)
 
         def fill_images() -> None:
-            if pixels and isinstance(pixels[0], Future):  # the worker's jobs: one per image
-                results = [_wait(job) for job in pixels]
-                rows = [row for fingerprints_of_image, _ in results for row in fingerprints_of_image]
-                entry["bytes_after_cast"] = sum(n for _, n in results) + grid_bytes
-                images = [
-                    {"image": j, "pixel_values": row, "image_grid_thw": grid_fingerprint(g)[1]}
-                    for j, (row, g) in enumerate(zip(rows, grid, strict=True))
-                ]
-            else:  # the sequential rebuild's fingerprints
-                entry["bytes_after_cast"] = grid_bytes
-                images = cast("list[dict[str, Any]]", pixels)
+            entry["bytes_after_cast"], images = results()
             for img, (want, got) in zip(images, tokens_per_image, strict=True):
                 img["vision_tokens"] = want
                 img["placeholder_tokens"] = got
