@@ -39,8 +39,7 @@ from bundles._remote import (
 )
 from bundles._sample_codec import decode_sample, encode_sample, sample_encoder
 from bundles._store import StoreURL
-
-__version__ = "0.1.0"
+from bundles._version import __version__
 
 __all__ = [
     "DECODABLE_IMAGE_FORMATS",
@@ -85,10 +84,8 @@ __all__ += _errors.__all__
 
 
 # Deprecated aliases, kept for one release: these moved to bundles.support (not the format API).
-_MOVED_TO_SUPPORT = frozenset({"scratch_dir"})
-
-
 def __getattr__(name: str) -> object:
+    from bundles._commit import scratch_dir
     from bundles._deprecated import moved_to_support
 
-    return moved_to_support("bundles", _MOVED_TO_SUPPORT, name)
+    return moved_to_support("bundles", {"scratch_dir": scratch_dir}, name)

@@ -40,6 +40,7 @@ from bundles._errors import (
     public_path,
 )
 from bundles._layout import FORMAT_VERSION
+from bundles._version import __version__
 
 PROG = "rollout-bundle"
 
@@ -91,8 +92,6 @@ def check_output_file(flag: str, path: str | os.PathLike[str] | None, *, create_
 
 
 def version_text() -> str:
-    from bundles import __version__
-
     return (
         f"{PROG} {__version__} (bundle format_version {FORMAT_VERSION}; Python {platform.python_version()})"
     )

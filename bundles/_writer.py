@@ -68,6 +68,7 @@ from bundles._media import MediaRef, digest_from_name, media_suffix, sha256_file
 from bundles._options import OUTSIDE_PATHS, LinkMode, OutsidePolicy
 from bundles._pil import png_bytes
 from bundles._progress import Progress
+from bundles._version import __version__
 
 
 def _exists(path: str, follow: bool = True) -> bool:
@@ -82,8 +83,6 @@ def _exists(path: str, follow: bool = True) -> bool:
 
 
 def _package_version() -> str:
-    from bundles import __version__
-
     return __version__
 
 

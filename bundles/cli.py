@@ -44,8 +44,10 @@ _MOVED_TO_SUPPORT = frozenset(
 
 def __getattr__(name: str) -> object:
     from bundles._deprecated import moved_to_support
+    from bundles._progress import Progress
 
-    return moved_to_support("bundles.cli", _MOVED_TO_SUPPORT, name)
+    found = {n: Progress if n == "Progress" else getattr(_cli, n) for n in _MOVED_TO_SUPPORT}
+    return moved_to_support("bundles.cli", found, name)
 
 
 BUNDLE_HELP = "a bundle directory or a packed bundle file, local or on an object store (s3://bucket/prefix)"
