@@ -195,3 +195,33 @@ def test_the_location_check_catches_a_question(tmp_path, monkeypatch):
     bad.write_text("import bundles\nif bundles.is_store_url(p):\n    pass\n")
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     assert location_questions([bad]) == ["trainer_hooks/dumps/_x.py:2: is_store_url()"]
+
+
+# -- public surfaces hold what users call -----------------------------------------------------
+def private_names_in_all(paths: list[Path]) -> list[str]:
+    """``file:line: name`` for each ``_``-name (dunders aside) listed in a literal ``__all__``."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            if not isinstance(node, ast.Assign | ast.AugAssign):
+                continue
+            if not any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                continue
+            for item in ast.walk(node.value):
+                if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                    name = item.value
+                    if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
+                        found.append(f"{path.name}:{item.lineno}: {name}")
+    return found
+
+
+def test_no_private_name_is_exported():
+    paths = [p for pkg in ("bundles", "trainer_hooks") for p in sorted((ROOT / pkg).rglob("*.py"))]
+    assert private_names_in_all(paths) == []
+
+
+def test_the_private_export_check_catches_a_planted_one(tmp_path):
+    planted = tmp_path / "face.py"
+    planted.write_text('__all__ = ["public", "__version__"]\n__all__ += ["_internal"]\n')
+    assert private_names_in_all([planted]) == ["face.py:2: _internal"]

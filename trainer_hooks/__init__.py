@@ -69,7 +69,10 @@ from trainer_hooks.dumps import (
     save_debug_trajectory_data,
 )
 from trainer_hooks.replay import (
-    _build_prefill_scoring_payload,
+    # Miles' private name for the same function, importable for drop-in parity, not in __all__.
+    _build_prefill_scoring_payload as _build_prefill_scoring_payload,
+)
+from trainer_hooks.replay import (
     build_prefill_scoring_payload,
     check_image_tokens,
     compute_multimodal_train_inputs,
@@ -123,7 +126,6 @@ __all__ = [
     "SnapshotError",
     "SweepEntry",
     "UnsafeRunDirError",
-    "_build_prefill_scoring_payload",
     "acquire_run_lease",
     "add_arguments",
     "build_prefill_scoring_payload",

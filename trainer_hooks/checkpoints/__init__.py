@@ -77,7 +77,6 @@ from trainer_hooks.checkpoints._paths import (
     CHECKPOINT_SUBDIR,
     CHECKPOINT_VERSION,
     READABLE_CHECKPOINT_VERSIONS,
-    _require,
     checkpoint_path,
     list_rollout_checkpoints,
 )
@@ -125,7 +124,6 @@ __all__ = [
     "RolloutStateCut",
     "RolloutWorkerError",
     "SnapshotError",
-    "_require",
     "apply_retention",
     "check_fingerprint",
     "checkpoint_path",

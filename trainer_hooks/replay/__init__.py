@@ -25,7 +25,10 @@ from trainer_hooks.replay._fingerprint import compare_reports
 from trainer_hooks.replay._guard import convert_samples_to_train_data
 from trainer_hooks.replay._memory import tune_allocator
 from trainer_hooks.replay._payload import (
-    _build_prefill_scoring_payload,
+    # Miles' private name for the same function, importable for drop-in parity, not in __all__.
+    _build_prefill_scoring_payload as _build_prefill_scoring_payload,
+)
+from trainer_hooks.replay._payload import (
     build_prefill_scoring_payload,
     sglang_generate_fields,
 )
@@ -54,7 +57,6 @@ __all__ = [
     "REPORT_FORMAT",
     "ReplayProcessor",
     "ReportError",
-    "_build_prefill_scoring_payload",
     "build_prefill_scoring_payload",
     "bundle_identity",
     "check_image_tokens",
