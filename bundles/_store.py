@@ -38,11 +38,20 @@ from bundles._errors import (
     BundleError,
     BundleIOError,
     BundleNotFoundError,
+    UnsafeBundleError,
     UnsupportedLocationError,
 )
 from bundles._location import STORE_EXTRA, STORE_SCHEMES
 
-__all__ = ["Store", "StoreURL", "bucket_missing", "get_store", "parallel", "store_error"]
+__all__ = [
+    "ObjectTooLargeError",
+    "Store",
+    "StoreURL",
+    "bucket_missing",
+    "get_store",
+    "parallel",
+    "store_error",
+]
 
 DEFAULT_MAX_RETRIES = 5
 DEFAULT_RETRY_TIMEOUT_S = 120.0
@@ -119,6 +128,11 @@ class StoreURL(str):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (StoreURL, (str(self),))
+
+
+class ObjectTooLargeError(UnsafeBundleError):
+    """An object larger than the cap its reader puts on it (:meth:`Store.get` with ``max_bytes``),
+    refused before its body is read."""
 
 
 def _import_obstore() -> Any:
@@ -271,10 +285,30 @@ class Store:
         same bytes)."""
         self.obs.put(self.store, key, path, use_multipart=True, chunk_size=16 * 1024 * 1024)
 
-    def get(self, key: str) -> tuple[bytes, dict[str, Any]]:
+    def url_of(self, key: str) -> str:
+        return f"{self.scheme}://{self.bucket}/{key}"
+
+    def get(self, key: str, max_bytes: int | None = None, cap: str = "cap") -> tuple[bytes, dict[str, Any]]:
+        """The object's bytes and metadata. With ``max_bytes``, an object larger than that is
+        refused with :class:`ObjectTooLargeError` (naming its URL and the reader's ``cap``) from
+        the size the GET's answer declares, before its body is read: the connection is dropped
+        with at most a few hundred KiB received, however large the object (a HEAD first would
+        cost a request and still race a replacement). The body read is then at most that size."""
         result = self.obs.get(self.store, key)
-        data = result.bytes()
-        return bytes(data), dict(result.meta)
+        meta = dict(result.meta)
+        if max_bytes is not None:
+            size = int(meta.get("size") or 0)
+            if size > max_bytes:
+                del result  # drops the answer's body unread
+                raise ObjectTooLargeError(
+                    f"{self.url_of(key)}: {size} bytes exceeds the {cap} of {max_bytes} bytes"
+                )
+        data = bytes(result.bytes())
+        if max_bytes is not None and len(data) > max_bytes:  # never with a Content-Length, but cheap
+            raise ObjectTooLargeError(
+                f"{self.url_of(key)}: {len(data)} bytes exceeds the {cap} of {max_bytes} bytes"
+            )
+        return data, meta
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return bytes(self.obs.get_range(self.store, key, start=start, end=end))

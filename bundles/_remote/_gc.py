@@ -63,6 +63,7 @@ from bundles._errors import BundleError, GarbagePrefixError
 from bundles._faults import fault_point
 from bundles._layout import (
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     MEDIA_DIR,
     SHARD_PATH_RE,
     STORE_GENERATION_RE,
@@ -70,7 +71,7 @@ from bundles._layout import (
     STORE_POINTER_NAME,
 )
 from bundles._manifest import parse_manifest_bytes
-from bundles._remote._pointer import _Place, parse_pointer
+from bundles._remote._pointer import MAX_POINTER_BYTES, _Place, parse_pointer
 from bundles._source import layout_name_ok
 from bundles._store import Store, StoreURL, get_store, parallel, store_error
 
@@ -174,10 +175,10 @@ def _judge(store: Store, url: StoreURL, b: _Bundle) -> None:
     """Read ``U``'s pointer and its manifest; leave ``b`` unreadable when either fails a check."""
     bundle_url = StoreURL(f"{url.scheme}://{url.bucket}/{b.key}")
     try:
-        data, meta = store.get(_join(b.key, STORE_POINTER_NAME))
+        data, meta = store.get(_join(b.key, STORE_POINTER_NAME), MAX_POINTER_BYTES, "pointer cap")
         pointer = parse_pointer(data, f"{bundle_url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
         place = _Place(bundle_url, store, pointer)
-        raw, _ = store.get(place.key(MANIFEST_NAME))
+        raw, _ = store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
         if (
             len(raw) != pointer.manifest_size
             or "sha256:" + hashlib.sha256(raw).hexdigest() != pointer.manifest_digest
@@ -198,7 +199,7 @@ def _read_pending(store: Store, url: StoreURL, b: _Bundle, gen: str) -> None:
     ``b.pending``: a writer about to publish it, or one whose pointer swap gc has not seen."""
     where = f"{url.scheme}://{url.bucket}/{_join(_join(b.key, gen), MANIFEST_NAME)}"
     try:
-        raw, _ = store.get(_join(_join(b.key, gen), MANIFEST_NAME))
+        raw, _ = store.get(_join(_join(b.key, gen), MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
         b.pending.update(m.filename for m in parse_manifest_bytes(raw, where).media)
     except FileNotFoundError:
         return  # removed meanwhile (retired by its writer, or by another gc)
@@ -212,7 +213,8 @@ def _plain_ok(store: Store, b: _Bundle) -> bool:
     """``U/manifest.json`` is a bundle's manifest: count it, and note what it lists (its media are
     never gc's; only the unlisted ones are reported as left)."""
     try:
-        manifest = parse_manifest_bytes(store.get(_join(b.key, MANIFEST_NAME))[0], b.key)
+        raw, _ = store.get(_join(b.key, MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
+        manifest = parse_manifest_bytes(raw, b.key)
     except (FileNotFoundError, BundleError):
         return False
     b.listed = {m.filename for m in manifest.media}

@@ -127,7 +127,7 @@ def _read_pointer(store: Store, url: StoreURL) -> Pointer | None:
     """The bundle's pointer; a plain-layout pointer when only ``U/manifest.json`` exists; None
     when neither does."""
     try:
-        data, meta = store.get(url.key_of(STORE_POINTER_NAME))
+        data, meta = store.get(url.key_of(STORE_POINTER_NAME), MAX_POINTER_BYTES, "pointer cap")
     except FileNotFoundError as e:
         if bucket_missing(e):  # a GET's 404 body tells a missing bucket from a missing object
             raise store_error(url, "read the bundle", e) from None

@@ -138,7 +138,7 @@ class StoreSource(_StoreSourceBase):
     def read_manifest(self) -> bytes:
         p = self._place
         try:
-            data, _ = p.store.get(p.key(MANIFEST_NAME))
+            data, _ = p.store.get(p.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
         except FileNotFoundError:
             raise BundleNotFoundError(
                 f"{self.path}: not a bundle: {MANIFEST_NAME} of generation {p.pointer.generation} is missing "
