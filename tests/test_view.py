@@ -285,3 +285,29 @@ def test_view_says_what_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[s
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     summary = next(a.help for a in sub._choices_actions if a.dest == "view")
     assert summary and "one self-contained" not in summary and "search page" in summary
+
+
+def test_view_of_a_pooled_bundle_on_a_store_shows_its_media(
+    moto_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's store example: ``write_bundle("s3://...", ..., shared_media=True)`` with path
+    strings stores the media in the parent's pool (``<parent>/.media/<hex>.png``), and the samples
+    name them there. Those are the bundle's media: the page shows every one (issue 30, item 15;
+    it said "6 samples, 0 screenshots" and "not stored in the bundle: s3://.../.media/...")."""
+    for k, v in moto_s3.env.items():
+        monkeypatch.setenv(k, v)
+    run = tmp_path / "run"
+    shots = [put_media(run, screenshot(i)) for i in range(4)]
+    samples = [{"index": i, "multimodal_inputs": {"images": [shots[0], shots[1 + i % 3]]}} for i in range(6)]
+    url = f"s3://{moto_s3.bucket()}/run-7/rollout/fully_async_40"
+    write_bundle(url, samples, media_roots=[str(run)], shared_media=True)
+    out = tmp_path / "r.html"
+    assert main(["view", url, "-o", str(out), "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["samples"] == 6 and said["images"] == 12, said
+    text = out.read_text()
+    assert "not stored in the bundle" not in text and "/.media/" not in text
+    # Four distinct files, each inlined once as a thumbnail (no files beside the page on a store).
+    assert len(re.findall(r'<image id="m\d+" [^>]*href="data:image/jpeg;base64,', text)) == 4
+    samples_view = text.split('<div class="view-groups">')[0]
+    assert len(re.findall(r'<svg class="thumb"[^>]*><use href="#m\d+"', samples_view)) == 12

@@ -45,7 +45,7 @@ from trainer_hooks.replay import ReportError, check_replay_report, check_report_
 from trainer_hooks.view._context import page_context
 from trainer_hooks.view._jinja import render_page
 from trainer_hooks.view._media import pictures
-from trainer_hooks.view._samples import sample_view
+from trainer_hooks.view._samples import sample_view, stored_media
 from trainer_hooks.view._search import render_search, search_rows
 
 __all__ = [
@@ -171,8 +171,9 @@ def write_html_report(
     if limit is not None:
         positions = positions[:limit]
 
-    prefix = f"{b.path}/{MEDIA_DIR}/"
-    views = [sample_view(p, s, prefix) for p, s in zip(positions, b.samples(indices=positions), strict=True)]
+    # Where the samples name the stored files: under the bundle, or in a store's shared pool.
+    media = stored_media(b)
+    views = [sample_view(p, s, media) for p, s in zip(positions, b.samples(indices=positions), strict=True)]
     names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
     # Large views: a packed bundle has no files beside the page, so they are inlined (up to the
     # budget; beyond it the thumbnail is enlarged). A directory bundle's large views are its

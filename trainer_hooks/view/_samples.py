@@ -18,11 +18,21 @@ from typing import Any
 
 import numpy as np
 
-from bundles import MediaRef
+from bundles import Bundle, MediaRef
 from bundles.support import MEDIA_DIR
 from trainer_hooks.view._actions import tool_calls
 
-__all__ = ["MEDIA_DIR", "Image", "SampleView", "as_list", "jsonable", "num", "sample_view", "short_repr"]
+__all__ = [
+    "MEDIA_DIR",
+    "Image",
+    "SampleView",
+    "as_list",
+    "jsonable",
+    "num",
+    "sample_view",
+    "short_repr",
+    "stored_media",
+]
 
 _SHOWN_KEYS = {
     "index", "group_index", "status", "reward", "tokens", "response", "response_length", "prompt",
@@ -160,7 +170,26 @@ def _grid_int(x: Any) -> bool:
     return isinstance(x, float) and math.isfinite(x) and x.is_integer() and 0 <= x < 2**31
 
 
-def sample_view(position: int, sample: Mapping[str, Any], media_prefix: str) -> SampleView:
+def stored_media(bundle: Bundle) -> dict[str, str]:
+    """Where a bundle's samples name its stored files, mapped to each file's stored name: the
+    ``media`` of :func:`sample_view`. A directory's and a packed file's are under the bundle
+    (``<bundle>/media/<hex>.png``), a pooled store bundle's in its parent's pool
+    (``<parent>/.media/<hex>.png``): they are the bundle's media all the same."""
+    return {str(ref.path): ref.filename for ref in bundle.media if ref.path is not None}
+
+
+def _stored_name(value: Any, media: str | Mapping[str, str]) -> str | None:
+    if not isinstance(value, str):
+        return None
+    if isinstance(media, str):
+        return value[len(media) :] if value.startswith(media) else None
+    return media.get(value)
+
+
+def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[str, str]) -> SampleView:
+    """What a page shows of ``sample`` (at ``position`` in its bundle). ``media`` tells which
+    strings name the bundle's stored files: :func:`stored_media` of the bundle (or, as before, the
+    prefix ``"<bundle>/media/"``, which misses a pooled store bundle's media)."""
     mm = sample.get("multimodal_inputs")
     raw_images = mm.get("images") if isinstance(mm, Mapping) else None
     items = as_list(raw_images)
@@ -169,15 +198,14 @@ def sample_view(position: int, sample: Mapping[str, Any], media_prefix: str) -> 
     grids = _grid_rows(sample) or []
     images: list[Image] = []
     for j, img in enumerate(items):
+        name: str | None
         if isinstance(img, MediaRef):
-            name: str | None = img.filename
+            name = img.filename
             shown = f"{MEDIA_DIR}/{img.filename}"
-        elif isinstance(img, str) and img.startswith(media_prefix):
-            name = img[len(media_prefix) :]
-            shown = f"{MEDIA_DIR}/{name}"
-        elif isinstance(getattr(img, "filename", None), str) and img.filename.startswith(media_prefix):
-            # A PIL image read from the bundle: opened on the stored PNG.
-            name = img.filename[len(media_prefix) :]
+        elif (
+            name := _stored_name(img, media) or _stored_name(getattr(img, "filename", None), media)
+        ) is not None:
+            # A path string, or a PIL image read from the bundle (opened on the stored PNG).
             shown = f"{MEDIA_DIR}/{name}"
         else:
             name, shown = (
