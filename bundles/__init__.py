@@ -23,6 +23,7 @@ from bundles._entry import (
 from bundles._errors import *  # noqa: F403  (the exception hierarchy, whole)
 from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
 from bundles._location import check_location, is_store_url
+from bundles._locations import Location
 from bundles._manifest import Manifest, MediaEntry, ShardEntry
 from bundles._media import MediaRef
 from bundles._options import LinkMode, OutsidePolicy, Verify
@@ -49,6 +50,7 @@ __all__ = [
     "Bundle",
     "GarbageReport",
     "LinkMode",
+    "Location",
     "Manifest",
     "MediaEntry",
     "MediaRef",

@@ -1,41 +1,29 @@
 """The public entry points that take a location: write, open, pack, unpack, is there a bundle,
 list the bundles under a root, remove one.
 
-A bundle lives in one of four kinds of location, told apart once, here, by the location's text:
-a local directory, a local packed file (``.rbundle``), a prefix on an object store, and a packed
-file on a store (a URL ending in ``.rbundle``). Each entry point answers for all four, so that
-code above :mod:`bundles` (checkpoint listings, retention, the dashboard, the CLI) never asks
-which kind it holds; tests/test_locations.py runs the same conformance suite on each.
+Each builds the :class:`~bundles._locations.Location` its argument names, once
+(:meth:`Location.of`, the only reader of a location's text), and delegates to it in one line:
+what a directory, a packed file, a store prefix and a packed object on a store do differently is
+theirs to know, so that code above :mod:`bundles` (checkpoint listings, retention, the
+dashboard, the CLI) never asks which kind it holds; tests/test_locations.py runs the same
+conformance suite on each.
 
-This module is the only one that knows both halves: the local modules (:mod:`bundles._writer`,
-:mod:`bundles._reader`, :mod:`bundles._pack`, :mod:`bundles._commit`) know nothing of stores, and
-:mod:`bundles._remote` builds on them (it writes a bundle locally and uploads it, reads through
-the local :class:`~bundles._reader.Bundle` with a source of its own). Imports point one way:
-``_entry -> _remote -> local``, with no import made inside a function to break a circle.
-
-The answers are cheap and not proofs: :func:`is_bundle` looks for the marker each kind has (a
-directory's manifest, a packed file's name and type, a store prefix's pointer, a packed object's
-existence); :func:`bundles.open_bundle` is what validates.
+The answers of :func:`is_bundle` are cheap and not proofs (a directory's manifest, a packed
+file's name and type, a store prefix's pointer, a packed object's existence);
+:func:`open_bundle` is what validates.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
-from bundles import _remote
-from bundles._commit import is_bundle_dir, is_staging_name, remove_bundle_dir
-from bundles._errors import BundleError, BundleFormatError, BundleNotFoundError
-from bundles._layout import PACK_SUFFIX
-from bundles._location import STORE_SCHEMES, classify, local_path_only, url_scheme
+from bundles._errors import BundleFormatError
+from bundles._location import local_path_only
+from bundles._locations import Location
 from bundles._options import LinkMode, OutsidePolicy, Verify
-from bundles._pack import pack_local, unpack_local
-from bundles._reader import VERIFY_LEVELS, Bundle, open_local
-from bundles._store import StoreURL
-from bundles._writer import write_local
+from bundles._reader import VERIFY_LEVELS, Bundle
 
 __all__ = [
     "is_bundle",
@@ -48,13 +36,8 @@ __all__ = [
 ]
 
 
-def _local_only(location: object, storage_options: object) -> None:
-    if storage_options is not None:
-        raise BundleError(f"{location}: storage_options apply to object-store URLs only")
-
-
 def write_bundle(
-    dest: str | os.PathLike[str],
+    dest: str | os.PathLike[str] | Location,
     samples: Iterable[Any],
     *,
     media_roots: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] = (),
@@ -67,11 +50,13 @@ def write_bundle(
     outside_paths: OutsidePolicy = "warn",
     storage_options: Mapping[str, Any] | None = None,
     shared_media: bool = False,
-) -> Path:
+) -> Location:
     """Write ``samples`` and every media file they reference into a new bundle at ``dest``.
 
     Args:
-        dest: the bundle directory to create (its parent is created if missing), or an
+        dest: the bundle directory to create (its parent is created if missing), a packed file
+            to create (a name ending in ``.rbundle``: written in scratch beside it and packed onto
+            it atomically), an object-store URL (ending in ``.rbundle``: one packed object), or an
             object-store URL (``s3://bucket/prefix``, ``gs://``, ``az://``; needs the
             ``rollout-bundles[s3]`` extra), written with the commit protocol of
             docs/FORMAT.md §9 (:mod:`bundles._remote`); any other URL scheme is refused.
@@ -103,7 +88,9 @@ def write_bundle(
             that reference one file already share it (hard links; ``link="copy"`` copies).
 
     Returns:
-        The absolute path of the committed bundle (for a URL: its ``StoreURL``).
+        The committed bundle's :class:`Location`: a :class:`~pathlib.Path` (absolute) for a
+        local destination, a :class:`~bundles.StoreURL` for a URL; either is ``os.PathLike``
+        and can be passed back to every function here.
 
     Raises:
         MediaMissingError: a referenced file is missing or disagrees with its reference; the
@@ -118,24 +105,11 @@ def write_bundle(
     Example:
         >>> write_bundle("/ckpt/dump_3", [s.to_dict() for s in samples], media_roots=[run_dir])
     """
-    options: dict[str, Any] = {
-        "media_roots": media_roots,
-        "kind": kind,
-        "meta": meta,
-        "link": link,
-        "overwrite": overwrite,
-        "progress": progress,
-        "missing_media": missing_media,
-        "outside_paths": outside_paths,
-    }
-    if classify(dest) == "store":
-        # A StoreURL is a str, not a Path: the return type is the local one, as documented.
-        url: Any = _remote.write_remote_bundle(
-            str(dest), samples, storage_options=storage_options, shared_media=shared_media, **options
-        )
-        return url
-    _local_only(dest, storage_options)
-    return write_local(dest, samples, **options)
+    return Location.of(dest, storage_options).write_bundle(
+        samples, media_roots=media_roots, kind=kind, meta=meta, link=link, overwrite=overwrite,
+        progress=progress, missing_media=missing_media, outside_paths=outside_paths,
+        shared_media=shared_media,
+    )  # fmt: skip
 
 
 def open_bundle(
@@ -166,10 +140,7 @@ def open_bundle(
     level = Verify.parse(verify)
     if level is None:
         raise BundleFormatError(f"verify: expected one of {', '.join(VERIFY_LEVELS)}, found {verify!r}")
-    if classify(path) == "store":
-        return _remote.open_remote_bundle(str(path), verify=level, storage_options=storage_options)
-    _local_only(path, storage_options)
-    return open_local(path, level)
+    return Location.of(path, storage_options).open_bundle(level)
 
 
 def pack_bundle(
@@ -179,7 +150,7 @@ def pack_bundle(
     overwrite: bool = False,
     progress: bool | None = None,
     storage_options: Mapping[str, Any] | None = None,
-) -> Path:
+) -> Location:
     """Pack the bundle at ``path`` into the single file ``out_file`` (written atomically).
 
     The bundle is verified (fast level) first, and every file's digest is checked while it is
@@ -192,18 +163,9 @@ def pack_bundle(
         BundleError: ``out_file`` exists (without ``overwrite``), is a directory, or is the input,
             inside it or around it; writing it failed (the ``OSError`` is the ``__cause__``).
     """
-    out_is_url = classify(out_file, "pack output") == "store"
-    if not out_is_url and classify(path) != "store":
-        _local_only(path, storage_options)
-    with open_bundle(
-        path, verify="fast", storage_options=storage_options if classify(path) == "store" else None
-    ) as b:
-        if out_is_url:
-            url: Any = _remote.pack_to_store(
-                b, str(out_file), overwrite=overwrite, progress=progress, storage_options=storage_options
-            )
-            return url
-        return pack_local(b, out_file, overwrite=overwrite, progress=progress)
+    source, out = Location.of_all(path, out_file, storage_options=storage_options)
+    with source.open_bundle(Verify.FAST) as b:
+        return out.pack_from(b, overwrite=overwrite, progress=progress)
 
 
 def unpack_bundle(
@@ -230,26 +192,7 @@ def unpack_bundle(
         BundleIOError: writing failed (the ``OSError`` is the ``__cause__``).
     """
     local_path_only(out_dir, "unpack output")
-    if classify(packed, "packed bundle") == "store":
-        return _remote.unpack_from_store(
-            str(packed), out_dir, overwrite=overwrite, progress=progress, storage_options=storage_options
-        )
-    _local_only(packed, storage_options)
-    return unpack_local(packed, out_dir, overwrite=overwrite, progress=progress)
-
-
-def _packed_name(text: str) -> bool:
-    return text.endswith(PACK_SUFFIX) and len(text.rstrip("/").rsplit("/", 1)[-1]) > len(PACK_SUFFIX)
-
-
-def _is_packed_file(path: Path) -> bool:
-    try:
-        st = os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    except OSError as e:
-        raise BundleError(f"{path}: cannot look at it: {e.strerror}") from e
-    return stat.S_ISREG(st.st_mode) and not is_staging_name(path.name)
+    return Location.of(packed, storage_options).unpack_to(out_dir, overwrite=overwrite, progress=progress)
 
 
 def is_bundle(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> bool:
@@ -257,14 +200,7 @@ def is_bundle(path: str | os.PathLike[str], storage_options: Mapping[str, Any] |
     staging or retired directory, with a manifest), a packed ``.rbundle`` regular file, a store
     prefix with a pointer (or a plain copy of a bundle directory), or a packed object on a store.
     Cheap (a stat or two, one or two requests); :func:`open_bundle` is what validates it."""
-    text = os.fspath(path)
-    if classify(text) == "store":
-        if _packed_name(text):
-            return _remote.object_exists(text, storage_options)
-        return _remote.is_remote_bundle(text, storage_options)
-    if _packed_name(text):
-        return _is_packed_file(Path(os.path.abspath(text)))
-    return is_bundle_dir(text)
+    return Location.of(path, storage_options).has_bundle()
 
 
 def remove_bundle(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> None:
@@ -276,44 +212,17 @@ def remove_bundle(path: str | os.PathLike[str], storage_options: Mapping[str, An
     generation and, unless pooled, the media. Only a bundle is removed: anything else raises. A
     bundle removed by someone else meanwhile raises :class:`BundleNotFoundError`, as if it had
     never been there."""
-    text = os.fspath(path)
-    if classify(text) == "store":
-        if _packed_name(text):
-            _remote.remove_packed_object(text, storage_options)
-        else:
-            _remote.remove_remote_bundle(text, storage_options)
-        return
-    if not _packed_name(text):
-        remove_bundle_dir(text)
-        return
-    dest = Path(os.path.abspath(text))
-    if not _is_packed_file(dest):
-        if not os.path.lexists(dest):
-            raise BundleNotFoundError(f"{dest}: no bundle here (path does not exist)")
-        raise BundleNotFoundError(f"{dest}: not a packed bundle (not a regular file); refusing to remove it")
-    try:
-        os.unlink(dest)
-    except FileNotFoundError:
-        raise BundleNotFoundError(f"{dest}: no bundle here (removed meanwhile by another process)") from None
-    except OSError as e:
-        raise BundleError(f"{dest}: cannot remove: {e.strerror}") from e
+    Location.of(path, storage_options).remove_bundle()
 
 
-def child_location(root: str | os.PathLike[str], rel: str) -> Path:
+def child_location(root: str | os.PathLike[str], rel: str) -> Location:
     """The location ``rel`` (``/``-separated parts) below ``root``, as the entry points return
-    locations: an absolute :class:`~pathlib.Path` under a local directory, a
-    :class:`bundles.StoreURL` under a store URL (a ``str``; typed as the local case, as
-    :func:`write_bundle` documents). Lets a tool name ``<save>/rollout/fully_async_3`` without
+    locations (a :class:`Location`: an absolute :class:`~pathlib.Path` under a local directory,
+    a :class:`bundles.StoreURL` under a store URL). Lets a tool name ``<save>/rollout/fully_async_3`` without
     asking which kind of location ``<save>`` is. An empty ``rel`` gives ``root`` itself, made
     absolute or normalised (what a report records of where a bundle was read). Naming needs no
     store client: a store URL is named even where obstore is not installed."""
-    text = os.fspath(root)
-    if url_scheme(text) in STORE_SCHEMES:
-        url: Any = StoreURL(text).child(rel) if rel else StoreURL(text)
-        return url
-    classify(text)  # refuses any other URL scheme, and a store URL whose '//' was collapsed
-    path = Path(os.path.abspath(text))
-    return path.joinpath(*rel.split("/")) if rel else path
+    return Location.of(root).child(rel)
 
 
 def list_bundles(root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> list[str]:
@@ -322,15 +231,4 @@ def list_bundles(root: str | os.PathLike[str], storage_options: Mapping[str, Any
     to :func:`open_bundle`. What is not a bundle (media pools, staging directories, a dead
     writer's unpublished prefix, other files) is left out. A ``root`` that does not exist holds
     none."""
-    text = os.fspath(root)
-    if classify(text) == "store":
-        found = [str(u) for u in _remote.list_remote_bundles(text, storage_options).values()]
-        return sorted(found + _remote.list_packed_objects(text, storage_options))
-    base = Path(os.path.abspath(text))
-    try:
-        entries = sorted(os.scandir(base), key=lambda e: e.name)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    except OSError as e:
-        raise BundleError(f"{base}: cannot list it: {e.strerror}") from e
-    return [str(base / e.name) for e in entries if is_bundle(base / e.name)]
+    return [str(loc) for loc in Location.of(root, storage_options).list_bundles()]

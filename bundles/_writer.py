@@ -584,7 +584,7 @@ def _write(
     return dest
 
 
-def resolve_media_roots(media_roots: Any, dest: Path) -> list[str]:
+def resolve_media_roots(media_roots: Any, dest: object) -> list[str]:
     """``media_roots`` as a list of path strings: one path (``str`` or path-like) is one root; an
     iterable gives one root per item. A bare ``str`` must never be iterated: its characters
     would make ``/`` a root, and every absolute path in a sample a reference."""

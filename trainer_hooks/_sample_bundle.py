@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bundles import OutsidePolicy, write_bundle
+from bundles import Location, OutsidePolicy, write_bundle
 from trainer_hooks._sample import register_record_types
 from trainer_hooks.run_media import run_media_dir
 
@@ -28,7 +28,7 @@ __all__ = [
 
 
 def write_samples_bundle(
-    dest: Path,
+    dest: str | os.PathLike[str],
     samples: Sequence[dict[Any, Any]],
     *,
     media_roots: Sequence[str | os.PathLike[str]],
@@ -38,7 +38,7 @@ def write_samples_bundle(
     overwrite: bool,
     missing_media: str = "error",
     outside_paths: OutsidePolicy = "warn",
-) -> Path:
+) -> Location:
     """``write_bundle`` of sample dicts, with this package's record types (``AdapterRef``,
     ``RewardSpec``, and Miles' when it is loaded) registered first. PIL images are stored by the
     bundle writer as PNG media. ``outside_paths`` is passed on (see :func:`other_run_media_policy`).

@@ -22,9 +22,18 @@ object is also a rollout manager for the reference drivers (``generate``, ``save
 with its own :class:`~trainer_hooks.RunDisposer` registers ``close`` *after*
 ``release_run_media``, so that it runs before the run's media are deleted.
 
+What counts as trained: ``save(N)`` is called once the weights of step N are saved, but the
+asynchronous driver (:func:`trainer_hooks.train_async`) drains step N+1 while step N trains, so
+by then the groups of N+1 may have left the buffer without being in any saved weights. Groups
+handed to training for a step are therefore kept (as snapshotted when drained) until a save of
+that step or a later one: ``save(N)`` holds those drained for steps after N as *completed*,
+ahead of the buffered ones, with their step (``meta.consumed_group_steps``), and ``load(N)``
+puts them back first, exactly once; groups drained for steps <= N are forgotten.
+
 ``load(rollout_id)`` reads ``<args.load>/rollout/fully_async_<rollout_id>``, rehydrates its
 media into the current run's directory, queues the pending groups for resubmission ahead of any
-new prompt, and puts the completed groups back into the buffer.
+new prompt, and puts the completed groups back into the buffer (those a step after
+``rollout_id`` had taken first).
 
 Journal (lossless resume)
 -------------------------
@@ -51,10 +60,10 @@ from argparse import Namespace
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
-from trainer_hooks.checkpoints._ledger import RecoveredGroup, RolloutLedger, materialize
+from bundles import Location
+from trainer_hooks.checkpoints._ledger import LazyGroup, RecoveredGroup, RolloutLedger, materialize
 from trainer_hooks.checkpoints._paths import _require, checkpoint_path
 from trainer_hooks.checkpoints._snapshot import snapshot_groups
 from trainer_hooks.checkpoints._writer import RolloutCheckpointer
@@ -207,6 +216,10 @@ class FullyAsyncRolloutFn:
         self._in_flight: dict[int, list[dict[Any, Any]]] = {}  # group id -> snapshot taken at submission
         self._resubmit: deque[RecoveredGroup] = deque()
         self._buffer_gids: deque[int] = deque()  # the group ids of self.buffer, in its order
+        # Groups drained for a step whose weights no save has covered yet: group id -> (step,
+        # snapshot, deferred snapshot checks). Kept only when checkpoints can be written.
+        self._consumed: dict[int, tuple[int, Any, list[Callable[[], None]]]] = {}
+        self._keep_consumed = getattr(args, "save", None) is not None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -373,8 +386,23 @@ class FullyAsyncRolloutFn:
             groups = self.buffer.get(n)
             gids = [self._buffer_gids.popleft() for _ in groups]
             self.ledger.record_consumed(-1 if step is None else step, gids)
+            if step is not None and self._keep_consumed:
+                self._hold_consumed(step, gids, groups)
         # Groups restored from the journal are decoded only now, outside the lock.
         return sorted((materialize(g) for g in groups), key=_group_index)
+
+    def _hold_consumed(self, step: int, gids: list[int], groups: list[Any]) -> None:
+        """Keep what a save before ``step``'s own must hold of groups drained for it (see the
+        module docstring): a snapshot, taken before training can change them, with the lock held
+        so that a concurrent save() sees each group buffered or drained, never neither. A group
+        restored from the journal stays encoded (a copy that the training side never decodes)."""
+        for gid, group in zip(gids, groups, strict=True):
+            checks: list[Callable[[], None]] = []
+            if isinstance(group, LazyGroup):
+                held: Any = group.undecoded()
+            else:
+                (held,) = snapshot_groups([group], where=f"consumed[{gid}]", deferred=checks)
+            self._consumed[gid] = (step, held, checks)
 
     def __call__(self, rollout_id: int, evaluation: bool = False) -> list[list[Any]]:
         """Miles' rollout-function call: the groups to train ``rollout_id`` on."""
@@ -396,8 +424,10 @@ class FullyAsyncRolloutFn:
             return {**self.buffer.get_metrics(), "rollout/in_flight": len(self._in_flight)}
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def save(self, rollout_id: int) -> Future[Path]:
-        """Checkpoint in-flight and buffered groups; blocks only for the snapshot (see module doc).
+    def save(self, rollout_id: int) -> Future[Location]:
+        """Checkpoint in-flight and buffered groups, and those drained for steps after
+        ``rollout_id`` (see "What counts as trained" in the module doc); blocks only for the
+        snapshot. Call it once the weights of ``rollout_id`` are saved.
 
         Raises :class:`trainer_hooks.CheckpointSaveError` when an earlier background save failed.
         """
@@ -426,7 +456,19 @@ class FullyAsyncRolloutFn:
             )
             it = iter(plain)
             completed = [g if hasattr(g, "load_dicts") else next(it) for g in buffered]
-            extra = self.ledger.checkpoint_meta(pending_gids, list(self._buffer_gids), self._cursor())
+            # Drained for steps <= rollout_id: in the weights saved now, forgotten. Drained for
+            # later steps: in no saved weights yet, so completed, ahead of the buffered ones.
+            for gid in [gid for gid, held in self._consumed.items() if held[0] <= rollout_id]:
+                del self._consumed[gid]
+            later = sorted(self._consumed.items(), key=lambda item: (item[1][0], item[0]))
+            completed[:0] = [group for _, (_, group, _) in later]
+            checks += [check for _, (_, _, held_checks) in later for check in held_checks]
+            steps = {gid: step for gid, (step, _, _) in later}
+            extra = self.ledger.checkpoint_meta(
+                pending_gids, [*steps, *self._buffer_gids], self._cursor(), consumed_steps=steps
+            )
+        if steps:
+            extra["consumed_after_checkpoint"] = len(steps)
         extra["save_telemetry"] = {
             "blocking_s": round(time.perf_counter() - started, 6),
             "journal_barrier_s": round(barrier_s, 6),
@@ -463,7 +505,7 @@ class FullyAsyncRolloutFn:
                 load_state(state.cursor)
             self._changed.notify_all()
 
-    def flush(self) -> list[Path]:
+    def flush(self) -> list[Location]:
         """Wait for background checkpoint saves; raise the first failure."""
         self.ledger.flush()
         return self.checkpointer.flush()

@@ -16,8 +16,8 @@ as the same nesting. A layout's sample count is the sum of its entries (``null``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from bundles import BundleFormatError
@@ -81,7 +81,9 @@ def _valid(layout: Any) -> bool:
     return isinstance(layout, list) and all(k is None or (type(k) is int and k >= 0) for k in layout)
 
 
-def read_layouts(meta: dict[str, Any], key: str, where: Path, *, required: bool = True) -> list[Layout]:
+def read_layouts(
+    meta: dict[str, Any], key: str, where: os.PathLike[str], *, required: bool = True
+) -> list[Layout]:
     """``meta[key]`` checked to be a list of layouts (see the module docstring)."""
     if key not in meta and not required:
         return []

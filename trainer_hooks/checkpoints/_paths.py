@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import re
 from argparse import Namespace
-from pathlib import Path
 from typing import Any
 
-from bundles import child_location, list_bundles
+from bundles import Location, child_location, list_bundles
 
 __all__ = [
     "CHECKPOINT_KIND",
@@ -33,7 +32,7 @@ _CHECKPOINT_RE = re.compile(re.escape(CHECKPOINT_PREFIX) + r"(?P<id>[0-9]+)")
 Group = list[Any]
 
 
-def checkpoint_path(root: str | os.PathLike[str], rollout_id: int) -> Path:
+def checkpoint_path(root: str | os.PathLike[str], rollout_id: int) -> Location:
     """``<root>/rollout/fully_async_<rollout_id>`` (a :class:`bundles.StoreURL` when ``root`` is
     an object-store URL: :func:`bundles.child_location`)."""
     if isinstance(rollout_id, bool) or not isinstance(rollout_id, int) or rollout_id < 0:
@@ -41,11 +40,11 @@ def checkpoint_path(root: str | os.PathLike[str], rollout_id: int) -> Path:
     return child_location(root, f"{CHECKPOINT_SUBDIR}/{CHECKPOINT_PREFIX}{rollout_id}")
 
 
-def list_rollout_checkpoints(root: str | os.PathLike[str]) -> dict[int, Path]:
+def list_rollout_checkpoints(root: str | os.PathLike[str]) -> dict[int, Location]:
     """Committed checkpoints under ``<root>/rollout``, by rollout id, on any kind of root
     (:func:`bundles.list_bundles`: staging directories, unpublished prefixes and directories
     without a manifest are not bundles)."""
-    found: dict[int, Path] = {}
+    found: dict[int, Location] = {}
     for location in list_bundles(child_location(root, CHECKPOINT_SUBDIR)):
         m = _CHECKPOINT_RE.fullmatch(location.rstrip("/").rsplit("/", 1)[-1])
         if m:

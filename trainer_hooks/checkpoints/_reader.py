@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bundles import BundleFormatError, BundleVerificationError, MediaRef, open_bundle
+from bundles import BundleFormatError, BundleVerificationError, Location, MediaRef, open_bundle
 from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import processor_settings, training_dtype_name
 from trainer_hooks.checkpoints._groups import layout_sample_count, read_layouts, unflatten_groups
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 class RolloutCheckpoint:
     """A loaded checkpoint; samples reference media in the current run's directory."""
 
-    path: Path
+    path: Location
     rollout_id: int
     meta: dict[str, Any]
     pending_groups: list[list[Any]] = field(default_factory=list)
@@ -149,7 +149,7 @@ def read_rollout_checkpoint(
     )
 
 
-def _verify_placed_media(path: Path, media_dir: Path, refs: list[MediaRef]) -> None:
+def _verify_placed_media(path: Location, media_dir: Path, refs: list[MediaRef]) -> None:
     """Hash every media file of the checkpoint where the resume placed it; raise listing every
     file whose bytes disagree with its digest."""
 
@@ -176,7 +176,7 @@ def _verify_placed_media(path: Path, media_dir: Path, refs: list[MediaRef]) -> N
         raise BundleVerificationError(path, problems)
 
 
-def _warn_on_mismatch(args: Namespace, meta: dict[str, Any], path: Path) -> None:
+def _warn_on_mismatch(args: Namespace, meta: dict[str, Any], path: Location) -> None:
     for key, now in (("training_dtype", training_dtype_name(args)), ("processor", processor_settings(args))):
         if key in meta and meta[key] != now:
             logger.warning(

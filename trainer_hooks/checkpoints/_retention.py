@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
-from bundles import BundleNotFoundError, StorePrefix, collect_garbage, remove_bundle
+from bundles import BundleNotFoundError, Location, remove_bundle
 from bundles.support import fault_point
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR, list_rollout_checkpoints
 
@@ -30,7 +29,7 @@ logger = logging.getLogger(__name__)
 POOL_GRACE_S = 15 * 60.0
 
 
-def apply_retention(root: str | os.PathLike[str], keep: int | None, *, keep_id: int) -> list[Path]:
+def apply_retention(root: str | os.PathLike[str], keep: int | None, *, keep_id: int) -> list[Location]:
     """Delete committed checkpoints beyond the ``keep`` highest ids; never ``keep_id``. Returns
     the deleted paths. Call only after ``keep_id`` is committed."""
     if keep is None:
@@ -52,16 +51,16 @@ def apply_retention(root: str | os.PathLike[str], keep: int | None, *, keep_id: 
             continue  # removed concurrently
         deleted.append(path)
         logger.info("retention: removed rollout checkpoint %s (keeping %d)", path, keep)
-    pool = StorePrefix.at(root)  # a pool exists on a store only: in a directory media are links
-    if deleted and pool is not None:
+    pool = Location.of(root).child(CHECKPOINT_SUBDIR)
+    if deleted and pool.has_pool:  # in a directory, a bundle's media go with it (hard links)
         # The checkpoints share one media pool: what no surviving checkpoint lists goes now (the
         # grace period spares media another writer has uploaded but not yet published).
-        pool_root = pool.url.child(CHECKPOINT_SUBDIR)
-        report = collect_garbage(pool_root, older_than_s=POOL_GRACE_S)
-        logger.info(
-            "retention: %s: removed %d unreferenced media file(s), %d bytes",
-            pool_root,
-            len(report.media),
-            report.bytes,
-        )
+        report = pool.collect_garbage(older_than_s=POOL_GRACE_S)
+        if report is not None:
+            logger.info(
+                "retention: %s: removed %d unreferenced media file(s), %d bytes",
+                pool,
+                len(report.media),
+                report.bytes,
+            )
     return deleted

@@ -53,9 +53,9 @@ from argparse import Namespace
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from bundles import Location
 from trainer_hooks.checkpoints._paths import _require, checkpoint_path
 from trainer_hooks.checkpoints._reader import RolloutCheckpoint
 from trainer_hooks.checkpoints._snapshot import snapshot_groups
@@ -234,7 +234,7 @@ class RolloutState:
                 recycled_gids=[r.gid for r in self._recycled.values()],
             )
 
-    def save(self, rollout_id: int, *, in_flight_is_consumed: bool = False) -> Future[Path]:
+    def save(self, rollout_id: int, *, in_flight_is_consumed: bool = False) -> Future[Location]:
         """Queue one atomic ``rollout_checkpoint`` bundle of the cut (see :meth:`cut`) on the
         background checkpointer; returns the future of the committed path."""
         dest = checkpoint_path(_require(self.args, "save", "--save"), rollout_id)

@@ -31,10 +31,9 @@ from argparse import Namespace
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from bundles import BundleError
+from bundles import BundleError, Location
 from trainer_hooks._sample_bundle import (
     other_run_media_policy,
     run_media_roots,
@@ -80,7 +79,7 @@ def _write_checkpoint(
     completed: list[list[Any]],
     checks: Sequence[Callable[[], None]] = (),
     extras: _Extras = _Extras(),
-) -> Path:
+) -> Location:
     recycled = extras.recycled
     started = time.perf_counter()
     for check in checks:  # the snapshot's deferred checks, before anything is written
@@ -117,7 +116,7 @@ def _write_checkpoint(
     return path
 
 
-def _log_save(path: Path, meta: dict[str, Any], samples: int, total_s: float) -> None:
+def _log_save(path: Location, meta: dict[str, Any], samples: int, total_s: float) -> None:
     """The one log line of a save: what it cost the caller and in all (its meta holds the
     caller's part and the journal's counters; the total is known only after the commit)."""
     tele = meta.get("save_telemetry") or {}
@@ -148,7 +147,7 @@ def _write_logged(
     completed: list[list[Any]],
     checks: Sequence[Callable[[], None]],
     extras: _Extras,
-) -> Path:
+) -> Location:
     """:func:`_write_checkpoint` on the worker. A failure is also logged at once: it is raised at
     the next ``save()``/``flush()``, but a process that never calls either still shows it."""
     try:
@@ -169,7 +168,7 @@ def save_rollout_checkpoint(
     rollout_id: int,
     pending_groups: Iterable[Iterable[Any]],
     completed_groups: Iterable[Iterable[Any]],
-) -> Path:
+) -> Location:
     """Write the checkpoint of ``rollout_id`` now, in this thread, and apply retention.
 
     Args:
@@ -203,8 +202,8 @@ class RolloutCheckpointer:
         self.args = args
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
-        self._futures: list[tuple[int, Path, Future[Path]]] = []
-        self.committed: list[Path] = []
+        self._futures: list[tuple[int, Location, Future[Location]]] = []
+        self.committed: list[Location] = []
 
     def _raise_failed(self, *, wait: bool) -> None:
         with self._lock:
@@ -231,7 +230,7 @@ class RolloutCheckpointer:
         rollout_id: int,
         pending_groups: Iterable[Iterable[Any]],
         completed_groups: Iterable[Iterable[Any]],
-    ) -> Future[Path]:
+    ) -> Future[Location]:
         """Snapshot the groups and queue the write; returns the future of the committed path.
 
         Raises :class:`CheckpointSaveError` (and queues nothing) when an earlier save failed.
@@ -246,7 +245,7 @@ class RolloutCheckpointer:
     def submit_snapshot(
         self,
         rollout_id: int,
-        dest: Path,
+        dest: Location,
         pending: list[list[Any]],
         completed: list[list[Any]],
         checks: Sequence[Callable[[], None]] = (),
@@ -254,7 +253,7 @@ class RolloutCheckpointer:
         recycled: list[list[Any]] | None = None,
         extra_meta: dict[str, Any] | None = None,
         on_commit: Callable[[dict[str, Any]], None] | None = None,
-    ) -> Future[Path]:
+    ) -> Future[Location]:
         """Queue already-snapshotted groups (nothing may mutate them afterwards) and the
         snapshot's deferred checks, which run on the worker before anything is written.
 
@@ -278,7 +277,7 @@ class RolloutCheckpointer:
         with self._lock:
             return sum(not f.done() for _, _, f in self._futures)
 
-    def flush(self) -> list[Path]:
+    def flush(self) -> list[Location]:
         """Wait for every queued save; raise the first failure. Returns the paths committed since
         the last flush."""
         try:

@@ -21,11 +21,12 @@ an error naming the key.
 
 Directory or single file
 ------------------------
-A formatted path ending in :data:`bundles.PACK_SUFFIX` (``.rbundle``) holds a *packed* bundle: it
-is written as a directory in a hidden temporary directory beside it, packed into the file
-atomically and the directory removed (a crash can leave that ``.<name>.packing.*`` directory
-behind; it is never mistaken for the dump; the next write there removes it once this process
-is gone). Errors name the file, not that directory.
+A formatted path ending in ``.rbundle`` holds a *packed* bundle: :func:`bundles.write_bundle`
+writes it (built in a hidden scratch directory, packed onto the file atomically, the scratch
+removed; a crash can leave that directory behind, named like a staging directory, never mistaken
+for the dump and removed by the next write there once this process is gone). Errors name the
+file, not that directory. On a store (:attr:`bundles.Location.uploads`) the bundle is staged
+locally (:meth:`bundles.Location.stage`) and published on the upload thread.
 
 Loading a packed dump does not read it in place, as :func:`bundles.open_bundle` can: the samples
 go to code that opens media *by path* (the processor, PIL's lazy ``Image.open``, an engine's
@@ -43,30 +44,22 @@ a replay starts no rollout engine and the dump is not removed by the run's teard
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import tempfile
 from argparse import Namespace
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from bundles import (
-    PACK_SUFFIX,
     Bundle,
-    BundleError,
     BundleExistsError,
     BundleFormatError,
+    Location,
     OutsidePolicy,
-    StorePrefix,
-    StoreURL,
     open_bundle,
-    pack_bundle,
     unpack_bundle,
-    upload_bundle,
 )
-from bundles.support import remove_tree, scratch_dir  # the one tree deletion (fd-relative, no symlinks)
 from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import (
     other_run_media_policy,
@@ -125,14 +118,14 @@ def write_dump_bundle(
     link: str = "auto",
     missing_media: str = "error",
     outside_paths: OutsidePolicy = "warn",
-) -> Path:
+) -> Location:
     """Write (replacing) a bundle at ``dest``, packed into one file when it ends in ``.rbundle``.
 
     ``dest`` may be an object-store URL: the bundle is written locally and its upload queued in
     the background (:mod:`trainer_hooks.dumps._uploads`); the URL is returned at once."""
     sample_dicts, roots = list(samples), list(media_roots)
 
-    def write(where: Path, *, overwrite: bool) -> Path:
+    def write(where: os.PathLike[str], *, overwrite: bool) -> Location:
         """The bundle itself, at ``where``: the rest is where it goes and how it is packed."""
         return write_samples_bundle(
             where,
@@ -146,68 +139,21 @@ def write_dump_bundle(
             outside_paths=outside_paths,
         )
 
-    if StorePrefix.at(dest) is not None:  # an upload is slow: written here, uploaded in the background
-        return _write_dump_to_store(str(dest), write, roots)
-    path = Path(os.path.abspath(dest))
-    packed = path.name.endswith(PACK_SUFFIX)
-    container = None
-    if packed:
-        # Built in a hidden temporary directory beside the file (same filesystem: media can be
-        # hard-linked), packed atomically onto the file, then removed.
-        container = scratch_dir(path, "packing")  # removed by a later write if this process dies
-    try:
-        written = write(container / "bundle" if container else path, overwrite=not packed)
-        return pack_bundle(written, path, overwrite=True, progress=False) if packed else written
-    except BundleError as e:
-        if container is not None and e.args and isinstance(e.args[0], str):
-            # Name the file being written, not the scratch directory that is about to vanish.
-            e.args = (e.args[0].replace(f"{container}/bundle", str(path)), *e.args[1:])
-        raise
-    finally:
-        if container is not None:
-            # The project's one tree deletion (fd-relative, never follows a link). A failure here
-            # must not hide the write's own outcome: the leftover is named like a staging
-            # directory, so the first write into this directory after this process exits removes it.
-            with contextlib.suppress(BundleError):
-                remove_tree(container)
-
-
-def _write_dump_to_store(
-    url: str, write: Callable[..., Path], media_roots: Sequence[str | os.PathLike[str]]
-) -> Any:
-    """Write the bundle (``write(where, overwrite=...)``) in a scratch directory and queue its
-    upload to ``url``; the URL is returned at once."""
-    # Beside the run's media directory: same filesystem, so media are hard-linked.
-    beside = (
-        os.path.abspath(media_roots[0])
-        if media_roots
-        else os.path.join(tempfile.gettempdir(), "rollout-dumps")
-    )
-    scratch = scratch_dir(beside, "dump-upload")  # removed by a later write if this process dies
-    try:
-        local = write(scratch / "bundle", overwrite=False)
-    except BundleError as e:
-        if e.args and isinstance(e.args[0], str):
-            e.args = (e.args[0].replace(f"{scratch}/bundle", url), *e.args[1:])
-        with contextlib.suppress(BundleError):
-            remove_tree(scratch)
-        raise
-    except BaseException:
-        with contextlib.suppress(BundleError):
-            remove_tree(scratch)
-        raise
-    if url.endswith(PACK_SUFFIX):
-        queue_upload(url, lambda: pack_bundle(local, url, overwrite=True, progress=False), scratch)
-    else:
-        queue_upload(
-            url, lambda: upload_bundle(local, url, overwrite=True, shared_media=True, progress=False), scratch
+    location = Location.of(dest)
+    if location.uploads:  # an upload is slow: staged here, published on the upload thread
+        staged = location.stage(
+            lambda where: write(where, overwrite=False), media_roots=roots, overwrite=True
         )
-    return StoreURL(url)
+        queue_upload(str(location), lambda: staged.publish(shared_media=True, progress=False))
+        return location
+    # A directory is staged and renamed by the writer, a packed file built beside it and packed
+    # onto it (bundles.write_bundle): either way a crash leaves no half-written dump.
+    return write(location, overwrite=True)
 
 
 def save_debug_rollout_data(
     args: Namespace, data: Any, rollout_id: int, evaluation: bool, metadata: dict[str, Any] | None = None
-) -> Path | None:
+) -> Location | None:
     """Dump one rollout's samples as a bundle; a no-op (None) without ``--save-debug-rollout-data``.
 
     Args:
@@ -312,11 +258,11 @@ def _refuse_legacy_dump(path: Path) -> None:
             legacy = False
     if legacy:
         stem = path.name[: -len(path.suffix)] if path.suffix else path.name
-        out = path.with_name(stem + PACK_SUFFIX)
+        out = path.with_name(f"{stem}_bundle")
         raise BundleFormatError(
             f"{path}: a legacy torch.save debug dump, not a bundle. Convert it once (loading it runs "
             f"pickle: only for a file you trust) with:\n    rollout-bundle import-dump {path} -o {out} "
-            f"--trust-pickle\nand point --load-debug-rollout-data at the {PACK_SUFFIX} file"
+            f"--trust-pickle\nand point --load-debug-rollout-data at the bundle it writes"
         )
 
 

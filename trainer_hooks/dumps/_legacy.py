@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bundles import BundleError, BundleExistsError
+from bundles import BundleError, BundleExistsError, Location
 from bundles.support import CommandError, add_command, add_json_option, cli_message
 from trainer_hooks.dumps._debug_dump import DEBUG_DUMP_KIND, write_dump_bundle
 
@@ -89,7 +89,7 @@ def import_legacy_dump(
     overwrite: bool = False,
     missing_media: str = "error",
     evaluation: bool | None = None,
-) -> Path:
+) -> Location:
     """Convert the legacy ``torch.save`` dump ``src`` into a bundle at ``dest``.
 
     Args:

@@ -13,15 +13,12 @@ its URL (bundles' commit protocol, docs/FORMAT.md §9).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 from bundles import BundleError
-from bundles.support import remove_tree
 
 __all__ = ["DumpUploadError", "flush_dump_uploads", "queue_upload"]
 
@@ -37,25 +34,23 @@ _executor: ThreadPoolExecutor | None = None
 _queued: list[tuple[str, Future[None]]] = []
 
 
-def _run(url: str, upload: Callable[[], object], scratch: Path) -> None:
+def _run(url: str, publish: Callable[[], object]) -> None:
     try:
-        upload()
+        publish()
         logger.info("debug dump uploaded to %s", url)
     except BaseException as e:
         logger.error("background upload of the debug dump %s failed: %s: %s", url, type(e).__name__, e)
         raise
-    finally:
-        with contextlib.suppress(BundleError):
-            remove_tree(scratch)
 
 
-def queue_upload(url: str, upload: Callable[[], object], scratch: Path) -> Future[None]:
-    """Run ``upload()`` on the upload thread, then remove ``scratch`` (the local copy)."""
+def queue_upload(url: str, publish: Callable[[], object]) -> Future[None]:
+    """Run ``publish()`` (a :meth:`bundles.Staged.publish`, which removes its local copy whatever
+    happens) on the upload thread."""
     global _executor
     with _lock:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dump-upload")
-        fut = _executor.submit(_run, url, upload, scratch)
+        fut = _executor.submit(_run, url, publish)
         _queued.append((url, fut))
     return fut
 

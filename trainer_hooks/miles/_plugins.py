@@ -24,10 +24,10 @@ import asyncio
 import copy
 import dataclasses
 import logging
+import os
 import threading
 from collections import deque
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 from miles.rollout.data_source import RolloutDataSourceWithBuffer
@@ -38,7 +38,7 @@ from miles.rollout.fully_async_data_buffer import (
 )
 from miles.rollout.fully_async_rollout import FullyAsyncRolloutFn as _MilesFullyAsyncRolloutFn
 
-from bundles import BundleNotFoundError
+from bundles import BundleNotFoundError, Location
 from trainer_hooks.checkpoints import (
     RolloutCheckpoint,
     RolloutLedger,
@@ -120,7 +120,7 @@ def _cursor_of(source: Any) -> dict[str, Any] | None:
     return cursor
 
 
-def _restore_cursor(source: Any, cursor: dict[str, Any] | None, where: Path | str) -> None:
+def _restore_cursor(source: Any, cursor: dict[str, Any] | None, where: os.PathLike[str] | str) -> None:
     if cursor is None or _cursor_of(source) is None:
         return
     for f in _CURSOR_FIELDS:
@@ -164,7 +164,7 @@ class _SavesThroughState:
 
     rollout_state: Any
 
-    def flush(self) -> list[Path]:
+    def flush(self) -> list[Location]:
         if self.rollout_state.ledger is not None:
             self.rollout_state.ledger.flush()
         return self.rollout_state.checkpointer.flush()
@@ -199,7 +199,7 @@ class BundledDataSource(_SavesThroughState, RolloutDataSourceWithBuffer):
             if samples:
                 self.rollout_state.recycled(samples)
 
-    def save(self, rollout_id: int) -> Future[Path] | None:
+    def save(self, rollout_id: int) -> Future[Location] | None:
         """Queue the bundle of ``rollout_id`` (written in the background; the state is cut now)."""
         if not self.args.rollout_global_dataset:
             return None
@@ -337,7 +337,7 @@ class FullyAsyncRolloutFn(_SavesThroughState, _MilesFullyAsyncRolloutFn):
             self.rollout_state.begin_step(input.rollout_id)
         return await super().__call__(input)
 
-    def save(self, rollout_id: int) -> Future[Path] | None:
+    def save(self, rollout_id: int) -> Future[Location] | None:
         """Queue the bundle of ``rollout_id`` at ``<--save>/rollout/fully_async_<rollout_id>``."""
         if isinstance(self.data_source, BundledDataSource):
             return self.data_source.save(rollout_id)
