@@ -24,7 +24,7 @@ from typing import Any
 from bundles._errors import BundleError, BundleNotFoundError
 from bundles._location import classify
 from bundles._remote._probe import check_preconditions
-from bundles._store import Store, StoreURL, get_store, store_error
+from bundles._store import ObjectTooLargeError, Store, StoreURL, get_store, store_error
 
 __all__ = ["StorePrefix"]
 
@@ -107,7 +107,7 @@ class StorePrefix:
             raise BundleNotFoundError(f"{url}: not found")
         size = int(head.get("size", 0))
         if size > max_bytes:
-            raise BundleError(f"{url}: expected at most {max_bytes} bytes, found an object of {size}")
+            raise ObjectTooLargeError(f"{url}: {size} bytes exceeds the limit of {max_bytes} bytes")
         return size
 
     def get(self, name: str, *, max_bytes: int) -> bytes:
@@ -116,14 +116,13 @@ class StorePrefix:
         key = self._key(name)
         url = self.url.child(name)
         try:
-            self._size(key, url, max_bytes)
-            data, _ = self.store.get(key)
+            data, _ = self.store.get(key, max_bytes, "limit")
+        except FileNotFoundError:
+            raise BundleNotFoundError(f"{url}: not found") from None
         except BundleError:
             raise
         except Exception as e:
             raise store_error(url, "read the object", e) from e
-        if len(data) > max_bytes:  # replaced by a larger object between the two requests
-            raise BundleError(f"{url}: expected at most {max_bytes} bytes, found {len(data)}")
         return data
 
     def download(self, name: str, path: str | os.PathLike[str], *, max_bytes: int) -> int:
