@@ -46,6 +46,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +54,19 @@ from pathlib import Path
 from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleNotFoundError
 from bundles._faults import fault_point
 from bundles._fs import exchange, fsync_dir, remove_tree, rename_noreplace
-from bundles._layout import MANIFEST_NAME, RETIRED_MARKER, STAGING_MARKER, STAGING_RE
+from bundles._layout import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    MEDIA_DIR,
+    RETIRED_MARKER,
+    SHARDS_DIR,
+    STAGING_MARKER,
+    STAGING_RE,
+)
 from bundles._location import local_path_only
+from bundles._manifest import parse_manifest_bytes
 from bundles._proc import boot_id, pid_alive, pid_namespace
+from bundles._source import layout_name_ok
 
 # A leftover of another boot of this host name is removed once nothing in it changed for this
 # long: after a reboot the writer is certainly dead, but the same host name on another machine
@@ -265,18 +276,28 @@ def _discard(path: Path) -> None:
 
 def remove_bundle_dir(path: str | os.PathLike[str]) -> None:
     """Delete the bundle directory at ``path`` so that no reader ever finds half of it
-    (:func:`bundles.remove_bundle` for every location).
+    (:func:`bundles.remove_bundle` for every location), and nothing that is not the bundle's.
 
-    The bundle is first renamed to a retired name (atomic), then removed; a crash in between
-    leaves a retired directory that the next write into the same parent cleans up. Only a
-    bundle (a directory with a manifest) is removed: anything else raises. A bundle removed by
-    someone else meanwhile raises :class:`BundleNotFoundError`, as if it had never been there.
+    A directory that holds only the bundle (its manifest, the shards and media the manifest
+    lists, ``samples/`` and ``media/``) is first renamed to a retired name (atomic), then
+    removed; a crash in between leaves a retired directory that the next write into the same
+    parent cleans up. A directory that holds anything else too (a user's ``README.txt`` or
+    ``results/`` beside the bundle, a nested bundle) keeps it: the manifest is unlinked first (the
+    directory is no bundle from then on), then the files the manifest lists, then ``samples/`` and
+    ``media/`` if nothing else is left in them. Where the manifest cannot be read, the bundle's
+    files are the names of its layout (FORMAT.md §1). Only a bundle (a directory with a manifest)
+    is removed: anything else raises. A bundle removed by someone else meanwhile raises
+    :class:`BundleNotFoundError`, as if it had never been there.
     """
     dest = Path(os.path.abspath(path))
     if not is_bundle_dir(dest):
         if not os.path.lexists(dest):
             raise BundleNotFoundError(f"{dest}: no bundle here (path does not exist)")
         raise BundleNotFoundError(f"{dest}: not a bundle ({MANIFEST_NAME} is missing); refusing to remove it")
+    own, foreign = _own_files(dest)
+    if foreign:
+        _remove_own_files(dest, own)
+        return
     retired = _sibling_name(dest, RETIRED_MARKER)
     fault_point("remove_bundle.before-retire", dest)
     try:
@@ -286,6 +307,91 @@ def remove_bundle_dir(path: str | os.PathLike[str]) -> None:
     fsync_dir(dest.parent)
     fault_point("remove_bundle.after-retire", dest)
     _discard(retired)
+
+
+def _listed(dest: Path) -> set[str] | None:
+    """The bundle-relative names the manifest at ``dest`` lists (None: it cannot be read)."""
+    try:
+        with open(dest / MANIFEST_NAME, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        manifest = parse_manifest_bytes(raw, dest / MANIFEST_NAME)
+    except (OSError, BundleError):
+        return None
+    return {e.path for e in manifest.shards} | {f"{MEDIA_DIR}/{m.filename}" for m in manifest.media}
+
+
+def _own_files(dest: Path) -> tuple[dict[str, list[str]], list[str]]:
+    """The bundle's own regular files under ``samples/`` and ``media/`` (by directory), and the
+    entries of ``dest`` that are not the bundle's. Nothing is followed through a symlink: a
+    ``samples`` or ``media`` that is a link is not the bundle's directory."""
+    listed = _listed(dest)
+
+    def ours(rel: str) -> bool:
+        return rel in listed if listed is not None else layout_name_ok(rel)
+
+    own: dict[str, list[str]] = {SHARDS_DIR: [], MEDIA_DIR: []}
+    foreign: list[str] = []
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        top = os.open(dest, flags)
+    except OSError as e:
+        raise BundleError(f"{dest}: cannot list it: {e.strerror}") from e
+    try:
+        for name in os.listdir(top):
+            if name == MANIFEST_NAME:
+                continue
+            if name not in own or not stat.S_ISDIR(os.stat(name, dir_fd=top, follow_symlinks=False).st_mode):
+                foreign.append(name)
+                continue
+            fd = os.open(name, flags, dir_fd=top)
+            try:
+                for inner in os.listdir(fd):
+                    rel = f"{name}/{inner}"
+                    mode = os.stat(inner, dir_fd=fd, follow_symlinks=False).st_mode
+                    (own[name] if stat.S_ISREG(mode) and ours(rel) else foreign).append(rel)
+            finally:
+                os.close(fd)
+    except FileNotFoundError:
+        pass  # removed meanwhile: the unlink of the manifest, or the rename, says so
+    except OSError as e:
+        raise BundleError(f"{dest}: cannot list it: {e.strerror}") from e
+    finally:
+        os.close(top)
+    return own, sorted(foreign)
+
+
+def _remove_own_files(dest: Path, own: dict[str, list[str]]) -> None:
+    """Remove the bundle's own files from a directory that holds other things too: the manifest
+    first, then each listed file through its directory's descriptor (never by a path that a
+    symlink could send elsewhere), then ``samples/`` and ``media/`` if they are left empty."""
+    try:
+        os.unlink(dest / MANIFEST_NAME)
+    except FileNotFoundError:
+        raise BundleNotFoundError(f"{dest}: no bundle here (removed meanwhile by another process)") from None
+    except OSError as e:
+        raise BundleError(f"{dest}/{MANIFEST_NAME}: cannot remove: {e.strerror}") from e
+    fsync_dir(dest)
+    fault_point("remove_bundle.after-manifest", dest)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    top = os.open(dest, flags)
+    try:
+        for sub, rels in own.items():
+            try:
+                fd = os.open(sub, flags, dir_fd=top)
+            except OSError:
+                continue  # gone meanwhile, or swapped for a link: nothing of ours to follow
+            try:
+                for rel in rels:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(rel.rpartition("/")[2], dir_fd=fd)
+            except OSError as e:
+                raise BundleError(f"{dest}/{sub}: cannot remove a file of the bundle: {e.strerror}") from e
+            finally:
+                os.close(fd)
+            with contextlib.suppress(OSError):  # not empty: a file of someone else's is left in it
+                os.rmdir(sub, dir_fd=top)
+    finally:
+        os.close(top)
 
 
 def commit(staging: Path, dest: Path, overwrite: bool) -> None:

@@ -27,7 +27,9 @@ from bundles._layout import (
     DIGEST_PREFIX,
     MANIFEST_NAME,
     MEDIA_DIR,
+    SHARD_PATH_RE,
     SHARDS_DIR,
+    STORE_GENERATION_RE,
     STORE_POINTER_NAME,
 )
 from bundles._media import sha256_file
@@ -44,6 +46,7 @@ from bundles._remote._pointer import (
     _read_pointer,
 )
 from bundles._remote._probe import check_preconditions
+from bundles._source import media_name_ok
 from bundles._store import Store, StoreURL, get_store, parallel, store_error
 from bundles._writer import resolve_media_roots, write_local
 
@@ -326,18 +329,42 @@ def write_remote_bundle(
 
 
 def remove_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | None = None) -> None:
-    """Delete the bundle at ``url``: the pointer first (so no reader finds half of it), then its
-    generation and, unless shared, its media. Shared media are left to :func:`collect_garbage`."""
+    """Delete the bundle at ``url`` and nothing else (FORMAT.md §9): the pointer first (so no
+    reader finds half of it), then the generations of ours under it (each manifest first), then
+    its own media (``U/media/<64 hex><suffix>``). A plain copy (no pointer) loses its
+    ``manifest.json`` first, then ``samples/<shard>`` and its media. Everything else under
+    ``U`` (a user's files beside the bundle, a nested bundle, keys deeper than the layout's) is
+    left, and so is the shared pool beside ``U``: its media are left to :func:`collect_garbage`."""
     place = _place(url_text, storage_options, "read the pointer")
     url, store = place.url, place.store
     try:
         if place.pointer.generation is None:
             (store.delete([url.key_of(MANIFEST_NAME)]))
+            shards = url.key_of(SHARDS_DIR)
+            keys = [
+                f"{shards}/{n}" for n in store.files(shards) if SHARD_PATH_RE.fullmatch(f"{SHARDS_DIR}/{n}")
+            ]
         else:
             (store.delete([url.key_of(STORE_POINTER_NAME)]))
-        objs = store.listing(url.key)
-        keys = sorted((m["path"] for m in objs), key=lambda k: not k.endswith(MANIFEST_NAME))
+            keys = _own_generations(store, url)
+        media = url.key_of(MEDIA_DIR)
+        keys += [f"{media}/{n}" for n in store.files(media) if media_name_ok(n)]
         if keys:
-            (store.delete(keys))
+            (store.delete(keys))  # manifests first: a generation without one is never read
     except Exception as e:
         raise store_error(url, "remove the bundle", e) from e
+
+
+def _own_generations(store: Store, url: StoreURL) -> list[str]:
+    """The keys of every generation of ours right under ``url`` (``U/<generation>/`` holding
+    only ``manifest.json`` and shards), each manifest first. A generation-named prefix holding
+    anything else (a nested bundle, a user's file) is not ours and is left whole."""
+    keys: list[str] = []
+    for name in store.children(url.key):
+        if not STORE_GENERATION_RE.fullmatch(name):
+            continue
+        base = url.key_of(name) + "/"
+        found = [m["path"] for m in store.listing(url.key_of(name))]
+        if all(k[len(base) :] == MANIFEST_NAME or SHARD_PATH_RE.fullmatch(k[len(base) :]) for k in found):
+            keys += sorted(found, key=lambda k: not k.endswith("/" + MANIFEST_NAME))
+    return sorted(keys, key=lambda k: not k.endswith("/" + MANIFEST_NAME))
