@@ -43,10 +43,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import reprlib
 import tempfile
 import time
 from argparse import Namespace
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -160,6 +161,11 @@ class LazyGroup:
 
     def __len__(self) -> int:
         return sum(int(r.b) if whole else 1 for r, whole in self._bodies)
+
+    def undecoded(self) -> LazyGroup:
+        """The same group, decoded anew when read: what a checkpoint keeps of a group handed to
+        training (the trainer may change the samples decoded for it)."""
+        return LazyGroup(self.gid, self._bodies, self._placer, self._sample_cls)
 
     def load_dicts(self) -> list[Any]:
         """The group's sample dicts (media placed in the current run's directory)."""
@@ -292,6 +298,11 @@ class _Replay:
         completed: dict[int, Any] = dict(zip(completed_ids, ckpt.completed_groups, strict=True))
         next_gid = int(info.get("next_gid", len(pending_ids) + len(completed_ids) + len(recycled_ids)))
         replay = cls(pending, completed, next_gid, sample_cls)
+        # Completed groups that a later step had taken when the checkpoint was cut (the async
+        # driver drains step N+1 while N trains): consumed at that step, so _finish brings them
+        # back only when the restored weights are older than it.
+        for gid, step in _consumed_steps(ckpt, completed):
+            replay.consumed[gid] = (step, completed.pop(gid))
         replay.state = state
         return replay
 
@@ -493,8 +504,11 @@ class RolloutLedger:
         completed_gids: Sequence[int],
         cursor: Any,
         recycled_gids: Sequence[int] | None = None,
+        consumed_steps: Mapping[int, int] | None = None,
     ) -> dict[str, Any]:
-        """The ledger's part of a checkpoint's meta; call inside the snapshot (state lock held)."""
+        """The ledger's part of a checkpoint's meta; call inside the snapshot (state lock held).
+        ``consumed_steps``: the completed groups (by id) already handed to a training step after
+        the checkpoint's, with that step (a resume brings them back only when its weights are gone)."""
         watermark = self.journal.roll() if self.journal is not None else self._first_seq - 1
         ids = (*pending_gids, *completed_gids, *(recycled_gids or ()))
         self._next_gid = max([self._next_gid, *(g + 1 for g in ids)])
@@ -510,6 +524,7 @@ class RolloutLedger:
             },
             "pending_group_ids": list(pending_gids),
             "completed_group_ids": list(completed_gids),
+            **({"consumed_group_steps": [[g, s] for g, s in consumed_steps.items()]} if consumed_steps else {}),
             "data_source_cursor": cursor,
             "fingerprint": self.fingerprint(),
         }
@@ -799,6 +814,21 @@ class RolloutLedger:
             rec = prompt[0]
             return [_build(s, cls, rec.segment) for s in _decode(rec, placer)["samples"]]
         return prompt
+
+
+def _consumed_steps(ckpt: RolloutCheckpoint, completed: dict[int, Any]) -> list[tuple[int, int]]:
+    """``meta.consumed_group_steps`` of ``ckpt``: ``[[gid, step], ...]``, each a completed group's id."""
+    pairs = ckpt.meta.get("consumed_group_steps") or []
+    ok = type(pairs) is list and all(
+        type(p) is list and len(p) == 2 and type(p[0]) is int and type(p[1]) is int and p[0] in completed
+        for p in pairs
+    )
+    if not ok or len({p[0] for p in pairs}) != len(pairs):
+        raise BundleFormatError(
+            f"{ckpt.path}: meta.consumed_group_steps: expected [[group id, step], ...] naming each of "
+            f"meta.completed_group_ids at most once, found {reprlib.repr(pairs)}"
+        )
+    return [(p[0], p[1]) for p in pairs]
 
 
 def _torn_line(problems: list[str]) -> str:
