@@ -89,7 +89,8 @@ T = TypeVar("T")
 
 class StoreURL(str):
     """An object-store URL, ``<scheme>://<bucket>/<key>``: a ``str`` (so it prints and compares
-    as the URL) with the parts a reader needs. Keys never hold empty, ``.`` or ``..`` parts."""
+    as the URL) with the parts a reader needs. Keys never hold empty, ``.`` or ``..`` parts (one
+    trailing ``/`` is dropped: ``s3://b/x/`` is ``s3://b/x``; ``s3://b//x`` is refused)."""
 
     scheme: str
     bucket: str
@@ -100,11 +101,13 @@ class StoreURL(str):
         scheme = scheme.lower()
         if not sep or scheme not in STORE_SCHEMES:
             raise UnsupportedLocationError(f"{text}: not an object-store URL ({', '.join(STORE_SCHEMES)})")
-        bucket, _, key = rest.partition("/")
-        key = key.strip("/")
+        bucket, _, raw = rest.partition("/")
+        # One trailing slash names the same prefix (a directory's habit); any other empty part
+        # is a key of its own on S3 ("s3://b//x" is the key "/x", not "x"), so it is refused.
+        key = raw[:-1] if raw.endswith("/") else raw
         if not bucket or not _PART_RE.fullmatch(bucket):
             raise BundleError(f"{text}: expected {scheme}://<bucket>/<prefix>, found no bucket")
-        parts = key.split("/") if key else []
+        parts = key.split("/") if key or raw else []
         for part in parts:
             if part in (".", "..") or not _PART_RE.fullmatch(part):
                 raise BundleError(f"{text}: key parts must not be empty, '.' or '..', found {part!r}")

@@ -195,3 +195,34 @@ def test_shared_media_changes_nothing_in_a_directory(tmp_path) -> None:
     assert os.path.basename(open_bundle(b, verify="full")[0]["image"]) == stored_name(shot)
     (stored,) = (b / "media").iterdir()
     assert stored.stat().st_ino == shot.stat().st_ino
+
+
+@pytest.mark.parametrize("url", ["s3://b//x", "s3://b//", "s3://b/a//x", "s3://b/x//", "gs://b//x/y"])
+def test_an_empty_key_part_is_refused_at_every_entry(url: str, in_tmp: Path) -> None:
+    """On S3 ``s3://b//x`` is the key ``/x``, another object than ``x``: it is refused, never read
+    as ``s3://b/x`` (nor is any other empty part); nothing is asked of a store (the endpoint is
+    closed), and nothing is written locally."""
+    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+    from bundles import StoreURL
+
+    closed = {"endpoint": "http://127.0.0.1:1", "allow_http": True, "max_retries": 0}
+    expected = rf"^{url}: key parts must not be empty, '\.' or '\.\.', found ''$"
+    for call in (
+        lambda: StoreURL(url),
+        lambda: open_bundle(url, storage_options=closed),
+        lambda: write_bundle(url, [{"index": 0}], storage_options=closed),
+        lambda: remove_bundle(url, storage_options=closed),
+        lambda: is_bundle(url, storage_options=closed),
+    ):
+        with pytest.raises(BundleError, match=expected):
+            call()
+    assert list(in_tmp.iterdir()) == []
+
+
+def test_one_trailing_slash_names_the_same_prefix() -> None:
+    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+    from bundles import StoreURL
+
+    assert StoreURL("s3://b/x/") == "s3://b/x" and StoreURL("s3://b/x/").key == "x"
+    assert StoreURL("s3://b/") == "s3://b" and StoreURL("s3://b/").key == ""
+    assert StoreURL("s3://b/x").child("") == "s3://b/x"
