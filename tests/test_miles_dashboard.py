@@ -161,3 +161,21 @@ def test_the_dashboard_launcher_refuses_another_layout_in_one_line(tmp_path, lay
         "(the --dump-details layout, as --save-debug-rollout-data DIR/rollout_data/{rollout_id}.pt writes it), "
         f"{found}\n"
     )
+
+
+def test_the_dashboard_launcher_help_is_its_own(tmp_path):
+    """``--help`` says what the launcher is (bundles, the dump layout, 127.0.0.1 by default), then
+    lists Miles' options it passes through; not Miles' text, whose ``--host`` is 0.0.0.0
+    (issue 30, item 20)."""
+    r = subprocess.run(
+        launcher("--help"), env=ENV, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-3000:]
+    out = r.stdout
+    assert out.startswith("usage: python -m trainer_hooks.miles.dashboard --dump-details DIR"), out[:300]
+    assert "bundles" in out and "rollout_data/<id>.pt" in out and "save_debug_rollout_data" in out
+    assert "--host ADDR         address to listen on (default: 127.0.0.1, this machine" in out
+    assert "Standalone dashboard server" not in out  # Miles' description
+    miles = out.split("Miles' dashboard options (passed to miles.dashboard.serve unchanged):\n", 1)[1]
+    assert "--port PORT" in miles and "--follow" in miles and "--cache-dir" in miles
+    assert "--host" not in miles and "--dump-details" not in miles and "--help" not in miles

@@ -35,7 +35,7 @@ from miles.dashboard.dump_reader import DumpReader
 from bundles import is_bundle
 from trainer_hooks.dumps import dump_payload
 
-__all__ = ["DEFAULT_HOST", "BundleDumpReader", "dump_layout_problem", "main"]
+__all__ = ["DEFAULT_HOST", "BundleDumpReader", "dump_layout_problem", "main", "miles_options_help"]
 
 #: Where the launcher listens without ``--host``: this machine only.
 DEFAULT_HOST = "127.0.0.1"
@@ -98,16 +98,92 @@ def dump_layout_problem(dump_dir: str | Path) -> str | None:
     return f"{expected}, found an empty directory"
 
 
+PROG = "python -m trainer_hooks.miles.dashboard"
+DESCRIPTION = f"""\
+Miles' dashboard (miles.dashboard.serve) on a --dump-details directory whose
+rollout_data/<id>.pt dumps are bundles, as a Miles fork's
+trainer_hooks.save_debug_rollout_data writes them with
+--save-debug-rollout-data DIR/rollout_data/{{rollout_id}}.pt (docs/INTEGRATION.md
+section 9). Miles' own .pt pickles and train_data/ shards load as before.
+
+Unlike Miles' launcher it listens on {DEFAULT_HOST} unless --host is given (Miles'
+default 0.0.0.0 would serve the run's prompts, responses and screenshots to the
+network): reach it with `ssh -L 7788:{DEFAULT_HOST}:7788 NODE`, or widen it on
+purpose with --host 0.0.0.0. A directory without rollout_data/<id>.pt exits with
+status 2 and one line saying what it found (`rollout-bundle view` opens any
+bundle). Needs a Miles checkout on PYTHONPATH and
+pip install 'rollout-bundles[dashboard]'."""
+# Miles' options the launcher documents itself (it decides them, or reads them first).
+_OWN = ("-h", "--help", "--dump-details", "--host")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        usage=f"{PROG} --dump-details DIR [--host ADDR] [Miles' dashboard options]",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+        allow_abbrev=False,
+    )
+    own = parser.add_argument_group("options of this launcher")
+    own.add_argument("-h", "--help", action="store_true", help="show this help message and exit")
+    own.add_argument("--dump-details", metavar="DIR", help="the run's --dump-details directory")
+    own.add_argument(
+        "--host", metavar="ADDR", help=f"address to listen on (default: {DEFAULT_HOST}, this machine only)"
+    )
+    own.add_argument("--demo", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def miles_options_help() -> str:
+    """The options section of Miles' own launcher's help, without the options this launcher
+    documents itself: ``--port``, ``--follow``, ... exactly as the Miles checkout defines them."""
+    import contextlib
+    import io
+
+    import miles.dashboard.serve as serve
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        serve.main(["--help"])
+    lines = out.getvalue().splitlines()
+    start = next(
+        (i + 1 for i, line in enumerate(lines) if line.rstrip().endswith(":") and "option" in line), None
+    )
+    entries: list[list[str]] = []
+    for line in lines[start or len(lines) :]:
+        if line.startswith("  -"):
+            entries.append([line])
+        elif line.startswith("   ") and entries:
+            entries[-1].append(line)
+    kept = [
+        e for e in entries if not any(flag in _OWN for flag in re.findall(r"(?<![\w-])-{1,2}[\w-]+", e[0]))
+    ]
+    return "\n".join(line for e in kept for line in e)
+
+
+def _print_help(parser: argparse.ArgumentParser) -> None:
+    text = parser.format_help()
+    try:
+        miles = miles_options_help()
+    except ImportError as e:
+        miles = f"  (not available here: {e}; put a Miles checkout on PYTHONPATH)"
+    print(
+        f"{text.rstrip()}\n\nMiles' dashboard options (passed to miles.dashboard.serve unchanged):\n{miles}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run Miles' dashboard server with :class:`BundleDumpReader`, on ``127.0.0.1`` unless
     ``--host`` is given; exit 2 with one line when the directory is not in the dump layout."""
     argv = list(sys.argv[1:] if argv is None else argv)
     # Only what the launcher decides before Miles' parser sees the rest (which stays Miles').
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--host")
-    pre.add_argument("--dump-details")
-    pre.add_argument("--demo", action="store_true")
+    pre = _parser()
     known, _ = pre.parse_known_args(argv)
+    if known.help:
+        _print_help(pre)
+        raise SystemExit(0)
     if known.dump_details is not None and not known.demo:
         problem = dump_layout_problem(known.dump_details)
         if problem is not None:
