@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from bundles import _remote
-from bundles._commit import is_bundle_dir, is_staging_name, remove_bundle_dir, scratch_dir
+from bundles._commit import commit, is_bundle_dir, is_staging_name, remove_bundle_dir, scratch_dir
 from bundles._errors import BundleError, BundleExistsError, BundleNotFoundError
 from bundles._fs import remove_tree
 from bundles._layout import PACK_SUFFIX
@@ -337,14 +337,6 @@ class DirectoryLocation(_Local):
     def remove_bundle(self) -> None:
         remove_bundle_dir(self)
 
-    def stage(
-        self, write: WriteHere, *, media_roots: Iterable[str | os.PathLike[str]] = (), overwrite: bool = False
-    ) -> Staged:
-        # The local writer stages and renames by itself: no scratch, nothing left to publish.
-        # (``overwrite`` is the writer's to apply, atomically; see write().)
-        write(Path(self))
-        return Staged(self, Path(self), None, overwrite)
-
     def write_bundle(
         self,
         samples: Iterable[Any],
@@ -359,11 +351,12 @@ class DirectoryLocation(_Local):
         return self
 
     def _scratch_beside(self, media_roots: list[Path]) -> Path:
-        return Path(self).parent
+        return Path(self)  # a sibling: the staged bundle is renamed into place
 
     def _publish(
         self, local: Path, *, overwrite: bool, shared_media: bool, progress: bool | None
     ) -> Location:
+        commit(local, Path(self), overwrite)  # the writer's own commit (docs/FORMAT.md §6)
         return self
 
 

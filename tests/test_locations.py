@@ -12,14 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from helpers.location_suite import LocationTests
 
+LOCAL = {"commits_by": "rename", "needs_probe": False, "has_pool": False, "uploads": False}
+ON_STORE = {"can_hard_link": False, "commits_by": "create-only put", "needs_probe": True, "uploads": True}
+
 
 class TestDirectory(LocationTests):
     name = "directory"
+    capabilities: ClassVar[dict[str, object]] = {**LOCAL, "can_hard_link": True}
 
     def dest(self, tmp_path: Path, name: str) -> str:
         return str(tmp_path / "bundles" / name)
@@ -28,6 +32,7 @@ class TestDirectory(LocationTests):
 class TestPackedFile(LocationTests):
     name = "packed file"
     packed = True
+    capabilities: ClassVar[dict[str, object]] = {**LOCAL, "can_hard_link": False}
     kill_point = "atomic_write.after-data"  # the packed file is written beside and renamed
 
     def dest(self, tmp_path: Path, name: str) -> str:
@@ -35,7 +40,7 @@ class TestPackedFile(LocationTests):
 
 
 class _OnStore(LocationTests):
-    gc = True
+    capabilities: ClassVar[dict[str, object]] = {**ON_STORE, "has_pool": True}
     kill_point = "store.before-publish"
     scheme = "s3"
     server_fixture = ""
@@ -66,6 +71,7 @@ class TestPackedOnSeaweedFS(_OnStore):
     name = "packed file on SeaweedFS"
     server_fixture = "seaweed_s3"
     packed = True
+    capabilities: ClassVar[dict[str, object]] = {**ON_STORE, "has_pool": False}
     kill_point = "store.before-put"  # packed locally, killed before its one put
 
     def dest(self, tmp_path: Path, name: str) -> str:

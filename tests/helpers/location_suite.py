@@ -4,13 +4,16 @@ unpack, overwrite, two racing writers, a writer SIGKILLed mid-commit, remove, li
 
 A location passes by subclassing :class:`LocationTests` in tests/test_locations.py and saying
 only how to name a fresh destination (:meth:`LocationTests.dest`), which servers it needs (a
-fixture that sets the standard environment, so every public call finds its store), and, where
-it differs, how a bundle is written there (a packed location writes a directory and packs it).
+fixture that sets the standard environment, so every public call finds its store), and the
+capabilities its :class:`bundles.Location` declares (``capabilities``, checked against the
+object :meth:`bundles.Location.of` builds). Every location is written the same way,
+``write_bundle(dest, ...)``: a packed destination is packed by bundles, not by the suite.
 Everything else is asserted through the public API alone, never by looking at the files or
 objects behind it: what a user of one location may rely on, a user of every location may.
 
-Capability flags say what a location lacks by design (``gc``: a local directory has no garbage
-collection; ``kill_point``: where a writer is killed mid-commit), never what a test found hard.
+What a location lacks by design is read from its capabilities (``has_pool``: only a store's
+bundles share a media pool to collect) or said by ``kill_point`` (where a writer is killed
+mid-commit), never what a test found hard.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from bundles import (
     BundleError,
     BundleExistsError,
     BundleNotFoundError,
+    Location,
     MediaRef,
     collect_garbage,
     is_bundle,
@@ -43,19 +47,14 @@ from bundles.support import KILL_ENV
 ROOT = Path(__file__).resolve().parents[2]
 N_MEDIA = 4
 
-# A writer in a subprocess, for the SIGKILL test: writes the bundle the suite's way (plain, or
-# written then packed) so that the kill lands in the location's own commit.
+# A writer in a subprocess, for the SIGKILL test: the kill lands in the location's own commit.
 _WRITER = """
 import os, sys
-from bundles import pack_bundle, write_bundle
-dest, run, packed, overwrite = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
+from bundles import write_bundle
+dest, run, overwrite = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 paths = sorted(os.path.join(run, n) for n in os.listdir(run))
 samples = [{"index": i, "image": p, "writer": "killed"} for i, p in enumerate(paths)]
-if packed:
-    staged = write_bundle(sys.argv[5], samples, media_roots=[run])
-    pack_bundle(staged, dest, overwrite=overwrite)
-else:
-    write_bundle(dest, samples, media_roots=[run], overwrite=overwrite)
+write_bundle(dest, samples, media_roots=[run], overwrite=overwrite)
 print("COMMITTED")
 """
 
@@ -76,8 +75,9 @@ class LocationTests:
     """The suite. Subclasses set ``name`` and implement :meth:`dest`; see the module docstring."""
 
     name: ClassVar[str]
-    packed: ClassVar[bool] = False  # a packed file: written as a directory, then packed
-    gc: ClassVar[bool] = False  # collect_garbage applies (object stores)
+    packed: ClassVar[bool] = False  # one packed file (unpacked, not packed, by the pack test)
+    #: What the location's :class:`bundles.Location` declares (module docstring).
+    capabilities: ClassVar[dict[str, object]]
     kill_point: ClassVar[str] = "commit.before-rename"  # where the writer dies mid-commit
 
     # -- what a subclass provides ---------------------------------------------------------------
@@ -90,13 +90,8 @@ class LocationTests:
         return self.dest(tmp_path, "x").rpartition("/")[0]
 
     # -- how the suite writes --------------------------------------------------------------------
-    def write(self, tmp_path: Path, dest: str, samples: list[Any], run: Path, **kw: Any) -> None:
-        if not self.packed:
-            write_bundle(dest, samples, media_roots=[run], **kw)
-            return
-        overwrite = kw.pop("overwrite", False)
-        staged = write_bundle(tmp_path / f"staged-{os.urandom(4).hex()}", samples, media_roots=[run], **kw)
-        pack_bundle(staged, dest, overwrite=overwrite)
+    def write(self, tmp_path: Path, dest: str, samples: list[Any], run: Path, **kw: Any) -> Location:
+        return write_bundle(dest, samples, media_roots=[run], **kw)
 
     def samples(self, run: Path, tag: str = "a") -> list[dict[str, Any]]:
         paths = make_media(run, tag)
@@ -229,8 +224,7 @@ class LocationTests:
         run = tmp_path / "run"
         make_media(run, "killed")
         env = {**os.environ, KILL_ENV: self.kill_point, "PYTHONPATH": str(ROOT)}
-        argv = [sys.executable, "-c", _WRITER, dest, str(run), "1" if self.packed else "0"]
-        argv += ["1" if replacing else "0", str(tmp_path / "staged-killed")]
+        argv = [sys.executable, "-c", _WRITER, dest, str(run), "1" if replacing else "0"]
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
         assert done.returncode == -9, (done.returncode, done.stdout, done.stderr)
         assert "COMMITTED" not in done.stdout
@@ -274,10 +268,79 @@ class LocationTests:
     def test_gc_keeps_every_live_bundle_whole(self, tmp_path: Path) -> None:
         dest = self.dest(tmp_path, "b")
         self.write(tmp_path, dest, self.samples(tmp_path / "run"), tmp_path / "run")
-        if not self.gc:
+        root = Location.of(self.root(tmp_path))
+        if not root.has_pool:
+            assert root.collect_garbage(older_than_s=0) is None
             with pytest.raises(BundleError):
                 collect_garbage(self.root(tmp_path), older_than_s=0)
             return
+        assert root.collect_garbage(older_than_s=0) is not None
         collect_garbage(self.root(tmp_path), older_than_s=0)
         with open_bundle(dest, verify="full") as b:
             assert len(b) == N_MEDIA
+
+    # -- the Location object -----------------------------------------------------------------------
+    def test_the_location_declares_its_capabilities(self, tmp_path: Path) -> None:
+        location = Location.of(self.dest(tmp_path, "b"))
+        found = {name: getattr(location, name) for name in self.capabilities}
+        assert found == self.capabilities
+
+    def test_write_returns_the_location_it_wrote(self, tmp_path: Path) -> None:
+        import pickle
+
+        dest = self.dest(tmp_path, "b")
+        written = self.write(tmp_path, dest, self.samples(tmp_path / "run"), tmp_path / "run")
+        assert isinstance(written, Location) and isinstance(written, os.PathLike)
+        assert os.fspath(written) == str(written) == dest
+        assert Location.of(written) is written  # a Location is chosen once, then handed on
+        assert Location.of(dest) == written and type(Location.of(dest)) is type(written)
+        again = pickle.loads(pickle.dumps(written))  # to a Ray actor and back
+        assert again == written and type(again) is type(written)
+        with open_bundle(written, verify="full") as b, written.open_bundle() as same:
+            assert list(b.samples()) == list(same.samples())
+        assert written.has_bundle() and is_bundle(written)
+
+    def test_list_bundles_and_child_through_the_location(self, tmp_path: Path) -> None:
+        names = ["b1", "b2"]
+        for n in names:
+            self.write(
+                tmp_path,
+                self.dest(tmp_path, n),
+                self.samples(tmp_path / f"run-{n}", n),
+                tmp_path / f"run-{n}",
+            )
+        root = Location.of(self.root(tmp_path))
+        found = root.list_bundles()
+        assert all(isinstance(loc, Location) for loc in found)
+        assert [str(loc) for loc in found] == sorted(self.dest(tmp_path, n) for n in names)
+        leaf = self.dest(tmp_path, "b1").rpartition("/")[2]
+        assert root.child(leaf) == found[0] and root.child("") == root
+
+    def test_stage_writes_nothing_visible_until_published(self, tmp_path: Path) -> None:
+        run = tmp_path / "run"
+        samples = self.samples(run)
+        location = Location.of(self.dest(tmp_path, "b"))
+
+        def write(where: Path) -> Location:
+            return write_bundle(where, samples, media_roots=[run])
+
+        staged = location.stage(write, media_roots=[run])
+        assert not location.has_bundle()  # staged: complete locally, not in place
+        with open_bundle(staged.local) as b:
+            assert len(b) == len(samples)
+        staged.discard()
+        assert not location.has_bundle() and not os.path.exists(staged.local)
+        staged = location.stage(write, media_roots=[run])
+        assert staged.publish() == location
+        assert not os.path.exists(staged.local)
+        with open_bundle(location, verify="full") as b:
+            assert [self.plain(s) for s in b.samples()] == [self.plain(s) for s in samples]
+        with pytest.raises(BundleExistsError):
+            location.stage(write, media_roots=[run])  # refused before any work
+
+    def test_an_error_of_a_staged_write_names_the_location(self, tmp_path: Path) -> None:
+        dest = self.dest(tmp_path, "b")
+        with pytest.raises(BundleError) as caught:
+            write_bundle(dest, [{"x": object()}])
+        assert str(caught.value).startswith(f"{dest}: samples[0].x: ")
+        assert not is_bundle(dest)
