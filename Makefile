@@ -18,6 +18,7 @@ PIP    := $(BIN)/python -m pip
 # pulls a multi-GB CUDA build to satisfy some later package.
 TORCH  := torch==2.13.0
 BENCH_ARGS ?=
+DEMO_ARGS  ?=
 TOX_ARGS   ?=
 
 # Tests and the demo never reach a model hub or a Ray cluster's auth service.
@@ -48,8 +49,9 @@ AZURITE := azurite@3.35.0
 
 .PHONY: demo test lint format bench bench-replay mutants venv clean distclean
 
+# DEMO_ARGS=--keep keeps its temporary directory, to run the commands it prints on it.
 demo: $(DEV_OK)
-	$(BIN)/python examples/demo.py
+	$(BIN)/python examples/demo.py $(DEMO_ARGS)
 
 # Ends with each tox env's passed/failed/skipped counts, whether or not tox passed.
 test: $(DEV_OK) $(NODE_OK)

@@ -17,11 +17,15 @@ a whole run out with the public APIs of ``trainer_hooks`` and ``bundles``:
    media directory, and load the dump there with ``load_debug_rollout_data``;
 5. ``rollout-bundle inspect`` the checkpoint;
 6. look at the colleague's dump: replay it as training would (``trainer_hooks.replay``, when
-   transformers is installed) and write its HTML report (``rollout-bundle view``).
+   transformers is installed), write its HTML report (``rollout-bundle view``), and leave it in
+   the ``--dump-details`` layout that Miles' dashboard serves
+   (``python -m trainer_hooks.miles.dashboard --dump-details demo-out/dump-details``).
 
 Everything happens under one temporary directory (``$DEMO`` in the output), removed at the end
-unless ``--keep`` is given, except what step 6 writes under ``--out`` (``demo-out/``): the dump
-unpacked, the replay report and the HTML page, for a person to open. Each step is a function over one shared ``Demo`` state.
+unless ``--keep`` is given (``make demo DEMO_ARGS=--keep``), except what step 6 writes under
+``--out`` (``demo-out/``): the dump unpacked at ``dump-details/rollout_data/<id>.pt``, the replay
+report and the HTML page, for a person to open. Each step is a function over one shared ``Demo``
+state.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class Demo:
     received_dump: Path | None = None  # the packed debug dump as the colleague received it
     out: Path = field(default_factory=lambda: Path("demo-out").resolve())
     report: Path | None = None
+    keep: bool = False  # --keep: $DEMO is left in place at exit
     timings: dict[str, float] = field(default_factory=dict)
     numbers: dict[str, Any] = field(default_factory=dict)
 
@@ -606,6 +611,11 @@ def step_inspect(d: Demo) -> None:
                                  f"durable up to seq {lineage['synced_seq']}"))  # fmt: skip
     say(d, "\n".join(f"  {k:<12} {v}" for k, v in lines))
     say(d, f"  the rest ({plural(len(meta), 'meta key')} in all): rollout-bundle inspect {d.last_checkpoint}")
+    if not d.keep:  # the command names a directory removed at exit (issue 30, item 21)
+        say(
+            d,
+            "  ($DEMO is removed when the demo ends; make demo DEMO_ARGS=--keep keeps it for such commands)",
+        )
 
 
 def step_view(d: Demo) -> None:
@@ -615,8 +625,14 @@ def step_view(d: Demo) -> None:
 
     assert d.received_dump is not None
     name = d.received_dump.name.removesuffix(bundles.PACK_SUFFIX)
-    d.out.mkdir(parents=True, exist_ok=True)
-    dump = bundles.unpack_bundle(d.received_dump, d.out / name, overwrite=True).path
+    rollout_id = int(name.rsplit("_", 1)[1])
+    # Where a Miles fork writes its dumps for Miles' dashboard (--save-debug-rollout-data
+    # DIR/rollout_data/{rollout_id}.pt): the page links into it, and the dashboard serves it.
+    details = d.out / "dump-details"
+    (details / "rollout_data").mkdir(parents=True, exist_ok=True)
+    dump = bundles.unpack_bundle(
+        d.received_dump, details / "rollout_data" / f"{rollout_id}.pt", overwrite=True
+    ).path
     replay_report = None
     replay_path = d.out / f"{name}.replay.json"
     try:
@@ -645,6 +661,12 @@ def step_view(d: Demo) -> None:
         f"rollout-bundle view: {plural(written.samples, 'sample')}, {plural(written.images, 'screenshot')}, "
         f"{mib(written.bytes)} -> {written.path}{search}",
     )
+    say(
+        d,
+        f"the dump in Miles' --dump-details layout, {dump.relative_to(details)}: serve Miles' dashboard on it "
+        f"(a Miles checkout on PYTHONPATH, pip install 'rollout-bundles[dashboard]') with\n"
+        f"    python -m trainer_hooks.miles.dashboard --dump-details {details}",
+    )
 
 
 STEPS_: list[tuple[str, Callable[[Demo], None]]] = [
@@ -661,7 +683,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory and print its path")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary directory ($DEMO) and print its path, to run the printed commands on it",
+    )
     parser.add_argument(
         "--out",
         default="demo-out",
@@ -669,7 +695,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ns = parser.parse_args(argv)
     d = Demo(
-        root=Path(tempfile.mkdtemp(prefix="rollout-bundles-demo-")).resolve(), out=Path(ns.out).resolve()
+        root=Path(tempfile.mkdtemp(prefix="rollout-bundles-demo-")).resolve(),
+        out=Path(ns.out).resolve(),
+        keep=ns.keep,
     )
     # The library's log records (a resume accepting a changed dataset warns) are lines of the step.
     handler = SayHandler(d)

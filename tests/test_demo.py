@@ -8,12 +8,16 @@ reads as a walk-through (issue 24), and that README.md quotes what it prints.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -137,3 +141,68 @@ def test_the_readme_figures_for_save_agree_with_the_demo(demo):
     assert re.search(
         r"^    save +blocked [\d.]+ ms, of which the journal's fsync [\d.]+ ms$", proc.stdout, re.M
     )
+
+
+def test_the_demo_leaves_a_dump_that_miles_dashboard_serves(demo):
+    """Step 6 leaves the colleague's dump in Miles' ``--dump-details`` layout, and the command it
+    prints serves it: ``python -m trainer_hooks.miles.dashboard`` (with a Miles checkout) lists
+    rollout 2 over HTTP on 127.0.0.1 (issue 30, item 20: the demo wrote no dump it could serve)."""
+    proc, cwd = demo
+    from bundles import open_bundle
+
+    dump = cwd / "demo-out" / "dump-details" / "rollout_data" / "2.pt"
+    assert len(open_bundle(dump, verify="full")) == 2
+    line = next(
+        line for line in proc.stdout.splitlines() if "python -m trainer_hooks.miles.dashboard" in line
+    )
+    command = line.split()
+    assert command[:3] == ["python", "-m", "trainer_hooks.miles.dashboard"], line
+    from helpers.miles_snapshot import MILES_ROOT, miles_missing
+
+    if (reason := miles_missing()) is not None:
+        pytest.skip(reason)
+    for dep in ("polars", "fastapi", "uvicorn", "torch"):
+        if importlib.util.find_spec(dep) is None:
+            pytest.skip(f"Miles' dashboard needs {dep} (pip install 'rollout-bundles[dashboard]')")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(DEMO.parents[1]), str(MILES_ROOT)])}
+    server = subprocess.Popen(
+        [sys.executable, *command[1:], "--port", str(port), "--cache-dir", str(cwd / "dashboard-cache")],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        # Miles' reader lists a dump once it is 10 s old (a live run may still be writing it).
+        deadline = time.monotonic() + 90
+        ids = None
+        while ids != [2]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/meta", timeout=10) as r:
+                    ids = json.loads(r.read())["rollout_ids"]["train"]
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"no rollout 2 served (last: {ids}):\n{server.communicate(timeout=5)[0][-3000:]}"
+                )
+            if ids != [2]:
+                time.sleep(0.5)
+    finally:
+        server.terminate()
+        server.communicate(timeout=10)
+
+
+def test_commands_on_the_temporary_directory_say_how_to_keep_it(demo):
+    """The demo prints ``rollout-bundle`` commands on ``$DEMO``, which it removes at exit: where it
+    does, it says that ``--keep`` keeps it (issue 30, item 21), and ``--keep`` is in its help."""
+    proc, _ = demo
+    lines = proc.stdout.splitlines()
+    on_demo = [i for i, line in enumerate(lines) if "rollout-bundle " in line and "$DEMO" in line]
+    assert on_demo, "the demo prints no command on $DEMO any more: drop this test"
+    note = "$DEMO is removed when the demo ends; make demo DEMO_ARGS=--keep keeps it for such commands"
+    for i in on_demo:  # the note follows within the step
+        step_end = next((j for j in range(i + 1, len(lines)) if HEADING.match(lines[j])), len(lines))
+        assert any(note in line for line in lines[i:step_end]), lines[i]
+    helped = subprocess.run([sys.executable, str(DEMO), "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "--keep" in helped.stdout and "$DEMO" in helped.stdout
