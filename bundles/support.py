@@ -21,7 +21,10 @@ What is here, by concern:
   never through a symlink, never blocking on a FIFO, one named error; :func:`read_at_most`, the
   one bounded read of such a file (a cap + 1 read tells an oversized file from one that fits);
   :func:`media_name_ok`, the one rule for a content-addressed media name (``<64 hex><suffix>``,
-  never a path).
+  never a path); :func:`local_path_only`, the one refusal of a URL where only a local path makes
+  sense (a media directory, a scratch directory).
+* **Messages.** :func:`bounded_repr`, the one ``repr`` of a value an error message shows: bounded
+  in length and in the time it takes, whatever the value (a YAML alias bomb, a gigabyte string).
 * **Process identity.** :func:`boot_id`, :func:`pid_namespace`, :func:`proc_stat`,
   :func:`pid_alive`: enough to prove a leftover's writer dead (same boot, same pid namespace, no
   such live process), the only case in which it may be deleted.
@@ -73,10 +76,11 @@ from bundles._commit import scratch_dir
 from bundles._faults import KILL_ENV, arm_kill, fault_point, on_fault_point
 from bundles._fs import remove_tree
 from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
-from bundles._location import SINGLE_WRITER_ENV
+from bundles._location import SINGLE_WRITER_ENV, local_path_only
 from bundles._proc import boot_id, pid_alive, pid_namespace, proc_stat
 from bundles._progress import Progress, human_bytes
 from bundles._reader import read_at_most
+from bundles._repr import bounded_repr
 from bundles._source import media_name_ok, open_regular_file
 
 __all__ = [
@@ -96,6 +100,7 @@ __all__ = [
     "atomic_write",
     "atomic_writer",
     "boot_id",
+    "bounded_repr",
     "build_parser",
     "check_output_file",
     "cli_message",
@@ -103,6 +108,7 @@ __all__ = [
     "gc_paused",
     "human_bytes",
     "int_at_least",
+    "local_path_only",
     "main_with",
     "media_name_ok",
     "on_fault_point",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import trainer_args
 
-from trainer_hooks import LEASE_NAME, RunDisposer, parse_args, read_lease, train, train_async
+from trainer_hooks import LEASE_NAME, RunDisposer, parse_args, read_lease, store_media, train, train_async
 from trainer_hooks.testing import StandInRolloutManager, StandInTrainer
 
 DRIVERS = [pytest.param(train, id="train"), pytest.param(train_async, id="train_async")]
@@ -171,8 +171,7 @@ def test_driver_releases_media_last_when_the_loop_raises(tmp_path: Path, driver,
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_driver_releases_media_when_building_the_trainer_fails(tmp_path: Path, driver) -> None:
     args = _args(tmp_path)
-    (tmp_path / "shared" / args.run_uuid).mkdir(parents=True)
-    (tmp_path / "shared" / args.run_uuid / "leftover.bin").write_bytes(b"123")
+    store_media(args, b"123", suffix=".bin")  # a leftover of this run's earlier attempt
 
     def broken_actor(args: Namespace) -> StandInTrainer:
         raise ValueError("no GPUs")
@@ -275,3 +274,71 @@ def test_drivers_need_num_rollout_which_has_no_default_as_in_miles():
     for driver in (train, train_async):
         with pytest.raises(ValueError, match="--num-rollout is not set"):
             driver(args)
+
+
+# A first run in its own process: train two rollouts with the reference driver, pausing after the
+# first rollout's screenshots (it prints "ready") until a line arrives on stdin.
+FIRST_RUN = """
+import sys
+from trainer_hooks import parse_args, train
+from trainer_hooks.testing import StandInRolloutManager
+
+class Paused(StandInRolloutManager):
+    def generate(self, rollout_id):
+        samples = super().generate(rollout_id)
+        if rollout_id == 0:
+            print("ready", flush=True)
+            sys.stdin.readline()
+        return samples
+
+args = parse_args(["--rollout-batch-size", "2", "--num-rollout", "2",
+                   "--shared-media-dir", sys.argv[1], "--run-uuid", sys.argv[2]])
+report = train(args, create_rollout_manager=Paused)
+print("done", report.teardown[-1], report.trained_rollout_ids, flush=True)
+"""
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_second_run_refused_its_lease_releases_nothing(tmp_path: Path, driver) -> None:
+    """Issue 30 item 4: two launches with the same run id, each a real process. The second is
+    refused at its start and its teardown deletes nothing of the first run's directory; the
+    first run goes on storing screenshots and removes its own directory at its end. A driver of
+    one's own that registers ``release_run_media`` before taking the lease (INTEGRATION.md §2)
+    is refused the deletion too."""
+    import subprocess
+    import sys
+
+    from trainer_hooks import RunMediaError, release_run_media
+
+    shared = tmp_path / "shared"
+    first = subprocess.Popen(
+        [sys.executable, "-c", FIRST_RUN, str(shared), "same-run"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None and first.stdin is not None
+        assert first.stdout.readline().strip() == "ready"
+        run_dir = shared / "same-run"
+        media = sorted(p.name for p in run_dir.iterdir() if p.suffix == ".png")
+        assert len(media) == 2
+
+        second = trainer_args(tmp_path, "same-run", "--num-rollout", "2", checkpoints=False)
+        disposer = RunDisposer()
+        with pytest.raises(RunMediaError, match=r"already leased \(pid \d+ on .* is running"):
+            driver(second, disposer=disposer)
+        assert disposer.history == []  # nothing was registered: it acquired nothing
+        with pytest.raises(RunMediaError, match=r"leased by another run \(pid \d+ .*not removing it"):
+            release_run_media(second)
+        assert sorted(p.name for p in run_dir.iterdir() if p.suffix == ".png") == media
+
+        first.stdin.write("go\n")
+        first.stdin.close()
+        assert first.wait(timeout=60) == 0
+        assert first.stdout.read().split() == ["done", "release_run_media", "[0,", "1]"]
+        assert not run_dir.exists()  # the first run's own teardown removed it
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.wait(timeout=10)

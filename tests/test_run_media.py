@@ -322,3 +322,64 @@ def test_release_never_crosses_into_a_filesystem_mounted_inside_the_run_dir(tmp_
         subprocess.run(["umount", str(mnt)], check=True)
     release_run_media(args)
     assert not (tmp_path / "shared" / "run-a").exists()
+
+
+# ---------------------------------------------------------------- a directory the run did not make
+
+
+def _home_like(tmp_path: Path) -> Path:
+    """``<tmp>/home-like/alice``: a user's directory where a run directory would go."""
+    alice = tmp_path / "home-like" / "alice"
+    (alice / "Documents").mkdir(parents=True)
+    (alice / "Documents" / "thesis.tex").write_text("\\chapter{Results}")
+    (alice / ".ssh").mkdir(mode=0o700)
+    (alice / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----")
+    return alice
+
+
+@pytest.mark.parametrize("driver", ["train", "train_async"])
+def test_a_run_never_takes_or_deletes_a_directory_it_did_not_make(tmp_path: Path, driver: str) -> None:
+    """Issue 30 item 3: ``--shared-media-dir /home-like --run-uuid alice`` with ``alice`` a user's
+    directory. The run is refused at its start, naming the directory and what it holds, before
+    it writes anything there; and nothing in it is ever deleted."""
+    import trainer_hooks
+
+    alice = _home_like(tmp_path)
+    before = _snapshot(tmp_path)
+    argv = ["--rollout-batch-size", "1", "--num-rollout", "2", "--run-uuid", "alice"]
+    args = trainer_hooks.parse_args([*argv, "--shared-media-dir", str(alice.parent)])
+    with pytest.raises(UnsafeRunDirError) as info:
+        getattr(trainer_hooks, driver)(args)
+    msg = str(info.value)
+    assert msg.startswith(f"{alice}: exists and is not a run media directory (no .run-media.json marker")
+    assert "'.ssh', 'Documents'" in msg and "choose another --run-uuid or --shared-media-dir" in msg
+    assert _snapshot(tmp_path) == before
+    # Every way in refuses it the same, and writes nothing: the lease, a screenshot, the release.
+    for use in (trainer_hooks.acquire_run_lease, lambda a: store_media(a, b"x"), release_run_media):
+        with pytest.raises(UnsafeRunDirError, match=r"not a run media directory"):
+            use(args)
+        assert _snapshot(tmp_path) == before
+
+
+def test_release_deletes_only_a_directory_that_proves_a_run_made_it(tmp_path: Path) -> None:
+    """A directory whose marker is gone (or was never there) is not the run's to delete, even
+    when ``release_run_media`` is the first thing called on it."""
+    args = _args(tmp_path)
+    store_media(args, b"x", suffix=".bin")
+    (tmp_path / "run-a" / RUN_MARKER).unlink()
+    before = _snapshot(tmp_path)
+    with pytest.raises(UnsafeRunDirError, match=r"run-a: not a run media directory .*deleting nothing"):
+        release_run_media(args)
+    assert _snapshot(tmp_path) == before
+
+
+def test_an_empty_directory_made_beforehand_is_adopted_and_released(tmp_path: Path) -> None:
+    """An empty ``<shared>/<run>`` (made by a launcher ahead of the run) holds nothing to lose:
+    the run takes it, marks it, and removes it at teardown."""
+    (tmp_path / "run-a").mkdir()
+    args = _args(tmp_path)
+    store_media(args, b"y" * 9, suffix=".bin")
+    assert json.loads((tmp_path / "run-a" / RUN_MARKER).read_text())["run_id"] == "run-a"
+    marker = _marker_size(tmp_path / "run-a")
+    assert release_run_media(args) == 9 + marker
+    assert not (tmp_path / "run-a").exists()

@@ -118,9 +118,10 @@ def _setup(
     def release() -> None:
         report.media_bytes_freed = release_run_media(args)
 
-    # Registered first so that it runs last; see the module docstring for the full order.
-    disposer.callback(release, name="release_run_media")
+    # Registered first so that it runs last (see the module docstring for the full order), and
+    # only once the lease is ours: a run refused its lease (another run holds it) releases nothing.
     lease = acquire_run_lease(args, interval=lease_interval)
+    disposer.callback(release, name="release_run_media")
     if lease is not None:
         disposer.callback(lease.close, name="close_run_lease")
 

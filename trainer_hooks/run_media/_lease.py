@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from bundles import BundleError
-from bundles.support import atomic_write, boot_id, fault_point, pid_namespace, proc_stat
+from bundles.support import atomic_write, boot_id, fault_point, local_path_only, pid_namespace, proc_stat
 from trainer_hooks.run_media._store import (
     _BEFORE_REMOVE,
     LEASE_NAME,
@@ -364,14 +364,25 @@ def _key(run_dir: Path) -> str:
     return os.path.realpath(run_dir)
 
 
-def _close_leases_for(run_dir: Path) -> None:
+def _before_remove(run_dir: Path) -> None:
+    """Close this process's lease on ``run_dir``; refuse the removal while another live run holds
+    one (a second launch with the same run id, refused at its start, releasing in its teardown)."""
     with _ACTIVE_LOCK:
         lease = _ACTIVE.get(_key(run_dir))
     if lease is not None:
         lease.close()
+    held = read_lease(run_dir)
+    if held is None:
+        return
+    state, reason, _ = _verdict(held, time.time(), older_than=0.0)
+    if state == "live":
+        raise RunMediaError(
+            f"{run_dir / LEASE_NAME}: run directory is leased by another run ({reason}); not removing it: "
+            "only the run holding the lease removes its media (or rollout-bundle sweep, once that run is gone)"
+        )
 
 
-_BEFORE_REMOVE.append(_close_leases_for)
+_BEFORE_REMOVE.append(_before_remove)
 
 
 def acquire_run_lease(args: Namespace, *, interval: float = DEFAULT_HEARTBEAT_INTERVAL_S) -> RunLease | None:
@@ -454,6 +465,7 @@ def sweep_run_media(
     Live and recent directories are never deleted; nor is anything that is not a plain
     directory with a valid run id (those are listed as ``skipped``). Hidden entries are ignored.
     """
+    local_path_only(shared_media_dir, "shared media directory")  # a URL is no directory to sweep
     shared = Path(shared_media_dir)
     if not shared.is_dir():
         raise RunMediaError(f"{shared}: shared media directory not found")

@@ -11,16 +11,24 @@ Protocol
   the whole file; a crash leaves at most a hidden ``.<name>.staging.*`` that the run's release (or
   ``rollout-bundle sweep``) removes with the directory.
 * Creating the directory writes a marker, ``.run-media.json`` (``{"marker_version": 1,
-  "run_id": …, "created_at": …, "pid": …}``): ``rollout-bundle sweep`` deletes only directories
-  that carry it or a lease naming them, so a sweep pointed at the wrong directory deletes nothing.
+  "run_id": …, "created_at": …, "pid": …}``): ``rollout-bundle sweep`` and
+  ``release_run_media`` delete only directories that carry it or a lease naming them (the proof
+  that a run made the directory), so neither pointed at the wrong directory deletes anything.
+* A run never adopts a directory it did not make: an existing ``<shared_media_dir>/<run_uuid>``
+  without that proof (``--shared-media-dir /home --run-uuid alice``) is refused when the run
+  first uses it (its lease, its first screenshot), before anything is written into it, since
+  teardown would delete it whole. Only an empty directory is adopted (it holds nothing to lose),
+  and a crashed run's directory is resumed (it carries the proof).
 * The directory is keyed by run, not by rollout step: with the asynchronous driver a sample
   generated in step n trains in step n+1, and a step-keyed directory would have to be kept
   alive across steps anyway.
 * ``release_run_media`` removes the whole directory as the last teardown step of a driver
   (see :mod:`trainer_hooks.run_media._disposer`). It is the only code that deletes media, so it is
   paranoid: it refuses run ids that could name anything other than one direct child of
-  ``shared_media_dir`` and refuses a run directory that is a symlink or resolves elsewhere,
-  and it deletes nothing in those cases. The deletion goes through directory file descriptors
+  ``shared_media_dir``, a run directory that is a symlink or resolves elsewhere, one without the
+  marker or a lease naming it, and one leased by another live run (a second launch with the same
+  run id, refused at its start, must not delete the first run's media at its teardown), and it
+  deletes nothing in those cases. The deletion goes through directory file descriptors
   and never follows a symlink (``bundles._fs.remove_tree``), so a subdirectory swapped for a
   symlink while it runs cannot redirect it outside the run directory.
 
@@ -53,7 +61,9 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleError, MediaRef
-from bundles.support import atomic_write, remove_tree  # the one atomic write and tree deletion
+
+# The one atomic write, tree deletion, URL refusal and message repr.
+from bundles.support import atomic_write, bounded_repr, local_path_only, remove_tree
 
 __all__ = [
     "RunMediaError",
@@ -72,6 +82,10 @@ RUN_DIR_MODE = 0o755
 RUN_MARKER_NAME = ".run-media.json"
 # A live run's lease (see trainer_hooks.run_media._lease, which writes it).
 LEASE_NAME = ".lease.json"
+# The longest run id, in bytes of its file-system encoding: it names a directory, and file names
+# are limited (255 bytes on ext4, XFS, btrfs and NFS; 143 on eCryptfs). 128 leaves room on all of
+# them; a uuid4 hex is 32.
+MAX_RUN_ID_BYTES = 128
 
 
 class RunMediaError(BundleError):
@@ -86,16 +100,28 @@ def check_run_id(run_id: object, *, option: str = "--run-uuid") -> str:
     """Return ``run_id`` if it can only name one direct child of the shared media directory.
 
     Refused: non-strings, the empty string, anything holding ``/``, ``\\``, ``..`` or a NUL
-    byte, and names starting with ``.`` (``.`` itself names the shared root; hidden names are
-    reserved for temporary files and are skipped by ``sweep``).
+    byte, names starting with ``.`` (``.`` itself names the shared root; hidden names are
+    reserved for temporary files and are skipped by ``sweep``), and names longer than
+    :data:`MAX_RUN_ID_BYTES` bytes. ``option`` names where the value came from in the message.
     """
     if not isinstance(run_id, str):
         raise UnsafeRunDirError(
-            f"{option}: expected a string run id, found {type(run_id).__name__} {run_id!r}"
+            f"{option}: expected a string run id, found {type(run_id).__name__} {bounded_repr(run_id)}"
         )
     problem = None
+    try:
+        size = len(os.fsencode(run_id))
+    except UnicodeError:
+        size = None
     if not run_id:
         problem = "it is empty"
+    elif size is None:
+        problem = "it cannot be encoded as a file name"
+    elif size > MAX_RUN_ID_BYTES:
+        problem = (
+            f"it is {size} bytes long, more than {MAX_RUN_ID_BYTES} (it names a directory, and file names "
+            "are limited: 255 bytes on most file systems)"
+        )
     elif "/" in run_id or "\\" in run_id or (os.altsep and os.altsep in run_id):
         problem = "it holds a path separator"
     elif ".." in run_id:
@@ -106,7 +132,8 @@ def check_run_id(run_id: object, *, option: str = "--run-uuid") -> str:
         problem = "it starts with '.'"
     if problem:
         raise UnsafeRunDirError(
-            f"{option}: run id {run_id!r} is refused because {problem}; expected a plain name such as a uuid4 hex"
+            f"{option}: run id {bounded_repr(run_id)} is refused because {problem}; expected a plain name "
+            "such as a uuid4 hex"
         )
     return run_id
 
@@ -114,11 +141,13 @@ def check_run_id(run_id: object, *, option: str = "--run-uuid") -> str:
 def run_media_dir(args: Namespace) -> Path | None:
     """``<args.shared_media_dir>/<args.run_uuid>``, or None when ``shared_media_dir`` is unset.
 
-    The run id is checked (see :func:`check_run_id`); nothing is created.
+    The run id is checked (see :func:`check_run_id`), and a URL for the directory is refused
+    (run media live on a local or shared file system); nothing is created.
     """
     shared = getattr(args, "shared_media_dir", None)
     if shared is None:
         return None
+    local_path_only(shared, "--shared-media-dir")
     run_id = check_run_id(getattr(args, "run_uuid", None))
     return Path(shared) / run_id
 
@@ -136,9 +165,13 @@ def ensure_run_dir(args: Namespace) -> Path:
 def create_run_dir(run_dir: Path, *, ensure_marker: bool = False) -> None:
     """Create ``run_dir`` (and the shared root) if missing, with its run marker, and check it.
 
-    The marker (:data:`RUN_MARKER_NAME`) is what lets ``rollout-bundle sweep`` tell a run media
-    directory from any other directory under the root. It is written when this call creates the
-    directory, and with ``ensure_marker`` (a lease starting) also when it is missing.
+    The marker (:data:`RUN_MARKER_NAME`) is what lets ``rollout-bundle sweep`` and
+    :func:`release_run_media` tell a run media directory from any other directory under the root.
+    It is written when this call creates the directory, when it adopts an empty one, and with
+    ``ensure_marker`` (a lease starting) where a lease naming the directory is its only proof.
+    An existing directory without either proof that holds anything is refused
+    (:class:`UnsafeRunDirError`), and nothing is written into it: the run did not make it, and its
+    teardown would delete it.
     """
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     created = False
@@ -146,8 +179,64 @@ def create_run_dir(run_dir: Path, *, ensure_marker: bool = False) -> None:
         run_dir.mkdir(mode=RUN_DIR_MODE)
         created = True
     _check_run_dir(run_dir.parent, run_dir)
-    if created or (ensure_marker and read_run_marker(run_dir) is None):
+    if created:
         _write_run_marker(run_dir)
+        return
+    if read_run_marker(run_dir) is not None:
+        return
+    if _lease_names(run_dir):
+        if ensure_marker:
+            _write_run_marker(run_dir)
+        return
+    found = _entries_not_ours(run_dir)
+    if found:
+        shown = ", ".join(bounded_repr(name, 40) for name in found[:_SHOWN_ENTRIES])
+        more = f" and {len(found) - _SHOWN_ENTRIES} more" if len(found) > _SHOWN_ENTRIES else ""
+        raise UnsafeRunDirError(
+            f"{run_dir}: exists and is not a run media directory (no {RUN_MARKER_NAME} marker and no lease "
+            f"naming it; it holds {shown}{more}): refusing to use it, since a run deletes its media "
+            "directory at teardown; choose another --run-uuid or --shared-media-dir"
+        )
+    _write_run_marker(run_dir)  # empty (or only a marker being written by another process): ours
+
+
+# Entries of a foreign directory a refusal names.
+_SHOWN_ENTRIES = 3
+
+
+def _entries_not_ours(run_dir: Path) -> list[str]:
+    """Names in ``run_dir`` other than the temporaries of a marker or lease being written (a
+    process of the same run creating the directory at the same moment), sorted; at most a few
+    more than a refusal shows."""
+    ours = (f".{RUN_MARKER_NAME}.", f".{LEASE_NAME}.")
+    found: list[str] = []
+    with os.scandir(run_dir) as it:
+        for entry in it:
+            if not entry.name.startswith(ours):
+                found.append(entry.name)
+                if len(found) > 100:
+                    break
+    return sorted(found)
+
+
+def _lease_names(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a lease (:mod:`._lease` writes it) that names it."""
+    return _names_dir(Path(run_dir) / LEASE_NAME, Path(run_dir).name)
+
+
+def _names_dir(path: Path, run_id: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(64 * 1024))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("run_id") == run_id
+
+
+def is_run_dir(run_dir: Path) -> bool:
+    """Whether ``run_dir`` proves it is a run media directory: its marker, or a lease naming it
+    (what ``sweep`` and :func:`release_run_media` ask before deleting)."""
+    return read_run_marker(run_dir) is not None or _lease_names(run_dir)
 
 
 def _write_run_marker(run_dir: Path) -> None:
@@ -162,7 +251,7 @@ def read_run_marker(run_dir: Path) -> dict[str, Any] | None:
     try:
         with open(Path(run_dir) / RUN_MARKER_NAME, "rb") as f:
             data = json.loads(f.read(64 * 1024))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or data.get("run_id") != Path(run_dir).name:
         return None
@@ -277,8 +366,11 @@ def release_run_media(args: Namespace) -> int:
     """Remove the run's media directory and return the bytes freed (0 when there is none).
 
     Idempotent. Refuses (raising :class:`UnsafeRunDirError`, deleting nothing) a run id that
-    is empty or holds ``/``, ``\\`` or ``..``, and a run directory that is a symlink or resolves
-    outside ``shared_media_dir``. Never touches another run's directory or the shared root.
+    is empty or holds ``/``, ``\\`` or ``..``, a run directory that is a symlink or resolves
+    outside ``shared_media_dir``, and one without its marker or a lease naming it (a directory no
+    run made). Refuses (:class:`RunMediaError`) a directory leased by another run that is alive:
+    only the run holding the lease, or a sweep once it is gone, removes it. Never touches another
+    run's directory or the shared root.
     """
     run_dir = run_media_dir(args)
     if run_dir is None:
@@ -286,9 +378,10 @@ def release_run_media(args: Namespace) -> int:
     return remove_run_dir(run_dir.parent, run_dir.name)
 
 
-# Called with the run directory before it is removed. trainer_hooks.run_media._lease registers one that
-# closes this process's lease on it, so that no heartbeat writes into a directory being deleted
-# (the dependency runs that way round: _lease imports this module).
+# Called with the run directory before it is removed; one that raises stops the removal.
+# trainer_hooks.run_media._lease registers one that closes this process's lease on it, so that no
+# heartbeat writes into a directory being deleted, and refuses a directory another live run holds
+# the lease of (the dependency runs that way round: _lease imports this module).
 _BEFORE_REMOVE: list[Callable[[Path], None]] = []
 
 
@@ -298,6 +391,11 @@ def remove_run_dir(shared: Path, run_id: str) -> int:
     run_dir = Path(shared) / run_id
     if _check_run_dir(Path(shared), run_dir) is None:
         return 0
+    if not is_run_dir(run_dir):
+        raise UnsafeRunDirError(
+            f"{run_dir}: not a run media directory (no {RUN_MARKER_NAME} marker and no lease naming it): "
+            "no run made it, so deleting nothing"
+        )
     for hook in _BEFORE_REMOVE:
         hook(run_dir)
     # The marker and a lease go last: a deletion that fails midway leaves a directory that sweep
