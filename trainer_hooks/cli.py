@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "trainer_hooks.run_media._sweep_cli",  # sweep SHARED_MEDIA_DIR [--delete]
     "trainer_hooks.dumps._legacy",  # import-dump OLD.pt -o BUNDLE --trust-pickle
     "trainer_hooks.replay._cli",  # replay BUNDLE [--dtype] [--report] [--expect] [--ray]
+    "trainer_hooks.serve._cli",  # serve ROOT [--port N] [--host H] [--follow]
 )
 
 DESCRIPTION = "Rollout bundles and run media: look into, check, pack and convert bundles; sweep run media."

@@ -1,0 +1,842 @@
+"""The web application: :func:`create_app` (Starlette), every route read-only and escaped.
+
+Routes (all ``GET``/``HEAD``; any other method is refused with a page):
+
+- ``/``: the run, one row per bundle and trend plots across steps;
+- ``/b/<id>``: a bundle's samples, filtered, sorted and paged on the server from its index
+  (``q``, ``status``, ``group``, ``reward_min/max``, ``length_min/max``, ``turns_min/max``,
+  ``sort``, ``order``, ``after``); ``/b/<id>/groups`` and ``/b/<id>/group?g=`` the GRPO groups;
+- ``/b/<id>/s/<pos>``: one sample, every turn's screenshot with its action drawn over it;
+- ``/b/<id>/img/<name>?w=320|1280|1920``: a stored screenshot, decoded and re-encoded as JPEG;
+- ``/prompt?key=...&a=<id>&b=<id>``: one prompt across training;
+- ``/compare?a=<id>&b=<id>`` (what ``rollout-bundle diff`` reports) and
+  ``/compare/samples?a=<id>&i=<pos>&b=<id>&j=<pos>``.
+
+Safety, route by route: a bundle is named by its opaque id and nothing else
+(:meth:`trainer_hooks.serve._run.Run.get`), a picture by a media name its manifest lists
+(:class:`trainer_hooks.serve._media.Pictures`), so no URL text reaches a filesystem path or a
+store key. Every value from a bundle reaches the page through Jinja2's autoescaping (no
+``|safe``), pages carry no script, and every response has a strict Content-Security-Policy
+(``default-src 'none'``; images and the stylesheet from the server itself only), ``nosniff``,
+no referrer, no framing. Errors are HTML pages; a traceback goes to the terminal, never to the
+browser. Beyond loopback, :class:`Guard` asks for the token printed at start (Jupyter's way:
+``?token=`` once, then a cookie).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import math
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import traceback
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bundles
+from bundles import BundleError
+from trainer_hooks.serve import _index as ix
+from trainer_hooks.serve._index import Indexer, Query
+from trainer_hooks.serve._media import WIDTHS, Pictures
+from trainer_hooks.serve._pages import SampleCache, badge, fmt, image_infos, sample_context, size, trend
+from trainer_hooks.serve._run import BundleEntry, Run
+
+__all__ = [
+    "CSP",
+    "SECURITY_HEADERS",
+    "TOKEN_COOKIE",
+    "Guard",
+    "ServeConfig",
+    "create_app",
+    "default_cache_dir",
+]
+
+CSP = ("default-src 'none'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; form-action 'self'; "
+       "base-uri 'none'; frame-ancestors 'none'")  # fmt: skip
+SECURITY_HEADERS = {
+    "content-security-policy": CSP,
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+    "cross-origin-opener-policy": "same-origin",
+    "cross-origin-resource-policy": "same-origin",
+}
+TOKEN_COOKIE = "rollout_bundle_serve_token"
+PAGE = 50
+MAX_PAGE = 500
+GROUP_COLUMNS = 16
+PROMPT_SAMPLES = 4
+FIRST_PAGE_WAIT_S = 1.5  # how long a bundle page waits for an unindexed bundle's first rows
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "rollout-bundles" / "serve"
+
+
+@dataclass
+class ServeConfig:
+    root: str
+    cache_dir: Path
+    token: str | None = None  # required on every request when set (a host beyond loopback)
+    follow: float | None = None  # seconds between listings of ROOT (None: list once)
+    progress: bool | None = None
+    storage_options: dict[str, Any] | None = None
+    allowed_hosts: list[str] | None = None  # Host headers accepted (DNS rebinding); None: any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class PageError(Exception):
+    def __init__(self, status: int, heading: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.heading, self.message = status, heading, message
+
+
+def _not_found(what: str) -> PageError:
+    return PageError(404, "not found", what)
+
+
+# -- the guard: methods, host, token, headers, errors -----------------------------------------------
+
+
+class Guard:
+    """ASGI middleware around the app: only ``GET``/``HEAD``; the ``Host`` header checked on
+    loopback (a page elsewhere cannot reach the server by rebinding a name to 127.0.0.1); the
+    token when one is set; the security headers on every response."""
+
+    def __init__(self, app: Any, *, token: str | None, allowed_hosts: list[str] | None,
+                 error_page: Callable[[int, str, str], bytes]) -> None:  # fmt: skip
+        self.app, self.token, self.allowed_hosts, self.error_page = app, token, allowed_hosts, error_page
+
+    async def _page(self, send: Any, status: int, heading: str, message: str,
+                    extra: list[tuple[bytes, bytes]] | None = None) -> None:  # fmt: skip
+        body = self.error_page(status, heading, message)
+        headers = [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+                   (b"cache-control", b"no-store")] + (extra or [])  # fmt: skip
+        headers += [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            await self._page(send, 405, "read-only", f"this server only reads: {scope['method']} is not served",
+                             [(b"allow", b"GET, HEAD")])  # fmt: skip
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.allowed_hosts is not None and headers.get("host", "").lower() not in self.allowed_hosts:
+            await self._page(send, 400, "unknown host", "this server answers only to the address it printed")
+            return
+        if self.token is not None:
+            query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            given = (query.get("token") or [None])[0]
+            if given is not None:
+                if not hmac.compare_digest(given.encode(), self.token.encode()):
+                    await self._page(
+                        send, 403, "wrong token", "the token does not match the one the server printed"
+                    )
+                    return
+                rest = {k: v for k, v in query.items() if k != "token"}
+                target = scope.get("root_path", "") + scope["path"]
+                if rest:
+                    target += "?" + urllib.parse.urlencode(rest, doseq=True)
+                body = b""
+                await send({"type": "http.response.start", "status": 303, "headers": [
+                    (b"location", urllib.parse.quote(target, safe="/?=&%").encode()),
+                    (b"set-cookie", f"{TOKEN_COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/".encode()),
+                    (b"content-length", b"0"), (b"cache-control", b"no-store"),
+                    *[(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]]})  # fmt: skip
+                await send({"type": "http.response.body", "body": body})
+                return
+            cookie = _cookie(headers.get("cookie", ""), TOKEN_COOKIE)
+            if cookie is None or not hmac.compare_digest(cookie.encode(), self.token.encode()):
+                await self._page(send, 403, "token required", "open the address with ?token=... that "
+                                 "`rollout-bundle serve` printed when it started")  # fmt: skip
+                return
+        started = False
+
+        async def guarded(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                message = dict(message)
+                message["headers"] = list(message.get("headers", [])) + [
+                    (k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items() if k.encode() not in names
+                ]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, guarded)
+        except Exception:  # the page says "internal error"; the traceback is the terminal's
+            traceback.print_exc(file=sys.stderr)
+            if not started:
+                await self._page(send, 500, "internal error", "the server failed on this page; "
+                                 "its terminal shows why")  # fmt: skip
+
+
+def _cookie(header: str, name: str) -> str | None:
+    for part in header.split(";"):
+        k, _, v = part.strip().partition("=")
+        if k == name:
+            return v
+    return None
+
+
+# -- the application --------------------------------------------------------------------------------
+
+
+class ServeApp:
+    """The state behind the routes: the run, its indexer, pictures, a sample cache."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        from trainer_hooks.serve._templates import environment
+
+        self.config = config
+        self.env = environment()
+        config.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.indexer = Indexer(config.cache_dir, progress=config.progress)
+        self.pictures = Pictures(config.cache_dir)
+        self.samples = SampleCache()
+        self.run = Run(config.root, config.storage_options)
+        self.run.listeners.append(lambda e: self.indexer.add(e, priority=10 + e.order))
+        for e in self.run.ordered():
+            self.indexer.add(e, priority=10 + e.order)
+        self._diffs: dict[tuple[str, str], dict[str, Any] | str] = {}
+        self._stop = threading.Event()
+        self._follower: threading.Thread | None = None
+        if config.follow:
+            self._follower = threading.Thread(target=self._follow, name="serve-follow", daemon=True)
+            self._follower.start()
+
+    def _follow(self) -> None:
+        assert self.config.follow
+        while not self._stop.wait(self.config.follow):
+            try:
+                self.run.refresh()
+            except (BundleError, OSError) as e:  # a listing that failed: tried again next time
+                print(
+                    f"rollout-bundle serve: warning: listing {self.config.root} failed: {e}", file=sys.stderr
+                )
+
+    def close(self) -> None:
+        self._stop.set()
+        self.indexer.close()
+        self.run.close()
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def render(self, template: str, **context: Any) -> str:
+        context.setdefault("base", "")
+        context.setdefault("crumbs", [])
+        context.setdefault("refresh", None)
+        context.setdefault("version", bundles.__version__)
+        context.setdefault("samples_with_turns", [])
+        context.setdefault("defs", [])
+        return str(self.env.get_template(template).render(**context))
+
+    def error_page(self, status: int, heading: str, message: str) -> bytes:
+        return self.render("error.html.j2", title=heading, status=status, heading=heading,
+                           message=message).encode("utf-8")  # fmt: skip
+
+    def entry(self, bid: str) -> BundleEntry:
+        e = self.run.get(bid)
+        if e is None:
+            raise _not_found("no bundle of this run has that id")
+        return e
+
+    def img_url(self, entry: BundleEntry) -> Callable[[str, int], str]:
+        return lambda name, w: f"/b/{entry.id}/img/{urllib.parse.quote(name)}?w={w}"
+
+    def crumb(self, entry: BundleEntry) -> tuple[str, str]:
+        return (f"/b/{entry.id}", entry.rel)
+
+    def entry_stats(self, entry: BundleEntry) -> list[dict[str, str]]:
+        b = entry.bundle
+        return [{"value": str(len(b)), "label": "samples"}, {"value": str(len(b.manifest.media)), "label": "media files"},
+                {"value": size(b.stored_bytes), "label": b.location}]  # fmt: skip
+
+    # -- pages ----------------------------------------------------------------------------------------
+    def run_page(self) -> str:
+        rows: list[dict[str, Any]] = []
+        points: dict[str, list[tuple[int, float]]] = {
+            "reward": [],
+            "length": [],
+            "turns": [],
+            "truncated": [],
+        }
+        band: list[tuple[int, float, float]] = []
+        pending = 0
+        for e in self.run.ordered():
+            st = self.indexer.state(e)
+            r: dict[str, Any] = {"id": e.id, "href": f"/b/{e.id}", "rel": e.rel, "kind": e.kind,
+                                 "step": "–" if e.step is None else e.step, "samples": e.samples,
+                                 "size": size(e.bundle.stored_bytes), "summary": st.summary, "error": st.error,
+                                 "rows": st.rows}  # fmt: skip
+            if st.summary:
+                s = st.summary
+                r.update(reward_mean=fmt(s["reward_mean"], 3), reward_std=fmt(s["reward_std"], 3),
+                         length=fmt(s["length_mean"], 4), turns=fmt(s["turns_mean"], 3),
+                         truncated=f"{s['truncated']}", statuses=[(badge(k), n) for k, n in s["statuses"].items()])  # fmt: skip
+                if e.step is not None:
+                    if s["reward_mean"] is not None:
+                        points["reward"].append((e.step, s["reward_mean"]))
+                        sd = s["reward_std"] or 0.0
+                        band.append((e.step, s["reward_mean"] - sd, s["reward_mean"] + sd))
+                    if s["length_mean"] is not None:
+                        points["length"].append((e.step, s["length_mean"]))
+                    if s["turns_mean"] is not None:
+                        points["turns"].append((e.step, s["turns_mean"]))
+                    if s["samples"]:
+                        points["truncated"].append((e.step, s["truncated"] / s["samples"]))
+            elif not st.error:
+                pending += 1
+            rows.append(r)
+        trends = [t for t in (
+            trend("reward mean ± std", _by_step(points["reward"]), _by_step(band)),
+            trend("response length (mean)", _by_step(points["length"])),
+            trend("turns (mean)", _by_step(points["turns"])),
+            trend("truncated (fraction)", _by_step(points["truncated"])),
+        ) if t]  # fmt: skip
+        total = sum(e.samples for e in self.run.ordered())
+        stats = [{"value": str(len(rows)), "label": "bundles"}, {"value": str(total), "label": "samples"}]
+        name = os.path.basename(self.run.root.rstrip("/")) or self.run.root
+        return self.render("run.html.j2", title=name, root=self.run.root, root_name=name, rows=rows, trends=trends,
+                           stats=stats, pending=pending, problems=list(self.run.problems.values()),
+                           follow=bool(self.config.follow),
+                           refresh=5 if pending or self.config.follow else None)  # fmt: skip
+
+    def bundle_page(self, entry: BundleEntry, params: Mapping[str, str]) -> str:
+        q, shown = _query(params)
+        st = self.indexer.want(entry, FIRST_PAGE_WAIT_S)
+        base_href = f"/b/{entry.id}"
+        ctx: dict[str, Any] = {"title": entry.rel, "kind": entry.kind, "step": entry.step, "name": entry.rel,
+                               "location": entry.location, "stats": self.entry_stats(entry), "q": shown,
+                               "sorts": list(ix.SORTS), "self_href": base_href, "groups_href": f"{base_href}/groups",
+                               "crumbs": [(None, entry.rel)], "total": len(entry.bundle), "rows": [], "matching": 0,
+                               "status_options": [], "first_href": None, "next_href": None, "partial": False,
+                               "indexed": st.rows, "state_note": None, "state_error": False,
+                               "filtered": any(v for k, v in shown.items() if k not in ("sort", "order"))}  # fmt: skip
+        if st.error:
+            ctx.update(state_note=st.error, state_error=True)
+            return self.render("bundle.html.j2", **ctx)
+        if not st.complete:
+            ctx.update(partial=True, refresh=3,
+                       state_note=f"indexing: {st.rows} of {st.total} samples so far; this page refreshes itself")  # fmt: skip
+            if st.rows == 0:
+                return self.render("bundle.html.j2", **ctx)
+        with self.indexer.connect(entry) as con:
+            rows, matching, nxt = q.run(con)
+            ctx["status_options"] = ix.statuses(con)
+        ctx["matching"] = matching
+        for r in rows:
+            r["href"] = f"{base_href}/s/{r['pos']}"
+            r["badge"] = badge(r["status"])
+            r["reward"] = r["reward_text"] or "–"
+            r["advantage"] = "–" if r["advantage"] is None else f"{r['advantage']:+.3g}"
+            r["group_href"] = (
+                None if r["grp"] is None else f"{base_href}/group?g={urllib.parse.quote(r['grp'], safe='')}"
+            )
+            r["prompt_href"] = f"/prompt?key={urllib.parse.quote(r['prompt_key'], safe='')}"
+            for k in ("idx", "grp", "resp_len", "tokens", "turns"):
+                r[k] = fmt(r[k])
+            r["prompt_head"] = (r["prompt_head"] or "")[:120]
+        ctx["rows"] = rows
+        keep = {k: v for k, v in shown.items() if v not in ("", None)}
+        if nxt is not None:
+            ctx["next_href"] = (
+                base_href + "?" + urllib.parse.urlencode({**keep, "after": f"{nxt[0]!r}:{nxt[1]}"})
+            )
+        if q.after is not None:
+            ctx["first_href"] = base_href + ("?" + urllib.parse.urlencode(keep) if keep else "")
+        return self.render("bundle.html.j2", **ctx)
+
+    def groups_page(self, entry: BundleEntry, params: Mapping[str, str]) -> str:
+        st = self.indexer.want(entry, FIRST_PAGE_WAIT_S)
+        after = params.get("after") or None
+        ctx: dict[str, Any] = {"title": f"{entry.rel} groups", "kind": entry.kind, "name": entry.rel,
+                               "bundle_href": f"/b/{entry.id}", "crumbs": [self.crumb(entry), (None, "groups")],
+                               "groups": [], "next_href": None, "first_href": None,
+                               "state_note": None if st.complete else st.error or "indexing: groups are shown once "
+                               "the bundle is indexed"}  # fmt: skip
+        if st.complete:
+            with self.indexer.connect(entry) as con:
+                groups = ix.groups_page(con, after, PAGE + 1)
+            for g in groups:
+                g["href"] = f"/b/{entry.id}/group?g={urllib.parse.quote(g['grp'], safe='')}"
+                g["flat"] = g["n"] > 1 and g["lo"] is not None and g["lo"] == g["hi"]
+                g["range"] = "–" if g["lo"] is None else f"{g['lo']:.3g} … {g['hi']:.3g}"
+                g["mean"] = fmt(g["mean"], 3)
+            if len(groups) > PAGE:
+                groups = groups[:PAGE]
+                ctx["next_href"] = f"/b/{entry.id}/groups?" + urllib.parse.urlencode(
+                    {"after": groups[-1]["grp"]}
+                )
+            if after:
+                ctx["first_href"] = f"/b/{entry.id}/groups"
+            ctx["groups"] = groups
+        else:
+            ctx["refresh"] = 3
+        return self.render("groups.html.j2", **ctx)
+
+    def group_page(self, entry: BundleEntry, group: str) -> str:
+        st = self.indexer.want(entry, FIRST_PAGE_WAIT_S)
+        if not st.complete:
+            raise PageError(503, "indexing", st.error or "the bundle is being indexed; try again in a moment")
+        with self.indexer.connect(entry) as con:
+            members = ix.group_rows(con, group, GROUP_COLUMNS + 1)
+            n = con.execute("SELECT count(*) FROM samples WHERE grp = ?", (group,)).fetchone()[0]
+        if not members:
+            raise _not_found(f"no sample of {entry.rel} is in group {group[:80]!r}")
+        members = members[:GROUP_COLUMNS]
+        views = self.samples.get(entry, [m["pos"] for m in members])
+        infos = image_infos(self.pictures, entry, list(views.values()))
+        defs: dict[str, dict[str, Any]] = {}
+        columns = [sample_context(views[m["pos"]], infos, self.img_url(entry), f"/b/{entry.id}/s/{m['pos']}", m, defs)
+                   for m in members]  # fmt: skip
+        rewards = [m["reward"] for m in members if m["reward"] is not None]
+        spread = None
+        if rewards:
+            mean = math.fsum(rewards) / len(rewards)
+            std = (
+                math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+                if len(rewards) > 1
+                else 0.0
+            )
+            spread = {"mean": f"{mean:.3g}", "std": f"{std:.3g}", "min": f"{min(rewards):.3g}",
+                      "max": f"{max(rewards):.3g}", "flat": len(rewards) > 1 and std == 0}  # fmt: skip
+        rows = list(range(max((len(c["turns"]) for c in columns), default=0)))
+        return self.render("group.html.j2", title=f"group {group}", kind=entry.kind, name=entry.rel, group=group,
+                           columns=columns, rows=rows, spread=spread, more=max(0, n - len(columns)),
+                           crumbs=[self.crumb(entry), (f"/b/{entry.id}/groups", "groups"), (None, group)],
+                           samples_with_turns=columns, defs=list(defs.values()))  # fmt: skip
+
+    def sample_page(self, entry: BundleEntry, pos: int) -> str:
+        n = len(entry.bundle)
+        if not 0 <= pos < n:
+            raise _not_found(f"{entry.rel} holds {n} samples (0..{n - 1}); there is no sample {pos}")
+        view = self.samples.get(entry, [pos])[pos]
+        row = self._row(entry, pos)
+        infos = image_infos(self.pictures, entry, [view])
+        defs: dict[str, dict[str, Any]] = {}
+        s = sample_context(view, infos, self.img_url(entry), f"/b/{entry.id}/s/{pos}", row, defs)
+        group_href = None
+        if row is not None and row.get("grp") is not None:
+            group_href = f"/b/{entry.id}/group?g={urllib.parse.quote(row['grp'], safe='')}"
+        # Not indexed yet: the key from the sample itself (the same rule as the index's).
+        key = (
+            row["prompt_key"]
+            if row is not None
+            else ix.prompt_key({"metadata": view.metadata}, ix.prompt_text(view.prompt))
+        )
+        return self.render("sample.html.j2", title=f"{entry.rel} #{pos}", kind=entry.kind, name=entry.rel, pos=pos,
+                           total=n, sample=s, bid=entry.id, bundle_href=f"/b/{entry.id}", group_href=group_href,
+                           prompt_href=f"/prompt?key={urllib.parse.quote(key, safe='')}",
+                           prev_href=f"/b/{entry.id}/s/{pos - 1}" if pos > 0 else None,
+                           next_href=f"/b/{entry.id}/s/{pos + 1}" if pos + 1 < n else None,
+                           bundles=[{"id": e.id, "rel": e.rel} for e in self.run.ordered()],
+                           crumbs=[self.crumb(entry), (None, f"#{pos}")], samples_with_turns=[s],
+                           defs=list(defs.values()))  # fmt: skip
+
+    def _row(self, entry: BundleEntry, pos: int) -> dict[str, Any] | None:
+        st = self.indexer.state(entry)
+        if not st.complete and st.rows <= pos:
+            return None
+        with self.indexer.connect(entry) as con:
+            return ix.row_at(con, pos)
+
+    def image(self, entry: BundleEntry, name: str, width: int) -> bytes:
+        out = self.pictures.jpeg(entry, name, width)
+        if isinstance(out, str):
+            raise _not_found(out)
+        return out
+
+    def prompt_page(self, params: Mapping[str, str]) -> str:
+        key = params.get("key", "")
+        if not key or len(key) > 400:
+            raise PageError(400, "no prompt", "key: expected a prompt key from a bundle page's prompt link")
+        rows, points, pending, head = [], [], 0, key
+        holders: list[tuple[BundleEntry, list[dict[str, Any]]]] = []
+        for e in self.run.ordered():
+            st = self.indexer.state(e)
+            if not st.complete:
+                pending += 0 if st.error else 1
+                if st.rows == 0:
+                    continue
+            with self.indexer.connect(e) as con:
+                found = ix.prompt_rows(con, key, 64)
+            if not found:
+                continue
+            head = found[0]["prompt_head"] or head
+            rewards = [f["reward"] for f in found if f["reward"] is not None]
+            mean = math.fsum(rewards) / len(rewards) if rewards else None
+            counts: dict[str, int] = {}
+            for f in found:
+                counts[f["status"] or "no status"] = counts.get(f["status"] or "no status", 0) + 1
+            rows.append({"step": "–" if e.step is None else e.step, "rel": e.rel, "href": f"/b/{e.id}", "n": len(found),
+                         "mean": fmt(mean, 3), "statuses": [(badge(k), v) for k, v in counts.items()],
+                         "samples": [{"pos": f["pos"], "href": f"/b/{e.id}/s/{f['pos']}"} for f in found[:12]]})  # fmt: skip
+            if e.step is not None and mean is not None:
+                points.append((e.step, mean))
+            holders.append((e, found))
+        choices = [
+            {"id": e.id, "label": f"step {e.step} · {e.rel}" if e.step is not None else e.rel}
+            for e, _ in holders
+        ]
+        a_id = params.get("a") or (holders[0][0].id if holders else None)
+        b_id = params.get("b") or (holders[-1][0].id if holders else None)
+        defs: dict[str, dict[str, Any]] = {}
+        sides: list[list[dict[str, Any]]] = [[], []]
+        labels = ["", ""]
+        for k, bid in enumerate((a_id, b_id)):
+            match = next(((e, f) for e, f in holders if e.id == bid), None)
+            if match is None:
+                continue
+            e, found = match
+            labels[k] = f"step {e.step} · {e.rel}" if e.step is not None else e.rel
+            chosen = found[:PROMPT_SAMPLES]
+            views = self.samples.get(e, [f["pos"] for f in chosen])
+            infos = image_infos(self.pictures, e, list(views.values()))
+            sides[k] = [sample_context(views[f["pos"]], infos, self.img_url(e), f"/b/{e.id}/s/{f['pos']}", None, defs,
+                                       uid=f"{'ab'[k]}{e.id[:4]}") for f in chosen]  # fmt: skip
+        return self.render("prompt.html.j2", title="prompt across training", key=key, head=head[:160], rows=rows,
+                           trend=trend("reward of this prompt by step (mean)", _by_step(points)), pending=pending,
+                           choices=choices, a_id=a_id, b_id=b_id, left=sides[0], right=sides[1],
+                           left_label=labels[0], right_label=labels[1], self_href="/prompt",
+                           refresh=5 if pending else None, crumbs=[(None, "prompt")],
+                           samples_with_turns=sides[0] + sides[1], defs=list(defs.values()))  # fmt: skip
+
+    def compare_page(self, a: BundleEntry, b: BundleEntry) -> str:
+        report = self._diff(a, b)
+        if isinstance(report, str):
+            return self.render("compare.html.j2", title="compare", a=a, b=b, error=report, report={}, lines=[],
+                               crumbs=[(None, "compare")])  # fmt: skip
+        return self.render("compare.html.j2", title="compare", a=a, b=b, error=None, report=report,
+                           lines=_diff_lines(report), crumbs=[(None, "compare")])  # fmt: skip
+
+    def _diff(self, a: BundleEntry, b: BundleEntry) -> dict[str, Any] | str:
+        """What ``rollout-bundle diff A B --json`` reports (the command itself, run once per pair)."""
+        key = (a.identity, b.identity)
+        if key not in self._diffs:
+            cmd = [sys.executable, "-m", "trainer_hooks.cli", "diff", a.location, b.location, "--json"]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+            except subprocess.TimeoutExpired:
+                return "rollout-bundle diff took more than 300 s"
+            if done.returncode not in (0, 1):
+                return (done.stderr.strip().splitlines() or ["rollout-bundle diff failed"])[-1]
+            try:
+                self._diffs[key] = json.loads(done.stdout)
+            except ValueError:
+                return "rollout-bundle diff printed no report"
+        return self._diffs[key]
+
+    def compare_samples_page(self, a: BundleEntry, i: int, b: BundleEntry, j: int) -> str:
+        for e, p in ((a, i), (b, j)):
+            if not 0 <= p < len(e.bundle):
+                raise _not_found(f"{e.rel} holds {len(e.bundle)} samples; there is no sample {p}")
+        va = self.samples.get(a, [i])[i]
+        vb = self.samples.get(b, [j])[j]
+        defs: dict[str, dict[str, Any]] = {}
+        ia = image_infos(self.pictures, a, [va])
+        ib = image_infos(self.pictures, b, [vb])
+        left = sample_context(va, ia, self.img_url(a), f"/b/{a.id}/s/{i}", self._row(a, i), defs, uid="l")
+        right = sample_context(vb, ib, self.img_url(b), f"/b/{b.id}/s/{j}", self._row(b, j), defs, uid="r")
+        changes = _sample_changes(va, vb)
+        return self.render("compare_samples.html.j2", title="compare samples", left=left, right=right,
+                           left_name=a.rel, right_name=b.rel, changes=changes[:50], more=max(0, len(changes) - 50),
+                           crumbs=[(None, "compare samples")], samples_with_turns=[left, right],
+                           defs=list(defs.values()))  # fmt: skip
+
+
+def _by_step(points: list[Any]) -> list[Any]:
+    return sorted(points, key=lambda p: p[0])
+
+
+def _diff_lines(report: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for side in ("a", "b"):
+        r = report.get(side) or {}
+        lines.append(f"{side.upper()}: {r.get('path')} ({r.get('kind')}, {r.get('samples')} samples, "
+                     f"{r.get('media_files')} media files)")  # fmt: skip
+    if report.get("kind"):
+        lines.append(f"kind: {report['kind'].get('a')} -> {report['kind'].get('b')}")
+    for c in (report.get("meta") or {}).get("changes", []):
+        lines.append("  " + _change(c))
+    samples = report.get("samples") or {}
+    for c in samples.get("changed", [])[:200]:
+        lines.append(f"sample {c.get('key')} changed:")
+        lines += ["  " + _change(x) for x in c.get("changes", [])]
+        if c.get("more"):
+            lines.append(f"  ... and {c['more']} more")
+    for k in samples.get("removed", [])[:200]:
+        lines.append(f"sample {k} only in A (removed)")
+    for k in samples.get("added", [])[:200]:
+        lines.append(f"sample {k} only in B (added)")
+    media = report.get("media") or {}
+    for side, label in (("only_in_a", "A"), ("only_in_b", "B")):
+        for m in media.get(side, [])[:200]:
+            lines.append(f"media only in {label}: {m.get('path')} ({size(int(m.get('size') or 0))})")
+    lines.append(f"samples {len(samples.get('added', []))} added, {len(samples.get('removed', []))} removed, "
+                 f"{len(samples.get('changed', []))} changed, {samples.get('unchanged')} unchanged; media "
+                 f"{len(media.get('only_in_a', []))} only in A, {len(media.get('only_in_b', []))} only in B, "
+                 f"{media.get('common')} in both")  # fmt: skip
+    return lines
+
+
+def _change(c: Mapping[str, Any]) -> str:
+    def short(v: Any) -> str:
+        text = json.dumps(v, ensure_ascii=False, sort_keys=True, default=str)
+        return text if len(text) <= 100 else text[:97] + "..."
+
+    if "items_differ" in c:
+        return f"{c.get('path')}: {c['items_differ']} of {c.get('length')} items differ, first at [{c.get('first')}]"
+    return f"{c.get('path')}: {short(c.get('a'))} -> {short(c.get('b'))}"
+
+
+def _sample_changes(a: Any, b: Any) -> list[str]:
+    out = []
+    for name in ("status", "reward", "index", "group_index", "tokens", "response_length", "loss_mask"):
+        x, y = getattr(a, name), getattr(b, name)
+        if x != y:
+            out.append(f"{name}: {x!r} -> {y!r}"[:300])
+    if a.prompt != b.prompt:
+        out.append("prompt: differs")
+    if a.response != b.response:
+        ra, rb = a.response or "", b.response or ""
+        k = next((i for i, (p, q) in enumerate(zip(ra, rb, strict=False)) if p != q), min(len(ra), len(rb)))
+        out.append(f"response: differs from character {k} ({len(ra)} -> {len(rb)} characters)")
+    na, nb = [i.name for i in a.images], [i.name for i in b.images]
+    if len(na) != len(nb):
+        out.append(f"screenshots: {len(na)} -> {len(nb)}")
+    for j, (x, y) in enumerate(zip(na, nb, strict=False)):
+        if x != y:
+            out.append(f"turn {j}: another screenshot ({(x or '?')[:12]}… -> {(y or '?')[:12]}…)")
+    aa, ab = a.actions or [], b.actions or []
+    for j, (x, y) in enumerate(zip(aa, ab, strict=False)):
+        if x != y:
+            out.append(f"turn {j} action: {x[:80]!r} -> {y[:80]!r}")
+    if a.metadata != b.metadata:
+        out.append("metadata: differs")
+    return out
+
+
+def _query(params: Mapping[str, str]) -> tuple[Query, dict[str, str]]:
+    """The bundle page's query string as a :class:`Query`; a value that does not parse is a 400."""
+    shown = {k: params.get(k, "") for k in ("q", "status", "group", "reward_min", "reward_max", "length_min",
+                                            "length_max", "turns_min", "turns_max", "sort", "order")}  # fmt: skip
+    q = Query()
+    q.search = shown["q"][:400] or None
+    q.status = shown["status"][:64] or None
+    q.group = shown["group"][:200] or None
+
+    def number(name: str, integer: bool) -> Any:
+        text = shown[name].strip()
+        if not text:
+            return None
+        try:
+            v = int(text) if integer else float(text)
+        except ValueError:
+            raise PageError(400, "bad filter", f"{name}: expected {'an integer' if integer else 'a number'}, "
+                            f"found {text[:40]!r}") from None  # fmt: skip
+        if not integer and not math.isfinite(v):
+            raise PageError(400, "bad filter", f"{name}: expected a finite number, found {text[:40]!r}")
+        if integer and abs(v) >= 2**62:
+            raise PageError(400, "bad filter", f"{name}: out of range")
+        return v
+
+    q.reward_min, q.reward_max = number("reward_min", False), number("reward_max", False)
+    q.length_min, q.length_max = number("length_min", True), number("length_max", True)
+    q.turns_min, q.turns_max = number("turns_min", True), number("turns_max", True)
+    sort = shown["sort"] or "position"
+    if sort not in ix.SORTS:
+        raise PageError(400, "bad sort", f"sort: expected one of {', '.join(ix.SORTS)}, found {sort[:40]!r}")
+    q.sort, shown["sort"] = sort, sort
+    order = shown["order"] or "asc"
+    if order not in ("asc", "desc"):
+        raise PageError(400, "bad order", f"order: expected asc or desc, found {order[:40]!r}")
+    q.desc, shown["order"] = order == "desc", order
+    after = params.get("after")
+    if after:
+        value, _, pos = after.rpartition(":")
+        try:
+            v, p = float(value), int(pos)
+        except ValueError:
+            raise PageError(
+                400, "bad page", f"after: expected <value>:<position>, found {after[:60]!r}"
+            ) from None
+        if math.isnan(v) or p < 0:
+            raise PageError(400, "bad page", f"after: out of range: {after[:60]!r}")
+        q.after = (v, p)
+    limit = params.get("limit")
+    if limit:
+        try:
+            q.limit = max(1, min(MAX_PAGE, int(limit)))
+        except ValueError:
+            raise PageError(400, "bad limit", f"limit: expected an integer, found {limit[:20]!r}") from None
+    else:
+        q.limit = PAGE
+    return q, shown
+
+
+# -- Starlette ------------------------------------------------------------------------------------------
+
+
+def create_app(
+    root: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    token: str | None = None,
+    follow: float | None = None,
+    progress: bool | None = False,
+    storage_options: dict[str, Any] | None = None,
+    allowed_hosts: list[str] | None = None,
+) -> Any:
+    """The ASGI application serving the run (or bundle) at ``root``, read-only.
+
+    Args:
+        root: a run directory, a bundle (directory or packed file), or a store URL.
+        cache_dir: where indexes and thumbnails are kept (default ``~/.cache/rollout-bundles/serve``).
+        token: when set, every request must carry it (``?token=`` once, then a cookie).
+        follow: list ``root`` again every ``follow`` seconds, adding bundles committed since.
+        progress: draw a progress line while an index builds (None: on a terminal).
+        storage_options: for a store URL, as :func:`bundles.open_bundle` takes them.
+        allowed_hosts: ``Host`` headers answered (``["127.0.0.1:8000", "localhost:8000"]``);
+            None answers any.
+
+    Returns:
+        A Starlette application; ``app.state.serve`` is the state behind it (its ``close()``
+        stops the background threads; the app's shutdown calls it).
+    """
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, Response
+    from starlette.routing import Route
+
+    config = ServeConfig(str(os.fspath(root)), Path(cache_dir) if cache_dir is not None else default_cache_dir(),
+                         token=token, follow=follow, progress=progress, storage_options=storage_options,
+                         allowed_hosts=allowed_hosts)  # fmt: skip
+    state = ServeApp(config)
+
+    def html(text: str, status: int = 200) -> Response:
+        return HTMLResponse(text, status_code=status, headers={"cache-control": "no-store"})
+
+    def page(fn: Callable[[Request], str]) -> Callable[[Request], Response]:
+        def endpoint(request: Request) -> Response:
+            try:
+                return html(fn(request))
+            except PageError as e:
+                return html(state.error_page(e.status, e.heading, e.message).decode(), e.status)
+            except BundleError as e:  # the bundle's problem, named: a page, not a traceback
+                return html(state.error_page(502, "cannot read the bundle", str(e)).decode(), 502)
+
+        return endpoint
+
+    def run_page(request: Request) -> str:
+        return state.run_page()
+
+    def bundle(request: Request) -> str:
+        return state.bundle_page(state.entry(request.path_params["bid"]), request.query_params)
+
+    def groups(request: Request) -> str:
+        return state.groups_page(state.entry(request.path_params["bid"]), request.query_params)
+
+    def group(request: Request) -> str:
+        g = request.query_params.get("g", "")
+        if not g or len(g) > 200:
+            raise PageError(400, "no group", "g: expected a group name from the groups page")
+        return state.group_page(state.entry(request.path_params["bid"]), g)
+
+    def sample(request: Request) -> str:
+        return state.sample_page(
+            state.entry(request.path_params["bid"]), _int(request.path_params["pos"], "position")
+        )
+
+    def prompt(request: Request) -> str:
+        return state.prompt_page(request.query_params)
+
+    def compare(request: Request) -> str:
+        p = request.query_params
+        return state.compare_page(state.entry(p.get("a", "")), state.entry(p.get("b", "")))
+
+    def compare_samples(request: Request) -> str:
+        p = request.query_params
+        return state.compare_samples_page(state.entry(p.get("a", "")), _int(p.get("i", ""), "i"),
+                                          state.entry(p.get("b", "")), _int(p.get("j", ""), "j"))  # fmt: skip
+
+    def image(request: Request) -> Response:
+        try:
+            entry = state.entry(request.path_params["bid"])
+            w = _int(request.query_params.get("w", "320"), "w")
+            if w not in WIDTHS:
+                raise PageError(
+                    400, "bad width", f"w: expected one of {', '.join(map(str, WIDTHS))}, found {w}"
+                )
+            data = state.image(entry, request.path_params["name"], w)
+        except PageError as e:
+            return html(state.error_page(e.status, e.heading, e.message).decode(), e.status)
+        except BundleError as e:
+            return html(state.error_page(502, "cannot read the picture", str(e)).decode(), 502)
+        return Response(
+            data, media_type="image/jpeg", headers={"cache-control": "private, max-age=86400, immutable"}
+        )
+
+    def style(request: Request) -> Response:
+        from trainer_hooks.serve._templates import stylesheet
+
+        return Response(stylesheet(), media_type="text/css; charset=utf-8",
+                        headers={"cache-control": "private, max-age=3600"})  # fmt: skip
+
+    def not_found(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 404
+        heading = "not found" if status == 404 else "refused"
+        return html(
+            state.error_page(status, heading, "no page of this server has that address").decode(), status
+        )
+
+    routes = [
+        Route("/", page(run_page)),
+        Route("/static/style.css", style),
+        Route("/b/{bid}", page(bundle)),
+        Route("/b/{bid}/groups", page(groups)),
+        Route("/b/{bid}/group", page(group)),
+        Route("/b/{bid}/s/{pos}", page(sample)),
+        Route("/b/{bid}/img/{name}", image),
+        Route("/prompt", page(prompt)),
+        Route("/compare", page(compare)),
+        Route("/compare/samples", page(compare_samples)),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> Any:
+        yield
+        state.close()
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found}, lifespan=lifespan)
+    app.state.serve = state
+    app.add_middleware(Guard, token=token, allowed_hosts=allowed_hosts, error_page=state.error_page)
+    return app
+
+
+def _int(text: str, name: str) -> int:
+    try:
+        n = int(text)
+    except (TypeError, ValueError):
+        raise PageError(400, "bad number", f"{name}: expected an integer, found {str(text)[:40]!r}") from None
+    if n < 0 or n >= 2**62:
+        raise PageError(404, "not found", f"{name}: {n} is out of range")
+    return n
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)

@@ -1,0 +1,136 @@
+"""``rollout-bundle serve ROOT [--port N] [--host H] [--follow] [--cache-dir DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+import sys
+from typing import Any
+
+from bundles.support import CommandError, add_command, add_progress_option
+
+__all__ = ["is_loopback", "register"]
+
+DEFAULT_PORT = 8470
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, ``localhost``)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port 0..65535, found {text!r}") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0..65535, found {n}")
+    return n
+
+
+def _seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, found {text!r}") from None
+    if not 0 < s < 86400:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, found {text!r}")
+    return s
+
+
+def run_serve(ns: argparse.Namespace) -> int:
+    try:
+        import jinja2  # noqa: F401
+        import PIL  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        raise CommandError(f"serve needs {e.name}: pip install 'rollout-bundles[serve]'", status=2) from None
+    import bundles
+    from trainer_hooks.serve._app import create_app, default_cache_dir, new_token
+
+    if not bundles.is_store_url(ns.root) and not os.path.exists(ns.root):
+        raise CommandError(f"{ns.root}: no such directory or bundle")
+    host = ns.host
+    loopback = is_loopback(host)
+    token = None if loopback else new_token()
+    # Bind first, so the address printed is the one served (a --port 0 gets a free port).
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), ns.port))
+    except OSError as e:
+        sock.close()
+        raise CommandError(
+            f"--host {host} --port {ns.port}: cannot listen: {e.strerror or e}", status=2
+        ) from None
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    shown_host = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
+    allowed = None
+    if loopback:
+        allowed = [f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]", shown_host.lower())]
+    cache_dir = ns.cache_dir or default_cache_dir()
+    app = create_app(ns.root, cache_dir=cache_dir, token=token, follow=ns.follow_interval if ns.follow else None,
+                     progress=ns.progress, allowed_hosts=allowed)  # fmt: skip
+    run = app.state.serve.run
+    url = f"http://{shown_host}:{port}/"
+    print(f"rollout-bundle serve: {len(run.entries)} bundle(s) under {run.root}; indexes and thumbnails in {cache_dir}",
+          file=sys.stderr)  # fmt: skip
+    for problem in run.problems.values():
+        print(f"rollout-bundle serve: warning: not served: {problem}", file=sys.stderr)
+    if token is not None:
+        print(
+            f"rollout-bundle serve: listening on {host} beyond this machine: open {url}?token={token}",
+            flush=True,
+        )
+    else:
+        print(f"rollout-bundle serve: open {url}", flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False, date_header=False,
+                            lifespan="on")  # fmt: skip
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``serve`` to a ``rollout-bundle`` parser."""
+    p = add_command(
+        subparsers,
+        "serve",
+        "serve a run's bundles as a local, read-only web application",
+        run_serve,
+        description="Serve a run (its --save or --dump-details directory, one bundle, or an s3:// / az:// prefix) "
+        "as a read-only web application: every bundle with trends across steps; a bundle's samples filtered, "
+        "sorted, searched and paged on the server from a per-bundle SQLite index built once (cached by the "
+        "bundle's identity); each sample's screenshots with their actions drawn over them; one prompt across "
+        "training; two bundles or two samples compared. Binds 127.0.0.1 unless --host widens it, and then asks "
+        "for a token it prints once. Pages run no script.",
+    )
+    p.add_argument(
+        "root", metavar="ROOT", help="a run directory, a bundle (directory or packed file) or a store URL"
+    )
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT, metavar="N",
+                   help=f"port to listen on (default {DEFAULT_PORT}; 0: a free one)")  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", metavar="H",
+                   help="address to listen on (default 127.0.0.1; any other asks for the printed token)")  # fmt: skip
+    p.add_argument(
+        "--follow", action="store_true", help="pick up bundles committed while serving (a live run)"
+    )
+    p.add_argument("--follow-interval", type=_seconds, default=10.0, metavar="S",
+                   help="seconds between listings of ROOT with --follow (default 10)")  # fmt: skip
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="where indexes and thumbnails are kept (default ~/.cache/rollout-bundles/serve)")  # fmt: skip
+    add_progress_option(p)

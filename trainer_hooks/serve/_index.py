@@ -1,0 +1,572 @@
+"""The per-bundle index: the columns pages filter and sort on, and full-text search, in SQLite.
+
+Why SQLite (stdlib ``sqlite3``) with FTS5: the pages ask for a filtered, sorted page of a bundle
+of up to tens of thousands of samples, and for the samples whose prompt or response holds some
+words. A table with an index per sort column answers the first in milliseconds without holding
+the bundle in memory; FTS5 answers the second; the file is one ordinary file the user can delete,
+and it needs no package beyond Python. A column file (parquet) would need a query engine and
+has no text search; an in-memory table would cost RAM in proportion to the bundle.
+
+One file per bundle, ``<cache>/index/<identity>.sqlite``, named by the bundle's identity
+(:func:`~trainer_hooks.serve._run.identity_of`: the manifest's digest, so a bundle replaced at
+the same place is indexed again and two copies of one bundle share one file). It is built once,
+by one background thread, streaming the bundle's samples one shard at a time (memory holds one
+shard and a batch of rows, whatever the bundle's size), into ``<identity>.building.sqlite``,
+committed every :data:`BATCH` rows so that a page can show the first rows while the rest is
+read; when complete it is renamed to its final name (a reader never takes a partial index for a
+whole one). Another process building the same index holds its lock file (``flock``); a
+``.building`` file left by a process that died is rebuilt from the start.
+
+Rows hold what the table shows (status, reward, group, lengths, turns, advantage, a prompt key),
+never a screenshot or a token list. The text search indexes at most :data:`MAX_TEXT` characters
+of each prompt and response (contentless FTS5: the text is not stored twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import heapq
+import itertools
+import json
+import math
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bundles import BundleError
+from bundles.support import Progress
+from trainer_hooks.serve._run import BundleEntry
+
+__all__ = [
+    "SORTS",
+    "IndexState",
+    "Indexer",
+    "Query",
+    "fts_query",
+    "group_rows",
+    "groups_page",
+    "prompt_key",
+    "prompt_rows",
+    "prompt_text",
+    "row_at",
+    "row_of",
+    "statuses",
+]
+
+BATCH = 500  # rows per commit while building
+MAX_TEXT = 16_000  # characters of a prompt / a response indexed for search
+PROMPT_ID_KEYS = ("prompt_id", "dataset_index", "data_index", "task_id")
+#: Sortable columns: URL name -> SQL column.
+SORTS = {"position": "pos", "reward": "reward", "length": "resp_len", "turns": "turns",
+         "advantage": "advantage", "tokens": "tokens"}  # fmt: skip
+_BIG = 1e308  # NULLs sort last, either direction
+
+_SCHEMA = """
+CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE samples (
+  pos INTEGER PRIMARY KEY, idx TEXT, grp TEXT, status TEXT, reward REAL, reward_text TEXT,
+  resp_len INTEGER, tokens INTEGER, turns INTEGER, advantage REAL, prompt_key TEXT,
+  prompt_head TEXT, truncated INTEGER NOT NULL
+);
+CREATE VIRTUAL TABLE fts USING fts5(prompt, response, content='', tokenize='unicode61 remove_diacritics 2');
+"""
+
+
+# -- one sample down to its row ---------------------------------------------------------------------
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        item = getattr(v, "item", None)  # a numpy scalar
+        if callable(item) and getattr(v, "shape", None) == ():
+            try:
+                v = item()
+            except Exception:
+                return None
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                return None
+        else:
+            return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _count(v: Any) -> int | None:
+    if isinstance(v, (list, tuple, str, bytes)):
+        return len(v)
+    shape = getattr(v, "shape", None)
+    if isinstance(shape, tuple) and len(shape) >= 1:
+        try:
+            return int(shape[0])
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _key_text(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v[:200]
+    n = _number(v)
+    if n is not None and float(n).is_integer() and abs(n) < 2**63:
+        return str(int(n))
+    if n is not None:
+        return repr(n)
+    try:
+        return json.dumps(v, sort_keys=True, default=str)[:200]
+    except (TypeError, ValueError):
+        return None
+
+
+def _status(v: Any) -> str | None:
+    if v is None:
+        return None
+    value = getattr(v, "value", v)
+    return value[:64] if isinstance(value, str) else str(value)[:64]
+
+
+def prompt_text(prompt: Any) -> str:
+    """The prompt's text: a string as it is, chat messages' text contents joined, else JSON."""
+    if prompt is None:
+        return ""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(m, Mapping) for m in prompt):
+        parts = []
+        for m in prompt:
+            content = m.get("content")
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                parts += [
+                    str(c.get("text", ""))
+                    for c in content
+                    if isinstance(c, Mapping) and c.get("type") == "text"
+                ]
+        return "\n".join(parts)
+    try:
+        return json.dumps(prompt, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return ""
+
+
+def prompt_key(sample: Mapping[str, Any], text: str) -> str:
+    """The same prompt across bundles: its dataset index / prompt id when the sample records one
+    (``metadata.prompt_id``, ``dataset_index``, ``data_index``, ``task_id``), else a hash of its
+    text."""
+    md = sample.get("metadata")
+    if isinstance(md, Mapping):
+        for k in PROMPT_ID_KEYS:
+            key = _key_text(md.get(k))
+            if key is not None:
+                return f"{k}={key}"
+    return "text:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:20]
+
+
+def row_of(pos: int, sample: Any) -> tuple[tuple[Any, ...], str, str]:
+    """(the row, the prompt text, the response text) of one sample; any legal value, no crash."""
+    s: Mapping[str, Any] = sample if isinstance(sample, Mapping) else {}
+    md = s.get("metadata")
+    md = md if isinstance(md, Mapping) else {}
+    status = _status(s.get("status"))
+    raw_reward = s.get("reward")
+    reward = _number(raw_reward)
+    if reward is not None:
+        reward_text = f"{reward:.4g}"
+    elif raw_reward is None:
+        reward_text = None
+    else:
+        try:
+            reward_text = json.dumps(raw_reward, sort_keys=True, default=str)[:80]
+        except (TypeError, ValueError):
+            reward_text = type(raw_reward).__name__
+    response = s.get("response")
+    response_text = response if isinstance(response, str) else ""
+    rl = _number(s.get("response_length"))
+    resp_len = (
+        int(rl) if rl is not None and abs(rl) < 2**62 else (len(response_text) if response_text else None)
+    )
+    mm = s.get("multimodal_inputs")
+    images = mm.get("images") if isinstance(mm, Mapping) else None
+    turns = _count(images)
+    if not turns:
+        turns = _count(md.get("actions")) or turns
+    truncated = int((status is not None and status.lower() == "truncated") or md.get("truncated") is True)
+    text = prompt_text(s.get("prompt"))
+    row = (pos, _key_text(s.get("index")), _key_text(s.get("group_index")), status, reward, reward_text,
+           resp_len, _count(s.get("tokens")), turns, None, prompt_key(s, text), text[:160], truncated)  # fmt: skip
+    return row, text[:MAX_TEXT], response_text[:MAX_TEXT]
+
+
+def fts_query(text: str) -> str | None:
+    """A search box's words as an FTS5 query: each word a quoted phrase, all required (no FTS5
+    syntax from the URL reaches SQLite: quotes are doubled, operators are words)."""
+    words = re.findall(r"\w+", text)[:16]
+    if not words:
+        return None
+    return " ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+# -- the index of one bundle -------------------------------------------------------------------------
+
+
+@dataclass
+class IndexState:
+    complete: bool
+    rows: int  # rows readable now
+    total: int  # samples in the bundle
+    error: str | None = None
+    summary: dict[str, Any] | None = None  # when complete
+
+
+def _connect_ro(path: Path) -> sqlite3.Connection:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False, timeout=5)
+    con.execute("PRAGMA query_only = 1")
+    return con
+
+
+def _summary(con: sqlite3.Connection) -> dict[str, Any]:
+    n, rmean, rmin, rmax, rsq, rcount, lmean, tmean, trunc = con.execute(
+        "SELECT count(*), avg(reward), min(reward), max(reward), sum(reward*reward), count(reward), "
+        "avg(resp_len), avg(turns), sum(truncated) FROM samples"
+    ).fetchone()
+    std = None
+    if rcount and rcount > 1 and rmean is not None:
+        std = math.sqrt(max(0.0, (rsq - rcount * rmean * rmean) / (rcount - 1)))
+    statuses = dict(
+        con.execute("SELECT ifnull(status, 'no status'), count(*) FROM samples GROUP BY 1 ORDER BY 2 DESC")
+    )
+    groups, flat = con.execute(
+        "SELECT count(*), ifnull(sum(c > 1 AND lo = hi), 0) FROM (SELECT grp, count(reward) c, min(reward) lo, "
+        "max(reward) hi FROM samples WHERE grp IS NOT NULL GROUP BY grp)"
+    ).fetchone()
+    return {"samples": n, "reward_mean": rmean, "reward_std": std, "reward_min": rmin, "reward_max": rmax,
+            "rewarded": rcount, "length_mean": lmean, "turns_mean": tmean, "truncated": trunc or 0,
+            "statuses": statuses, "groups": groups, "flat_groups": flat}  # fmt: skip
+
+
+def _advantages(con: sqlite3.Connection) -> None:
+    """GRPO advantages per group as :func:`trainer_hooks.view.advantages` computes them."""
+    con.execute("CREATE TEMP TABLE g AS SELECT grp, avg(reward) m, count(reward) c, sum(reward*reward) sq "
+                "FROM samples WHERE grp IS NOT NULL AND reward IS NOT NULL GROUP BY grp")  # fmt: skip
+    rows = con.execute("SELECT grp, m, c, sq FROM g").fetchall()
+    con.execute("CREATE TEMP TABLE gs (grp TEXT PRIMARY KEY, m REAL, s REAL)")
+    con.executemany("INSERT INTO gs VALUES (?, ?, ?)",
+                    [(g, m, math.sqrt(max(0.0, (sq - c * m * m) / (c - 1))) if c > 1 else 0.0) for g, m, c, sq in rows])  # fmt: skip
+    con.execute("UPDATE samples SET advantage = CASE WHEN gs.s > 1e-12 THEN (reward - gs.m) / (gs.s + 1e-6) "
+                "ELSE reward - gs.m END FROM gs WHERE samples.grp = gs.grp AND samples.reward IS NOT NULL")  # fmt: skip
+
+
+def _build(entry: BundleEntry, path: Path, progress: bool | None) -> None:
+    tmp = path.with_name(path.name.replace(".sqlite", ".building.sqlite"))
+    for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm"), Path(f"{tmp}-journal")):
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()  # our own leftover (the lock is ours): a dead build starts over
+    con = sqlite3.connect(tmp, check_same_thread=False)
+    try:
+        con.execute("PRAGMA journal_mode = WAL")
+        con.execute("PRAGMA synchronous = OFF")  # a cache: a crash rebuilds it
+        con.executescript(_SCHEMA)
+        total = len(entry.bundle)
+        meta = {"identity": entry.identity, "total": str(total), "complete": "0"}
+        con.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
+        con.commit()
+        rows: list[tuple[Any, ...]] = []
+        texts: list[tuple[int, str, str]] = []
+
+        def flush() -> None:
+            con.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            con.executemany("INSERT INTO fts(rowid, prompt, response) VALUES (?, ?, ?)", texts)
+            con.commit()
+            rows.clear()
+            texts.clear()
+
+        with Progress(f"indexing {entry.rel}", total=total, unit="samples", enabled=progress) as bar:
+            for pos, sample in enumerate(entry.bundle.samples()):
+                row, ptext, rtext = row_of(pos, sample)
+                del sample
+                rows.append(row)
+                texts.append((pos, ptext, rtext))
+                if len(rows) >= BATCH:
+                    flush()
+                    bar.advance(BATCH)
+            n_last = len(rows)
+            flush()
+            bar.advance(n_last)
+        _advantages(con)
+        for col in ("reward", "resp_len", "turns", "advantage", "tokens"):
+            con.execute(f"CREATE INDEX s_{col}_a ON samples(ifnull({col}, {_BIG}), pos)")
+            con.execute(f"CREATE INDEX s_{col}_d ON samples(ifnull({col}, -{_BIG}), pos)")
+        for col in ("status", "grp", "prompt_key"):
+            con.execute(f"CREATE INDEX s_{col} ON samples({col}, pos)")
+        con.execute("INSERT INTO fts(fts) VALUES ('optimize')")
+        summary = _summary(con)
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('summary', ?)", (json.dumps(summary),))
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('complete', '1')")
+        con.commit()
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        con.execute("PRAGMA journal_mode = DELETE")
+    finally:
+        con.close()
+    os.replace(tmp, path)
+
+
+class Indexer:
+    """Builds the indexes of a run's bundles, one at a time, in one background thread.
+
+    A page asks :meth:`want` for its bundle (moved to the front of the queue); the run page's
+    bundles are queued in the run's order when they are found. :meth:`state` says how far a
+    bundle's index is; :meth:`connect` gives a read-only connection to what is readable now.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike[str], *, progress: bool | None = None) -> None:
+        self.dir = Path(cache_dir) / "index"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.progress = progress
+        self._cv = threading.Condition()
+        self._queue: list[tuple[int, int, str]] = []  # (priority, seq, identity)
+        self._entries: dict[str, BundleEntry] = {}
+        self._errors: dict[str, str] = {}
+        self._done: set[str] = set()
+        self._seq = itertools.count()
+        self._stop = False
+        self._thread = threading.Thread(target=self._work, name="serve-indexer", daemon=True)
+        self._thread.start()
+
+    def path(self, identity: str) -> Path:
+        return self.dir / f"{identity}.sqlite"
+
+    def _building(self, identity: str) -> Path:
+        return self.dir / f"{identity}.building.sqlite"
+
+    def add(self, entry: BundleEntry, priority: int = 10) -> None:
+        with self._cv:
+            self._entries.setdefault(entry.identity, entry)
+            if entry.identity in self._done or self.path(entry.identity).exists():
+                self._done.add(entry.identity)
+                return
+            heapq.heappush(self._queue, (priority, next(self._seq), entry.identity))
+            self._cv.notify_all()
+
+    def want(self, entry: BundleEntry, wait_s: float = 0.0) -> IndexState:
+        """Put ``entry`` first in the queue; wait up to ``wait_s`` for its first rows."""
+        self.add(entry, priority=0)
+        deadline = time.monotonic() + wait_s
+        while True:
+            st = self.state(entry)
+            if st.complete or st.error or st.rows > 0 or st.total == 0 or time.monotonic() >= deadline:
+                return st
+            with self._cv:
+                self._cv.wait(timeout=0.05)
+
+    def state(self, entry: BundleEntry) -> IndexState:
+        total = len(entry.bundle)
+        if entry.identity in self._errors:
+            return IndexState(False, 0, total, self._errors[entry.identity])
+        final = self.path(entry.identity)
+        if final.exists():
+            try:
+                with contextlib.closing(_connect_ro(final)) as con:
+                    raw = con.execute("SELECT v FROM meta WHERE k = 'summary'").fetchone()
+                return IndexState(True, total, total, summary=json.loads(raw[0]) if raw else None)
+            except sqlite3.Error as e:
+                return IndexState(False, 0, total, f"{final}: index unreadable: {e}")
+        building = self._building(entry.identity)
+        if building.exists():
+            try:
+                with contextlib.closing(_connect_ro(building)) as con:
+                    rows = con.execute("SELECT count(*) FROM samples").fetchone()[0]
+                return IndexState(False, rows, total)
+            except sqlite3.Error:
+                return IndexState(False, 0, total)
+        return IndexState(False, 0, total)
+
+    @contextlib.contextmanager
+    def connect(self, entry: BundleEntry) -> Iterator[sqlite3.Connection]:
+        """A read-only connection to the index (complete, or the part built so far)."""
+        for p in (self.path(entry.identity), self._building(entry.identity)):
+            try:
+                con = _connect_ro(p)
+            except sqlite3.Error:
+                continue
+            try:
+                yield con
+            finally:
+                con.close()
+            return
+        raise BundleError(f"{entry.location}: its index is not built yet")
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                _, _, identity = heapq.heappop(self._queue)
+                if identity in self._done:
+                    continue
+                entry = self._entries[identity]
+            self._one(entry)
+            with self._cv:
+                self._done.add(identity)
+                self._cv.notify_all()
+
+    def _one(self, entry: BundleEntry) -> None:
+        final = self.path(entry.identity)
+        lock_path = self.dir / f"{entry.identity}.lock"
+        try:
+            with open(lock_path, "a+b") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # another server building it: wait for it
+                try:
+                    if not final.exists():
+                        _build(entry, final, self.progress)
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+        except (BundleError, OSError, sqlite3.Error) as e:
+            self._errors[entry.identity] = f"{entry.rel}: cannot index: {e}"
+        except Exception as e:  # a sample no reader should meet; the page says so, the server lives
+            self._errors[entry.identity] = f"{entry.rel}: cannot index: {type(e).__name__}: {e}"
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+
+
+# -- queries --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Query:
+    """What the bundle page asks: filters, a sort, a page (keyset: ``after`` is the last row's
+    sort value and position)."""
+
+    status: str | None = None
+    group: str | None = None
+    prompt: str | None = None  # a prompt key
+    search: str | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    length_min: int | None = None
+    length_max: int | None = None
+    turns_min: int | None = None
+    turns_max: int | None = None
+    truncated: bool | None = None
+    sort: str = "position"
+    desc: bool = False
+    after: tuple[float, int] | None = None
+    limit: int = 50
+
+    def where(self) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        args: list[Any] = []
+        if self.status is not None:
+            if self.status == "no status":
+                clauses.append("status IS NULL")
+            else:
+                clauses.append("status = ?")
+                args.append(self.status)
+        if self.group is not None:
+            clauses.append("grp = ?")
+            args.append(self.group)
+        if self.prompt is not None:
+            clauses.append("prompt_key = ?")
+            args.append(self.prompt)
+        for col, lo, hi in (("reward", self.reward_min, self.reward_max), ("resp_len", self.length_min, self.length_max),
+                            ("turns", self.turns_min, self.turns_max)):  # fmt: skip
+            if lo is not None:
+                clauses.append(f"{col} >= ?")
+                args.append(lo)
+            if hi is not None:
+                clauses.append(f"{col} <= ?")
+                args.append(hi)
+        if self.truncated is not None:
+            clauses.append("truncated = ?")
+            args.append(int(self.truncated))
+        fts = fts_query(self.search) if self.search else None
+        if fts is not None:
+            clauses.append("pos IN (SELECT rowid FROM fts WHERE fts MATCH ?)")
+            args.append(fts)
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
+
+    def run(self, con: sqlite3.Connection) -> tuple[list[dict[str, Any]], int, tuple[float, int] | None]:
+        """(rows of this page, rows matching, the cursor of the next page or None)."""
+        where, args = self.where()
+        total = con.execute(f"SELECT count(*) FROM samples{where}", args).fetchone()[0]
+        col = SORTS.get(self.sort, "pos")
+        key = "pos" if col == "pos" else f"ifnull({col}, {-_BIG if self.desc else _BIG})"
+        direction = "DESC" if self.desc else "ASC"
+        page_args = list(args)
+        keyset = ""
+        if self.after is not None:
+            op = "<" if self.desc else ">"
+            keyset = (" AND " if where else " WHERE ") + (
+                f"pos {op} ?" if col == "pos" else f"({key}, pos) {op} (?, ?)"
+            )
+            page_args += [self.after[1]] if col == "pos" else [self.after[0], self.after[1]]
+        sql = (f"SELECT pos, idx, grp, status, reward, reward_text, resp_len, tokens, turns, advantage, prompt_key, "
+               f"prompt_head, truncated, {key} FROM samples{where}{keyset} ORDER BY {key} {direction}, pos {direction} "
+               f"LIMIT ?")  # fmt: skip
+        page_args.append(self.limit + 1)
+        names = ("pos", "idx", "grp", "status", "reward", "reward_text", "resp_len", "tokens", "turns", "advantage",
+                 "prompt_key", "prompt_head", "truncated", "_key")  # fmt: skip
+        rows = [dict(zip(names, r, strict=True)) for r in con.execute(sql, page_args)]
+        nxt = None
+        if len(rows) > self.limit:
+            rows = rows[: self.limit]
+            last = rows[-1]
+            nxt = (float(last["_key"]), int(last["pos"]))
+        return rows, total, nxt
+
+
+def statuses(con: sqlite3.Connection) -> list[tuple[str, int]]:
+    return [(s, n) for s, n in con.execute(
+        "SELECT ifnull(status, 'no status'), count(*) FROM samples GROUP BY 1 ORDER BY 2 DESC LIMIT 50")]  # fmt: skip
+
+
+def group_rows(con: sqlite3.Connection, group: str, limit: int = 64) -> list[dict[str, Any]]:
+    names = ("pos", "status", "reward", "reward_text", "advantage", "resp_len", "turns")
+    return [dict(zip(names, r, strict=True)) for r in con.execute(
+        "SELECT pos, status, reward, reward_text, advantage, resp_len, turns FROM samples WHERE grp = ? ORDER BY pos "
+        "LIMIT ?", (group, limit))]  # fmt: skip
+
+
+def groups_page(con: sqlite3.Connection, offset_after: str | None, limit: int) -> list[dict[str, Any]]:
+    """Groups ordered by name (keyset on the name), with their size and reward spread."""
+    args: list[Any] = []
+    where = "WHERE grp IS NOT NULL"
+    if offset_after is not None:
+        where += " AND grp > ?"
+        args.append(offset_after)
+    args.append(limit)
+    names = ("grp", "n", "mean", "lo", "hi")
+    return [dict(zip(names, r, strict=True)) for r in con.execute(
+        f"SELECT grp, count(*), avg(reward), min(reward), max(reward) FROM samples {where} GROUP BY grp ORDER BY grp "
+        f"LIMIT ?", args)]  # fmt: skip
+
+
+def prompt_rows(con: sqlite3.Connection, key: str, limit: int = 64) -> list[dict[str, Any]]:
+    names = ("pos", "status", "reward", "reward_text", "resp_len", "turns", "prompt_head")
+    return [dict(zip(names, r, strict=True)) for r in con.execute(
+        "SELECT pos, status, reward, reward_text, resp_len, turns, prompt_head FROM samples WHERE prompt_key = ? "
+        "ORDER BY pos LIMIT ?", (key, limit))]  # fmt: skip
+
+
+def row_at(con: sqlite3.Connection, pos: int) -> dict[str, Any] | None:
+    names = ("pos", "idx", "grp", "status", "reward", "reward_text", "resp_len", "tokens", "turns", "advantage",
+             "prompt_key", "prompt_head", "truncated")  # fmt: skip
+    r = con.execute(f"SELECT {', '.join(names)} FROM samples WHERE pos = ?", (pos,)).fetchone()
+    return None if r is None else dict(zip(names, r, strict=True))

@@ -1,0 +1,215 @@
+"""What each page shows, as plain data for ``templates/``: no HTML is written here.
+
+Samples are drawn as ``rollout-bundle view`` draws them: read down by
+:func:`trainer_hooks.view.sample_view`, actions parsed by :func:`trainer_hooks.view.parse_action`
+and drawn by :func:`trainer_hooks.view.overlay`, laid out by view's own macros
+(``turn.html.j2``: the thumbnail with its mark, the large view with the whole action). The one
+difference: a picture is a same-origin JPEG the server makes (``/b/<id>/img/<name>?w=...``),
+not an inlined ``data:`` URI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from bundles.support import MEDIA_DIR, human_bytes
+from trainer_hooks.serve._media import LARGE, THUMB, ImageInfo, Pictures
+from trainer_hooks.serve._run import BundleEntry
+from trainer_hooks.view import (
+    SampleView,
+    logprob_strip,
+    overlay,
+    parse_action,
+    prompt_messages,
+    sample_view,
+)
+
+__all__ = ["SampleCache", "badge", "fmt", "px", "sample_context", "size", "trend"]
+
+MAX_TEXT = 20_000
+STATUS_CLASS = {"completed": "ok", "truncated": "warn", "aborted": "warn", "failed": "bad", "pending": "info"}
+
+
+def px(x: float) -> str:
+    return f"{x:.1f}".rstrip("0").rstrip(".")
+
+
+def fmt(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if math.isfinite(v) else repr(v)
+    return str(v)
+
+
+def size(n: int) -> str:
+    return str(human_bytes(n))
+
+
+def badge(status: str | None) -> dict[str, str]:
+    if status is None:
+        return {"cls": "", "text": "no status"}
+    return {"cls": STATUS_CLASS.get(status.lower(), ""), "text": status}
+
+
+def _text(s: str) -> dict[str, Any]:
+    return {"text": s[:MAX_TEXT], "more": max(0, len(s) - MAX_TEXT)}
+
+
+def _pretty(v: Any) -> str:
+    return json.dumps(v, ensure_ascii=False, indent=2, default=str)
+
+
+class SampleCache:
+    """The last few samples read, as their views (a sample page opened twice reads its shard once)."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[str, int], SampleView] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, entry: BundleEntry, positions: Sequence[int]) -> dict[int, SampleView]:
+        out: dict[int, SampleView] = {}
+        missing = []
+        with self._lock:
+            for p in positions:
+                v = self._items.get((entry.id, p))
+                if v is None:
+                    missing.append(p)
+                else:
+                    self._items.move_to_end((entry.id, p))
+                    out[p] = v
+        if missing:
+            prefix = f"{entry.bundle.path}/{MEDIA_DIR}/"
+            wanted = sorted(set(missing))
+            for p, s in zip(wanted, entry.bundle.samples(indices=wanted), strict=True):
+                v = sample_view(p, s, prefix)
+                del s
+                out[p] = v
+                with self._lock:
+                    self._items[(entry.id, p)] = v
+                    while len(self._items) > self.capacity:
+                        self._items.popitem(last=False)
+        return out
+
+
+def image_infos(pictures: Pictures, entry: BundleEntry, views: Sequence[SampleView]) -> dict[str, ImageInfo]:
+    names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
+    with ThreadPoolExecutor(4) as pool:
+        return dict(zip(names, pool.map(lambda n: pictures.info(entry, n), names), strict=True))
+
+
+def sample_context(
+    v: SampleView,
+    infos: Mapping[str, ImageInfo],
+    img_url: Callable[[str, int], str],
+    href: str,
+    row: Mapping[str, Any] | None,
+    defs: dict[str, dict[str, Any]],
+    uid: str = "",
+) -> dict[str, Any]:
+    """One sample as the ``sample_block`` macro draws it; its pictures are added to ``defs``."""
+    turns = []
+    for j, img in enumerate(v.images):
+        info = infos.get(img.name) if img.name else None
+        turn: dict[str, Any] = {"j": j, "id": f"{uid}v{v.position}-{j}", "ref": None, "href": None, "why": img.shown_as,
+                                "size": None, "large": None, "shapes": [], "mark": None, "name": img.name,
+                                "title": img.shown_as, "vision": None}  # fmt: skip
+        text = v.actions[j] if v.actions is not None and j < len(v.actions) else None
+        if text is None and v.actions is None and j < len(v.tool_calls):
+            text = v.tool_calls[j]
+        action = parse_action(text) if text is not None else None
+        turn["action"] = text
+        turn["action_desc"] = action.describe() if action is not None and action.kind != "text" else None
+        if info is not None and info.size is not None and img.name:
+            w, h = info.size
+            tw, th = info.thumb_size(THUMB)
+            ref = "m" + img.name.partition(".")[0][:16]
+            defs.setdefault(ref, {"id": ref, "w": tw, "h": th, "uri": img_url(img.name, THUMB)})
+            turn.update(ref=ref, w=w, h=h, tw=tw, th=th, scale=px(w / tw), size=f"{w}×{h}")
+            turn["shapes"] = overlay(action, (w, h), v.screen)
+            ring = next((sh for sh in reversed(turn["shapes"]) if sh["t"] == "ring"), None)
+            turn["mark"] = {"cx": ring["cx"], "cy": ring["cy"], "r": px(max(w, h) / 40)} if ring else None
+            turn["href"] = img_url(img.name, LARGE)
+            turn["large"] = {"kind": "link", "href": turn["href"]}
+        elif info is not None and info.error:
+            turn["why"] = info.error
+        turns.append(turn)
+    for k, t in enumerate(turns):
+        t["prev"] = turns[k - 1]["id"] if k > 0 and turns[k - 1]["large"] else None
+        t["next"] = turns[k + 1]["id"] if k + 1 < len(turns) and turns[k + 1]["large"] else None
+    head = [("index", fmt(v.index)), ("group", fmt(v.group_index))]
+    tail = [("reward", fmt(v.reward) if isinstance(v.reward, (int, float)) else _short(v.reward))]
+    if row is not None and row.get("advantage") is not None:
+        tail.append(("advantage", f"{row['advantage']:+.3g}"))
+    tail += [("tokens", fmt(v.tokens)), ("response", fmt(v.response_length))]
+    if v.loss_mask is not None:
+        tail.append(("loss mask", v.loss_mask))
+    if v.logprob_mean is not None:
+        tail.append(("mean log-prob", f"{v.logprob_mean:.4g}"))
+    return {
+        "pos": v.position,
+        "href": href,
+        "head": head,
+        "badge": badge(v.status),
+        "tail": tail,
+        "replay": None,
+        "prompt": prompt_messages(v.prompt),
+        "turns": turns,
+        "response": _text(v.response) if v.response else None,
+        "strip": logprob_strip(v.logprobs),
+        "metadata": _text(_pretty(v.metadata)) if v.metadata else None,
+        "other": _text(_pretty(v.other)) if v.other else None,
+        "other_count": len(v.other),
+    }
+
+
+def _short(v: Any) -> str:
+    if v is None:
+        return "–"
+    text = json.dumps(v, ensure_ascii=False, sort_keys=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def trend(title: str, points: list[tuple[int, float]], band: list[tuple[int, float, float]] | None = None,
+          digits: int = 3) -> dict[str, Any] | None:  # fmt: skip
+    """An inline-SVG line chart of ``(step, value)``; ``band`` (step, low, high) shades a spread."""
+    if not points:
+        return None
+    w, h, pad = 300.0, 120.0, 6.0
+    steps = [s for s, _ in points]
+    values = [v for _, v in points] + [x for _, a, b in band or [] for x in (a, b)]
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    s0, s1 = min(steps), max(steps)
+    span = (s1 - s0) or 1
+
+    def x(s: int) -> float:
+        return w / 2 if s1 == s0 else pad + (w - 2 * pad) * (s - s0) / span
+
+    def y(v: float) -> float:
+        return h - pad - (h - 2 * pad) * (v - lo) / (hi - lo)
+
+    out: dict[str, Any] = {
+        "title": title, "w": int(w), "h": int(h),
+        "points": " ".join(f"{px(x(s))},{px(y(v))}" for s, v in points),
+        "dots": [{"x": px(x(s)), "y": px(y(v)), "step": s, "label": f"{v:.{digits}g}"} for s, v in points],
+        "first": s0, "last": s1, "lo": f"{lo:.{digits}g}", "hi": f"{hi:.{digits}g}", "band": None,
+    }  # fmt: skip
+    if band:
+        upper = [f"{px(x(s))},{px(y(b))}" for s, _, b in band]
+        lower = [f"{px(x(s))},{px(y(a))}" for s, a, _ in reversed(band)]
+        out["band"] = " ".join(upper + lower)
+    return out
+
+
+def quote(text: str) -> str:
+    return urllib.parse.quote(text, safe="")

@@ -1,0 +1,218 @@
+"""The bundles of a run: found under ROOT once, and again on ``--follow``.
+
+ROOT is a run's ``--save`` or ``--dump-details`` directory (bundles a few levels down:
+``rollout/fully_async_3``, ``debug/rollout_3.bundle``), one bundle, or a store prefix. Every
+bundle is found through :func:`bundles.list_bundles` and opened with
+:func:`bundles.open_bundle` (manifest only, ``verify="none"``: the server reads shards and media
+when a page needs them, and every read checks what it reads), so only committed bundles ever
+appear: a staging directory, a dead writer's unpublished prefix or a retired directory is not
+a bundle to ``list_bundles``.
+
+Nothing below ROOT is reached by a URL's text. Each bundle gets an opaque id (the first 16 hex
+of the sha256 of its location); a route looks the id up in :attr:`Run.entries` and refuses
+anything else, so ``..``, encoded separators and absolute paths in a URL name nothing. The
+local walk does not follow symbolic links, and a bundle whose real path is outside ROOT's is
+left out (a symlink planted in the run directory pointing elsewhere).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bundles
+from bundles import Bundle, BundleError
+
+__all__ = ["INDEX_VERSION", "BundleEntry", "Run", "identity_of"]
+
+#: Bumped whenever what the per-bundle index holds changes: old cache files are then not used.
+INDEX_VERSION = 1
+#: Directory levels searched below a local ROOT (run/ckpt/rollout/fully_async_3 is 3 below run/).
+MAX_DEPTH = 4
+#: Sub-prefixes looked into on a store (a store has no directories to walk without listing).
+STORE_SUBDIRS = ("rollout", "debug", "dumps", "eval", "rollout_data", "ckpt", "ckpt/rollout")
+_STEP_RE = re.compile(r"(\d+)(?:\.bundle|\.rbundle)?$")
+
+
+def identity_of(bundle: Bundle) -> str:
+    """A bundle's identity: the sha256 of its canonical manifest (which names every shard's and
+    media file's digest) and of the index version. Two copies of one bundle (a directory and its
+    packed file, on disk and on a store) share it, and a bundle replaced at the same location
+    gets a new one."""
+    text = json.dumps(bundle.manifest, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(f"serve-index-{INDEX_VERSION}\n{text}".encode()).hexdigest()
+
+
+@dataclass
+class BundleEntry:
+    """One bundle of the run, as its manifest tells it (no shard read)."""
+
+    id: str  # opaque: the only name routes take
+    location: str  # what list_bundles returned: a path or a URL
+    rel: str  # shown: the location relative to ROOT
+    bundle: Bundle
+    identity: str
+    step: int | None
+    order: int = 0  # position in the run's table (by step, then name)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return self.bundle.kind
+
+    @property
+    def samples(self) -> int:
+        return len(self.bundle)
+
+
+def _step(bundle: Bundle, name: str) -> int | None:
+    meta = bundle.meta
+    for key in ("rollout_id", "step", "global_step"):
+        v = meta.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63:
+            return v
+    nested = meta.get("metadata")
+    if isinstance(nested, dict):
+        v = nested.get("step")
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63:
+            return v
+    m = _STEP_RE.search(name)
+    return int(m.group(1)) if m and len(m.group(1)) < 19 else None
+
+
+def _entry_id(location: str) -> str:
+    return hashlib.sha256(location.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+class Run:
+    """The bundles under ``root``; :meth:`refresh` finds the ones committed since (``--follow``).
+
+    ``problems`` lists, one line each, the bundles found but not opened (a damaged manifest, a
+    format of a newer release): the run page shows them instead of failing.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
+        text = os.fspath(root)
+        self.remote = bundles.is_store_url(text)
+        self.storage_options = storage_options
+        if self.remote:
+            self.root = text.rstrip("/")
+            self._real_root: str | None = None
+        else:
+            path = Path(text).absolute()
+            if not path.exists():
+                raise BundleError(f"{path}: no such directory or bundle")
+            self.root = str(path)
+            self._real_root = os.path.realpath(path)
+        self.entries: dict[str, BundleEntry] = {}
+        self.problems: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.listeners: list[Callable[[BundleEntry], None]] = []
+        self.refresh()
+
+    # -- finding ------------------------------------------------------------------------------------
+    def _locations(self) -> list[str]:
+        if bundles.is_bundle(self.root, self.storage_options):
+            return [self.root]
+        if self.remote:
+            found: list[str] = []
+            for sub in ("", *STORE_SUBDIRS):
+                where = str(bundles.child_location(self.root, sub)) if sub else self.root
+                try:
+                    found += bundles.list_bundles(where, self.storage_options)
+                except BundleError:
+                    continue
+            return sorted(set(found))
+        return self._walk(self.root, 0)
+
+    def _walk(self, directory: str, depth: int) -> list[str]:
+        out = [loc for loc in bundles.list_bundles(directory) if self._inside(loc)]
+        if depth >= MAX_DEPTH:
+            return out
+        taken = {os.path.basename(loc.rstrip("/")) for loc in out}
+        try:
+            children = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError:
+            return out
+        for child in children:
+            if child.name.startswith(".") or child.name in taken:
+                continue
+            try:
+                if not child.is_dir(follow_symlinks=False):
+                    continue
+            except OSError:
+                continue
+            out += self._walk(child.path, depth + 1)
+        return out
+
+    def _inside(self, location: str) -> bool:
+        """A local bundle is served only when it is no symlink and its real path is under ROOT's."""
+        if self._real_root is None:
+            return True
+        try:
+            if os.path.islink(location):
+                return False
+            real = os.path.realpath(location)
+        except OSError:
+            return False
+        return real == self._real_root or real.startswith(self._real_root.rstrip(os.sep) + os.sep)
+
+    def _rel(self, location: str) -> str:
+        if location == self.root:
+            return os.path.basename(location.rstrip("/")) or location
+        if location.startswith(self.root + "/"):
+            return location[len(self.root) + 1 :]
+        return location
+
+    def refresh(self) -> list[BundleEntry]:
+        """List ROOT again; open and add the bundles not seen before. Returns the new ones."""
+        new: list[BundleEntry] = []
+        for location in self._locations():
+            eid = _entry_id(location)
+            if eid in self.entries:
+                continue
+            try:
+                bundle = bundles.open_bundle(location, verify="none", storage_options=self.storage_options)
+            except BundleError as err:
+                self.problems[location] = str(err)
+                continue
+            except OSError as err:
+                self.problems[location] = f"{location}: cannot read: {err.strerror or err}"
+                continue
+            self.problems.pop(location, None)
+            rel = self._rel(location)
+            entry = BundleEntry(eid, location, rel, bundle, identity_of(bundle),
+                                _step(bundle, os.path.basename(location.rstrip("/"))))  # fmt: skip
+            new.append(entry)
+        if new:
+            with self._lock:
+                for e in new:
+                    self.entries[e.id] = e
+                ordered = sorted(self.entries.values(), key=lambda e: (e.step is None, e.step or 0, e.rel))
+                for k, e in enumerate(ordered):
+                    e.order = k
+            for e in new:
+                for listener in self.listeners:
+                    listener(e)
+        return new
+
+    def ordered(self) -> list[BundleEntry]:
+        with self._lock:
+            return sorted(self.entries.values(), key=lambda e: e.order)
+
+    def get(self, eid: str) -> BundleEntry | None:
+        """The bundle with id ``eid``; None for any other text (the only lookup a route makes)."""
+        if not isinstance(eid, str) or not re.fullmatch(r"[0-9a-f]{16}", eid):
+            return None
+        return self.entries.get(eid)
+
+    def close(self) -> None:
+        for e in self.entries.values():
+            e.bundle.close()
