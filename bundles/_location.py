@@ -88,9 +88,11 @@ def classify(location: object, what: str = "bundle") -> str | None:
             )
         return None
     if scheme not in STORE_SCHEMES:
+        # The extra's hint only where it is missing: installed, it would change nothing.
+        hint = "" if _store_available() else f" (pip install '{STORE_EXTRA}')"
         raise UnsupportedLocationError(
             f"{text}: {what}: unsupported URL scheme {scheme!r}; a bundle is a local path or an "
-            f"{', '.join(s + '://' for s in STORE_SCHEMES)} URL (pip install '{STORE_EXTRA}')"
+            f"{', '.join(s + '://' for s in STORE_SCHEMES)} URL{hint}"
         )
     if not _store_available():
         raise UnsupportedLocationError(

@@ -63,7 +63,8 @@ def test_every_entry_point_refuses_an_unsupported_scheme_and_creates_nothing(
             call()
         msg = str(info.value)
         assert "\n" not in msg
-        assert f"unsupported URL scheme {scheme!r}" in msg and "rollout-bundles[s3]" in msg, msg
+        assert f"unsupported URL scheme {scheme!r}" in msg and "s3://, gs://, az://" in msg, msg
+        assert "pip install" not in msg, msg  # the extra is installed here: installing it changes nothing
         assert url in msg
     assert list(in_tmp.iterdir()) == []  # no ./hdfs:/... directory
     assert not (tmp_path / "out.rbundle").exists() and not (tmp_path / "unpacked").exists()
@@ -105,7 +106,11 @@ import os, sys
 sys.modules["obstore"] = None  # as if the extra were not installed: import obstore raises ImportError
 os.chdir(sys.argv[1])
 from bundles import UnsupportedLocationError, write_bundle, open_bundle
-for call in (lambda: write_bundle("s3://bucket/run/x", [{"index": 0}]), lambda: open_bundle("gs://bucket/x")):
+for call in (
+    lambda: write_bundle("s3://bucket/run/x", [{"index": 0}]),
+    lambda: open_bundle("gs://bucket/x"),
+    lambda: open_bundle("http://example.invalid/x"),
+):
     try:
         call()
     except UnsupportedLocationError as e:
@@ -131,18 +136,29 @@ def test_a_store_url_without_the_extra_names_obstore_and_the_extra(tmp_path: Pat
     )
     assert "pip install 'rollout-bundles[s3]'" in out[0]
     assert out[1].startswith("gs://bucket/x: bundle: the gs:// scheme needs")
-    assert out[2] == "[]"
+    # Without the extra, an unsupported scheme's message says which schemes it would serve.
+    assert out[2] == (
+        "http://example.invalid/x: bundle: unsupported URL scheme 'http'; a bundle is a local path or an "
+        "s3://, gs://, az:// URL (pip install 'rollout-bundles[s3]')"
+    )
+    assert out[3] == "[]"
 
 
+@pytest.mark.parametrize("url", ["hdfs://nn/x", "http://example.invalid/x"])
 @pytest.mark.parametrize("command", [["inspect"], ["verify"], ["show"], ["pack", "-o", "/tmp/never.rbundle"]])
-def test_the_cli_refuses_an_unsupported_scheme_in_one_line(command: list[str], in_tmp: Path) -> None:
+def test_the_cli_refuses_an_unsupported_scheme_in_one_line(
+    command: list[str], url: str, in_tmp: Path
+) -> None:
+    """One line naming the scheme; no advice to install the extra, which is installed here."""
+    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "trainer_hooks.cli", command[0], "hdfs://nn/x", *command[1:]]
+    argv = [sys.executable, "-m", "trainer_hooks.cli", command[0], url, *command[1:]]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr  # the caller's URL: tests/test_cli_exit_codes.py
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "unsupported URL scheme 'hdfs'" in lines[0], proc.stderr
-    assert "rollout-bundles[s3]" in lines[0] and "Traceback" not in proc.stderr
+    scheme = url.split(":", 1)[0]
+    assert len(lines) == 1 and f"{url}: bundle: unsupported URL scheme {scheme!r}" in lines[0], proc.stderr
+    assert "pip install" not in lines[0] and "Traceback" not in proc.stderr
     assert list(in_tmp.iterdir()) == []
 
 
