@@ -480,12 +480,8 @@ def remove_tree(path: str | os.PathLike[str], *, last: Collection[str] = ()) -> 
     try:
         top_fd = _open_subdir(parent_fd, top_name, target)
         if top_fd is None:
-            try:
-                st = os.lstat(top_name, dir_fd=parent_fd)
-            except FileNotFoundError:
-                return 0
-            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
-            raise BundleError(f"{target}: expected a directory to remove, found {what}; removing nothing")
+            _refuse_non_directory(parent_fd, top_name, target)
+            return 0
         stack.append(_Dir(top_fd, target, top_name, passes=0))
         _defer(stack[0], last)
         top_dev = os.fstat(top_fd).st_dev
@@ -493,60 +489,87 @@ def remove_tree(path: str | os.PathLike[str], *, last: Collection[str] = ()) -> 
         while stack:
             d = stack[-1]
             if d.names:
-                name = d.names.pop()
-                fault_point("remove_tree.entry", d.display, name)
-                got = _unlink_entry(d, name)
-                if got is not None:
-                    freed += got
-                    continue
-                child = _open_subdir(d.fd, name, f"{d.display}/{name}")
-                if child is None:
-                    d.retry(name)  # not a directory any more: unlink it on the next turn
-                    continue
-                if os.fstat(child).st_dev != top_dev:
-                    os.close(child)
-                    raise BundleError(
-                        f"{d.display}/{name}: is a mount point (another filesystem); not removing "
-                        "anything on it: unmount it first"
-                    )
-                stack.append(_Dir(child, f"{d.display}/{name}", name, passes=0))
-                continue
-            if d.deferred:
-                # Everything else is gone: unless something appeared meanwhile, the deferred
-                # names go now.
-                fresh = [name for name in _list_dir(d.fd, d.display) if name not in last]
-                if fresh and d.passes >= 1:
-                    raise BundleError(f"{d.display}: directory keeps getting new entries while being removed")
-                if fresh:
-                    d.passes += 1
-                    d.names = fresh
-                else:
-                    d.names, d.deferred = d.deferred, []
-                continue
-            # d is empty now: remove it from the directory below it on the stack.
-            stack.pop()
-            os.close(d.fd)
-            below = stack[-1] if stack else None
-            outcome = _rmdir_entry(below, below.fd if below else parent_fd, d.name, d.display)
-            if outcome == "not-a-dir" and below is not None:
-                below.retry(d.name)  # the name is a symlink now: unlink it, not its target
-            elif outcome == "not-a-dir":
-                raise BundleError(f"{target}: was replaced by a non-directory while being removed")
-            elif outcome == "not-empty":
-                if d.passes >= 1:
-                    raise BundleError(f"{d.display}: directory keeps getting new entries while being removed")
-                again = _open_subdir(below.fd if below else parent_fd, d.name, d.display)
-                if again is not None:
-                    stack.append(_Dir(again, d.display, d.name, passes=d.passes + 1))
-                    if below is None:
-                        _defer(stack[0], last)
-                elif below is not None:
-                    below.retry(d.name)
+                freed += _remove_next_entry(d, stack, top_dev)
+            elif d.deferred:
+                _release_deferred(d, last)
+            else:
+                _remove_emptied_dir(stack, parent_fd, target, last)
         return freed
     finally:
         for d in stack:
             os.close(d.fd)
         os.close(parent_fd)
+
+
+def _refuse_non_directory(parent_fd: int, top_name: str, target: str) -> None:
+    """Return when the tree's top is gone; raise when it is something other than a directory.
+
+    A symlink at the top is refused, not followed: following it would delete another tree.
+    """
+    try:
+        st = os.lstat(top_name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+    raise BundleError(f"{target}: expected a directory to remove, found {what}; removing nothing")
+
+
+def _remove_next_entry(d: _Dir, stack: list[_Dir], top_dev: int) -> int:
+    """Handle one listed name of ``d``, the top of ``stack``: unlink it, or descend into it by
+    pushing it on ``stack``. Return the bytes freed."""
+    name = d.names.pop()
+    fault_point("remove_tree.entry", d.display, name)
+    got = _unlink_entry(d, name)
+    if got is not None:
+        return got
+    child = _open_subdir(d.fd, name, f"{d.display}/{name}")
+    if child is None:
+        d.retry(name)  # not a directory any more: unlink it on the next turn
+        return 0
+    if os.fstat(child).st_dev != top_dev:
+        os.close(child)
+        raise BundleError(
+            f"{d.display}/{name}: is a mount point (another filesystem); not removing "
+            "anything on it: unmount it first"
+        )
+    stack.append(_Dir(child, f"{d.display}/{name}", name, passes=0))
+    return 0
+
+
+def _release_deferred(d: _Dir, last: Collection[str]) -> None:
+    """Everything else in ``d`` is gone: unless something appeared meanwhile, the deferred
+    names go now; new entries go first, and only once more."""
+    fresh = [name for name in _list_dir(d.fd, d.display) if name not in last]
+    if fresh and d.passes >= 1:
+        raise BundleError(f"{d.display}: directory keeps getting new entries while being removed")
+    if fresh:
+        d.passes += 1
+        d.names = fresh
+    else:
+        d.names, d.deferred = d.deferred, []
+
+
+def _remove_emptied_dir(stack: list[_Dir], parent_fd: int, target: str, last: Collection[str]) -> None:
+    """Pop the emptied directory off ``stack`` and rmdir it from the directory below it (the
+    tree's parent for the top), going over it once more when it gained an entry meanwhile."""
+    d = stack.pop()
+    os.close(d.fd)
+    below = stack[-1] if stack else None
+    outcome = _rmdir_entry(below, below.fd if below else parent_fd, d.name, d.display)
+    if outcome == "not-a-dir" and below is not None:
+        below.retry(d.name)  # the name is a symlink now: unlink it, not its target
+    elif outcome == "not-a-dir":
+        raise BundleError(f"{target}: was replaced by a non-directory while being removed")
+    elif outcome == "not-empty":
+        if d.passes >= 1:
+            raise BundleError(f"{d.display}: directory keeps getting new entries while being removed")
+        again = _open_subdir(below.fd if below else parent_fd, d.name, d.display)
+        if again is not None:
+            stack.append(_Dir(again, d.display, d.name, passes=d.passes + 1))
+            if below is None:
+                _defer(stack[0], last)
+        elif below is not None:
+            below.retry(d.name)
 
 
 __all__ = [
