@@ -190,6 +190,24 @@ def parse_manifest_bytes(raw: bytes, where: object) -> Manifest:
     manifest = decode_manifest_json(raw, where)
     if not isinstance(manifest, dict):
         raise BundleFormatError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
+    kind = _check_top_fields(manifest, where)
+    shards = _parse_shards(manifest, where)
+    media = _parse_media(manifest, where)
+    out = Manifest(manifest)
+    out.format_version = manifest["format_version"]
+    out.kind = kind
+    out.meta = manifest["meta"]
+    out.sample_count = manifest["sample_count"]
+    out.shards = shards
+    out.media = media
+    out.created_by = manifest.get("created_by")
+    out.media_references = manifest.get("media_references")
+    return out
+
+
+def _check_top_fields(manifest: dict[str, Any], where: object) -> str:
+    """Check the manifest's scalar fields (FORMAT.md §2) in the order the spec lists them, so
+    the first error is the same one every reader reports; return the kind."""
     if manifest.get("format") != FORMAT_NAME:
         raise BundleFormatError(
             f"{where}: format: expected {FORMAT_NAME!r}, found {_short(manifest.get('format'))}"
@@ -218,51 +236,61 @@ def parse_manifest_bytes(raw: bytes, where: object) -> Manifest:
         raise BundleFormatError(
             f"{where}: created_by: expected a string, found {_short(manifest['created_by'])}"
         )
+    return kind
 
+
+def _parse_shards(manifest: dict[str, Any], where: object) -> tuple[ShardEntry, ...]:
+    """The validated ``shards`` list; their sample counts must add up to ``sample_count``."""
     shards = manifest["shards"]
     if not isinstance(shards, list):
         raise BundleFormatError(f"{where}: shards: expected a list, found {type(shards).__name__}")
-    seen: set[str] = set()
-    total = 0
-    shard_entries: list[ShardEntry] = []
-    for i, ent in enumerate(shards):
-        field = f"shards[{i}]"
-        if not isinstance(ent, dict):
-            raise BundleFormatError(f"{where}: {field}: expected an object, found {type(ent).__name__}")
-        p = ent.get("path")
-        if not isinstance(p, str) or not SHARD_PATH_RE.fullmatch(p):
-            raise UnsafeBundleError(
-                f"{where}: {field}.path: expected 'samples/NNNNNN.msgpack.zst', found {_short(p)}"
-            )
-        expected_path = f"{SHARDS_DIR}/{SHARD_NAME_FORMAT.format(index=i)}"
-        if p != expected_path:
-            raise BundleFormatError(
-                f"{where}: {field}.path: expected {expected_path!r} (shards are numbered from 0 without gaps), found {p!r}"
-            )
-        seen.add(p)
-        samples = _int_field(ent, "samples", field, where)
-        size = _int_field(ent, "size", field, where)
-        raw_size = _int_field(ent, "raw_size", field, where)
-        if raw_size > MAX_SHARD_RAW_BYTES:
-            raise UnsafeBundleError(
-                f"{where}: {field}.raw_size: {raw_size} exceeds the cap of {MAX_SHARD_RAW_BYTES} bytes"
-            )
-        if samples > raw_size:
-            raise BundleFormatError(
-                f"{where}: {field}.samples: {samples} samples cannot fit in raw_size {raw_size} bytes (each takes at least one)"
-            )
-        _digest_field(ent, field, where)
-        total += samples
-        shard_entries.append(ShardEntry(p, samples, size, raw_size, ent["digest"]))
+    entries = tuple(_parse_shard(ent, i, where) for i, ent in enumerate(shards))
+    total = sum(entry.samples for entry in entries)
     if total != manifest["sample_count"]:
         raise BundleFormatError(
             f"{where}: sample_count: {manifest['sample_count']} disagrees with the shards' total of {total}"
         )
+    return entries
 
+
+def _parse_shard(ent: Any, i: int, where: object) -> ShardEntry:
+    field = f"shards[{i}]"
+    if not isinstance(ent, dict):
+        raise BundleFormatError(f"{where}: {field}: expected an object, found {type(ent).__name__}")
+    p = ent.get("path")
+    # A path that could escape the bundle is unsafe; a well-formed one out of sequence is
+    # merely malformed.
+    if not isinstance(p, str) or not SHARD_PATH_RE.fullmatch(p):
+        raise UnsafeBundleError(
+            f"{where}: {field}.path: expected 'samples/NNNNNN.msgpack.zst', found {_short(p)}"
+        )
+    expected_path = f"{SHARDS_DIR}/{SHARD_NAME_FORMAT.format(index=i)}"
+    if p != expected_path:
+        raise BundleFormatError(
+            f"{where}: {field}.path: expected {expected_path!r} (shards are numbered from 0 without gaps), found {p!r}"
+        )
+    samples = _int_field(ent, "samples", field, where)
+    size = _int_field(ent, "size", field, where)
+    raw_size = _int_field(ent, "raw_size", field, where)
+    if raw_size > MAX_SHARD_RAW_BYTES:
+        raise UnsafeBundleError(
+            f"{where}: {field}.raw_size: {raw_size} exceeds the cap of {MAX_SHARD_RAW_BYTES} bytes"
+        )
+    if samples > raw_size:
+        raise BundleFormatError(
+            f"{where}: {field}.samples: {samples} samples cannot fit in raw_size {raw_size} bytes (each takes at least one)"
+        )
+    _digest_field(ent, field, where)
+    return ShardEntry(p, samples, size, raw_size, ent["digest"])
+
+
+def _parse_media(manifest: dict[str, Any], where: object) -> tuple[MediaEntry, ...]:
+    """The validated ``media`` list, each stored name listed once."""
     media = manifest["media"]
     if not isinstance(media, list):
         raise BundleFormatError(f"{where}: media: expected a list, found {type(media).__name__}")
-    media_entries: list[MediaEntry] = []
+    seen: set[str] = set()
+    entries: list[MediaEntry] = []
     for i, ent in enumerate(media):
         field = f"media[{i}]"
         if not isinstance(ent, dict):
@@ -275,14 +303,5 @@ def parse_manifest_bytes(raw: bytes, where: object) -> Manifest:
         if entry.filename in seen:
             raise BundleFormatError(f"{where}: {field}: {ent['digest']}{suffix} is listed twice")
         seen.add(entry.filename)
-        media_entries.append(entry)
-    out = Manifest(manifest)
-    out.format_version = manifest["format_version"]
-    out.kind = kind
-    out.meta = manifest["meta"]
-    out.sample_count = manifest["sample_count"]
-    out.shards = tuple(shard_entries)
-    out.media = tuple(media_entries)
-    out.created_by = manifest.get("created_by")
-    out.media_references = manifest.get("media_references")
-    return out
+        entries.append(entry)
+    return tuple(entries)
