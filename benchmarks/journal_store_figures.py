@@ -37,30 +37,22 @@ from bench_save import ensure_media, machine_description
 
 from bundles.support import remove_tree
 from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, parse_args
-from trainer_hooks.checkpoints import JournalShipper, RolloutJournal, journal_dir, journal_prefix
+from trainer_hooks.checkpoints.journal import JournalSink, RolloutJournal, run_journal
 
 
 def _journal(directory: Path, run_dir: Path, interval: float, url: str | None) -> RolloutJournal:
     remove_tree(directory) if directory.exists() else None
-    shipper = None
+    sink: JournalSink | Path = directory
     if url is not None:
-        prefix = journal_prefix(url)
-        assert prefix is not None
-        shipper = JournalShipper(prefix)
-        shipper.check()  # the probe, before the clock starts (a trainer's journal does it at open)
         directory.mkdir(parents=True)
-    return RolloutJournal(
-        directory, lineage=f"bench{time.time_ns()}", interval=interval, media_roots=[run_dir], shipper=shipper
-    )
+        sink = run_journal(url, spool=lambda: directory)
+        sink.check()  # the probe, before the clock starts (a trainer's journal does it at open)
+    return RolloutJournal(sink, lineage=f"bench{time.time_ns()}", interval=interval, media_roots=[run_dir])
 
 
-def journal_groups(
-    samples: list[dict], directory: Path, run_dir: Path, interval: float, shipper: Any
-) -> None:
+def journal_groups(samples: list[dict], sink: Any, run_dir: Path, interval: float) -> None:
     """``samples`` journaled as a run does, in groups of 8: take, each sample, group."""
-    journal = RolloutJournal(
-        directory, lineage="bench", interval=interval, media_roots=[run_dir], shipper=shipper
-    )
+    journal = RolloutJournal(sink, lineage="bench", interval=interval, media_roots=[run_dir])
     for g in range(0, len(samples), 8):
         gid = g // 8
         journal.append_take(
@@ -128,15 +120,14 @@ def puts_per_second(
 
 def journal_for_recovery(bench: Path, run_dir: Path, samples: list[dict], save: str, interval: float) -> None:
     """The journal a recovery from ``save`` reads: ``samples`` in groups of 8, no checkpoint."""
-    prefix = journal_prefix(save)
-    directory = bench / "journal-spool" if prefix is not None else journal_dir(save)
-    if prefix is not None:
-        remove_tree(directory) if directory.exists() else None
-        directory.mkdir(parents=True)
-        shipper: JournalShipper | None = JournalShipper(prefix)
-    else:
-        shipper = None
-    journal_groups(samples, directory, run_dir, interval, shipper=shipper)
+    spool = bench / "journal-spool"
+
+    def fresh_spool() -> Path:
+        remove_tree(spool) if spool.exists() else None
+        spool.mkdir(parents=True)
+        return spool
+
+    journal_groups(samples, run_journal(save, spool=fresh_spool), run_dir, interval)
 
 
 def recovery(bench: Path, groups_n: int, save: str, interval: float) -> dict:

@@ -1,4 +1,4 @@
-"""The rollout journal on an object store (``--save s3://…``; trainer_hooks/checkpoints/_journal_store.py),
+"""The rollout journal on an object store (``--save s3://…``; trainer_hooks/checkpoints/journal/_store.py),
 against moto and s3rver on 127.0.0.1: what a run leaves there, compaction, a second writer of one
 lineage, forged shipments refused before anything is placed, and a store that ignores
 preconditions. The SIGKILL suite on SeaweedFS is in tests/test_journal_crash.py."""

@@ -32,7 +32,9 @@ Modules, one concern each
 * :mod:`._state`: :class:`RolloutState`, every group's place between data source and training
   (the events the Miles plugins and the journal follow), saved as one cut.
 * :mod:`._snapshot`: snapshots on the caller's thread (debug dumps use them too).
-* :mod:`._journal`: the rollout journal (append-only segments, background fsync, scan).
+* :mod:`.journal`: the rollout journal, a package (append-only segments, background fsync or
+  shipments to a store, scan; its writer, sinks and record kinds are used through its own face,
+  ``trainer_hooks.checkpoints.journal``).
 * :mod:`._ledger`: :class:`RolloutLedger`, group ids + journal + recovery, the one implementation
   behind :class:`FullyAsyncRolloutFn` and the Miles plugins.
 * :mod:`._fingerprint`: what a resume must share with the run that saved (fail closed).
@@ -54,15 +56,6 @@ from trainer_hooks.checkpoints._fully_async import (
     ListDataSource,
     RolloutWorkerError,
 )
-from trainer_hooks.checkpoints._journal import RolloutJournal
-from trainer_hooks.checkpoints._journal_format import (
-    JOURNAL_DIR,
-    JournalCorruptError,
-    JournalError,
-    journal_dir,
-)
-from trainer_hooks.checkpoints._journal_scan import JournalRecord, JournalScan, record_body, scan_journal
-from trainer_hooks.checkpoints._journal_store import JournalShipper, journal_prefix
 from trainer_hooks.checkpoints._ledger import (
     DEFAULT_JOURNAL_INTERVAL,
     LazyGroup,
@@ -93,6 +86,15 @@ from trainer_hooks.checkpoints._writer import (
     RolloutCheckpointer,
     save_rollout_checkpoint,
 )
+from trainer_hooks.checkpoints.journal import (
+    JOURNAL_DIR,
+    JournalCorruptError,
+    JournalError,
+    JournalRecord,
+    JournalScan,
+    journal_dir,
+    scan_journal,
+)
 
 __all__ = [
     "CHECKPOINT_KIND",
@@ -111,14 +113,12 @@ __all__ = [
     "JournalError",
     "JournalRecord",
     "JournalScan",
-    "JournalShipper",
     "LazyGroup",
     "ListDataSource",
     "RecoveredGroup",
     "RecoveredState",
     "RolloutCheckpoint",
     "RolloutCheckpointer",
-    "RolloutJournal",
     "RolloutLedger",
     "RolloutState",
     "RolloutStateCut",
@@ -128,12 +128,10 @@ __all__ = [
     "check_fingerprint",
     "checkpoint_path",
     "journal_dir",
-    "journal_prefix",
     "list_rollout_checkpoints",
     "load_rollout_checkpoint",
     "materialize",
     "read_rollout_checkpoint",
-    "record_body",
     "run_fingerprint",
     "save_rollout_checkpoint",
     "scan_journal",

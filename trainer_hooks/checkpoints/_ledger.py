@@ -13,7 +13,7 @@ One implementation serves :class:`trainer_hooks.FullyAsyncRolloutFn` and the Mil
   :meth:`RolloutLedger.committed` to the checkpoint writer as its commit callback;
 * :meth:`RolloutLedger.recover` on load.
 
-Each call on the rollout side is a snapshot and a queue push (see :mod:`._journal`); the lock
+Each call on the rollout side is a snapshot and a queue push (see :mod:`.journal`); the lock
 makes "state changed" and "record appended" one step, so a checkpoint's watermark (the last seq
 its snapshot covers) is exact.
 
@@ -34,8 +34,9 @@ A torn tail is ignored; a record whose media are missing from ``journal/media`` 
 sibling or group regenerates); segments of another lineage are ignored; each is one log line.
 Anything a crash cannot have left (a durable record damaged, a gap in the seqs, a record naming a
 file outside the journal, a link or special file where a segment or a media file should be) is
-refused before anything is placed: :class:`~._journal_format.JournalCorruptError` or
-:class:`bundles.UnsafeBundleError`, naming the file and the record (see :mod:`._journal_scan`).
+refused before anything is placed: :class:`~.journal.JournalCorruptError` or
+:class:`bundles.UnsafeBundleError`, naming the file and the record (see :mod:`.journal._scan`).
+What each kind of record does to the groups is its ``replay`` in :data:`.journal.KINDS`.
 Completed groups stay encoded (:class:`LazyGroup`) until training takes them.
 """
 
@@ -47,10 +48,10 @@ import reprlib
 import tempfile
 import time
 from argparse import Namespace
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from bundles import (
     BundleFormatError,
@@ -59,24 +60,28 @@ from bundles import (
     MediaMissingError,
     MediaRef,
     UnsafeBundleError,
-    decode_sample,
 )
 from bundles.support import fault_point, gc_paused, open_regular_file, place_file, remove_tree, scratch_dir
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
 from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
-from trainer_hooks.checkpoints._journal import RolloutJournal, new_lineage
-from trainer_hooks.checkpoints._journal_format import (
+from trainer_hooks.checkpoints._paths import checkpoint_path, list_rollout_checkpoints
+from trainer_hooks.checkpoints._reader import RolloutCheckpoint, read_rollout_checkpoint
+from trainer_hooks.checkpoints.journal import (
+    KINDS,
     MEDIA_DIR,
     JournalCorruptError,
     JournalError,
+    JournalRecord,
+    RolloutJournal,
     is_media_name,
     journal_dir,
+    journal_lineages,
+    new_lineage,
+    record_value,
+    run_journal,
+    scan_journal,
 )
-from trainer_hooks.checkpoints._journal_scan import JournalRecord, journal_lineages, record_body, scan_journal
-from trainer_hooks.checkpoints._journal_store import JournalShipper, download_journal, journal_prefix
-from trainer_hooks.checkpoints._paths import checkpoint_path, list_rollout_checkpoints
-from trainer_hooks.checkpoints._reader import RolloutCheckpoint, read_rollout_checkpoint
 from trainer_hooks.run_media import ensure_run_dir
 
 __all__ = ["DEFAULT_JOURNAL_INTERVAL", "LazyGroup", "RecoveredGroup", "RecoveredState", "RolloutLedger"]
@@ -84,6 +89,8 @@ __all__ = ["DEFAULT_JOURNAL_INTERVAL", "LazyGroup", "RecoveredGroup", "Recovered
 logger = logging.getLogger(__name__)
 
 DEFAULT_JOURNAL_INTERVAL = 1.0
+#: The record kind each RolloutState event appends (the Miles plugins' path).
+_BY_EVENT = {k.event: k for k in KINDS.values() if k.event is not None}
 
 
 def journal_interval(args: Namespace) -> float:
@@ -193,8 +200,7 @@ class LazyGroup:
 
 
 def _decode(rec: JournalRecord, placer: _Placer) -> Any:
-    where = f"{rec.segment}: record {rec.seq} ({rec.kind})"
-    return decode_sample(record_body(rec, where), placer.refs(rec.media, where), where=where)
+    return record_value(rec, placer.refs(rec.media, f"{rec.segment}: record {rec.seq} ({rec.kind})"))
 
 
 def _build(d: Any, cls: Any, where: Path) -> Any:
@@ -255,7 +261,7 @@ class _Replay:
         self.placer: _Placer | None = None
         self.media_ok: Any = lambda rec: True
         self.replayed = self.dropped = 0
-        self._batch: list[JournalRecord] = []  # takes of a batch whose last take is not replayed yet
+        self.takes: list[JournalRecord] = []  # takes of a batch whose last take is not replayed yet
 
     @classmethod
     def from_checkpoint(
@@ -307,78 +313,39 @@ class _Replay:
         return replay
 
     def apply(self, rec: JournalRecord, watermark: int) -> None:
-        """One record, in seq order (the kinds are in :mod:`._journal`'s docstring)."""
+        """One record, in seq order: its kind's ``replay`` (:data:`.journal.KINDS`)."""
+        kind = KINDS[rec.kind]
+        if kind.replay is None:
+            return
         if rec.seq <= watermark:
             # Between the previous checkpoint and this one: only the finished siblings of
             # groups this checkpoint holds in flight (it saved them as prompts).
-            if rec.kind == "sample" and rec.a in self.pending and self.media_ok(rec):
-                self.pending[rec.a].done[int(rec.b)] = rec
+            if kind.replay_covered and self.media_ok(rec):
+                kind.replay(self, rec)
             return
         self.replayed += 1
-        if rec.kind in ("take", "sample", "group", "recycled", "dropped"):
+        if kind.names_group:
             self.next_gid = max(self.next_gid, rec.a + 1)
         if not self.media_ok(rec):
             self.dropped += 1
-            if rec.kind != "group":
+            if not kind.replay_missing_media:
                 return  # a prompt or sibling whose media are gone: it regenerates
-        handler = self._HANDLERS.get(rec.kind)
-        if handler is not None:
-            handler(self, rec)
+        kind.replay(self, rec)
 
-    def _take(self, rec: JournalRecord) -> None:
-        # A batch of takes shares the cursor after its last group: applied whole.
-        self._batch.append(rec)
-        if rec.a == (rec.b or {}).get("end", rec.a):
-            for r in self._batch:
-                self.pending[r.a] = RecoveredGroup(r.a, [r])
-            assert self.state is not None
-            self.state.cursor = (rec.b or {}).get("cursor", self.state.cursor)
-            self._batch = []
+    # -- what the kinds' replay handlers build (the journal's Replay protocol) ---------------------
+    def in_flight(self, gid: int, prompt: list[Any]) -> RecoveredGroup:
+        return RecoveredGroup(gid, prompt)
 
-    def _sample(self, rec: JournalRecord) -> None:
-        if rec.a in self.pending:
-            self.pending[rec.a].done[int(rec.b)] = rec
-
-    def _group(self, rec: JournalRecord) -> None:
-        group = self.pending.pop(rec.a, None)
-        if not self.media_ok(rec):
-            if group is not None:
-                group.done.clear()
-                self.pending[rec.a] = group  # regenerate it whole
-            return
+    def finished(self, gid: int, bodies: list[tuple[JournalRecord, bool]]) -> LazyGroup:
         assert self.placer is not None
-        if rec.b is not None:
-            self.completed[rec.a] = LazyGroup(rec.a, [(rec, True)], self.placer, self.cls)
-        elif group is not None and group.done and len(group.done) == _size(group):
-            self.completed[rec.a] = LazyGroup(
-                rec.a, [(group.done[i], False) for i in sorted(group.done)], self.placer, self.cls
-            )
-        elif group is not None:
-            self.pending[rec.a] = group
+        return LazyGroup(gid, bodies, self.placer, self.cls)
 
-    def _consumed(self, rec: JournalRecord) -> None:
-        for gid in rec.b:
-            if gid in self.completed:
-                self.consumed[gid] = (int(rec.a), self.completed.pop(gid))
+    def group_size(self, group: RecoveredGroup) -> int:
+        return _size(group)
 
-    def _recycled(self, rec: JournalRecord) -> None:
-        self.completed.pop(rec.a, None)
-        self.consumed.pop(rec.a, None)
-        self.pending.pop(rec.a, None)  # re-queued behind the groups in flight
-        self.pending[rec.a] = RecoveredGroup(rec.a, [rec])
-
-    def _dropped(self, rec: JournalRecord) -> None:
-        self.pending.pop(rec.a, None)
-        self.completed.pop(rec.a, None)
-
-    _HANDLERS: ClassVar[dict[str, Callable[[_Replay, JournalRecord], None]]] = {
-        "take": _take,
-        "sample": _sample,
-        "group": _group,
-        "consumed": _consumed,
-        "recycled": _recycled,
-        "dropped": _dropped,
-    }
+    def set_cursor(self, cursor: Any) -> None:
+        assert self.state is not None
+        self.state.cursor = cursor
 
 
 class RolloutLedger:
@@ -411,16 +378,10 @@ class RolloutLedger:
         """Start the journal (no-op when disabled or started)."""
         if self.journal is None and self.enabled:
             register_record_types()  # before the journal's encoder is made
-            prefix = journal_prefix(self.args.save)
-            shipper = None if prefix is None else JournalShipper(prefix)
-            if shipper is not None:
-                shipper.check()  # a store that ignores preconditions: refused here, in one line
-                directory = self._scratch_dir("journal")
-            else:
-                directory = journal_dir(self.args.save)
+            sink = run_journal(self.args.save, spool=lambda: self._scratch_dir("journal"))
+            sink.check()  # a store that ignores preconditions: refused here, in one line
             self.journal = RolloutJournal(
-                directory,
-                shipper=shipper,
+                sink,
                 lineage=self.lineage,
                 interval=self.interval,
                 media_roots=[str(r) for r in run_media_roots(self.args)],
@@ -470,10 +431,11 @@ class RolloutLedger:
 
     def wait_encoded(self, seq: int | None = None, timeout: float | None = None) -> None:
         """The samples lent (``copy=False``) up to record ``seq`` (default: all so far) are the
-        caller's again. A failed journal is not raised here (it reads nothing more; the next
-        flush raises it); ``TimeoutError`` after ``timeout`` seconds."""
+        caller's again. A failed journal raises its failure here, before training takes the
+        groups (a :class:`JournalError` naming the cause: training stops, never runs on
+        unjournaled); ``TimeoutError`` after ``timeout`` seconds."""
         if self.journal is not None:
-            self.journal.wait_encoded(seq, timeout, raise_error=False)
+            self.journal.wait_encoded(seq, timeout)
 
     def append_group(self, gid: int, group: Sequence[Any] | None = None) -> None:
         journal = self.open()
@@ -524,7 +486,11 @@ class RolloutLedger:
             },
             "pending_group_ids": list(pending_gids),
             "completed_group_ids": list(completed_gids),
-            **({"consumed_group_steps": [[g, s] for g, s in consumed_steps.items()]} if consumed_steps else {}),
+            **(
+                {"consumed_group_steps": [[g, s] for g, s in consumed_steps.items()]}
+                if consumed_steps
+                else {}
+            ),
             "data_source_cursor": cursor,
             "fingerprint": self.fingerprint(),
         }
@@ -553,20 +519,14 @@ class RolloutLedger:
     def _on_event(self, event: str, **p: Any) -> None:
         if self._quiet or not self.enabled:
             return
+        kind = _BY_EVENT.get(event)
+        if kind is None:
+            return
         journal = self.open()
         assert journal is not None
-        if event == "handed_out":
-            for gid, snap in zip(p["gids"], p["snapshots"], strict=True):
-                journal.append_take(gid, snap, p.get("cursor"), snapshot=False, batch_end=p["gids"][-1])
-        elif event == "finished":
-            journal.append_group(p["gid"], p["snapshot"], snapshot=False)
-        elif event == "consumed":
-            journal.record_consumed(p["step"], [p["gid"]])
-        elif event == "recycled":
-            for gid, snap in zip(p["gids"], p["snapshots"], strict=True):
-                journal.append_recycled(gid, snap, snapshot=False)
-        elif event == "dropped":
-            journal.append_dropped(p["gid"])
+        assert kind.from_event is not None
+        for args, kwargs in kind.from_event(p):
+            journal.append(kind.name, *args, **kwargs)
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
@@ -674,19 +634,8 @@ class RolloutLedger:
 
     def _journal_for(self, load: Any) -> Path:
         """The journal directory to scan: ``<load>/rollout/journal``, or, with ``--load`` on a store,
-        its shipments checked and unpacked into a local staging directory (:mod:`._journal_store`)."""
-        prefix = journal_prefix(load)
-        if prefix is None:
-            return journal_dir(load)
-        jdir = self._scratch_dir("journal-recovery")
-        shipments = download_journal(JournalShipper(prefix), jdir)
-        logger.info(
-            "rollout journal: %d shipment(s), %d bytes, read from %s",
-            len(shipments),
-            sum(s.size for s in shipments),
-            prefix,
-        )
-        return jdir
+        its shipments checked and unpacked into a local staging directory (:mod:`.journal._store`)."""
+        return run_journal(load).readable(lambda: self._scratch_dir("journal-recovery"))
 
     def _journal_records(
         self,

@@ -1,7 +1,7 @@
 """Reading the rollout journal: :func:`scan_journal` keeps record bodies compressed and undecoded
 (decoding is deferred until a group is needed, :func:`record_body`). Segments are memory-mapped,
-so a scan reads only the pages it touches. The format is :mod:`._journal_format`'s; the writer
-is :mod:`._journal`.
+so a scan reads only the pages it touches. The format is :mod:`._format`'s; the writer
+is :mod:`._writer`.
 
 What a scan trusts, and what it refuses
 ---------------------------------------
@@ -19,7 +19,7 @@ before it durable), and the segment is the last of its lineage or the next one c
 the seq the damage cut off (a resumed run's, which started there). Then it and everything after
 it in the segment are ignored, in one line. Anything else, a damaged record that was durable, a
 gap or a step back in the seqs, a name or header that disagrees, is
-:class:`~._journal_format.JournalCorruptError`: the scan fails closed, naming the segment, the
+:class:`~._format.JournalCorruptError`: the scan fails closed, naming the segment, the
 byte offset, the seq the record should have had, what was expected and what was found.
 Segments of another lineage (another run's journal) are skipped with one line.
 """
@@ -30,7 +30,7 @@ import mmap
 import os
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,12 +38,11 @@ from typing import Any
 import msgpack
 import zstandard
 
-from bundles import BundleError, UnsafeBundleError
+from bundles import BundleError, MediaRef, UnsafeBundleError, decode_sample
 from bundles.support import gc_paused, open_regular_file
-from trainer_hooks.checkpoints._journal_format import (
+from trainer_hooks.checkpoints.journal._format import (
     FRAME,
     FRAME_V1,
-    KINDS,
     LENGTHS,
     MAX_BODY_BYTES,
     MAX_META_BYTES,
@@ -63,6 +62,7 @@ from trainer_hooks.checkpoints._journal_format import (
     parse_segment_name,
     record_crc,
 )
+from trainer_hooks.checkpoints.journal._kinds import KINDS
 
 __all__ = [
     "JournalRecord",
@@ -70,6 +70,7 @@ __all__ = [
     "decompress_body",
     "journal_lineages",
     "record_body",
+    "record_value",
     "scan_journal",
 ]
 
@@ -235,20 +236,10 @@ def _corrupt(where: str, what: str) -> JournalCorruptError:
     return JournalCorruptError(f"{where}: {what}")
 
 
-_SHAPES = {
-    "take": "seq >= 1, a group id (int), b {cursor, n: int, end: int}",
-    "sample": "seq >= 1, a group id (int), b a sibling index (int >= 0)",
-    "group": "seq >= 1, a group id (int), b a size (int >= 0) or None",
-    "consumed": "seq >= 1, a step (int), b a list of group ids (ints)",
-    "recycled": "seq >= 1, a group id (int), b {n: int}",
-    "dropped": "seq >= 1, a group id (int), b None",
-    "sync": "seq -1, b a durable seq (int)",
-}
-
-
-def _check_meta(meta_b: bytes, path: Path, pos: int, next_seq: int | None) -> tuple[Any, ...]:
-    """The record meta as the writer writes it, or :class:`JournalCorruptError` (its checksum
-    matched, so this is not a torn write: a writer bug or a crafted journal)."""
+def _check_meta(meta_b: bytes, path: Path, pos: int, next_seq: int | None, blen: int) -> tuple[Any, ...]:
+    """The record meta as the writer writes it (its kind's shape, :data:`~._kinds.KINDS`, and a
+    body exactly where the kind has one), or :class:`JournalCorruptError` (its checksum matched,
+    so this is not a torn write: a writer bug or a crafted journal)."""
     try:
         meta = msgpack.unpackb(meta_b, raw=False, strict_map_key=False)
         seq, kind, at, a, b, media = meta
@@ -266,41 +257,29 @@ def _check_meta(meta_b: bytes, path: Path, pos: int, next_seq: int | None) -> tu
                 _where(path, pos, next_seq),
                 f"record media: expected content-addressed names '<64 hex><suffix>', found {_short(name)}",
             )
-    if kind == "sync":
-        good = seq == -1 and type(seq) is int and type(b) is int
-    elif type(seq) is not int or seq < 1 or type(a) is not int:
-        good = False
-    elif kind == "sample":
-        good = type(b) is int and b >= 0
-    elif kind == "take":
-        good = type(b) is dict and _ints(b, ("n", "end"))
-    elif kind == "group":
-        good = b is None or (type(b) is int and b >= 0)
-    elif kind == "consumed":
-        good = type(b) is list and all(type(g) is int for g in b)
-    elif kind == "recycled":
-        good = type(b) is dict and _ints(b, ("n",))
-    elif kind == "dropped":
-        good = b is None
-    else:
+    spec = KINDS.get(kind)
+    if spec is None:
         raise _corrupt(
             _where(path, pos, next_seq),
             f"record kind: expected one of {', '.join(KINDS)}, found {_short(kind)}",
         )
-    if not good:
+    if not spec.meta_ok(seq, a, b):
         raise _corrupt(
             _where(path, pos, next_seq),
-            f"{kind} record: expected {_SHAPES[kind]}, found seq {_short(seq)}, a {_short(a)}, b {_short(b)}",
+            f"{kind} record: expected {spec.shape}, found seq {_short(seq)}, a {_short(a)}, b {_short(b)}",
+        )
+    if spec.has_body(b) != (blen > 0):
+        raise _corrupt(
+            _where(path, pos, next_seq),
+            f"{kind} record: expected "
+            + ("a body" if spec.has_body(b) else "no body")
+            + f" (b {_short(b)}), found {blen} body bytes",
         )
     return seq, kind, at, a, b, media
 
 
 def _where(path: Path, pos: int, next_seq: int | None) -> str:
     return f"{path}: record at byte {pos}" + ("" if next_seq is None else f" (seq {next_seq} expected)")
-
-
-def _ints(d: dict[Any, Any], keys: tuple[str, ...]) -> bool:
-    return all(k not in d or type(d[k]) is int for k in keys)
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -353,7 +332,7 @@ def _walk(
             found = record_crc(LENGTHS.pack(mlen, blen), meta_b, view[pos + fsize + mlen : end])
             if found != stored:
                 return frames, pos, f"checksum: expected {stored:#010x}, found {found:#010x}"
-        meta = _check_meta(meta_b, path, pos, next_seq)
+        meta = _check_meta(meta_b, path, pos, next_seq, blen)
         if meta[1] != "sync" and next_seq is not None:
             next_seq += 1
         frames.append(_Frame(pos, end, meta, blen, body_crc))
@@ -608,6 +587,27 @@ def record_body(rec: JournalRecord, where: str) -> bytes:
             )
         rec.crc = None
     return decompress_body(rec.body, where)
+
+
+def record_value(rec: JournalRecord, refs: Mapping[str, MediaRef]) -> Any:
+    """A record's body decoded (its checksum checked first), with ``refs`` for the media it
+    names; a body whose value is not the shape its kind says is :class:`JournalCorruptError`
+    naming the segment and the record's byte offset."""
+    where = f"{rec.segment}: record {rec.seq} ({rec.kind})"
+    value = decode_sample(record_body(rec, where), refs, where=where)
+    body = KINDS[rec.kind].body
+    if body == "sample":
+        good = isinstance(value, (dict, list))
+        expected = "a sample (a map) or a trajectory (a list)"
+    else:
+        good = isinstance(value, dict) and isinstance(value.get("samples"), list)
+        expected = "{samples: [...]}"
+    if not good:
+        raise JournalCorruptError(
+            f"{rec.segment}: record at byte {rec.offset} (seq {rec.seq}, {rec.kind}): body: expected "
+            f"{expected}, found {type(value).__name__}; refusing to resume from this journal (nothing is guessed)"
+        )
+    return value
 
 
 _local = threading.local()

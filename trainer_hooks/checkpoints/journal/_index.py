@@ -1,6 +1,6 @@
 """Which records and media each segment of a rollout journal holds, and so what compaction deletes.
 
-The writer (:mod:`._journal`) tells the index each segment it starts and each record it writes
+The writer (:mod:`._writer`) tells the index each segment it starts and each record it writes
 (its seq and the media names it references); a resumed journal's older segments are adopted
 when first compacted. ``compact(upto)`` then answers what a committed checkpoint covering every
 record up to ``upto`` lets go:
@@ -8,7 +8,7 @@ record up to ``upto`` lets go:
 * **on a disk**, every segment whose records are all covered, and the media files that only
   those segments referenced (a media file is in one place, ``journal/media``, shared by all);
 * **on a store**, every such shipment whose *carried* media (the files it brought, see
-  :mod:`._journal_store`) no live record references; a covered shipment still carrying a file
+  :mod:`._store`) no live record references; a covered shipment still carrying a file
   that a later record needs is kept, *retired*, until that record is covered too.
 
 Not thread-safe by itself: the journal calls it under its lock.
@@ -56,8 +56,10 @@ class SegmentIndex:
                 seg.media.add(name)
                 self._refs[name] = self._refs.get(name, 0) + 1
 
-    def shipped(self, path: Path, carried: set[str]) -> None:
-        self._segments[path].carried = carried
+    def carried(self, path: Path, names: set[str]) -> None:
+        """Segment ``path`` was made durable with media files ``names`` (on a store: its
+        shipment carries them)."""
+        self._segments[path].carried |= names
 
     def adopt(
         self,

@@ -1,6 +1,6 @@
 """The rollout journal's on-disk format: names, framing, limits and its errors (see the
-``Records`` section of :mod:`trainer_hooks.checkpoints._journal`, and docs/RESUME.md). Shared by
-the writer (:mod:`._journal`) and the reader (:mod:`._journal_scan`), so that both change
+``Records`` section of :mod:`trainer_hooks.checkpoints.journal._writer`, and docs/RESUME.md). Shared by
+the writer (:mod:`._writer`) and the reader (:mod:`._scan`), so that both change
 together when the format does.
 
 Versions
@@ -56,7 +56,6 @@ from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
 
 __all__ = [
     "JOURNAL_DIR",
-    "KINDS",
     "MEDIA_DIR",
     "JournalCorruptError",
     "JournalError",
@@ -89,15 +88,13 @@ MAX_BODY_BYTES = 1 << 30
 DEFAULT_SEGMENT_BYTES = 256 << 20
 ZSTD_LEVEL = 1
 
-#: The journal on an object store (:mod:`._journal_store`): one object per flush interval, a
+#: The journal on an object store (:mod:`._store`): one object per flush interval, a
 #: segment and the media its records were first to reference, named after the segment.
 SHIPMENT_SUFFIX = ".rjs"
 SHIPMENT_MAGIC = b"RBJSHIP1\n"
 #: Limits when reading a shipment: its size, and how many media it may carry.
 MAX_SHIPMENT_BYTES = 4 << 30
 MAX_SHIPMENT_MEDIA = 1 << 16
-
-KINDS = ("take", "sample", "group", "consumed", "recycled", "dropped", "sync")
 
 
 class JournalError(BundleError):
@@ -170,7 +167,7 @@ def frame_record_parts(meta: bytes, body: bytes) -> tuple[bytes, bytes]:
 
 
 def shipment_name(segment: str) -> str:
-    """The store object that carries segment ``segment`` (see :mod:`._journal_store`)."""
+    """The store object that carries segment ``segment`` (see :mod:`._store`)."""
     return segment[: -len(SEGMENT_SUFFIX)] + SHIPMENT_SUFFIX
 
 

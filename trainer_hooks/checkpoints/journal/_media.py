@@ -9,7 +9,7 @@ digests, so nothing is hashed on this path; a file under a media root with anoth
 hashed once. Placed files are durable with the journal's next flush (its fsync of new media, or
 its shipment on a store), not one by one here.
 
-One per :class:`~._journal.RolloutJournal`, used on its writer thread only (compaction forgets
+One per :class:`~._writer.RolloutJournal`, used on its writer thread only (compaction forgets
 names under the journal's lock).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from bundles import MediaRef
 from bundles.support import fault_point, place_file
-from trainer_hooks.checkpoints._journal_format import JournalError, is_content_name
+from trainer_hooks.checkpoints.journal._format import JournalError, is_content_name
 
 __all__ = ["JournalMedia"]
 

@@ -27,24 +27,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bundles import StorePrefix, is_bundle
+from bundles import BundleError, is_bundle
 from bundles.support import human_bytes
-from trainer_hooks.checkpoints._journal_format import JOURNAL_DIR, MEDIA_DIR
-from trainer_hooks.checkpoints._journal_scan import scan_journal
-from trainer_hooks.checkpoints._journal_store import JournalShipper, download_journal
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
+from trainer_hooks.checkpoints.journal._format import JOURNAL_DIR, MEDIA_DIR
+from trainer_hooks.checkpoints.journal._scan import scan_journal
+from trainer_hooks.checkpoints.journal._sink import JournalSink, journal_sink
 
 __all__ = ["journal_state", "register"]
 
 
-def _find_journal(path: Path) -> Path | None:
-    for candidate in (
-        path,
-        path / JOURNAL_DIR,
-        path / CHECKPOINT_SUBDIR / JOURNAL_DIR,
-        path.parent / JOURNAL_DIR,
-    ):
-        if candidate.name == JOURNAL_DIR and candidate.is_dir():
+def _find_journal(text: str) -> JournalSink | None:
+    """The journal at or beside location ``text`` (a path or a store URL): ``text`` itself,
+    ``text/journal``, ``text/rollout/journal`` or ``<parent>/journal``; None without one (or
+    when ``text`` names no location, which the bundles command then reports)."""
+    try:
+        here = journal_sink(text)
+    except BundleError:
+        return None
+    parent = here.parent()
+    candidates = [here, here.child(JOURNAL_DIR), here.child(f"{CHECKPOINT_SUBDIR}/{JOURNAL_DIR}")]
+    for candidate in [*candidates, *([] if parent is None else [parent.child(JOURNAL_DIR)])]:
+        if candidate.name == JOURNAL_DIR and candidate.exists():
             return candidate
     return None
 
@@ -102,38 +106,21 @@ def _print_state(state: dict[str, Any]) -> None:
             print(f"problem       {p}")
 
 
-def _store_journal_state(text: str) -> dict[str, Any] | None:
-    """The state of the journal at or beside store URL ``text`` (its shipments downloaded and
-    checked into a temporary directory, then read as a local journal), or None without one."""
-    root = StorePrefix.at(text)
-    if root is None:
-        return None
-    url = root.url
-    candidates = [url, url.child(JOURNAL_DIR), url.child(f"{CHECKPOINT_SUBDIR}/{JOURNAL_DIR}")]
-    if url.key and "/" in url.key:
-        candidates.append(url.parent.child(JOURNAL_DIR))
-    for candidate in candidates:
-        if candidate.name != JOURNAL_DIR:
-            continue
-        shipper = JournalShipper(StorePrefix(candidate))
-        if not shipper.shipments():
-            continue
-        with tempfile.TemporaryDirectory(prefix="rollout-journal-inspect-") as tmp:
-            download_journal(shipper, Path(tmp))
-            state = journal_state(tmp)
-        state["path"] = str(candidate)
-        return state
-    return None
+def _journal_state(sink: JournalSink) -> dict[str, Any]:
+    """The state of the journal ``sink`` holds (a store's shipments downloaded and checked into
+    a temporary directory first, then read as a local journal)."""
+    with tempfile.TemporaryDirectory(prefix="rollout-journal-inspect-") as tmp:
+        state = journal_state(sink.readable(lambda: Path(tmp)))
+    state["path"] = sink.where
+    return state
 
 
 def _wrap(original: Any) -> Any:
     def inspect(ns: argparse.Namespace) -> int:
-        store_state = _store_journal_state(ns.bundle)
-        path = Path(ns.bundle)
-        journal = _find_journal(path) if store_state is None and path.is_dir() else None
-        if journal is None and store_state is None:
+        journal = _find_journal(ns.bundle)
+        if journal is None:
             return int(original(ns))
-        state = store_state if store_state is not None else journal_state(journal)  # type: ignore[arg-type]
+        state = _journal_state(journal)
         if not is_bundle(ns.bundle):
             if ns.json:
                 print(json.dumps({"journal": state}, indent=2, sort_keys=True))

@@ -8,7 +8,7 @@ It lives at ``<save>/rollout/journal/`` beside the checkpoints::
 
 Records
 -------
-A segment (format version 2, :mod:`._journal_format`) starts with ``SEGMENT_MAGIC`` and one
+A segment (format version 2, :mod:`._format`) starts with ``SEGMENT_MAGIC`` and one
 length-prefixed, checksummed msgpack header (``{"lineage", "first_seq", "created_at",
 "fingerprint"}``); then records, each framed as::
 
@@ -16,7 +16,7 @@ length-prefixed, checksummed msgpack header (``{"lineage", "first_seq", "created
 
 The second checksum covers the frame and the meta, so a scan checks what recovery replays
 without reading the bodies; version 1 segments (one checksum over lengths, meta and body) are
-still read (see :mod:`._journal_format`).
+still read (see :mod:`._format`).
 
 ``meta`` is a small msgpack list ``[seq, kind, at, a, b, media]`` (``seq`` increases by one per
 record across segments; ``at`` the append time; ``media`` the stored file names the body
@@ -63,20 +63,18 @@ calls it with the *previous* checkpoint's watermark: one generation of journal i
 trainer that restores the older checkpoint's step can still replay what was consumed after it.
 
 Layout: the format (names, framing, limits, :class:`JournalError`) is
-:mod:`._journal_format`; reading (:func:`scan_journal`: bodies kept compressed and undecoded, a
-torn tail named in one line, foreign lineages skipped) is :mod:`._journal_scan`; the media the
-records reference (found, placed, counted) :mod:`._journal_media`; which segment holds what, and
-so what compaction deletes, :mod:`._journal_index`; the journal on an object store (a shipment
-per interval instead of an fsync) :mod:`._journal_store`. This module is the writer: the queue,
+:mod:`._format`; reading (:func:`scan_journal`: bodies kept compressed and undecoded, a
+torn tail named in one line, foreign lineages skipped) is :mod:`._scan`; the media the
+records reference (found, placed, counted) :mod:`._media`; which segment holds what, and
+so what compaction deletes, :mod:`._index`; the journal on an object store (a shipment
+per interval instead of an fsync) :mod:`._store`. This module is the writer: the queue,
 the thread, the segments' bytes and the flush.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import queue
 import threading
 import time
 import uuid
@@ -90,26 +88,21 @@ import msgpack
 import zstandard
 
 from bundles import MediaRef, UnsupportedValueError, sample_encoder
-from bundles.support import fault_point, remove_tree
-from trainer_hooks.checkpoints._journal_format import (
+from bundles.support import fault_point
+from trainer_hooks.checkpoints._snapshot import sample_dict, snapshot_groups
+from trainer_hooks.checkpoints.journal._format import (
     DEFAULT_SEGMENT_BYTES,
     MEDIA_DIR,
-    SEGMENT_PREFIX,
-    SEGMENT_SUFFIX,
-    SHIPMENT_SUFFIX,
     ZSTD_LEVEL,
     JournalError,
-    frame_record,
     frame_record_parts,
     segment_header,
     segment_name,
-    shipment_name,
 )
-from trainer_hooks.checkpoints._journal_index import SegmentIndex
-from trainer_hooks.checkpoints._journal_media import JournalMedia
-from trainer_hooks.checkpoints._journal_scan import scan_journal
-from trainer_hooks.checkpoints._journal_store import JournalShipper
-from trainer_hooks.checkpoints._snapshot import sample_dict, snapshot_groups
+from trainer_hooks.checkpoints.journal._index import SegmentIndex
+from trainer_hooks.checkpoints.journal._kinds import Append, kind_of
+from trainer_hooks.checkpoints.journal._media import JournalMedia
+from trainer_hooks.checkpoints.journal._sink import Batch, FlushStats, JournalSink, LocalFiles
 
 __all__ = ["FlushStats", "RolloutJournal", "new_lineage"]
 
@@ -129,27 +122,6 @@ def write_all(fd: int, parts: tuple[bytes, ...]) -> None:
             views[0] = views[0][n:]
 
 
-def _fsync_path(path: str, *, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@dataclass
-class FlushStats:
-    """What one fsync of the journal cost (reported by :meth:`RolloutJournal.stats`)."""
-
-    records: int = 0
-    bytes: int = 0
-    media_linked: int = 0
-    media_copied: int = 0
-    fsync_s: float = 0.0
-    total_s: float = 0.0
-    oldest_unflushed_age_s: float = 0.0
-
-
 @dataclass
 class _Item:
     seq: int
@@ -158,7 +130,7 @@ class _Item:
     a: Any
     b: Any
     value: Any  # snapshot to encode (None: no body)
-    checks: list[Callable[[], Any]] = field(default_factory=list)
+    checks: Sequence[Callable[[], Any]] = field(default_factory=tuple)
     lent: bool = False  # value is the caller's sample itself, lent until encoded (copy=False)
 
 
@@ -175,7 +147,8 @@ class RolloutJournal:
     """Append-only journal of rollout events with batched, background fsync (see module doc).
 
     Args:
-        directory: the journal directory (:func:`journal_dir` of ``--save``).
+        sink: where the segments go (:mod:`._sink`): a :class:`JournalSink`, or the journal
+            directory (:func:`journal_dir` of ``--save``), which is a :class:`LocalFiles`.
         lineage: the id shared by the checkpoints and journals of one resumable run lineage.
         interval: seconds between fsyncs (> 0).
         media_roots: directories whose content-addressed files samples reference (the run's).
@@ -183,13 +156,11 @@ class RolloutJournal:
             treated as ``"auto"``: a hard link is what keeps a file alive past a teardown).
         first_seq: the seq of the first record (one after the resumed state's last seq).
         store_image: ``(image, where) -> MediaRef`` storing a PIL image in a media root.
-        shipper: the journal is on an object store (:mod:`._journal_store`): ``directory`` is
-            then a local spool, and each fsync becomes a shipment of the segment and its new media.
     """
 
     def __init__(
         self,
-        directory: str | os.PathLike[str],
+        sink: JournalSink | str | os.PathLike[str],
         *,
         lineage: str,
         interval: float = 1.0,
@@ -199,14 +170,12 @@ class RolloutJournal:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         store_image: Callable[[Any, str], MediaRef] | None = None,
         fingerprint: dict[str, Any] | None = None,
-        shipper: JournalShipper | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"--rollout-journal-interval: expected > 0 seconds here, found {interval}")
-        self.directory = Path(directory)
-        self._shipper = shipper
-        # What messages name: the journal where it is kept (the store prefix, not the spool).
-        self.where = str(shipper) if shipper is not None else str(self.directory)
+        self._sink = sink if isinstance(sink, JournalSink) else LocalFiles(sink)
+        self.where = self._sink.where  # what messages name: the journal where it is kept
+        self.directory = self._sink.directory
         self.media_dir = self.directory / MEDIA_DIR
         self.media_dir.mkdir(parents=True, exist_ok=True)
         self.lineage = lineage
@@ -239,52 +208,44 @@ class RolloutJournal:
         self._unsynced_since: float | None = None
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
         self._media_of_item: list[str] = []  # the media names of the record being encoded
+        self._encode = self._encoder(store_image is not None)
+        self._totals: dict[str, Any] = dict.fromkeys(
+            ("records", "bytes", "flushes", "media_linked", "media_copied"), 0
+        )
+        self._totals["writer_cpu_s"] = 0.0
+        self._batch_stats = FlushStats()
+        self.last_flush = FlushStats()
+        self._adopted = False  # the segments already kept are indexed at the first compaction
+        self._thread = threading.Thread(target=self._run, name="rollout-journal", daemon=True)
+        self._sink.start(self._durable, self._failed)
+        self._thread.start()
+
+    def _encoder(self, images: bool) -> Callable[..., bytes]:
         media = self._media
-        self._encode = sample_encoder(
+        return sample_encoder(
             resolve_string=lambda v, w: media.string(v, w, self._media_of_item),
             string_prefixes=media.roots,
             resolve_ref=lambda r, w: media.ref(r, w, self._media_of_item),
-            store_image=None
-            if store_image is None
-            else lambda im, w: media.image(im, w, self._media_of_item),
+            store_image=(lambda im, w: media.image(im, w, self._media_of_item)) if images else None,
         )
-        self._totals: dict[str, Any] = {
-            "records": 0,
-            "bytes": 0,
-            "flushes": 0,
-            "media_linked": 0,
-            "media_copied": 0,
-            "writer_cpu_s": 0.0,
-        }
-        self._batch_stats = FlushStats()
-        self.last_flush = FlushStats()
-        self._adopted = False  # the segments already on disk are indexed at the first compaction
-        self._thread = threading.Thread(target=self._run, name="rollout-journal", daemon=True)
-        # On a store, shipments are put by a thread of their own, in order, so that the writer
-        # encodes the next interval while the last one uploads; at most two wait (backpressure).
-        self._shipping: queue.Queue[Any] | None = None
-        if shipper is not None:
-            self._shipping = queue.Queue(maxsize=2)
-            self._ship_thread = threading.Thread(
-                target=self._ship_loop, name="rollout-journal-ship", daemon=True
-            )
-            self._ship_thread.start()
-        self._thread.start()
 
     # -- caller side (the rollout event loop): snapshot and queue, nothing else ------------------
-    def _push(
-        self, kind: str, a: Any, b: Any, value: Any, checks: list[Callable[[], Any]], lent: bool = False
-    ) -> int:
+    def append(self, kind: str, *args: Any, **kwargs: Any) -> int:
+        """Append a record of ``kind`` (:data:`~._kinds.KINDS`: what its arguments are is the
+        kind's ``build``); returns its seq. Raises the writer's failure, if it failed (a
+        :class:`JournalError`): nothing is appended to a journal that can no longer write."""
+        return self._push(kind, kind_of(kind).build(*args, **kwargs))  # type: ignore[misc]
+
+    def _push(self, kind: str, rec: Append) -> int:
+        if self._error is not None or not self._thread.is_alive():
+            self._raise_error()
+            raise JournalError(f"{self.where}: the journal is closed; a {kind} record cannot be appended")
         with self._seq_lock:
             seq = self._next_seq
             self._next_seq += 1
-            self._queue.append(_Item(seq, kind, time.time(), a, b, value, checks, lent))
+            self._queue.append(_Item(seq, kind, time.time(), rec.a, rec.b, rec.value, rec.checks, rec.lent))
         self._wake.set()
         return seq
-
-    def _snapshot(self, groups: Iterable[Iterable[Any]], where: str) -> tuple[list[Any], list[Any]]:
-        checks: list[Callable[[], Any]] = []
-        return snapshot_groups(groups, where=where, deferred=checks), checks
 
     def append_take(
         self,
@@ -301,12 +262,7 @@ class RolloutJournal:
         names the last group id of its batch (``batch_end``, default ``gid``), and a resume
         applies a batch only when its last take survived, so a cursor never skips a group whose
         take was lost."""
-        if snapshot:
-            (g,), checks = self._snapshot([group], f"take[{gid}]")
-        else:
-            g, checks = list(group), []
-        b = {"cursor": cursor, "n": len(g), "end": gid if batch_end is None else batch_end}
-        return self._push("take", gid, b, {"samples": g}, checks)
+        return self.append("take", gid, group, cursor, snapshot=snapshot, batch_end=batch_end)
 
     def append_sample(self, gid: int, sibling: int, sample: Any, *, copy: bool = True) -> int:
         """One finished, graded sample ``sibling`` of group ``gid``.
@@ -316,43 +272,25 @@ class RolloutJournal:
         unchanged until :meth:`wait_encoded` covers the returned seq. :class:`FullyAsyncRolloutFn`
         lends each finished sample this way and waits in ``drain()``, before training can touch
         it (see the module docstring)."""
-        if not copy and type(sample) is not list:  # a nested group's trajectory is snapshotted
-            if not isinstance(sample, dict) and not callable(getattr(sample, "to_dict", None)):
-                raise TypeError(
-                    f"group[{gid}][{sibling}]: expected a Sample (an object with to_dict()) or a dict, "
-                    f"found {type(sample).__name__}"
-                )
-            return self._push("sample", gid, sibling, sample, [], lent=True)
-        (g,), checks = self._snapshot([[sample]], f"group[{gid}][{sibling}]")
-        return self._push("sample", gid, sibling, g[0], checks)
+        return self.append("sample", gid, sibling, sample, copy=copy)
 
     def append_group(self, gid: int, group: Iterable[Any] | None = None, *, snapshot: bool = True) -> int:
         """Group ``gid`` finished: ``group`` is its samples, or None when every sibling was
         journaled with :meth:`append_sample` already. ``snapshot=False``: ``group`` is a
         snapshot already (sample dicts nothing mutates)."""
-        if group is None:
-            return self._push("group", gid, None, None, [])
-        if snapshot:
-            (g,), checks = self._snapshot([group], f"group[{gid}]")
-        else:
-            g, checks = list(group), []
-        return self._push("group", gid, len(g), {"samples": g}, checks)
+        return self.append("group", gid, group, snapshot=snapshot)
 
     def record_consumed(self, step: int, gids: Sequence[int]) -> int:
         """Groups ``gids`` were handed to training for ``step``."""
-        return self._push("consumed", int(step), [int(g) for g in gids], None, [])
+        return self.append("consumed", step, gids)
 
     def append_recycled(self, gid: int, group: Iterable[Any], *, snapshot: bool = True) -> int:
         """Group ``gid`` was handed back to be generated again (``group``: what to regenerate)."""
-        if snapshot:
-            (g,), checks = self._snapshot([group], f"recycled[{gid}]")
-        else:
-            g, checks = list(group), []
-        return self._push("recycled", gid, {"n": len(g)}, {"samples": g}, checks)
+        return self.append("recycled", gid, group, snapshot=snapshot)
 
     def append_dropped(self, gid: int) -> int:
         """Group ``gid`` will be neither trained nor regenerated (filtered, aborted, stale)."""
-        return self._push("dropped", gid, None, None, [])
+        return self.append("dropped", gid)
 
     @property
     def last_seq(self) -> int:
@@ -429,40 +367,16 @@ class RolloutJournal:
 
     def compact(self, upto_seq: int) -> tuple[int, int]:
         """Delete the segments whose records all have seq <= ``upto_seq`` (superseded by a
-        committed checkpoint) and the media only they referenced. Returns (segments, media)
-        deleted. Runs on the caller's thread; the active segment is never deleted."""
-        removed_segments = removed_media = 0
+        committed checkpoint) and the media only they referenced (on a store, the shipments the
+        index lets go, :mod:`._index`). Returns (segments, media) deleted. Runs on the caller's
+        thread; the active segment is never deleted."""
         if not self._adopted:
             self._adopt_existing()  # here, off the rollout's path: a resumed journal can be large
-        if self._shipper is not None:
-            return self._compact_shipments(upto_seq)
         with self._cond:
-            segments, names = self._index.compact_files(upto_seq, self._segment)
-            self._media.forget(names)
-            # Under the lock, as the writer thread indexes what it writes under it.
-            for path in segments:
-                fault_point("journal.compact", path)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                removed_segments += 1
-            for name in names:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.media_dir / name)
-                    removed_media += 1
-        return removed_segments, removed_media
-
-    def _compact_shipments(self, upto_seq: int) -> tuple[int, int]:
-        """compact() on a store: a shipment goes once its records are covered and no live record
-        references a media file it carries (see :mod:`._journal_store`)."""
-        assert self._shipper is not None
-        with self._cond:
-            covered, gone = self._index.compact_shipments(upto_seq, self._segment)
-            for _, carried in gone:
-                self._media.forget(carried)  # referenced again: shipped again
-        if gone:
-            fault_point("journal.compact", gone[0][0])
-            self._shipper.delete(shipment_name(p.name) for p, _ in gone)
-        return covered, sum(len(c) for _, c in gone)
+            freed = self._sink.free(self._index, upto_seq, self._segment)
+            self._media.forget(freed.forget)  # referenced again: placed (or shipped) again
+        self._sink.delete(freed)
+        return freed.segments, freed.media
 
     def stats(self) -> dict[str, Any]:
         """Totals, the last flush's cost and the current backlog (for meta, logs and inspect)."""
@@ -490,9 +404,7 @@ class RolloutJournal:
                 self._closing = True
             self._wake.set()
             self._thread.join()
-            if self._shipping is not None:
-                self._shipping.put(None)
-                self._ship_thread.join()
+            self._sink.close()
         self._raise_error()
 
     def _raise_error(self) -> None:
@@ -504,47 +416,17 @@ class RolloutJournal:
 
     # -- writer thread ---------------------------------------------------------------------------
     def _adopt_existing(self) -> None:
-        """Index the segments already on disk (a resumed lineage's) for compaction; runs at the
+        """Index the segments already kept (a resumed lineage's) for compaction; runs at the
         first compaction, on the checkpoint writer's thread."""
         self._adopted = True
-        if self._shipper is not None:
-            self._adopt_shipments()
-            return
-        for path in sorted(self.directory.glob(f"{SEGMENT_PREFIX}*-{self.lineage}-*{SEGMENT_SUFFIX}")):
-            with self._cond:
-                if path in self._index:
-                    continue  # written by this journal: indexed as it was written
-            scan = scan_journal(self.directory, lineage=self.lineage, decode_bodies=False, only=[path])
-            if not scan.records:
-                continue
-            media: set[str] = set()
-            for r in scan.records:
-                media.update(r.media)
-            with self._cond:
-                self._index.adopt(path, scan.records[0].seq, scan.records[-1].seq, media)
 
-    def _adopt_shipments(self) -> None:
-        """_adopt_existing() on a store: read the lineage's shipments back (into the spool, one at
-        a time) for what they cover, reference and carry."""
-        assert self._shipper is not None
-        for name, _ in self._shipper.shipments(self.lineage):
-            path = self.directory / (name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
+        def known(path: Path) -> bool:
             with self._cond:
-                if path in self._index:
-                    continue
-            tmp = self.directory / f".adopt-{uuid.uuid4().hex}"
-            tmp.mkdir()
-            try:
-                shipment = self._shipper.fetch(name, tmp)
-                scan = scan_journal(tmp, lineage=self.lineage, decode_bodies=False, only=[shipment.segment])
-            finally:
-                remove_tree(tmp)
-            media: set[str] = set()
-            for r in scan.records:
-                media.update(r.media)
-            first, last = (scan.records[0].seq, scan.records[-1].seq) if scan.records else (1, 0)
+                return path in self._index  # written by this journal: indexed as it was written
+
+        for seg in self._sink.existing(self.lineage, known):
             with self._cond:
-                self._index.adopt(path, first, last, media, set(shipment.media))
+                self._index.adopt(seg.path, seg.first, seg.last, seg.media, seg.carried)
 
     def _count_media(self, how: str) -> None:
         if how == "copy":
@@ -578,11 +460,9 @@ class RolloutJournal:
                     if self._unsynced_since is not None:
                         self._sync()
                     break
-        except BaseException as e:  # surfaced by flush()/close(); also logged once now
+        except BaseException as e:  # surfaced by the next append, flush() or close(); logged once now
             logger.error("%s: the rollout journal's writer failed: %s: %s", self.where, type(e).__name__, e)
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
+            self._failed(e)
         finally:
             if self._fd is not None:
                 os.close(self._fd)
@@ -665,7 +545,7 @@ class RolloutJournal:
         # A segment is durable before the next one gets a record: what survives is a prefix.
         if self._unsynced_since is not None:
             self._sync()
-        if self._fd is not None:  # (a shipment closes its segment itself)
+        if self._fd is not None:  # (a sink that ships a segment closes it itself)
             os.close(self._fd)
             self._fd = None
         self._segment = None
@@ -702,95 +582,36 @@ class RolloutJournal:
             (snap,) = snapshot_groups([[sample]], where=where, deferred=checks)
             return self._encode(snap[0], where, number_lists=_run_checks(checks))
 
-    def _hand_off(self, started: float) -> None:
-        """The store's fsync, on the writer's thread: end the segment with its sync mark and queue
-        it, with the media its records were first to reference, for the shipping thread (the
-        next record starts a new segment). The records are durable once that thread has put it."""
-        assert self._shipping is not None
-        if self._fd is None or self._segment is None:
-            return
-        path = self._segment
-        mark = frame_record(msgpack.packb([-1, "sync", time.time(), -1, self._written_seq, []]), b"")
-        os.write(self._fd, mark)
-        os.close(self._fd)
-        self._fd = None
-        media = [Path(p) for p in self._media.take_new()]
-        with self._cond:
-            self._index.shipped(path, {p.name for p in media})
-        stats = self._batch_stats
-        stats.oldest_unflushed_age_s = (
-            0.0 if self._unsynced_since is None else time.time() - self._unsynced_since
-        )
-        self._batch_stats = FlushStats()
-        self._unsynced_since = None
-        self._new_dir_entries = False
-        self._shipping.put((path, media, self._written_seq, stats, started))
-
-    def _ship_loop(self) -> None:
-        """The shipping thread: put each queued segment, in order; then its records are durable."""
-        assert self._shipping is not None and self._shipper is not None
-        while True:
-            job = self._shipping.get()
-            if job is None:
-                return
-            path, media, durable, stats, started = job
-            try:
-                put_started = time.monotonic()
-                self._shipper.ship(path, media)
-                for p in [path, *media]:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(p)
-            except BaseException as e:  # surfaced by flush()/close(), as the writer's own failure
-                logger.error(
-                    "%s: the rollout journal's shipment failed: %s: %s", self.where, type(e).__name__, e
-                )
-                with self._cond:
-                    self._error = e
-                    self._cond.notify_all()
-                while self._shipping.get() is not None:  # nothing after a lost shipment is put
-                    pass
-                return
-            done = time.monotonic()
-            stats.fsync_s, stats.total_s = done - put_started, done - started
-            with self._cond:
-                self._durable_seq = max(self._durable_seq, durable)
-                self._totals["flushes"] += 1
-                self.last_flush = stats
-                self._cond.notify_all()
-
     def _sync(self) -> None:
+        """Make what was written durable: the sink fsyncs it (or ships it) and says when."""
         started = time.monotonic()
         fault_point("journal.fsync", self._written_seq)
-        if self._shipping is not None:
-            self._hand_off(started)  # the put is what makes it durable; the spool is never fsynced
-            return
-        new = self._media.take_new()
-        for path in new:
-            _fsync_path(path)  # the linked bytes (run media are not fsynced when stored)
-        if new or self._new_dir_entries:
-            _fsync_path(str(self.media_dir), directory=True)
-            _fsync_path(str(self.directory), directory=True)
-        self._new_dir_entries = False
-        fsync_started = time.monotonic()
-        if self._fd is not None:
-            os.fdatasync(self._fd)
-        done = time.monotonic()
-        fault_point("journal.synced", self._written_seq)
+        if self._fd is None or self._segment is None:
+            return  # nothing open to make durable (a shipped segment is on its way already)
+        media = self._media.take_new()
         stats = self._batch_stats
-        stats.fsync_s = done - fsync_started
-        stats.total_s = done - started
         stats.oldest_unflushed_age_s = (
             0.0 if self._unsynced_since is None else time.time() - self._unsynced_since
         )
         self._batch_stats = FlushStats()
         self._unsynced_since = None
-        durable = self._written_seq
-        if self._fd is not None:  # the sync mark: what inspect reads the unflushed age from
-            mark = frame_record(msgpack.packb([-1, "sync", time.time(), -1, durable, []]), b"")
-            os.write(self._fd, mark)
-            self._segment_size += len(mark)
+        batch = Batch(
+            self._segment, self._fd, self._written_seq, media, self._new_dir_entries, stats, started
+        )
+        self._new_dir_entries = False
+        with self._cond:  # before it can be durable: compaction reads what a segment carries
+            self._index.carried(self._segment, {os.path.basename(p) for p in media})
+        self._sink.make_durable(batch)
+        self._segment_size += batch.appended
+        if batch.fd is None:  # the sink closed the segment: the next record starts a new one
+            self._fd = None
+
+    def _durable(self, batch: Batch) -> None:
+        """The sink made ``batch`` durable (on the writer's thread, or on the sink's own)."""
+        stats = batch.stats
+        stats.total_s = time.monotonic() - batch.started
         with self._cond:
-            self._durable_seq = max(self._durable_seq, durable)
+            self._durable_seq = max(self._durable_seq, batch.seq)
             self._totals["flushes"] += 1
             self.last_flush = stats
             self._cond.notify_all()
@@ -805,6 +626,12 @@ class RolloutJournal:
             stats.total_s * 1e3,
             stats.oldest_unflushed_age_s * 1e3,
         )
+
+    def _failed(self, error: BaseException) -> None:
+        """The writer, or the sink's own thread, failed: every caller hears of it from now on."""
+        with self._cond:
+            self._error = self._error or error
+            self._cond.notify_all()
 
 
 def new_lineage() -> str:

@@ -6,7 +6,7 @@ records on the store, at ``<save>/rollout/journal/``::
 
     segment-<first seq:012d>-<lineage>-<attempt:03d>.rjs   one shipment per flush interval
 
-The writer (:class:`~._journal.RolloutJournal`) works exactly as on a local disk, into a spool
+The writer (:class:`~._writer.RolloutJournal`) works exactly as on a local disk, into a spool
 directory beside the run's media (so media are hard-linked, not copied, at append time and
 survive the run's teardown). Where a local journal fsyncs, a store journal *ships*: it closes the
 segment (ending it with a sync mark), and puts one object holding the segment and every media
@@ -37,8 +37,9 @@ shape, the sizes against the object's length, each media name (``<64 hex><suffix
 content against the digest its name is (a media file whose bytes do not hash to their name is
 refused, never placed), then the segment with the scan's own checks.
 
-The store must honour preconditions (checked by :class:`bundles.StorePrefix` before the first
-put; ``ROLLOUT_BUNDLE_SINGLE_WRITER=1`` is the opt-in for one that does not).
+The store must honour preconditions (checked by :meth:`Shipments.check` when the journal is
+opened, before the first put; ``ROLLOUT_BUNDLE_SINGLE_WRITER=1`` is the opt-in for one that does
+not). The objects are reached through :meth:`bundles.Location.objects` of the journal's location.
 """
 
 from __future__ import annotations
@@ -46,20 +47,23 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import hashlib
+import logging
 import os
+import queue
 import threading
+import time
+import uuid
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from bundles import BundleError, StorePrefix
-from bundles.support import fault_point
-from trainer_hooks.checkpoints._journal_format import (
-    JOURNAL_DIR,
+from bundles import BundleError, Location, StoreURL
+from bundles.support import fault_point, remove_tree
+from trainer_hooks.checkpoints.journal._format import (
     MAX_META_BYTES,
     MAX_SHIPMENT_BYTES,
     MAX_SHIPMENT_MEDIA,
@@ -76,18 +80,16 @@ from trainer_hooks.checkpoints._journal_format import (
     shipment_name,
     shipment_trailer,
 )
-from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
+from trainer_hooks.checkpoints.journal._index import SegmentIndex
+from trainer_hooks.checkpoints.journal._scan import scan_journal
+from trainer_hooks.checkpoints.journal._sink import Adopted, Batch, Freed, JournalSink, sync_mark
 
-__all__ = ["JournalShipper", "Shipment", "download_journal", "journal_prefix"]
+__all__ = ["Shipment", "Shipments", "download_journal"]
+
+logger = logging.getLogger(__name__)
 
 # How many shipments a recovery downloads at once.
 _DOWNLOADS = 16
-
-
-def journal_prefix(root: str | os.PathLike[str]) -> StorePrefix | None:
-    """``<root>/rollout/journal`` when ``root`` is a store URL; None for a local directory."""
-    prefix = StorePrefix.at(root)
-    return None if prefix is None else prefix.child(f"{CHECKPOINT_SUBDIR}/{JOURNAL_DIR}")
 
 
 @dataclass
@@ -101,20 +103,141 @@ class Shipment:
     size: int
 
 
-class JournalShipper:
-    """Puts and deletes a journal's shipments under one store prefix (the writer's store side)."""
+class Shipments(JournalSink):
+    """The journal on a store: one create-only shipment per flush, under one store prefix.
 
-    def __init__(self, prefix: StorePrefix) -> None:
-        self.prefix = prefix
+    The writer writes into ``directory``, a local spool (``spool()`` makes it, on first use);
+    :meth:`make_durable` ends the segment and queues it for a thread of its own, which puts the
+    shipments in order, so that the writer encodes the next interval while the last one uploads
+    (at most two wait: backpressure)."""
 
-    def __str__(self) -> str:
-        return str(self.prefix)
+    def __init__(self, location: Location, *, spool: Callable[[], Path] | None = None) -> None:
+        self.location = location
+        self.prefix = location.objects()
+        self.where = str(location)
+        self._spool = spool
+        self._spool_dir: Path | None = None
+        self._queue: queue.Queue[Batch | None] = queue.Queue(maxsize=2)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def directory(self) -> Path:
+        if self._spool_dir is None:
+            if self._spool is None:
+                raise JournalError(f"{self.where}: no local spool to write this journal into")
+            self._spool_dir = self._spool()
+        return self._spool_dir
 
     def check(self) -> None:
         """Refuse a store that ignores preconditions now, on the caller's thread, rather than at
         the first shipment on the journal's thread."""
         self.prefix.check_preconditions()
 
+    def start(self, done: Callable[[Batch], None], failed: Callable[[BaseException], None]) -> None:
+        super().start(done, failed)
+        self._thread = threading.Thread(target=self._ship_loop, name="rollout-journal-ship", daemon=True)
+        self._thread.start()
+
+    def make_durable(self, batch: Batch) -> None:
+        """End the segment with its sync mark and queue it, with the media its records were first
+        to reference, for the shipping thread (the next record starts a new segment). The records
+        are durable once that thread has put it; the spool is never fsynced."""
+        if batch.fd is None:
+            return
+        os.write(batch.fd, sync_mark(batch.seq))
+        os.close(batch.fd)
+        batch.fd = None
+        self._queue.put(batch)
+
+    def _ship_loop(self) -> None:
+        """The shipping thread: put each queued segment, in order; then its records are durable."""
+        while True:
+            batch = self._queue.get()
+            if batch is None:
+                return
+            try:
+                put_started = time.monotonic()
+                media = [Path(p) for p in batch.media]
+                self.ship(batch.segment, media)
+                for p in [batch.segment, *media]:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(p)
+            except BaseException as e:  # surfaced by the journal, as the writer's own failure
+                logger.error(
+                    "%s: the rollout journal's shipment failed: %s: %s", self.where, type(e).__name__, e
+                )
+                self._failed(e)
+                while self._queue.get() is not None:  # nothing after a lost shipment is put
+                    pass
+                return
+            batch.stats.fsync_s = time.monotonic() - put_started
+            self._done(batch)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def free(self, index: SegmentIndex, upto: int, active: Path | None) -> Freed:
+        """A shipment goes once its records are covered and no live record references a media file
+        it carries (see the module docstring)."""
+        covered, gone = index.compact_shipments(upto, active)
+        carried = [n for _, c in gone for n in c]
+        return Freed(covered, [p for p, _ in gone], forget=carried, media=len(carried))
+
+    def delete(self, freed: Freed) -> None:
+        if freed.files:
+            fault_point("journal.compact", freed.files[0])
+            self.prefix.delete([shipment_name(p.name) for p in freed.files])
+
+    def existing(self, lineage: str, known: Callable[[Path], bool]) -> Iterator[Adopted]:
+        """The lineage's shipments read back (into the spool, one at a time) for what they cover,
+        reference and carry."""
+        for name, _ in self.shipments(lineage):
+            path = self.directory / (name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
+            if known(path):
+                continue
+            tmp = self.directory / f".adopt-{uuid.uuid4().hex}"
+            tmp.mkdir()
+            try:
+                shipment = self.fetch(name, tmp)
+                scan = scan_journal(tmp, lineage=lineage, decode_bodies=False, only=[shipment.segment])
+            finally:
+                remove_tree(tmp)
+            media = {m for r in scan.records for m in r.media}
+            first, last = (scan.records[0].seq, scan.records[-1].seq) if scan.records else (1, 0)
+            yield Adopted(path, first, last, media, set(shipment.media))
+
+    def exists(self) -> bool:
+        return bool(self.shipments())
+
+    def readable(self, staging: Callable[[], Path]) -> Path:
+        """Every shipment downloaded and checked into ``staging()`` (module docstring)."""
+        directory = staging()
+        shipments = download_journal(self, directory)
+        logger.info(
+            "rollout journal: %d shipment(s), %d bytes, read from %s",
+            len(shipments),
+            sum(s.size for s in shipments),
+            self.prefix,
+        )
+        return directory
+
+    def child(self, rel: str) -> Shipments:
+        return Shipments(self.location.child(rel), spool=self._spool)
+
+    def parent(self) -> Shipments | None:
+        url = StoreURL(str(self.location))
+        if "/" not in url.key:
+            return None
+        return Shipments(Location.of(url.parent, self.location.storage_options), spool=self._spool)
+
+    @property
+    def name(self) -> str:
+        return StoreURL(str(self.location)).name
+
+    # -- the store side ----------------------------------------------------------------------------
     def ship(self, segment: Path, media: Sequence[Path]) -> str:
         """Put one shipment: segment file ``segment`` and media files ``media``; returns the
         object name. :class:`JournalError` when the object exists (another writer of the lineage)."""
@@ -140,9 +263,6 @@ class JournalShipper:
             return self.prefix.get(name, max_bytes=len(data)) == data
         except BundleError:
             return False
-
-    def delete(self, names: Iterable[str]) -> None:
-        self.prefix.delete(list(names))
 
     def shipments(self, lineage: str | None = None) -> list[tuple[str, int]]:
         """(name, size) of the shipments under the prefix (of ``lineage``), oldest first."""
@@ -278,7 +398,7 @@ def _write_new(path: Path, data: Any, where: str) -> None:
         os.close(fd)
 
 
-def download_journal(shipper: JournalShipper, staging: Path) -> list[Shipment]:
+def download_journal(shipper: Shipments, staging: Path) -> list[Shipment]:
     """Download every shipment under the shipper's prefix into ``staging`` (segments there, media in
     ``staging/media``), checked; the local scan then reads ``staging`` as a journal directory."""
     (staging / MEDIA_DIR).mkdir(parents=True, exist_ok=True)
