@@ -5,9 +5,12 @@ pooled media are named where they lie, and a missing bucket is named on reads (i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +152,7 @@ def test_the_media_of_a_bundle_copied_verbatim_are_never_collected(moto: Any, tm
     """``aws s3 sync bundle_dir s3://b/x`` and a file of the user's beside its media: no pointer
     of ours vouches for any of it (before: the unlisted file was deleted)."""
     run = tmp_path / "run-media"
-    local = write_bundle(tmp_path / "plain", [{"image": put_media(run, image("a"))}], media_roots=[run])
+    local = Path(write_bundle(tmp_path / "plain", [{"image": put_media(run, image("a"))}], media_roots=[run]))
     store = raw_store(moto)
     for f in local.rglob("*"):
         if f.is_file():
@@ -271,12 +274,13 @@ def test_a_writer_about_to_publish_keeps_the_pooled_media_it_reused(moto: Any, t
     write(moto, tmp_path, "r/old", ["a", "b"])
     write(moto, tmp_path, "r/keep", ["c"])
     remove_bundle(f"{base}/old")
-    time.sleep(1.5)  # "a" and "b" past the grace period below; the new generation within it
+    time.sleep(2.5)  # "a" and "b" past the grace period below; the new generation within it
+    # (ages are whole seconds of the store's clock: 2.5 s is at least 2, a fresh object at most 1)
     run = tmp_path / "run-media"
     local = write_bundle(tmp_path / "local", [{"image": put_media(run, image("a"))}], media_roots=[run])
     reports: list[Any] = []
     with on_fault_point(
-        "store.before-publish", lambda *_: reports.append(bundles.collect_garbage(base, older_than_s=1.0))
+        "store.before-publish", lambda *_: reports.append(bundles.collect_garbage(base, older_than_s=2.0))
     ):
         stats = bundles.upload_bundle(local, f"{base}/new", shared_media=True)
     assert stats.media_skipped == 1  # "a" was reused, not uploaded again
@@ -323,3 +327,107 @@ def test_reading_from_a_missing_bucket_names_the_bucket(
         code = main(argv)
         err = capsys.readouterr().err
         assert code == 1 and len(err.strip().splitlines()) == 1 and expected in err, err
+
+
+# -- ages come from the store's clock (issue 30, item 5) -----------------------------------------
+@pytest.fixture
+def weed(seaweed_s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    for k, v in seaweed_s3.env.items():
+        monkeypatch.setenv(k, v)
+    seaweed_s3.current = seaweed_s3.bucket()
+    return seaweed_s3
+
+
+@contextlib.contextmanager
+def local_clock_ahead(monkeypatch: pytest.MonkeyPatch, seconds: float) -> Iterator[None]:
+    """This process's clock ``seconds`` ahead of the store's, for gc's reading of "now" only:
+    ``time.time`` and the ``datetime`` gc's module holds (the store, a real SeaweedFS, keeps its
+    own clock)."""
+    import datetime as real
+    import time
+    import types
+
+    from bundles._remote import _gc
+
+    class Ahead(real.datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return real.datetime.now(tz) + real.timedelta(seconds=seconds)
+
+    clock = types.SimpleNamespace(datetime=Ahead, timezone=real.timezone, timedelta=real.timedelta)
+    true_time = time.time
+    with monkeypatch.context() as m:
+        m.setattr(_gc, "datetime", clock)
+        m.setattr(time, "time", lambda: true_time() + seconds)
+        yield
+
+
+def test_gc_on_a_machine_whose_clock_is_ahead_keeps_an_upload_in_flight(
+    weed: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: with the collecting machine 20 minutes ahead, retention's gc (grace 15 min) run
+    while a pooled upload was between its manifest and its pointer removed the upload's 2 new
+    media and its generation; the bundle then published and failed ``verify --full``."""
+    base = f"s3://{weed.current}/run/rollout"
+    write(weed, tmp_path, "run/rollout/fully_async_1", ["c"])
+    run = tmp_path / "run-media"
+    local = write_bundle(
+        tmp_path / "local", [{"image": put_media(run, image(s))} for s in "cde"], media_roots=[run]
+    )
+    reports: list[Any] = []
+
+    def collect(*_: Any) -> None:
+        with local_clock_ahead(monkeypatch, 20 * 60):
+            reports.append(bundles.collect_garbage(base, older_than_s=15 * 60))
+
+    with on_fault_point("store.before-publish", collect):
+        stats = bundles.upload_bundle(local, f"{base}/fully_async_2", shared_media=True)
+    assert stats.media_uploaded == 2 and stats.media_skipped == 1
+    assert reports[0].media == [] and reports[0].generations == [] and reports[0].clock == "store"
+    assert reports[0].kept_young == 2  # the upload's generation (manifest, shard); its media are pending
+    for name in ("fully_async_1", "fully_async_2"):
+        open_bundle(f"{base}/{name}", verify="full")
+
+
+def test_a_generation_whose_pointer_appears_while_gc_runs_is_never_deleted(weed: Any, tmp_path: Path) -> None:
+    """gc read no pointer for the upload (so its generation and new media were garbage, past a
+    grace period of 0), and the writer published before gc deleted: the pointer is read again
+    just before deleting, and the bundle it now names is left whole."""
+    base = f"s3://{weed.current}/r"
+    write(weed, tmp_path, "r/keep", ["c"])
+    run = tmp_path / "run-media"
+    local = write_bundle(tmp_path / "local", [{"image": put_media(run, image("n"))}], media_roots=[run])
+    at_publish, published = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def upload() -> None:
+        try:
+            bundles.upload_bundle(local, f"{base}/new", shared_media=False)
+        except BaseException as e:  # reported by the assertion below
+            errors.append(e)
+        published.set()
+
+    def pause(*_: Any) -> None:
+        at_publish.set()
+        assert released.wait(60)
+
+    def release(*_: Any) -> None:
+        released.set()
+        assert published.wait(60)
+
+    released = threading.Event()
+    with on_fault_point("store.before-publish", pause), on_fault_point("gc.before-delete", release):
+        writer = threading.Thread(target=upload)
+        writer.start()
+        try:
+            assert at_publish.wait(60)
+            report = bundles.collect_garbage(base, older_than_s=0)
+        finally:
+            released.set()
+            writer.join(60)
+    assert errors == []
+    assert report.generations == [] and report.media == []
+    assert [k.where for k in report.skipped] == [f"{base}/new"]
+    assert "pointer appeared or changed" in report.skipped[0].reason
+    open_bundle(f"{base}/new", verify="full")
+    open_bundle(f"{base}/keep", verify="full")

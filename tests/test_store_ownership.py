@@ -119,7 +119,7 @@ def test_a_plain_copy_on_a_store_loses_only_its_layout(weed: Any, tmp_path: Path
     """``aws s3 sync bundle_dir s3://b/x`` with a user's file beside it: the manifest, the shards
     and the media go; the user's file stays."""
     own, run = samples(tmp_path, "plain")
-    local = write_bundle(tmp_path / "plain", own, media_roots=[run])
+    local = Path(write_bundle(tmp_path / "plain", own, media_roots=[run]))
     store = raw(weed)
     for f in local.rglob("*"):
         if f.is_file():
@@ -137,7 +137,7 @@ def test_removing_a_local_bundle_keeps_the_users_files_and_a_nested_bundle(tmp_p
     """Before: the whole directory went, ``README.txt``, ``results/`` and the nested bundle
     with it."""
     own, run = samples(tmp_path, "local")
-    dest = write_bundle(tmp_path / "b1", own, media_roots=[run])
+    dest = Path(write_bundle(tmp_path / "b1", own, media_roots=[run]))
     nested, run2 = samples(tmp_path, "nested", 1)
     write_bundle(dest / "nested", nested, media_roots=[run2])
     (dest / "README.txt").write_text("what these results are\n")
@@ -162,14 +162,14 @@ def test_removing_a_local_bundle_keeps_the_users_files_and_a_nested_bundle(tmp_p
 
 def test_a_local_bundle_alone_in_its_directory_is_removed_whole(tmp_path: Path) -> None:
     own, run = samples(tmp_path, "alone")
-    dest = write_bundle(tmp_path / "b", own, media_roots=[run])
+    dest = Path(write_bundle(tmp_path / "b", own, media_roots=[run]))
     remove_bundle(dest)
     assert not dest.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["media-alone"]
 
 
 def test_a_local_bundle_with_an_unreadable_manifest_loses_only_its_layout_names(tmp_path: Path) -> None:
     own, run = samples(tmp_path, "broken")
-    dest = write_bundle(tmp_path / "b", own, media_roots=[run])
+    dest = Path(write_bundle(tmp_path / "b", own, media_roots=[run]))
     (dest / "manifest.json").chmod(0o644)
     (dest / "manifest.json").write_text(json.dumps({"format": "something else"}))
     (dest / "samples" / "mine.txt").write_text("mine\n")

@@ -53,8 +53,10 @@ whole pool in requests gc makes anyway.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +74,7 @@ from bundles._layout import (
 )
 from bundles._manifest import parse_manifest_bytes
 from bundles._remote._pointer import MAX_POINTER_BYTES, _Place, parse_pointer
+from bundles._remote._probe import PROBE_PREFIX
 from bundles._source import layout_name_ok
 from bundles._store import Store, StoreURL, get_store, parallel, store_error
 
@@ -83,6 +86,7 @@ OUTSIDE = "its bundle lies above the prefix: give the bundle's prefix"
 UNJUDGED = "a pointer or manifest beside it cannot be read or checked: everything it may use is kept"
 FOREIGN_GENERATION = "a generation-named prefix holding objects no writer of ours writes"
 CHANGED = "a pointer beside the pool appeared or changed while gc ran: left for the next run"
+CHANGED_POINTER = "the bundle's pointer appeared or changed while gc ran: left for the next run"
 
 
 # -- garbage -------------------------------------------------------------------------------------
@@ -106,6 +110,9 @@ class GarbageReport:
     kept_young: int = 0  # garbage younger than the grace period, left alone
     dry_run: bool = False
     skipped: list[Skipped] = field(default_factory=list)  # left for a reason, by place
+    # Whose clock the ages were measured on: "store" (a reference object's last_modified), or
+    # "local" in a dry run the store would not let write one.
+    clock: str = "store"
 
 
 def _join(base: str, rel: str) -> str:
@@ -228,60 +235,119 @@ def _pointer_tags(store: Store, parent: str, children: list[str]) -> dict[str, s
     return {k: (m or {}).get("e_tag") for k, m in zip(keys, metas, strict=True) if m is not None}
 
 
-def collect_garbage(
-    prefix_text: str,
-    *,
-    older_than_s: float = 24 * 3600.0,
-    dry_run: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
-) -> GarbageReport:
-    """Remove, under ``prefix``, the generations no pointer names and the media no live manifest
-    lists, when older than ``older_than_s`` and provably written by rollout-bundles (the rule of
-    the module docstring). With ``dry_run``, report exactly what a run would remove.
+def store_now(store: Store, url: StoreURL) -> datetime.datetime | None:
+    """The store's own clock now: the ``last_modified`` of a fresh reference object put beside
+    ``url`` (a probe name, which every reader and gc ignores) and deleted at once. None when the
+    store refuses the put (read-only credentials)."""
+    name = PROBE_PREFIX + secrets.token_hex(8)
+    key = _join(url.key, name)
+    try:
+        store.put(key, b"gc clock reference")
+    except Exception as e:
+        if type(e).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
+            return None
+        raise store_error(url, "put gc's clock reference", e) from e
+    try:
+        meta = store.head(key)
+    except Exception as e:
+        raise store_error(url, "read gc's clock reference", e) from e
+    finally:
+        with contextlib.suppress(Exception):
+            store.delete([key])
+    if meta is None:
+        raise BundleError(f"{url}: gc's clock reference {name} vanished before it was read")
+    return meta["last_modified"]
 
-    Raises:
-        GarbagePrefixError: ``prefix`` lies inside a pool, a generation or a bundle's media; the
-            message names the prefix to give instead. Nothing is deleted.
-        BucketNotFoundError: the bucket does not exist.
-        BundleIOError: the store refused a request after the retries.
-    """
-    url = StoreURL(prefix_text)
-    store = get_store(url, storage_options)
-    report = GarbageReport(dry_run=dry_run)
-    _check_prefix(url, store)
+
+@dataclass
+class _Scan:
+    """One listing of the prefix and what gc made of it. Every age is measured on the store's
+    clock (``now`` comes from :func:`store_now`), never on this machine's: a collector whose
+    clock is ahead would otherwise take a writer's fresh objects for old garbage."""
+
+    url: StoreURL
+    store: Store
+    now: datetime.datetime
+    older_than_s: float
+    by_key: dict[str, dict[str, Any]]
+    found: dict[str, _Bundle] = field(default_factory=dict)  # every bundle key U marked by ours
+    gen_objects: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (U, gen) -> keys
+    foreign: set[tuple[str, str]] = field(default_factory=set)  # generation names holding others'
+
+    def where(self, key: str) -> str:
+        base = f"{self.url.scheme}://{self.url.bucket}"
+        return f"{base}/{key}" if key else base
+
+    def young(self, keys: list[str]) -> bool:
+        """Any of ``keys`` younger than the grace period, on the store's clock and to its
+        timestamps' resolution (whole seconds on S3): ``older_than_s=0`` makes everything old."""
+        return any(
+            (self.now - self.by_key[k]["last_modified"]).total_seconds() < self.older_than_s for k in keys
+        )
+
+    def bundle(self, key: str) -> _Bundle:
+        return self.found.setdefault(key, _Bundle(key))
+
+
+@dataclass
+class _Plan:
+    """What this run deletes and what it leaves for a reason."""
+
+    report: GarbageReport
+    doomed: list[str] = field(default_factory=list)
+    skipped: dict[tuple[str, str], int] = field(default_factory=dict)
+    pools: dict[str, list[str]] = field(default_factory=dict)  # pool dir -> its doomed keys
+    owners: dict[str, list[str]] = field(default_factory=dict)  # bundle key U -> its doomed keys
+
+    def skip(self, reason: str, where: str, n: int) -> None:
+        self.skipped[(reason, where)] = self.skipped.get((reason, where), 0) + n
+
+    def unplan(self, scan: _Scan, keys: list[str], reason: str, where: str) -> None:
+        """Leave ``keys``, planned for deletion, for ``reason``."""
+        left = set(keys)
+        self.doomed[:] = [k for k in self.doomed if k not in left]
+        self.report.bytes -= sum(int(scan.by_key[k]["size"]) for k in keys)
+        gens = self.report.generations
+        gens[:] = [g for g in gens if not any(k.startswith(g + "/") for k in left)]
+        self.report.media[:] = [m for m in self.report.media if m not in left]
+        self.skip(reason, where, len(keys))
+
+
+def _scan(store: Store, url: StoreURL, now: datetime.datetime, older_than_s: float) -> _Scan:
+    """List the prefix and mark every bundle key ``U`` that something of ours (or a plain copy)
+    marks: a generation, a pointer, a plain manifest."""
     try:
         objects = store.listing(url.key)
     except Exception as e:
         raise store_error(url, "list", e) from e
-    now = datetime.datetime.now(datetime.timezone.utc)
-    by_key = {m["path"]: m for m in objects}
-
-    def where(key: str) -> str:
-        return f"{url.scheme}://{url.bucket}/{key}" if key else f"{url.scheme}://{url.bucket}"
-
-    # Every bundle key U that something of ours (or a plain copy) marks.
-    found: dict[str, _Bundle] = {}
-    gen_objects: dict[tuple[str, str], list[str]] = {}  # (U, generation) -> its keys
-    for key in by_key:
+    scan = _Scan(url, store, now, older_than_s, {m["path"]: m for m in objects})
+    for key in scan.by_key:
         parts = key.split("/")
         gen_at = next((i for i, p in enumerate(parts[:-1]) if STORE_GENERATION_RE.fullmatch(p)), None)
         if gen_at is not None:
             u = "/".join(parts[:gen_at])
-            found.setdefault(u, _Bundle(u))
-            gen_objects.setdefault((u, parts[gen_at]), []).append(key)
+            scan.bundle(u)
+            scan.gen_objects.setdefault((u, parts[gen_at]), []).append(key)
         elif parts[-1] == STORE_POINTER_NAME:
-            u = _parent(key)
-            found.setdefault(u, _Bundle(u)).pointer_key = True
+            scan.bundle(_parent(key)).pointer_key = True
         elif parts[-1] == MANIFEST_NAME:
-            u = _parent(key)
-            found.setdefault(u, _Bundle(u)).plain = True
-    foreign: set[tuple[str, str]] = set()
-    for (u, gen), keys in gen_objects.items():
+            scan.bundle(_parent(key)).plain = True
+    for (u, gen), keys in scan.gen_objects.items():
         rels = [k[len(_join(u, gen)) + 1 :] for k in keys]
         if all(r == MANIFEST_NAME or SHARD_PATH_RE.fullmatch(r) for r in rels):
-            found[u].generations.add(gen)
+            scan.found[u].generations.add(gen)
         else:
-            foreign.add((u, gen))  # a name like ours holding what no writer of ours writes
+            scan.foreign.add((u, gen))  # a name like ours holding what no writer of ours writes
+    return scan
+
+
+def _read_bundles(scan: _Scan) -> int:
+    """Read every pointer and manifest gc judges by; return how many live bundles it found.
+
+    The manifests of the other generations this run keeps (younger than the grace period) are
+    read too: what they list is kept, so a writer between its manifest and its pointer (which may
+    have reused pooled media) never loses it. A generation this run removes lists nothing."""
+    store, url, found = scan.store, scan.url, scan.found
     with_pointer = [b for b in found.values() if b.pointer_key and _under(b.key, url.key)]
     try:
         parallel(lambda b: _judge(store, url, b), with_pointer)
@@ -289,20 +355,13 @@ def collect_garbage(
         raise
     except Exception as e:
         raise store_error(url, "read the bundles", e) from e
-
-    # The manifests of the other generations this run keeps (younger than the grace period):
-    # what they list is kept too, so a writer between its manifest and its pointer (which may
-    # have reused pooled media) never loses it. A generation this run removes lists nothing.
-    def young(keys: list[str]) -> bool:
-        return any((now - by_key[k]["last_modified"]).total_seconds() <= older_than_s for k in keys)
-
     others = [
         (b, gen)
         for b in found.values()
         for gen in sorted(b.generations)
         if not (b.readable and gen == b.generation)
-        and _join(_join(b.key, gen), MANIFEST_NAME) in by_key
-        and young(gen_objects[(b.key, gen)])
+        and _join(_join(b.key, gen), MANIFEST_NAME) in scan.by_key
+        and scan.young(scan.gen_objects[(b.key, gen)])
     ]
     try:
         parallel(lambda item: _read_pending(store, url, *item), others)
@@ -315,112 +374,181 @@ def collect_garbage(
         sound = parallel(lambda b: _plain_ok(store, b), plain)
     except Exception as e:
         raise store_error(url, "read the bundles copied verbatim", e) from e
-    report.bundles = sum(b.readable for b in found.values()) + sum(sound)
+    return sum(b.readable for b in found.values()) + sum(sound)
 
-    doomed: list[str] = []
-    skipped: dict[tuple[str, str], int] = {}
 
-    def sweep(keys: list[str]) -> bool:
-        """Doom ``keys`` (one unit) if all are past the grace period; False if kept young."""
-        if young(keys):
-            report.kept_young += len(keys)
-            return False
-        doomed.extend(keys)
-        report.bytes += sum(int(by_key[k]["size"]) for k in keys)
-        return True
+def _sweep(scan: _Scan, plan: _Plan, owner: str | None, keys: list[str]) -> bool:
+    """Doom ``keys`` (one unit; ``owner`` the bundle key whose pointer is read again before they
+    go, None for a pool's media) if all are past the grace period; False if kept young."""
+    if scan.young(keys):
+        plan.report.kept_young += len(keys)
+        return False
+    plan.doomed.extend(keys)
+    if owner is not None:
+        plan.owners.setdefault(owner, []).extend(keys)
+    plan.report.bytes += sum(int(scan.by_key[k]["size"]) for k in keys)
+    return True
 
-    # Generations.
-    for (u, gen), keys in sorted(gen_objects.items()):
-        b = found[u]
-        if not _under(u, url.key):
+
+def _plan_generations(scan: _Scan, plan: _Plan) -> None:
+    """Doom the generations of ours that no readable pointer names (never the live one)."""
+    for (u, gen), keys in sorted(scan.gen_objects.items()):
+        b = scan.found[u]
+        if not _under(u, scan.url.key):
             continue
         if b.pointer_key and not b.readable:
-            skipped[(UNJUDGED, where(u))] = skipped.get((UNJUDGED, where(u)), 0) + len(keys)
+            plan.skip(UNJUDGED, scan.where(u), len(keys))
             continue
         if b.readable and b.generation == gen:
             continue  # the live generation
-        if (u, gen) in foreign:
-            skipped[(FOREIGN_GENERATION, where(_join(u, gen)))] = len(keys)
+        if (u, gen) in scan.foreign:
+            plan.skip(FOREIGN_GENERATION, scan.where(_join(u, gen)), len(keys))
             continue
-        if sweep(keys):
-            report.generations.append(_join(u, gen))
+        if _sweep(scan, plan, u, keys):
+            plan.report.generations.append(_join(u, gen))
 
-    # Media: group the candidates by their directory.
+
+def _listed_for(scan: _Scan, plan: _Plan, d: str, keys: list[str]) -> set[str] | None:
+    """The media names that protect the objects ``keys`` of the media directory ``d`` (a pool
+    or a bundle's ``media/``); None when none of them may be judged (the reason is recorded)."""
+    owner, _, kind = d.rpartition("/")
+    where = scan.where(d)
+    if kind == STORE_MEDIA_POOL:
+        beside = [b for b in _beside(scan, owner) if b.key != owner]
+        if any((b.pointer_key and not b.readable) or b.pending_bad for b in beside):
+            plan.skip(UNJUDGED, where, len(keys))
+            return None
+        users = [b for b in beside if b.readable and b.shared]
+        if not users:
+            plan.skip(NOT_OURS_POOL, where, len(keys))
+            return None
+        return set().union(*(b.listed for b in users), *(b.pending for b in beside))
+    b = scan.found.get(owner, _Bundle(owner))
+    if (b.pointer_key and not b.readable) or b.pending_bad:
+        plan.skip(UNJUDGED, where, len(keys))
+        return None
+    if b.readable:
+        return (b.listed if not b.shared else set()) | b.pending
+    if b.plain:
+        unlisted = sum(k.rpartition("/")[2] not in b.listed for k in keys)
+        if unlisted:
+            plan.skip(PLAIN_COPY, where, unlisted)
+        return None
+    if b.generations:
+        return b.pending  # a writer that died before publishing (or is about to)
+    plan.skip(NOT_OURS_MEDIA, where, len(keys))
+    return None
+
+
+def _beside(scan: _Scan, parent: str) -> list[_Bundle]:
+    return [b for b in scan.found.values() if _parent(b.key) == parent]
+
+
+def _plan_media(scan: _Scan, plan: _Plan) -> None:
+    """Doom the media of ours that no live (or about to be live) manifest lists."""
     dirs: dict[str, list[str]] = {}
-    for key in by_key:
+    for key in scan.by_key:
         d, _, name = key.rpartition("/")
         if d.rpartition("/")[2] in (MEDIA_DIR, STORE_MEDIA_POOL) and layout_name_ok(f"{MEDIA_DIR}/{name}"):
             dirs.setdefault(d, []).append(key)
-    by_parent: dict[str, list[_Bundle]] = {}
-    for b in found.values():
-        by_parent.setdefault(_parent(b.key), []).append(b)
-    pools: dict[str, list[str]] = {}  # pool dir -> its doomed keys (checked again before deleting)
     for d, keys in sorted(dirs.items()):
         owner, _, kind = d.rpartition("/")
-        if not _under(owner, url.key):
-            skipped[(OUTSIDE, where(d))] = len(keys)
+        if not _under(owner, scan.url.key):
+            plan.skip(OUTSIDE, scan.where(d), len(keys))
             continue
-        if kind == STORE_MEDIA_POOL:
-            beside = [b for b in by_parent.get(owner, []) if b.key != owner]
-            if any((b.pointer_key and not b.readable) or b.pending_bad for b in beside):
-                skipped[(UNJUDGED, where(d))] = len(keys)
-                continue
-            users = [b for b in beside if b.readable and b.shared]
-            if not users:
-                skipped[(NOT_OURS_POOL, where(d))] = len(keys)
-                continue
-            listed = set().union(*(b.listed for b in users), *(b.pending for b in beside))
-        else:
-            b = found.get(owner, _Bundle(owner))
-            if (b.pointer_key and not b.readable) or b.pending_bad:
-                skipped[(UNJUDGED, where(d))] = len(keys)
-                continue
-            if b.readable:
-                listed = (b.listed if not b.shared else set()) | b.pending
-            elif b.plain:
-                unlisted = sum(k.rpartition("/")[2] not in b.listed for k in keys)
-                if unlisted:
-                    skipped[(PLAIN_COPY, where(d))] = unlisted
-                continue
-            elif b.generations:
-                listed = b.pending  # a writer that died before publishing (or is about to)
-            else:
-                skipped[(NOT_OURS_MEDIA, where(d))] = len(keys)
-                continue
+        listed = _listed_for(scan, plan, d, keys)
+        if listed is None:
+            continue
         garbage = [k for k in sorted(keys) if k.rpartition("/")[2] not in listed]
-        mine = [k for k in garbage if sweep([k])]
-        if kind == STORE_MEDIA_POOL and mine:
-            pools[d] = mine
+        pooled = kind == STORE_MEDIA_POOL
+        mine = [k for k in garbage if _sweep(scan, plan, None if pooled else owner, [k])]
+        if pooled and mine:
+            plan.pools[d] = mine
         else:
-            report.media.extend(mine)
+            plan.report.media.extend(mine)
 
-    # Pools: the pointers beside them again, just before deleting (see the module docstring).
-    for d, keys in pools.items():
+
+def _recheck_pools(scan: _Scan, plan: _Plan) -> None:
+    """Read the pointers beside each pool again just before deleting from it; a pool beside which
+    one appeared or changed is left for the next run (a writer that reused its objects)."""
+    for d, keys in plan.pools.items():
         owner = d.rpartition("/")[0]
-        fault_point("gc.before-recheck", where(d))
+        fault_point("gc.before-recheck", scan.where(d))
         before = {
             _join(b.key, STORE_POINTER_NAME): b.etag
-            for b in by_parent.get(owner, [])
+            for b in _beside(scan, owner)
             if b.key != owner and b.pointer_key
         }
         try:
-            names = [n for n in store.children(owner) if n != STORE_MEDIA_POOL]
-            now_tags = _pointer_tags(store, owner, names)
+            names = [n for n in scan.store.children(owner) if n != STORE_MEDIA_POOL]
+            now_tags = _pointer_tags(scan.store, owner, names)
         except Exception as e:
-            raise store_error(where(owner), "read the pointers beside the pool again", e) from e
+            raise store_error(scan.where(owner), "read the pointers beside the pool again", e) from e
         if now_tags != before:
-            skipped[(CHANGED, where(d))] = len(keys)
-            left = set(keys)
-            doomed[:] = [k for k in doomed if k not in left]
-            report.bytes -= sum(int(by_key[k]["size"]) for k in keys)
+            plan.unplan(scan, keys, CHANGED, scan.where(d))
             continue
-        report.media.extend(keys)
+        plan.report.media.extend(keys)
 
-    report.skipped = [Skipped(r, w, n) for (r, w), n in sorted(skipped.items())]
-    if not dry_run and doomed:
-        doomed.sort(key=lambda k: not k.endswith("/" + MANIFEST_NAME))  # a generation's manifest first
+
+def _recheck_bundles(scan: _Scan, plan: _Plan) -> None:
+    """Read the pointer of each bundle whose generations or media are doomed again just before
+    deleting: a pointer that appeared or changed since gc read it (a writer published meanwhile)
+    may name a doomed generation, which is never garbage, so that bundle is left whole."""
+    owners = sorted(plan.owners)
+    fault_point("gc.before-delete", scan.where(scan.url.key))
+    try:
+        metas = parallel(scan.store.head, [_join(u, STORE_POINTER_NAME) for u in owners])
+    except Exception as e:
+        raise store_error(scan.url, "read the pointers again before deleting", e) from e
+    doomed = set(plan.doomed)
+    for u, meta in zip(owners, metas, strict=True):
+        b = scan.found[u]
+        now_tag = meta.get("e_tag") if meta else None
+        if (meta is not None) != b.pointer_key or now_tag != (b.etag if b.pointer_key else None):
+            mine = [k for k in plan.owners[u] if k in doomed]
+            if mine:
+                plan.unplan(scan, mine, CHANGED_POINTER, scan.where(u))
+
+
+def collect_garbage(
+    prefix_text: str,
+    *,
+    older_than_s: float = 24 * 3600.0,
+    dry_run: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> GarbageReport:
+    """Remove, under ``prefix``, the generations no pointer names and the media no live manifest
+    lists, when older than ``older_than_s`` on the store's clock and provably written by
+    rollout-bundles (the rule of the module docstring). With ``dry_run``, report exactly what a
+    run would remove.
+
+    Raises:
+        GarbagePrefixError: ``prefix`` lies inside a pool, a generation or a bundle's media; the
+            message names the prefix to give instead. Nothing is deleted.
+        BucketNotFoundError: the bucket does not exist.
+        BundleIOError: the store refused a request after the retries.
+    """
+    url = StoreURL(prefix_text)
+    store = get_store(url, storage_options)
+    report = GarbageReport(dry_run=dry_run)
+    _check_prefix(url, store)
+    now = store_now(store, url)
+    if now is None:
+        if not dry_run:
+            raise BundleError(f"{url}: gc cannot write to the store (access denied): nothing is deleted")
+        now, report.clock = datetime.datetime.now(datetime.timezone.utc), "local"
+    scan = _scan(store, url, now, older_than_s)
+    report.bundles = _read_bundles(scan)
+    plan = _Plan(report)
+    _plan_generations(scan, plan)
+    _plan_media(scan, plan)
+    _recheck_pools(scan, plan)
+    _recheck_bundles(scan, plan)
+    report.skipped = [Skipped(r, w, n) for (r, w), n in sorted(plan.skipped.items())]
+    if not dry_run and plan.doomed:
+        plan.doomed.sort(key=lambda k: not k.endswith("/" + MANIFEST_NAME))  # a generation's manifest first
         try:
-            store.delete(doomed)
+            store.delete(plan.doomed)
         except Exception as e:
             raise store_error(url, "delete garbage", e) from e
     return report
