@@ -176,14 +176,28 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
 
 
 def run_replay(ns: argparse.Namespace) -> int:
-    from trainer_hooks.replay._replay import replay_bundle
-    from trainer_hooks.replay._report import (
-        ReportError,
-        check_report_bundle,
-        load_replay_report,
-        write_report,
-    )
+    from trainer_hooks.replay._report import write_report
 
+    _check_arguments(ns)
+    # A replay can take minutes: refuse outputs it could not write before doing the work.
+    check_output_file("--report", ns.report)
+    check_output_file("--payloads-out", ns.payloads_out)
+    expect = _load_expect(ns)
+    answers = _load_answers(ns)
+    _require_replay_dependencies()
+    from trainer_hooks.replay._memory import tune_allocator
+
+    tune_allocator()  # this process exists to replay (see _memory)
+    report = _replay_with_progress(ns, expect, answers)
+    if ns.report is not None:
+        write_report(report, ns.report)
+    _print_outcome(ns, report)
+    violated = any(kind in VIOLATION_KINDS for kind in report["summary"]["problems"])
+    return 1 if violated else 0
+
+
+def _check_arguments(ns: argparse.Namespace) -> None:
+    """What argparse cannot check: the bundle that --ray swallowed, --limit, Ray installed."""
     if ns.bundle is None:
         # `replay --ray BUNDLE`: argparse hands the bundle to --ray's optional ADDRESS. An address
         # is "auto", HOST:PORT or ray://...; a path that exists is the bundle.
@@ -200,28 +214,39 @@ def run_replay(ns: argparse.Namespace) -> int:
             raise CommandError(
                 "--ray needs Ray, which is not installed: pip install 'rollout-bundles[ray]'", status=2
             ) from None
-    # A replay can take minutes: refuse outputs it could not write before doing the work.
-    check_output_file("--report", ns.report)
-    check_output_file("--payloads-out", ns.payloads_out)
-    expect = None
-    if ns.expect is not None:
-        try:
-            expect = load_replay_report(ns.expect)  # its shape checked, before minutes of work
-        except ReportError as e:
-            raise CommandError(
-                f"--expect: expected a replay report (written by --report): {e}", status=2
-            ) from None
-        try:  # a report of another bundle: the caller's pair to fix (exit 2, as view --replay)
-            check_report_bundle(expect, ns.bundle, f"--expect {ns.expect}")
-        except ReportError as e:
-            raise CommandError(str(e), status=2) from None
-    answers = None
-    if ns.answers is not None:
-        try:
-            with open(ns.answers) as f:
-                answers = [json.loads(line) for line in f if line.strip()]
-        except (OSError, ValueError) as e:
-            raise CommandError(f"--answers {ns.answers}: cannot read JSON lines: {e}", status=2) from None
+
+
+def _load_expect(ns: argparse.Namespace) -> dict[str, Any] | None:
+    """The --expect report, its shape and its bundle checked before minutes of work."""
+    from trainer_hooks.replay._report import ReportError, check_report_bundle, load_replay_report
+
+    if ns.expect is None:
+        return None
+    try:
+        expect = load_replay_report(ns.expect)
+    except ReportError as e:
+        raise CommandError(
+            f"--expect: expected a replay report (written by --report): {e}", status=2
+        ) from None
+    try:  # a report of another bundle: the caller's pair to fix (exit 2, as view --replay)
+        check_report_bundle(expect, ns.bundle, f"--expect {ns.expect}")
+    except ReportError as e:
+        raise CommandError(str(e), status=2) from None
+    return expect
+
+
+def _load_answers(ns: argparse.Namespace) -> list[Any] | None:
+    if ns.answers is None:
+        return None
+    try:
+        with open(ns.answers) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        raise CommandError(f"--answers {ns.answers}: cannot read JSON lines: {e}", status=2) from None
+
+
+def _require_replay_dependencies() -> None:
+    # Imported here, not at the top: every other subcommand runs without them.
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -230,9 +255,15 @@ def run_replay(ns: argparse.Namespace) -> int:
             f"replay needs torch and transformers ({e}): pip install 'rollout-bundles[replay]' torch==2.13.0",
             status=2,
         ) from None
-    from trainer_hooks.replay._memory import tune_allocator
 
-    tune_allocator()  # this process exists to replay (see _memory)
+
+def _replay_with_progress(
+    ns: argparse.Namespace, expect: dict[str, Any] | None, answers: list[Any] | None
+) -> dict[str, Any]:
+    """Replay the bundle behind a progress bar; the errors that are the caller's exit 2."""
+    from trainer_hooks.replay._replay import replay_bundle
+    from trainer_hooks.replay._report import ReportError
+
     bar = Progress("replay", unit="samples", enabled=getattr(ns, "progress", None))
 
     def progress(done: int, total: int) -> None:
@@ -241,7 +272,7 @@ def run_replay(ns: argparse.Namespace) -> int:
 
     try:
         with bar:
-            report = replay_bundle(
+            return replay_bundle(
                 ns.bundle,
                 dtype=ns.dtype,
                 limit=ns.limit,
@@ -260,8 +291,9 @@ def run_replay(ns: argparse.Namespace) -> int:
         raise  # an unreadable bundle: exit 1 (some are ValueErrors too)
     except ValueError as e:  # --answers that do not match the payloads, unusable settings
         raise CommandError(str(e), status=2) from None
-    if ns.report is not None:
-        write_report(report, ns.report)
+
+
+def _print_outcome(ns: argparse.Namespace, report: dict[str, Any]) -> None:
     if ns.json:
         print(
             json.dumps(
@@ -274,5 +306,3 @@ def run_replay(ns: argparse.Namespace) -> int:
             print(f"report         {ns.report}")
         if ns.payloads_out is not None:
             print(f"payloads       {ns.payloads_out}")
-    violated = any(kind in VIOLATION_KINDS for kind in report["summary"]["problems"])
-    return 1 if violated else 0
