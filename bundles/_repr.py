@@ -23,7 +23,7 @@ MAX_ITEMS = 4
 #: Levels of nested containers shown; deeper ones are ``[...]``.
 MAX_DEPTH = 3
 #: Characters (or bytes) of a string shown.
-MAX_CHARS = 60
+MAX_CHARS = 40
 # An int is shown in digits up to this many bits (about 77 digits), else by its size.
 _MAX_INT_BITS = 256
 
@@ -36,7 +36,7 @@ _BRACKETS: dict[type, tuple[str, str]] = {
 }
 
 
-def bounded_repr(value: object, limit: int = 80) -> str:
+def bounded_repr(value: object, limit: int = 100) -> str:
     """``repr(value)`` for a message, at most ``limit`` characters, in time bounded by the
     module's limits whatever the value's size. Example: ``bounded_repr("x" * 10**9)`` is
     ``'xxx…x'... (1000000000 characters)`` cut to ``limit``."""

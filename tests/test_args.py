@@ -4,6 +4,7 @@ processor settings."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -530,10 +531,167 @@ def test_check_args_names_a_misspelt_config_key_a_wrong_type_and_a_bad_value(tmp
         f"--custom-config-path {config}: keep_rollout_checkpoints (--keep-rollout-checkpoints): "
         "expected an integer, found 2.5"
     )
-    with pytest.raises(
-        ValueError, match=r"^--resume-accept-changes: unknown field\(s\) weights; expected some of"
-    ):
+    with pytest.raises(ValueError) as e:
         check("resume_accept_changes: [weights]\n")
+    # A bad value of the YAML is named as the YAML's key, not as a flag the user never typed.
+    assert str(e.value).startswith(
+        f"--custom-config-path {config}: resume_accept_changes (--resume-accept-changes): "
+        "unknown field(s) weights; expected some of"
+    )
     args = check("shared_media_dir: media\nmy_own_function_setting: 1\n")  # a key far from ours is not ours
     assert args.shared_media_dir == os.path.abspath("media") and len(args.run_uuid) == 32
     assert check_args(args) is args  # once per args object
+
+
+# ---------------------------------------------------------------- issue 30: bad input, clear errors
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    return parse_args(["--rollout-batch-size", "1", *argv])
+
+
+@pytest.mark.parametrize(
+    "url", ["s3://rt4/media", "gs://b/media", "az://c/media", "http://host/media", "s3:/rt4/media"]
+)
+def test_a_url_for_the_shared_media_dir_is_refused_not_taken_for_a_local_path(tmp_path, monkeypatch, url):
+    """Issue 30 item 7: ``--shared-media-dir s3://rt4/media`` was used as ``./s3:/rt4/media``."""
+    from bundles import UnsupportedLocationError
+    from trainer_hooks import store_media, sweep_run_media
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as e:
+        _parse("--shared-media-dir", url)
+    assert str(e.value).startswith(
+        f"--shared-media-dir: {url}: the shared media directory: expected a local path"
+    )
+    # Where the settings were not validated, the run media code refuses it as well.
+    with pytest.raises(UnsupportedLocationError, match="--shared-media-dir: expected a local path"):
+        store_media(argparse.Namespace(shared_media_dir=url, run_uuid="r"), b"x")
+    with pytest.raises(UnsupportedLocationError, match="expected a local path"):
+        sweep_run_media(url)
+    assert os.listdir(tmp_path) == []  # no ./s3:/ directory
+
+
+def test_a_tilde_in_the_shared_media_dir_is_expanded_or_refused(tmp_path, monkeypatch):
+    """Issue 30 item 7: ``~/media`` (a YAML value, or ``--shared-media-dir=~/media``, which no
+    shell expands) became ``./~/media``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _parse("--shared-media-dir=~/media").shared_media_dir == str(tmp_path / "home" / "media")
+    with pytest.raises(ValueError, match=r"^--shared-media-dir '~no-such-user-h3/m': cannot expand '~'"):
+        _parse("--shared-media-dir", "~no-such-user-h3/m")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("value", ["1e10", "1e308", "86400.5", "inf", "nan", "-1"])
+def test_the_journal_interval_is_bounded_at_parse_time(value):
+    """Issue 30 item 8: 1e10 and 1.0e+308 were accepted, then the journal writer died with
+    OverflowError while training went on unjournaled."""
+    with pytest.raises(ValueError) as e:
+        _parse("--rollout-journal-interval", value)
+    assert str(e.value) == (
+        "--rollout-journal-interval: expected seconds from 0 (disables the journal) to 86400 (a day), "
+        f"found {float(value)!r}"
+    )
+
+
+def test_the_journal_interval_accepts_0_to_a_day():
+    assert [
+        _parse("--rollout-journal-interval", v).rollout_journal_interval for v in ("0", "0.5", "86400")
+    ] == [
+        0.0,
+        0.5,
+        86400.0,
+    ]
+
+
+def _alias_bomb(levels: int) -> str:
+    """A YAML document whose ``run_uuid`` nests ``levels`` lists of 9 aliases of the level below."""
+    names = "abcdefghij"[: levels + 1]
+    lines = [f"{names[0]}: &{names[0]} [x,x,x,x,x,x,x,x,x]"]
+    for below, name in itertools.pairwise(names):
+        lines.append(f"{name}: &{name} [{','.join([f'*{below}'] * 9)}]")
+    return "\n".join([*lines, f"run_uuid: *{names[-1]}", ""])
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_with_a_bounded_message(tmp_path):
+    """Issue 30 item 9: a 371-byte alias bomb as ``run_uuid`` took 14.9 s and 1.36 GB, because the
+    type error built the value's full repr."""
+    import time
+
+    from trainer_hooks.miles import check_args
+
+    text = _alias_bomb(6)  # 9**7 references: its full repr is 24 MB (the issue's 371 bytes had 9**9)
+    assert len(text) == 249
+    config = tmp_path / "rollout_bundles.yaml"
+    config.write_text(text)
+    args = argparse.Namespace(
+        custom_config_path=str(config), save=None, run_uuid=yaml.safe_load(text)["run_uuid"]
+    )
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as e:
+        check_args(args)
+    elapsed = time.perf_counter() - start
+    msg = str(e.value)
+    assert msg.startswith(
+        f"--custom-config-path {config}: run_uuid (--run-uuid): expected a string, found [[["
+    )
+    assert len(msg) < 300 and elapsed < 1.0, (len(msg), elapsed)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "shown"),
+    [
+        (
+            "keep_rollout_checkpoints",
+            -(10**5000),
+            "<int of 16610 bits>",
+        ),  # str() of it raises past 4300 digits
+        ("bundle_link_mode", "x" * 10**7, "(10000000 characters)"),
+        ("resume_accept_changes", [f"f{i}" for i in range(10**5)], "and 99995 more"),
+        ("run_uuid", {"a": list(range(10**6))}, "... (1000000 items)"),
+        ("shared_media_dir", 10**5000, "<int of 16610 bits>"),
+    ],
+    ids=["huge-int", "huge-string", "many-fields", "huge-dict", "int-path"],  # str() of such an int raises
+)
+def test_every_settings_error_shows_a_bounded_value(tmp_path, key, value, shown):
+    """Issue 30 item 9: whatever the value, what a settings error shows is bounded."""
+    from trainer_hooks.miles import check_args
+
+    config = tmp_path / "rollout_bundles.yaml"
+    config.write_text(f"{key}: 0\n")  # the key is the YAML's; the value is set as Miles sets it
+    args = argparse.Namespace(custom_config_path=str(config), save=None, **{key: value})
+    with pytest.raises(ValueError) as e:
+        check_args(args)
+    msg = str(e.value)
+    assert msg.startswith(f"--custom-config-path {config}: {key} (--{key.replace('_', '-')}): ")
+    assert shown in msg and len(msg) < 400, msg
+
+
+@pytest.mark.parametrize(("run_id", "size"), [("r" * 300, 300), ("r" * 129, 129), ("é" * 65, 130)])
+def test_a_run_id_too_long_for_a_file_name_is_refused_at_parse_time(tmp_path, run_id, size):
+    """Issue 30 item 10: a 300-character run id gave a raw ``OSError: File name too long`` from
+    ``store_media`` at the first screenshot."""
+    with pytest.raises(ValueError) as e:
+        _parse("--shared-media-dir", str(tmp_path), "--run-uuid", run_id)
+    assert str(e.value).startswith("--run-uuid: run id '" + run_id[:40] + "'")
+    assert f"because it is {size} bytes long, more than 128" in str(e.value)
+    assert len(str(e.value)) < 400
+    assert _parse("--run-uuid", "r" * 128).run_uuid == "r" * 128
+
+
+def test_the_subsample_range_in_the_docs_is_the_one_the_code_checks():
+    """Issue 30 item 22: TRAINER_HOOKS.md §1 said 0 < r <= 1, but 0 is accepted (as in Miles, it
+    keeps every row: §5 and INTEGRATION.md say so)."""
+    doc = (Path(__file__).parent.parent / "docs" / "TRAINER_HOOKS.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## 1. Arguments") : doc.index("\n## 2.")]
+    [line] = [ln for ln in section.splitlines() if "`--load-debug-rollout-data-subsample` (" in ln]
+    assert "(0 ≤ r ≤ 1, 0 keeping every row as in Miles," in line, line
+    assert _parse("--load-debug-rollout-data", "d_{rollout_id}", "--load-debug-rollout-data-subsample", "0")
+    for bad in ("-0.01", "1.01"):
+        with pytest.raises(ValueError, match="expected 0 <= r <= 1"):
+            _parse("--load-debug-rollout-data", "d_{rollout_id}", "--load-debug-rollout-data-subsample", bad)
+    from trainer_hooks.arguments import build_parser
+
+    help_text = {a.dest: a.help for a in build_parser()._actions}["load_debug_rollout_data_subsample"]
+    assert "0 <= r <= 1; 0 keeps every row" in help_text

@@ -9,6 +9,7 @@ the options are derived from)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
@@ -181,6 +182,8 @@ def test_a_value_of_the_wrong_type_is_refused_naming_the_key(monkeypatch, tmp_pa
     ],
 )
 def test_a_bad_value_in_the_yaml_gets_the_command_lines_error(monkeypatch, tmp_path, model, line, flag):
+    """The command line's reason, and the YAML's file and key where the command line names its
+    flag (issue 30 item 10: the user wrote the key, not the flag)."""
     _, yml = doc_blocks()
     key = line.split(":")[0]
     msg = refusal(monkeypatch, tmp_path, model, re.sub(rf"^{key}:.*$", line, yml, flags=re.M))
@@ -192,7 +195,8 @@ def test_a_bad_value_in_the_yaml_gets_the_command_lines_error(monkeypatch, tmp_p
         raise AssertionError(f"{flag} was accepted on the command line")
     if flag[0] == "--bundle-link-mode":  # argparse refuses it before validation: the message is ours alike
         cli = "--bundle-link-mode: expected one of auto, hardlink, reflink, copy, found 'symlink'"
-    assert msg == cli
+    assert cli.startswith(f"{flag[0]}: "), cli
+    assert msg == f"--custom-config-path rollout_bundles.yaml: {key} ({flag[0]}): {cli[len(flag[0]) + 2 :]}"
 
 
 def test_a_custom_generate_functions_add_arguments_brings_the_options_to_the_command_line(
@@ -250,3 +254,79 @@ def test_every_setting_the_plugins_read_is_in_miles_parser_or_in_the_table():
     assert not unreachable, (
         f"read by the plugins but neither Miles' option nor in SETTINGS: {sorted(unreachable)}"
     )
+
+
+# ---------------------------------------------------------------- issue 30: bad values through Miles' YAML
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        # item 7: a URL is not a local path (it was used as ./s3:/rt4/media)
+        ("shared_media_dir: s3://rt4/media", "shared_media_dir (--shared-media-dir): s3://rt4/media: the shared media directory: expected a local path, found a URL (s3://)"),
+        # item 8: bounded at parse time (the journal writer died with OverflowError)
+        ("rollout_journal_interval: 1.0e+308", "rollout_journal_interval (--rollout-journal-interval): expected seconds from 0 (disables the journal) to 86400 (a day), found 1e+308"),
+        # item 10: a run id too long for a file name (raw OSError at the first screenshot)
+        (f"run_uuid: {'r' * 300}", f"run_uuid (--run-uuid): run id '{'r' * 40}'... (300 characters) is refused because it is 300 bytes long, more than 128"),
+    ],
+)  # fmt: skip
+def test_a_bad_value_in_the_yaml_is_named_by_its_file_and_key(monkeypatch, tmp_path, model, line, expected):
+    _, yml = doc_blocks()
+    key = line.split(":")[0]
+    msg = refusal(monkeypatch, tmp_path, model, re.sub(rf"^{key}:.*$", line, yml, flags=re.M))
+    assert msg.startswith(f"--custom-config-path rollout_bundles.yaml: {expected}"), msg
+    assert not (tmp_path / "s3:").exists()
+
+
+def test_a_tilde_in_the_yamls_shared_media_dir_is_the_home_directory(monkeypatch, tmp_path, model):
+    """Issue 30 item 7: ``shared_media_dir: ~/media`` became ``./~/media`` (Miles does not expand
+    YAML values)."""
+    bash, yml = doc_blocks()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    write_yaml(re.sub(r"^shared_media_dir:.*$", "shared_media_dir: ~/media", yml, flags=re.M), tmp_path)
+    args = miles_parse(monkeypatch, tmp_path, stock_argv(bash, model, tmp_path))
+    assert args.shared_media_dir == "~/media"  # as Miles sets it
+    build_plugins(args)
+    assert args.shared_media_dir == str(tmp_path / "home" / "media")
+    assert run_media_dir(args) == tmp_path / "home" / "media" / "run1" and not (tmp_path / "~").exists()
+
+
+def test_a_yaml_alias_bomb_as_run_uuid_is_refused_at_once(monkeypatch, tmp_path, model):
+    """Issue 30 item 9: a few hundred bytes of YAML aliases as ``run_uuid`` (9**7 references
+    here) cost seconds and gigabytes, because the type error built the value's full repr."""
+    import time
+
+    _, yml = doc_blocks()
+    bomb = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"{n}: &{n} [{','.join([f'*{b}'] * 9)}]\n" for b, n in itertools.pairwise("abcdefg")
+    )
+    text = bomb + re.sub(r"^run_uuid:.*$", "run_uuid: *g", yml, flags=re.M)
+    start = time.perf_counter()
+    msg = refusal(monkeypatch, tmp_path, model, text)
+    elapsed = time.perf_counter() - start
+    assert msg.startswith(
+        "--custom-config-path rollout_bundles.yaml: run_uuid (--run-uuid): expected a string, found [[["
+    )
+    assert len(msg) < 300 and elapsed < 5.0, (len(msg), elapsed)  # Miles' parse included
+
+
+@pytest.mark.parametrize("buffer", [None, "miles.rollout.fully_async_data_buffer.DefaultDataBuffer"])
+def test_fully_async_without_our_buffer_is_refused_when_the_plugins_are_built(
+    monkeypatch, tmp_path, model, buffer
+):
+    """Issue 30 item 10: without ``--custom-async-data-buffer-path trainer_hooks.miles.BundledDataBuffer``
+    the run was refused at its first save, perhaps hours in; now when Miles builds the data source."""
+    bash, yml = doc_blocks()
+    write_yaml(yml, tmp_path)
+    argv = stock_argv(bash, model, tmp_path)
+    i = argv.index("--custom-async-data-buffer-path")
+    argv = [*argv[:i], *argv[i + 2 :]] + (["--custom-async-data-buffer-path", buffer] if buffer else [])
+    args = miles_parse(monkeypatch, tmp_path, argv)
+    assert args.rollout_function_path == "miles.rollout.fully_async_rollout.FullyAsyncRolloutFn"
+    with pytest.raises(ValueError) as e:
+        load_function(args.data_source_path)(args)
+    found = f"it names {buffer}" if buffer else "it is not set"
+    assert str(e.value).startswith(
+        "--fully-async with --data-source-path trainer_hooks.miles.BundledDataSource also needs "
+        "--custom-async-data-buffer-path trainer_hooks.miles.BundledDataBuffer"
+    ) and str(e.value).endswith(f"({found})")

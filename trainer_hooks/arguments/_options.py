@@ -27,19 +27,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from bundles import LinkMode, UnsupportedLocationError, Verify, check_location
+from bundles.support import bounded_repr, local_path_only
 from trainer_hooks.arguments._processor import RolloutEngineProcessorArgs, parse_mm_process_config
 from trainer_hooks.run_media import check_run_id
 
 __all__ = [
     "BUNDLE_LINK_MODES",
     "BUNDLE_VERIFY_MODES",
+    "MAX_JOURNAL_INTERVAL_S",
     "MILES_OPTIONS",
     "OWN_OPTIONS",
     "SETTINGS",
@@ -57,6 +60,10 @@ __all__ = [
 # The choices of --bundle-link-mode / --bundle-verify: bundles' own vocabularies.
 BUNDLE_LINK_MODES = LinkMode.values()
 BUNDLE_VERIFY_MODES = Verify.values()
+#: The longest ``--rollout-journal-interval``: a day. The interval bounds how much generation a
+#: crash loses; a longer one journals in effect never (0 says that), and a timer that far off
+#: overflows the journal writer's waits (``1e10`` s is past ``threading.TIMEOUT_MAX``).
+MAX_JOURNAL_INTERVAL_S = 86400.0
 _ADDR_RE = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>[0-9]{1,5})")
 
 
@@ -150,8 +157,8 @@ SETTINGS: tuple[Setting, ...] = (
             default=1.0,
             metavar="SECONDS",
             help="Journal every graded sample beside the rollout checkpoints and fsync the journal at "
-            "most this often, on a background thread (default 1.0; 0 disables the journal). A crash then "
-            "loses at most this much generation (docs/RESUME.md).",
+            "most this often, on a background thread (default 1.0; 0 disables the journal; at most 86400, "
+            "a day). A crash then loses at most this much generation (docs/RESUME.md).",
         ),
         "float",
     ),
@@ -223,7 +230,11 @@ def _miles_options() -> list[tuple[str, dict[str, Any]]]:
         ),
         (
             "--load-debug-rollout-data-subsample",
-            dict(type=float, default=None, help="Keep this fraction (0 < r <= 1) of the replayed samples."),
+            dict(
+                type=float,
+                default=None,
+                help="Keep this fraction (0 <= r <= 1; 0 keeps every row, as in Miles) of the replayed samples.",
+            ),
         ),
         # Miles' FSDP backend defines --fp16 as a BooleanOptionalAction; Megatron's --bf16 is a flag.
         ("--fp16", dict(action=argparse.BooleanOptionalAction, default=False)),
@@ -368,7 +379,9 @@ def check_settings(values: Mapping[str, Any], *, where: str) -> None:
         if not _is_kind(value, st.kind):
             choices = st.kwargs.get("choices")
             expected = f"one of {', '.join(choices)}" if choices else _KINDS[st.kind]
-            raise ValueError(f"{where}: {st.name} ({st.flag}): expected {expected}, found {value!r}")
+            raise ValueError(
+                f"{where}: {st.name} ({st.flag}): expected {expected}, found {bounded_repr(value)}"
+            )
 
 
 def _fields(value: Any) -> list[str]:
@@ -376,45 +389,89 @@ def _fields(value: Any) -> list[str]:
     return [f.strip() for v in items for f in str(v).split(",") if f.strip()]
 
 
-def validate_settings(args: argparse.Namespace) -> argparse.Namespace:
+def _seconds(value: Any) -> float:
+    """``value`` as a float; NaN where it is none (a huge int, a string that is no number), so
+    that every range check refuses it."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+
+
+def _names(names: list[str], shown: int = 5) -> str:
+    """Names for a message: each cut to 40 characters, at most ``shown`` of them."""
+    cut = [n if len(n) <= 40 else n[:37] + "..." for n in names[:shown]]
+    return ", ".join(cut) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def validate_settings(
+    args: argparse.Namespace, *, where: str | None = None, from_config: Collection[str] = ()
+) -> argparse.Namespace:
     """Check this project's own settings on ``args`` (:data:`SETTINGS`), whichever way they were
-    set, with the command line's messages; normalize ``shared_media_dir`` (absolute) and draw
-    ``run_uuid`` when unset. Settings absent from ``args`` are left absent (their readers use the
-    table's defaults). Returns ``args``; :func:`validate_args` starts with it, and the Miles plugins
-    call it (through :func:`trainer_hooks.miles.check_args`) on a stock Miles run's ``args``."""
+    set, with the command line's messages; normalize ``shared_media_dir`` (``~`` expanded, then
+    absolute; a URL is refused) and draw ``run_uuid`` when unset. Settings absent from ``args``
+    are left absent (their readers use the table's defaults). Returns ``args``;
+    :func:`validate_args` starts with it, and the Miles plugins call it (through
+    :func:`trainer_hooks.miles.check_args`) on a stock Miles run's ``args``.
+
+    A setting named in ``from_config`` (the keys of a config file) is named in a message as the
+    file's key, ``<where>: <key> (<flag>)``, as :func:`check_settings` names it: the user wrote
+    the key, not the flag. Every value a message shows is :func:`bundles.support.bounded_repr`'s."""
     g = lambda name, default=None: getattr(args, name, default)  # noqa: E731
+    keys = frozenset(from_config)
+
+    def label(name: str) -> str:
+        flag = "--" + name.replace("_", "-")
+        return f"{where}: {name} ({flag})" if where is not None and name in keys else flag
 
     if g("shared_media_dir") is not None:
-        path = os.path.abspath(os.fspath(args.shared_media_dir))
+        raw = args.shared_media_dir
+        try:  # bundles' rule: a URL is never taken for a local path (s3://b/m is not ./s3:/b/m)
+            local_path_only(raw, "the shared media directory")
+        except UnsupportedLocationError as e:
+            raise ValueError(f"{label('shared_media_dir')}: {e}") from None
+        if not isinstance(raw, (str, os.PathLike)):
+            raise ValueError(f"{label('shared_media_dir')}: expected a path, found {bounded_repr(raw)}")
+        path = os.path.expanduser(os.fspath(raw))
+        if path.startswith("~"):
+            raise ValueError(
+                f"{label('shared_media_dir')} {bounded_repr(path)}: cannot expand '~' (no such user or no "
+                "home directory); give an absolute path"
+            )
+        path = os.path.abspath(path)
         if os.path.exists(path) and not os.path.isdir(path):
-            raise ValueError(f"--shared-media-dir {path}: expected a directory, found a file")
+            raise ValueError(f"{label('shared_media_dir')} {path}: expected a directory, found a file")
         args.shared_media_dir = path
     if g("run_uuid") is None:
         args.run_uuid = uuid.uuid4().hex
-    check_run_id(args.run_uuid, option="--run-uuid")
+    check_run_id(args.run_uuid, option=label("run_uuid"))
 
     keep = g("keep_rollout_checkpoints")
     if keep is not None and keep < 1:
         raise ValueError(
-            f"--keep-rollout-checkpoints: expected at least 1 (the newest is needed to resume), found {keep}"
+            f"{label('keep_rollout_checkpoints')}: expected at least 1 (the newest is needed to resume), "
+            f"found {bounded_repr(keep)}"
         )
     interval = g("rollout_journal_interval")
-    if interval is not None and not (float(interval) >= 0 and float(interval) != float("inf")):
-        raise ValueError(f"--rollout-journal-interval: expected seconds >= 0 (0 disables), found {interval}")
+    if interval is not None and not 0 <= _seconds(interval) <= MAX_JOURNAL_INTERVAL_S:
+        raise ValueError(
+            f"{label('rollout_journal_interval')}: expected seconds from 0 (disables the journal) to "
+            f"{MAX_JOURNAL_INTERVAL_S:g} (a day), found {bounded_repr(interval)}"
+        )
     if g("resume_accept_changes") is not None:
         from trainer_hooks.checkpoints import FINGERPRINT_FIELDS
 
         unknown = [f for f in _fields(args.resume_accept_changes) if f not in FINGERPRINT_FIELDS]
         if unknown:
             raise ValueError(
-                f"--resume-accept-changes: unknown field(s) {', '.join(unknown)}; expected some of "
+                f"{label('resume_accept_changes')}: unknown field(s) {_names(unknown)}; expected some of "
                 f"{', '.join(FINGERPRINT_FIELDS)}"
             )
     for name, choices in (("bundle_link_mode", BUNDLE_LINK_MODES), ("bundle_verify", BUNDLE_VERIFY_MODES)):
         value = g(name)
         if value is not None and value not in choices:
             raise ValueError(
-                f"--{name.replace('_', '-')}: expected one of {', '.join(choices)}, found {value!r}"
+                f"{label(name)}: expected one of {', '.join(choices)}, found {bounded_repr(value)}"
             )
     return args
 
@@ -454,10 +511,10 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     if ratio is not None:
         # 0 is what Miles accepts and means "keep everything" (its slice data[:0] + data[-0:]);
         # above 1 Miles' slices overlap and train rows twice, below 0 they cut the middle out.
-        if not (0.0 <= float(ratio) <= 1.0):
+        if not 0.0 <= _seconds(ratio) <= 1.0:
             raise ValueError(
                 f"--load-debug-rollout-data-subsample: expected 0 <= r <= 1 (0 keeps every row, as in Miles), "
-                f"found {ratio}"
+                f"found {bounded_repr(ratio)}"
             )
         if g("load_debug_rollout_data") is None:
             raise ValueError("--load-debug-rollout-data-subsample: requires --load-debug-rollout-data")
@@ -465,9 +522,11 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     for name in ("num_rollout", "rollout_batch_size", "save_interval", "update_weights_interval"):
         value = g(name)
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')}: expected a positive integer, found {value}")
+            raise ValueError(
+                f"--{name.replace('_', '-')}: expected a positive integer, found {bounded_repr(value)}"
+            )
     if g("start_rollout_id") is not None and args.start_rollout_id < 0:
-        raise ValueError(f"--start-rollout-id: expected >= 0, found {args.start_rollout_id}")
+        raise ValueError(f"--start-rollout-id: expected >= 0, found {bounded_repr(args.start_rollout_id)}")
 
     if g("sglang_mm_process_config") is not None:
         args.sglang_mm_process_config = parse_mm_process_config(
@@ -478,7 +537,9 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     for addr in addrs or ():
         m = _ADDR_RE.fullmatch(addr)
         if m is None or not 0 < int(m["port"]) < 65536:
-            raise ValueError(f"--rollout-external-engine-addrs: expected HOST:PORT, found {addr!r}")
+            raise ValueError(
+                f"--rollout-external-engine-addrs: expected HOST:PORT, found {bounded_repr(addr)}"
+            )
 
     args.rollout_processor_args = None
     if g("enable_token_space_processor"):

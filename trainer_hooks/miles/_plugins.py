@@ -158,6 +158,40 @@ def _find_checkpoint(args: Any, rollout_id: int) -> bool:
     return False
 
 
+_NEEDS_OUR_BUFFER = (
+    "--fully-async with --data-source-path trainer_hooks.miles.BundledDataSource also needs "
+    "--custom-async-data-buffer-path trainer_hooks.miles.BundledDataBuffer: without it the "
+    "finished groups are not seen and a resume would train them twice"
+)
+
+
+def _check_buffer_option(args: Any) -> None:
+    """Refuse, when the data source is built, a ``--fully-async`` run whose buffer will not be a
+    :class:`BundledDataBuffer`: Miles' rollout function (the one ``--fully-async`` selects) builds
+    the buffer ``--custom-async-data-buffer-path`` names, or Miles' own without it, and
+    :meth:`BundledDataSource.save` could not see the finished groups (it refuses then, but only at
+    the first save, perhaps hours in). Only where Miles' parser has resolved the rollout function
+    (``args.rollout_function_path``) and both paths load; this project's
+    :class:`FullyAsyncRolloutFn` brings a :class:`BundledDataBuffer` itself without the option."""
+    fn_path = getattr(args, "rollout_function_path", None)
+    if not getattr(args, "fully_async", False) or not isinstance(fn_path, str):
+        return
+    from miles.utils.misc import load_function
+
+    buffer_path = getattr(args, "custom_async_data_buffer_path", None)
+    try:
+        fn_cls = load_function(fn_path)
+        buffer_cls = load_function(buffer_path) if buffer_path else None
+    except Exception:  # Miles reports a path it cannot load when it loads it
+        return
+    if isinstance(fn_cls, type) and issubclass(fn_cls, FullyAsyncRolloutFn) and buffer_cls is None:
+        return
+    if isinstance(buffer_cls, type) and issubclass(buffer_cls, BundledDataBuffer):
+        return
+    found = f"it names {buffer_path}" if buffer_path else "it is not set"
+    raise ValueError(f"{_NEEDS_OUR_BUFFER} ({found})")
+
+
 class _SavesThroughState:
     """``flush``/``close`` of the two Miles plugins that save: both go through the run's one
     checkpointer and journal (``rollout_state``)."""
@@ -185,6 +219,7 @@ class BundledDataSource(_SavesThroughState, RolloutDataSourceWithBuffer):
     def __init__(self, args: Any) -> None:
         super().__init__(args)
         self.rollout_state = rollout_state(args)
+        _check_buffer_option(args)
         self.rollout_state.set_cursor(_cursor_of(self))
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
@@ -205,11 +240,7 @@ class BundledDataSource(_SavesThroughState, RolloutDataSourceWithBuffer):
             return None
         state = self.rollout_state
         if getattr(self.args, "fully_async", False) and not state.buffer_attached:
-            raise ValueError(
-                "--fully-async with --data-source-path trainer_hooks.miles.BundledDataSource also needs "
-                "--custom-async-data-buffer-path trainer_hooks.miles.BundledDataBuffer: without it the "
-                "finished groups are not seen and a resume would train them twice"
-            )
+            raise ValueError(_NEEDS_OUR_BUFFER)
         with state.lock:
             state.set_cursor(_cursor_of(self))
             return state.save(rollout_id, in_flight_is_consumed=not state.buffer_attached)

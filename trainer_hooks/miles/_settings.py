@@ -25,8 +25,13 @@ is read. It refuses, in one ``ValueError`` that names the config file:
   working directory), every attribute of ``args`` is looked at the same way; without
   ``--custom-config-path`` there is nothing to misspell (argparse refuses a misspelt option);
 * a value of the wrong type (``keep_rollout_checkpoints: three``), and any value the command line
-  would refuse, with the command line's message (:func:`trainer_hooks.arguments.validate_settings`,
-  which also makes ``shared_media_dir`` absolute and draws ``run_uuid`` when unset).
+  would refuse, with the command line's reason (:func:`trainer_hooks.arguments.validate_settings`,
+  which also expands ``~`` in ``shared_media_dir``, makes it absolute, refuses a URL for it and
+  draws ``run_uuid`` when unset). A value the YAML gave is named as its key,
+  ``--custom-config-path FILE: keep_rollout_checkpoints (--keep-rollout-checkpoints): ...``: the
+  user wrote the key, not the flag. Every value a message shows is bounded
+  (:func:`bundles.support.bounded_repr`): a YAML alias bomb as ``run_uuid`` costs no more to
+  refuse than a typo.
 
 Trade-off: Megatron's options are not in Miles' parser as built here (Megatron adds them around
 it); one within the ratio of ours given in the YAML (or, without a readable YAML, present at all)
@@ -42,11 +47,13 @@ import io
 import threading
 from typing import Any
 
+from bundles.support import bounded_repr
 from trainer_hooks.arguments import SETTINGS, add_own_arguments, check_settings, validate_settings
 
 __all__ = ["add_arguments", "check_args", "miles_option_names"]
 
 SETTING_NAMES = frozenset(st.name for st in SETTINGS)
+_LONGEST = max(len(name) for name in SETTING_NAMES)
 #: How close (difflib's ratio) a key must be to one of ours to be taken for a misspelling of it.
 CLOSE = 0.8
 
@@ -108,7 +115,9 @@ def _near_misses(args: Any, keys: list[str]) -> list[tuple[str, str]]:
     of our settings and that Miles does not define."""
     near = []
     for key in keys:
-        if key in SETTING_NAMES or key.startswith("_"):
+        # A key far longer than any of ours is no misspelling of one (and difflib's cost grows
+        # with the product of the lengths).
+        if key in SETTING_NAMES or key.startswith("_") or len(key) > 2 * _LONGEST:
             continue
         norm = key.replace("-", "_")
         match = [norm] if norm in SETTING_NAMES else difflib.get_close_matches(norm, SETTING_NAMES, 1, CLOSE)
@@ -135,12 +144,14 @@ def check_args(args: Any) -> Any:
             keys = list(vars(args))
         near = _near_misses(args, keys)
         if near:
-            listed = "; ".join(f"{key!r} (did you mean {match!r}?)" for key, match in sorted(near))
+            listed = "; ".join(
+                f"{bounded_repr(key)} (did you mean {match!r}?)" for key, match in sorted(near)
+            )
             raise ValueError(
                 f"{where}: unknown setting {listed}; this project's settings are "
                 f"{', '.join(st.name for st in SETTINGS)} (docs/INTEGRATION.md A.6)"
             )
         check_settings(vars(args), where=where)
-        validate_settings(args)
+        validate_settings(args, where=where, from_config=keys if config else ())
         _CHECKED[id(args)] = args
     return args
