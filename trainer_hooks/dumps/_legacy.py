@@ -120,6 +120,22 @@ def import_legacy_dump(
         raise BundleExistsError(
             f"{dest_path}: destination exists; pass overwrite=True (--force) to replace it"
         )
+    data = _load_dump(src_path)
+    samples, roots = _sample_dicts(src_path, data["samples"], missing_media)
+    meta = _dump_meta(src_path, data, evaluation)
+    return write_dump_bundle(
+        dest_path,
+        samples,
+        media_roots=sorted(roots),
+        kind=DEBUG_DUMP_KIND,
+        meta=meta,
+        link=link,
+        missing_media=missing_media,
+    )
+
+
+def _load_dump(src_path: Path) -> Mapping[Any, Any]:
+    """Unpickle ``src_path`` (trust was checked by the caller); a mapping holding ``samples``."""
     try:
         import torch
     except ImportError:
@@ -139,7 +155,13 @@ def import_legacy_dump(
         raise LegacyDumpError(
             f"{src_path}: expected a dict with 'samples', 'rollout_id', 'metadata'; found {found}"
         )
-    raw_samples = data["samples"]
+    return data
+
+
+def _sample_dicts(
+    src_path: Path, raw_samples: Any, missing_media: str
+) -> tuple[list[dict[Any, Any]], set[str]]:
+    """The dump's samples as plain dicts, and the directories of the media files they name."""
     if not isinstance(raw_samples, (list, tuple)):
         raise LegacyDumpError(
             f"{src_path}: samples: expected a list of sample dicts, found {type(raw_samples).__name__}"
@@ -158,6 +180,11 @@ def import_legacy_dump(
             d["status"] = status.value  # an Enum pickled by an older to_dict
         _media_dirs(d, f"{src_path}: samples[{i}]", missing_media, roots)
         samples.append(d)
+    return samples, roots
+
+
+def _dump_meta(src_path: Path, data: Mapping[Any, Any], evaluation: bool | None) -> dict[str, Any]:
+    """The bundle's ``meta`` (see the module docstring)."""
     metadata = data.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise LegacyDumpError(f"{src_path}: metadata: expected a dict, found {type(metadata).__name__}")
@@ -165,22 +192,13 @@ def import_legacy_dump(
     evaluation = _is_evaluation(src_path, rollout_id) if evaluation is None else bool(evaluation)
     if evaluation and isinstance(rollout_id, int) and not isinstance(rollout_id, bool):
         rollout_id = f"eval_{rollout_id}"  # as save_debug_rollout_data names evaluation dumps
-    meta = {
+    return {
         "rollout_id": rollout_id,
         "evaluation": evaluation,
         "metadata": dict(metadata),
         "imported_from": src_path.name,
         "legacy_format": "torch.save",
     }
-    return write_dump_bundle(
-        dest_path,
-        samples,
-        media_roots=sorted(roots),
-        kind=DEBUG_DUMP_KIND,
-        meta=meta,
-        link=link,
-        missing_media=missing_media,
-    )
 
 
 def _is_evaluation(src: Path, rollout_id: Any) -> bool:
