@@ -34,6 +34,9 @@ from trainer_hooks.checkpoints import (
 from trainer_hooks.checkpoints.journal import RolloutJournal
 from trainer_hooks.testing import png_bytes
 
+# The journal_place fixture: one test per journal sink (a local directory, SeaweedFS).
+pytest_plugins = ("helpers.journal_sinks",)
+
 SIZE = 2
 
 
@@ -609,3 +612,49 @@ def test_a_torn_tail_the_checkpoint_covers_is_corruption_not_a_torn_write(tmp_pa
         later.unlink()
     with pytest.raises(JournalCorruptError, match=f"covers up to record {watermark}"):
         resume(tmp_path, 0)
+
+
+# -- a journal that cannot write stops training (issue 30, item 8) ------------------------------
+@pytest.mark.parametrize("where", ["writer", "sink"])
+def test_a_dead_journal_writer_stops_training_at_the_next_step_naming_the_cause(journal_place, where):
+    """The writer dies (its thread, or its sink's: a local fsync, a store's shipment) with a
+    cause of its own; the next training step fails naming the journal and that cause, and so
+    does every step after it: no step trains unjournaled."""
+    from trainer_hooks import RolloutWorkerError
+
+    point = {"writer": "journal.append", "sink": {"local": "journal.synced", "seaweedfs": "journal.ship"}}[
+        where
+    ]
+    if isinstance(point, dict):
+        point = point[journal_place.name]
+    args = journal_place.args(f"run-dead-{where}")
+    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(100)), generate_sample=SampleGen(), max_in_flight=2)
+    assert len(fn.drain(timeout=20, step=0)) == 2  # a healthy step first
+    journal = fn.ledger.journal
+    assert journal is not None and journal.failure is None
+
+    def full_disk(*_: object) -> None:
+        raise OSError(28, "No space left on device (planted by the test)")
+
+    trained_after = []
+    with on_fault_point(point, full_disk):
+        for step in range(1, 8):
+            time.sleep(0.15)  # three flush intervals: the writer flushes (and dies) meanwhile
+            dead = journal.failure is not None  # known dead before the step began
+            try:
+                fn.drain(timeout=20, step=step)
+            except (JournalError, RolloutWorkerError) as e:
+                error = e
+                break
+            if dead:
+                trained_after.append(step)
+        else:
+            pytest.fail(f"7 steps trained and none failed; the journal's failure: {journal.failure!r}")
+    assert trained_after == []
+    text = str(error)
+    assert "No space left on device (planted by the test)" in text and journal.where in text, text
+    assert isinstance(journal.failure, OSError)
+    with pytest.raises((JournalError, RolloutWorkerError), match="planted by the test"):
+        fn.drain(timeout=20, step=step + 1)  # and it stays stopped
+    with pytest.raises(JournalError, match="planted by the test"):
+        fn.close()

@@ -18,7 +18,15 @@ import pytest
 from helpers import trainer_args
 
 from bundles import BundleError, BundleVerificationError
-from trainer_hooks.checkpoints import JournalError, RolloutLedger, journal_dir, scan_journal
+from trainer_hooks.checkpoints import (
+    JournalCorruptError,
+    JournalError,
+    RolloutLedger,
+    journal_dir,
+    materialize,
+    scan_journal,
+)
+from trainer_hooks.checkpoints.journal import KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "vectors" / "hostile" / "journal"
@@ -243,3 +251,73 @@ def test_a_version_1_journal_resumes_and_the_run_goes_on_in_version_2(tmp_path):
     assert [r.seq for r in scan.records] == list(range(1, 20)) and not scan.problems
     state = RolloutLedger(args_of(tmp_path)).recover(0, sample_cls=dict)
     assert sorted(g for g, _ in state.completed) == [4, 5, 6, 7]  # consumed by step 1 twice: back
+
+
+# -- every record kind of the table, malformed (issue 31, item 4) -------------------------------
+#: A well-formed record of each kind: (seq, a, b, body value or None). The test below fails for a
+#: kind added to the table without an example here, so a new kind is checked like the others.
+WELL_FORMED: dict[str, tuple[int, int, object, object]] = {
+    "take": (1, 0, {"cursor": None, "n": 1, "end": 0}, {"samples": [{"index": 0}]}),
+    "sample": (2, 0, 0, {"index": 0}),
+    "group": (2, 0, 1, {"samples": [{"index": 0}]}),
+    "consumed": (2, 0, [0], None),
+    "recycled": (2, 0, {"n": 1}, {"samples": [{"index": 0}]}),
+    "dropped": (2, 0, None, None),
+    "sync": (-1, -1, 1, None),
+}
+
+
+def test_every_kind_of_the_table_has_a_well_formed_example():
+    assert set(WELL_FORMED) == set(KINDS)
+
+
+def _kind_journal(tmp_path: Path, kind: str, how: str) -> tuple[Path, int]:
+    """A journal holding group 0's take (seq 1), then one record of ``kind`` malformed ``how``
+    (``meta``: its ``b`` is no value the kind has; ``body``: a body where the kind has none, else
+    a body of another shape); returns the segment and that record's byte offset."""
+    seq, a, b, value = WELL_FORMED[kind]
+    if how == "meta":
+        b = "malformed"
+    if how == "body":
+        value = 42 if value is not None else {"samples": []}  # wrong shape / a body where none is
+    body = b"" if value is None else generator._body(value)
+    take_seq, take_a, take_b, take_value = WELL_FORMED["take"]
+    out = bytearray(generator._segment_header(2, 1))
+    if kind != "take":
+        out += generator._frame(2, [take_seq, "take", 1.0, take_a, take_b, []], generator._body(take_value))
+    offset = len(out)
+    out += generator._frame(2, [seq, kind, 2.0, a, b, []], body)
+    jdir = journal_dir(tmp_path / "ckpt")
+    jdir.mkdir(parents=True)
+    segment = jdir / generator.SEGMENT
+    segment.write_bytes(bytes(out))
+    return segment, offset
+
+
+@pytest.mark.parametrize("how", ["meta", "body"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_malformed_record_of_every_kind_is_a_journal_error_naming_segment_and_byte(tmp_path, kind, how):
+    """Parametrised over the table itself: for each kind, a malformed meta and a malformed body
+    are refused, at the scan or when a resume decodes the record, as a JournalCorruptError naming
+    the segment and the record's byte offset; never a KeyError or a TypeError from the replay."""
+    segment, offset = _kind_journal(tmp_path, kind, how)
+    with pytest.raises(JournalCorruptError) as e:
+        ledger = RolloutLedger(args_of(tmp_path))
+        state = ledger.recover(None, sample_cls=dict)
+        for _, group in state.completed:  # a finished group is decoded when training takes it
+            materialize(group)
+    assert f"{segment}: record at byte {offset}" in str(e.value), str(e.value)
+    assert kind in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("kind", sorted(k for k, v in KINDS.items() if v.body is not None))
+def test_a_record_of_a_kind_with_a_body_but_none_is_refused_at_the_scan(tmp_path, kind):
+    _, a, b, _ = WELL_FORMED[kind]
+    jdir = journal_dir(tmp_path / "ckpt")
+    jdir.mkdir(parents=True)
+    segment = jdir / generator.SEGMENT
+    segment.write_bytes(generator._segment_header(2, 1) + generator._frame(2, [1, kind, 1.0, a, b, []]))
+    with pytest.raises(
+        JournalCorruptError, match=rf"{segment}: record at byte \d+ .*{kind} record: expected a body"
+    ):
+        scan_journal(jdir, lineage=generator.LINEAGE)

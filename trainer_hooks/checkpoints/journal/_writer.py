@@ -293,6 +293,12 @@ class RolloutJournal:
         return self.append("dropped", gid)
 
     @property
+    def failure(self) -> BaseException | None:
+        """What stopped the writer, or its sink's thread (None while it works); from then on
+        every append, flush and close raises it, named, as a :class:`JournalError`."""
+        return self._error
+
+    @property
     def last_seq(self) -> int:
         """The seq of the last record appended (0 before any)."""
         with self._seq_lock:
