@@ -471,7 +471,7 @@ def test_resume_hashes_the_media_it_places_by_default(tmp_path):
     open_bundle(checkpoint_path(args.save, 0), verify="full")
     fresh = trainer_args(tmp_path, "run-d")
     other = run_media_dir(fresh) / stored[1].name
-    other.parent.mkdir(parents=True)
+    store_media(fresh, b"another screenshot")  # the run directory, made as a run makes it
     other.write_bytes(b"\0" * stored[1].stat().st_size)
     with pytest.raises(BundleVerificationError, match=rf"{other}: digest: expected sha256:"):
         load_rollout_checkpoint(fresh, 0)
