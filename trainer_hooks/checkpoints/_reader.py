@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bundles import BundleFormatError, BundleVerificationError, Location, MediaRef, open_bundle
+from bundles import Bundle, BundleFormatError, BundleVerificationError, Location, MediaRef, open_bundle
 from trainer_hooks._sample import resolve_sample_cls
 from trainer_hooks._sample_bundle import processor_settings, training_dtype_name
-from trainer_hooks.checkpoints._groups import layout_sample_count, read_layouts, unflatten_groups
+from trainer_hooks.checkpoints._groups import Layout, layout_sample_count, read_layouts, unflatten_groups
 from trainer_hooks.checkpoints._paths import (
     CHECKPOINT_KIND,
     READABLE_CHECKPOINT_VERSIONS,
@@ -83,6 +83,31 @@ def read_rollout_checkpoint(
     base = root if root is not None else _require(args, "load", "--load")
     path = checkpoint_path(base, rollout_id)
     bundle = open_bundle(path, verify=getattr(args, "bundle_verify", None) or "fast")
+    pending_layouts, completed_layouts, recycled_layouts, source_state = _checked_layouts(
+        bundle, path, rollout_id
+    )
+    _warn_on_mismatch(args, bundle.meta, path)
+    samples = _rehydrated_samples(args, bundle, path, cls, verify_media)
+    pending, pos = unflatten_groups(samples, pending_layouts)
+    _reset_for_retry(pending)
+    completed, pos = unflatten_groups(samples, completed_layouts, pos)
+    recycled, pos = unflatten_groups(samples, recycled_layouts, pos)
+    return RolloutCheckpoint(
+        path=path,
+        rollout_id=rollout_id,
+        meta=bundle.meta,
+        pending_groups=pending,
+        completed_groups=completed,
+        recycled_groups=recycled,
+        data_source_state=source_state,
+    )
+
+
+def _checked_layouts(
+    bundle: Bundle, path: Location, rollout_id: int
+) -> tuple[list[Layout], list[Layout], list[Layout], dict[str, Any] | None]:
+    """Check the checkpoint's kind and meta before any media is placed; return its pending,
+    completed and recycled group layouts and the data source's cursor."""
     if bundle.kind != CHECKPOINT_KIND:
         raise BundleFormatError(f"{path}: kind: expected {CHECKPOINT_KIND!r}, found {bundle.kind!r}")
     meta = bundle.meta
@@ -111,42 +136,40 @@ def read_rollout_checkpoint(
         raise BundleFormatError(
             f"{path}: meta.data_source: expected an object (the data source's cursor), found {source_state!r}"
         )
-    _warn_on_mismatch(args, meta, path)
-    if bundle.media:
-        if run_media_dir(args) is None:
-            raise RunMediaError(
-                f"{path}: the checkpoint holds {len(bundle.media)} media file(s) but --shared-media-dir is not "
-                "set: there is no run media directory to rehydrate them into"
-            )
-        media_dir = ensure_run_dir(args)
-        samples = bundle.rehydrate(
-            media_dir,
-            link=getattr(args, "bundle_link_mode", None) or "auto",
-            progress=False,
-            sample_cls=cls,
+    return pending_layouts, completed_layouts, recycled_layouts, source_state
+
+
+def _rehydrated_samples(
+    args: Namespace, bundle: Bundle, path: Location, cls: Any, verify_media: bool | None
+) -> list[Any]:
+    """The checkpoint's samples, their media placed in (and referencing) this run's directory."""
+    if not bundle.media:
+        return list(bundle.samples(sample_cls=cls))
+    if run_media_dir(args) is None:
+        raise RunMediaError(
+            f"{path}: the checkpoint holds {len(bundle.media)} media file(s) but --shared-media-dir is not "
+            "set: there is no run media directory to rehydrate them into"
         )
-        if verify_media if verify_media is not None else getattr(args, "resume_verify_media", True):
-            _verify_placed_media(path, media_dir, bundle.media)
-    else:
-        samples = list(bundle.samples(sample_cls=cls))
-    pending, pos = unflatten_groups(samples, pending_layouts)
+    media_dir = ensure_run_dir(args)
+    samples = bundle.rehydrate(
+        media_dir,
+        link=getattr(args, "bundle_link_mode", None) or "auto",
+        progress=False,
+        sample_cls=cls,
+    )
+    if verify_media if verify_media is not None else getattr(args, "resume_verify_media", True):
+        _verify_placed_media(path, media_dir, bundle.media)
+    return samples
+
+
+def _reset_for_retry(pending: list[list[Any]]) -> None:
+    # Partial generations are not resumed: their prompts are resubmitted from scratch.
     for group in pending:
         for item in group:
             for s in item if type(item) is list else [item]:
                 reset = getattr(s, "reset_for_retry", None)
                 if callable(reset):
                     reset()
-    completed, pos = unflatten_groups(samples, completed_layouts, pos)
-    recycled, pos = unflatten_groups(samples, recycled_layouts, pos)
-    return RolloutCheckpoint(
-        path=path,
-        rollout_id=rollout_id,
-        meta=meta,
-        pending_groups=pending,
-        completed_groups=completed,
-        recycled_groups=recycled,
-        data_source_state=source_state,
-    )
 
 
 def _verify_placed_media(path: Location, media_dir: Path, refs: list[MediaRef]) -> None:
