@@ -158,6 +158,24 @@ def _short(error: BaseException) -> str:
     return f"{text} ({code.group(1)})" if code else text
 
 
+# A refusal of the request's credentials, as the stores word it in any error class.
+_DENIED_RE = re.compile(
+    r"status code: 40[13] |\((?:SignatureDoesNotMatch|InvalidAccessKeyId|AccessDenied|AuthorizationFailure|"
+    r"AuthenticationFailed|InvalidAuthenticationInfo)\)|<Code>(?:SignatureDoesNotMatch|InvalidAccessKeyId|"
+    r"AccessDenied|AuthorizationFailure|AuthenticationFailed)</Code>"
+)
+_PLAIN_HTTP_RE = re.compile(r"http://[^/\s]+")
+_ANSWER_RE = re.compile(r"status code: (\d{3}[^(\n]*?)\s*(\([A-Za-z]{1,64}\))?\s*$", re.M)
+
+
+def _answer(text: str, short: str) -> str:
+    """The server's answer in a few words (``403 Forbidden (SignatureDoesNotMatch)``), else ``short``."""
+    m = _ANSWER_RE.search(short) or _ANSWER_RE.search(text)
+    if m is None:
+        return short
+    return f"{m.group(1).strip()} {m.group(2)}" if m.group(2) else m.group(1).strip()
+
+
 def bucket_missing(error: BaseException) -> bool:
     """The store answered that the bucket (S3, GCS) or container (Azure) does not exist."""
     text = str(error)
@@ -179,6 +197,11 @@ def store_error(url: object, what: str, error: BaseException) -> BundleError:
             f"{url}: cannot {what}: the bucket {bucket!r} does not exist (create it first, e.g. "
             f"aws s3 mb {scheme}://{bucket}; see README 'On an object store')"
         )
+    if isinstance(error, (exc.PermissionDeniedError, exc.UnauthenticatedError)) or _DENIED_RE.search(text):
+        # A listing's 403 comes as a GenericError; say what the answer was, not obstore's text.
+        return BundleIOError(
+            f"{url}: cannot {what}: access denied (check the credentials) [{_answer(text, short)}]"
+        )
     if (
         "/latest/api/token" in text
         or "169.254.169.254" in text
@@ -188,8 +211,15 @@ def store_error(url: object, what: str, error: BaseException) -> BundleError:
             f"{url}: cannot {what}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
             f"(or pass storage_options) [{short}]"
         )
-    if isinstance(error, (exc.PermissionDeniedError, exc.UnauthenticatedError)):
-        return BundleIOError(f"{url}: cannot {what}: access denied (check the credentials) [{short}]")
+    plain = _PLAIN_HTTP_RE.search(text)
+    if plain and "builder error" in text:
+        # reqwest refuses an http:// endpoint unless allowed, with only "builder error" to say so.
+        scheme = url.scheme if isinstance(url, StoreURL) else "s3"
+        env = _ENV_PREFIX_OF.get(scheme, "AWS_") + "ALLOW_HTTP"
+        return BundleIOError(
+            f"{url}: cannot {what}: the endpoint {plain.group(0)} is plain http, which is refused unless "
+            f"allowed: set {env}=true (or storage_options allow_http=True)"
+        )
     if isinstance(error, exc.NotFoundError):
         return BundleNotFoundError(f"{url}: cannot {what}: not found")
     return BundleIOError(f"{url}: cannot {what}: {short}")

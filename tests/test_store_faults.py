@@ -113,3 +113,83 @@ def test_uploads_that_keep_dropping_fail_naming_the_url(via_proxy: Any, proxy: A
     proxy.clear()
     with pytest.raises(BundleNotFoundError):
         open_bundle(url, storage_options=options)
+
+
+def _cli(env: dict[str, str | None], *argv: str) -> Any:
+    """``rollout-bundle <argv>`` in a subprocess, the store configured by ``env`` alone (None: unset)."""
+    import os
+    import subprocess
+    import sys
+
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AZURE_", "AZURITE_", "GOOGLE_"))
+    }
+    base.update({k: v for k, v in env.items() if v is not None})
+    base["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    return subprocess.run(
+        [sys.executable, "-m", "trainer_hooks.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=base,
+        timeout=120,
+    )
+
+
+def _one_line_about(proc: Any, command: str, url: str, cause: str) -> None:
+    """One line, naming the URL given (no journal path it never named) and the cause in our words
+    (none of obstore's own text)."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    line = lines[0]
+    assert line.startswith(f"rollout-bundle {command}: error: {url}: cannot "), line
+    assert cause in line, line
+    for raw in ("journal", "Generic", "builder error", "Error performing", "Debug"):
+        assert raw not in line, line
+
+
+CAUSES = {
+    "secret": "access denied (check the credentials) [403 Forbidden (SignatureDoesNotMatch)]",
+    "http": "is plain http, which is refused unless allowed: set AWS_ALLOW_HTTP=true",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["secret", "http"])
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_a_refused_store_is_one_line_about_the_url_given(
+    seaweed_s3: Any, tmp_path: Path, fault: str, command: str
+) -> None:
+    """A wrong secret (SeaweedFS checks signatures) or an http:// endpoint without AWS_ALLOW_HTTP:
+    ``inspect`` (which looks for a rollout journal beside the URL too) says what ``verify`` says."""
+    bucket = seaweed_s3.bucket()
+    url = f"s3://{bucket}/x"
+    write_bundle(url, [{"index": 0}], storage_options=seaweed_s3.options())
+    assert _cli(seaweed_s3.env, command, url).returncode == 0
+    wrong: dict[str, str | None] = dict(seaweed_s3.env)
+    if fault == "secret":
+        wrong["AWS_SECRET_ACCESS_KEY"] = "not-the-secret"
+    else:
+        wrong["AWS_ALLOW_HTTP"] = None
+    proc = _cli(wrong, command, url)
+    _one_line_about(proc, command, url, CAUSES[fault])
+    if fault == "http":
+        assert f"the endpoint {seaweed_s3.endpoint} is plain http" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_a_wrong_azure_key_is_one_line_about_the_url_given(
+    azurite_az: Any, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import base64
+
+    url = f"az://{azurite_az.container()}/x"
+    for k, v in azurite_az.env.items():
+        monkeypatch.setenv(k, v)
+    write_bundle(url, [{"index": 0}])
+    assert _cli(azurite_az.env, command, url).returncode == 0
+    wrong = {**azurite_az.env, "AZURE_STORAGE_ACCOUNT_KEY": base64.b64encode(b"not the key" * 6).decode()}
+    proc = _cli(wrong, command, url)
+    _one_line_about(
+        proc, command, url, "access denied (check the credentials) [403 Forbidden (AuthorizationFailure)]"
+    )
