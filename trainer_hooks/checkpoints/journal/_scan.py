@@ -458,64 +458,39 @@ def _foreign(scan: JournalScan, entry: _Entry, lineage: str) -> None:
     )
 
 
+@dataclass
+class _Read:
+    """One segment as :func:`_read_segment` read it: its bytes, header (None: torn), version, the
+    frames that checked, and where and why the rest did not (None: it ends cleanly)."""
+
+    data: Any
+    header: dict[str, Any] | None
+    version: int
+    frames: list[_Frame]
+    damage_at: int | None
+    damage: str | None
+
+
 def _scan_chain(scan: JournalScan, chain: list[_Entry], after_seq: int, decode_bodies: bool) -> None:
     """One lineage's segments, in seq order: each continues the one before it."""
     expected: int | None = None  # the seq of the next data record
     torn: _Torn | None = None  # a torn tail not yet known to be the last one
     for entry in chain:
-        try:
-            data, fd = _open(entry.path)
-        except FileNotFoundError:
+        read = _read_segment(scan, entry, expected)
+        if read is None:
             continue  # compacted meanwhile
-        try:
-            scan.segments += 1
-            scan.bytes += len(data)
-            header, pos, version, damage = _header(data, entry.path)
-            frames: list[_Frame] = []
-            damage_at: int | None = 0 if damage is not None else None
-            if header is not None:
-                _check_names(entry, header)
-                scan.lineages.add(header["lineage"])
-                scan.fingerprint = header.get("fingerprint")
-                frames, damage_at, damage = _walk(
-                    fd, data, pos, version, entry.path, expected if expected is not None else entry.first_seq
-                )
-            else:
-                scan.lineages.add(entry.lineage)
-        finally:
-            os.close(fd)
-        # Records after the last sync mark were not fsynced: their bodies are checked now.
-        last_sync = max((i for i, f in enumerate(frames) if f.meta[1] == "sync"), default=-1)
-        view = memoryview(data) if len(data) else None
-        for i in range(last_sync + 1, len(frames)):
-            f = frames[i]
-            if f.body_crc is not None and f.blen:
-                assert view is not None
-                found = zlib.crc32(view[f.end - f.blen : f.end])
-                if found != f.body_crc:
-                    damage_at, damage = (
-                        f.start,
-                        f"body checksum: expected {f.body_crc:#010x}, found {found:#010x}",
-                    )
-                    del frames[i:]
-                    break
-                f.body_crc = None
-        data_frames = [f for f in frames if f.meta[1] != "sync"]
+        _check_unsynced_bodies(read)
+        data_frames = [f for f in read.frames if f.meta[1] != "sync"]
         # The seq the damage cut off: the one after the segment's last good record.
         cut_seq = (
             data_frames[-1].meta[0] + 1
             if data_frames
             else (expected if expected is not None else entry.first_seq)
         )
-        if damage_at is not None:
-            mark = _sync_mark_after(data, damage_at + 1, (version,) if header is not None else (2, 1))
-            if mark is not None:
-                raise JournalCorruptError(
-                    f"{entry.path}: record at byte {damage_at} (seq {cut_seq} expected) is damaged: {damage}; "
-                    f"a valid sync mark follows at byte {mark}, so it was durable: corruption, not a torn write; "
-                    "refusing to resume from this journal (nothing is guessed)"
-                )
-        for f in frames:
+        if read.damage_at is not None:
+            _refuse_durable_damage(entry, read, cut_seq)
+        view = memoryview(read.data) if len(read.data) else None
+        for f in read.frames:
             seq, kind, at, a, b, media = f.meta
             if kind == "sync":
                 scan.last_sync_at, scan.synced_seq = at, max(scan.synced_seq, int(b))
@@ -523,25 +498,10 @@ def _scan_chain(scan: JournalScan, chain: list[_Entry], after_seq: int, decode_b
             if expected is None:
                 expected = seq
             if seq != expected:
-                if torn is not None:
-                    raise JournalCorruptError(
-                        f"{torn.path}: record at byte {torn.pos} (seq {torn.lost_seq} expected) is damaged: "
-                        f"{torn.reason}; the journal goes on in {entry.path} at seq {seq}, past it (a run "
-                        f"resumed after a crash goes on at seq {torn.lost_seq}): it was durable: corruption, not a "
-                        "torn write; refusing to resume from this journal (nothing is guessed)"
-                    )
+                raise _out_of_order(entry, f, seq, expected, torn)
+            if read.header is not None and f is data_frames[0] and seq != read.header.get("first_seq", seq):
                 raise JournalCorruptError(
-                    f"{entry.path}: record at byte {f.start}: expected seq {expected}, found {seq} "
-                    + (
-                        f"(records {expected}..{seq - 1} are missing: a segment removed or damaged)"
-                        if seq > expected
-                        else "(a seq repeated or going back)"
-                    )
-                    + "; refusing to resume from this journal (nothing is guessed)"
-                )
-            if header is not None and f is data_frames[0] and seq != header.get("first_seq", seq):
-                raise JournalCorruptError(
-                    f"{entry.path}: record at byte {f.start}: expected seq {header.get('first_seq')} (the "
+                    f"{entry.path}: record at byte {f.start}: expected seq {read.header.get('first_seq')} (the "
                     f"segment header's first_seq), found {seq}"
                 )
             torn = None
@@ -551,29 +511,99 @@ def _scan_chain(scan: JournalScan, chain: list[_Entry], after_seq: int, decode_b
                 if decode_bodies and f.blen:
                     assert view is not None
                     body = view[f.end - f.blen : f.end]
+                crc = f.body_crc if decode_bodies else None
                 scan.records.append(
-                    JournalRecord(
-                        seq,
-                        kind,
-                        at,
-                        a,
-                        b,
-                        list(media),
-                        body,
-                        entry.path,
-                        f.body_crc if decode_bodies else None,
-                        offset=f.start,
-                    )
+                    JournalRecord(seq, kind, at, a, b, list(media), body, entry.path, crc, offset=f.start)
                 )
-        if damage_at is not None:
-            torn = _Torn(entry.path, damage_at, damage or "damaged", cut_seq)
+        if read.damage_at is not None:
+            torn = _Torn(entry.path, read.damage_at, read.damage or "damaged", cut_seq)
             scan.problems.append(
-                f"{entry.path}: torn tail at byte {damage_at} ({damage}): {len(data) - damage_at} bytes ignored "
-                "(never durable); the records before it are kept"
+                f"{entry.path}: torn tail at byte {read.damage_at} ({read.damage}): "
+                f"{len(read.data) - read.damage_at} bytes ignored (never durable); the records before it are kept"
             )
             scan.torn = True
             expected = cut_seq if expected is None else expected
     scan.torn_seq = None if torn is None else torn.lost_seq
+
+
+def _read_segment(scan: JournalScan, entry: _Entry, expected: int | None) -> _Read | None:
+    """Open ``entry``, read its header and walk its frames (None: it is gone, compacted since it
+    was listed); counted in ``scan``."""
+    try:
+        data, fd = _open(entry.path)
+    except FileNotFoundError:
+        return None
+    try:
+        scan.segments += 1
+        scan.bytes += len(data)
+        header, pos, version, damage = _header(data, entry.path)
+        frames: list[_Frame] = []
+        damage_at: int | None = 0 if damage is not None else None
+        if header is not None:
+            _check_names(entry, header)
+            scan.lineages.add(header["lineage"])
+            scan.fingerprint = header.get("fingerprint")
+            first = expected if expected is not None else entry.first_seq
+            frames, damage_at, damage = _walk(fd, data, pos, version, entry.path, first)
+        else:
+            scan.lineages.add(entry.lineage)
+    finally:
+        os.close(fd)
+    return _Read(data, header, version, frames, damage_at, damage)
+
+
+def _check_unsynced_bodies(read: _Read) -> None:
+    """Records after the last sync mark were not fsynced: their bodies are checked now; the first
+    that fails is damage (it and every frame after it are dropped)."""
+    last_sync = max((i for i, f in enumerate(read.frames) if f.meta[1] == "sync"), default=-1)
+    view = memoryview(read.data) if len(read.data) else None
+    for i in range(last_sync + 1, len(read.frames)):
+        f = read.frames[i]
+        if f.body_crc is not None and f.blen:
+            assert view is not None
+            found = zlib.crc32(view[f.end - f.blen : f.end])
+            if found != f.body_crc:
+                read.damage_at = f.start
+                read.damage = f"body checksum: expected {f.body_crc:#010x}, found {found:#010x}"
+                del read.frames[i:]
+                return
+            f.body_crc = None
+
+
+def _refuse_durable_damage(entry: _Entry, read: _Read, cut_seq: int) -> None:
+    """Damage followed by a valid sync mark was durable: corruption, not a torn write."""
+    assert read.damage_at is not None
+    versions = (read.version,) if read.header is not None else (2, 1)
+    mark = _sync_mark_after(read.data, read.damage_at + 1, versions)
+    if mark is not None:
+        raise JournalCorruptError(
+            f"{entry.path}: record at byte {read.damage_at} (seq {cut_seq} expected) is damaged: {read.damage}; "
+            f"a valid sync mark follows at byte {mark}, so it was durable: corruption, not a torn write; "
+            "refusing to resume from this journal (nothing is guessed)"
+        )
+
+
+def _out_of_order(
+    entry: _Entry, f: _Frame, seq: int, expected: int, torn: _Torn | None
+) -> JournalCorruptError:
+    """A record whose seq does not continue the lineage: past a torn tail (then that tail was
+    durable), or a gap or a step back."""
+    if torn is not None:
+        return JournalCorruptError(
+            f"{torn.path}: record at byte {torn.pos} (seq {torn.lost_seq} expected) is damaged: "
+            f"{torn.reason}; the journal goes on in {entry.path} at seq {seq}, past it (a run "
+            f"resumed after a crash goes on at seq {torn.lost_seq}): it was durable: corruption, not a "
+            "torn write; refusing to resume from this journal (nothing is guessed)"
+        )
+    return JournalCorruptError(
+        f"{entry.path}: record at byte {f.start}: expected seq {expected}, found {seq} "
+        + (
+            f"(records {expected}..{seq - 1} are missing: a segment removed or damaged)"
+            if seq > expected
+            else "(a seq repeated or going back)"
+        )
+        + "; refusing to resume from this journal (nothing is guessed)"
+    )
 
 
 def record_body(rec: JournalRecord, where: str) -> bytes:
