@@ -229,6 +229,21 @@ def _default_convert(
             s.rollout_id if getattr(s, "rollout_id", None) is not None else s.index for s in samples
         ],
     }
+    loss_masks = _loss_masks(samples)
+    data["loss_masks"] = loss_masks
+    data["rollout_mask_sums"] = _rollout_mask_sums(data["rollout_ids"], loss_masks)
+    _add_sample_extras(data, samples, token_space)
+    _add_adapter_fields(data, samples, metadata)
+    if prompt_group_sizes is not None:
+        data["prompt_group_sizes"] = prompt_group_sizes
+    if getattr(samples[0], "opd_reverse_kl", None) is not None:
+        data["opd_reverse_kl"] = [getattr(s, "opd_reverse_kl", None) for s in samples]
+    _add_dynamic_batch_size(data, args, metadata)
+    return data
+
+
+def _loss_masks(samples: Sequence[Any]) -> list[Any]:
+    # Miles writes these masks back into the samples; collecting them leaves the samples as read.
     loss_masks = []
     for position, s in enumerate(samples):
         mask = s.loss_mask if s.loss_mask is not None else [1] * s.response_length
@@ -240,8 +255,11 @@ def _default_convert(
         if getattr(s, "remove_sample", False):
             mask = [0] * s.response_length
         loss_masks.append(mask)
-    data["loss_masks"] = loss_masks
-    data["rollout_mask_sums"] = _rollout_mask_sums(data["rollout_ids"], loss_masks)
+    return loss_masks
+
+
+def _add_sample_extras(data: dict[str, Any], samples: Sequence[Any], token_space: bool) -> None:
+    """The optional per-sample keys, present as Miles decides: most by the first sample alone."""
     first = samples[0]
     if first.metadata and "raw_reward" in first.metadata:
         data["raw_reward"] = [s.metadata["raw_reward"] for s in samples]
@@ -265,24 +283,25 @@ def _default_convert(
         data["weight_versions"] = [s.weight_versions for s in samples]
     if getattr(first, "teacher_log_probs", None) is not None:
         data["teacher_log_probs"] = [getattr(s, "teacher_log_probs", None) for s in samples]
+
+
+def _add_adapter_fields(data: dict[str, Any], samples: Sequence[Any], metadata: Mapping[str, Any]) -> None:
     adapters = [getattr(s, "adapter", None) for s in samples]
-    if any(a is not None for a in adapters):
-        if not all(a is not None for a in adapters):
-            raise ValueError("convert_samples_to_train_data: cannot mix adapter and adapter-less samples")
-        data["adapter_slots"] = [a.slot for a in adapters if a is not None]
-        step_slots = sorted(metadata.get("step_slots", []))
-        data["step_slots"] = step_slots
-        data["step_adapter_names"] = sorted(metadata.get("step_adapter_names", []))
-        step_set = set(step_slots)
-        data["step_adapter_batch_sizes"] = {
-            s.adapter.slot: s.metadata["adapter_global_batch_size"]
-            for s in samples
-            if s.adapter.slot in step_set
-        }
-    if prompt_group_sizes is not None:
-        data["prompt_group_sizes"] = prompt_group_sizes
-    if getattr(first, "opd_reverse_kl", None) is not None:
-        data["opd_reverse_kl"] = [getattr(s, "opd_reverse_kl", None) for s in samples]
+    if not any(a is not None for a in adapters):
+        return
+    if not all(a is not None for a in adapters):
+        raise ValueError("convert_samples_to_train_data: cannot mix adapter and adapter-less samples")
+    data["adapter_slots"] = [a.slot for a in adapters if a is not None]
+    step_slots = sorted(metadata.get("step_slots", []))
+    data["step_slots"] = step_slots
+    data["step_adapter_names"] = sorted(metadata.get("step_adapter_names", []))
+    step_set = set(step_slots)
+    data["step_adapter_batch_sizes"] = {
+        s.adapter.slot: s.metadata["adapter_global_batch_size"] for s in samples if s.adapter.slot in step_set
+    }
+
+
+def _add_dynamic_batch_size(data: dict[str, Any], args: Namespace, metadata: Mapping[str, Any]) -> None:
     dynamic = metadata.get("dynamic_global_batch_size")
     if bool(getattr(args, "use_dynamic_global_batch_size", False)) != (dynamic is not None):
         raise ValueError(
@@ -292,7 +311,6 @@ def _default_convert(
         )
     if dynamic is not None:
         data["dynamic_global_batch_size"] = dynamic
-    return data
 
 
 def convert_samples_to_train_data(
