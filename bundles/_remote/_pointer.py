@@ -156,11 +156,17 @@ def list_remote_bundles(
 ) -> dict[str, StoreURL]:
     """The bundles right under ``prefix`` (one level), by name: one delimited listing, then one
     pointer lookup per child, concurrently. Names that are not bundles (a shared pool, a dead
-    writer's unpublished prefix) are left out."""
+    writer's unpublished prefix, a generation) are left out."""
     url = StoreURL(prefix_text)
     store = get_store(url, storage_options)
     try:
-        names = [n for n in store.children(url.key) if n != STORE_MEDIA_POOL]
+        # A generation (the live one, or a dead writer's) holds a manifest.json, so it would pass
+        # for a plain layout; it is part of the bundle above it, never a bundle of its own.
+        names = [
+            n
+            for n in store.children(url.key)
+            if n != STORE_MEDIA_POOL and not STORE_GENERATION_RE.fullmatch(n)
+        ]
         found = parallel(lambda n: _safe_pointer(store, url.child(n)) is not None, names)
     except BundleError:
         raise
