@@ -17,8 +17,8 @@ from bundles import Bundle, child_location
 from trainer_hooks._sample import Sample
 from trainer_hooks.replay._fingerprint import compare_reports
 from trainer_hooks.replay._payload import compare_prefill_logprobs
-from trainer_hooks.replay._plan import first_trainable, open_replay_bundle, plan_replay
-from trainer_hooks.replay._processor import FAMILIES, load_processor
+from trainer_hooks.replay._plan import ReplayPlan, first_trainable, open_replay_bundle, plan_replay
+from trainer_hooks.replay._processor import FAMILIES, ReplayProcessor, load_processor
 from trainer_hooks.replay._report import (
     REPORT_FORMAT,
     REPORT_VERSION,
@@ -119,33 +119,58 @@ def _replay_open_bundle(
         allow_outside_media=allow_outside_media,
     )  # fmt: skip
     processor = load_processor(plan.processor_settings)
-    want_payloads = payloads_out is not None
+    entries, payloads, peak = _replay_samples(
+        plan, bundle, processor, with_payloads=payloads_out is not None, ray_address=ray_address,
+        use_ray=use_ray, num_tasks=num_tasks, progress=progress,
+    )  # fmt: skip
+    if answers is not None:
+        _fill_logprob_diffs(bundle, entries, answers)
+    _note_unrecorded_processor(bundle, processor)
+    report = _assemble_report(path, bundle, plan, processor, entries, peak, expect)
+    if payloads_out is not None:
+        write_json_lines(payloads, payloads_out)
+    return report
+
+
+def _replay_samples(
+    plan: ReplayPlan,
+    bundle: Bundle,
+    processor: ReplayProcessor,
+    *,
+    with_payloads: bool,
+    ray_address: str | None,
+    use_ray: bool,
+    num_tasks: int | None,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Replay every planned position, on Ray or in this process: the entries, the payloads and
+    the peak RSS."""
     if use_ray or ray_address is not None:
         from trainer_hooks.replay._ray import replay_on_ray
 
         entries, payloads, peak = replay_on_ray(
-            plan, address=ray_address, with_payloads=want_payloads, num_tasks=num_tasks, progress=progress
+            plan, address=ray_address, with_payloads=with_payloads, num_tasks=num_tasks, progress=progress
         )
-        peak = max(peak, peak_rss_bytes())
-    else:
-        total = len(plan.positions)
-        done = [0]
+        return entries, payloads, max(peak, peak_rss_bytes())
+    total = len(plan.positions)
+    done = [0]
 
-        def tick(_position: int) -> None:
-            done[0] += 1
-            if progress is not None:
-                progress(done[0], total)
+    def tick(_position: int) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total)
 
-        entries, payloads, peak = replay_positions(
-            plan,
-            plan.positions,
-            bundle=bundle,
-            processor=processor,
-            with_payloads=want_payloads,
-            on_sample=tick,
-        )
-    if answers is not None:
-        _fill_logprob_diffs(bundle, entries, answers)
+    return replay_positions(
+        plan,
+        plan.positions,
+        bundle=bundle,
+        processor=processor,
+        with_payloads=with_payloads,
+        on_sample=tick,
+    )
+
+
+def _note_unrecorded_processor(bundle: Bundle, processor: ReplayProcessor) -> None:
     if bundle.meta.get("processor") is None:
         # Nothing recorded: the rebuild is a guess, and the report must say so (never "none").
         family = FAMILIES[processor.settings["family"]]
@@ -155,6 +180,18 @@ def _replay_open_bundle(
             f"token-space runs record them); rebuilt with the shipped {family.hub_model} hub config, which "
             "may not be the model's",
         )
+
+
+def _assemble_report(
+    path: str | os.PathLike[str],
+    bundle: Bundle,
+    plan: ReplayPlan,
+    processor: ReplayProcessor,
+    entries: list[dict[str, Any]],
+    peak: int,
+    expect: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The report (see the module docstring), compared with ``expect`` when given."""
     proc_problems = [{"kind": "processor", "message": n, "image": None} for n in processor.disagreements]
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
@@ -176,6 +213,4 @@ def _replay_open_bundle(
         report["expect"] = {"bundle": expect.get("bundle"), "changed": changed}
         extra.extend(changed)
     report["summary"] = summarize(entries, peak, extra)
-    if payloads_out is not None:
-        write_json_lines(payloads, payloads_out)
     return report
