@@ -211,3 +211,92 @@ def test_seaweedfs_honours_both_preconditions(seaweed_s3: Any, tmp_path: Path) -
     url = f"s3://{bucket}/ok"
     write_bundle(url, samples, media_roots=[run], storage_options=seaweed_s3.options())
     assert len(open_bundle(url, verify="full", storage_options=seaweed_s3.options())) == len(samples)
+
+
+# -- a store that drops the headers after the probe (issue 30, item 6) -----------------------------
+@pytest.fixture
+def turning_proxy(seaweed_s3: Any) -> Iterator[Any]:
+    from helpers.precondition_proxy import StripAfterProbeProxy
+
+    proxy = StripAfterProbeProxy(seaweed_s3.endpoint)
+    yield proxy
+    proxy.close()
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_two_writers_on_a_store_that_drops_the_headers_after_the_probe_are_never_both_told_they_published(
+    seaweed_s3: Any, turning_proxy: Any, tmp_path: Path, overwrite: bool
+) -> None:
+    """Before: SeaweedFS behind a proxy that honours the probe and strips ``If-None-Match`` and
+    ``If-Match`` afterwards: both racers returned success, one pointer silently replacing the
+    other. Now each reads its pointer back: exactly one publishes, the other is told it lost, and
+    the bundle there is the winner's, whole, with no generation of the loser's left."""
+    bucket = seaweed_s3.bucket()
+    options = seaweed_s3.options(endpoint=turning_proxy.endpoint)
+    samples, run = _samples(tmp_path)
+    dest = f"s3://{bucket}/contested"
+    first = dest if overwrite else f"s3://{bucket}/first"  # probed here; then the proxy turns
+    write_bundle(
+        first, [{**s, "writer": "first"} for s in samples], media_roots=[run], storage_options=options
+    )
+    assert turning_proxy.stripping
+    turning_proxy.arm()
+    outcomes: dict[str, str] = {}
+    barrier = threading.Barrier(2)
+
+    def race(tag: str) -> None:
+        barrier.wait()
+        try:
+            write_bundle(
+                dest,
+                [{**s, "writer": tag} for s in samples],
+                media_roots=[run],
+                storage_options=options,
+                overwrite=overwrite,
+            )
+            outcomes[tag] = "published"
+        except BundleError as e:
+            outcomes[tag] = str(e)
+
+    threads = [threading.Thread(target=race, args=(t,)) for t in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert turning_proxy.pointer_puts == 2 and any(
+        h[2] == "if-none-match" or h[2] == "if-match" for h in turning_proxy.stripped
+    )
+    winners = [t for t, o in outcomes.items() if o == "published"]
+    assert len(winners) == 1, outcomes
+    (loser,) = {"a", "b"} - set(winners)
+    assert outcomes[loser].startswith(f"{dest}: this writer lost: read back right after it was put")
+    bundle = open_bundle(dest, verify="full", storage_options=options)
+    assert {s["writer"] for s in bundle} == {winners[0]}
+    generations = {
+        k.split("/")[1] for k in _keys(seaweed_s3.options(), bucket) if k.startswith("contested/g")
+    }
+    assert len(generations) == 1  # the loser's is removed, and a replaced one retired
+
+
+def test_the_probes_verdict_is_asked_again_after_its_time(
+    seaweed_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: cached for the process's life. A writer that outlives VERDICT_TTL_S probes again,
+    and a store that turned meanwhile is refused."""
+    from helpers.precondition_proxy import StripAfterProbeProxy
+
+    from bundles._remote import _probe
+
+    proxy = StripAfterProbeProxy(seaweed_s3.endpoint, hold_first_pointer=False)
+    try:
+        bucket = seaweed_s3.bucket()
+        options = seaweed_s3.options(endpoint=proxy.endpoint)
+        samples, run = _samples(tmp_path)
+        write_bundle(f"s3://{bucket}/one", samples, media_roots=[run], storage_options=options)
+        assert proxy.stripping
+        write_bundle(f"s3://{bucket}/two", samples, media_roots=[run], storage_options=options)  # trusted
+        monkeypatch.setattr(_probe, "VERDICT_TTL_S", 0.0)
+        with pytest.raises(UnsafeStoreError, match=r"If-None-Match.*If-Match"):
+            write_bundle(f"s3://{bucket}/three", samples, media_roots=[run], storage_options=options)
+    finally:
+        proxy.close()

@@ -22,8 +22,12 @@ deployment where only one process ever writes a bucket can opt in with ``single_
 started from a command line can give it): the probe still runs, the refusal becomes a warning,
 and two racing writers are then the deployment's responsibility.
 
-The answer is cached per process, not on the store: a server may be upgraded or replaced behind
-one endpoint, and a marker object left in the bucket would be believed long after that.
+The answer is cached per process, not on the store (a server may be upgraded or replaced behind
+one endpoint, and a marker object left in the bucket would be believed long after that), and for
+:data:`VERDICT_TTL_S` only: a long-running writer asks again now and then. Between two probes a
+store may still start dropping the headers (a proxy reconfigured in front of it); each writer
+therefore reads its pointer back after putting it (``bundles._remote._write._confirm``), which
+tells the writer whose put was overtaken that it lost. FORMAT.md §9 says what neither can see.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import contextlib
 import os
 import secrets
 import threading
+import time
 import warnings
 
 from bundles._errors import BundleError, UnsafeStoreError, UnsafeStoreWarning
@@ -45,7 +50,10 @@ PROBE_PREFIX = ".rollout-bundle-probe-"
 # An ETag no object can have: S3 ETags are quoted hex digests; this one is not hex.
 _WRONG_ETAG = '"rollout-bundle-probe-no-such-etag"'
 
-_verdicts: dict[tuple[str, str, str], list[str]] = {}
+#: How long one probe's verdict is trusted (seconds of ``time.monotonic``).
+VERDICT_TTL_S = 600.0
+
+_verdicts: dict[tuple[str, str, str], tuple[list[str], float]] = {}
 _lock = threading.Lock()
 
 
@@ -87,7 +95,8 @@ def check_preconditions(store: Store, url: StoreURL) -> None:
     """Refuse to commit to ``url`` when its store ignores the preconditions (module docstring)."""
     cache_key = (store.scheme, store.endpoint or "", store.bucket)
     with _lock:
-        ignored = _verdicts.get(cache_key)
+        cached = _verdicts.get(cache_key)
+    ignored = cached[0] if cached is not None and time.monotonic() - cached[1] < VERDICT_TTL_S else None
     if ignored is None:
         name = PROBE_PREFIX + secrets.token_hex(8)
         parent = url.key.rpartition("/")[0]
@@ -99,7 +108,7 @@ def check_preconditions(store: Store, url: StoreURL) -> None:
         except Exception as e:
             raise store_error(url, "probe the store's conditional puts", e) from e
         with _lock:
-            _verdicts[cache_key] = ignored
+            _verdicts[cache_key] = (ignored, time.monotonic())
     if not ignored:
         return
     what = " and ".join(ignored)

@@ -199,7 +199,15 @@ def _put_create_same(store: Store, key: str, data: bytes) -> None:
 
 
 def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None:
-    """Make ``pointer`` the bundle's pointer; return the pointer it replaced (None if none)."""
+    """Make ``pointer`` the bundle's pointer; return the pointer it replaced (None if none).
+    The pointer is read back once put: a writer whose put was overtaken learns it lost."""
+    previous = _put_pointer(place, pointer, overwrite)
+    _confirm(place, pointer, overwrite)
+    return previous
+
+
+def _put_pointer(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None:
+    """The conditional put of the pointer (FORMAT.md §9), retried while other writers swap it."""
     store, url = place.store, place.url
     key = url.key_of(STORE_POINTER_NAME)
     body = pointer.to_bytes()
@@ -244,6 +252,34 @@ def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None
     raise BundleError(
         f"{url}: other writers kept replacing the bundle; gave up after {_PUBLISH_ATTEMPTS} tries"
     )
+
+
+def _confirm(place: _Place, pointer: Pointer, overwrite: bool) -> None:
+    """Read the pointer just put back: it must name our generation. Where a store honoured the
+    preconditions at the probe and drops them since (a proxy, a server replaced behind the
+    endpoint), two racing puts both succeed and the later one silently replaces the earlier:
+    the earlier writer finds the other's pointer here and is told it lost, rather than that it
+    published. What this cannot see is in FORMAT.md §9 (a put that lands after the read)."""
+    url = place.url
+    fault_point("store.before-confirm", url)
+    try:
+        found: Pointer | None = _read_pointer(place.store, url)
+    except BundleFormatError:
+        found = Pointer(None, None, None, False)
+    except Exception as e:
+        raise store_error(url, f"read {STORE_POINTER_NAME} back after publishing", e) from e
+    if found is not None and found.generation == pointer.generation:
+        return
+    what = f"names generation {found.generation}" if found and found.generation else "is gone"
+    if found is not None and found.generation is None:
+        what = "is not one this version reads"
+    message = (
+        f"{url}: this writer lost: read back right after it was put, {STORE_POINTER_NAME} {what}, "
+        f"not ours ({pointer.generation}); another writer put it over ours (a store that drops "
+        "If-None-Match/If-Match, or one that replaced the bundle at once), and our generation is "
+        "removed. Nothing of theirs was changed"
+    )
+    raise (BundleError if overwrite else BundleExistsError)(message)
 
 
 def _discard_generation(place: _Place, generation: str) -> None:
