@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 from pathlib import Path
 
@@ -252,3 +253,95 @@ def test_a_checkpoint_taken_while_a_group_is_half_generated_saves_it_as_submitte
     assert bundle.meta["pending_group_sizes"] == [2] and bundle.meta["completed_group_sizes"] == []
     assert list(bundle.samples()) == [s.to_dict() for s in prompts(1)[0]]
     assert bundle.media == []
+
+
+class _ReadmeManager(FullyAsyncRolloutFn):
+    """The README's rollout manager (``create_rollout_manager=lambda a: fn``), noting each step
+    drained."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.drained: dict[int, threading.Event] = {}
+
+    def step_drained(self, rollout_id):
+        return self.drained.setdefault(rollout_id, threading.Event())
+
+    def generate(self, rollout_id):
+        try:
+            return super().generate(rollout_id)
+        finally:  # drained, or failed: the driver raises it
+            self.step_drained(rollout_id).set()
+
+
+def _readme_run(args, fn, trained, *, crash_at=None):
+    """``train_async`` as the README runs it, with a trainer that records the groups of each step
+    and returns from step N only once step N+1 is drained: ``save(N)`` then always finds N+1's
+    groups out of the buffer (the overlap the driver has whenever generation keeps ahead)."""
+
+    class Trainer:
+        def __init__(self, args):
+            pass
+
+        def train(self, rollout_id, groups):
+            if rollout_id == crash_at:
+                raise RuntimeError(f"crash in step {rollout_id}")
+            trained.append((rollout_id, sorted(g[0].group_index for g in groups)))
+            if rollout_id + 1 < args.num_rollout:
+                assert fn.step_drained(rollout_id + 1).wait(30), f"step {rollout_id + 1} never drained"
+
+        def save_model(self, rollout_id):
+            pass
+
+        def update_weights(self):
+            pass
+
+    return train_async(args, create_rollout_manager=lambda a: fn, create_actor=Trainer, lease_interval=60)
+
+
+@pytest.mark.parametrize("journal", ["1.0", "0"], ids=["journal", "no-journal"])
+def test_train_async_resume_trains_the_groups_drained_during_the_saved_step_exactly_once(tmp_path, journal):
+    """Issue 30, item 1: train_async drains step N+1 while step N trains, so at save(N) the groups
+    of N+1 have left the buffer and are in no saved weights. A crash in step N+1 and the README's
+    resume (a new run, ``--start-rollout-id N+1``, ``fn.load(N)``) trains each group once; before,
+    N+1's groups were lost and the resumed run died with ``drain: expected 2 completed groups``."""
+    common = ("--num-rollout", "6", "--save-interval", "2", "--rollout-journal-interval", journal)
+    common += ("--keep-rollout-checkpoints", "2")
+    trained: list[tuple[int, list[int]]] = []
+    args = trainer_args(tmp_path, "run-a", *common, batch_size=2)
+    fn = _ReadmeManager(args, ListDataSource(prompts(12)), Generator(), max_in_flight=4)
+    with pytest.raises(RuntimeError, match="crash in step 4"):
+        _readme_run(args, fn, trained, crash_at=4)
+    assert [step for step, _ in trained] == [0, 1, 2, 3]
+
+    args_b = trainer_args(tmp_path, "run-b", *common, "--start-rollout-id", "4", batch_size=2)
+    fn_b = _ReadmeManager(args_b, ListDataSource(prompts(12)), Generator(), max_in_flight=4)
+    fn_b.load(3)
+    report = _readme_run(args_b, fn_b, trained)
+    assert report.trained_rollout_ids == [4, 5]
+    assert [step for step, _ in trained] == [0, 1, 2, 3, 4, 5]
+    assert sorted(g for _, groups in trained for g in groups) == list(range(12))
+    saved = open_bundle(checkpoint_path(args.save, 3), verify="full")
+    assert saved.meta["consumed_after_checkpoint"] == 2  # step 4's groups, drained before save(3)
+
+
+def test_train_async_resume_from_an_older_checkpoint_does_not_train_held_groups_twice(tmp_path):
+    """The weights of step 5 were saved but its rollout checkpoint never committed: load(5) takes
+    checkpoint 3 and the journal after it. Checkpoint 3 holds step 4's groups (drained before
+    save(3)) as consumed by step 4; the restored weights include step 4, so they stay trained,
+    and step 6's groups, drained before save(5), come back once."""
+    common = ("--num-rollout", "8", "--save-interval", "2", "--keep-rollout-checkpoints", "2")
+    trained: list[tuple[int, list[int]]] = []
+    args = trainer_args(tmp_path, "run-a", *common, batch_size=2)
+    fn = _ReadmeManager(args, ListDataSource(prompts(16)), Generator(), max_in_flight=4)
+    with pytest.raises(RuntimeError, match="crash in step 6"):
+        _readme_run(args, fn, trained, crash_at=6)
+    held = open_bundle(checkpoint_path(args.save, 3)).meta["consumed_group_steps"]
+    assert [step for _, step in held] == [4, 4]  # [group id, the step that took it]
+    shutil.rmtree(checkpoint_path(args.save, 5))  # made by this test: as if its write never committed
+
+    args_b = trainer_args(tmp_path, "run-b", *common, "--start-rollout-id", "6", batch_size=2)
+    fn_b = _ReadmeManager(args_b, ListDataSource(prompts(16)), Generator(), max_in_flight=4)
+    fn_b.load(5)
+    _readme_run(args_b, fn_b, trained)
+    assert [step for step, _ in trained] == list(range(8))
+    assert sorted(g for _, groups in trained for g in groups) == list(range(16))

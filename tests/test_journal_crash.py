@@ -25,17 +25,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import select
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
-import trainer_hooks
+from helpers.crash import ForkServer
 
-IMPORT_ROOT = Path(trainer_hooks.__file__).resolve().parents[1]
 SEED = int(os.environ.get("JOURNAL_CRASH_SEED", "20261201"))
 POINTS = int(os.environ.get("JOURNAL_CRASH_POINTS", "20"))
 INTERVAL = 0.05
@@ -45,10 +41,8 @@ BATCH = 2
 SAVE_EVERY = 2
 TRIAL_TIMEOUT_S = 60
 
-SERVER = textwrap.dedent(
+CHILD = textwrap.dedent(
     """
-    import json, os, sys, time, signal
-    sys.path.insert(0, {repo!r})
     import asyncio, hashlib, random
     from bundles import BundleNotFoundError
     from bundles.support import arm_kill, atomic_write
@@ -101,31 +95,6 @@ SERVER = textwrap.dedent(
                 atomic_write(step_file, str(step), durable=True)
         fn.close()
         event(kind="done")
-
-    print("ready", flush=True)
-    for line in sys.stdin:
-        cfg = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                child(cfg)
-                code = 0
-            except BaseException as e:
-                import traceback; traceback.print_exc()
-            finally:
-                os._exit(code)
-        delay = cfg.get("kill_after")
-        started = time.time()
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if delay is not None and time.time() - started >= delay:
-                os.kill(pid, signal.SIGKILL)
-                delay = None
-            time.sleep(0.002)
-        print(json.dumps({{"status": os.waitstatus_to_exitcode(status), "t_end": time.time()}}), flush=True)
     """
 )
 
@@ -188,51 +157,6 @@ def schedule(
     return kinds[:n]
 
 
-class Server:
-    def __init__(self, tmp_path: Path, env_extra: dict[str, str] | None = None) -> None:
-        script = tmp_path / "server.py"
-        script.write_text(SERVER.format(repo=str(IMPORT_ROOT)))
-        env = {**os.environ, **(env_extra or {})}
-        env.pop("ROLLOUT_BUNDLES_KILL_AT", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, str(script)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-        assert self._line(60) == "ready"
-
-    def _line(self, timeout: float) -> str:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            raise AssertionError(f"crash server: no answer within {timeout}s")
-        line = self.proc.stdout.readline()
-        if not line:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise AssertionError(f"crash server died: {err[-3000:]}")
-        return line.strip()
-
-    def run(self, cfg: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cfg) + "\n")
-        self.proc.stdin.flush()
-        return json.loads(self._line(TRIAL_TIMEOUT_S))
-
-    def close(self) -> str:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        return self.proc.stderr.read() if self.proc.stderr else ""
-
-
 def read_step(d: Path) -> int | None:
     f = d / "trainer_step"
     return int(f.read_text()) if f.exists() else None
@@ -268,7 +192,7 @@ def check_trial(d: Path, attempts: list[dict[str, Any]], label: str) -> dict[str
 
 
 def test_sigkill_at_seeded_points_loses_at_most_an_interval_and_trains_every_prompt_once(tmp_path):
-    run_suite(tmp_path, Server(tmp_path), schedule(SEED, POINTS))
+    run_suite(tmp_path, ForkServer(tmp_path, CHILD, trial_timeout=TRIAL_TIMEOUT_S), schedule(SEED, POINTS))
 
 
 def test_on_an_object_store_sigkill_at_seeded_points_loses_at_most_an_interval(tmp_path, seaweed_s3):
@@ -290,7 +214,7 @@ def test_on_an_object_store_sigkill_at_seeded_points_loses_at_most_an_interval(t
     try:
         run_suite(
             tmp_path,
-            Server(tmp_path, env),
+            ForkServer(tmp_path, CHILD, env, trial_timeout=TRIAL_TIMEOUT_S),
             points,
             save_of=lambda i: f"s3://{bucket}/trial{i}/ckpt",
             before_trial=lambda point: _arm(proxy, point, injected),
@@ -313,7 +237,7 @@ def _arm(proxy: Any, point: dict[str, Any], injected: list[tuple[str, str, str]]
 
 def run_suite(
     tmp_path: Path,
-    server: Server,
+    server: ForkServer,
     points: list[dict[str, Any]],
     save_of: Any = None,
     before_trial: Any = None,
