@@ -153,6 +153,9 @@ def seaweed_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
         f"-volume.port={ports['volume']}",
         f"-filer.port={ports['filer']}",
         "-master.volumeSizeLimitMB=32",
+        # Off: they listen on fixed ports (8181, 9101), so a second server (a parallel tox env) would die.
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
     ]
     log = open(os.path.join(work, "weed.log"), "wb")  # noqa: SIM115 (closed in the finally below)
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=work, start_new_session=True)
