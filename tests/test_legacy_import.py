@@ -159,7 +159,7 @@ def test_a_legacy_dump_given_to_the_loader_names_the_import_command(tmp_path):
     msg = str(e.value)
     assert "a legacy torch.save debug dump, not a bundle" in msg
     assert (
-        f"rollout-bundle import-dump {src} -o {tmp_path / ('rollout_3' + PACK_SUFFIX)} --trust-pickle" in msg
+        f"rollout-bundle import-dump {src} -o {tmp_path / 'rollout_3_bundle'} --trust-pickle" in msg
     )
     # A pickle written by torch.save's legacy (non-zip) format is recognised too.
     old = tmp_path / "rollout_4.pt"
