@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bundles import BundleError, is_bundle, is_store_url
+from bundles import BundleError, is_bundle
 from bundles.support import human_bytes
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
 from trainer_hooks.checkpoints.journal._format import JOURNAL_DIR, MEDIA_DIR
@@ -117,14 +117,18 @@ def _journal_state(sink: JournalSink) -> dict[str, Any]:
 
 def _wrap(original: Any) -> Any:
     def inspect(ns: argparse.Namespace) -> int:
-        # On a store the URL given is asked first: a store that refuses it (credentials, plain
-        # http) is then reported about that URL, not about a journal path looked for beside it.
-        bundle_here = is_bundle(ns.bundle) if is_store_url(ns.bundle) else None
+        # The location given is asked first: one that refuses it (a store's credentials, plain
+        # http) is then reported about that location by the bundles command, in its words, not
+        # about a journal path looked for beside it.
+        try:
+            bundle_here = is_bundle(ns.bundle)
+        except BundleError:
+            return int(original(ns))
         journal = _find_journal(ns.bundle)
         if journal is None:
             return int(original(ns))
         state = _journal_state(journal)
-        if not (is_bundle(ns.bundle) if bundle_here is None else bundle_here):
+        if not bundle_here:
             if ns.json:
                 print(json.dumps({"journal": state}, indent=2, sort_keys=True))
             else:
