@@ -54,11 +54,8 @@ def run_serve(ns: argparse.Namespace) -> int:
         import uvicorn
     except ImportError as e:
         raise CommandError(f"serve needs {e.name}: pip install 'rollout-bundles[serve]'", status=2) from None
-    import bundles
     from trainer_hooks.serve._app import create_app, default_cache_dir, new_token
 
-    if not bundles.is_store_url(ns.root) and not os.path.exists(ns.root):
-        raise CommandError(f"{ns.root}: no such directory or bundle")
     host = ns.host
     loopback = is_loopback(host)
     token = None if loopback else new_token()
@@ -83,6 +80,10 @@ def run_serve(ns: argparse.Namespace) -> int:
     app = create_app(ns.root, cache_dir=cache_dir, token=token, follow=ns.follow_interval if ns.follow else None,
                      progress=ns.progress, allowed_hosts=allowed)  # fmt: skip
     run = app.state.serve.run
+    if not run.entries and not run.problems and not os.path.exists(ns.root) and not ns.follow:
+        app.state.serve.close()
+        sock.close()
+        raise CommandError(f"{ns.root}: no such directory or bundle, and no bundle under it")
     url = f"http://{shown_host}:{port}/"
     print(f"rollout-bundle serve: {len(run.entries)} bundle(s) under {run.root}; indexes and thumbnails in {cache_dir}",
           file=sys.stderr)  # fmt: skip

@@ -269,12 +269,14 @@ def _advantages(con: sqlite3.Connection) -> None:
                 "ELSE reward - gs.m END FROM gs WHERE samples.grp = gs.grp AND samples.reward IS NOT NULL")  # fmt: skip
 
 
-def _build(entry: BundleEntry, path: Path, progress: bool | None) -> None:
+def _build(entry: BundleEntry, path: Path, progress: bool | None, finishing: threading.RLock) -> None:
     tmp = path.with_name(path.name.replace(".sqlite", ".building.sqlite"))
     for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm"), Path(f"{tmp}-journal")):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()  # our own leftover (the lock is ours): a dead build starts over
-    con = sqlite3.connect(tmp, check_same_thread=False)
+    # A page reading the rows built so far holds a read lock for a moment: the builder waits for
+    # it (busy timeout) rather than fail, when it leaves WAL mode at the end.
+    con = sqlite3.connect(tmp, check_same_thread=False, timeout=60)
     try:
         con.execute("PRAGMA journal_mode = WAL")
         con.execute("PRAGMA synchronous = OFF")  # a cache: a crash rebuilds it
@@ -316,11 +318,22 @@ def _build(entry: BundleEntry, path: Path, progress: bool | None) -> None:
         con.execute("INSERT OR REPLACE INTO meta VALUES ('summary', ?)", (json.dumps(summary),))
         con.execute("INSERT OR REPLACE INTO meta VALUES ('complete', '1')")
         con.commit()
-        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        con.execute("PRAGMA journal_mode = DELETE")
+        # Every row into the main file before it is renamed (a row left in the -wal file would be
+        # lost with it): pages of this process read the building file under ``finishing``, so the
+        # checkpoint waits for none of them; another process's reader is waited for.
+        with finishing:
+            for _ in range(600):
+                busy, _, _ = con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                if not busy:
+                    break
+                time.sleep(0.1)
+            else:
+                raise BundleError(f"{tmp}: the index cannot be completed: another reader holds it")
+            con.execute("PRAGMA journal_mode = DELETE")
+            con.close()
+            os.replace(tmp, path)
     finally:
         con.close()
-    os.replace(tmp, path)
 
 
 class Indexer:
@@ -341,6 +354,7 @@ class Indexer:
         self._errors: dict[str, str] = {}
         self._done: set[str] = set()
         self._seq = itertools.count()
+        self._finishing = threading.RLock()  # held while reading a building file, and to complete one
         self._stop = False
         self._thread = threading.Thread(target=self._work, name="serve-indexer", daemon=True)
         self._thread.start()
@@ -384,27 +398,44 @@ class Indexer:
             except sqlite3.Error as e:
                 return IndexState(False, 0, total, f"{final}: index unreadable: {e}")
         building = self._building(entry.identity)
-        if building.exists():
-            try:
-                with contextlib.closing(_connect_ro(building)) as con:
-                    rows = con.execute("SELECT count(*) FROM samples").fetchone()[0]
-                return IndexState(False, rows, total)
-            except sqlite3.Error:
-                return IndexState(False, 0, total)
+        with self._finishing:
+            if building.exists():
+                try:
+                    with contextlib.closing(_connect_ro(building)) as con:
+                        rows = con.execute("SELECT count(*) FROM samples").fetchone()[0]
+                    return IndexState(False, rows, total)
+                except sqlite3.Error:
+                    return IndexState(False, 0, total)
+        if final.exists():  # completed meanwhile
+            return self.state(entry)
         return IndexState(False, 0, total)
 
     @contextlib.contextmanager
     def connect(self, entry: BundleEntry) -> Iterator[sqlite3.Connection]:
         """A read-only connection to the index (complete, or the part built so far)."""
-        for p in (self.path(entry.identity), self._building(entry.identity)):
-            try:
-                con = _connect_ro(p)
-            except sqlite3.Error:
-                continue
+        final = self.path(entry.identity)
+        if final.exists():
+            con = _connect_ro(final)
             try:
                 yield con
             finally:
                 con.close()
+            return
+        with self._finishing:
+            building = self._building(entry.identity)
+            partial: sqlite3.Connection | None = None
+            if building.exists():
+                with contextlib.suppress(sqlite3.Error):
+                    partial = _connect_ro(building)
+            if partial is not None:
+                try:
+                    yield partial
+                finally:
+                    partial.close()
+                return
+        if final.exists():
+            with self.connect(entry) as con:
+                yield con
             return
         raise BundleError(f"{entry.location}: its index is not built yet")
 
@@ -432,7 +463,7 @@ class Indexer:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # another server building it: wait for it
                 try:
                     if not final.exists():
-                        _build(entry, final, self.progress)
+                        _build(entry, final, self.progress, self._finishing)
                 finally:
                     fcntl.flock(lock, fcntl.LOCK_UN)
         except (BundleError, OSError, sqlite3.Error) as e:

@@ -108,7 +108,8 @@ class Pictures:
         if size is None:
             return f"media/{name}: not a media file of this bundle"
         if not shown_suffix(name):
-            return f"media/{name}: not shown: only .png/.jpg/.jpeg files are shown"
+            suffix = os.path.splitext(name)[1] or "no suffix"
+            return f"media/{name}: not shown: stored as {suffix}, only .png/.jpg/.jpeg files are shown"
         if size > MAX_MEDIA_BYTES:
             return f"media/{name}: not shown: {size} bytes, over the {MAX_MEDIA_BYTES} bytes shown"
         return None
@@ -131,7 +132,9 @@ class Pictures:
         cached = self._cached_info(name)
         if cached is not None:
             return cached
-        self._make(entry, name, (THUMB,))
+        error = self._make(entry, name, (THUMB,))
+        if error is not None:
+            return ImageInfo(name, error=error)
         return self._cached_info(name) or ImageInfo(name, error=f"media/{name}: cannot be shown")
 
     def jpeg(self, entry: BundleEntry, name: str, width: int) -> bytes | str:

@@ -67,6 +67,18 @@ def _pretty(v: Any) -> str:
     return json.dumps(v, ensure_ascii=False, indent=2, default=str)
 
 
+def media_prefix(entry: BundleEntry) -> str:
+    """What a resolved reference of this bundle starts with: ``<bundle>/media/``, or the run's
+    shared pool (``<parent>/.media/`` on a store) where the bundle keeps its media there."""
+    prefix = entry.extra.get("media_prefix")
+    if prefix is None:
+        first = next(iter(entry.bundle.media), None)
+        path = str(first.path) if first is not None and first.path is not None else ""
+        prefix = path.rsplit("/", 1)[0] + "/" if "/" in path else f"{entry.bundle.path}/{MEDIA_DIR}/"
+        entry.extra["media_prefix"] = prefix
+    return str(prefix)
+
+
 class SampleCache:
     """The last few samples read, as their views (a sample page opened twice reads its shard once)."""
 
@@ -87,7 +99,7 @@ class SampleCache:
                     self._items.move_to_end((entry.id, p))
                     out[p] = v
         if missing:
-            prefix = f"{entry.bundle.path}/{MEDIA_DIR}/"
+            prefix = media_prefix(entry)
             wanted = sorted(set(missing))
             for p, s in zip(wanted, entry.bundle.samples(indices=wanted), strict=True):
                 v = sample_view(p, s, prefix)

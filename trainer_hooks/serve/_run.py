@@ -24,7 +24,6 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import bundles
@@ -99,18 +98,11 @@ class Run:
     """
 
     def __init__(self, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
-        text = os.fspath(root)
-        self.remote = bundles.is_store_url(text)
         self.storage_options = storage_options
-        if self.remote:
-            self.root = text.rstrip("/")
-            self._real_root: str | None = None
-        else:
-            path = Path(text).absolute()
-            if not path.exists():
-                raise BundleError(f"{path}: no such directory or bundle")
-            self.root = str(path)
-            self._real_root = os.path.realpath(path)
+        # The root as bundles names it (an absolute path, or the URL normalised); a local
+        # directory is walked, any other root is listed through bundles' entry points only.
+        self.root = str(bundles.child_location(os.fspath(root), "")).rstrip("/") or "/"
+        self._real_root: str | None = os.path.realpath(self.root) if os.path.exists(self.root) else None
         self.entries: dict[str, BundleEntry] = {}
         self.problems: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -121,19 +113,24 @@ class Run:
     def _locations(self) -> list[str]:
         if bundles.is_bundle(self.root, self.storage_options):
             return [self.root]
-        if self.remote:
-            found: list[str] = []
-            for sub in ("", *STORE_SUBDIRS):
-                where = str(bundles.child_location(self.root, sub)) if sub else self.root
-                try:
-                    found += bundles.list_bundles(where, self.storage_options)
-                except BundleError:
-                    continue
-            return sorted(set(found))
-        return self._walk(self.root, 0)
+        if os.path.isdir(self.root):
+            return self._walk(self.root, 0)
+        # Not a directory here (a store prefix): the root and the run layout's usual places.
+        found: list[str] = []
+        for sub in ("", *STORE_SUBDIRS):
+            where = str(bundles.child_location(self.root, sub)) if sub else self.root
+            try:
+                found += bundles.list_bundles(where, self.storage_options)
+            except BundleError:
+                continue
+        return sorted(set(found))
 
     def _walk(self, directory: str, depth: int) -> list[str]:
-        out = [loc for loc in bundles.list_bundles(directory) if self._inside(loc)]
+        try:
+            listed = bundles.list_bundles(directory)
+        except (BundleError, OSError):
+            listed = []
+        out = [loc for loc in listed if self._inside(loc)]
         if depth >= MAX_DEPTH:
             return out
         taken = {os.path.basename(loc.rstrip("/")) for loc in out}

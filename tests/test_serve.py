@@ -1,0 +1,622 @@
+"""``rollout-bundle serve ROOT`` (issue 32): a read-only web application over a run's bundles.
+
+Routes are driven through Starlette's TestClient on real bundles written by ``write_bundle``;
+one real ``rollout-bundle serve`` subprocess on a free port answers raw HTTP (traversal with
+encoded separators, a foreign Host header), another bound beyond loopback asks for its token.
+The hostile vectors of ``tests/vectors/hostile`` are served and every route is checked on each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import http.client
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import noise_png, put_media, wait_until
+
+from bundles import is_bundle, pack_bundle, write_bundle
+from trainer_hooks.view import OVERLAY_COLOR, advantages
+
+pytest.importorskip("starlette", reason="serve needs the [serve] extra (starlette)")
+pytest.importorskip("jinja2", reason="serve needs the [serve] extra (jinja2)")
+pytest.importorskip("PIL.Image")
+from starlette.testclient import TestClient
+
+from trainer_hooks.serve import CSP, TOKEN_COOKIE, create_app
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = ROOT / "tests" / "vectors" / "hostile"
+ACTIONS = ["click(100, 50)", "type('dark mode')", "scroll(0, -3)"]
+
+
+# -- a run as a trainer writes it -------------------------------------------------------------------------
+
+
+def _shots(media: Path, n: int, seed: int = 0) -> list[str]:
+    return [put_media(media, noise_png(96, 54, seed + k)) for k in range(n)]
+
+
+def make_samples(shots: list[str], n: int, step: int, per_group: int = 4) -> list[dict[str, Any]]:
+    out = []
+    for i in range(n):
+        g = i // per_group
+        out.append({
+            "index": i,
+            "group_index": g,
+            "prompt": f"task {g}: open the settings and switch on dark mode <b>now</b>",
+            "response": "".join(f"<tool_call>{a}</tool_call>" for a in ACTIONS[:2])
+            + (f" word{i}x{step}" if i % 5 == 0 else ""),
+            "response_length": 10 + i,
+            "reward": float((i + step) % 3 == 0),
+            "status": "truncated" if i % 7 == 0 else "completed",
+            "multimodal_inputs": {"images": [shots[(i + t) % len(shots)] for t in range(2)]},
+            "metadata": {"actions": ACTIONS[:2], "screen": [960, 540]},
+            "tokens": list(range(20 + i)),
+            "rollout_log_probs": [-0.1 - 0.01 * k for k in range(10)],
+        })  # fmt: skip
+    return out
+
+
+def make_run(root: Path, steps: tuple[int, ...] = (1, 2, 3), n: int = 12) -> dict[int, Path]:
+    media = root.parent / f"{root.name}-media"
+    shots = _shots(media, 4)
+    out = {}
+    for step in steps:
+        out[step] = Path(write_bundle(root / "ckpt" / "rollout" / f"fully_async_{step}",
+                                      make_samples(shots, n, step), media_roots=[media],
+                                      kind="rollout_checkpoint", meta={"rollout_id": step}))  # fmt: skip
+    return out
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    root = tmp_path / "run"
+    make_run(root)
+    return root
+
+
+def ids_of(page: str) -> list[str]:
+    return list(dict.fromkeys(re.findall(r'href="/b/([0-9a-f]{16})"', page)))
+
+
+def unescape(href: str) -> str:
+    return html.unescape(href)
+
+
+def indexed(app: Any, errors: bool = False) -> None:
+    """Wait until every bundle's index is complete (or, with ``errors``, has failed)."""
+    state = app.state.serve
+    for e in state.run.ordered():
+        state.indexer.want(e)
+    wait_until(lambda: all(state.indexer.state(e).complete or state.indexer.state(e).error
+                           for e in state.run.ordered()), "every bundle indexed")  # fmt: skip
+    if not errors:
+        failed = [state.indexer.state(e).error for e in state.run.ordered() if state.indexer.state(e).error]
+        assert not failed, failed
+
+
+@pytest.fixture
+def served(run: Path, tmp_path: Path) -> Iterator[tuple[TestClient, Any]]:
+    app = create_app(run, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        indexed(app)
+        yield client, app
+
+
+def entry_by_step(app: Any, step: int) -> Any:
+    return next(e for e in app.state.serve.run.ordered() if e.step == step)
+
+
+def assert_page(r: Any, status: int = 200) -> str:
+    assert r.status_code == status, (r.status_code, r.text[:500])
+    assert r.headers["content-security-policy"] == CSP
+    assert r.headers["x-content-type-options"] == "nosniff"
+    text = r.text
+    assert "Traceback" not in text and "<script" not in text.lower()
+    return text
+
+
+# -- the run --------------------------------------------------------------------------------------------
+
+
+def test_the_run_page_shows_every_committed_bundle_with_its_measures_and_trends(
+    run: Path, tmp_path: Path
+) -> None:
+    # What is not a bundle stays out: a directory without a manifest (a writer that died), a user file.
+    (run / "ckpt" / "rollout" / "fully_async_9").mkdir()
+    (run / "ckpt" / "rollout" / "fully_async_9" / "samples").mkdir()
+    (run / "notes.txt").write_text("mine")
+    app = create_app(run, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        indexed(app)
+        text = assert_page(client.get("/"))
+    assert len(ids_of(text)) == 3
+    assert "fully_async_9" not in text and "notes.txt" not in text
+    for step in (1, 2, 3):
+        rewards = [float((i + step) % 3 == 0) for i in range(12)]
+        mean = sum(rewards) / len(rewards)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+        row = re.search(rf"<tr><td class=\"num\">{step}</td>.*?</tr>", text, re.S)
+        assert row, step
+        assert f">{mean:.3g}<" in row.group(0) and f">{std:.3g}<" in row.group(0)
+        assert "truncated" in row.group(0) and "completed" in row.group(0)
+    assert text.count('<svg class="trend"') == 4  # reward, length, turns, truncation across steps
+    assert "reward mean ± std" in text
+
+
+def test_follow_picks_up_bundles_committed_while_serving_and_never_a_half_written_one(
+    run: Path, tmp_path: Path
+) -> None:
+    app = create_app(run, cache_dir=tmp_path / "cache", follow=0.1)
+    with TestClient(app) as client:
+        assert len(ids_of(client.get("/").text)) == 3
+        half = run / "ckpt" / "rollout" / "fully_async_4"
+        (half / "samples").mkdir(parents=True)  # shards written, no manifest yet
+        time.sleep(0.5)
+        assert len(ids_of(client.get("/").text)) == 3
+        shutil.rmtree(half)
+        media = tmp_path / "m4"
+        write_bundle(half, make_samples(_shots(media, 2, seed=40), 5, 4), media_roots=[media],
+                     meta={"rollout_id": 4})  # fmt: skip
+        wait_until(lambda: len(ids_of(client.get("/").text)) == 4, "the new bundle on the run page")
+        assert ">4</td>" in client.get("/").text
+
+
+# -- a bundle -------------------------------------------------------------------------------------------
+
+
+def test_the_bundle_page_filters_sorts_searches_and_pages_on_the_server(
+    served: tuple[TestClient, Any],
+) -> None:
+    client, app = served
+    e = entry_by_step(app, 2)
+    base = f"/b/{e.id}"
+    page = assert_page(client.get(base))
+    assert "12 of 12 samples match" in page
+    truncated = assert_page(client.get(base, params={"status": "truncated"}))
+    assert "2 of 12 samples match" in truncated  # positions 0 and 7
+    assert re.findall(r'href="/b/[0-9a-f]+/s/(\d+)"', truncated) == ["0", "7"]
+    best = assert_page(client.get(base, params={"sort": "reward", "order": "desc", "limit": "3"}))
+    first = re.findall(r'href="/b/[0-9a-f]+/s/(\d+)"', best)
+    assert [float((int(p) + 2) % 3 == 0) for p in first] == [1.0, 1.0, 1.0]
+    longest = assert_page(client.get(base, params={"sort": "length", "order": "desc", "limit": "2"}))
+    assert re.findall(r'href="/b/[0-9a-f]+/s/(\d+)"', longest) == ["11", "10"]
+    found = assert_page(client.get(base, params={"q": "word5x2"}))
+    assert "1 of 12 samples match" in found
+    assert re.findall(r'href="/b/[0-9a-f]+/s/(\d+)"', found) == ["5"]
+    ranged = assert_page(client.get(base, params={"length_min": "15", "length_max": "17", "turns_min": "2"}))
+    assert re.findall(r'href="/b/[0-9a-f]+/s/(\d+)"', ranged) == ["5", "6", "7"]
+    group = assert_page(client.get(base, params={"group": "1"}))
+    assert re.findall(r'href="/b/[0-9a-f]+/s/(\d+)"', group) == ["4", "5", "6", "7"]
+
+    # Keyset paging: following "next" visits every sample once, in the sort's order.
+    for sort, order in (("position", "asc"), ("reward", "desc"), ("advantage", "asc")):
+        seen: list[int] = []
+        url: str | None = f"{base}?sort={sort}&order={order}&limit=5"
+        while url:
+            text = assert_page(client.get(url))
+            seen += [int(p) for p in re.findall(r'href="/b/[0-9a-f]+/s/(\d+)"', text)]
+            nxt = re.search(r'href="([^"]+)">next page', text)
+            url = unescape(nxt.group(1)) if nxt else None
+        assert sorted(seen) == list(range(12)), (sort, seen)
+    for bad in (
+        {"reward_min": "lots"},
+        {"sort": "pos; DROP TABLE samples"},
+        {"after": "x:y"},
+        {"order": "up"},
+    ):
+        assert_page(client.get(base, params=bad), 400)
+    # FTS5 syntax in the box is words, never an operator or an error.
+    assert "0 of 12" in assert_page(client.get(base, params={"q": 'NEAR("a" b) OR * "'}))
+
+
+def test_the_index_is_built_once_and_cached_by_the_bundles_identity(run: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    app = create_app(run, cache_dir=cache)
+    with TestClient(app):
+        indexed(app)
+        e = entry_by_step(app, 1)
+        index = cache / "index" / f"{e.identity}.sqlite"
+        assert index.is_file()
+        assert len(list((cache / "index").glob("*.sqlite"))) == 3
+        assert not list((cache / "index").glob("*.building.sqlite"))
+        before = index.stat().st_mtime_ns
+    app = create_app(run, cache_dir=cache)  # a second server: nothing rebuilt
+    with TestClient(app) as client:
+        e = entry_by_step(app, 1)
+        assert app.state.serve.indexer.state(e).complete  # at once: no build
+        assert "12 of 12" in client.get(f"/b/{e.id}").text
+    assert index.stat().st_mtime_ns == before
+    # The same place holding another bundle is another identity: indexed again, never the old rows.
+    media = tmp_path / "m"
+    write_bundle(e.location, make_samples(_shots(media, 2, seed=9), 3, 1), media_roots=[media],
+                 meta={"rollout_id": 1}, overwrite=True)  # fmt: skip
+    app = create_app(run, cache_dir=cache)
+    with TestClient(app) as client:
+        indexed(app)
+        e2 = entry_by_step(app, 1)
+        assert e2.identity != e.identity
+        assert "3 of 3" in client.get(f"/b/{e2.id}").text
+    # A packed copy of a bundle is the same bundle: one index serves both.
+    packed = run / "copy.rbundle"
+    pack_bundle(entry_by_step(app, 2).location, packed)
+    app = create_app(run, cache_dir=cache)
+    with TestClient(app):
+        copy = next(x for x in app.state.serve.run.ordered() if x.location.endswith("copy.rbundle"))
+        assert copy.identity == entry_by_step(app, 2).identity
+        assert app.state.serve.indexer.state(copy).complete
+
+
+def test_an_unindexed_bundle_shows_its_first_rows_while_the_index_builds(tmp_path: Path) -> None:
+    root = tmp_path / "big"
+    media = tmp_path / "m"
+    write_bundle(root, make_samples(_shots(media, 2), 3000, 1), media_roots=[media])
+    app = create_app(root, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        (e,) = app.state.serve.run.ordered()
+        t = time.perf_counter()
+        page = assert_page(client.get(f"/b/{e.id}"))
+        assert time.perf_counter() - t < 10
+        assert re.search(r"of 3000 samples match", page)
+        assert 'href="/b/' + e.id + '/s/0"' in page
+        indexed(app)
+        assert "3000 of 3000 samples match" in client.get(f"/b/{e.id}").text
+
+
+def test_grpo_groups_side_by_side_with_their_advantages(served: tuple[TestClient, Any]) -> None:
+    client, app = served
+    e = entry_by_step(app, 1)
+    groups = assert_page(client.get(f"/b/{e.id}/groups"))
+    assert groups.count("/group?g=") == 3
+    text = assert_page(client.get(f"/b/{e.id}/group", params={"g": "1"}))
+    rewards = [float((i + 1) % 3 == 0) for i in range(4, 8)]
+    expected = advantages(rewards)
+    heads = re.findall(
+        r'class="gcell ghead"><a href="/b/[0-9a-f]+/s/(\d+)">.*?advantage <b>([^<]+)</b>', text
+    )
+    assert [int(p) for p, _ in heads] == [4, 5, 6, 7]
+    assert [float(a) for _, a in heads] == pytest.approx([float(f"{x:+.3g}") for x in expected])
+    assert text.count('<svg class="thumb"') == 8  # two turns each, side by side
+    assert_page(client.get(f"/b/{e.id}/group", params={"g": "nope"}), 404)
+
+
+# -- a sample -------------------------------------------------------------------------------------------
+
+
+def test_the_sample_page_draws_every_turn_with_its_action_and_caches_pictures_by_digest(
+    served: tuple[TestClient, Any], tmp_path: Path
+) -> None:
+    client, app = served
+    e = entry_by_step(app, 1)
+    text = assert_page(client.get(f"/b/{e.id}/s/3"))
+    assert text.count('<svg class="thumb"') == 2
+    assert 'class="lb" id="v3-0"' in text and 'class="lb" id="v3-1"' in text  # the large views
+    assert "click (100, 50)" in text and 'type "dark mode"' in html.unescape(text)
+    # The mark of the click, scaled from the 960x540 screen to the 96x54 screenshot: (10, 5).
+    assert re.search(r'<circle class="ov-halo" cx="10" cy="5"', text)
+    assert "&lt;b&gt;now&lt;/b&gt;" in text  # the prompt's markup is text
+    css = client.get("/static/style.css")
+    assert css.status_code == 200 and OVERLAY_COLOR in css.text
+    pictures = [unescape(h) for h in re.findall(r'href="(/b/[0-9a-f]+/img/[^"]+)"', text)]
+    assert pictures
+    for url in pictures:
+        r = client.get(url)
+        assert r.status_code == 200 and r.headers["content-type"] == "image/jpeg"
+        assert r.content[:3] == b"\xff\xd8\xff"
+    thumbs = sorted((tmp_path / "cache" / "thumbs").rglob("*.320.jpg"))
+    assert len(thumbs) == 2
+    stamps = [p.stat().st_mtime_ns for p in thumbs]
+    # The same screenshot in another bundle (one digest) is not decoded again.
+    other = entry_by_step(app, 2)
+    assert_page(client.get(f"/b/{other.id}/s/3"))
+    assert [
+        p.stat().st_mtime_ns for p in sorted((tmp_path / "cache" / "thumbs").rglob("*.320.jpg"))
+    ] == stamps
+    assert_page(client.get(f"/b/{e.id}/s/12"), 404)
+    assert_page(client.get(f"/b/{e.id}/s/-1"), 404)
+    assert_page(client.get(f"/b/{e.id}/img/{'0' * 64}.png?w=320"), 404)
+    assert_page(client.get(pictures[0].replace("w=1280", "w=7").replace("w=320", "w=7")), 400)
+
+
+def test_one_prompt_across_training_and_two_steps_side_by_side(served: tuple[TestClient, Any]) -> None:
+    client, app = served
+    e1, e3 = entry_by_step(app, 1), entry_by_step(app, 3)
+    bundle = client.get(f"/b/{e1.id}", params={"group": "2"}).text
+    key = unescape(re.search(r'href="(/prompt\?key=[^"]+)"', bundle).group(1))
+    text = assert_page(client.get(key))
+    for step in (1, 2, 3):
+        rewards = [float((i + step) % 3 == 0) for i in range(8, 12)]
+        assert re.search(rf'<td class="num">{step}</td><td><a href="/b/[0-9a-f]+">[^<]+</a></td><td class="num">4</td>'
+                         rf'<td class="num">{sum(rewards) / 4:.3g}</td>', text), step  # fmt: skip
+    assert '<svg class="trend"' in text
+    side = assert_page(client.get(key + f"&a={e1.id}&b={e3.id}"))
+    assert side.count('<section class="card sample"') == 8  # 4 samples of the prompt at each step
+    assert "fully_async_1" in side and "fully_async_3" in side
+    assert_page(client.get("/prompt"), 400)
+
+
+def test_compare_two_bundles_shows_what_rollout_bundle_diff_reports(served: tuple[TestClient, Any]) -> None:
+    client, app = served
+    a, b = entry_by_step(app, 1), entry_by_step(app, 2)
+    text = html.unescape(assert_page(client.get("/compare", params={"a": a.id, "b": b.id})))
+    done = subprocess.run([sys.executable, "-m", "trainer_hooks.cli", "diff", a.location, b.location, "--json"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    report = json.loads(done.stdout)
+    changed = [c["key"] for c in report["samples"]["changed"]]
+    assert changed
+    for key in changed:
+        assert f"sample {key} changed:" in text
+    assert f"{len(changed)} changed, {report['samples']['unchanged']} unchanged" in text
+    assert "meta.rollout_id: 1 -> 2" in text
+    assert_page(client.get("/compare", params={"a": a.id, "b": "0" * 16}), 404)
+
+
+def test_compare_two_samples_side_by_side(served: tuple[TestClient, Any]) -> None:
+    client, app = served
+    a, b = entry_by_step(app, 1), entry_by_step(app, 2)
+    text = html.unescape(
+        assert_page(client.get("/compare/samples", params={"a": a.id, "i": 2, "b": b.id, "j": 2}))
+    )
+    assert "reward: 1.0 -> 0.0" in text
+    assert text.count('class="card sample"') == 2
+    same = html.unescape(
+        assert_page(client.get("/compare/samples", params={"a": a.id, "i": 4, "b": a.id, "j": 4}))
+    )
+    assert "the same" in same
+
+
+# -- safety ---------------------------------------------------------------------------------------------
+
+
+def _copy_vectors(dest: Path) -> list[str]:
+    """The hostile bundles (directories and packed files; not the runtime-made ones) under ``dest``."""
+    table = json.loads((HOSTILE / "expected.json").read_text())
+    names = []
+    for row in table.values():
+        if row.get("runtime"):
+            continue
+        src = HOSTILE / row["path"]
+        if src.is_dir():
+            shutil.copytree(src, dest / row["path"], symlinks=True)
+        elif src.is_file():
+            shutil.copy2(src, dest / row["path"])
+        else:
+            continue
+        names.append(row["path"])
+    view = json.loads((HOSTILE / "view" / "expected.json").read_text())
+    for row in view.values():
+        shutil.copytree(HOSTILE / "view" / row["path"], dest / row["path"], symlinks=True)
+        names.append(row["path"])
+    return names
+
+
+def test_every_route_holds_on_the_hostile_vectors(tmp_path: Path) -> None:
+    root = tmp_path / "hostile"
+    root.mkdir()
+    names = _copy_vectors(root)
+    assert len(names) > 40
+    app = create_app(root, cache_dir=tmp_path / "cache")
+    with TestClient(app, raise_server_exceptions=False) as client:
+        text = assert_page(client.get("/"))
+        state = app.state.serve
+        served = {e.rel for e in state.run.ordered()}
+        # A bundle is served, or named on the run page as not served: never silently dropped.
+        for name in names:
+            if is_bundle(root / name):
+                assert name in served or name in html.unescape(text), name
+        indexed(app, errors=True)
+        for e in state.run.ordered():
+            for url in (f"/b/{e.id}", f"/b/{e.id}?q=script&sort=reward&order=desc", f"/b/{e.id}/groups",
+                        f"/b/{e.id}/s/0", f"/b/{e.id}/group?g=0"):  # fmt: skip
+                r = client.get(url)
+                assert r.status_code in (200, 400, 404, 502, 503), (e.rel, url, r.status_code)
+                page = assert_page(r, r.status_code)
+                assert "<script>alert" not in page and "<script>document" not in page, (e.rel, url)
+            sample = client.get(f"/b/{e.id}/s/0")
+            for href in re.findall(r'href="(/b/[0-9a-f]+/img/[^"]+)"', sample.text):
+                r = client.get(unescape(href))
+                assert r.status_code in (200, 404, 502)
+                if r.status_code == 200:
+                    assert r.headers["content-type"] == "image/jpeg" and r.content[:3] == b"\xff\xd8\xff"
+                else:
+                    assert_page(r, r.status_code)
+            # Every stored media name of the manifest, whatever its suffix: only a JPEG or a page.
+            for m in list(e.bundle.manifest.media)[:8]:
+                r = client.get(f"/b/{e.id}/img/{m.digest[7:]}{m.suffix}?w=320")
+                assert r.headers["content-type"] in ("image/jpeg", "text/html; charset=utf-8"), e.rel
+        # view's vectors: each screenshot that cannot be shown is named on its sample page.
+        view = json.loads((HOSTILE / "view" / "expected.json").read_text())
+        for row in view.values():
+            e = next(x for x in state.run.ordered() if x.rel == row["path"])
+            page = html.unescape(client.get(f"/b/{e.id}/s/0").text)
+            for fragment in row["not_shown"]:
+                assert fragment in page, (row["path"], fragment)
+            for fragment in row["absent"]:
+                assert fragment not in client.get(f"/b/{e.id}/s/0").text, (row["path"], fragment)
+
+
+def test_nothing_outside_root_is_read_whatever_the_url_says(run: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    media = tmp_path / "om"
+    write_bundle(outside, make_samples(_shots(media, 2, seed=70), 3, 7), media_roots=[media],
+                 meta={"rollout_id": 7})  # fmt: skip
+    (run / "linked").symlink_to(outside)  # a symlink in the run to a bundle elsewhere
+    (run / "ckpt" / "elsewhere").symlink_to(outside.parent)  # and to a directory holding one
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"TOP-SECRET")
+    # A media file of a bundle replaced by a symlink to a file outside: not read through it.
+    victim = run / "ckpt" / "rollout" / "fully_async_3"
+    name = next(p.name for p in (victim / "media").iterdir())
+    (victim / "media" / name).chmod(0o644)
+    (victim / "media" / name).unlink()
+    (victim / "media" / name).symlink_to(secret)
+    app = create_app(run, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        rels = {e.rel for e in app.state.serve.run.ordered()}
+        assert rels == {f"ckpt/rollout/fully_async_{s}" for s in (1, 2, 3)}
+        e = entry_by_step(app, 3)
+        r = client.get(f"/b/{e.id}/img/{name}?w=320")
+        assert r.status_code in (404, 502) and b"TOP-SECRET" not in r.content
+        for url in ("/b/../../etc/passwd", "/b/%2e%2e/%2e%2e/etc/passwd", f"/b/{e.id}/img/..%2F..%2Fmanifest.json",
+                    f"/b/{e.id}/img/%2e%2e%2fmanifest.json?w=320", f"/b/{e.id}/img/{secret}?w=320",
+                    "/static/../../../etc/passwd", "/static/style.css/../../manifest.json", f"/b/{e.id[:15]}",
+                    f"/b/{e.id}/img/{name}%00.png?w=320"):  # fmt: skip
+            r = client.get(url)
+            assert r.status_code in (400, 404), (url, r.status_code)
+            assert b"root:" not in r.content and b"format_version" not in r.content
+    assert "TOP-SECRET" not in "".join(
+        p.read_text("latin-1") for p in (tmp_path / "cache").rglob("*") if p.is_file()
+    )
+
+
+def test_read_only_errors_are_pages_and_the_token_is_required_when_set(run: Path, tmp_path: Path) -> None:
+    app = create_app(run, cache_dir=tmp_path / "cache", token="s3cret-token")
+    with TestClient(app) as client:
+        r = client.get("/")
+        assert_page(r, 403)
+        assert "token" in r.text
+        assert_page(client.get("/?token=wrong"), 403)
+        r = client.get("/?token=s3cret-token", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/"
+        assert (
+            f"{TOKEN_COOKIE}=s3cret-token" in r.headers["set-cookie"]
+            and "HttpOnly" in r.headers["set-cookie"]
+        )
+        client.cookies.set(TOKEN_COOKIE, "s3cret-token")
+        assert len(ids_of(assert_page(client.get("/")))) == 3
+        for method in ("POST", "PUT", "DELETE", "PATCH"):
+            r = client.request(method, "/")
+            assert_page(r, 405)
+        assert_page(client.get("/no/such/page"), 404)
+
+
+def _serve(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "trainer_hooks.cli", "serve", *args, "--port", "0",
+                             "--cache-dir", str(tmp_path / "cache"), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        raise AssertionError(proc.stderr.read() if proc.stderr else "serve printed nothing")
+    url = re.search(r"(http://\S+)", line)
+    assert url, line
+    return proc, url.group(1)
+
+
+def _get(port: int, path: str, host: str | None = None, headers: dict[str, str] | None = None) -> Any:
+    con = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    con.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)  # the path exactly as written
+    con.putheader("Host", host or f"127.0.0.1:{port}")
+    for k, v in (headers or {}).items():
+        con.putheader(k, v)
+    con.endheaders()
+    r = con.getresponse()
+    body = r.read()
+    con.close()
+    return r, body
+
+
+def test_rollout_bundle_serve_on_a_free_port_answers_raw_http_safely(run: Path, tmp_path: Path) -> None:
+    proc, url = _serve([str(run)], tmp_path)
+    try:
+        m = re.match(r"http://127\.0\.0\.1:(\d+)/$", url)
+        assert m, url  # loopback by default
+        port = int(m.group(1))
+        r, body = _get(port, "/")
+        assert r.status == 200 and r.getheader("content-security-policy") == CSP
+        ids = ids_of(body.decode())
+        assert len(ids) == 3
+        bid = ids[0]
+        wait_until(lambda: b"12 of 12 samples match" in _get(port, f"/b/{bid}")[1], "the bundle indexed")
+        r, body = _get(port, f"/b/{bid}/s/1")
+        assert r.status == 200 and b'<svg class="thumb"' in body
+        # A page elsewhere that rebinds a name to 127.0.0.1 gets nothing.
+        r, body = _get(port, "/", host="evil.example")
+        assert r.status == 400 and b"b/" + bid.encode() not in body
+        for path in ("/b/..%2f..%2f..%2fetc%2fpasswd", "/..%2f..%2fetc/passwd", "/%2e%2e/%2e%2e/etc/passwd",
+                     f"/b/{bid}/img/..%2f..%2fmanifest.json", f"/b/{bid}/img/..%5c..%5cmanifest.json",
+                     "//etc/passwd", "/b/" + bid + "/img/%2fetc%2fpasswd", "/static/..%2f..%2fpyproject.toml"):  # fmt: skip
+            r, body = _get(port, path)
+            assert r.status in (400, 404), (path, r.status)
+            assert b"root:" not in body and b"format_version" not in body and b"[project]" not in body, path
+            assert b"Traceback" not in body and r.getheader("content-type", "").startswith("text/html"), path
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode in (0, -15)
+
+
+def test_beyond_loopback_serve_prints_a_token_once_and_asks_for_it(run: Path, tmp_path: Path) -> None:
+    proc, url = _serve([str(run), "--host", "0.0.0.0"], tmp_path)
+    try:
+        m = re.match(r"http://0\.0\.0\.0:(\d+)/\?token=([A-Za-z0-9_-]{32,})$", url)
+        assert m, url
+        port, token = int(m.group(1)), m.group(2)
+        r, body = _get(port, "/")
+        assert r.status == 403 and b"token" in body and b"/b/" not in body
+        r, _ = _get(port, f"/?token={token}")
+        assert r.status == 303
+        cookie = r.getheader("set-cookie").split(";")[0]
+        r, body = _get(port, "/", headers={"Cookie": cookie})
+        assert r.status == 200 and len(ids_of(body.decode())) == 3
+        r, _ = _get(port, "/", headers={"Cookie": f"{TOKEN_COOKIE}=guess"})
+        assert r.status == 403
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# -- on a store -----------------------------------------------------------------------------------------
+
+
+def test_a_run_on_a_store_is_served_in_place(
+    seaweed_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for k, v in seaweed_s3.env.items():
+        monkeypatch.setenv(k, v)
+    bucket = seaweed_s3.bucket()
+    media = tmp_path / "m"
+    shots = _shots(media, 3, seed=5)
+    for step in (1, 2):
+        write_bundle(f"s3://{bucket}/run/rollout/fully_async_{step}", make_samples(shots, 6, step),
+                     media_roots=[media], meta={"rollout_id": step}, shared_media=True)  # fmt: skip
+    app = create_app(f"s3://{bucket}/run", cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        text = assert_page(client.get("/"))
+        assert len(ids_of(text)) == 2
+        indexed(app)
+        e = entry_by_step(app, 2)
+        assert e.bundle.location == "object store"
+        assert "6 of 6 samples match" in client.get(f"/b/{e.id}").text
+        sample = assert_page(client.get(f"/b/{e.id}/s/1"))
+        href = unescape(re.findall(r'href="(/b/[0-9a-f]+/img/[^"]+)"', sample)[0])
+        r = client.get(href)
+        assert r.status_code == 200 and r.content[:3] == b"\xff\xd8\xff"
+        name = href.split("/img/")[1].split("?")[0]
+        assert hashlib.sha256(Path(media, name).read_bytes()).hexdigest() == name.partition(".")[0]
+
+
+def test_the_cli_lists_serve_with_its_options() -> None:
+    done = subprocess.run([sys.executable, "-m", "trainer_hooks.cli", "serve", "--help"], capture_output=True,
+                          text=True, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert done.returncode == 0
+    for flag in ("--port", "--host", "--follow", "--cache-dir"):
+        assert flag in done.stdout
+    missing = subprocess.run([sys.executable, "-m", "trainer_hooks.cli", "serve", "/no/such/run", "--port", "0"],
+                             capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert missing.returncode == 1 and "rollout-bundle serve: error: /no/such/run" in missing.stderr
+    assert "Traceback" not in missing.stderr
