@@ -383,3 +383,17 @@ def test_an_empty_directory_made_beforehand_is_adopted_and_released(tmp_path: Pa
     marker = _marker_size(tmp_path / "run-a")
     assert release_run_media(args) == 9 + marker
     assert not (tmp_path / "run-a").exists()
+
+
+def test_a_released_run_directory_replaced_by_a_users_one_is_refused_again(tmp_path: Path) -> None:
+    """The process remembers the run directories it proved (no marker read per screenshot); a
+    release forgets it, so a user's directory made at the same path (perhaps on the same inode)
+    is refused like any other."""
+    args = _args(tmp_path)
+    store_media(args, b"x", suffix=".bin")
+    release_run_media(args)
+    (tmp_path / "run-a").mkdir()
+    (tmp_path / "run-a" / "notes.txt").write_text("mine")
+    with pytest.raises(UnsafeRunDirError, match=r"holds 'notes.txt'"):
+        store_media(args, b"y", suffix=".bin")
+    assert os.listdir(tmp_path / "run-a") == ["notes.txt"]

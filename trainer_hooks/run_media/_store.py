@@ -178,11 +178,16 @@ def create_run_dir(run_dir: Path, *, ensure_marker: bool = False) -> None:
     with suppress(FileExistsError):
         run_dir.mkdir(mode=RUN_DIR_MODE)
         created = True
-    _check_run_dir(run_dir.parent, run_dir)
+    st = _check_run_dir(run_dir.parent, run_dir)
+    key = (st.st_dev, st.st_ino) if st is not None else None
     if created:
         _write_run_marker(run_dir)
+        _PROVEN.add(key)
         return
+    if key in _PROVEN and not ensure_marker:
+        return  # proven in this process already: no marker read per screenshot
     if read_run_marker(run_dir) is not None:
+        _PROVEN.add(key)
         return
     if _lease_names(run_dir):
         if ensure_marker:
@@ -198,8 +203,13 @@ def create_run_dir(run_dir: Path, *, ensure_marker: bool = False) -> None:
             "directory at teardown; choose another --run-uuid or --shared-media-dir"
         )
     _write_run_marker(run_dir)  # empty (or only a marker being written by another process): ours
+    _PROVEN.add(key)
 
 
+# Run directories (device, inode) this process created or found marked: store_media skips reading
+# the marker again for them (it would cost each screenshot an open and a parse). Only the refusal
+# to write into a foreign directory uses it; a deletion always reads the proof again.
+_PROVEN: set[tuple[int, int] | None] = set()
 # Entries of a foreign directory a refusal names.
 _SHOWN_ENTRIES = 3
 
@@ -389,8 +399,10 @@ def remove_run_dir(shared: Path, run_id: str) -> int:
     """Remove ``shared/run_id`` after the safety checks of :func:`release_run_media`."""
     check_run_id(run_id)
     run_dir = Path(shared) / run_id
-    if _check_run_dir(Path(shared), run_dir) is None:
+    st = _check_run_dir(Path(shared), run_dir)
+    if st is None:
         return 0
+    _PROVEN.discard((st.st_dev, st.st_ino))  # its inode may name another directory next
     if not is_run_dir(run_dir):
         raise UnsafeRunDirError(
             f"{run_dir}: not a run media directory (no {RUN_MARKER_NAME} marker and no lease naming it): "
