@@ -254,7 +254,9 @@ class RunLease:
     Use as a context manager, or call :meth:`start` and :meth:`close`. Starting takes over a
     lease left by a process that is gone (e.g. a crashed run resumed with the same
     ``--run-uuid``) or whose heartbeat missed three intervals; it refuses a directory leased by
-    a live process (two launches with the same run id).
+    a live process (two launches with the same run id), and an existing directory no run made
+    (no run marker, no lease naming it: :func:`~trainer_hooks.run_media._store.create_run_dir`),
+    writing nothing into either.
     """
 
     def __init__(self, run_dir: Path, *, interval: float = DEFAULT_HEARTBEAT_INTERVAL_S) -> None:
