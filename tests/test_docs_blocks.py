@@ -33,9 +33,10 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,9 +98,10 @@ TESTED = [b for b in BLOCKS if b.kind == "test"]
 
 
 def local_paths(text: str, tmp: Path) -> str:
-    """The absolute paths a block names, as directories under the test's own: a quoted
-    ``"/shared/..."``, ``"/ckpt/..."``, ``"/tmp/..."`` or ``"/dumps/..."`` (never ``s3://ckpt``)."""
-    return re.sub(r"""(?<=["'])/(shared|ckpt|tmp|dumps)(?=/)""", lambda m: f"{tmp}/{m[1]}", text)
+    """The absolute paths a block names, as directories under the test's own: ``/shared/...``,
+    ``/ckpt/...``, ``/tmp/...`` or ``/dumps/...`` after a quote or a space (never ``s3://ckpt``,
+    nor ``-dir=/tmp/...``)."""
+    return re.sub(r"""(?<=["'\s])/(shared|ckpt|tmp|dumps)(?=/)""", lambda m: f"{tmp}/{m[1]}", text)
 
 
 def run_python(code: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300) -> str:
@@ -228,55 +230,52 @@ def weed_flags() -> set[str]:
     return set(re.findall(r"^\s+(-[\w.]+)", text, re.M))
 
 
-def run_store_server(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
-    """The README's local test server: ``weed mini`` as written (its flags exist, it does not create
-    buckets on demand), then each line: the missing bucket is named, boto3 creates it."""
-    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
-    pytest.importorskip("boto3", reason="boto3 (moto[server]) is not installed")
+@contextlib.contextmanager
+def documented_weed(argv: list[str], tmp: Path, exports: list[str]) -> Iterator[dict[str, str]]:
+    """``weed mini`` started with the README's flags ``argv`` (``-dir`` under ``tmp``), on free
+    ports, as tests/helpers/store.py does, so that parallel runs never meet (the README's 8333
+    and the ports it leaves to the defaults); yields the environment the block's ``export`` lines
+    set, pointed at it, once it answers."""
+    import boto3
     from helpers.store import free_port, weed_binary
 
-    lines = [line for line in block.text.splitlines() if line.strip()]
-    serve = next(line for line in lines if line.startswith("weed mini "))
-    argv = shlex.split(serve.split("  #", 1)[0].strip().removesuffix("&"))
-    known = weed_flags()
-    flags = [a.split("=", 1)[0] for a in argv[2:]]
-    assert set(flags) <= known, f"flags that weed mini does not have: {set(flags) - known}"
-    assert "-s3.autoCreateBucket=false" in argv, serve
-    # The ports the README names (8333) and the others it leaves to the defaults: free ones here,
-    # as tests/helpers/store.py does, so that parallel runs never meet.
-    ports = {k: free_port() for k in ("s3", "master", "volume", "filer", "admin", "debug")}
     weed = weed_binary()
     assert weed is not None
-    argv = [weed, *[f"-dir={tmp}/seaweed" if a.startswith("-dir=") else a for a in argv[1:]]]
+    ports = {k: free_port() for k in ("s3", "master", "volume", "filer", "admin", "debug")}
+    work = Path(tempfile.mkdtemp(prefix="weed-", dir=tmp))
+    argv = [weed, *[f"-dir={work}/data" if a.startswith("-dir=") else a for a in argv[1:]]]
     argv += [f"-{k}.port={p}" for k, p in ports.items()]
-    argv += ["-ip=127.0.0.1", "-admin.ui=false", "-webdav=false", "-master.volumeSizeLimitMB=32"]
+    argv += ["-admin.ui=false", "-webdav=false", "-master.volumeSizeLimitMB=32"]
     argv += ["-s3.port.iceberg=0", "-s3.port.lance=0"]  # fixed ports otherwise (8181, 9101)
-    log = open(tmp / "weed.log", "wb")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
     env: dict[str, str] = {}
-    for line in lines:
-        if line.startswith("export "):
-            for pair in shlex.split(line.split("  #", 1)[0])[1:]:
-                k, v = pair.split("=", 1)
-                env[k] = v.replace(":8333", f":{ports['s3']}")
+    for line in exports:
+        for pair in shlex.split(line.split("  #", 1)[0])[1:]:
+            k, v = pair.split("=", 1)
+            env[k] = v.replace(":8333", f":{ports['s3']}")
+    log = open(work / "weed.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=work,
+        start_new_session=True,
+        env={**os.environ, **env},
+    )  # it reads the keys exported before it (its admin's)
     try:
-        import boto3
-
         client = boto3.client(
             "s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env.get("AWS_REGION", "us-east-1"),
             aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"), aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while True:  # up when it answers a listing
-            assert proc.poll() is None, (tmp / "weed.log").read_text()[-3000:]
+            assert proc.poll() is None, (work / "weed.log").read_text()[-3000:]
             try:
                 client.list_buckets()
                 break
             except Exception:
-                assert time.monotonic() < deadline, (tmp / "weed.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, (work / "weed.log").read_text()[-3000:]
                 time.sleep(0.3)
-        run_shell_lines(block.text, tmp, env, skip=lambda line: line.startswith(("weed mini ", "export ")))
-        client.head_bucket(Bucket="ckpt")  # made by the block's boto3 line
+        yield env
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -286,6 +285,34 @@ def run_store_server(block: Block, tmp: Path, request: pytest.FixtureRequest) ->
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+def run_store_server(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
+    """The README's local test server: ``weed mini`` as written (every flag one it has), then each
+    line: a write to the missing bucket is refused naming it, boto3 creates it, the write
+    succeeds. Without ``-s3.autoCreateBucket=false`` the first write would succeed instead (issue
+    30, item 17), which is checked too, so the README's reason for the flag stays true."""
+    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+    pytest.importorskip("boto3", reason="boto3 (moto[server]) is not installed")
+    from bundles import write_bundle
+
+    lines = [line for line in block.text.splitlines() if line.strip()]
+    serve = next(line for line in lines if line.startswith("weed mini "))
+    argv = shlex.split(serve.split("  #", 1)[0].strip().removesuffix("&"))
+    known = weed_flags()
+    flags = [a.split("=", 1)[0] for a in argv[2:]]
+    assert set(flags) <= known, f"flags that weed mini does not have: {set(flags) - known}"
+    assert "-s3.autoCreateBucket=false" in argv, serve
+    exports = [line for line in lines if line.startswith("export ")]
+    write_bundle(tmp / "ckpt" / "rollout_0042.bundle", [{"reward": 1.0}])  # the Quickstart's bundle
+    text = local_paths(block.text, tmp)
+    with documented_weed(argv, tmp, exports) as env:
+        run_shell_lines(text, tmp, env, skip=lambda line: line.startswith(("weed mini ", "export ")))
+    # The same server without the flag: the first write creates the bucket, and succeeds.
+    pack = next(line for line in text.splitlines() if line.startswith("rollout-bundle pack "))
+    assert expectation(pack)[0] == 1, pack
+    with documented_weed([a for a in argv if a != "-s3.autoCreateBucket=false"], tmp, exports) as env:
+        run_shell_lines(pack.split("  #", 1)[0] + "  # exit 0\n", tmp, env)
 
 
 def run_store_python(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
