@@ -658,3 +658,55 @@ def test_a_dead_journal_writer_stops_training_at_the_next_step_naming_the_cause(
         fn.drain(timeout=20, step=step + 1)  # and it stays stopped
     with pytest.raises(JournalError, match="planted by the test"):
         fn.close()
+
+
+def test_both_sinks_keep_one_journal_and_compaction_frees_only_what_a_checkpoint_covers(
+    journal_place, tmp_path
+):
+    """The writer through each sink (a directory, SeaweedFS), by the same code: what is appended
+    is read back after a flush, records and media; a resumed journal of the lineage adopts what
+    the first left, and compaction frees the segments (shipments) a watermark covers with the
+    media only they referenced, and nothing after it."""
+    import hashlib
+    import tempfile
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    png = png_bytes(4, 4, (1, 2, 3))
+    image = run_dir / (hashlib.sha256(png).hexdigest() + ".png")
+    image.write_bytes(png)
+    first = RolloutJournal(journal_place.sink(), lineage="L", interval=0.05, media_roots=[run_dir])
+    first.append_take(0, [{"index": 0, "image": str(image)}], {"offset": 1})
+    first.append_sample(0, 0, {"index": 0, "image": str(image), "reward": 1.0})
+    first.append_group(0, None)
+    watermark = first.roll()
+    first.append_dropped(1)
+    assert first.flush(timeout=20) == 4
+    first.close()
+    with tempfile.TemporaryDirectory(dir=tmp_path) as staging:
+        directory = journal_place.sink().readable(lambda: Path(staging))
+        scan = scan_journal(directory, lineage="L")
+        assert [(r.seq, r.kind) for r in scan.records] == [
+            (1, "take"),
+            (2, "sample"),
+            (3, "group"),
+            (4, "dropped"),
+        ]
+        assert (directory / "media" / image.name).read_bytes() == png
+    kept = journal_place.kept()
+    assert any(int(n.split("-")[1]) <= watermark for n in kept), kept
+
+    resumed = RolloutJournal(
+        journal_place.sink(), lineage="L", interval=0.05, first_seq=5, media_roots=[run_dir]
+    )
+    resumed.append_dropped(2)
+    resumed.flush(timeout=20)
+    segments, media = resumed.compact(watermark)
+    resumed.close()
+    left = journal_place.kept()
+    assert segments >= 1 and media == 1, (segments, media, kept, left)
+    assert left and all(int(n.split("-")[1]) > watermark for n in left), left
+    with tempfile.TemporaryDirectory(dir=tmp_path) as staging:
+        directory = journal_place.sink().readable(lambda: Path(staging))
+        assert [r.seq for r in scan_journal(directory, lineage="L").records] == [4, 5]
+        assert not (directory / "media" / image.name).exists()  # only the covered records named it

@@ -21,20 +21,8 @@ still read (see :mod:`._format`).
 ``meta`` is a small msgpack list ``[seq, kind, at, a, b, media]`` (``seq`` increases by one per
 record across segments; ``at`` the append time; ``media`` the stored file names the body
 references) and ``body`` a zstd frame (level 1) of one value in the bundle codec
-(:func:`bundles.encode_sample`): a sample for ``sample`` records, ``{"samples": [...]}`` for
-groups. Kinds (``a``, ``b``):
-
-* ``take`` (group id, ``{"cursor": state, "n": size}``): a prompt group handed out, as it was
-  handed out, with the data source's cursor after handing it out.
-* ``sample`` (group id, sibling index): one finished, graded sample of a group in flight.
-* ``group`` (group id, size): a group finished; its body holds the group, or is empty when every
-  sibling was journaled as a ``sample`` record already (nothing is written twice).
-* ``consumed`` (training step, [group ids]): groups handed to training for that step.
-* ``recycled`` (group id, ``{"n": size}``): a group handed back to be generated again (its body:
-  the group).
-* ``dropped`` (group id, None): a group that will be neither trained nor regenerated.
-* ``sync`` (-1, fsynced seq): written after each fsync; ``rollout-bundle inspect`` reads the
-  unflushed age from it. Not replayed.
+(:func:`bundles.encode_sample`), or nothing. What ``a``, ``b`` and the body of each kind are is
+said once, in :data:`~._kinds.KINDS` (and in docs/RESUME.md).
 
 Durability and cost
 -------------------
