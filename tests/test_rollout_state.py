@@ -151,3 +151,38 @@ def test_a_version_1_checkpoint_with_a_nested_layout_is_refused(tmp_path):
         BundleFormatError, match=r"meta.completed_group_sizes: expected a list of group layouts"
     ):
         read_rollout_checkpoint(Namespace(load=str(tmp_path)), 1, sample_cls=dict)
+
+
+def test_a_resume_from_an_older_checkpoint_keeps_groups_it_held_for_a_later_step_trained(tmp_path):
+    """Issue 30, item 1 (the Miles plugins' side): checkpoint 0 holds group 1 as completed
+    because step 1 had taken it (train_async's overlap). The weights of step 2 survive but their
+    rollout checkpoint was never written: load(2) resumes from checkpoint 0 and the journal, and
+    group 1, trained into step 1's weights, must not come back (load(0) brings it back)."""
+    from helpers import trainer_args
+
+    from trainer_hooks.checkpoints import RolloutLedger
+
+    args = trainer_args(tmp_path, "run-a", batch_size=1)
+    state = RolloutState(args)
+    ledger = RolloutLedger(args)
+    ledger.attach(state)
+    groups = [group(g, status="completed") for g in range(4)]
+    state.begin_step(0)
+    state.handed_out(groups, cursor={"sample_offset": 4})
+    for g in groups[:2]:
+        state.finished(g, g)
+        state.consumed(g)  # steps 0 and 1
+    state.save(0).result()
+    state.finished(groups[2], groups[2])
+    assert state.consumed(groups[2]) == 2
+    ledger.flush()
+    state.checkpointer.close()
+    ledger.close()
+
+    def resume(step, run):
+        rec = RolloutLedger(trainer_args(tmp_path, run, batch_size=1)).recover(step, sample_cls=dict)
+        assert rec.rollout_id == 0
+        return sorted(gid for gid, _ in rec.completed), sorted(g.gid for g in rec.pending)
+
+    assert resume(2, "run-b") == ([], [3])  # steps 0-2 are in the weights: only group 3 is left
+    assert resume(0, "run-c") == ([1, 2], [3])

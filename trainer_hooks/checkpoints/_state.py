@@ -250,7 +250,13 @@ class RolloutState:
             on_commit = None
             if ledger is not None:
                 meta.update(
-                    ledger.checkpoint_meta(c.pending_gids, c.completed_gids, c.cursor, c.recycled_gids)
+                    ledger.checkpoint_meta(
+                        c.pending_gids,
+                        c.completed_gids,
+                        c.cursor,
+                        c.recycled_gids,
+                        consumed_steps=c.consumed_after,
+                    )
                 )
                 meta["save_telemetry"] = {"journal_barrier_s": round(barrier_s, 6)}
                 on_commit = ledger.committed
