@@ -377,6 +377,37 @@ def test_compare_two_samples_side_by_side(served: tuple[TestClient, Any]) -> Non
     assert "the same" in same
 
 
+def test_replay_verdicts_beside_a_bundle_are_shown_on_its_pages(run: Path, tmp_path: Path) -> None:
+    from bundles import open_bundle
+    from trainer_hooks.replay import bundle_identity
+
+    target = run / "ckpt" / "rollout" / "fully_async_1"
+    with open_bundle(target) as b:
+        ident = bundle_identity(b)
+    report = {"format": "rollout-bundle-replay", "version": 1, "bundle": str(target), "bundle_id": ident,
+              "dtype": "bf16", "summary": {"samples": 2, "problems": {"token_count": 1}},
+              "samples": [{"position": 0, "index": 0, "problems": [], "images": [],
+                           "logprob_diff": {"max_abs": 0.25, "mean_abs": 0.01, "tokens": 10}},
+                          {"position": 1, "index": 1, "images": [],
+                           "problems": [{"kind": "token_count", "message": "3 placeholders <i>but</i> 4", "image": 1}]}]}  # fmt: skip
+    Path(f"{target}.replay.json").write_text(json.dumps(report))
+    other = run / "ckpt" / "rollout" / "fully_async_2"
+    Path(f"{other}.replay.json").write_text(json.dumps(report))  # of another bundle: refused, said so
+    app = create_app(run, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        indexed(app)
+        e, e2 = entry_by_step(app, 1), entry_by_step(app, 2)
+        assert "2 samples replayed; problems: token_count 1" in client.get(f"/b/{e.id}").text
+        ok = assert_page(client.get(f"/b/{e.id}/s/0"))
+        assert "guard and token checks passed" in ok and "max <b>0.25</b>" in ok
+        bad = assert_page(client.get(f"/b/{e.id}/s/1"))
+        assert "3 placeholders &lt;i&gt;but&lt;/i&gt; 4 (image 1)" in bad
+        assert "not in the replay report" in assert_page(client.get(f"/b/{e.id}/s/2"))
+        note = html.unescape(client.get(f"/b/{e2.id}").text)
+        assert "replay report beside the bundle not used" in note
+        assert "Replay" not in client.get(f"/b/{e2.id}/s/0").text
+
+
 # -- safety ---------------------------------------------------------------------------------------------
 
 

@@ -260,6 +260,44 @@ class ServeApp:
     def crumb(self, entry: BundleEntry) -> tuple[str, str]:
         return (f"/b/{entry.id}", entry.rel)
 
+    def replay(self, entry: BundleEntry) -> dict[str, Any] | None:
+        """The replay report lying beside a local bundle (``<bundle>.replay.json``, made by
+        ``rollout-bundle replay --report``), checked to be of this bundle; read once."""
+        if "replay" not in entry.extra:
+            entry.extra["replay"] = None
+            for candidate in _replay_candidates(entry.location):
+                if (
+                    not os.path.isfile(candidate)
+                    or os.path.islink(candidate)
+                    or not self.run.inside(candidate)
+                ):
+                    continue
+                from trainer_hooks.replay import check_report_bundle, load_replay_report
+
+                try:
+                    report = load_replay_report(candidate)
+                    check_report_bundle(report, entry.bundle, candidate)
+                except BundleError as e:
+                    entry.extra["replay"] = {"path": candidate, "error": str(e), "by_pos": {}, "problems": {}}
+                    break
+                summary = report.get("summary") or {}
+                entry.extra["replay"] = {
+                    "path": candidate, "error": None,
+                    "by_pos": {s["position"]: s for s in report["samples"]},
+                    "problems": summary.get("problems") if isinstance(summary.get("problems"), dict) else {},
+                }  # fmt: skip
+                break
+        return entry.extra["replay"]
+
+    def replay_note(self, entry: BundleEntry) -> str | None:
+        r = self.replay(entry)
+        if r is None:
+            return None
+        if r["error"]:
+            return f"replay report beside the bundle not used: {r['error']}"
+        counts = ", ".join(f"{k} {v}" for k, v in r["problems"].items()) or "none"
+        return f"replay report {os.path.basename(r['path'])}: {len(r['by_pos'])} samples replayed; problems: {counts}"
+
     def entry_stats(self, entry: BundleEntry) -> list[dict[str, str]]:
         b = entry.bundle
         return [{"value": str(len(b)), "label": "samples"}, {"value": str(len(b.manifest.media)), "label": "media files"},
@@ -325,7 +363,8 @@ class ServeApp:
                                "crumbs": [(None, entry.rel)], "total": len(entry.bundle), "rows": [], "matching": 0,
                                "status_options": [], "first_href": None, "next_href": None, "partial": False,
                                "indexed": st.rows, "state_note": None, "state_error": False,
-                               "filtered": any(v for k, v in shown.items() if k not in ("sort", "order"))}  # fmt: skip
+                               "filtered": any(v for k, v in shown.items() if k not in ("sort", "order")),
+                               "replay_note": self.replay_note(entry)}  # fmt: skip
         if st.error:
             ctx.update(state_note=st.error, state_error=True)
             return self.render("bundle.html.j2", **ctx)
@@ -429,6 +468,9 @@ class ServeApp:
         infos = image_infos(self.pictures, entry, [view])
         defs: dict[str, dict[str, Any]] = {}
         s = sample_context(view, infos, self.img_url(entry), f"/b/{entry.id}/s/{pos}", row, defs)
+        replay = self.replay(entry)
+        if replay is not None and not replay["error"]:
+            s["replay"] = replay_block(replay["by_pos"].get(pos))
         group_href = None
         if row is not None and row.get("grp") is not None:
             group_href = f"/b/{entry.id}/group?g={urllib.parse.quote(row['grp'], safe='')}"
@@ -556,6 +598,36 @@ class ServeApp:
                            left_name=a.rel, right_name=b.rel, changes=changes[:50], more=max(0, len(changes) - 50),
                            crumbs=[(None, "compare samples")], samples_with_turns=[left, right],
                            defs=list(defs.values()))  # fmt: skip
+
+
+def _replay_candidates(location: str) -> list[str]:
+    stem = location[: -len(bundles.PACK_SUFFIX)] if location.endswith(bundles.PACK_SUFFIX) else location
+    return list(dict.fromkeys([f"{location}.replay.json", f"{stem}.replay.json"]))
+
+
+def replay_block(r: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A sample's replay verdicts (guard, token checks, log-prob differences) for ``sample_block``."""
+    if r is None:
+        return {"missing": True, "problems": [], "diff": None}
+    problems = []
+    for p in r.get("problems") or []:
+        if isinstance(p, dict):
+            where = f" (image {p['image']})" if isinstance(p.get("image"), int) else ""
+            problems.append(
+                {
+                    "kind": str(p.get("kind", "problem"))[:40],
+                    "message": str(p.get("message", ""))[:2000] + where,
+                }
+            )
+    diff = r.get("logprob_diff")
+    d = None
+    if isinstance(diff, dict):
+        d = {
+            "max": fmt(diff.get("max_abs")),
+            "mean": fmt(diff.get("mean_abs")),
+            "tokens": fmt(diff.get("tokens")),
+        }
+    return {"missing": False, "problems": problems, "diff": d}
 
 
 def _by_step(points: list[Any]) -> list[Any]:

@@ -23,6 +23,7 @@ import os
 import re
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,15 +38,21 @@ INDEX_VERSION = 1
 MAX_DEPTH = 4
 #: Sub-prefixes looked into on a store (a store has no directories to walk without listing).
 STORE_SUBDIRS = ("rollout", "debug", "dumps", "eval", "rollout_data", "ckpt", "ckpt/rollout")
+OPEN_WORKERS = 8
 _STEP_RE = re.compile(r"(\d+)(?:\.bundle|\.rbundle)?$")
 
 
 def identity_of(bundle: Bundle) -> str:
-    """A bundle's identity: the sha256 of its canonical manifest (which names every shard's and
-    media file's digest) and of the index version. Two copies of one bundle (a directory and its
-    packed file, on disk and on a store) share it, and a bundle replaced at the same location
-    gets a new one."""
-    text = json.dumps(bundle.manifest, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    """A bundle's identity, what its index is cached by: the sha256 of the index version and of
+    the manifest's kind, meta, sample count, media count and every shard's digest (the samples'
+    bytes, and with them every media reference by content digest). Two copies of one bundle (a
+    directory and its packed file, on disk and on a store) share it; a bundle replaced at the
+    same location gets a new one. Cheaper than hashing the whole manifest, whose media list can
+    hold hundreds of thousands of entries."""
+    m = bundle.manifest
+    head = {"kind": m.kind, "meta": m.meta, "samples": m.sample_count, "media": len(m.media),
+            "format_version": m.format_version, "shards": [s.digest for s in m.shards]}  # fmt: skip
+    text = json.dumps(head, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(f"serve-index-{INDEX_VERSION}\n{text}".encode()).hexdigest()
 
 
@@ -149,6 +156,10 @@ class Run:
             out += self._walk(child.path, depth + 1)
         return out
 
+    def inside(self, location: str) -> bool:
+        """True when the local path ``location`` is under ROOT, symlinks resolved."""
+        return self._inside(location)
+
     def _inside(self, location: str) -> bool:
         """A local bundle is served only when it is no symlink and its real path is under ROOT's."""
         if self._real_root is None:
@@ -171,17 +182,24 @@ class Run:
     def refresh(self) -> list[BundleEntry]:
         """List ROOT again; open and add the bundles not seen before. Returns the new ones."""
         new: list[BundleEntry] = []
-        for location in self._locations():
-            eid = _entry_id(location)
-            if eid in self.entries:
-                continue
+        todo = [loc for loc in self._locations() if _entry_id(loc) not in self.entries]
+
+        def open_one(location: str) -> Bundle | str:
             try:
-                bundle = bundles.open_bundle(location, verify="none", storage_options=self.storage_options)
+                return bundles.open_bundle(location, verify="none", storage_options=self.storage_options)
             except BundleError as err:
-                self.problems[location] = str(err)
-                continue
+                return str(err)
             except OSError as err:
-                self.problems[location] = f"{location}: cannot read: {err.strerror or err}"
+                return f"{location}: cannot read: {err.strerror or err}"
+
+        # Manifests read a few at a time: a run of hundreds of bundles on a store is hundreds of
+        # small requests, each mostly waiting.
+        with ThreadPoolExecutor(OPEN_WORKERS) as pool:
+            opened = list(pool.map(open_one, todo))
+        for location, bundle in zip(todo, opened, strict=True):
+            eid = _entry_id(location)
+            if isinstance(bundle, str):
+                self.problems[location] = bundle
                 continue
             self.problems.pop(location, None)
             rel = self._rel(location)
