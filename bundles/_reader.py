@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import io
 import itertools
 import operator
 import os
@@ -138,10 +137,7 @@ class Bundle:
     def location(self) -> str:
         """What kind of location the bundle is read from, in words: ``"directory"``, ``"packed
         file"``, ``"object store"`` or ``"packed file on an object store"``."""
-        src = self._source
-        if src.remote:
-            return "packed file on an object store" if src.packed else "object store"
-        return "packed file" if src.packed else "directory"
+        return self._source.description
 
     @property
     def stored_bytes(self) -> int:
@@ -156,10 +152,7 @@ class Bundle:
     def media_dir(self) -> Path | None:
         """The local directory holding the stored media as plain files, for a page to link to;
         None where they are members of a packed file or objects on a store."""
-        src = self._source
-        if src.packed or src.remote or not isinstance(src.path, Path):
-            return None
-        return src.path / MEDIA_DIR
+        return self._source.media_dir()
 
     @property
     def kind(self) -> str:
@@ -189,18 +182,12 @@ class Bundle:
         recorded = self.manifest.media_references
         return len(self._media) if recorded is None else recorded
 
-    def _open_fetched(self, name: str) -> BinaryIO:
-        """A stored file of a remote bundle, fetched whole when opened (an image's pixels)."""
-        with self.open_media(name) as f:
-            return io.BytesIO(f.read())
-
-    def _open_detached(self, name: str) -> BinaryIO:
-        """A stored file of a packed bundle that stays readable after :meth:`close` (an image
-        whose pixels are decoded later); see ``PackedSource.open_detached``."""
+    def _open_image(self, name: str) -> BinaryIO:
+        """A stored file for an image whose pixels are decoded later, perhaps after
+        :meth:`close` (``Source.open_image``: a packed member by range, a store object whole)."""
         source = self._source
-        # A local packed file shares one duplicate descriptor (see PackedSource.open_detached).
         try:
-            return source.open_detached(f"{MEDIA_DIR}/{name}")
+            return source.open_image(f"{MEDIA_DIR}/{name}")
         except FileNotFoundError:
             raise MediaMissingError(
                 f"{source.where(MEDIA_DIR + '/' + name)}: listed in the manifest but missing"
@@ -413,12 +400,7 @@ class Bundle:
         # image holds a small file object, never a copy of the member, so FORMAT.md §8's bound
         # holds however many times a sample references one image), a remote bundle's by a
         # fetch (its paths are URLs). Rehydrated media are files again.
-        open_media = None
-        if media is self._media:
-            if getattr(self._source, "remote", False):
-                open_media = self._open_fetched
-            elif self._source.packed:
-                open_media = self._open_detached
+        open_media = self._open_image if media is self._media and self._source.media_dir() is None else None
         for entry in self.manifest.shards if shards is None else shards:
             data = self._read_shard(entry)
             for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, open_media):

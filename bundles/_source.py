@@ -160,6 +160,7 @@ class DirSource:
 
     packed = False
     remote = False
+    description = "directory"
 
     def __init__(self, root: Path) -> None:
         self.path = root
@@ -231,6 +232,11 @@ class DirSource:
 
     def open_detached(self, name: str) -> BinaryIO:
         return self.open(name)[0]  # a file descriptor of its own, valid after close()
+
+    open_image = open_detached
+
+    def media_dir(self) -> Path | None:
+        return self.path / MEDIA_DIR
 
     def reread_manifest(self) -> bytes:
         return self.read_manifest()  # the directory at the path now
@@ -530,6 +536,7 @@ class PackedSource(PackedMembers):
     path: Path
     packed = True
     remote = False
+    description = "packed file"
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -594,6 +601,12 @@ class PackedSource(PackedMembers):
             self._detached = _Descriptor(os.dup(self._fd))
         return MemberFile(self._detached, m.offset, m.size, self.where(name))  # type: ignore[return-value]
 
+    def open_image(self, name: str) -> BinaryIO:
+        return self.open_detached(name)  # by member range: no copy of the member in memory
+
+    def media_dir(self) -> Path | None:
+        return None  # members of one file
+
     def reread_manifest(self) -> bytes:
         return self.read_manifest()  # the file opened: a rename over its path is never read
 
@@ -637,6 +650,21 @@ class Source(Protocol):
     def packed(self) -> bool: ...
     @property
     def remote(self) -> bool: ...
+    @property
+    def description(self) -> str:
+        """What kind of location this is, in words (``"directory"``, ``"packed file"``, ...)."""
+        ...
+
+    def media_dir(self) -> Path | None:
+        """The local directory holding the stored media as plain files; None where they are
+        members of a packed file or objects on a store."""
+        ...
+
+    def open_image(self, name: str) -> BinaryIO:
+        """A stored file for an image that decodes its pixels later, perhaps after :meth:`close`:
+        a file, a packed member by range, a store object fetched whole (one request, not one
+        per block the decoder reads)."""
+        ...
 
     def where(self, name: str) -> str:
         """Where ``name`` lives, for messages (a path, a member, a URL)."""

@@ -5,6 +5,7 @@ See :mod:`bundles._remote` for the protocol."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -102,6 +103,14 @@ class _StoreSourceBase:
     def open_detached(self, name: str) -> BinaryIO:
         return self.open(name)[0]  # range reads: nothing to release at close()
 
+    def open_image(self, name: str) -> BinaryIO:
+        f, _ = self.open(name)
+        with f:
+            return io.BytesIO(f.read())  # one request, not one per block the decoder reads
+
+    def media_dir(self) -> Path | None:
+        return None  # objects on a store
+
     def rehydrate(
         self, media: Mapping[str, MediaRef], target: Path, progress: bool | None
     ) -> dict[str, MediaRef]:
@@ -117,6 +126,7 @@ class StoreSource(_StoreSourceBase):
 
     packed = False
     remote = True
+    description = "object store"
 
     def __init__(self, place: _Place) -> None:
         self._place = place
@@ -271,6 +281,7 @@ class StorePackedSource(PackedMembers, _StoreSourceBase):
     path: StoreURL
     packed = True
     remote = True
+    description = "packed file on an object store"
 
     def __init__(self, url: StoreURL, store: Store) -> None:
         self.path = url
