@@ -106,7 +106,7 @@ def test_each_trainer_hooks_subpackage_declares_its_surface(package):
 
 # -- the seam inside bundles: local half, store half, one entry above both ----------------------
 #: The modules above both halves: they may import the store half (bundles._remote).
-ABOVE_BOTH = {"bundles", "bundles._entry", "bundles.cli"}
+ABOVE_BOTH = {"bundles", "bundles._entry", "bundles._locations", "bundles.cli"}
 
 
 def _bundles_graph() -> dict[str, set[str]]:
@@ -163,10 +163,51 @@ def test_bundles_has_no_import_circle():
 
 
 # The questions "which kind of location is this?" that trainer_hooks may ask: only while it
-# validates its arguments. Elsewhere it passes locations to bundles' entry points, which answer
-# for every kind (issue 26, item 2).
-LOCATION_QUESTIONS = {"is_store_url", "classify"}
+# validates its arguments. Elsewhere it holds a bundles.Location (chosen once, by
+# Location.of) and calls it; where it must adapt it reads a capability (``uploads``,
+# ``has_pool``, ...), never the kind (issue 26, item 2; issue 31, item 5).
+#: Names whose mere use is a question about the kind of a location (or a way to answer one).
+LOCATION_QUESTIONS = {
+    "is_store_url",
+    "classify",
+    "url_scheme",
+    "StorePrefix",
+    "journal_prefix",
+    "PACK_SUFFIX",
+    "STORE_SCHEMES",
+}
+#: Attributes that are kind flags of a source or location.
+KIND_FLAGS = {"packed", "is_remote", "is_packed"}  # not "remote": Ray's actor.method.remote()
+#: Text that, compared against a location, asks for its kind: a scheme or the packed suffix.
+_KIND_TEXT = ("://", ".rbundle")
 MAY_ASK = ("trainer_hooks/arguments/",)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def _annotations(tree: ast.AST) -> set[int]:
+    """The nodes inside annotations (cached per tree)."""
+    cached = getattr(tree, "_annotation_ids", None)
+    if cached is None:
+        roots: list[ast.AST] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.arg) and node.annotation is not None:
+                roots.append(node.annotation)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+                roots.append(node.returns)
+            elif isinstance(node, ast.AnnAssign):
+                roots.append(node.annotation)
+        cached = {id(n) for r in roots for n in ast.walk(r)}
+        tree._annotation_ids = cached  # type: ignore[attr-defined]
+    return cached
 
 
 def location_questions(files) -> list[str]:
@@ -175,13 +216,29 @@ def location_questions(files) -> list[str]:
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith(MAY_ASK):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call):
-                f = node.func
-                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-                if name in LOCATION_QUESTIONS:
-                    found.append(f"{rel}:{node.lineno}: {name}()")
-    return found
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if id(node) in _annotations(tree):
+                continue  # naming a type is not asking a location for its kind
+            if isinstance(node, ast.Name) and node.id in LOCATION_QUESTIONS:
+                found.append(f"{rel}:{node.lineno}: {node.id}")
+            elif isinstance(node, ast.Attribute) and node.attr in LOCATION_QUESTIONS | KIND_FLAGS:
+                found.append(f"{rel}:{node.lineno}: .{node.attr}")
+            elif isinstance(node, ast.Constant) and node.value == ".rbundle":
+                found.append(f"{rel}:{node.lineno}: '.rbundle'")
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("startswith", "endswith")
+                and any(
+                    isinstance(a, ast.Constant)
+                    and isinstance(a.value, str)
+                    and any(t in a.value for t in _KIND_TEXT)
+                    for a in node.args
+                )
+            ):
+                found.append(f"{rel}:{node.lineno}: {node.func.attr}({ast.unparse(node.args[0])})")
+    return sorted(set(found))
 
 
 def test_trainer_hooks_never_asks_what_kind_of_location_it_has():
@@ -189,12 +246,41 @@ def test_trainer_hooks_never_asks_what_kind_of_location_it_has():
     assert location_questions(files) == []
 
 
-def test_the_location_check_catches_a_question(tmp_path, monkeypatch):
+PLANTED_ASKS = {
+    "if bundles.is_store_url(p):\n    pass\n": ".is_store_url",
+    "p = bundles.StorePrefix(url)\n": ".StorePrefix",
+    "x = journal_prefix(root)\n": "journal_prefix",
+    "ok = str(dest).endswith(PACK_SUFFIX)\n": "PACK_SUFFIX",
+    "ok = dest.endswith('.rbundle')\n": "'.rbundle'",
+    "ok = str(dest).startswith('s3://')\n": "startswith('s3://')",
+    "ok = bundle.source.packed\n": ".packed",
+    "k = bundles.url_scheme(u)\n": ".url_scheme",
+}
+
+
+@pytest.mark.parametrize("code", sorted(PLANTED_ASKS))
+def test_the_location_check_catches_a_question(tmp_path, monkeypatch, code):
     bad = tmp_path / "trainer_hooks" / "dumps" / "_x.py"
     bad.parent.mkdir(parents=True)
-    bad.write_text("import bundles\nif bundles.is_store_url(p):\n    pass\n")
+    bad.write_text('"""A docstring may say .rbundle and s3:// freely."""\nimport bundles\n' + code)
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
-    assert location_questions([bad]) == ["trainer_hooks/dumps/_x.py:2: is_store_url()"]
+    found = location_questions([bad])
+    assert found and all(f.startswith("trainer_hooks/dumps/_x.py:3: ") for f in found), found
+    assert any(f.endswith(PLANTED_ASKS[code]) for f in found), found
+
+
+def test_the_location_check_leaves_prose_and_arguments_alone(tmp_path, monkeypatch):
+    ok = tmp_path / "trainer_hooks" / "dumps" / "_y.py"
+    ok.parent.mkdir(parents=True)
+    ok.write_text(
+        '"""Ends in .rbundle; s3:// too."""\nHELP = "a packed file ending in .rbundle"\n'
+        "def f(p: StorePrefix) -> PACK_SUFFIX:\n    x: StorePrefix = p\n"
+    )
+    arg = tmp_path / "trainer_hooks" / "arguments" / "_z.py"
+    arg.parent.mkdir(parents=True)
+    arg.write_text("from bundles import is_store_url\n")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert location_questions([ok, arg]) == []
 
 
 # -- public surfaces hold what users call -----------------------------------------------------

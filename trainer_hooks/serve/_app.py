@@ -30,6 +30,7 @@ import hmac
 import json
 import math
 import os
+import posixpath
 import secrets
 import subprocess
 import sys
@@ -601,7 +602,9 @@ class ServeApp:
 
 
 def _replay_candidates(location: str) -> list[str]:
-    stem = location[: -len(bundles.PACK_SUFFIX)] if location.endswith(bundles.PACK_SUFFIX) else location
+    # ``replay --report`` writes beside the bundle: ``<bundle>.replay.json``, or for a packed
+    # file the name without its extension (``run_3.rbundle`` -> ``run_3.replay.json``).
+    stem = posixpath.splitext(location)[0]
     return list(dict.fromkeys([f"{location}.replay.json", f"{stem}.replay.json"]))
 
 
