@@ -3,7 +3,9 @@
 #
 #   make demo    walk-through: a CUA run, resume, replay elsewhere; ends writing demo-out/*.html
 #   make test    tox: format tests on py310-py313 (no torch/Ray), everything on py311-full;
-#                ends with each env's pass/fail/skip counts
+#                10-20 min on 2 cores, progress live (lines prefixed by env); ends with each env's
+#                pass/fail/skip counts. MILES_SOURCE=/path/to/miles names a Miles checkout for the
+#                Miles tests (default ../shared/miles; without one they skip)
 #   make lint    ruff check + mypy (`make format` applies ruff format)
 #   make bench   benchmarks/bench_save.py (BENCH_ARGS="--n 600 --repeats 3")
 #   make bench-replay   benchmarks/bench_replay.py: replay rebuild peak memory, fp32 vs bf16
@@ -53,10 +55,14 @@ AZURITE := azurite@3.35.0
 demo: $(DEV_OK)
 	$(BIN)/python examples/demo.py $(DEMO_ARGS)
 
-# Ends with each tox env's passed/failed/skipped counts, whether or not tox passed.
+# 10-20 minutes on 2 cores. Output is live: tox's own lines as each env starts (creating it,
+# installing into it) and pytest's progress, each line prefixed by its env's name (the envs run
+# in parallel, so their lines interleave); ends with each tox env's passed/failed/skipped counts,
+# whether or not tox passed.
 test: $(DEV_OK) $(NODE_OK)
 	rm -rf .tox/junit
-	$(BIN)/tox run-parallel --parallel auto --parallel-no-spinner $(TOX_ARGS); \
+	@echo "make test: tox envs in parallel ($$($(BIN)/tox -l | paste -sd' ' -), unless TOX_ARGS picks others); 10-20 minutes on 2 cores"
+	$(BIN)/tox run-parallel --parallel auto --parallel-live --parallel-no-spinner $(TOX_ARGS); \
 	status=$$?; $(BIN)/python .ci/test_summary.py .tox/junit; exit $$status
 
 lint: $(DEV_OK)
