@@ -1,4 +1,5 @@
-"""The bundle subcommands of ``rollout-bundle``: inspect, show, diff, verify, pack, unpack.
+"""The bundle subcommands of ``rollout-bundle``: inspect, show, diff, verify, pack, unpack, ls, cp,
+rm and gc.
 
 :func:`register` adds them to a ``rollout-bundle`` parser (see :mod:`bundles.support` for the
 CLI kit every subcommand shares); the ``rollout-bundle`` entry point (:mod:`trainer_hooks.cli`) adds the
@@ -15,8 +16,8 @@ from typing import Any
 
 from bundles import _cli
 from bundles._diff import DiffKeyError, diff_bundles
-from bundles._entry import open_bundle, pack_bundle, unpack_bundle
-from bundles._layout import MEDIA_DIR
+from bundles._entry import is_bundle, list_bundles, open_bundle, pack_bundle, remove_bundle, unpack_bundle
+from bundles._layout import MEDIA_DIR, PACK_SUFFIX
 from bundles._location import check_location, is_store_url
 from bundles._progress import human_bytes
 from bundles._show import dumps_pretty, parse_key_paths, select, to_json
@@ -296,6 +297,108 @@ def _unpack(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _ls(ns: argparse.Namespace) -> int:
+    root = ns.root
+    if not is_store_url(root) and not os.path.isdir(root):
+        what = "does not exist" if not os.path.lexists(root) else "is not a directory"
+        raise _cli.CommandError(f"{os.path.abspath(root)}: {what}; ls lists the bundles in a directory")
+    found = list_bundles(root)
+    if not found and is_bundle(root):
+        found = [_where(root)]  # `ls BUNDLE` names the bundle, as ls FILE names the file
+    rows: list[dict[str, Any]] = []
+    for location in found:
+        row: dict[str, Any] = {"location": location}
+        if ns.long:
+            with open_bundle(location, verify="none") as b:
+                row.update(samples=len(b), media_files=len(b.media), media_bytes=b.media_bytes, kind=b.kind)
+        rows.append(row)
+    if ns.json:
+        _print_json(rows)
+    elif ns.long:
+        for r in rows:
+            print(
+                f"{r['location']}  {r['kind']}  {_count(r['samples'], 'sample')}, "
+                f"{_count(r['media_files'], 'media file')} ({human_bytes(r['media_bytes'])})"
+            )
+    else:
+        for r in rows:
+            print(r["location"])
+    return 0
+
+
+def _copy_kind(src: str, dst: str) -> str:
+    """How ``cp SRC DST`` copies: by packing, unpacking, uploading, downloading or both."""
+    if dst.rstrip("/").endswith(PACK_SUFFIX):
+        return "pack"
+    if src.rstrip("/").endswith(PACK_SUFFIX):
+        if is_store_url(dst):
+            raise _cli.CommandError(
+                f"{dst}: cp of a packed file makes a packed file or a local directory; name DST ending in "
+                f"{PACK_SUFFIX}, or unpack it to a directory first",
+                status=2,
+            )
+        return "unpack"
+    if is_store_url(src) and is_store_url(dst):
+        return "store-to-store"
+    if is_store_url(dst):
+        return "upload"
+    if is_store_url(src):
+        return "download"
+    raise _cli.CommandError(
+        f"{dst}: cp copies a bundle between a local directory and an object store (either way, or store "
+        "to store); for two local directories use pack and unpack",
+        status=2,
+    )
+
+
+def _cp(ns: argparse.Namespace) -> int:
+    from bundles._remote import upload_bundle
+    from bundles._remote._copy import download_bundle
+
+    src, dst = ns.src, ns.dst
+    kind = _copy_kind(src, dst)
+    if kind == "pack":
+        pack_bundle(src, dst, overwrite=ns.force, progress=ns.progress)
+    elif kind == "unpack":
+        unpack_bundle(src, dst, overwrite=ns.force, progress=ns.progress)
+    elif kind == "upload":
+        open_bundle(src, verify="fast").close()  # a damaged bundle is never uploaded
+        upload_bundle(src, dst, overwrite=ns.force, shared_media=ns.shared_media, progress=ns.progress)
+    elif kind == "download":
+        download_bundle(src, dst, overwrite=ns.force, progress=ns.progress)
+    else:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="rollout-bundle-cp-") as tmp:
+            local = download_bundle(src, os.path.join(tmp, "bundle"), progress=ns.progress)
+            upload_bundle(local, dst, overwrite=ns.force, shared_media=ns.shared_media, progress=ns.progress)
+    with open_bundle(src, verify="none") as a, open_bundle(dst, verify="full") as b:
+        if (len(a), sorted(m.filename for m in a.media)) != (len(b), sorted(m.filename for m in b.media)):
+            raise _cli.CommandError(
+                f"{_where(dst)}: the copy does not hold the samples and media of {_where(src)}"
+            )
+        counts = {"samples": len(b), "media_files": len(b.media)}
+    if ns.json:
+        _print_json({"source": _where(src), "copy": _where(dst), "verified": "full", **counts})
+    else:
+        print(
+            f"copied {_where(src)} -> {_where(dst)} (fully verified: {counts['samples']} samples, "
+            f"{counts['media_files']} media files)"
+        )
+    return 0
+
+
+def _rm(ns: argparse.Namespace) -> int:
+    remove_bundle(ns.bundle)
+    kept = not is_store_url(ns.bundle) and os.path.isdir(ns.bundle)
+    if ns.json:
+        _print_json({"removed": _where(ns.bundle), "directory_kept": kept})
+    else:
+        note = " (the directory's other files are kept)" if kept else ""
+        print(f"removed {_where(ns.bundle)}{note}")
+    return 0
+
+
 def _duration(text: str) -> float:
     """``90``, ``90s``, ``30m``, ``24h`` or ``7d`` as seconds."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -449,6 +552,57 @@ def register(subparsers: Any) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing bundle at the output")
     _cli.add_json_option(p)
     _cli.add_progress_option(p)
+
+    p = _cli.add_command(
+        subparsers,
+        "ls",
+        "list the bundles in a directory or under an object-store prefix",
+        _ls,
+        description="List the bundles right under ROOT (one level): bundle directories and packed files "
+        "locally; prefixes with a pointer (or a plain copy of a bundle directory) and packed objects on an "
+        "object store. Media pools, staging directories and a dead writer's unpublished generations are "
+        "left out. ROOT that is itself a bundle is listed as such.",
+    )
+    p.add_argument("root", metavar="ROOT", help="a directory, or an object-store URL (s3://bucket/prefix)")
+    p.add_argument("-l", "--long", action="store_true", help="also each bundle's kind, samples and media")
+    _cli.add_json_option(p, "the bundles")
+
+    p = _cli.add_command(
+        subparsers,
+        "cp",
+        "copy a bundle between a local directory and an object store, and fully verify the copy",
+        _cp,
+        description="Copy the bundle SRC to DST, either way between a local directory and an object store "
+        "(s3://, gs://, az://), or from one store prefix to another. On a store the copy is published "
+        "by the commit protocol (docs/FORMAT.md §9: a reader sees the old bundle or the whole new one); "
+        "locally it is committed by rename. A DST ending in .rbundle packs, a packed SRC unpacks. The copy "
+        "is then verified in full (every shard and medium hashed) against SRC's samples and media.",
+    )
+    p.add_argument("src", metavar="SRC", help=BUNDLE_HELP)
+    p.add_argument(
+        "dst", metavar="DST", help="the bundle to create: a local directory or an object-store URL"
+    )
+    p.add_argument("--force", action="store_true", help="replace a bundle at DST")
+    p.add_argument(
+        "--shared-media",
+        action="store_true",
+        help="on a store, put the media in the pool beside DST (<parent>/.media), shared with its siblings",
+    )
+    _cli.add_json_option(p)
+    _cli.add_progress_option(p)
+
+    p = _cli.add_command(
+        subparsers,
+        "rm",
+        "remove a bundle, and nothing that is not the bundle's",
+        _rm,
+        description="Remove the bundle BUNDLE so that no reader ever finds half of it. Only what the bundle "
+        "owns goes (docs/FORMAT.md §9): its pointer, generations and media on a store, its manifest and "
+        "listed files in a directory. Other files beside it and a bundle nested in it are kept; media of a "
+        "shared pool are left to gc.",
+    )
+    p.add_argument("bundle", metavar="BUNDLE", help=BUNDLE_HELP)
+    _cli.add_json_option(p)
 
     p = _cli.add_command(
         subparsers,

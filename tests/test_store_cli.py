@@ -1,6 +1,6 @@
 """``rollout-bundle`` on object-store URLs, as a user runs it (a subprocess, configured by the
-standard AWS environment, against moto on 127.0.0.1): inspect, show, verify, diff, pack, unpack
-and gc."""
+standard AWS environment, against moto or SeaweedFS on 127.0.0.1): inspect, show, verify, diff,
+pack, unpack, gc, and ls, cp and rm (issue 30, item 19)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from helpers import put_media
 
 pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
 
-from bundles import open_bundle, write_bundle
+from bundles import open_bundle, upload_bundle, write_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,3 +121,125 @@ def test_replay_reads_a_bundle_on_a_store(
     proc = cli(moto_s3, "replay", url, "--report", str(report))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(report.read_text())["bundle"] == url
+
+
+# -- ls, cp, rm (issue 30, item 19) ----------------------------------------------------------------
+def _raw(server: Any, bucket: str) -> Any:
+    from obstore.store import S3Store
+
+    return S3Store(bucket, **server.options(), client_options={"allow_http": True})
+
+
+def _local_bundle(tmp_path: Path, name: str = "local", n: int = 3) -> Path:
+    run = tmp_path / f"m-{name}"
+    paths = [put_media(run, hashlib.sha256(f"{name}{i}".encode()).digest() * 50) for i in range(n)]
+    samples = [{"index": i, "image": p, "name": name} for i, p in enumerate(paths)]
+    return Path(write_bundle(tmp_path / name, samples, media_roots=[run], meta={"who": name}))
+
+
+def test_cp_up_and_down_ls_and_rm_on_seaweedfs(seaweed_s3: Any, tmp_path: Path) -> None:
+    """Before: no command listed, copied or removed store bundles (``ls``, ``cp``, ``rm`` were
+    "invalid choice")."""
+    import obstore
+
+    bucket = seaweed_s3.bucket()
+    local = _local_bundle(tmp_path)
+    url = f"s3://{bucket}/runs/r1"
+    up = cli(seaweed_s3, "cp", str(local), url)
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.strip() == f"copied {local} -> {url} (fully verified: 3 samples, 3 media files)"
+    again = cli(seaweed_s3, "cp", str(local), url)
+    assert again.returncode == 2 and "pass --force" in again.stderr, again.stderr
+    assert cli(seaweed_s3, "cp", str(local), url, "--force").returncode == 0
+    assert cli(seaweed_s3, "pack", url, "-o", f"s3://{bucket}/runs/r2.rbundle").returncode == 0
+
+    listed = cli(seaweed_s3, "ls", f"s3://{bucket}/runs")
+    assert listed.returncode == 0 and listed.stdout.splitlines() == [url, f"s3://{bucket}/runs/r2.rbundle"]
+    long = json.loads(cli(seaweed_s3, "ls", f"s3://{bucket}/runs", "-l", "--json").stdout)
+    assert [(r["location"], r["samples"], r["media_files"]) for r in long] == [
+        (url, 3, 3),
+        (f"s3://{bucket}/runs/r2.rbundle", 3, 3),
+    ]
+
+    down = cli(seaweed_s3, "cp", url, str(tmp_path / "back"), "--json")
+    assert down.returncode == 0, down.stderr
+    assert json.loads(down.stdout) == {
+        "source": url,
+        "copy": str(tmp_path / "back"),
+        "verified": "full",
+        "samples": 3,
+        "media_files": 3,
+    }
+    assert (tmp_path / "back" / "manifest.json").read_bytes() == (local / "manifest.json").read_bytes()
+    assert [s["name"] for s in open_bundle(tmp_path / "back", verify="full")] == ["local"] * 3
+
+    store = _raw(seaweed_s3, bucket)
+    obstore.put(store, "runs/r1/README.txt", b"the user's")
+    removed = cli(seaweed_s3, "rm", url)
+    assert removed.returncode == 0 and removed.stdout.strip() == f"removed {url}", removed.stderr
+    left = sorted(m["path"] for batch in obstore.list(store, "runs/") for m in batch)
+    assert left == ["runs/r1/README.txt", "runs/r2.rbundle"]
+    assert cli(seaweed_s3, "ls", f"s3://{bucket}/runs").stdout.splitlines() == [
+        f"s3://{bucket}/runs/r2.rbundle"
+    ]
+    gone = cli(seaweed_s3, "rm", url)
+    assert gone.returncode == 1 and "no bundle here" in gone.stderr
+
+
+def test_cp_from_store_to_store_and_a_damaged_object_is_never_copied(seaweed_s3: Any, tmp_path: Path) -> None:
+    import obstore
+
+    bucket = seaweed_s3.bucket()
+    local = _local_bundle(tmp_path)
+    src, dst = f"s3://{bucket}/a", f"s3://{bucket}/pool/b"
+    assert cli(seaweed_s3, "cp", str(local), src).returncode == 0
+    copied = cli(seaweed_s3, "cp", src, dst, "--shared-media")
+    assert copied.returncode == 0, copied.stderr
+    assert len(open_bundle(dst, verify="full", storage_options=seaweed_s3.options())) == 3
+    store = _raw(seaweed_s3, bucket)
+    pooled = [m["path"] for batch in obstore.list(store, "pool/.media/") for m in batch]
+    assert len(pooled) == 3
+    obstore.put(
+        store, pooled[0], b"x" * int(obstore.head(store, pooled[0])["size"])
+    )  # same size, other bytes
+    bad = cli(seaweed_s3, "cp", dst, str(tmp_path / "copy"))
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert (
+        bad.stderr.startswith(f"rollout-bundle cp: error: {dst}")
+        and pooled[0].rsplit("/", 1)[1] in bad.stderr
+    )
+    assert not (tmp_path / "copy").exists() and not [p for p in tmp_path.iterdir() if ".staging." in p.name]
+
+
+def test_unpack_of_a_directory_bundle_on_a_store_says_what_it_is(seaweed_s3: Any, tmp_path: Path) -> None:
+    """Before: ``unpack s3://b/x`` of a bundle directory said "no bundle here"."""
+    bucket = seaweed_s3.bucket()
+    url = f"s3://{bucket}/dir"
+    upload_bundle(_local_bundle(tmp_path), url, storage_options=seaweed_s3.options())
+    out = cli(seaweed_s3, "unpack", url, "-o", str(tmp_path / "u"))
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        f"rollout-bundle unpack: error: {url}: a bundle directory on the store, not a packed file: copy it "
+        f"with `rollout-bundle cp {url} DIR` (or read it in place: open_bundle('{url}'))"
+    )
+    missing = cli(seaweed_s3, "unpack", f"s3://{bucket}/nothing.rbundle", "-o", str(tmp_path / "u"))
+    assert missing.returncode == 1 and "no bundle here (the object does not exist)" in missing.stderr
+
+
+def test_ls_and_rm_of_local_directories(moto_s3: Any, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    a = _local_bundle(root, "a")
+    _local_bundle(root, "b")
+    (root / "notes").mkdir()
+    (a / "README.txt").write_text("mine")
+    listed = cli(moto_s3, "ls", str(root))
+    assert listed.returncode == 0 and listed.stdout.splitlines() == [str(root / "a"), str(root / "b")]
+    assert cli(moto_s3, "ls", str(a)).stdout.splitlines() == [str(a)]  # a bundle names itself
+    removed = cli(moto_s3, "rm", str(a))
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.strip() == f"removed {a} (the directory's other files are kept)"
+    assert sorted(p.name for p in a.iterdir()) == ["README.txt"]
+    assert cli(moto_s3, "ls", str(root)).stdout.splitlines() == [str(root / "b")]
+    assert cli(moto_s3, "rm", str(root / "b")).stdout.strip() == f"removed {root / 'b'}"
+    assert not (root / "b").exists()

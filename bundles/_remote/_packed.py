@@ -21,7 +21,7 @@ from bundles._fs import remove_tree
 from bundles._layout import PACK_SUFFIX
 from bundles._pack import pack_local, unpack_local
 from bundles._reader import Bundle
-from bundles._remote._pointer import MULTIPART_THRESHOLD
+from bundles._remote._pointer import MULTIPART_THRESHOLD, is_remote_bundle
 from bundles._remote._probe import check_preconditions
 from bundles._remote._read import StorePackedSource
 from bundles._remote._write import _rewrite_message
@@ -84,7 +84,16 @@ def unpack_from_store(
     dest = Path(os.path.abspath(out_dir))
     if os.path.lexists(dest) and not overwrite:
         raise BundleExistsError(f"{dest}: output exists; pass overwrite=True to replace it")
-    source = StorePackedSource(url, get_store(url, storage_options))
+    store = get_store(url, storage_options)
+    try:
+        source = StorePackedSource(url, store)
+    except BundleNotFoundError:
+        if not is_remote_bundle(url, storage_options):
+            raise
+        raise BundleNotFoundError(
+            f"{url}: a bundle directory on the store, not a packed file: copy it with "
+            f"`rollout-bundle cp {url} DIR` (or read it in place: open_bundle({str(url)!r}))"
+        ) from None
     scratch = scratch_dir(dest, "download")
     try:
         packed = scratch / url.name
