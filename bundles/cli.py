@@ -435,6 +435,7 @@ def _gc(ns: argparse.Namespace) -> int:
                 "media": report.media,
                 "bytes": report.bytes,
                 "kept_young": report.kept_young,
+                "clock": report.clock,
                 "skipped": [
                     {"reason": k.reason, "where": k.where, "objects": k.objects} for k in report.skipped
                 ],
@@ -457,6 +458,11 @@ def _gc(ns: argparse.Namespace) -> int:
         )
         print(
             f"kept {sum(k.objects for k in places)} object(s) in {len(places)} place(s) ({shown}): {reason}"
+        )
+    if report.clock != "store":
+        print(
+            "ages measured on this machine's clock: the store refused gc's reference object "
+            "(read-only credentials?); a run that deletes needs write access and uses the store's"
         )
     print(
         f"{ns.prefix}: {report.bundles} live bundle(s); {verb} {len(report.generations)} generation(s) and "
@@ -611,7 +617,8 @@ def register(subparsers: Any) -> None:
         _gc,
         description="Garbage collection of bundles on an object store (docs/FORMAT.md §9): generations that "
         "no pointer names (a writer died, lost a race, or was replaced) and media that no live bundle lists, "
-        "once older than --older-than. Only what a pointer or generation of ours vouches for is deleted: a "
+        "once older than --older-than on the store's own clock (never this machine's). Only what a pointer "
+        "or generation of ours vouches for is deleted: a "
         "shared pool (<dir>/.media) only when PREFIX holds <dir>, against every bundle beside it (a prefix "
         "inside a pool or a generation is refused, exit 2); objects of others, and everything a bundle with "
         "an unreadable pointer may use, are kept and reported. Run it on the --save prefix of a run, not "
