@@ -311,3 +311,68 @@ def test_view_of_a_pooled_bundle_on_a_store_shows_its_media(
     assert len(re.findall(r'<image id="m\d+" [^>]*href="data:image/jpeg;base64,', text)) == 4
     samples_view = text.split('<div class="view-groups">')[0]
     assert len(re.findall(r'<svg class="thumb"[^>]*><use href="#m\d+"', samples_view)) == 12
+
+
+def paged_dump(tmp_path: Path, n: int = 7) -> Path:
+    run = tmp_path / "run"
+    shots = [put_media(run, screenshot(i, 240, 150)) for i in range(n)]
+    samples = [{"index": i, "group_index": i // 2, "prompt": f"task {i} needle{i}", "response": f"answer {i}",
+                "reward": float(i % 2), "status": "completed", "multimodal_inputs": {"images": [shots[i]]}}
+               for i in range(n)]  # fmt: skip
+    return Path(write_bundle(tmp_path / "dump", samples, media_roots=[run]))
+
+
+def test_a_large_bundle_is_written_as_pages_linked_to_each_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32, item 8: past --page-size samples the report is pages of N samples
+    (r.html, r-2.html, r-3.html), each with only its samples and its pictures, linked to each
+    other and to `rollout-bundle serve`; the search page links each sample to the page showing it."""
+    bundle = paged_dump(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["view", str(bundle), "-o", str(out / "r.html"), "--page-size", "3", "--json"]) == 0
+    said = json.loads(capsys.readouterr().out)
+    pages = [out / "r.html", out / "r-2.html", out / "r-3.html"]
+    assert said["pages"] == [str(p) for p in pages] and said["samples"] == 7 and said["images"] == 7
+    assert sorted(p.name for p in out.iterdir()) == ["r-2.html", "r-3.html", "r.html", "r.search.html"]
+    assert said["bytes"] == sum(p.stat().st_size for p in pages)
+    shown = []
+    for k, page in enumerate(pages):
+        text = page.read_text()
+        ids = re.findall(r'<section class="card sample [^"]*" id="s(\d+)"', text)
+        shown.append(ids)
+        # Each page inlines only its own screenshots, and says which page it is.
+        assert len(re.findall(r'<image id="m\d+"', text)) == len(ids)
+        assert f"page {k + 1} of 3" in text and f"rollout-bundle serve {bundle}" in text
+        links = re.findall(r'<a class="chip" (?:rel="(?:prev|next)" )?href="(r[^"#]*\.html)"', text)
+        assert all((out / urllib.parse.unquote(h)).is_file() for h in links) and links
+        assert ('rel="prev"' in text) == (k > 0) and ('rel="next"' in text) == (k < 2)
+    assert shown == [["0", "1", "2"], ["3", "4", "5"], ["6"]]
+    search = (out / "r.search.html").read_text()
+    assert '<a href="r-2.html#s4">4</a>' in search and '<a href="r.html#s0">0</a>' in search
+    assert '<a href="r-3.html#s6">6</a>' in search
+    # The line that says so, without --json; --page-size 0 is one page, as before paging.
+    assert main(["view", str(bundle), "-o", str(out / "r.html"), "--page-size", "3"]) == 0
+    line = capsys.readouterr().out
+    assert "and 2 more page(s) beside it, r-2.html to r-3.html (7 samples, at most 3 a page" in line
+    assert f"`rollout-bundle serve {bundle}`" in line
+    assert main(["view", str(bundle), "-o", str(tmp_path / "one.html"), "--page-size", "0"]) == 0
+    one = (tmp_path / "one.html").read_text()
+    assert len(re.findall(r'<section class="card sample', one)) == 7 and "page 1 of" not in one
+    assert not (tmp_path / "one-2.html").exists()
+
+
+def test_page_size_must_be_a_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = paged_dump(tmp_path, 2)
+    with pytest.raises(SystemExit):
+        main(["view", str(bundle), "-o", str(tmp_path / "r.html"), "--page-size", "-1"])
+    assert "expected samples per page >= 1, or 0 for one page, found '-1'" in capsys.readouterr().err
+    from trainer_hooks.view import write_html_report
+    from trainer_hooks.view._report import PAGE_SIZE
+
+    with pytest.raises(Exception, match="page_size must be at least 1"):
+        write_html_report(bundle, tmp_path / "r.html", page_size=-2)
+    from trainer_hooks.view._cli import PAGE_SIZE as CLI_PAGE_SIZE
+
+    assert CLI_PAGE_SIZE == PAGE_SIZE

@@ -1,4 +1,4 @@
-"""``rollout-bundle view BUNDLE -o report.html [--replay REPORT.json] [--limit N] [--samples 3,7,12]``."""
+"""``rollout-bundle view BUNDLE -o report.html [--replay REPORT.json] [--limit N] [--samples 3,7,12] [--page-size N]``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from bundles.support import (
 
 __all__ = ["register"]
 
+PAGE_SIZE = 500  # trainer_hooks.view._report.PAGE_SIZE, without importing Jinja2 to build the parser
+
 
 def _positions(text: str) -> list[int]:
     try:
@@ -36,6 +38,16 @@ def _limit(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an int >= 1, found {text!r}") from None
+
+
+def _page_size(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected samples per page >= 1, or 0 for one page, found {text!r}")
+    return n
 
 
 def run_view(ns: argparse.Namespace) -> int:
@@ -62,7 +74,7 @@ def run_view(ns: argparse.Namespace) -> int:
             check_report_bundle(ns.replay, ns.bundle, f"--replay {ns.replay}")
         written = write_html_report(
             ns.bundle, ns.output, replay=ns.replay, limit=ns.limit, samples=ns.samples, progress=ns.progress,
-            search=not ns.no_search, inline_budget=int(ns.inline_budget * 2**20),
+            search=not ns.no_search, inline_budget=int(ns.inline_budget * 2**20), page_size=ns.page_size,
         )  # fmt: skip
     except (ReportError, BundleIndexError) as e:
         raise CommandError(str(e), status=2) from None
@@ -74,7 +86,15 @@ def run_view(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps({"output": str(written.path), "samples": written.samples, "images": written.images,
                           "bytes": written.bytes, "not_shown": written.not_shown,
+                          "pages": [str(p) for p in written.pages],
                           "search": None if written.search is None else str(written.search)}, indent=2, sort_keys=True))  # fmt: skip
+    elif len(written.pages) > 1:
+        print(f"wrote {written.path} and {len(written.pages) - 1} more page(s) beside it, {written.pages[1].name} to "
+              f"{written.pages[-1].name} ({_count(written.samples, 'sample')}, at most {ns.page_size} a page, "
+              f"{_count(written.images, 'screenshot')}, {written.bytes / 2**20:.1f} MiB in all)"
+              + (f" and its search page {written.search}" if written.search else "")
+              + f": open {written.path.name} in a browser; to filter, sort and search every sample at once, "
+              f"`rollout-bundle serve {ns.bundle}`")  # fmt: skip
     else:
         print(f"wrote {written.path} ({_count(written.samples, 'sample')}, {_count(written.images, 'screenshot')}, "
               f"{written.bytes / 2**20:.1f} MiB)" + (f" and its search page {written.search}" if written.search else "")
@@ -124,6 +144,15 @@ def register(subparsers: Any) -> None:
         "--no-search",
         action="store_true",
         help="do not write the search page (REPORT.search.html, the one page with a script)",
+    )
+    p.add_argument(
+        "--page-size",
+        type=_page_size,
+        default=PAGE_SIZE,
+        metavar="N",
+        help=f"samples per page (default {PAGE_SIZE}): a larger bundle is written as REPORT.html, REPORT-2.html, ... "
+        "linked to each other, each page's filters and sorting acting on its own samples (`rollout-bundle serve` "
+        "filters and sorts all of them); 0 writes every sample on one page",
     )
     add_json_option(p, "what was written")
     add_progress_option(p)

@@ -23,6 +23,20 @@ link to; its inlined pictures are all there is.
 Samples are read one shard at a time and reduced to what the page shows before the next is read,
 so a dump that holds processor tensors does not have to fit in memory.
 
+A large bundle is written as pages of ``page_size`` samples (default 500: ``report.html``,
+``report-2.html``, ...), each linked to the others and to ``rollout-bundle serve``, rather than
+cut at a cap. Why pages: the static export is what one attaches to a bug or copies off a cluster,
+and a cap would silently drop the samples one may have come for (the failing one is rarely among
+the first 1,000); pages keep every sample in the export while each page stays the size a browser
+draws at once. One page of 10,000 samples was 42 MB, took Chromium 14 s to load and the writer
+914 MB of memory; as 20 pages of 500 each is 2.1 MB and loads in 0.6 s, and the writer holds one
+page's samples and pictures at a time (135 MB peak), for the same total time (30 s, linear in the
+bundle). What pages give up is the whole-bundle view: each page's filters, sorting, histograms and
+groups act on its own samples (a GRPO group cut by a page boundary shows its part on each page),
+and the search page still holds every sample. Filtering, sorting and searching all of a large
+bundle is what ``rollout-bundle serve`` is for; each page says so. ``page_size=0`` writes the
+single page of before.
+
 With a replay report (``rollout-bundle replay --report``), each sample also shows its guard and
 token-check problems, per-image vision and placeholder token counts and the rebuilt tensors'
 shapes, and the log-prob differences when the report has them.
@@ -49,6 +63,7 @@ from trainer_hooks.view._samples import sample_view, stored_media
 from trainer_hooks.view._search import render_search, search_rows
 
 __all__ = [
+    "PAGE_SIZE",
     "REPLAY_FORMAT",
     "THUMB_WIDTH",
     "ReportError",
@@ -61,6 +76,7 @@ THUMB_WIDTH = 320  # px; a 1080p screenshot becomes a ~6-12 KB JPEG
 LARGE_WIDTH = 1280  # px: the large view's inlined JPEG, wide enough for a screenshot's text
 INLINE_BUDGET = 8 * 2**20  # bytes of inlined large views per page (beyond: linked, or the thumbnail)
 SMALL_DUMP = 24  # distinct screenshots up to which a directory bundle's page inlines its large views
+PAGE_SIZE = 500  # samples per page of a report (about 2 MB and 3 s to write at 3,000 tokens a sample)
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,7 @@ class ReportWritten:
     not_shown: list[str] = field(default_factory=list)  # one line per stored file that cannot be shown
     missing: list[str] = field(default_factory=list)  # media files listed in the manifest but missing
     search: Path | None = None  # the search page written beside the report
+    pages: list[Path] = field(default_factory=list)  # every page written, the first being ``path``
 
 
 def _open(path: str | os.PathLike[str]) -> tuple[Bundle, list[str]]:
@@ -117,8 +134,10 @@ def write_html_report(
     inline_budget: int = INLINE_BUDGET,
     search: bool = True,
     progress: bool | None = None,
+    page_size: int | None = PAGE_SIZE,
 ) -> ReportWritten:
-    """Write one self-contained HTML page describing ``bundle`` to ``output`` (atomically).
+    """Write self-contained HTML pages describing ``bundle``: ``output``, and for more than
+    ``page_size`` samples ``<stem>-2.html``, ``<stem>-3.html``, ... beside it (each atomically).
 
     Args:
         bundle: an open bundle, or the path of a bundle directory or packed file.
@@ -135,6 +154,7 @@ def write_html_report(
         search: also write the search page, ``<output stem>.search.html`` beside the report
             (the report itself runs no script; see :func:`~trainer_hooks.view._search.render_search`).
         progress: draw a progress line while making thumbnails (default: on a terminal).
+        page_size: samples per page (default ``PAGE_SIZE``); 0 or None: every sample on one page.
 
     Raises:
         BundleError: the bundle cannot be read, a position is out of range, or the replay report
@@ -142,6 +162,10 @@ def write_html_report(
     """
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise BundleError(f"limit must be at least 1; omit it for every sample (found {limit!r})")
+    if page_size is not None and (
+        not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 0
+    ):
+        raise BundleError(f"page_size must be at least 1, or 0 for one page (found {page_size!r})")
     out = Path(os.path.abspath(output))
     if out.is_dir():
         raise BundleError(f"{out}: is a directory; name the file to write")
@@ -171,9 +195,88 @@ def write_html_report(
     if limit is not None:
         positions = positions[:limit]
 
+    step = page_size or len(positions) or 1
+    chunks = [positions[k : k + step] for k in range(0, len(positions), step)] or [
+        []
+    ]  # an empty bundle: one page
+    paths = [out] + [out.with_name(f"{out.stem}-{k + 1}{out.suffix}") for k in range(1, len(chunks))]
+    search_path = out.with_name(out.stem + ".search.html") if search else None
+    rows: list[dict[str, str]] = []
+    written: list[_PageWritten] = []
+    for k, chunk in enumerate(chunks):
+        nav = _pages_nav(b, paths, k, chunk, len(positions)) if len(chunks) > 1 else None
+        written.append(_write_page(b, chunk, paths[k], nav=nav, report=report, replay_name=replay_name,
+                                   search_path=search_path, rows=rows if search else None, thumb_width=thumb_width,
+                                   large_width=large_width, inline_budget=inline_budget, progress=progress))  # fmt: skip
+    if search_path is not None:
+        page = render_search(rows, written[0].title, urllib.parse.quote(out.name))
+        _write(search_path, page.encode("utf-8"))
+    return ReportWritten(
+        out,
+        sum(w.samples for w in written),
+        sum(w.images for w in written),
+        sum(w.bytes for w in written),
+        [e for w in written for e in w.not_shown],
+        missing,
+        search_path,
+        paths,
+    )
+
+
+@dataclass(frozen=True)
+class _PageWritten:
+    title: str
+    samples: int
+    images: int
+    bytes: int
+    not_shown: list[str]
+
+
+def _pages_nav(b: Bundle, paths: list[Path], k: int, chunk: list[int], total: int) -> dict[str, Any]:
+    """The links between the pages of a paged report, for ``report.html.j2``'s ``pages`` block."""
+
+    def href(i: int) -> str:
+        return urllib.parse.quote(paths[i].name)
+
+    return {
+        "current": k + 1,
+        "count": len(paths),
+        "first_sample": chunk[0] if chunk else None,
+        "last_sample": chunk[-1] if chunk else None,
+        "total": total,
+        "prev": href(k - 1) if k > 0 else None,
+        "next": href(k + 1) if k + 1 < len(paths) else None,
+        "links": [{"n": i + 1, "href": href(i), "current": i == k} for i in range(len(paths))],
+        "serve": f"rollout-bundle serve {b.path}",
+    }
+
+
+def _write_page(
+    b: Bundle,
+    positions: list[int],
+    out: Path,
+    *,
+    nav: dict[str, Any] | None,
+    report: Mapping[str, Any] | None,
+    replay_name: str | None,
+    search_path: Path | None,
+    rows: list[dict[str, str]] | None,
+    thumb_width: int,
+    large_width: int,
+    inline_budget: int,
+    progress: bool | None,
+) -> _PageWritten:
+    """Write one page of the report: the samples at ``positions`` and the pictures they show.
+
+    Only this page's samples and pictures are held while it is made, so a paged report of a large
+    bundle needs the memory of one page, not of the bundle; ``rows`` collects the search page's.
+    """
     # Where the samples name the stored files: under the bundle, or in a store's shared pool.
     media = stored_media(b)
     views = [sample_view(p, s, media) for p, s in zip(positions, b.samples(indices=positions), strict=True)]
+    if rows is not None:
+        href = nav["links"][nav["current"] - 1]["href"] if nav else urllib.parse.quote(out.name)
+        rows.extend({**row, "href": href} for row in search_rows(views))  # the page that shows it
     names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
     # Large views: a packed bundle has no files beside the page, so they are inlined (up to the
     # budget; beyond it the thumbnail is enlarged). A directory bundle's large views are its
@@ -189,13 +292,10 @@ def write_html_report(
     if media_dir is not None:
         rel = os.path.relpath(media_dir, out.parent)
         link_base = "/".join(urllib.parse.quote(part) for part in Path(rel).parts) + "/"
-    search_path = out.with_name(out.stem + ".search.html") if search else None
     context = page_context(b, views, shown, link_base=link_base, replay=report, replay_name=replay_name)
     context["search_href"] = urllib.parse.quote(search_path.name) if search_path else None
+    context["pages"] = nav
     data = render_page(context).encode("utf-8")
     _write(out, data)
-    if search_path is not None:
-        page = render_search(search_rows(views), context["title"], urllib.parse.quote(out.name))
-        _write(search_path, page.encode("utf-8"))
     not_shown = [t.error for name in names if (t := shown[name]).error]
-    return ReportWritten(out, len(views), context["shown_images"], len(data), not_shown, missing, search_path)
+    return _PageWritten(context["title"], len(views), context["shown_images"], len(data), not_shown)
