@@ -478,11 +478,23 @@ def validate_settings(
 
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:
     """Check the options in one pass; raise ``ValueError`` naming the option. Returns ``args``."""
-    g = lambda name, default=None: getattr(args, name, default)  # noqa: E731
-
     validate_settings(args)
-    # Every path the rollout side writes or reads is resolved now, on the driver: a Ray actor
-    # may run in another working directory.
+    _resolve_locations(args)
+    if getattr(args, "fp16", None) and getattr(args, "bf16", None):
+        raise ValueError("--fp16 and --bf16: choose at most one")
+    _check_subsample(args)
+    _check_counts(args)
+    if getattr(args, "sglang_mm_process_config", None) is not None:
+        args.sglang_mm_process_config = parse_mm_process_config(
+            args.sglang_mm_process_config, where="--sglang-mm-process-config"
+        )
+    _check_engines(args)
+    return args
+
+
+def _resolve_locations(args: argparse.Namespace) -> None:
+    """Every path the rollout side writes or reads, made absolute now, on the driver (a Ray actor
+    may run in another working directory); a URL only where the option takes one."""
     for name in (
         "save",
         "load",
@@ -490,73 +502,76 @@ def validate_args(args: argparse.Namespace) -> argparse.Namespace:
         "save_debug_trajectory_data",
         "load_debug_rollout_data",
     ):
-        if g(name) is not None:
-            option = "--" + name.replace("_", "-")
-            try:
-                remote = check_location(getattr(args, name), option)
-            except UnsupportedLocationError as e:
-                raise ValueError(str(e)) from None
-            if remote:
-                if name not in _STORE_OPTIONS:
-                    raise ValueError(
-                        f"{option} {getattr(args, name)}: an object-store URL is not supported for this option; "
-                        "give a local path"
-                    )
-                continue  # a URL is absolute already
-            setattr(args, name, os.path.abspath(os.fspath(getattr(args, name))))
-    if g("fp16") and g("bf16"):
-        raise ValueError("--fp16 and --bf16: choose at most one")
+        if getattr(args, name, None) is None:
+            continue
+        option = "--" + name.replace("_", "-")
+        try:
+            remote = check_location(getattr(args, name), option)
+        except UnsupportedLocationError as e:
+            raise ValueError(str(e)) from None
+        if remote:
+            if name not in _STORE_OPTIONS:
+                raise ValueError(
+                    f"{option} {getattr(args, name)}: an object-store URL is not supported for this option; "
+                    "give a local path"
+                )
+            continue  # a URL is absolute already
+        setattr(args, name, os.path.abspath(os.fspath(getattr(args, name))))
 
-    ratio = g("load_debug_rollout_data_subsample")
-    if ratio is not None:
-        # 0 is what Miles accepts and means "keep everything" (its slice data[:0] + data[-0:]);
-        # above 1 Miles' slices overlap and train rows twice, below 0 they cut the middle out.
-        if not 0.0 <= _seconds(ratio) <= 1.0:
-            raise ValueError(
-                f"--load-debug-rollout-data-subsample: expected 0 <= r <= 1 (0 keeps every row, as in Miles), "
-                f"found {bounded_repr(ratio)}"
-            )
-        if g("load_debug_rollout_data") is None:
-            raise ValueError("--load-debug-rollout-data-subsample: requires --load-debug-rollout-data")
 
+def _check_subsample(args: argparse.Namespace) -> None:
+    ratio = getattr(args, "load_debug_rollout_data_subsample", None)
+    if ratio is None:
+        return
+    # 0 is what Miles accepts and means "keep everything" (its slice data[:0] + data[-0:]);
+    # above 1 Miles' slices overlap and train rows twice, below 0 they cut the middle out.
+    if not 0.0 <= _seconds(ratio) <= 1.0:
+        raise ValueError(
+            f"--load-debug-rollout-data-subsample: expected 0 <= r <= 1 (0 keeps every row, as in Miles), "
+            f"found {bounded_repr(ratio)}"
+        )
+    if getattr(args, "load_debug_rollout_data", None) is None:
+        raise ValueError("--load-debug-rollout-data-subsample: requires --load-debug-rollout-data")
+
+
+def _check_counts(args: argparse.Namespace) -> None:
     for name in ("num_rollout", "rollout_batch_size", "save_interval", "update_weights_interval"):
-        value = g(name)
+        value = getattr(args, name, None)
         if value is not None and value < 1:
             raise ValueError(
                 f"--{name.replace('_', '-')}: expected a positive integer, found {bounded_repr(value)}"
             )
-    if g("start_rollout_id") is not None and args.start_rollout_id < 0:
-        raise ValueError(f"--start-rollout-id: expected >= 0, found {bounded_repr(args.start_rollout_id)}")
+    start = getattr(args, "start_rollout_id", None)
+    if start is not None and start < 0:
+        raise ValueError(f"--start-rollout-id: expected >= 0, found {bounded_repr(start)}")
 
-    if g("sglang_mm_process_config") is not None:
-        args.sglang_mm_process_config = parse_mm_process_config(
-            args.sglang_mm_process_config, where="--sglang-mm-process-config"
-        )
 
-    addrs = g("rollout_external_engine_addrs")
+def _check_engines(args: argparse.Namespace) -> None:
+    """The external engines' addresses, and the token-space processor where its settings can be
+    known (``args.rollout_processor_args``: None unless enabled)."""
+    addrs = getattr(args, "rollout_external_engine_addrs", None)
     for addr in addrs or ():
         m = _ADDR_RE.fullmatch(addr)
         if m is None or not 0 < int(m["port"]) < 65536:
             raise ValueError(
                 f"--rollout-external-engine-addrs: expected HOST:PORT, found {bounded_repr(addr)}"
             )
-
     args.rollout_processor_args = None
-    if g("enable_token_space_processor"):
-        # External engines run with server settings we never see, so agreement can't be checked.
-        if addrs:
-            raise ValueError(
-                "--enable-token-space-processor cannot be used with --rollout-external-engine-addrs: "
-                "the external engines' processor settings are unknown"
-            )
-        if g("custom_inference_engine_provider_path") is not None:
-            raise ValueError(
-                "--enable-token-space-processor cannot be used with --custom-inference-engine-provider-path: "
-                f"the engines provided by {args.custom_inference_engine_provider_path!r} are external and "
-                "their processor settings are unknown"
-            )
-        args.rollout_processor_args = RolloutEngineProcessorArgs.from_sglang_config(args)
-    return args
+    if not getattr(args, "enable_token_space_processor", None):
+        return
+    # External engines run with server settings we never see, so agreement can't be checked.
+    if addrs:
+        raise ValueError(
+            "--enable-token-space-processor cannot be used with --rollout-external-engine-addrs: "
+            "the external engines' processor settings are unknown"
+        )
+    if getattr(args, "custom_inference_engine_provider_path", None) is not None:
+        raise ValueError(
+            "--enable-token-space-processor cannot be used with --custom-inference-engine-provider-path: "
+            f"the engines provided by {args.custom_inference_engine_provider_path!r} are external and "
+            "their processor settings are unknown"
+        )
+    args.rollout_processor_args = RolloutEngineProcessorArgs.from_sglang_config(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -144,7 +144,7 @@ class RolloutEngineProcessorArgs:
         base_model_path = getattr(args, "sglang_model_path", None)
         if base_model_path is None:
             base_model_path = getattr(args, "hf_checkpoint", None)
-        base: dict[str, tuple[Any, str]] = {
+        base: _Resolved = {
             "model_path": (base_model_path, "--sglang-model-path"),
             "image_processor_backend": (
                 getattr(args, "sglang_image_processor_backend", None),
@@ -158,58 +158,9 @@ class RolloutEngineProcessorArgs:
             ),
         }
         config_path = getattr(args, "sglang_config", None)
-        # label -> field -> (value, source)
-        groups: dict[str, dict[str, tuple[Any, str]]] = {}
-        if config_path is None:
-            groups[IMPLICIT_GROUP] = dict(base)
-        else:
-            for i, model in enumerate(load_sglang_config(config_path)):
-                name = model["name"]
-                model_level = {
-                    f: (model[f], f"sglang[{i}].{f}") for f in PROCESSOR_FIELDS if model.get(f) is not None
-                }
-                raw_groups = model.get("server_groups", model.get("engine_groups")) or [{}]
-                for j, group in enumerate(raw_groups):
-                    worker_type = group.get("worker_type", "regular")
-                    if worker_type == "placeholder":
-                        continue
-                    overrides = group.get("overrides") or {}
-                    resolved = dict(base)
-                    resolved.update(model_level)
-                    for f in PROCESSOR_FIELDS:
-                        if overrides.get(f) is not None:
-                            resolved[f] = (overrides[f], f"sglang[{i}].server_groups[{j}].overrides.{f}")
-                    label = (
-                        f"{name}.server_groups[{j}] ({worker_type})"
-                        if "server_groups" in model or "engine_groups" in model
-                        else name
-                    )
-                    groups[label] = resolved
-            if not groups:
-                raise ValueError(
-                    f"--sglang-config {config_path}: no engine group runs engines (all are placeholders)"
-                )
+        groups = _engine_groups(base, config_path)
         where = f"--sglang-config {config_path}" if config_path is not None else "--sglang-* options"
-        agreed: dict[str, Any] = {}
-        for f in PROCESSOR_FIELDS:
-            values = {}
-            for label, resolved in groups.items():
-                value, source = resolved[f]
-                if f == "mm_process_config":
-                    value = parse_mm_process_config(value, where=f"{where}: {source}")
-                elif value is not None and not isinstance(value, str):
-                    raise ValueError(
-                        f"{where}: {source}: expected a string, found {type(value).__name__} {value!r}"
-                    )
-                values[label] = (value, source)
-            distinct = {_canonical(v) for v, _ in values.values()}
-            if len(distinct) > 1:
-                shown = "; ".join(f"{label} = {v!r} (from {src})" for label, (v, src) in values.items())
-                raise ValueError(
-                    f"{where}: rollout engine groups disagree on {f}, which every engine must share with "
-                    f"--enable-token-space-processor: {shown}"
-                )
-            agreed[f] = next(iter(values.values()))[0]
+        agreed = {f: _agreed(f, groups, where) for f in PROCESSOR_FIELDS}
         return cls(
             model_path=agreed["model_path"],
             image_processor_backend=agreed["image_processor_backend"],
@@ -217,6 +168,64 @@ class RolloutEngineProcessorArgs:
             engine_groups=tuple(groups),
             image_token_id=_image_token_id(agreed["model_path"]),
         )
+
+
+_Resolved = dict[str, tuple[Any, str]]  # field -> (value, where the value came from)
+
+
+def _engine_groups(base: _Resolved, config_path: str | None) -> dict[str, _Resolved]:
+    """Every engine group that runs engines, by label, with its processor fields resolved: the
+    command line's, then the model's in ``--sglang-config``, then the group's overrides."""
+    if config_path is None:
+        return {IMPLICIT_GROUP: dict(base)}
+    groups: dict[str, _Resolved] = {}
+    for i, model in enumerate(load_sglang_config(config_path)):
+        name = model["name"]
+        model_level = {
+            f: (model[f], f"sglang[{i}].{f}") for f in PROCESSOR_FIELDS if model.get(f) is not None
+        }
+        raw_groups = model.get("server_groups", model.get("engine_groups")) or [{}]
+        for j, group in enumerate(raw_groups):
+            worker_type = group.get("worker_type", "regular")
+            if worker_type == "placeholder":
+                continue
+            overrides = group.get("overrides") or {}
+            resolved = dict(base)
+            resolved.update(model_level)
+            for f in PROCESSOR_FIELDS:
+                if overrides.get(f) is not None:
+                    resolved[f] = (overrides[f], f"sglang[{i}].server_groups[{j}].overrides.{f}")
+            label = (
+                f"{name}.server_groups[{j}] ({worker_type})"
+                if "server_groups" in model or "engine_groups" in model
+                else name
+            )
+            groups[label] = resolved
+    if not groups:
+        raise ValueError(
+            f"--sglang-config {config_path}: no engine group runs engines (all are placeholders)"
+        )
+    return groups
+
+
+def _agreed(f: str, groups: dict[str, _Resolved], where: str) -> Any:
+    """The one value of field ``f`` every group has; ValueError naming each group otherwise."""
+    values = {}
+    for label, resolved in groups.items():
+        value, source = resolved[f]
+        if f == "mm_process_config":
+            value = parse_mm_process_config(value, where=f"{where}: {source}")
+        elif value is not None and not isinstance(value, str):
+            raise ValueError(f"{where}: {source}: expected a string, found {type(value).__name__} {value!r}")
+        values[label] = (value, source)
+    distinct = {_canonical(v) for v, _ in values.values()}
+    if len(distinct) > 1:
+        shown = "; ".join(f"{label} = {v!r} (from {src})" for label, (v, src) in values.items())
+        raise ValueError(
+            f"{where}: rollout engine groups disagree on {f}, which every engine must share with "
+            f"--enable-token-space-processor: {shown}"
+        )
+    return next(iter(values.values()))[0]
 
 
 def _image_token_id(model_path: str | None) -> int | None:
