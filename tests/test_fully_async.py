@@ -345,3 +345,40 @@ def test_train_async_resume_from_an_older_checkpoint_does_not_train_held_groups_
     _readme_run(args_b, fn_b, trained)
     assert [step for step, _ in trained] == list(range(8))
     assert sorted(g for _, groups in trained for g in groups) == list(range(16))
+
+
+def test_groups_drained_for_the_next_step_are_saved_as_they_were_drained(tmp_path):
+    """save(0) after drain(step=1) holds step 1's groups (snapshotted by the save, as drained):
+    training changing them afterwards does not reach the checkpoint."""
+    args = trainer_args(tmp_path, "run-a", batch_size=2)
+    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(4)), Generator(), max_in_flight=4)
+    fn.drain(step=0)
+    ahead = fn.drain(step=1)
+    fut = fn.save(0)
+    for g in ahead:
+        for s in g:
+            s.tokens.append(-1)
+            s.response = "changed by training"
+    fn.close()
+    bundle = open_bundle(fut.result(), verify="full")
+    assert bundle.meta["completed_group_sizes"] == [2, 2] and bundle.meta["consumed_after_checkpoint"] == 2
+    assert [step for _, step in bundle.meta["consumed_group_steps"]] == [1, 1]
+    rows = list(bundle.samples())
+    assert sorted(r["group_index"] for r in rows) == [2, 2, 3, 3]
+    assert all(-1 not in r["tokens"] and r["response"].startswith("answer") for r in rows)
+
+
+def test_groups_are_held_for_the_last_two_steps_drained_and_a_save_says_what_it_missed(tmp_path, caplog):
+    """Without saves nothing accumulates: drained groups are held for the last two steps. A save
+    of a step older than that (a driver draining further ahead than the contract) logs which
+    step's groups were released before it."""
+    args = trainer_args(tmp_path, "run-a", batch_size=1)
+    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(5)), Generator(), max_in_flight=5)
+    for step in range(5):
+        fn.drain(step=step)
+    with caplog.at_level("WARNING", logger="trainer_hooks.checkpoints._fully_async"):
+        fut = fn.save(0)
+    fn.close()
+    assert "groups drained for step 2 were released before this save" in caplog.text
+    held = open_bundle(fut.result()).meta["consumed_group_steps"]
+    assert [step for _, step in held] == [3, 4]

@@ -24,11 +24,16 @@ with its own :class:`~trainer_hooks.RunDisposer` registers ``close`` *after*
 
 What counts as trained: ``save(N)`` is called once the weights of step N are saved, but the
 asynchronous driver (:func:`trainer_hooks.train_async`) drains step N+1 while step N trains, so
-by then the groups of N+1 may have left the buffer without being in any saved weights. Groups
-handed to training for a step are therefore kept (as snapshotted when drained) until a save of
-that step or a later one: ``save(N)`` holds those drained for steps after N as *completed*,
-ahead of the buffered ones, with their step (``meta.consumed_group_steps``), and ``load(N)``
-puts them back first, exactly once; groups drained for steps <= N are forgotten.
+by then the groups of N+1 may have left the buffer without being in any saved weights. The
+groups handed to training for the last two steps drained are therefore kept (a reference, no
+copy): ``save(N)`` snapshots those drained for steps after N, which nothing has trained on yet,
+and saves them as *completed*, ahead of the buffered ones, with their step
+(``meta.consumed_group_steps``); ``load(N)`` puts them back first, exactly once, and a resume
+that falls back to an older checkpoint keeps them trained when its step is older than the
+weights restored. Groups drained for steps <= N are forgotten. The contract: ``save(N)`` comes
+before training of step N+1 starts (as in both reference drivers), and a driver drains at most
+two steps ahead of the step it saves (``train_async``: one); a save that finds groups of a later
+step released already logs a warning naming them.
 
 ``load(rollout_id)`` reads ``<args.load>/rollout/fully_async_<rollout_id>``, rehydrates its
 media into the current run's directory, queues the pending groups for resubmission ahead of any
@@ -216,10 +221,11 @@ class FullyAsyncRolloutFn:
         self._in_flight: dict[int, list[dict[Any, Any]]] = {}  # group id -> snapshot taken at submission
         self._resubmit: deque[RecoveredGroup] = deque()
         self._buffer_gids: deque[int] = deque()  # the group ids of self.buffer, in its order
-        # Groups drained for a step whose weights no save has covered yet: group id -> (step,
-        # snapshot, deferred snapshot checks). Kept only when checkpoints can be written.
-        self._consumed: dict[int, tuple[int, Any, list[Callable[[], None]]]] = {}
+        # Groups drained for the last two steps whose weights no save has covered yet: group id
+        # -> (step, the group as handed to training). Kept only when checkpoints can be written.
+        self._consumed: dict[int, tuple[int, Any]] = {}
         self._keep_consumed = getattr(args, "save", None) is not None
+        self._released_step = -1  # the newest step whose held groups were released unsaved
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -392,17 +398,14 @@ class FullyAsyncRolloutFn:
         return sorted((materialize(g) for g in groups), key=_group_index)
 
     def _hold_consumed(self, step: int, gids: list[int], groups: list[Any]) -> None:
-        """Keep what a save before ``step``'s own must hold of groups drained for it (see the
-        module docstring): a snapshot, taken before training can change them, with the lock held
-        so that a concurrent save() sees each group buffered or drained, never neither. A group
-        restored from the journal stays encoded (a copy that the training side never decodes)."""
+        """Keep the groups drained for ``step`` until a save covers it (see the module docstring),
+        with the lock held, so that a concurrent save() sees each group buffered or held, never
+        neither; release those of steps older than the one before ``step``. A group restored
+        from the journal is kept encoded (a copy the training side never decodes)."""
+        for gid in [gid for gid, (s, _) in self._consumed.items() if s < step - 1]:
+            self._released_step = max(self._released_step, self._consumed.pop(gid)[0])
         for gid, group in zip(gids, groups, strict=True):
-            checks: list[Callable[[], None]] = []
-            if isinstance(group, LazyGroup):
-                held: Any = group.undecoded()
-            else:
-                (held,) = snapshot_groups([group], where=f"consumed[{gid}]", deferred=checks)
-            self._consumed[gid] = (step, held, checks)
+            self._consumed[gid] = (step, group.undecoded() if isinstance(group, LazyGroup) else group)
 
     def __call__(self, rollout_id: int, evaluation: bool = False) -> list[list[Any]]:
         """Miles' rollout-function call: the groups to train ``rollout_id`` on."""
@@ -457,15 +460,32 @@ class FullyAsyncRolloutFn:
             it = iter(plain)
             completed = [g if hasattr(g, "load_dicts") else next(it) for g in buffered]
             # Drained for steps <= rollout_id: in the weights saved now, forgotten. Drained for
-            # later steps: in no saved weights yet, so completed, ahead of the buffered ones.
-            for gid in [gid for gid, held in self._consumed.items() if held[0] <= rollout_id]:
+            # later steps: in no saved weights yet and not trained on yet (the contract), so
+            # snapshotted now and saved as completed, ahead of the buffered ones.
+            for gid in [gid for gid, (step, _) in self._consumed.items() if step <= rollout_id]:
                 del self._consumed[gid]
             later = sorted(self._consumed.items(), key=lambda item: (item[1][0], item[0]))
-            completed[:0] = [group for _, (_, group, _) in later]
-            checks += [check for _, (_, _, held_checks) in later for check in held_checks]
-            steps = {gid: step for gid, (step, _, _) in later}
+            held = [group for _, (_, group) in later]
+            it = iter(
+                snapshot_groups(
+                    [g for g in held if not hasattr(g, "load_dicts")],
+                    where="consumed_groups",
+                    deferred=checks,
+                )
+            )
+            completed[:0] = [g if hasattr(g, "load_dicts") else next(it) for g in held]
+            steps = {gid: step for gid, (step, _) in later}
             extra = self.ledger.checkpoint_meta(
                 pending_gids, [*steps, *self._buffer_gids], self._cursor(), consumed_steps=steps
+            )
+            released = self._released_step
+        if released > rollout_id:
+            logger.warning(
+                "save(%d): the groups drained for step %d were released before this save (a driver "
+                "drained more than two steps ahead of the step it saves): a resume from this checkpoint "
+                "does not train them",
+                rollout_id,
+                released,
             )
         if steps:
             extra["consumed_after_checkpoint"] = len(steps)
