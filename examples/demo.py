@@ -663,7 +663,7 @@ def step_view(d: Demo) -> None:
     )
     say(
         d,
-        f"the dump in Miles' --dump-details layout, {dump.relative_to(details)}: serve Miles' dashboard on it "
+        f"the dump in Miles' --dump-details layout, rollout_data/{rollout_id}.pt: serve Miles' dashboard on it "
         f"(a Miles checkout on PYTHONPATH, pip install 'rollout-bundles[dashboard]') with\n"
         f"    python -m trainer_hooks.miles.dashboard --dump-details {details}",
     )
