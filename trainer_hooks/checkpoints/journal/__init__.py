@@ -7,8 +7,8 @@ benchmarks use; its modules, one job each:
 
 * :mod:`._writer`: :class:`RolloutJournal`, the writer (the queue, its thread, the segments'
   bytes, the flush); it never asks where its segments go.
-* :mod:`._sink`: where they go, a :class:`JournalSink` chosen once by :func:`journal_sink`
-  (:func:`run_journal`: the one beside a run's checkpoints):
+* :mod:`._sink`: where they go, a :class:`JournalSink` chosen once (:mod:`._open`:
+  :func:`journal_sink`; :func:`run_journal`, the one beside a run's checkpoints):
   :class:`LocalFiles` (a directory, fsynced in place) or :class:`Shipments` (:mod:`._store`: an
   object store, one create-only shipment per interval).
 * :mod:`._kinds`: the record kinds, each declared once (:data:`KINDS`: its shape, its append,
@@ -30,6 +30,7 @@ from trainer_hooks.checkpoints.journal._format import (
     journal_dir,
 )
 from trainer_hooks.checkpoints.journal._kinds import KINDS, RecordKind
+from trainer_hooks.checkpoints.journal._open import journal_sink, run_journal
 from trainer_hooks.checkpoints.journal._scan import (
     JournalRecord,
     JournalScan,
@@ -38,13 +39,7 @@ from trainer_hooks.checkpoints.journal._scan import (
     record_value,
     scan_journal,
 )
-from trainer_hooks.checkpoints.journal._sink import (
-    FlushStats,
-    JournalSink,
-    LocalFiles,
-    journal_sink,
-    run_journal,
-)
+from trainer_hooks.checkpoints.journal._sink import FlushStats, JournalSink, LocalFiles
 from trainer_hooks.checkpoints.journal._store import Shipments
 from trainer_hooks.checkpoints.journal._writer import RolloutJournal, new_lineage
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ __all__ = [
     "MEDIA_DIR",
     "JournalCorruptError",
     "JournalError",
+    "JournalRecord",
     "journal_dir",
 ]
 
@@ -95,6 +97,30 @@ SHIPMENT_MAGIC = b"RBJSHIP1\n"
 #: Limits when reading a shipment: its size, and how many media it may carry.
 MAX_SHIPMENT_BYTES = 4 << 30
 MAX_SHIPMENT_MEDIA = 1 << 16
+
+
+@dataclass
+class JournalRecord:
+    """One complete record; ``body`` is the compressed codec value (decoded only when needed).
+
+    Its frame and meta were checked by the scan. The body's checksum (format version 2) is
+    checked when it is decoded (:func:`~._scan.record_body`) for records before their segment's last
+    sync mark (fsynced whole), by the scan for those after it (only there can a write have been
+    torn); ``crc`` is the body checksum still to check (None: checked). ``lengths`` and ``meta``
+    are kept for compatibility and unused (a version 1 record is checked whole by the scan)."""
+
+    seq: int
+    kind: str
+    at: float
+    a: Any
+    b: Any
+    media: list[str]
+    body: bytes | memoryview
+    segment: Path
+    crc: int | None = None  # the body checksum still to check (None: checked)
+    lengths: bytes = b""
+    meta: bytes | memoryview = b""
+    offset: int = 0  # the record's byte offset in its segment
 
 
 class JournalError(BundleError):

@@ -27,12 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from trainer_hooks.checkpoints._snapshot import snapshot_groups
-
-if TYPE_CHECKING:
-    from trainer_hooks.checkpoints.journal._scan import JournalRecord
+from trainer_hooks.checkpoints.journal._format import JournalRecord
 
 __all__ = ["KINDS", "Append", "RecordKind", "Replay", "kind_of"]
 

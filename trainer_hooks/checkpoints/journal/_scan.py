@@ -57,6 +57,7 @@ from trainer_hooks.checkpoints.journal._format import (
     U32,
     JournalCorruptError,
     JournalError,
+    JournalRecord,
     head_crc,
     is_media_name,
     parse_segment_name,
@@ -76,30 +77,6 @@ __all__ = [
 
 
 # -- reading -------------------------------------------------------------------------------------
-@dataclass
-class JournalRecord:
-    """One complete record; ``body`` is the compressed codec value (decoded only when needed).
-
-    Its frame and meta were checked by the scan. The body's checksum (format version 2) is
-    checked when it is decoded (:func:`record_body`) for records before their segment's last
-    sync mark (fsynced whole), by the scan for those after it (only there can a write have been
-    torn); ``crc`` is the body checksum still to check (None: checked). ``lengths`` and ``meta``
-    are kept for compatibility and unused (a version 1 record is checked whole by the scan)."""
-
-    seq: int
-    kind: str
-    at: float
-    a: Any
-    b: Any
-    media: list[str]
-    body: bytes | memoryview
-    segment: Path
-    crc: int | None = None  # the body checksum still to check (None: checked)
-    lengths: bytes = b""
-    meta: bytes | memoryview = b""
-    offset: int = 0  # the record's byte offset in its segment
-
-
 @dataclass
 class JournalScan:
     """What :func:`scan_journal` found: complete records in seq order and one line per problem."""

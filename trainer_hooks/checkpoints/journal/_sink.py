@@ -19,10 +19,8 @@ differ between a disk and an object store:
   :func:`~._scan.scan_journal` reads (the journal itself, or its shipments checked and unpacked
   into staging).
 
-:func:`journal_sink` (and :func:`run_journal`, the journal beside a run's checkpoints) is the
-one place that decides which sink a location gets, from the capability of its
-:class:`bundles.Location` (one whose writes upload gets :class:`~._store.Shipments`, any other
-:class:`LocalFiles`); nothing after it asks.
+:func:`~._open.journal_sink` (and :func:`~._open.run_journal`, the journal beside a run's
+checkpoints) is the one place that decides which sink a location gets; nothing after it asks.
 """
 
 from __future__ import annotations
@@ -34,21 +32,18 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import msgpack
 
-from bundles import Location
 from bundles.support import fault_point
-from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
 from trainer_hooks.checkpoints.journal._format import (
-    JOURNAL_DIR,
     MEDIA_DIR,
     SEGMENT_PREFIX,
     SEGMENT_SUFFIX,
     frame_record,
 )
 from trainer_hooks.checkpoints.journal._index import SegmentIndex
+from trainer_hooks.checkpoints.journal._scan import scan_journal
 
 __all__ = [
     "Adopted",
@@ -58,8 +53,6 @@ __all__ = [
     "JournalSink",
     "LocalFiles",
     "fsync_path",
-    "journal_sink",
-    "run_journal",
     "sync_mark",
 ]
 
@@ -248,8 +241,6 @@ class LocalFiles(JournalSink):
                 freed.media += 1
 
     def existing(self, lineage: str, known: Callable[[Path], bool]) -> Iterator[Adopted]:
-        from trainer_hooks.checkpoints.journal._scan import scan_journal
-
         for path in sorted(self.directory.glob(f"{SEGMENT_PREFIX}*-{lineage}-*{SEGMENT_SUFFIX}")):
             if known(path):
                 continue  # written by this journal: indexed as it was written
@@ -273,25 +264,3 @@ class LocalFiles(JournalSink):
 
     def parent(self) -> LocalFiles:
         return LocalFiles(self.directory.parent)
-
-
-def run_journal(root: str | os.PathLike[str], *, spool: Callable[[], Path] | None = None) -> JournalSink:
-    """The sink of the journal beside the rollout checkpoints of ``root`` (``--save`` or
-    ``--load``): ``<root>/rollout/journal``, a directory or a store prefix."""
-    return journal_sink(Location.of(root).child(f"{CHECKPOINT_SUBDIR}/{JOURNAL_DIR}"), spool=spool)
-
-
-def journal_sink(location: Any, *, spool: Callable[[], Path] | None = None) -> JournalSink:
-    """The sink of the journal at ``location`` (the journal directory itself: ``journal_dir`` of
-    ``--save``, or its store URL); ``spool()`` makes the local directory a store journal writes
-    into (needed only to write one). The one place that decides which kind of sink a location gets."""
-    return _sink_for(location, spool)
-
-
-def _sink_for(location: Any, spool: Callable[[], Path] | None) -> JournalSink:
-    # The one place that decides (issue 31, item 5), by the location's capability: a location
-    # whose writes upload gets shipments, any other is a directory of files.
-    from trainer_hooks.checkpoints.journal._store import Shipments
-
-    where = Location.of(location)
-    return Shipments(where, spool=spool) if where.uploads else LocalFiles(location)
