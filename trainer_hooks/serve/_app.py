@@ -208,7 +208,7 @@ class ServeApp:
         config.cache_dir.mkdir(parents=True, exist_ok=True)
         self.indexer = Indexer(config.cache_dir, progress=config.progress)
         self.pictures = Pictures(config.cache_dir)
-        self.samples = SampleCache()
+        self.samples = SampleCache(self.indexer)
         self.run = Run(config.root, config.storage_options)
         self.run.listeners.append(lambda e: self.indexer.add(e, priority=10 + e.order))
         for e in self.run.ordered():

@@ -25,6 +25,7 @@ of each prompt and response (contentless FTS5: the text is not stored twice).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import heapq
@@ -36,6 +37,7 @@ import re
 import sqlite3
 import threading
 import time
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,7 @@ from typing import Any
 from bundles import BundleError
 from bundles.support import Progress
 from trainer_hooks.serve._run import BundleEntry
+from trainer_hooks.view import Image, SampleView, sample_view
 
 __all__ = [
     "SORTS",
@@ -62,6 +65,8 @@ __all__ = [
 ]
 
 BATCH = 500  # rows per commit while building
+FIRST_BATCH = 50  # the first commit comes sooner: the first page of an unindexed bundle waits for it
+MAX_VIEW_BYTES = 256 * 1024  # a sample's stored view, compressed; a larger one is read from its shard
 MAX_TEXT = 16_000  # characters of a prompt / a response indexed for search
 PROMPT_ID_KEYS = ("prompt_id", "dataset_index", "data_index", "task_id")
 #: Sortable columns: URL name -> SQL column.
@@ -76,6 +81,7 @@ CREATE TABLE samples (
   resp_len INTEGER, tokens INTEGER, turns INTEGER, advantage REAL, prompt_key TEXT,
   prompt_head TEXT, truncated INTEGER NOT NULL
 );
+CREATE TABLE views (pos INTEGER PRIMARY KEY, data BLOB NOT NULL);
 CREATE VIRTUAL TABLE fts USING fts5(prompt, response, content='', tokenize='unicode61 remove_diacritics 2');
 """
 
@@ -210,6 +216,26 @@ def row_of(pos: int, sample: Any) -> tuple[tuple[Any, ...], str, str]:
     return row, text[:MAX_TEXT], response_text[:MAX_TEXT]
 
 
+_VIEW_FIELDS = tuple(f.name for f in dataclasses.fields(SampleView))
+
+
+def view_bytes(view: SampleView) -> bytes | None:
+    """What a sample page shows of a sample (:func:`trainer_hooks.view.sample_view`), stored in
+    the index so that a page never decodes a shard's earlier samples to reach it; None when it
+    is too large to keep (the page then reads the sample)."""
+    fields = {f: getattr(view, f) for f in _VIEW_FIELDS}
+    fields["images"] = [(i.name, i.shown_as, i.grid) for i in view.images]
+    data = zlib.compress(json.dumps(fields, default=str, check_circular=False).encode("utf-8"), 1)
+    return data if len(data) <= MAX_VIEW_BYTES else None
+
+
+def view_of(data: bytes) -> SampleView:
+    d = json.loads(zlib.decompress(data))
+    d["images"] = [Image(name, shown_as, grid) for name, shown_as, grid in d["images"]]
+    d["screen"] = tuple(d["screen"]) if d.get("screen") is not None else None
+    return SampleView(**d)
+
+
 def fts_query(text: str) -> str | None:
     """A search box's words as an FTS5 query: each word a quoted phrase, all required (no FTS5
     syntax from the URL reaches SQLite: quotes are doubled, operators are words)."""
@@ -287,23 +313,35 @@ def _build(entry: BundleEntry, path: Path, progress: bool | None, finishing: thr
         con.commit()
         rows: list[tuple[Any, ...]] = []
         texts: list[tuple[int, str, str]] = []
+        views: list[tuple[int, bytes]] = []
+        prefix = entry.media_prefix()
 
         def flush() -> None:
             con.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             con.executemany("INSERT INTO fts(rowid, prompt, response) VALUES (?, ?, ?)", texts)
+            con.executemany("INSERT INTO views VALUES (?, ?)", views)
             con.commit()
             rows.clear()
             texts.clear()
+            views.clear()
 
         with Progress(f"indexing {entry.rel}", total=total, unit="samples", enabled=progress) as bar:
             for pos, sample in enumerate(entry.bundle.samples()):
                 row, ptext, rtext = row_of(pos, sample)
+                try:
+                    view = (
+                        view_bytes(sample_view(pos, sample, prefix)) if isinstance(sample, Mapping) else None
+                    )
+                except Exception:  # any value view cannot summarise: the page reads the sample itself
+                    view = None
                 del sample
                 rows.append(row)
                 texts.append((pos, ptext, rtext))
-                if len(rows) >= BATCH:
+                if view is not None:
+                    views.append((pos, view))
+                if len(rows) >= (BATCH if pos >= BATCH else FIRST_BATCH):
+                    bar.advance(len(rows))
                     flush()
-                    bar.advance(BATCH)
             n_last = len(rows)
             flush()
             bar.advance(n_last)
@@ -438,6 +476,20 @@ class Indexer:
                 yield con
             return
         raise BundleError(f"{entry.location}: its index is not built yet")
+
+    def views(self, entry: BundleEntry, positions: list[int]) -> dict[int, SampleView]:
+        """The stored views of ``positions`` that the index holds (none while it has not the rows)."""
+        if not positions:
+            return {}
+        try:
+            with self.connect(entry) as con:
+                marks = ",".join("?" * len(positions))
+                found = con.execute(
+                    f"SELECT pos, data FROM views WHERE pos IN ({marks})", positions
+                ).fetchall()
+        except (BundleError, sqlite3.Error):
+            return {}
+        return {int(p): view_of(d) for p, d in found}
 
     def _work(self) -> None:
         while True:

@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bundles.support import MEDIA_DIR, human_bytes
+from bundles.support import human_bytes
+from trainer_hooks.serve._index import Indexer
 from trainer_hooks.serve._media import LARGE, THUMB, ImageInfo, Pictures
 from trainer_hooks.serve._run import BundleEntry
 from trainer_hooks.view import (
@@ -67,22 +68,12 @@ def _pretty(v: Any) -> str:
     return json.dumps(v, ensure_ascii=False, indent=2, default=str)
 
 
-def media_prefix(entry: BundleEntry) -> str:
-    """What a resolved reference of this bundle starts with: ``<bundle>/media/``, or the run's
-    shared pool (``<parent>/.media/`` on a store) where the bundle keeps its media there."""
-    prefix = entry.extra.get("media_prefix")
-    if prefix is None:
-        first = next(iter(entry.bundle.media), None)
-        path = str(first.path) if first is not None and first.path is not None else ""
-        prefix = path.rsplit("/", 1)[0] + "/" if "/" in path else f"{entry.bundle.path}/{MEDIA_DIR}/"
-        entry.extra["media_prefix"] = prefix
-    return str(prefix)
-
-
 class SampleCache:
-    """The last few samples read, as their views (a sample page opened twice reads its shard once)."""
+    """Samples as their views: from the index when it holds them (no shard read), else read from
+    the bundle; the last few kept (a sample page opened twice reads nothing twice)."""
 
-    def __init__(self, capacity: int = 64) -> None:
+    def __init__(self, indexer: Indexer, capacity: int = 64) -> None:
+        self.indexer = indexer
         self.capacity = capacity
         self._items: OrderedDict[tuple[str, int], SampleView] = OrderedDict()
         self._lock = threading.Lock()
@@ -99,7 +90,11 @@ class SampleCache:
                     self._items.move_to_end((entry.id, p))
                     out[p] = v
         if missing:
-            prefix = media_prefix(entry)
+            stored = self.indexer.views(entry, missing)
+            out.update(stored)
+            missing = [p for p in missing if p not in stored]
+        if missing:
+            prefix = entry.media_prefix()
             wanted = sorted(set(missing))
             for p, s in zip(wanted, entry.bundle.samples(indices=wanted), strict=True):
                 v = sample_view(p, s, prefix)

@@ -29,11 +29,12 @@ from typing import Any
 
 import bundles
 from bundles import Bundle, BundleError
+from bundles.support import MEDIA_DIR
 
 __all__ = ["INDEX_VERSION", "BundleEntry", "Run", "identity_of"]
 
 #: Bumped whenever what the per-bundle index holds changes: old cache files are then not used.
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 #: Directory levels searched below a local ROOT (run/ckpt/rollout/fully_async_3 is 3 below run/).
 MAX_DEPTH = 4
 #: Sub-prefixes looked into on a store (a store has no directories to walk without listing).
@@ -72,6 +73,17 @@ class BundleEntry:
     @property
     def kind(self) -> str:
         return self.bundle.kind
+
+    def media_prefix(self) -> str:
+        """What a resolved reference of this bundle starts with: ``<bundle>/media/``, or the run's
+        shared pool (``<parent>/.media/`` on a store) where the bundle keeps its media there."""
+        prefix = self.extra.get("media_prefix")
+        if prefix is None:
+            first = next(iter(self.bundle.media), None)
+            path = str(first.path) if first is not None and first.path is not None else ""
+            prefix = path.rsplit("/", 1)[0] + "/" if "/" in path else f"{self.bundle.path}/{MEDIA_DIR}/"
+            self.extra["media_prefix"] = prefix
+        return str(prefix)
 
     @property
     def samples(self) -> int:

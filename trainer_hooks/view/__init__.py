@@ -9,7 +9,7 @@ The pieces a live page needs too are public here, so that ``rollout-bundle serve
 (:mod:`trainer_hooks.serve`) draws what ``view`` draws rather than a second copy: a sample read
 down to what a page shows (:func:`sample_view`), a turn's action parsed (:func:`parse_action`)
 and drawn over its screenshot (:func:`overlay`), the log-prob strip (:func:`logprob_strip`), a
-prompt as messages (:func:`prompt_messages`), GRPO advantages (:func:`advantages`) and the rule
+prompt as messages (:func:`prompt_messages`), a sample's view rebuilt from its fields (:class:`SampleView`, :class:`Image`), GRPO advantages (:func:`advantages`) and the rule
 of which stored files are shown (:func:`shown_suffix`). The templates themselves
 (``trainer_hooks/view/templates``) are loaded by package name.
 """
@@ -19,11 +19,12 @@ from trainer_hooks.view._context import advantages, prompt_messages
 from trainer_hooks.view._graphics import OVERLAY_COLOR, logprob_strip, overlay
 from trainer_hooks.view._media import MAX_MEDIA_BYTES, shown_suffix
 from trainer_hooks.view._report import ReportError, ReportWritten, load_replay_report, write_html_report
-from trainer_hooks.view._samples import SampleView, sample_view
+from trainer_hooks.view._samples import Image, SampleView, sample_view
 
 __all__ = [
     "MAX_MEDIA_BYTES",
     "OVERLAY_COLOR",
+    "Image",
     "ReportError",
     "ReportWritten",
     "SampleView",
