@@ -19,7 +19,7 @@ import pytest
 from helpers import put_media
 from helpers.browser import INSTALL_HINT, find_chromium, render
 
-from bundles import MediaRef, pack_bundle, remove_bundle, write_bundle
+from bundles import MediaRef, open_bundle, pack_bundle, remove_bundle, write_bundle
 from trainer_hooks.cli import build_parser, main
 
 Image = pytest.importorskip("PIL.Image")
@@ -311,6 +311,12 @@ def test_view_of_a_pooled_bundle_on_a_store_shows_its_media(
     assert len(re.findall(r'<image id="m\d+" [^>]*href="data:image/jpeg;base64,', text)) == 4
     samples_view = text.split('<div class="view-groups">')[0]
     assert len(re.findall(r'<svg class="thumb"[^>]*><use href="#m\d+"', samples_view)) == 12
+    # Through the public API, as the page reads them: a sample's reference opens on the bundle.
+    b = open_bundle(url)
+    first = b[0]["multimodal_inputs"]["images"][0]
+    assert "/run-7/rollout/.media/" in first and str(first).endswith(".png"), first
+    with b.open_media(first) as f:
+        assert f.read() == Path(shots[0]).read_bytes()
 
 
 def paged_dump(tmp_path: Path, n: int = 7) -> Path:
