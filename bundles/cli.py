@@ -473,7 +473,15 @@ def _gc(ns: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``inspect``, ``verify``, ``pack`` and ``unpack`` to a ``rollout-bundle`` parser."""
+    """Add the bundle subcommands (inspect, show, diff, verify, pack, unpack, ls, cp, rm, gc) to a
+    ``rollout-bundle`` parser."""
+    _register_reading(subparsers)
+    _register_packing(subparsers)
+    _register_locations(subparsers)
+
+
+def _register_reading(subparsers: Any) -> None:
+    """``inspect``, ``show``, ``diff`` and ``verify``: the commands that read a bundle."""
     p = _cli.add_command(
         subparsers, "inspect", "show a bundle's kind, counts, sizes, dedup ratio and meta", _inspect
     )
@@ -541,6 +549,9 @@ def register(subparsers: Any) -> None:
     _cli.add_json_option(p, "the verdict and every problem")
     _cli.add_progress_option(p)
 
+
+def _register_packing(subparsers: Any) -> None:
+    """``pack`` and ``unpack``."""
     p = _cli.add_command(subparsers, "pack", "pack a bundle directory into one file", _pack)
     p.add_argument("bundle", metavar="BUNDLE", help="the bundle directory to pack")
     p.add_argument(
@@ -559,6 +570,9 @@ def register(subparsers: Any) -> None:
     _cli.add_json_option(p)
     _cli.add_progress_option(p)
 
+
+def _register_locations(subparsers: Any) -> None:
+    """``ls``, ``cp``, ``rm`` and ``gc``: the commands that list, copy and remove bundles."""
     p = _cli.add_command(
         subparsers,
         "ls",
