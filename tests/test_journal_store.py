@@ -200,6 +200,11 @@ def _forge(data: bytes, how: str) -> bytes:
         # The header is re-made with a valid checksum: only the digest check can catch it.
         assert header["media"], "the first shipment carries media"
         body = body[:-1] + bytes([body[-1] ^ 0xFF])
+    elif how in ("forged-record", "forged-tail"):
+        # A valid shipment (trailer, checksum, media) around a segment altered in a record (its
+        # frame or its body, wherever the middle falls) or in its last byte (its sync mark).
+        at = header["segment"] // 2 if how == "forged-record" else header["segment"] - 1
+        body = body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1 :]
     elif how == "sizes":
         header["segment"] += 7
     elif how == "name":
@@ -216,6 +221,8 @@ def _forge(data: bytes, how: str) -> bytes:
         ("header-checksum", "shipment header checksum mismatch"),
         ("forged-media", "media [0-9a-f]{64}.png: expected content of digest .* nothing is placed"),
         ("sizes", "the header lists .* segment bytes"),
+        ("forged-record", r"(record at byte [0-9]+ .*is damaged|body checksum mismatch at byte [0-9]+)"),
+        ("forged-tail", r"the segment is damaged from record [0-9]+ on .* a shipment's segment ends whole"),
         ("name", r"shipment header: media\[0\]: expected \[<64 hex><suffix>, size\]"),
     ],
 )
@@ -273,3 +280,67 @@ def test_inspect_shows_the_journal_on_the_store(moto: Any, tmp_path: Path) -> No
     assert lineage["synced_seq"] == lineage["last_seq"], "on a store every record read back was shipped"
     # One screenshot a graded sample, each journaled as a sample record (groups carry none).
     assert state["media_files"] == lineage["records_by_kind"]["sample"] >= 2 * 2 * SIZE
+
+
+_PEAK = """
+import runpy, sys
+def kib(field):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
+import trainer_hooks.cli
+before = kib("VmRSS")
+sys.argv = ["rollout-bundle", "inspect", sys.argv[1]]
+try:
+    runpy.run_module("trainer_hooks.cli", run_name="__main__")
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+print(f"peak {kib('VmHWM') - before} KiB over {before} KiB", file=sys.stderr)
+sys.exit(code)
+"""
+
+
+@pytest.mark.slow
+def test_a_large_shipment_is_recovered_without_holding_it_in_memory(
+    seaweed_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shipment of 192 MiB (a real segment and three 64 MiB media files) read back by
+    ``rollout-bundle inspect``, as a resume reads it (downloaded, checked, unpacked), in a process
+    of its own on SeaweedFS: its peak RSS grows by well under half the shipment (it grew by all of
+    it when the download held every range at once and the media were checked in memory)."""
+    import hashlib
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from trainer_hooks.checkpoints.journal._format import shipment_trailer
+
+    bucket = _env(monkeypatch, seaweed_s3)
+    client = _client(seaweed_s3, bucket)
+    dead, _ = _crashed_run(tmp_path, f"s3://{bucket}/src", steps=1)
+    dead.ledger.journal.close()
+    name, data = _shipment(_journal_objects(client, "src"))
+    hlen = struct.unpack_from("<I", data, len(data) - 9 - 8)[0]
+    segment = data[: msgpack.unpackb(data[len(data) - 17 - hlen : len(data) - 17])["segment"]]
+    blobs = [bytes([i]) * 64 * 2**20 for i in range(3)]
+    media = [(hashlib.sha256(b).hexdigest() + ".png", len(b)) for b in blobs]
+    size = len(segment) + sum(n for _, n in media)
+    obstore.put(
+        client,
+        f"big/rollout/journal/{name}",
+        b"".join([segment, *blobs, shipment_trailer(len(segment), media)]),
+    )
+    del blobs
+    env = {**os.environ, **seaweed_s3.env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK, f"s3://{bucket}/big"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "media         3 file(s), 192.0 MiB" in proc.stdout, proc.stdout
+    grown = int(re.search(r"peak (\d+) KiB over", proc.stderr).group(1)) * 1024  # type: ignore[union-attr]
+    assert grown < size / 2, f"recovering a {size}-byte shipment grew the peak RSS by {grown} bytes"

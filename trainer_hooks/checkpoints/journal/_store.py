@@ -16,9 +16,11 @@ file its records were the first to reference::
 
 ``header`` is msgpack ``{"segment": <segment bytes>, "media": [[name, size], ...]}``; the segment
 is a version 2 segment, byte for byte what a local journal writes, and comes first, so that
-recovery downloads each shipment into a file (ranges in parallel, never held in memory), checks
-the trailer and the media, places the media and cuts the file down to its segment: the local
-scan then reads the staging directory unchanged. The put is create-only
+recovery downloads each shipment into a file (8 MiB ranges, four at a time, each written before
+the next are asked for), checks the trailer, the media (read and hashed 1 MiB at a time) and the
+segment, places the media and cuts the file down to its segment: the local scan then reads the
+staging directory unchanged. A download holds at most 32 MiB of its shipment in memory, whatever
+its size (recovering one of 512 MiB: a peak 68 MiB over the process's own, was 514 MiB). The put is create-only
 (``If-None-Match: *``): an object is whole or absent, never torn, and a second writer of the same
 lineage (a zombie of the crashed trainer) is refused, not merged. Shipments are put one after
 the other, so what is on the store is always a prefix of the records, as on a disk; a crash
@@ -35,7 +37,9 @@ long as a later record still needs a screenshot it brought. Recovery reads every
 the lineage and checks each before anything is placed: the magic, the header's checksum and
 shape, the sizes against the object's length, each media name (``<64 hex><suffix>``) and its
 content against the digest its name is (a media file whose bytes do not hash to their name is
-refused, never placed), then the segment with the scan's own checks.
+refused, never placed), then the segment with the scan's own checks and every record body's
+checksum (a segment that does not end whole, with its sync mark, is refused too): a failure is a
+:class:`JournalCorruptError` naming the object, never the staging file.
 
 The store must honour preconditions (checked by :meth:`Shipments.check` when the journal is
 opened, before the first put; ``ROLLOUT_BUNDLE_SINGLE_WRITER=1`` is the opt-in for one that does
@@ -329,35 +333,94 @@ def unpack_shipment(part: Path, name: str, into: Path, *, where: str) -> Shipmen
                 f"{where}: the header lists {seg_len} segment bytes and {carried} media bytes, "
                 f"the object holds {size - hlen - tail} before its header"
             )
-        # Every media file is checked against its name before any is placed.
-        blobs = []
-        f.seek(seg_len)
-        for media_name, n in media:
-            blob = f.read(n)
-            digest = hashlib.sha256(blob).hexdigest()
-            if digest != media_name.split(".", 1)[0]:
-                raise JournalCorruptError(
-                    f"{where}: media {media_name}: expected content of digest {media_name.split('.', 1)[0]}, "
-                    f"found {digest}: the object was damaged or forged; nothing is placed"
-                )
-            blobs.append((media_name, blob))
+        # Every media file is checked against its name, and the segment by the scan's own
+        # checks, before any is placed. Each media file is copied (_CHUNK bytes at a time, hashed
+        # on the way) into a file beside its place, renamed into place once all have checked:
+        # never more than a chunk of the shipment is in memory, whatever its size.
         media_dir = into / MEDIA_DIR
         media_dir.mkdir(exist_ok=True)
-        for media_name, blob in blobs:
-            target = media_dir / media_name
-            if os.path.lexists(target):
-                continue  # shipped twice (again after a resume): the same bytes, checked above
-            # Unpacked beside its name, then renamed: two shipments carrying one screenshot may
-            # be unpacked at once, and both hold the same (checked) bytes.
-            tmp = media_dir / f".{media_name}.{os.getpid()}.{threading.get_ident()}"
-            _write_new(tmp, blob, where)
-            os.replace(tmp, target)
-        f.truncate(seg_len)  # what is left is the segment, byte for byte
-    segment = into / (name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
-    if os.path.lexists(segment):
-        raise JournalCorruptError(f"{where}: {segment.name} is carried twice")
-    os.rename(part, segment)
+        staged: list[tuple[Path, Path]] = []
+        try:
+            f.seek(seg_len)
+            for media_name, n in media:
+                target = media_dir / media_name
+                # Shipped twice (again after a resume): the same bytes, checked, not written again.
+                tmp = None if os.path.lexists(target) else media_dir / f".{media_name}.{uuid.uuid4().hex}"
+                digest = _copy_hashed(f, n, tmp, where)
+                if tmp is not None:
+                    staged.append((tmp, target))
+                if digest != media_name.split(".", 1)[0]:
+                    raise JournalCorruptError(
+                        f"{where}: media {media_name}: expected content of digest {media_name.split('.', 1)[0]}, "
+                        f"found {digest}: the object was damaged or forged; nothing is placed"
+                    )
+            f.truncate(seg_len)  # what is left is the segment, byte for byte
+            f.close()
+            segment = into / (name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
+            if os.path.lexists(segment):
+                raise JournalCorruptError(f"{where}: {segment.name} is carried twice")
+            os.rename(part, segment)
+            _check_segment(segment, where)
+            # Two shipments carrying one screenshot may be unpacked at once: both hold the same
+            # (checked) bytes, so either rename wins.
+            for tmp, target in staged:
+                os.replace(tmp, target)
+            staged.clear()
+        finally:
+            for tmp, _ in staged:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
     return Shipment(name, segment, [n for n, _ in media], size)
+
+
+_CHUNK = 1 << 20
+
+
+def _copy_hashed(f: Any, n: int, tmp: Path | None, where: str) -> str:
+    """Read the next ``n`` bytes of ``f`` a chunk at a time, into the new file ``tmp`` (None: only
+    hash them); the hex sha256 of what was read."""
+    h = hashlib.sha256()
+    fd = None if tmp is None else _create(tmp, where)
+    try:
+        left = n
+        while left:
+            chunk = f.read(min(_CHUNK, left))
+            if not chunk:
+                raise JournalCorruptError(f"{where}: the object ends inside a media file")
+            h.update(chunk)
+            if fd is not None:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+            left -= len(chunk)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return h.hexdigest()
+
+
+def _check_segment(segment: Path, where: str) -> None:
+    """The scan's checks of one shipment's segment (frames, seqs, record shapes) and every body's
+    checksum (which a scan defers to decoding), a failure named by the store object it came from,
+    not by the staging file. A shipment's segment ends with its sync mark, so a torn tail is
+    damage too. On a failure the segment is removed: nothing of the shipment stays placed."""
+    try:
+        scan = scan_journal(segment.parent, only=[segment])
+        if scan.torn_seq is not None or scan.torn:
+            raise JournalCorruptError(
+                f"{segment}: the segment is damaged from record {scan.torn_seq} on ({'; '.join(scan.problems)}), "
+                "but a shipment's segment ends whole, with its sync mark: the object was damaged or forged"
+            )
+        for rec in scan.records:
+            if rec.crc is not None and zlib.crc32(rec.body) != rec.crc:
+                raise JournalCorruptError(
+                    f"{segment}: body checksum mismatch at byte {rec.offset}: expected {rec.crc:#010x}, found "
+                    f"{zlib.crc32(rec.body):#010x}: the object was damaged or forged"
+                )
+        del scan
+    except JournalCorruptError as e:
+        os.unlink(segment)
+        raise JournalCorruptError(str(e).replace(str(segment), where)) from None
 
 
 def _check_header(header: Any, where: str) -> tuple[int, list[tuple[str, int]]]:
@@ -385,17 +448,11 @@ def _check_header(header: Any, where: str) -> tuple[int, list[tuple[str, int]]]:
     return seg_len, out
 
 
-def _write_new(path: Path, data: Any, where: str) -> None:
+def _create(path: Path, where: str) -> int:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except FileExistsError:
         raise JournalCorruptError(f"{where}: {path.name} is carried twice") from None
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
 
 
 def download_journal(shipper: Shipments, staging: Path) -> list[Shipment]:
