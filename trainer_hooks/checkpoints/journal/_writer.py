@@ -187,6 +187,7 @@ class RolloutJournal:
         self._barrier = 0  # a flush() asked for records up to this seq to be durable now
         self._roll_after: int | None = None  # roll(): records after this seq go to a new segment
         self._closing = False
+        self._stopped = False  # the writer thread has ended (closed, or failed)
         self._error: BaseException | None = None
         # segment bookkeeping (writer thread only, except under _cond for stats/compaction)
         self._fd: int | None = None
@@ -225,7 +226,7 @@ class RolloutJournal:
         return self._push(kind, kind_of(kind).build(*args, **kwargs))  # type: ignore[misc]
 
     def _push(self, kind: str, rec: Append) -> int:
-        if self._error is not None or not self._thread.is_alive():
+        if self._error is not None or self._stopped:  # two reads: the event loop's hot path
             self._raise_error()
             raise JournalError(f"{self.where}: the journal is closed; a {kind} record cannot be appended")
         with self._seq_lock:
@@ -458,6 +459,7 @@ class RolloutJournal:
             logger.error("%s: the rollout journal's writer failed: %s: %s", self.where, type(e).__name__, e)
             self._failed(e)
         finally:
+            self._stopped = True
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
