@@ -126,6 +126,14 @@ ROWS = [
         "sample 9 is out of range",
         needs="view",
     ),
+    Row(
+        "serve",
+        1,
+        lambda f: ["serve", str(f.tmp / "nothing"), "--port", "0"],
+        "no such directory",
+        needs="view",
+    ),
+    Row("serve", 2, lambda f: ["serve", str(f.good), "--port", "70000"], "expected a port 0..65535"),
     Row("sweep", 1, lambda f: ["sweep", str(f.tmp / "no-media-root")], "no-media-root"),
     Row("sweep", 2, lambda f: ["sweep", str(f.tmp), "--older-than", "soon"], "--older-than"),
     Row(

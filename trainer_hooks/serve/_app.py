@@ -200,16 +200,16 @@ def _cookie(header: str, name: str) -> str | None:
 class ServeApp:
     """The state behind the routes: the run, its indexer, pictures, a sample cache."""
 
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, run: Run | None = None) -> None:
         from trainer_hooks.serve._templates import environment
 
         self.config = config
         self.env = environment()
+        self.run = run if run is not None else Run(config.root, config.storage_options)
         config.cache_dir.mkdir(parents=True, exist_ok=True)
         self.indexer = Indexer(config.cache_dir, progress=config.progress)
         self.pictures = Pictures(config.cache_dir)
         self.samples = SampleCache(self.indexer)
-        self.run = Run(config.root, config.storage_options)
         self.run.listeners.append(lambda e: self.indexer.add(e, priority=10 + e.order))
         for e in self.run.ordered():
             self.indexer.add(e, priority=10 + e.order)
@@ -792,16 +792,23 @@ def create_app(
         A Starlette application; ``app.state.serve`` is the state behind it (its ``close()``
         stops the background threads; the app's shutdown calls it).
     """
+    from starlette.applications import Starlette  # noqa: F401  (the [serve] extra, checked first)
+
+    config = ServeConfig(str(os.fspath(root)), Path(cache_dir) if cache_dir is not None else default_cache_dir(),
+                         token=token, follow=follow, progress=progress, storage_options=storage_options,
+                         allowed_hosts=allowed_hosts)  # fmt: skip
+    return asgi_app(ServeApp(config))
+
+
+def asgi_app(state: ServeApp) -> Any:
+    """The Starlette application over ``state`` (what :func:`create_app` returns)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
 
-    config = ServeConfig(str(os.fspath(root)), Path(cache_dir) if cache_dir is not None else default_cache_dir(),
-                         token=token, follow=follow, progress=progress, storage_options=storage_options,
-                         allowed_hosts=allowed_hosts)  # fmt: skip
-    state = ServeApp(config)
+    config = state.config
 
     def html(text: str, status: int = 200) -> Response:
         return HTMLResponse(text, status_code=status, headers={"cache-control": "no-store"})
@@ -899,7 +906,9 @@ def create_app(
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: not_found}, lifespan=lifespan)
     app.state.serve = state
-    app.add_middleware(Guard, token=token, allowed_hosts=allowed_hosts, error_page=state.error_page)
+    app.add_middleware(
+        Guard, token=config.token, allowed_hosts=config.allowed_hosts, error_page=state.error_page
+    )
     return app
 
 

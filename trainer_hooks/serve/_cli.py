@@ -7,6 +7,7 @@ import ipaddress
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from bundles.support import CommandError, add_command, add_progress_option
@@ -54,8 +55,13 @@ def run_serve(ns: argparse.Namespace) -> int:
         import uvicorn
     except ImportError as e:
         raise CommandError(f"serve needs {e.name}: pip install 'rollout-bundles[serve]'", status=2) from None
-    from trainer_hooks.serve._app import create_app, default_cache_dir, new_token
+    from trainer_hooks.serve._app import ServeApp, ServeConfig, asgi_app, default_cache_dir, new_token
+    from trainer_hooks.serve._run import Run
 
+    # The run first: a ROOT that names nothing is refused before a socket or a cache is made.
+    run = Run(ns.root)
+    if not run.entries and not run.problems and not os.path.exists(ns.root) and not ns.follow:
+        raise CommandError(f"{ns.root}: no such directory or bundle, and no bundle under it")
     host = ns.host
     loopback = is_loopback(host)
     token = None if loopback else new_token()
@@ -76,14 +82,10 @@ def run_serve(ns: argparse.Namespace) -> int:
     allowed = None
     if loopback:
         allowed = [f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]", shown_host.lower())]
-    cache_dir = ns.cache_dir or default_cache_dir()
-    app = create_app(ns.root, cache_dir=cache_dir, token=token, follow=ns.follow_interval if ns.follow else None,
-                     progress=ns.progress, allowed_hosts=allowed)  # fmt: skip
-    run = app.state.serve.run
-    if not run.entries and not run.problems and not os.path.exists(ns.root) and not ns.follow:
-        app.state.serve.close()
-        sock.close()
-        raise CommandError(f"{ns.root}: no such directory or bundle, and no bundle under it")
+    cache_dir = Path(ns.cache_dir) if ns.cache_dir else default_cache_dir()
+    config = ServeConfig(run.root, cache_dir, token=token, follow=ns.follow_interval if ns.follow else None,
+                         progress=ns.progress, allowed_hosts=allowed)  # fmt: skip
+    app = asgi_app(ServeApp(config, run))
     url = f"http://{shown_host}:{port}/"
     print(f"rollout-bundle serve: {len(run.entries)} bundle(s) under {run.root}; indexes and thumbnails in {cache_dir}",
           file=sys.stderr)  # fmt: skip
@@ -96,9 +98,8 @@ def run_serve(ns: argparse.Namespace) -> int:
         )
     else:
         print(f"rollout-bundle serve: open {url}", flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, server_header=False, date_header=False,
-                            lifespan="on")  # fmt: skip
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, server_header=False,
+                                           date_header=False, lifespan="on"))  # fmt: skip
     try:
         server.run(sockets=[sock])
     finally:
