@@ -536,7 +536,7 @@ def test_read_only_errors_are_pages_and_the_token_is_required_when_set(run: Path
 def _serve(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "trainer_hooks.cli", "serve", *args, "--port", "0",
-                             "--cache-dir", str(tmp_path / "cache"), "--no-progress"],
+                             "--cache-dir", str(tmp_path / "cache")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -562,7 +562,7 @@ def _get(port: int, path: str, host: str | None = None, headers: dict[str, str] 
 
 
 def test_rollout_bundle_serve_on_a_free_port_answers_raw_http_safely(run: Path, tmp_path: Path) -> None:
-    proc, url = _serve([str(run)], tmp_path)
+    proc, url = _serve([str(run), "--progress"], tmp_path)
     try:
         m = re.match(r"http://127\.0\.0\.1:(\d+)/$", url)
         assert m, url  # loopback by default
@@ -585,14 +585,24 @@ def test_rollout_bundle_serve_on_a_free_port_answers_raw_http_safely(run: Path, 
             assert r.status in (400, 404), (path, r.status)
             assert b"root:" not in body and b"format_version" not in body and b"[project]" not in body, path
             assert b"Traceback" not in body and r.getheader("content-type", "").startswith("text/html"), path
+        r, body = _get(port, "/")
+        con = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        con.request("HEAD", f"/b/{bid}")
+        head = con.getresponse()
+        assert head.status == 200 and head.read() == b"" and head.getheader("content-security-policy") == CSP
+        con.close()
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     assert proc.returncode in (0, -15)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert "indexing ckpt/rollout/fully_async_1" in err and "100.0%" in err  # progress on the terminal
+    assert "Traceback" not in err
 
 
 def test_beyond_loopback_serve_prints_a_token_once_and_asks_for_it(run: Path, tmp_path: Path) -> None:
-    proc, url = _serve([str(run), "--host", "0.0.0.0"], tmp_path)
+    proc, url = _serve([str(run), "--host", "0.0.0.0", "--no-progress"], tmp_path)
     try:
         m = re.match(r"http://0\.0\.0\.0:(\d+)/\?token=([A-Za-z0-9_-]{32,})$", url)
         assert m, url
