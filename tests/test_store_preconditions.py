@@ -300,3 +300,49 @@ def test_the_probes_verdict_is_asked_again_after_its_time(
             write_bundle(f"s3://{bucket}/three", samples, media_roots=[run], storage_options=options)
     finally:
         proxy.close()
+
+
+def test_two_packers_on_a_store_that_drops_the_headers_after_the_probe_are_never_both_told_they_published(
+    seaweed_s3: Any, tmp_path: Path
+) -> None:
+    """The same attack on a packed object (one create-only put): the overtaken packer sees
+    another ETag when it reads the object back."""
+    from helpers.precondition_proxy import StripAfterProbeProxy
+
+    proxy = StripAfterProbeProxy(seaweed_s3.endpoint, held_suffix=".rbundle")
+    try:
+        bucket = seaweed_s3.bucket()
+        options = seaweed_s3.options(endpoint=proxy.endpoint)
+        samples, run = _samples(tmp_path)
+        local = {
+            t: write_bundle(tmp_path / t, [{**s, "writer": t} for s in samples], media_roots=[run])
+            for t in "ab"
+        }
+        pack_bundle(local["a"], f"s3://{bucket}/first.rbundle", storage_options=options)  # probed here
+        assert proxy.stripping
+        proxy.arm()
+        outcomes: dict[str, str] = {}
+        barrier = threading.Barrier(2)
+
+        def race(tag: str) -> None:
+            barrier.wait()
+            try:
+                pack_bundle(local[tag], f"s3://{bucket}/contested.rbundle", storage_options=options)
+                outcomes[tag] = "published"
+            except BundleError as e:
+                outcomes[tag] = str(e)
+
+        threads = [threading.Thread(target=race, args=(t,)) for t in "ab"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert proxy.pointer_puts == 2
+        winners = [t for t, o in outcomes.items() if o == "published"]
+        assert len(winners) == 1, outcomes
+        (loser,) = {"a", "b"} - set(winners)
+        assert outcomes[loser].startswith(f"s3://{bucket}/contested.rbundle: this writer lost: read back")
+        packed = open_bundle(f"s3://{bucket}/contested.rbundle", verify="full", storage_options=options)
+        assert {s["writer"] for s in packed} == {winners[0]}
+    finally:
+        proxy.close()

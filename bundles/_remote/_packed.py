@@ -14,6 +14,7 @@ from bundles._commit import scratch_dir
 from bundles._errors import (
     BundleError,
     BundleExistsError,
+    BundleIOError,
     BundleNotFoundError,
 )
 from bundles._faults import fault_point
@@ -25,7 +26,7 @@ from bundles._remote._pointer import MULTIPART_THRESHOLD, is_remote_bundle
 from bundles._remote._probe import check_preconditions
 from bundles._remote._read import StorePackedSource
 from bundles._remote._write import _rewrite_message
-from bundles._store import StoreURL, get_store, store_error
+from bundles._store import Store, StoreURL, get_store, store_error
 
 
 # -- packed files --------------------------------------------------------------------------------
@@ -60,13 +61,34 @@ def pack_to_store(
                 (store.put_large(url.key, out))  # a multipart upload appears atomically at its end
             elif overwrite:
                 store.put(url.key, out.read_bytes(), mode="overwrite")
-            elif not store.put_create(url.key, out.read_bytes()):
-                raise BundleExistsError(f"{url}: output appeared during the pack; not replaced")
+            else:
+                _put_create_confirmed(store, url, out.read_bytes())
         except BundleError:
             raise
         except Exception as e:
             raise store_error(url, "upload the packed bundle", e) from e
     return url
+
+
+def _put_create_confirmed(store: Store, url: StoreURL, data: bytes) -> None:
+    """The create-only put of a packed object, then a HEAD: the object must carry the ETag our put
+    was answered with. Where a store dropped ``If-None-Match`` since the probe, of two racing
+    writers the one overtaken learns it lost (see FORMAT.md §9 for what remains unseen)."""
+    try:
+        etag = store.put(url.key, data, mode="create")
+    except Exception as e:
+        if type(e).__name__ == "AlreadyExistsError":
+            raise BundleExistsError(f"{url}: output appeared during the pack; not replaced") from None
+        raise
+    fault_point("store.before-confirm", url)
+    meta = store.head(url.key)
+    found = (meta or {}).get("e_tag")
+    if meta is None or (etag is not None and found != etag):
+        raise BundleExistsError(
+            f"{url}: this writer lost: read back right after it was put, the object "
+            f"{'is gone' if meta is None else f'has ETag {found}, not ours ({etag})'}; another writer put "
+            "it over ours (a store that drops If-None-Match). Nothing of theirs was changed"
+        )
 
 
 def unpack_from_store(
@@ -98,8 +120,14 @@ def unpack_from_store(
     try:
         packed = scratch / url.name
         with open(packed, "xb") as f:
-            data = (source._store.get(url.key))[0]
-            f.write(data)
+            try:  # in windows of ranges: a packed bundle of any size never in memory whole
+                source._store.download_into(url.key, f.fileno(), source.size)
+            except BundleError:
+                raise
+            except Exception as e:
+                if isinstance(e, OSError) and not e.__class__.__module__.startswith("obstore"):
+                    raise BundleIOError.wrap(packed, f"download {url}", e) from e  # the local disk's
+                raise store_error(url, "download the packed bundle", e) from e
         try:
             return unpack_local(packed, dest, overwrite=overwrite, progress=progress)
         except BundleError as e:

@@ -10,7 +10,7 @@ SigV4, with the test server's key: SeaweedFS checks signatures, and the client s
 headers it sent). With ``hold_first_pointer``, the first PUT of a
 ``bundle.json`` after :meth:`arm` is held until a second one arrives; then the first is applied,
 then the second, and the first's writer hears back only after the second's did (each wait ends
-after ``hold_s`` at most): two racing publishers both put their pointer after both looked for
+after ``hold_s`` at most; ``held_suffix`` names other keys to race for, ``.rbundle`` objects): two racing publishers both put their pointer after both looked for
 one, and the earlier put is overtaken before its writer can read it back, every run.
 """
 
@@ -35,7 +35,9 @@ class StripAfterProbeProxy:
         keys: tuple[str, str] = (ACCESS_KEY, SECRET_KEY),
         hold_first_pointer: bool = True,
         hold_s: float = 30.0,
+        held_suffix: str = "/bundle.json",
     ) -> None:
+        self.held_suffix = held_suffix
         self.keys = keys
         parsed = urllib.parse.urlparse(upstream)
         self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
@@ -135,7 +137,7 @@ class StripAfterProbeProxy:
         with self._lock:
             if method == "PUT" and PROBE_PREFIX in key:
                 self.probe_puts += 1
-            elif method == "PUT" and key.endswith("/bundle.json") and self.armed:
+            elif method == "PUT" and key.endswith(self.held_suffix) and self.armed:
                 order = self.pointer_puts
                 self.pointer_puts += 1
         held = self.hold_first_pointer and order in (0, 1)
