@@ -382,3 +382,31 @@ def test_groups_are_held_for_the_last_two_steps_drained_and_a_save_says_what_it_
     assert "groups drained for step 2 were released before this save" in caplog.text
     held = open_bundle(fut.result()).meta["consumed_group_steps"]
     assert [step for _, step in held] == [3, 4]
+
+
+def test_a_group_restored_from_the_journal_and_drained_ahead_is_saved_as_restored(tmp_path):
+    """A resumed run's finished groups come back from the journal encoded; the ones drained for
+    step 1 are decoded for training, and save(0) writes them decoded anew from the journal (its
+    writer decodes on its own thread, later): what training did to the decoded samples, here
+    even before the save, never reaches the checkpoint."""
+    args = trainer_args(tmp_path, "run-a", batch_size=2)
+    fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(4)), Generator(), max_in_flight=4)
+    fn.start()
+    with fn._changed:
+        assert fn._changed.wait_for(lambda: len(fn.buffer) == 4, timeout=10)
+    fn.close()  # no checkpoint: the journal holds the four finished groups
+
+    args_b = trainer_args(tmp_path, "run-b", batch_size=2)
+    fn_b = FullyAsyncRolloutFn(args_b, ListDataSource(prompts(4)), Generator())
+    fn_b.load(-1)
+    fn_b.drain(step=0)
+    ahead = fn_b.drain(step=1)
+    for g in ahead:
+        for s in g:
+            s.tokens.append(-1)
+    fut = fn_b.save(0)
+    fn_b.close()
+    bundle = open_bundle(fut.result(), verify="full")
+    assert [step for _, step in bundle.meta["consumed_group_steps"]] == [1, 1]
+    rows = list(bundle.samples())
+    assert len(rows) == 4 and all(-1 not in r["tokens"] for r in rows)
