@@ -237,10 +237,11 @@ def _pointer_tags(store: Store, parent: str, children: list[str]) -> dict[str, s
 
 def store_now(store: Store, url: StoreURL) -> datetime.datetime | None:
     """The store's own clock now: the ``last_modified`` of a fresh reference object put beside
-    ``url`` (a probe name, which every reader and gc ignores) and deleted at once. None when the
-    store refuses the put (read-only credentials)."""
+    ``url`` (not inside it: never among the objects of a bundle under it), named as the
+    precondition probe names its key, and deleted at once. None when the store refuses the put
+    (read-only credentials)."""
     name = PROBE_PREFIX + secrets.token_hex(8)
-    key = _join(url.key, name)
+    key = _join(_parent(url.key), name)
     try:
         store.put(key, b"gc clock reference")
     except Exception as e:
