@@ -19,7 +19,9 @@ is the normative description. A bundle at URL ``U`` is:
     and nothing of the winner's is touched), or, with ``overwrite=True``, a compare-and-swap on
     the pointer's ETag (a writer that loses the swap reads the pointer again and retries: the
     last writer wins, as with directories, and no writer's update is applied over one it did not
-    see). The replaced generation is then deleted, manifest first.
+    see). The writer then reads the pointer back: one that names another generation means its
+    put was overtaken (a store that dropped the preconditions after the probe), and it is told it
+    lost. The replaced generation is then deleted, manifest first.
 
 A reader reads the pointer, then the manifest it names, and checks the manifest's digest
 against the pointer: it never sees a torn bundle, only the old one or the new one. A prefix
@@ -41,7 +43,7 @@ where the packer's deterministic layout predicts them, and checked by the same
 
 Garbage and reference accounting. Media in a shared pool belong to every bundle whose manifest
 lists them, so nothing deletes them when one bundle goes: :func:`collect_garbage` sweeps, once
-they are older than ``older_than`` (the grace period that protects a writer that has uploaded
+they are older than ``older_than`` on the store's own clock (the grace period that protects a writer that has uploaded
 media but not yet published its pointer), the generations that no pointer names and the media
 that no live manifest lists, and nothing it cannot prove a writer of ours wrote: a pool
 ``A/.media`` only against every bundle ``A/<name>`` (a prefix inside a pool or a generation is
