@@ -207,7 +207,9 @@ def test_the_bundle_page_filters_sorts_searches_and_pages_on_the_server(
         url: str | None = f"{base}?sort={sort}&order={order}&limit=5"
         while url:
             text = assert_page(client.get(url))
-            seen += [int(p) for p in re.findall(r'href="/b/[0-9a-f]+/s/(\d+)"', text)]
+            page_rows = [int(p) for p in re.findall(r'href="/b/[0-9a-f]+/s/(\d+)"', text)]
+            assert 0 < len(page_rows) <= 5  # the page size travels with the next link
+            seen += page_rows
             nxt = re.search(r'href="([^"]+)">next page', text)
             url = unescape(nxt.group(1)) if nxt else None
         assert sorted(seen) == list(range(12)), (sort, seen)
@@ -522,10 +524,10 @@ def test_read_only_errors_are_pages_and_the_token_is_required_when_set(run: Path
         r = client.get("/?token=s3cret-token", follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"] == "/"
         assert (
-            f"{TOKEN_COOKIE}=s3cret-token" in r.headers["set-cookie"]
+            f"{TOKEN_COOKIE}_80=s3cret-token" in r.headers["set-cookie"]
             and "HttpOnly" in r.headers["set-cookie"]
         )
-        client.cookies.set(TOKEN_COOKIE, "s3cret-token")
+        client.cookies.set(f"{TOKEN_COOKIE}_80", "s3cret-token")  # the TestClient's server: port 80
         assert len(ids_of(assert_page(client.get("/")))) == 3
         for method in ("POST", "PUT", "DELETE", "PATCH"):
             r = client.request(method, "/")
@@ -614,8 +616,15 @@ def test_beyond_loopback_serve_prints_a_token_once_and_asks_for_it(run: Path, tm
         cookie = r.getheader("set-cookie").split(";")[0]
         r, body = _get(port, "/", headers={"Cookie": cookie})
         assert r.status == 200 and len(ids_of(body.decode())) == 3
-        r, _ = _get(port, "/", headers={"Cookie": f"{TOKEN_COOKIE}=guess"})
+        assert cookie.startswith(f"{TOKEN_COOKIE}_{port}=")
+        r, _ = _get(port, "/", headers={"Cookie": f"{TOKEN_COOKIE}_{port}=guess"})
         assert r.status == 403
+        r, _ = _get(
+            port, f"/?token={token}", headers={"Cookie": f"{TOKEN_COOKIE}_1={token}"}
+        )  # another port's
+        assert r.status == 303
+        r, _ = _get(port, f"//evil.example/x?token={token}")
+        assert r.status == 303 and r.getheader("location") == "/evil.example/x"  # never another site
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -70,7 +70,7 @@ SECURITY_HEADERS = {
     "cross-origin-opener-policy": "same-origin",
     "cross-origin-resource-policy": "same-origin",
 }
-TOKEN_COOKIE = "rollout_bundle_serve_token"
+TOKEN_COOKIE = "rollout_bundle_serve_token"  # + "_<port>": cookies are shared by every port of a host
 PAGE = 50
 MAX_PAGE = 500
 GROUP_COLUMNS = 16
@@ -148,18 +148,19 @@ class Guard:
                     )
                     return
                 rest = {k: v for k, v in query.items() if k != "token"}
-                target = scope.get("root_path", "") + scope["path"]
+                # One leading slash: "//host/..." would be another site's address.
+                target = "/" + (scope.get("root_path", "") + scope["path"]).lstrip("/")
                 if rest:
                     target += "?" + urllib.parse.urlencode(rest, doseq=True)
                 body = b""
                 await send({"type": "http.response.start", "status": 303, "headers": [
                     (b"location", urllib.parse.quote(target, safe="/?=&%").encode()),
-                    (b"set-cookie", f"{TOKEN_COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/".encode()),
+                    (b"set-cookie", f"{cookie_name(scope)}={self.token}; HttpOnly; SameSite=Strict; Path=/".encode()),
                     (b"content-length", b"0"), (b"cache-control", b"no-store"),
                     *[(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]]})  # fmt: skip
                 await send({"type": "http.response.body", "body": body})
                 return
-            cookie = _cookie(headers.get("cookie", ""), TOKEN_COOKIE)
+            cookie = _cookie(headers.get("cookie", ""), cookie_name(scope))
             if cookie is None or not hmac.compare_digest(cookie.encode(), self.token.encode()):
                 await self._page(send, 403, "token required", "open the address with ?token=... that "
                                  "`rollout-bundle serve` printed when it started")  # fmt: skip
@@ -184,6 +185,12 @@ class Guard:
             if not started:
                 await self._page(send, 500, "internal error", "the server failed on this page; "
                                  "its terminal shows why")  # fmt: skip
+
+
+def cookie_name(scope: Mapping[str, Any]) -> str:
+    """The token cookie of the server answering ``scope``: :data:`TOKEN_COOKIE` and its port."""
+    server = scope.get("server") or ("", 0)
+    return f"{TOKEN_COOKIE}_{server[1]}"
 
 
 def _cookie(header: str, name: str) -> str | None:
@@ -392,6 +399,8 @@ class ServeApp:
             r["prompt_head"] = (r["prompt_head"] or "")[:120]
         ctx["rows"] = rows
         keep = {k: v for k, v in shown.items() if v not in ("", None)}
+        if q.limit != PAGE:
+            keep["limit"] = str(q.limit)
         if nxt is not None:
             ctx["next_href"] = (
                 base_href + "?" + urllib.parse.urlencode({**keep, "after": f"{nxt[0]!r}:{nxt[1]}"})
