@@ -710,3 +710,43 @@ def test_both_sinks_keep_one_journal_and_compaction_frees_only_what_a_checkpoint
         directory = journal_place.sink().readable(lambda: Path(staging))
         assert [r.seq for r in scan_journal(directory, lineage="L").records] == [4, 5]
         assert not (directory / "media" / image.name).exists()  # only the covered records named it
+
+
+def test_compaction_never_frees_a_media_file_the_record_being_encoded_names(journal_place, tmp_path):
+    """Compaction runs on the checkpoint writer's thread while the journal's thread encodes: a
+    record being encoded that names a screenshot only covered records named before keeps it
+    (locally its file, on a store the shipment carrying it); the record is never left naming a
+    file the journal deleted under it."""
+    import hashlib
+    import tempfile
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    png = png_bytes(4, 4, (9, 8, 7))
+    image = run_dir / (hashlib.sha256(png).hexdigest() + ".png")
+    image.write_bytes(png)
+    journal = RolloutJournal(journal_place.sink(), lineage="L", interval=0.05, media_roots=[run_dir])
+    journal.append_take(0, [{"index": 0, "image": str(image)}], {"offset": 1})
+    watermark = journal.roll()
+    journal.flush(timeout=20)
+    journal.compact(0)  # the first compaction adopts what is kept; nothing is covered yet
+    compactions: list[threading.Thread] = []
+
+    def compact_meanwhile(seq: int) -> None:
+        if seq == watermark + 1:  # the sample, encoded, not yet indexed
+            t = threading.Thread(target=journal.compact, args=(watermark,))
+            t.start()
+            t.join(1.0)  # done meanwhile, unless it waits for the record to be indexed
+            compactions.append(t)
+
+    with on_fault_point("journal.encoded", compact_meanwhile):
+        journal.append_sample(0, 0, {"index": 0, "image": str(image), "reward": 1.0})
+        journal.flush(timeout=20)
+    assert compactions
+    compactions[0].join(20)
+    journal.close()
+    with tempfile.TemporaryDirectory(dir=tmp_path) as staging:
+        directory = journal_place.sink().readable(lambda: Path(staging))
+        (sample,) = [r for r in scan_journal(directory, lineage="L").records if r.kind == "sample"]
+        assert sample.media == [image.name]
+        assert (directory / "media" / image.name).read_bytes() == png, "the sample's screenshot was deleted"

@@ -10,9 +10,10 @@ differ between a disk and an object store:
   create-only shipment (:mod:`._store`; the next record starts a new segment). A sink tells the
   writer when the records are durable by calling the ``done`` it was started with (at once, or
   from a thread of its own), and a failure by ``failed``;
-* **delete what compaction frees** (:meth:`JournalSink.free`, under the writer's lock, then
-  :meth:`JournalSink.delete`): segments and media files on a disk, shipments on a store (which
-  go only once no live record references a media file they carry, :mod:`._index`);
+* **delete what compaction frees** (:meth:`JournalSink.free`, under the writer's locks, so that
+  no record names a media file meanwhile; a store's deletes then in :meth:`JournalSink.delete`):
+  segments and media files on a disk, shipments on a store (which go only once no live record
+  references a media file they carry, :mod:`._index`);
 * **list what exists and adopt it** (:meth:`JournalSink.existing`): the segments of a resumed
   lineage, indexed at the first compaction;
 * **read it back** (:meth:`JournalSink.readable`): a local directory that
@@ -89,13 +90,12 @@ class Batch:
 
 @dataclass
 class Freed:
-    """What a compaction lets go: how many ``segments`` it covered, the segments (or shipments)
-    to delete, the media files to delete, the media names to ``forget`` (placed again if
-    referenced again), and how many media files went (set by :meth:`JournalSink.delete`)."""
+    """What a compaction lets go: how many ``segments`` it covered, the shipments left for
+    :meth:`JournalSink.delete`, the media names to ``forget`` (placed again if referenced
+    again), and how many media files went."""
 
     segments: int = 0
     files: list[Path] = field(default_factory=list)
-    media_files: list[Path] = field(default_factory=list)
     forget: list[str] = field(default_factory=list)
     media: int = 0
 
@@ -158,12 +158,12 @@ class JournalSink(abc.ABC):
 
     @abc.abstractmethod
     def free(self, index: SegmentIndex, upto: int, active: Path | None) -> Freed:
-        """Under the writer's lock: what a checkpoint covering every record up to ``upto`` lets go
-        (never the ``active`` segment)."""
+        """Under the writer's locks (no record is being encoded or indexed meanwhile): let go of
+        what a checkpoint covering every record up to ``upto`` covers (never the ``active``
+        segment), deleting now what is local; what needs the network is left to :meth:`delete`."""
 
-    @abc.abstractmethod
-    def delete(self, freed: Freed) -> None:
-        """Delete what :meth:`free` let go (on the caller's thread, outside the lock)."""
+    def delete(self, freed: Freed) -> None:  # noqa: B027 (a hook: a local sink deleted in free())
+        """Delete what :meth:`free` let go and left (on the caller's thread, outside the locks)."""
 
     @abc.abstractmethod
     def existing(self, lineage: str, known: Callable[[Path], bool]) -> Iterator[Adopted]:
@@ -226,19 +226,19 @@ class LocalFiles(JournalSink):
         self._done(batch)
 
     def free(self, index: SegmentIndex, upto: int, active: Path | None) -> Freed:
+        """The covered segments and the media only they referenced, deleted now (under the
+        writer's locks: a record encoded after this places a screenshot it names again)."""
         segments, names = index.compact_files(upto, active)
-        media = self.directory / MEDIA_DIR
-        return Freed(len(segments), segments, [media / n for n in names], list(names))
-
-    def delete(self, freed: Freed) -> None:
-        for path in freed.files:
+        freed = Freed(len(segments), forget=list(names))
+        for path in segments:
             fault_point("journal.compact", path)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        for path in freed.media_files:
+        for name in names:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+                os.unlink(self.directory / MEDIA_DIR / name)
                 freed.media += 1
+        return freed
 
     def existing(self, lineage: str, known: Callable[[Path], bool]) -> Iterator[Adopted]:
         for path in sorted(self.directory.glob(f"{SEGMENT_PREFIX}*-{lineage}-*{SEGMENT_SUFFIX}")):

@@ -177,6 +177,7 @@ class RolloutJournal:
         self._index = SegmentIndex()  # under _cond: what each segment holds, what compaction frees
         self._next_seq = first_seq
         self._seq_lock = threading.Lock()
+        self._media_lock = threading.Lock()  # encoding a record, or compacting (see _drain)
         self._queue: deque[_Item] = deque()
         self._wake = threading.Event()
         self._cond = threading.Condition()
@@ -367,7 +368,7 @@ class RolloutJournal:
         thread; the active segment is never deleted."""
         if not self._adopted:
             self._adopt_existing()  # here, off the rollout's path: a resumed journal can be large
-        with self._cond:
+        with self._media_lock, self._cond:  # no record is being encoded meanwhile
             freed = self._sink.free(self._index, upto_seq, self._segment)
             self._media.forget(freed.forget)  # referenced again: placed (or shipped) again
         self._sink.delete(freed)
@@ -485,14 +486,18 @@ class RolloutJournal:
             if self._fd is None or roll or self._segment_size >= self.segment_bytes:
                 self._start_segment(item.seq)
             fault_point("journal.append", item.seq)
-            frame, media = self._frame(item)
+            # A compaction waits while a record is encoded and indexed: it never frees a media
+            # file that the record names (placed before, now referenced only by it).
+            with self._media_lock:
+                frame, media = self._frame(item)
+                fault_point("journal.encoded", item.seq)
+                self._note_segment_record(item.seq, media)
             self._encoded_seq = item.seq
             if self._encode_barrier and item.seq >= self._encode_barrier:
                 with self._cond:
                     if self._encode_barrier and item.seq >= self._encode_barrier:
                         self._encode_barrier = 0  # the waiters not done yet set it again
                         self._cond.notify_all()
-            self._note_segment_record(item.seq, media)
             self._write(frame, item.seq)
 
     def _write(self, parts: tuple[bytes, bytes], seq: int) -> None:
