@@ -58,6 +58,9 @@ DEFAULT_RETRY_TIMEOUT_S = 120.0
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 # How many requests one operation keeps in flight (uploads, downloads, deletes).
 CONCURRENCY = 32
+# A download into a file (Store.download_into) reads ranges of RANGE_BYTES, WINDOW_RANGES at once.
+RANGE_BYTES = 8 << 20
+WINDOW_RANGES = 4
 
 _CLIENT_KEYS = frozenset(
     {
@@ -342,6 +345,27 @@ class Store:
                 f"{self.url_of(key)}: {len(data)} bytes exceeds the {cap} of {max_bytes} bytes"
             )
         return data, meta
+
+    def download_into(self, key: str, fd: int, size: int) -> None:
+        """Write the object's ``size`` bytes at their offsets in file ``fd``, read in
+        :data:`RANGE_BYTES` ranges, :data:`WINDOW_RANGES` at once (obstore parallelises the ranges
+        of one call), each window written before the next is asked for: at most
+        ``RANGE_BYTES * WINDOW_RANGES`` (32 MiB) of the object is in memory, whatever its size.
+        A range shorter than asked (the object replaced meanwhile) is an :class:`UnsafeBundleError`."""
+        window = RANGE_BYTES * WINDOW_RANGES
+        for first in range(0, size, window):
+            starts = list(range(first, min(first + window, size), RANGE_BYTES))
+            ends = [min(start + RANGE_BYTES, size) for start in starts]
+            chunks = self.get_ranges_buffers(key, starts, ends)
+            for start, end, chunk in zip(starts, ends, chunks, strict=True):
+                view = memoryview(chunk)
+                if view.nbytes != end - start:
+                    raise UnsafeBundleError(f"{self.url_of(key)}: the object changed while it was read")
+                at = start
+                while view:
+                    n = os.pwrite(fd, view, at)
+                    view, at = view[n:], at + n
+            del chunks, chunk, view
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return bytes(self.obs.get_range(self.store, key, start=start, end=end))

@@ -166,3 +166,55 @@ def test_the_relay_counts_what_a_whole_read_receives(store: Any, relay: Counting
     relay.reset()
     assert len(bytes(obstore.get(via, "blob").bytes())) == 3 * MiB
     assert relay.received >= 3 * MiB
+
+
+_UNPACK_PEAK = """
+import json, sys
+def kib(field):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field))
+from bundles import open_bundle, unpack_bundle
+before = kib("VmRSS")
+b = unpack_bundle(sys.argv[1], sys.argv[2], storage_options=json.loads(sys.argv[3]))
+print(len(b), kib("VmHWM") - before)
+"""
+
+
+@pytest.mark.slow
+def test_unpacking_a_large_packed_object_never_holds_it_whole(
+    seaweed_s3: Any, store: Any, tmp_path: Any
+) -> None:
+    """``unpack_bundle(s3://…/x.rbundle, dir)`` downloads the object in windows of ranges into a
+    file (a process of its own, its peak RSS measured): it used to read the whole object into
+    memory first."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import put_media
+
+    from bundles import pack_bundle, write_bundle
+
+    bucket, _, _ = store
+    options = seaweed_s3.options()
+    run = tmp_path / "media"
+    shots = [put_media(run, bytes([i]) * 48 * MiB) for i in range(3)]
+    local = write_bundle(
+        tmp_path / "b", [{"i": i, "image": p} for i, p in enumerate(shots)], media_roots=[run]
+    )
+    url = f"s3://{bucket}/big.rbundle"
+    pack_bundle(local, url, storage_options=options)
+    size = sum(p.stat().st_size for p in Path(local).rglob("*") if p.is_file())
+    proc = subprocess.run(
+        [sys.executable, "-c", _UNPACK_PEAK, url, str(tmp_path / "out"), json.dumps(options)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    samples, grown_kib = map(int, proc.stdout.split())
+    assert samples == 3
+    assert grown_kib * 1024 < size / 2, (
+        f"unpacking a {size}-byte packed object grew the peak RSS by {grown_kib} KiB"
+    )

@@ -29,11 +29,6 @@ from bundles._store import ObjectTooLargeError, Store, StoreURL, get_store, stor
 __all__ = ["StorePrefix"]
 
 _NAME_RE = re.compile(r"[^/\x00]+")
-# A download reads ranges of this size, WINDOW_RANGES of them at once (obstore parallelises the
-# ranges of one call), and writes each before the next window is asked for: a download holds at
-# most WINDOW_RANGES * RANGE_BYTES (32 MiB) of the object in memory, whatever its size.
-RANGE_BYTES = 8 << 20
-WINDOW_RANGES = 4
 
 
 class StorePrefix:
@@ -131,29 +126,15 @@ class StorePrefix:
     def download(self, name: str, path: str | os.PathLike[str], *, max_bytes: int) -> int:
         """Write object ``name`` into the new file ``path`` (created exclusively, never through a
         symlink) and return its size; bounded like :meth:`get`. A large object is read in
-        :data:`RANGE_BYTES` ranges, :data:`WINDOW_RANGES` at once, each written where it belongs
-        before the next window is read: at most 32 MiB of it is held in memory."""
+        8 MiB ranges, four at once, each written where it belongs before the next are read
+        (:meth:`bundles._store.Store.download_into`): at most 32 MiB of it is held in memory."""
         key = self._key(name)
         url = self.url.child(name)
         try:
             size = self._size(key, url, max_bytes)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             try:
-                window = RANGE_BYTES * WINDOW_RANGES
-                for first in range(0, size, window):
-                    starts = list(range(first, min(first + window, size), RANGE_BYTES))
-                    ends = [min(start + RANGE_BYTES, size) for start in starts]
-                    chunks = self.store.get_ranges_buffers(key, starts, ends)
-                    for start, end, chunk in zip(starts, ends, chunks, strict=True):
-                        view = memoryview(chunk)
-                        if view.nbytes != end - start:  # replaced by another object meanwhile
-                            raise BundleError(f"{url}: the object changed while it was read")
-                        at = start
-                        while view:
-                            n = os.pwrite(fd, view, at)
-                            view, at = view[n:], at + n
-                        del view
-                    del chunks
+                self.store.download_into(key, fd, size)
             finally:
                 os.close(fd)
         except BundleError:
