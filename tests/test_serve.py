@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from helpers import noise_png, put_media, wait_until
 
-from bundles import is_bundle, pack_bundle, write_bundle
+from bundles import is_bundle, pack_bundle, remove_bundle, write_bundle
 from trainer_hooks.view import OVERLAY_COLOR, advantages
 
 pytest.importorskip("starlette", reason="serve needs the [serve] extra (starlette)")
@@ -172,6 +172,24 @@ def test_follow_picks_up_bundles_committed_while_serving_and_never_a_half_writte
                      meta={"rollout_id": 4})  # fmt: skip
         wait_until(lambda: len(ids_of(client.get("/").text)) == 4, "the new bundle on the run page")
         assert ">4</td>" in client.get("/").text
+        # A checkpoint rewritten in place is read again; one a retention policy removed goes.
+        first = run / "ckpt" / "rollout" / "fully_async_1"
+        write_bundle(first, make_samples(_shots(media, 2, seed=41), 7, 1), media_roots=[media],
+                     meta={"rollout_id": 1}, overwrite=True)  # fmt: skip
+        remove_bundle(run / "ckpt" / "rollout" / "fully_async_2")
+
+        def shown() -> bool:
+            text = client.get("/").text
+            return (
+                len(ids_of(text)) == 3
+                and "fully_async_2" not in text
+                and bool(re.search(r'fully_async_1</a></td><td>[^<]*</td><td class="num">7</td>', text))
+            )
+
+        wait_until(shown, "the rewritten checkpoint re-read and the removed one gone")
+        e = entry_by_step(app, 1)
+        indexed(app)
+        assert "7 of 7 samples match" in client.get(f"/b/{e.id}").text
 
 
 # -- a bundle -------------------------------------------------------------------------------------------

@@ -898,6 +898,7 @@ def asgi_app(state: ServeApp) -> Any:
     routes = [
         Route("/", page(run_page)),
         Route("/static/style.css", style),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),  # no icon; no 404 in the console
         Route("/b/{bid}", page(bundle)),
         Route("/b/{bid}/groups", page(groups)),
         Route("/b/{bid}/group", page(group)),

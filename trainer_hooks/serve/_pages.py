@@ -75,7 +75,7 @@ class SampleCache:
     def __init__(self, indexer: Indexer, capacity: int = 64) -> None:
         self.indexer = indexer
         self.capacity = capacity
-        self._items: OrderedDict[tuple[str, int], SampleView] = OrderedDict()
+        self._items: OrderedDict[tuple[str, int], SampleView] = OrderedDict()  # (identity, position)
         self._lock = threading.Lock()
 
     def get(self, entry: BundleEntry, positions: Sequence[int]) -> dict[int, SampleView]:
@@ -83,11 +83,11 @@ class SampleCache:
         missing = []
         with self._lock:
             for p in positions:
-                v = self._items.get((entry.id, p))
+                v = self._items.get((entry.identity, p))
                 if v is None:
                     missing.append(p)
                 else:
-                    self._items.move_to_end((entry.id, p))
+                    self._items.move_to_end((entry.identity, p))
                     out[p] = v
         if missing:
             stored = self.indexer.views(entry, missing)
@@ -101,7 +101,7 @@ class SampleCache:
                 del s
                 out[p] = v
                 with self._lock:
-                    self._items[(entry.id, p)] = v
+                    self._items[(entry.identity, p)] = v
                     while len(self._items) > self.capacity:
                         self._items.popitem(last=False)
         return out

@@ -105,6 +105,16 @@ def _step(bundle: Bundle, name: str) -> int | None:
     return int(m.group(1)) if m and len(m.group(1)) < 19 else None
 
 
+def _stamp(location: str) -> tuple[int, int] | None:
+    """A local bundle's inode and mtime (a bundle rewritten in place is a new directory or file);
+    None for a store location, which is not re-read once opened."""
+    try:
+        st = os.stat(location)
+    except (OSError, ValueError):
+        return None
+    return (st.st_ino, st.st_mtime_ns)
+
+
 def _entry_id(location: str) -> str:
     return hashlib.sha256(location.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
@@ -192,9 +202,18 @@ class Run:
         return location
 
     def refresh(self) -> list[BundleEntry]:
-        """List ROOT again; open and add the bundles not seen before. Returns the new ones."""
+        """List ROOT again: open and add the bundles not seen before, open again a local bundle
+        replaced since (another inode or mtime: a rewrite with ``overwrite=True``), drop the ones
+        gone (a retention policy removed them). Returns the new and reopened ones."""
         new: list[BundleEntry] = []
-        todo = [loc for loc in self._locations() if _entry_id(loc) not in self.entries]
+        listed = self._locations()
+        known = {e.location: e for e in self.entries.values()}
+        todo = [loc for loc in listed if loc not in known or _stamp(loc) != known[loc].extra.get("stamp")]
+        gone = [e for loc, e in known.items() if loc not in set(listed)]
+        if gone:
+            with self._lock:
+                for e in gone:
+                    self.entries.pop(e.id, None)
 
         def open_one(location: str) -> Bundle | str:
             try:
@@ -217,6 +236,7 @@ class Run:
             rel = self._rel(location)
             entry = BundleEntry(eid, location, rel, bundle, identity_of(bundle),
                                 _step(bundle, os.path.basename(location.rstrip("/"))))  # fmt: skip
+            entry.extra["stamp"] = _stamp(location)
             new.append(entry)
         if new:
             with self._lock:
