@@ -405,6 +405,7 @@ def commit(staging: Path, dest: Path, overwrite: bool) -> None:
                 raise BundleExistsError(
                     f"{dest}: destination exists and is not a bundle; refusing to replace it"
                 )
+            _refuse_foreign(dest)
             if _overwrite(staging, dest):
                 return
             continue  # the destination vanished or reappeared under us: look again
@@ -425,6 +426,21 @@ def commit(staging: Path, dest: Path, overwrite: bool) -> None:
     raise BundleError(
         f"{dest}: other writers kept replacing the destination; gave up after {_COMMIT_ATTEMPTS} tries"
     )
+
+
+def _refuse_foreign(dest: Path) -> None:
+    """Replacing a bundle swaps whole directories: refuse one that holds anything that is not the
+    bundle's (a user's ``README.txt``, a nested bundle), which the swap would delete with it."""
+    if not (dest / MANIFEST_NAME).is_file():
+        return  # an empty directory
+    foreign = _own_files(dest)[1]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f", +{len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise BundleExistsError(
+            f"{dest}: holds {shown} beside the bundle, which are not the bundle's: refusing to replace "
+            "it (replacing swaps the whole directory); move them, or remove the bundle first "
+            "(remove_bundle keeps them)"
+        )
 
 
 def _overwrite(staging: Path, dest: Path) -> bool:

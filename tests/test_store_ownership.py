@@ -19,7 +19,14 @@ pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not inst
 import obstore
 from obstore.store import S3Store
 
-from bundles import BundleNotFoundError, is_bundle, open_bundle, remove_bundle, write_bundle
+from bundles import (
+    BundleExistsError,
+    BundleNotFoundError,
+    is_bundle,
+    open_bundle,
+    remove_bundle,
+    write_bundle,
+)
 
 USER_OBJECTS = {
     "README.txt": b"what these results are\n",
@@ -176,3 +183,35 @@ def test_a_local_bundle_with_an_unreadable_manifest_loses_only_its_layout_names(
     remove_bundle(dest)
     assert tree_snapshot(dest) == {"samples/mine.txt": b"mine\n"}
     assert not (dest / "media").exists()
+
+
+def test_replacing_a_local_bundle_beside_the_users_files_is_refused_and_keeps_them(tmp_path: Path) -> None:
+    """Before: ``write_bundle(dest, ..., overwrite=True)`` swapped the whole directory and deleted
+    ``README.txt`` and the nested bundle with the old bundle."""
+    own, run = samples(tmp_path, "old")
+    dest = Path(write_bundle(tmp_path / "b1", own, media_roots=[run]))
+    nested, run2 = samples(tmp_path, "nested", 1)
+    write_bundle(dest / "nested", nested, media_roots=[run2])
+    (dest / "README.txt").write_text("mine\n")
+    before = tree_snapshot(dest)
+    new, run3 = samples(tmp_path, "new")
+    with pytest.raises(BundleExistsError, match=r"holds README.txt, nested beside the bundle"):
+        write_bundle(dest, new, media_roots=[run3], overwrite=True)
+    assert tree_snapshot(dest) == before
+    assert [s["tag"] for s in open_bundle(dest, verify="none")] == ["old"] * 3  # extra files: not "fast"
+    assert not [p for p in tmp_path.iterdir() if ".staging." in p.name or ".retired." in p.name]
+    alone = Path(write_bundle(tmp_path / "b2", own, media_roots=[run]))
+    write_bundle(alone, new, media_roots=[run3], overwrite=True)  # a bundle alone is replaced as before
+    assert [s["tag"] for s in open_bundle(alone, verify="full")] == ["new"] * 3
+
+
+def test_replacing_a_store_bundle_keeps_the_users_objects(weed: Any, tmp_path: Path) -> None:
+    url = f"s3://{weed.current}/R/b1"
+    own, run = samples(tmp_path, "old")
+    write_bundle(url, own, media_roots=[run])
+    user = put_user_objects(weed, "R/b1")
+    new, run2 = samples(tmp_path, "new")
+    write_bundle(url, new, media_roots=[run2], overwrite=True)
+    after = contents(weed)
+    assert {k: after[k] for k in user} == user
+    assert [s["tag"] for s in open_bundle(url, verify="full")] == ["new"] * 3
