@@ -273,10 +273,14 @@ def test_the_index_is_built_once_and_cached_by_the_bundles_identity(run: Path, t
     packed = run / "copy.rbundle"
     pack_bundle(entry_by_step(app, 2).location, packed)
     app = create_app(run, cache_dir=cache)
-    with TestClient(app):
+    with TestClient(app) as client:
         copy = next(x for x in app.state.serve.run.ordered() if x.location.endswith("copy.rbundle"))
         assert copy.identity == entry_by_step(app, 2).identity
         assert app.state.serve.indexer.state(copy).complete
+        # Read in place: the packed file's screenshots by member range.
+        page = assert_page(client.get(f"/b/{copy.id}/s/2"))
+        href = unescape(re.findall(r'href="(/b/[0-9a-f]+/img/[^"]+)"', page)[0])
+        assert client.get(href).content[:3] == b"\xff\xd8\xff"
 
 
 def test_an_unindexed_bundle_shows_its_first_rows_while_the_index_builds(tmp_path: Path) -> None:
@@ -651,18 +655,27 @@ def test_beyond_loopback_serve_prints_a_token_once_and_asks_for_it(run: Path, tm
 # -- on a store -----------------------------------------------------------------------------------------
 
 
-def test_a_run_on_a_store_is_served_in_place(
-    seaweed_s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for k, v in seaweed_s3.env.items():
+@pytest.fixture(params=["seaweedfs", "azurite"])
+def store_prefix(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An empty prefix on a store server on loopback: SeaweedFS (s3://) or Azurite (az://)."""
+    if request.param == "seaweedfs":
+        server: Any = request.getfixturevalue("seaweed_s3")
+        prefix = f"s3://{server.bucket()}"
+    else:
+        server = request.getfixturevalue("azurite_az")
+        prefix = f"az://{server.container()}"
+    for k, v in server.env.items():
         monkeypatch.setenv(k, v)
-    bucket = seaweed_s3.bucket()
+    return prefix
+
+
+def test_a_run_on_a_store_is_served_in_place(store_prefix: str, tmp_path: Path) -> None:
     media = tmp_path / "m"
     shots = _shots(media, 3, seed=5)
     for step in (1, 2):
-        write_bundle(f"s3://{bucket}/run/rollout/fully_async_{step}", make_samples(shots, 6, step),
+        write_bundle(f"{store_prefix}/run/rollout/fully_async_{step}", make_samples(shots, 6, step),
                      media_roots=[media], meta={"rollout_id": step}, shared_media=True)  # fmt: skip
-    app = create_app(f"s3://{bucket}/run", cache_dir=tmp_path / "cache")
+    app = create_app(f"{store_prefix}/run", cache_dir=tmp_path / "cache")
     with TestClient(app) as client:
         text = assert_page(client.get("/"))
         assert len(ids_of(text)) == 2
