@@ -48,6 +48,13 @@ def _seconds(text: str) -> float:
 
 
 def run_serve(ns: argparse.Namespace) -> int:
+    from trainer_hooks.serve._run import Run
+
+    # The run first (it needs bundles only): a ROOT that names nothing is refused before a
+    # missing extra, a socket or a cache directory.
+    run = Run(ns.root)
+    if not run.entries and not run.problems and not os.path.exists(ns.root) and not ns.follow:
+        raise CommandError(f"{ns.root}: no such directory or bundle, and no bundle under it")
     try:
         import jinja2  # noqa: F401
         import PIL  # noqa: F401
@@ -56,12 +63,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     except ImportError as e:
         raise CommandError(f"serve needs {e.name}: pip install 'rollout-bundles[serve]'", status=2) from None
     from trainer_hooks.serve._app import ServeApp, ServeConfig, asgi_app, default_cache_dir, new_token
-    from trainer_hooks.serve._run import Run
 
-    # The run first: a ROOT that names nothing is refused before a socket or a cache is made.
-    run = Run(ns.root)
-    if not run.entries and not run.problems and not os.path.exists(ns.root) and not ns.follow:
-        raise CommandError(f"{ns.root}: no such directory or bundle, and no bundle under it")
     host = ns.host
     loopback = is_loopback(host)
     token = None if loopback else new_token()
