@@ -435,6 +435,24 @@ def test_replay_verdicts_beside_a_bundle_are_shown_on_its_pages(run: Path, tmp_p
 # -- safety ---------------------------------------------------------------------------------------------
 
 
+def test_every_template_escapes_and_none_is_marked_safe() -> None:
+    from trainer_hooks.serve._templates import environment
+
+    env = environment()
+    assert env.autoescape is True
+    folder = ROOT / "trainer_hooks" / "serve" / "templates"
+    for path in folder.glob("*.j2"):
+        text = path.read_text()
+        assert "|safe" not in text.replace(" ", "") and "autoescape false" not in text, path.name
+        assert "<script" not in text.lower(), path.name
+    hostile = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+    page = env.get_template("error.html.j2").render(
+        base="", crumbs=[(None, hostile)], refresh=None, version="x", title=hostile, status=400,
+        heading=hostile, message=hostile,
+    )  # fmt: skip
+    assert "<script>" not in page and "<img src=x" not in page and "&lt;script&gt;" in page
+
+
 def _copy_vectors(dest: Path) -> list[str]:
     """The hostile bundles (directories and packed files; not the runtime-made ones) under ``dest``."""
     table = json.loads((HOSTILE / "expected.json").read_text())
