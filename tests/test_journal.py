@@ -660,6 +660,18 @@ def test_a_dead_journal_writer_stops_training_at_the_next_step_naming_the_cause(
         fn.close()
 
 
+def _screenshot(tmp_path: Path, color: tuple[int, int, int]) -> tuple[Path, Path, bytes]:
+    """A run media directory holding one screenshot named by its digest: (directory, file, bytes)."""
+    import hashlib
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    png = png_bytes(4, 4, color)
+    image = run_dir / (hashlib.sha256(png).hexdigest() + ".png")
+    image.write_bytes(png)
+    return run_dir, image, png
+
+
 def test_both_sinks_keep_one_journal_and_compaction_frees_only_what_a_checkpoint_covers(
     journal_place, tmp_path
 ):
@@ -667,14 +679,9 @@ def test_both_sinks_keep_one_journal_and_compaction_frees_only_what_a_checkpoint
     is read back after a flush, records and media; a resumed journal of the lineage adopts what
     the first left, and compaction frees the segments (shipments) a watermark covers with the
     media only they referenced, and nothing after it."""
-    import hashlib
     import tempfile
 
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    png = png_bytes(4, 4, (1, 2, 3))
-    image = run_dir / (hashlib.sha256(png).hexdigest() + ".png")
-    image.write_bytes(png)
+    run_dir, image, png = _screenshot(tmp_path, (1, 2, 3))
     first = RolloutJournal(journal_place.sink(), lineage="L", interval=0.05, media_roots=[run_dir])
     first.append_take(0, [{"index": 0, "image": str(image)}], {"offset": 1})
     first.append_sample(0, 0, {"index": 0, "image": str(image), "reward": 1.0})
@@ -717,14 +724,9 @@ def test_compaction_never_frees_a_media_file_the_record_being_encoded_names(jour
     record being encoded that names a screenshot only covered records named before keeps it
     (locally its file, on a store the shipment carrying it); the record is never left naming a
     file the journal deleted under it."""
-    import hashlib
     import tempfile
 
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    png = png_bytes(4, 4, (9, 8, 7))
-    image = run_dir / (hashlib.sha256(png).hexdigest() + ".png")
-    image.write_bytes(png)
+    run_dir, image, png = _screenshot(tmp_path, (9, 8, 7))
     journal = RolloutJournal(journal_place.sink(), lineage="L", interval=0.05, media_roots=[run_dir])
     journal.append_take(0, [{"index": 0, "image": str(image)}], {"offset": 1})
     watermark = journal.roll()
