@@ -283,20 +283,33 @@ def test_the_index_is_built_once_and_cached_by_the_bundles_identity(run: Path, t
         assert client.get(href).content[:3] == b"\xff\xd8\xff"
 
 
-def test_an_unindexed_bundle_shows_its_first_rows_while_the_index_builds(tmp_path: Path) -> None:
-    root = tmp_path / "big"
+def test_an_unindexed_bundle_shows_its_first_rows_and_a_wanted_one_is_not_queued_behind(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "run"
     media = tmp_path / "m"
-    write_bundle(root, make_samples(_shots(media, 2), 3000, 1), media_roots=[media])
+    shots = _shots(media, 2)
+    write_bundle(root / "rollout" / "fully_async_1", make_samples(shots, 6000, 1), media_roots=[media],
+                 meta={"rollout_id": 1})  # fmt: skip
+    write_bundle(root / "rollout" / "fully_async_2", make_samples(shots, 12, 2), media_roots=[media],
+                 meta={"rollout_id": 2})  # fmt: skip
     app = create_app(root, cache_dir=tmp_path / "cache")
     with TestClient(app) as client:
-        (e,) = app.state.serve.run.ordered()
+        big, small = entry_by_step(app, 1), entry_by_step(app, 2)
+        # The big one is first in the run's queue and being built; the one a page asks for is
+        # built beside it, not after it.
+        wait_until(lambda: app.state.serve.indexer.state(big).rows > 0, "the first bundle's build under way")
+        page = assert_page(client.get(f"/b/{small.id}"))
+        wait_until(lambda: "12 of 12 samples match" in client.get(f"/b/{small.id}").text, "the wanted bundle")
+        assert not app.state.serve.indexer.state(big).complete
         t = time.perf_counter()
-        page = assert_page(client.get(f"/b/{e.id}"))
+        page = assert_page(client.get(f"/b/{big.id}"))
         assert time.perf_counter() - t < 10
-        assert re.search(r"of 3000 samples match", page)
-        assert 'href="/b/' + e.id + '/s/0"' in page
+        assert re.search(r"of 6000 samples match \(of \d+ indexed so far\)", page)
+        assert 'href="/b/' + big.id + '/s/0"' in page and "indexing:" in page
+        assert '<meta http-equiv="refresh" content="3">' in page
         indexed(app)
-        assert "3000 of 3000 samples match" in client.get(f"/b/{e.id}").text
+        assert "6000 of 6000 samples match" in client.get(f"/b/{big.id}").text
 
 
 def test_grpo_groups_side_by_side_with_their_advantages(served: tuple[TestClient, Any]) -> None:

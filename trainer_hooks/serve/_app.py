@@ -217,9 +217,9 @@ class ServeApp:
         self.indexer = Indexer(config.cache_dir, progress=config.progress)
         self.pictures = Pictures(config.cache_dir)
         self.samples = SampleCache(self.indexer)
-        self.run.listeners.append(lambda e: self.indexer.add(e, priority=10 + e.order))
+        self.run.listeners.append(lambda e: self.indexer.add(e, priority=ix.WANTED + e.order))
         for e in self.run.ordered():
-            self.indexer.add(e, priority=10 + e.order)
+            self.indexer.add(e, priority=ix.WANTED + e.order)
         self._diffs: dict[tuple[str, str], dict[str, Any] | str] = {}
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None

@@ -64,6 +64,7 @@ __all__ = [
     "statuses",
 ]
 
+WANTED = 10  # priorities below this are a page's, built by the second thread at once
 BATCH = 500  # rows per commit while building
 FIRST_BATCH = 50  # the first commit comes sooner: the first page of an unindexed bundle waits for it
 MAX_VIEW_BYTES = 256 * 1024  # a sample's stored view, compressed; a larger one is read from its shard
@@ -375,11 +376,14 @@ def _build(entry: BundleEntry, path: Path, progress: bool | None, finishing: thr
 
 
 class Indexer:
-    """Builds the indexes of a run's bundles, one at a time, in one background thread.
+    """Builds the indexes of a run's bundles in two background threads.
 
-    A page asks :meth:`want` for its bundle (moved to the front of the queue); the run page's
-    bundles are queued in the run's order when they are found. :meth:`state` says how far a
-    bundle's index is; :meth:`connect` gives a read-only connection to what is readable now.
+    The run's bundles are queued in the run's order when they are found, and one thread builds
+    them one at a time. A page asks :meth:`want` for its bundle: it goes to the front, and a
+    second thread, which takes only such wanted bundles, starts on it at once rather than after
+    the bundle being built (a person waiting for one page does not wait for a 50,000-sample
+    bundle they did not open). :meth:`state` says how far a bundle's index is; :meth:`connect`
+    gives a read-only connection to what is readable now.
     """
 
     def __init__(self, cache_dir: str | os.PathLike[str], *, progress: bool | None = None) -> None:
@@ -393,9 +397,15 @@ class Indexer:
         self._done: set[str] = set()
         self._seq = itertools.count()
         self._finishing = threading.RLock()  # held while reading a building file, and to complete one
+        self._queued: dict[str, int] = {}  # identity -> best priority queued
+        self._active: set[str] = set()  # being built now
         self._stop = False
-        self._thread = threading.Thread(target=self._work, name="serve-indexer", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._work, args=(False,), name="serve-indexer", daemon=True),
+            threading.Thread(target=self._work, args=(True,), name="serve-indexer-wanted", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
 
     def path(self, identity: str) -> Path:
         return self.dir / f"{identity}.sqlite"
@@ -409,6 +419,9 @@ class Indexer:
             if entry.identity in self._done or self.path(entry.identity).exists():
                 self._done.add(entry.identity)
                 return
+            if self._queued.get(entry.identity, WANTED + 2**40) <= priority:
+                return  # queued already, as early
+            self._queued[entry.identity] = priority
             heapq.heappush(self._queue, (priority, next(self._seq), entry.identity))
             self._cv.notify_all()
 
@@ -491,21 +504,26 @@ class Indexer:
             return {}
         return {int(p): view_of(d) for p, d in found}
 
-    def _work(self) -> None:
+    def _work(self, wanted_only: bool) -> None:
         while True:
             with self._cv:
-                while not self._queue and not self._stop:
+                while not self._stop and (not self._queue or (wanted_only and self._queue[0][0] >= WANTED)):
                     self._cv.wait()
                 if self._stop:
                     return
                 _, _, identity = heapq.heappop(self._queue)
-                if identity in self._done:
-                    continue
+                if identity in self._done or identity in self._active:
+                    continue  # built, or being built by the other thread
+                self._queued.pop(identity, None)
+                self._active.add(identity)
                 entry = self._entries[identity]
-            self._one(entry)
-            with self._cv:
-                self._done.add(identity)
-                self._cv.notify_all()
+            try:
+                self._one(entry)
+            finally:
+                with self._cv:
+                    self._active.discard(identity)
+                    self._done.add(identity)
+                    self._cv.notify_all()
 
     def _one(self, entry: BundleEntry) -> None:
         final = self.path(entry.identity)
