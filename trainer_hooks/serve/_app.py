@@ -232,7 +232,7 @@ class ServeApp:
         while not self._stop.wait(self.config.follow):
             try:
                 self.run.refresh()
-            except (BundleError, OSError) as e:  # a listing that failed: tried again next time
+            except Exception as e:  # a listing that failed (a store's hiccup): tried again next time
                 print(
                     f"rollout-bundle serve: warning: listing {self.config.root} failed: {e}", file=sys.stderr
                 )
