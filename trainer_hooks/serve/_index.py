@@ -8,9 +8,9 @@ and it needs no package beyond Python. A column file (parquet) would need a quer
 has no text search; an in-memory table would cost RAM in proportion to the bundle.
 
 One file per bundle, ``<cache>/index/<identity>.sqlite``, named by the bundle's identity
-(:func:`~trainer_hooks.serve._run.identity_of`: the manifest's digest, so a bundle replaced at
-the same place is indexed again and two copies of one bundle share one file). It is built once,
-by one background thread, streaming the bundle's samples one shard at a time (memory holds one
+(:func:`~trainer_hooks.serve._run.identity_of`: kind, meta, counts and shard digests, so a
+bundle replaced at the same place is indexed again and two copies of one bundle share one file).
+It is built once, in the background (:class:`Indexer`), streaming the bundle's samples one shard at a time (memory holds one
 shard and a batch of rows, whatever the bundle's size), into ``<identity>.building.sqlite``,
 committed every :data:`BATCH` rows so that a page can show the first rows while the rest is
 read; when complete it is renamed to its final name (a reader never takes a partial index for a
@@ -18,7 +18,8 @@ whole one). Another process building the same index holds its lock file (``flock
 ``.building`` file left by a process that died is rebuilt from the start.
 
 Rows hold what the table shows (status, reward, group, lengths, turns, advantage, a prompt key),
-never a screenshot or a token list. The text search indexes at most :data:`MAX_TEXT` characters
+never a screenshot or a token list; beside them each sample's page-ready view (what
+:func:`trainer_hooks.view.sample_view` keeps, compressed), so a sample page reads no shard. The text search indexes at most :data:`MAX_TEXT` characters
 of each prompt and response (contentless FTS5: the text is not stored twice).
 """
 
