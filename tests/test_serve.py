@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import html
 import http.client
+import io
 import json
 import math
 import os
@@ -446,6 +447,33 @@ def test_replay_verdicts_beside_a_bundle_are_shown_on_its_pages(run: Path, tmp_p
 
 
 # -- safety ---------------------------------------------------------------------------------------------
+
+
+def test_a_bundle_lying_about_a_digest_plants_no_picture_for_another(run: Path, tmp_path: Path) -> None:
+    from PIL import Image, ImageStat
+
+    sound = run / "ckpt" / "rollout" / "fully_async_1"
+    liar = run / "ckpt" / "rollout" / "fully_async_9"
+    shutil.copytree(sound, liar)  # a copy, then one screenshot's bytes swapped for another picture
+    name = sorted(p.name for p in (liar / "media").iterdir())[0]
+    (liar / "media" / name).chmod(0o644)
+    red = io.BytesIO()
+    Image.new("RGB", (96, 54), (255, 0, 0)).save(red, "PNG")
+    size = (liar / "media" / name).stat().st_size
+    # The same size (a PNG decodes the same with bytes after its end): only the digest tells.
+    (liar / "media" / name).write_bytes(red.getvalue().ljust(size, b"\0"))
+    app = create_app(run, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        bad = next(e for e in app.state.serve.run.ordered() if e.rel.endswith("fully_async_9"))
+        good = entry_by_step(app, 1)
+        r = client.get(f"/b/{bad.id}/img/{name}?w=320")
+        assert r.status_code == 404
+        assert "its bytes are not the digest it is stored under" in r.text
+        assert not list((tmp_path / "cache" / "thumbs").rglob(name.partition(".")[0] + "*"))
+        r = client.get(f"/b/{good.id}/img/{name}?w=320")
+        assert r.status_code == 200
+        # The sound bundle's noise, not the liar's red: green averages about 128, never 0.
+        assert ImageStat.Stat(Image.open(io.BytesIO(r.content)).convert("RGB")).mean[1] > 60
 
 
 def test_every_template_escapes_and_none_is_marked_safe() -> None:
