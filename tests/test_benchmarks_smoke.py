@@ -1,0 +1,55 @@
+"""The benchmarks still run: each one's ``--quick`` mode, as a real subprocess (a smoke test, not a
+timed one: the figures they print are read by people, docs/PERFORMANCE.md, never asserted here)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_serve_quick_measures_every_figure(tmp_path: Path) -> None:
+    """benchmarks/bench_serve.py --quick (issue 32, item 6): a real `rollout-bundle serve` on a small
+    bundle and a small run, and `view` on the same bundle; every figure of the full run is printed."""
+    pytest.importorskip("starlette", reason="serve needs the [serve] extra (starlette)")
+    pytest.importorskip("uvicorn", reason="serve needs the [serve] extra (uvicorn)")
+    pytest.importorskip("jinja2", reason="view and serve need jinja2")
+    pytest.importorskip("PIL.Image")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"), "--quick", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    for figure in (
+        r"first page, unindexed +[\d.]+ s from start",
+        r"first page, indexed +[\d.]+ s from start",
+        r"any page p95 +[\d.]+ ms",
+        r"server RSS +\d+ MB now, +\d+ MB peak",
+        r"run page, indexed +p50 +[\d.]+ ms +p95 +[\d.]+ ms",
+        r"prompt across 5 bundles p50",
+        r"view \(same bundle, first 300\): first page [\d.]+ s",
+        r"serve vs view +first page [\d.]+x",
+        r"floor: one sample read",
+        r"floor: list_bundles",
+    ):
+        assert re.search(figure, out), (figure, out)
+    for kind in (
+        "filter",
+        "sort",
+        "search",
+        "groups",
+        "next page",
+        "sample",
+        "sample + thumbnails",
+        "prompt history",
+    ):
+        assert re.search(rf"^  {re.escape(kind)} +p50 ", out, re.M), (kind, out)
+    assert "Traceback" not in done.stderr
