@@ -313,6 +313,20 @@ def test_an_unindexed_bundle_shows_its_first_rows_and_a_wanted_one_is_not_queued
         assert "6000 of 6000 samples match" in client.get(f"/b/{big.id}").text
 
 
+def test_root_may_be_one_bundle_a_directory_or_a_packed_file(run: Path, tmp_path: Path) -> None:
+    directory = run / "ckpt" / "rollout" / "fully_async_3"
+    packed = tmp_path / "dump_3.rbundle"
+    pack_bundle(directory, packed)
+    for root in (directory, packed):
+        app = create_app(root, cache_dir=tmp_path / "cache")
+        with TestClient(app) as client:
+            (e,) = app.state.serve.run.ordered()
+            assert e.rel == root.name and e.step == 3
+            indexed(app)
+            assert "12 of 12 samples match" in assert_page(client.get(f"/b/{e.id}"))
+            assert assert_page(client.get(f"/b/{e.id}/s/11")).count('<svg class="thumb"') == 2
+
+
 def test_grpo_groups_side_by_side_with_their_advantages(served: tuple[TestClient, Any]) -> None:
     client, app = served
     e = entry_by_step(app, 1)
