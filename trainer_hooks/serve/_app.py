@@ -32,6 +32,7 @@ import math
 import os
 import posixpath
 import secrets
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -382,7 +383,10 @@ class ServeApp:
             if st.rows == 0:
                 return self.render("bundle.html.j2", **ctx)
         with self.indexer.connect(entry) as con:
-            rows, matching, nxt = q.run(con)
+            try:
+                rows, matching, nxt = q.run(con)
+            except sqlite3.OperationalError as e:  # a search SQLite refuses (its words are quoted)
+                raise PageError(400, "bad search", f"q: the search cannot be run: {e}") from None
             ctx["status_options"] = ix.statuses(con)
         ctx["matching"] = matching
         for r in rows:
