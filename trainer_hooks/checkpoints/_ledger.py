@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import reprlib
 import tempfile
 import time
@@ -229,7 +230,7 @@ class RecoveredGroup:
 class RecoveredState:
     """What :meth:`RolloutLedger.recover` restores."""
 
-    checkpoint: Path | None
+    checkpoint: os.PathLike[str] | None
     rollout_id: int | None
     pending: list[RecoveredGroup] = field(default_factory=list)
     completed: list[tuple[int, Any]] = field(default_factory=list)  # (gid, list or LazyGroup)
