@@ -204,14 +204,18 @@ def is_bundle(path: str | os.PathLike[str], storage_options: Mapping[str, Any] |
 
 
 def remove_bundle(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> None:
-    """Delete the bundle at ``path`` so that no reader ever finds half of it.
+    """Delete the bundle at ``path``, and only what it owns, so that no reader ever finds half
+    of it (docs/FORMAT.md §5 step 5 and §9).
 
-    A directory is first renamed to a retired name (atomic), then removed; a crash in between
-    leaves a retired directory that the next write into the same parent cleans up. A packed file
-    or a packed object is one unlink or one delete. On a store the pointer goes first, then the
-    generation and, unless pooled, the media. Only a bundle is removed: anything else raises. A
-    bundle removed by someone else meanwhile raises :class:`BundleNotFoundError`, as if it had
-    never been there."""
+    A directory that holds only the bundle is first renamed to a retired name (atomic), then
+    removed; a crash in between leaves a retired directory that the next write into the same
+    parent cleans up. A directory that holds anything else keeps it: its manifest goes first, then
+    the files the manifest lists. A packed file or a packed object is one unlink or one delete. On
+    a store the pointer goes first, then its generations and its own ``media/``; a user's objects
+    beside it, a nested bundle and a shared pool are left (the pool's unreferenced media go to
+    :func:`bundles.collect_garbage`). Only a bundle is removed: anything else raises. A bundle
+    removed by someone else meanwhile raises :class:`BundleNotFoundError`, as if it had never
+    been there."""
     Location.of(path, storage_options).remove_bundle()
 
 
