@@ -399,6 +399,7 @@ class Indexer:
         self._seq = itertools.count()
         self._finishing = threading.RLock()  # held while reading a building file, and to complete one
         self._queued: dict[str, int] = {}  # identity -> best priority queued
+        self._summaries: dict[str, dict[str, Any]] = {}  # identity -> summary of a complete index
         self._active: set[str] = set()  # being built now
         self._stop = False
         self._threads = [
@@ -441,14 +442,19 @@ class Indexer:
         total = len(entry.bundle)
         if entry.identity in self._errors:
             return IndexState(False, 0, total, self._errors[entry.identity])
+        summary = self._summaries.get(entry.identity)
+        if summary is not None:  # complete, read once (an index never changes once complete)
+            return IndexState(True, total, total, summary=summary)
         final = self.path(entry.identity)
         if final.exists():
             try:
                 with contextlib.closing(_connect_ro(final)) as con:
                     raw = con.execute("SELECT v FROM meta WHERE k = 'summary'").fetchone()
-                return IndexState(True, total, total, summary=json.loads(raw[0]) if raw else None)
-            except sqlite3.Error as e:
+                summary = json.loads(raw[0]) if raw else {}
+            except (sqlite3.Error, ValueError) as e:
                 return IndexState(False, 0, total, f"{final}: index unreadable: {e}")
+            self._summaries[entry.identity] = summary
+            return IndexState(True, total, total, summary=summary)
         building = self._building(entry.identity)
         with self._finishing:
             if building.exists():
