@@ -25,7 +25,7 @@ from bundles.support import run_command
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "bundles.cli",  # inspect, show, diff, verify, pack, unpack
+    "bundles.cli",  # inspect, show, diff, verify, pack, unpack, gc, ls, cp, rm
     "trainer_hooks.checkpoints.journal._cli",  # inspect also shows a rollout journal (no new command)
     "trainer_hooks.view._cli",  # view BUNDLE -o report.html [--replay REPORT.json]
     "trainer_hooks.run_media._sweep_cli",  # sweep SHARED_MEDIA_DIR [--delete]
