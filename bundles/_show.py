@@ -23,7 +23,7 @@ import base64
 import hashlib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -86,10 +86,21 @@ def summarise(v: list[Any] | tuple[Any, ...]) -> dict[str, Any]:
 
 
 class _Converter:
-    def __init__(self, media_prefix: str, full: bool, hashes: bool) -> None:
+    def __init__(
+        self, media_prefix: str, full: bool, hashes: bool, media_paths: Mapping[str, str] | None = None
+    ) -> None:
         self.media_prefix = media_prefix
+        self.media_paths = media_paths or {}
         self.full = full
         self.hashes = hashes
+
+    def stored(self, path: str) -> str | None:
+        """The stored name ``path`` refers to, or None: by the bundle's own media paths (a pooled
+        bundle's lie outside it), else by the prefix."""
+        name = self.media_paths.get(path)
+        if name is None and self.media_prefix and path.startswith(self.media_prefix):
+            name = path[len(self.media_prefix) :]
+        return name
 
     def media(self, name: str) -> str:
         return f"{MEDIA_DIR}/{name}"
@@ -97,9 +108,8 @@ class _Converter:
     def __call__(self, v: Any) -> Any:
         t = type(v)
         if v is None or t is bool or t is int or t is str:
-            if t is str and self.media_prefix and v.startswith(self.media_prefix):
-                return self.media(v[len(self.media_prefix) :])
-            return v
+            name = self.stored(v) if t is str else None
+            return v if name is None else self.media(name)
         if t is float:
             return _float(v)
         if t is dict:
@@ -145,18 +155,22 @@ class _Converter:
             filename = getattr(v, "filename", "") or ""
             image: Any = v
             out = {"type": "image", "mode": image.mode, "size": list(image.size)}
-            if filename and self.media_prefix and filename.startswith(self.media_prefix):
-                out["media"] = self.media(filename[len(self.media_prefix) :])
+            name = self.stored(filename) if filename else None
+            if name is not None:
+                out["media"] = self.media(name)
             return out
         return repr(v)  # not a type decoding produces; shown rather than refused
 
 
-def to_json(value: Any, *, media_prefix: str = "", full: bool = False) -> Any:
+def to_json(
+    value: Any, *, media_prefix: str = "", full: bool = False, media_paths: Mapping[str, str] | None = None
+) -> Any:
     """``value`` as JSON-able data (see the module docstring).
 
-    ``media_prefix`` is ``"<bundle path>/media/"``: strings starting with it are media paths.
+    ``media_paths`` maps each stored media path of the bundle (``MediaRef.path``, in a shared
+    pool too) to its stored name; ``media_prefix`` (``"<bundle path>/media/"``) catches the rest.
     """
-    return _Converter(media_prefix, full, hashes=False)(value)
+    return _Converter(media_prefix, full, hashes=False, media_paths=media_paths)(value)
 
 
 def fingerprint(value: Any, *, media_prefix: str = "") -> Any:

@@ -101,6 +101,7 @@ def _show(ns: argparse.Namespace) -> int:
             )
     positions = [i % n for i in ns.indices] if ns.indices else range(n)
     prefix = f"{bundle.path}/{MEDIA_DIR}/"
+    stored = {str(r.path): r.filename for r in bundle.media}  # pooled media lie outside the bundle
     out = sys.stdout
     # With --keys, a key path found in no shown sample is a typo, not an empty answer: output is
     # held back until every path has been found once (then streamed), so that a typo prints one
@@ -112,7 +113,12 @@ def _show(ns: argparse.Namespace) -> int:
     for k, (position, sample) in enumerate(zip(positions, bundle.samples(indices=positions), strict=True)):
         if keys:
             top_keys.update(str(key) for key in sample)
-        shown = to_json(select(sample, keys, matched) if keys else sample, media_prefix=prefix, full=ns.full)
+        shown = to_json(
+            select(sample, keys, matched) if keys else sample,
+            media_prefix=prefix,
+            full=ns.full,
+            media_paths=stored,
+        )
         item = {"position": position, "sample": shown}
         texts.append(("," if k else "") + "\n  " + dumps_pretty(item, _level=1))
         if not streaming and len(matched) == len(keys or ()):

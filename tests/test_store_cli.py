@@ -243,3 +243,21 @@ def test_ls_and_rm_of_local_directories(moto_s3: Any, tmp_path: Path) -> None:
     assert cli(moto_s3, "ls", str(root)).stdout.splitlines() == [str(root / "b")]
     assert cli(moto_s3, "rm", str(root / "b")).stdout.strip() == f"removed {root / 'b'}"
     assert not (root / "b").exists()
+
+
+def test_show_names_a_pooled_bundle_s_media_as_stored_files(
+    moto_s3: Any, tmp_path: Path, monkeypatch
+) -> None:
+    """A bundle written with ``shared_media=True`` keeps its media in the parent's pool
+    (``<parent>/.media/``), outside ``<bundle>/media/``: ``show`` still names each as the stored
+    file it is, as for any bundle (before, it printed the pool URL as a plain string)."""
+    for k, v in moto_s3.env.items():
+        monkeypatch.setenv(k, v)
+    run = tmp_path / "m"
+    paths = [put_media(run, hashlib.sha256(bytes([i])).digest() * 50) for i in range(2)]
+    url = f"s3://{moto_s3.bucket()}/run/b"
+    write_bundle(url, [{"image": p} for p in paths], media_roots=[run], shared_media=True)
+    shown = cli(moto_s3, "show", url)
+    assert shown.returncode == 0, shown.stderr
+    images = [item["sample"]["image"] for item in json.loads(shown.stdout)]
+    assert images == [f"media/{Path(p).name}" for p in paths], images
