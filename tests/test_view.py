@@ -382,3 +382,30 @@ def test_page_size_must_be_a_count(tmp_path: Path, capsys: pytest.CaptureFixture
     from trainer_hooks.view._cli import PAGE_SIZE as CLI_PAGE_SIZE
 
     assert CLI_PAGE_SIZE == PAGE_SIZE
+
+
+def test_a_page_of_a_paged_report_renders_in_headless_chromium(tmp_path: Path) -> None:
+    """Page 2 of 3 in a real Chromium: its own samples and pictures drawn, the pager's links on the
+    page at the top and the bottom, no script, no error (issue 32, item 8)."""
+    if find_chromium() is None:
+        if os.environ.get("CI"):
+            pytest.fail(INSTALL_HINT + " (.ci/run installs it)")
+        pytest.skip(INSTALL_HINT)
+    bundle = paged_dump(tmp_path)
+    assert main(["view", str(bundle), "-o", str(tmp_path / "r.html"), "--page-size", "3", "--no-search"]) == 0
+    check = """({samples: Array.from(document.querySelectorAll('section.sample')).map(s => s.id),
+        pagers: document.querySelectorAll('nav.pages').length,
+        prev: Array.from(document.querySelectorAll('nav.pages a[rel=prev]')).map(a => a.href),
+        next: Array.from(document.querySelectorAll('nav.pages a[rel=next]')).map(a => a.href),
+        current: document.querySelector('nav.pages .cur').textContent,
+        drawn: Array.from(document.querySelectorAll('.view-samples svg.thumb')).map(s => s.getBoundingClientRect().width),
+        scripts: document.scripts.length})"""
+    result = render((tmp_path / "r-2.html").as_uri(), check, tmp_path / "r-2.png", width=1280, height=900)
+    assert result.errors == []
+    v = result.value
+    assert v["samples"] == ["s3", "s4", "s5"] and v["pagers"] == 2 and v["current"] == "2"
+    assert (
+        v["prev"] == [(tmp_path / "r.html").as_uri()] * 2
+        and v["next"] == [(tmp_path / "r-3.html").as_uri()] * 2
+    )
+    assert len(v["drawn"]) == 3 and all(w > 150 for w in v["drawn"]) and v["scripts"] == 0
