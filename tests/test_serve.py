@@ -157,6 +157,21 @@ def test_the_run_page_shows_every_committed_bundle_with_its_measures_and_trends(
     assert "reward mean ± std" in text
 
 
+def test_checkpoints_and_dumps_are_two_series_of_trends(run: Path, tmp_path: Path) -> None:
+    media = tmp_path / "dm"
+    for step in (1, 2):
+        write_bundle(run / "debug" / f"rollout_{step}.bundle", make_samples(_shots(media, 2, seed=50), 4, step),
+                     media_roots=[media], kind="debug_dump", meta={"rollout_id": step})  # fmt: skip
+    app = create_app(run, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        indexed(app)
+        text = assert_page(client.get("/"))
+    assert len(ids_of(text)) == 5
+    assert text.count('<svg class="trend"') == 8
+    assert "reward mean ± std · debug_dump" in text and "reward mean ± std · rollout_checkpoint" in text
+    assert "debug/rollout_2.bundle" in text
+
+
 def test_follow_picks_up_bundles_committed_while_serving_and_never_a_half_written_one(
     run: Path, tmp_path: Path
 ) -> None:

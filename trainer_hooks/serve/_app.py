@@ -315,13 +315,9 @@ class ServeApp:
     # -- pages ----------------------------------------------------------------------------------------
     def run_page(self) -> str:
         rows: list[dict[str, Any]] = []
-        points: dict[str, list[tuple[int, float]]] = {
-            "reward": [],
-            "length": [],
-            "turns": [],
-            "truncated": [],
-        }
-        band: list[tuple[int, float, float]] = []
+        # One line per kind: a run's checkpoints and its debug dumps are two series, not one.
+        points: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        bands: dict[str, list[tuple[int, float, float]]] = {}
         pending = 0
         for e in self.run.ordered():
             st = self.indexer.state(e)
@@ -335,25 +331,29 @@ class ServeApp:
                          length=fmt(s["length_mean"], 4), turns=fmt(s["turns_mean"], 3),
                          truncated=f"{s['truncated']}", statuses=[(badge(k), n) for k, n in s["statuses"].items()])  # fmt: skip
                 if e.step is not None:
+                    measures = {"reward": s["reward_mean"], "length": s["length_mean"], "turns": s["turns_mean"],
+                                "truncated": s["truncated"] / s["samples"] if s["samples"] else None}  # fmt: skip
+                    for name, value in measures.items():
+                        if value is not None:
+                            points.setdefault((e.kind, name), []).append((e.step, value))
                     if s["reward_mean"] is not None:
-                        points["reward"].append((e.step, s["reward_mean"]))
                         sd = s["reward_std"] or 0.0
-                        band.append((e.step, s["reward_mean"] - sd, s["reward_mean"] + sd))
-                    if s["length_mean"] is not None:
-                        points["length"].append((e.step, s["length_mean"]))
-                    if s["turns_mean"] is not None:
-                        points["turns"].append((e.step, s["turns_mean"]))
-                    if s["samples"]:
-                        points["truncated"].append((e.step, s["truncated"] / s["samples"]))
+                        bands.setdefault(e.kind, []).append(
+                            (e.step, s["reward_mean"] - sd, s["reward_mean"] + sd)
+                        )
             elif not st.error:
                 pending += 1
             rows.append(r)
-        trends = [t for t in (
-            trend("reward mean ± std", _by_step(points["reward"]), _by_step(band)),
-            trend("response length (mean)", _by_step(points["length"])),
-            trend("turns (mean)", _by_step(points["turns"])),
-            trend("truncated (fraction)", _by_step(points["truncated"])),
-        ) if t]  # fmt: skip
+        kinds = sorted({kind for kind, _ in points})
+        trends = []
+        for kind in kinds:
+            suffix = f" · {kind}" if len(kinds) > 1 else ""
+            for name, title in (("reward", "reward mean ± std"), ("length", "response length (mean)"),
+                                ("turns", "turns (mean)"), ("truncated", "truncated (fraction)")):  # fmt: skip
+                band = _by_step(bands.get(kind, [])) if name == "reward" else None
+                chart = trend(title + suffix, _by_step(points.get((kind, name), [])), band)
+                if chart:
+                    trends.append(chart)
         total = sum(e.samples for e in self.run.ordered())
         stats = [{"value": str(len(rows)), "label": "bundles"}, {"value": str(total), "label": "samples"}]
         name = os.path.basename(self.run.root.rstrip("/")) or self.run.root
