@@ -368,16 +368,9 @@ SORTS = [
 ]  # fmt: skip
 
 
-def page_context(
-    bundle: Bundle,
-    views: list[SampleView],
-    shown: Mapping[str, Shown],
-    *,
-    link_base: str | None,
-    replay: Mapping[str, Any] | None,
-    replay_name: str | None,
-) -> dict[str, Any]:
-    """Everything the template shows, as plain data."""
+def _pictures(views: list[SampleView], shown: Mapping[str, Shown]) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, str]]:  # fmt: skip
+    """The hidden ``<defs>`` (each stored screenshot once, its large view after it) and the ids
+    a turn draws them by: thumbnails ``m<k>``, large views ``L<k>``."""
     names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
     defs: list[dict[str, Any]] = []
     refs: dict[str, str] = {}
@@ -390,11 +383,11 @@ def page_context(
         if big is not None and t is not None:
             large_refs[name] = f"L{len(defs)}"
             defs.append({"id": large_refs[name], "w": big.width, "h": big.height, "uri": big.uri})
-    shown_images = sum(1 for v in views for img in v.images if img.name in refs)
-    merge = merge_size(bundle, replay)
-    by_pos = {s["position"]: s for s in replay["samples"]} if replay is not None else None
+    return defs, refs, large_refs
 
-    # GRPO groups: samples sharing a group_index, in bundle order.
+
+def _grpo_groups(views: list[SampleView]) -> tuple[dict[str, list[SampleView]], dict[int, float | None]]:
+    """Samples sharing a group_index, in bundle order, and each one's GRPO advantage."""
     group_of: dict[str, list[SampleView]] = {}
     for v in views:
         if v.group_index is not None:
@@ -403,76 +396,98 @@ def page_context(
     for members in group_of.values():
         for v, a in zip(members, advantages([_reward_number(m.reward) for m in members]), strict=True):
             advantage[v.position] = a
+    return group_of, advantage
+
+
+def _sample(v: SampleView, entry: Mapping[str, Any] | None, advantage: float | None, turns: list[dict[str, Any]],
+            classes: list[str], order: list[int]) -> dict[str, Any]:  # fmt: skip
+    """One sample's section of the page (``entry``: its row of the replay report, if any)."""
+    head = [("index", dash(v.index)), ("group", dash(v.group_index))]
+    tail = [("reward", reward_text(v.reward))]
+    if advantage is not None:
+        tail.append(("advantage", f"{advantage:+.3g}"))
+    tail += [("tokens", dash(v.tokens)), ("response", dash(v.response_length))]
+    if v.loss_mask is not None:
+        tail.append(("loss mask", v.loss_mask))
+    if v.logprob_mean is not None:
+        tail.append(("mean log-prob", f"{v.logprob_mean:.4g}"))
+    diff = entry.get("logprob_diff") if entry is not None else None
+    recomputed = diff.get("recomputed") if isinstance(diff, dict) else None
+    diff_values = None
+    if isinstance(recomputed, list) and v.logprobs is not None and len(recomputed) == len(v.logprobs):
+        diff_values = [None if a is None or (fb := _reward_number(b)) is None else a - fb
+                       for a, b in zip(v.logprobs, recomputed, strict=True)]  # fmt: skip
+    return {
+        "pos": v.position, "classes": classes, "order": order, "head": head, "badge": badge(v.status), "tail": tail,
+        "index_row": [dash(v.index), dash(v.group_index), reward_text(v.reward), dash(v.tokens),
+                      dash(v.response_length), str(len(v.images))],
+        "problems": None if entry is None else len(entry.get("problems") or []),
+        "replay": None if entry is None else _replay_block(entry),
+        "prompt": prompt_messages(v.prompt),
+        "turns": turns,
+        "response": text(v.response) if v.response else None,
+        "strip": logprob_strip(v.logprobs),
+        "diff_strip": logprob_strip(diff_values, diff=True) if diff_values else None,
+        "metadata": text(pretty(v.metadata)) if v.metadata else None,
+        "other": text(pretty(v.other)) if v.other else None,
+        "other_count": len(v.other),
+    }  # fmt: skip
+
+
+def _replay_images(entry: Mapping[str, Any] | None) -> dict[int, Mapping[str, Any]]:
+    out: dict[int, Mapping[str, Any]] = {}
+    for im in (entry.get("images") or []) if entry is not None else []:
+        if isinstance(im, dict) and isinstance(im.get("image"), int):
+            out[im["image"]] = im
+    return out
+
+
+def _group_block(members: list[SampleView], by_position: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
+    """One GRPO group side by side: its samples' columns, row per turn, and its reward spread."""
+    rewards = [r for r in (_reward_number(m.reward) for m in members) if r is not None]
+    spread = None
+    if rewards:
+        mean = math.fsum(rewards) / len(rewards)
+        std = (
+            math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+            if len(rewards) > 1
+            else 0.0
+        )
+        spread = {"mean": f"{mean:.3g}", "std": f"{std:.3g}", "min": f"{min(rewards):.3g}",
+                  "max": f"{max(rewards):.3g}", "flat": len(rewards) > 1 and std == 0}  # fmt: skip
+    columns: list[dict[str, Any]] = [by_position[m.position] for m in members]
+    rows = max(len(c["turns"]) for c in columns)
+    return {"label": dash(members[0].group_index), "columns": columns, "rows": list(range(rows)),
+            "spread": spread, "n": len(members)}  # fmt: skip
+
+
+def page_context(
+    bundle: Bundle,
+    views: list[SampleView],
+    shown: Mapping[str, Shown],
+    *,
+    link_base: str | None,
+    replay: Mapping[str, Any] | None,
+    replay_name: str | None,
+) -> dict[str, Any]:
+    """Everything the template shows, as plain data."""
+    defs, refs, large_refs = _pictures(views, shown)
+    shown_images = sum(1 for v in views for img in v.images if img.name in refs)
+    merge = merge_size(bundle, replay)
+    by_pos = {s["position"]: s for s in replay["samples"]} if replay is not None else None
+    group_of, advantage = _grpo_groups(views)
     filters, charts, classes = _filters(views, by_pos)
     ranks: dict[int, list[int]] = {v.position: [] for v in views}
     for _, key in SORTS:
         for rank, v in enumerate(sorted(views, key=lambda v: key(v, advantage.get(v.position)))):
             ranks[v.position].append(rank)
-
     samples, by_position = [], {}
     for v in views:
         entry = by_pos.get(v.position) if by_pos is not None else None
-        replay_images = {}
-        if entry is not None:
-            for im in entry.get("images") or []:
-                if isinstance(im, dict) and isinstance(im.get("image"), int):
-                    replay_images[im["image"]] = im
-        head = [("index", dash(v.index)), ("group", dash(v.group_index))]
-        tail = [("reward", reward_text(v.reward))]
-        if advantage.get(v.position) is not None:
-            tail.append(("advantage", f"{advantage[v.position]:+.3g}"))
-        tail += [("tokens", dash(v.tokens)), ("response", dash(v.response_length))]
-        if v.loss_mask is not None:
-            tail.append(("loss mask", v.loss_mask))
-        if v.logprob_mean is not None:
-            tail.append(("mean log-prob", f"{v.logprob_mean:.4g}"))
-        diff = entry.get("logprob_diff") if entry is not None else None
-        recomputed = diff.get("recomputed") if isinstance(diff, dict) else None
-        diff_values = None
-        if isinstance(recomputed, list) and v.logprobs is not None and len(recomputed) == len(v.logprobs):
-            diff_values = [None if a is None or (fb := _reward_number(b)) is None else a - fb
-                           for a, b in zip(v.logprobs, recomputed, strict=True)]  # fmt: skip
-        sample = {
-            "pos": v.position,
-            "classes": classes[v.position],
-            "order": ranks[v.position],
-            "head": head,
-            "badge": badge(v.status),
-            "tail": tail,
-            "index_row": [dash(v.index), dash(v.group_index), reward_text(v.reward), dash(v.tokens),
-                          dash(v.response_length), str(len(v.images))],
-            "problems": None if entry is None else len(entry.get("problems") or []),
-            "replay": None if entry is None else _replay_block(entry),
-            "prompt": prompt_messages(v.prompt),
-            "turns": _turns(v, shown, refs, large_refs, link_base, merge, replay_images),
-            "response": text(v.response) if v.response else None,
-            "strip": logprob_strip(v.logprobs),
-            "diff_strip": logprob_strip(diff_values, diff=True) if diff_values else None,
-            "metadata": text(pretty(v.metadata)) if v.metadata else None,
-            "other": text(pretty(v.other)) if v.other else None,
-            "other_count": len(v.other),
-        }  # fmt: skip
+        turns = _turns(v, shown, refs, large_refs, link_base, merge, _replay_images(entry))
+        sample = _sample(v, entry, advantage.get(v.position), turns, classes[v.position], ranks[v.position])
         samples.append(sample)
         by_position[v.position] = sample
-
-    groups = []
-    for members in group_of.values():
-        rewards = [r for r in (_reward_number(m.reward) for m in members) if r is not None]
-        spread = None
-        if rewards:
-            mean = math.fsum(rewards) / len(rewards)
-            std = (
-                math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
-                if len(rewards) > 1
-                else 0.0
-            )
-            spread = {"mean": f"{mean:.3g}", "std": f"{std:.3g}", "min": f"{min(rewards):.3g}",
-                      "max": f"{max(rewards):.3g}", "flat": len(rewards) > 1 and std == 0}  # fmt: skip
-        columns: list[dict[str, Any]] = [by_position[m.position] for m in members]
-        rows = max(len(c["turns"]) for c in columns)
-        groups.append({"label": dash(members[0].group_index), "columns": columns, "rows": list(range(rows)),
-                       "spread": spread, "n": len(members)})  # fmt: skip
-
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return {
         "csp": CSP,
@@ -481,7 +496,7 @@ def page_context(
         "replay": None if replay is None else _replay_summary(replay, replay_name or "replay report"),
         "replay_given": replay is not None,
         "samples": samples,
-        "groups": groups,
+        "groups": [_group_block(members, by_position) for members in group_of.values()],
         "filters": filters,
         "charts": charts,
         "sorts": [label for label, _ in SORTS],
