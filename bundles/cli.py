@@ -19,6 +19,7 @@ from bundles._diff import DiffKeyError, diff_bundles
 from bundles._entry import is_bundle, list_bundles, open_bundle, pack_bundle, remove_bundle, unpack_bundle
 from bundles._layout import MEDIA_DIR, PACK_SUFFIX
 from bundles._location import check_location, is_store_url
+from bundles._locations import Location
 from bundles._progress import human_bytes
 from bundles._show import dumps_pretty, parse_key_paths, select, to_json
 
@@ -263,19 +264,16 @@ def _verify(ns: argparse.Namespace) -> int:
 
 def _where(location: str) -> str:
     """A location as messages name it: a URL as given, a local path made absolute."""
-    return location if is_store_url(location) else os.path.abspath(location)
+    return str(Location.of(location))
 
 
 def _pack(ns: argparse.Namespace) -> int:
-    if not is_store_url(ns.output) and os.path.isdir(ns.output):  # the caller's -o: exit 2
+    out_at = Location.of(ns.output)
+    if not out_at.uploads and os.path.isdir(out_at):  # the caller's -o: exit 2
         raise _cli.CommandError(f"-o {ns.output}: is a directory; name the file to write", status=2)
     out = pack_bundle(ns.bundle, ns.output, overwrite=ns.force, progress=ns.progress)
-    if is_store_url(str(out)):
-        from bundles._remote import object_size
-
-        size = object_size(str(out))
-    else:
-        size = os.path.getsize(out)
+    with open_bundle(out, verify="none") as packed:
+        size = packed.stored_bytes  # the file's (or the object's) size
     if ns.json:
         _print_json({"bundle": _where(ns.bundle), "output": str(out), "bytes": size})
     else:
@@ -305,7 +303,7 @@ def _unpack(ns: argparse.Namespace) -> int:
 
 def _ls(ns: argparse.Namespace) -> int:
     root = ns.root
-    if not is_store_url(root) and not os.path.isdir(root):
+    if not Location.of(root).uploads and not os.path.isdir(root):  # a store prefix needs no directory
         what = "does not exist" if not os.path.lexists(root) else "is not a directory"
         raise _cli.CommandError(f"{os.path.abspath(root)}: {what}; ls lists the bundles in a directory")
     found = list_bundles(root)
@@ -396,7 +394,8 @@ def _cp(ns: argparse.Namespace) -> int:
 
 def _rm(ns: argparse.Namespace) -> int:
     remove_bundle(ns.bundle)
-    kept = not is_store_url(ns.bundle) and os.path.isdir(ns.bundle)
+    at = Location.of(ns.bundle)
+    kept = not at.uploads and os.path.isdir(at)
     if ns.json:
         _print_json({"removed": _where(ns.bundle), "directory_kept": kept})
     else:
