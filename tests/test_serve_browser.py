@@ -231,6 +231,16 @@ def wait_indexed(page: Any, url: str) -> None:
 def click_through(page: Any, watch: Watch, url: str, shots: Path, tag: str) -> dict[str, Any]:
     """run -> bundle -> filter -> sample -> large view -> prompt history -> compare, by clicks."""
     seen: dict[str, Any] = {}
+    sample_url = to_the_large_view(page, url, shots, tag, seen)
+    prompt_and_compare(page, url, sample_url, shots, tag, seen)
+    assert scripts_ran(page)["scripts"] == 0
+    assert watch.dialogs == [] and watch.errors == [], (watch.dialogs, watch.errors)
+    check_headers(watch, url)
+    return seen
+
+
+def to_the_large_view(page: Any, url: str, shots: Path, tag: str, seen: dict[str, Any]) -> str:
+    """run -> bundle -> filter -> sample -> large view; the sample page's URL."""
     page.goto(url)
     rows = page.locator("a[href^='/b/']")
     names = [rows.nth(k).inner_text() for k in range(rows.count())]
@@ -284,6 +294,14 @@ def click_through(page: Any, watch: Watch, url: str, shots: Path, tag: str) -> d
     page.screenshot(path=str(shots / f"{tag}-5-large-view.png"))
     view.get_by_role("link", name=re.compile("close")).last.click()
     assert not view.is_visible()
+    seen["bundle_url"] = bundle_url
+    return sample_url
+
+
+def prompt_and_compare(
+    page: Any, url: str, sample_url: str, shots: Path, tag: str, seen: dict[str, Any]
+) -> None:
+    """From a sample page: its prompt across training, then compare it, then compare two bundles."""
 
     # The prompt across training: the same prompt at steps 1, 2 and 3.
     page.get_by_role("link", name="this prompt across training").first.click()
@@ -318,12 +336,6 @@ def click_through(page: Any, watch: Watch, url: str, shots: Path, tag: str) -> d
     page.wait_for_load_state()
     assert "/compare?" in page.url, page.url
     page.screenshot(path=str(shots / f"{tag}-8-compare-bundles.png"), full_page=True)
-
-    assert scripts_ran(page)["scripts"] == 0
-    assert watch.dialogs == [] and watch.errors == [], (watch.dialogs, watch.errors)
-    check_headers(watch, url)
-    seen["bundle_url"] = bundle_url
-    return seen
 
 
 def test_a_person_clicks_through_a_demo_like_run(

@@ -172,33 +172,10 @@ def write_html_report(
     if not out.parent.is_dir():
         raise BundleError(f"{output}: directory {out.parent} does not exist")
     b, missing = (bundle, []) if isinstance(bundle, Bundle) else _open(bundle)
-    report: dict[str, Any] | None
-    replay_name: str | None = None
-    if replay is None:
-        report = None
-    elif isinstance(replay, Mapping):
-        report = dict(replay)
-        check_replay_report(report, "replay report")
-    else:
-        report = load_replay_report(replay)
-        replay_name = str(replay)
-    if report is not None:
-        # A report of another bundle would put its verdicts on these samples (issue 16, item 7).
-        check_report_bundle(report, b, replay_name or "replay report")
-    n = len(b)
-    positions = list(range(n)) if samples is None else [int(i) for i in samples]
-    for i in positions:
-        if not 0 <= i < n:
-            raise bundles.BundleIndexError(
-                f"{b.path}: sample {i} is out of range: the bundle holds {n} (0..{n - 1})"
-            )
-    if limit is not None:
-        positions = positions[:limit]
-
+    report, replay_name = _replay_of(replay, b)
+    positions = _shown_positions(b, samples, limit)
     step = page_size or len(positions) or 1
-    chunks = [positions[k : k + step] for k in range(0, len(positions), step)] or [
-        []
-    ]  # an empty bundle: one page
+    chunks = [positions[k : k + step] for k in range(0, len(positions), step)] or [[]]  # fmt: skip
     paths = [out] + [out.with_name(f"{out.stem}-{k + 1}{out.suffix}") for k in range(1, len(chunks))]
     search_path = out.with_name(out.stem + ".search.html") if search else None
     rows: list[dict[str, str]] = []
@@ -221,6 +198,34 @@ def write_html_report(
         search_path,
         paths,
     )
+
+
+def _replay_of(
+    replay: Mapping[str, Any] | str | os.PathLike[str] | None, b: Bundle
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The replay report checked, and the name it is shown by (its path, when read from one)."""
+    if replay is None:
+        return None, None
+    if isinstance(replay, Mapping):
+        report, name = dict(replay), None
+        check_replay_report(report, "replay report")
+    else:
+        report, name = load_replay_report(replay), str(replay)
+    # A report of another bundle would put its verdicts on these samples (issue 16, item 7).
+    check_report_bundle(report, b, name or "replay report")
+    return report, name
+
+
+def _shown_positions(b: Bundle, samples: Sequence[int] | None, limit: int | None) -> list[int]:
+    """The positions shown, in order: ``samples`` (each in range) or all, then at most ``limit``."""
+    n = len(b)
+    positions = list(range(n)) if samples is None else [int(i) for i in samples]
+    for i in positions:
+        if not 0 <= i < n:
+            raise bundles.BundleIndexError(
+                f"{b.path}: sample {i} is out of range: the bundle holds {n} (0..{n - 1})"
+            )
+    return positions if limit is None else positions[:limit]
 
 
 @dataclass(frozen=True)
