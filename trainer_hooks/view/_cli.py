@@ -119,6 +119,8 @@ def register(subparsers: Any) -> None:
         "with its status, reward, lengths, log-prob strip and screenshots. A click on a screenshot opens a large "
         "view with the turn's action (click, drag, scroll, typed text) drawn over it; for a packed bundle or a "
         "small dump the large views are inlined too, otherwise they are the bundle's stored files, linked. "
+        "A bundle of more than --page-size samples (default 500) is written as pages linked to each other "
+        "(REPORT.html, REPORT-2.html, ...), each holding its own samples and thumbnails. "
         "Beside it, a second file, REPORT.search.html, searches prompts and responses (one script, allowed "
         "by its CSP hash; --no-search writes the report alone). With --replay, "
         "each sample also shows the replay's guard and token-check results and log-prob differences.",

@@ -76,7 +76,7 @@ THUMB_WIDTH = 320  # px; a 1080p screenshot becomes a ~6-12 KB JPEG
 LARGE_WIDTH = 1280  # px: the large view's inlined JPEG, wide enough for a screenshot's text
 INLINE_BUDGET = 8 * 2**20  # bytes of inlined large views per page (beyond: linked, or the thumbnail)
 SMALL_DUMP = 24  # distinct screenshots up to which a directory bundle's page inlines its large views
-PAGE_SIZE = 500  # samples per page of a report (about 2 MB and 3 s to write at 3,000 tokens a sample)
+PAGE_SIZE = 500  # samples per page of a report (about 2 MB, 1.5 s to write, 0.6 s to load in Chromium)
 
 
 @dataclass(frozen=True)
