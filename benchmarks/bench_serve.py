@@ -163,6 +163,20 @@ class Server:
             body = r.read()
         return r.status, body, time.perf_counter() - t
 
+    def fresh(self, path: str) -> float:
+        """GET ``path`` on a connection of its own (a client that does not keep connections alive)."""
+        t = time.perf_counter()
+        con = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        try:
+            con.request("GET", path)
+            r = con.getresponse()
+            r.read()
+        finally:
+            con.close()
+        if r.status != 200:
+            raise SystemExit(f"GET {path}: {r.status}")
+        return time.perf_counter() - t
+
     def page(self, path: str) -> tuple[str, float]:
         status, body, dt = self.get(path)
         if status != 200:
@@ -276,6 +290,7 @@ def every_page(s: Server, bid: str, n: int, requests: int) -> Timings:
         pos = rng.randrange(n)
         text, dt = s.page(f"/b/{bid}/s/{pos}")
         t.add("sample", dt)
+        t.add("sample, new connection", s.fresh(f"/b/{bid}/s/{rng.randrange(n)}"))
         t.add("sample + thumbnails", sample_with_images(s, bid, rng.randrange(n)))
         prompt = links(text, r"/prompt\?")
         if prompt:
@@ -380,6 +395,11 @@ def bench_bundle(a: argparse.Namespace, bundle: Path, work: Path) -> dict[str, A
     for kind, xs in t.by_kind.items():
         print(f"  {kind:24s} p50 {ms(statistics.median(xs))}  p95 {ms(p95(xs))}  ({len(xs)} requests)")
     worst = max(p95(xs) for k, xs in t.by_kind.items() if k != "sample + thumbnails")
+    keep, new = statistics.median(t.by_kind["sample"]), statistics.median(t.by_kind["sample, new connection"])
+    print(
+        f"sample page p50 on a kept-alive connection / on a new one: {keep / new:.1f}x "
+        f"({ms(keep).strip()} / {ms(new).strip()}; a browser keeps its connections alive)"
+    )
     print(f"any page p95               {ms(p95(t.all()))} (worst kind {ms(worst)})   target <= 200 ms: "
           f"{verdict(worst, 0.2)}")  # fmt: skip
     floor = floor_sample(str(bundle), a.samples, a.requests)
