@@ -667,6 +667,17 @@ def step_view(d: Demo) -> None:
         f"(a Miles checkout on PYTHONPATH, pip install 'rollout-bundles[dashboard]') with\n"
         f"    python -m trainer_hooks.miles.dashboard --dump-details {details}",
     )
+    # The run browser on the run itself: its checkpoints and dumps, with trends across steps.
+    say(
+        d,
+        "browse the whole run, its checkpoints with trends across steps (pip install 'rollout-bundles[serve]'), "
+        f"with\n    rollout-bundle serve {d.show(str(d.root / 'run1'))}",
+    )
+    if not d.keep:  # the command names a directory removed at exit (issue 30, item 21)
+        say(
+            d,
+            "  ($DEMO is removed when the demo ends; make demo DEMO_ARGS=--keep keeps it for such commands)",
+        )
 
 
 STEPS_: list[tuple[str, Callable[[Demo], None]]] = [
