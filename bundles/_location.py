@@ -19,6 +19,7 @@ import os
 import re
 
 from bundles._errors import UnsupportedLocationError
+from bundles._store import STORE_EXTRA, STORE_SCHEMES
 
 __all__ = [
     "SINGLE_WRITER_ENV",
@@ -30,14 +31,13 @@ __all__ = [
     "local_path_only",
 ]
 
-# The schemes obstore serves, and the extra that installs it (one extra for all three).
-STORE_SCHEMES = ("s3", "gs", "az")
-STORE_EXTRA = "rollout-bundles[s3]"
+# STORE_SCHEMES and STORE_EXTRA: the schemes served and the extra that installs their client,
+# read from the one table of schemes (bundles._store.SCHEMES).
 # Set to 1 where only one process ever writes a bucket whose store ignores preconditions
 # (bundles/_remote/_probe.py): the refusal to commit there becomes a warning.
 SINGLE_WRITER_ENV = "ROLLOUT_BUNDLE_SINGLE_WRITER"
 _URL_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-_COLLAPSED_RE = re.compile(r"(s3|gs|az):/(?!/)")
+_COLLAPSED_RE = re.compile(rf"({'|'.join(STORE_SCHEMES)}):/(?!/)")
 
 
 def _text(location: object) -> str | None:

@@ -29,10 +29,10 @@ without a pointer (a writer that died, or lost a race) is invisible, and ``gc`` 
 it is older than a limit. A bundle copied verbatim onto a store (``aws s3 sync bundle_dir
 s3://b/x``: ``U/manifest.json`` with no pointer) is read too.
 
-Writing. :func:`write_remote_bundle` writes the bundle into a local scratch directory with the
-local writer (so every check, hash and error of ``write_bundle`` applies unchanged; the scratch
-lies beside the first media root, so media are hard-linked, not copied) and then uploads it with
-:func:`upload_bundle`, concurrently (:data:`~bundles._store.CONCURRENCY` requests in flight).
+Writing. ``Location.stage`` (:mod:`bundles._locations`) writes the bundle into a local scratch
+directory with the local writer (so every check, hash and error of ``write_bundle`` applies
+unchanged; the scratch lies beside the first media root, so media are hard-linked, not copied)
+and then uploads it with :func:`upload_bundle`, concurrently (:data:`~bundles._store.CONCURRENCY` requests in flight).
 
 Reading. :class:`StoreSource` is a source for :class:`bundles._reader.Bundle`: the manifest and
 shards are read with single GETs, media lazily with range reads (:class:`RangeFile`), sizes come
@@ -72,7 +72,7 @@ from bundles._remote._packed import (
 from bundles._remote._pointer import is_remote_bundle, list_remote_bundles
 from bundles._remote._prefix import StorePrefix
 from bundles._remote._read import open_remote_bundle
-from bundles._remote._write import UploadStats, remove_remote_bundle, upload_bundle, write_remote_bundle
+from bundles._remote._write import UploadStats, remove_remote_bundle, upload_bundle
 
 __all__ = [
     "GarbageReport",
@@ -90,5 +90,4 @@ __all__ = [
     "remove_remote_bundle",
     "unpack_from_store",
     "upload_bundle",
-    "write_remote_bundle",
 ]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles._commit import commit, create_staging
-from bundles._errors import BundleError, BundleExistsError, BundleVerificationError
+from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleVerificationError
 from bundles._fs import fsync_dir, make_read_only, remove_tree
 from bundles._layout import DIGEST_PREFIX, MANIFEST_NAME, MAX_MANIFEST_BYTES, MEDIA_DIR, SHARDS_DIR
 from bundles._manifest import parse_manifest_bytes
@@ -23,7 +23,7 @@ from bundles._options import Verify
 from bundles._progress import Progress
 from bundles._reader import open_local
 from bundles._remote._pointer import READ_WINDOW, _place
-from bundles._store import StoreURL, parallel, store_error
+from bundles._store import StoreURL, naming, parallel
 
 __all__ = ["download_bundle"]
 
@@ -72,10 +72,8 @@ def download_bundle(
     if os.path.lexists(dest) and not overwrite:
         raise BundleExistsError(f"{dest}: output exists; pass overwrite=True to replace it")
     place = _place(url, storage_options, "read the pointer")
-    try:
+    with naming(url, f"read {MANIFEST_NAME}"):
         raw, _ = place.store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
-    except Exception as e:
-        raise store_error(url, f"read {MANIFEST_NAME}", e) from e
     pointer = place.pointer
     if pointer.generation is not None and (
         len(raw) != pointer.manifest_size
@@ -94,11 +92,12 @@ def download_bundle(
         total = sum(size for _, size, _ in files)
         with Progress(f"downloading {url.name}", total=total, unit="B", enabled=progress) as bar:
             try:
-                parallel(lambda f: _fetch(place, f[0], f[1], f[2], staging / f[0], bar), files)
-            except BundleError:
-                raise
-            except Exception as e:
-                raise store_error(url, "download the bundle", e) from e
+                with naming(url, "download the bundle"):
+                    parallel(lambda f: _fetch(place, f[0], f[1], f[2], staging / f[0], bar), files)
+            except OSError as e:
+                if isinstance(e, BundleError):
+                    raise
+                raise BundleIOError.wrap(dest, f"download {url}", e) from e  # the local disk's
         with open(staging / MANIFEST_NAME, "xb") as f:  # the manifest last, as every writer does
             f.write(raw)
             f.flush()

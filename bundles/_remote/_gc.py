@@ -76,7 +76,16 @@ from bundles._manifest import parse_manifest_bytes
 from bundles._remote._pointer import MAX_POINTER_BYTES, _Place, parse_pointer
 from bundles._remote._probe import PROBE_PREFIX
 from bundles._source import layout_name_ok
-from bundles._store import Store, StoreURL, get_store, parallel, store_error
+from bundles._store import (
+    ObjectNotFoundError,
+    Store,
+    StoreAccessDeniedError,
+    StoreFailure,
+    StoreURL,
+    get_store,
+    naming,
+    parallel,
+)
 
 #: Why gc left objects that are not garbage of ours (the ``reason`` of :class:`Skipped`).
 NOT_OURS_POOL = "no bundle beside it has a pointer naming '../.media': not a pool gc can prove it wrote"
@@ -150,10 +159,8 @@ def _check_prefix(url: StoreURL, store: Store) -> None:
             )
     if parts and parts[-1] == MEDIA_DIR:
         owner = url.parent
-        try:
+        with naming(url, "look for the bundle beside the prefix"):
             pointer = store.head(owner.key_of(STORE_POINTER_NAME))
-        except Exception as e:
-            raise store_error(url, "look for the bundle beside the prefix", e) from e
         if pointer is not None:
             raise GarbagePrefixError(
                 f"{url}: the media of the bundle {owner}: its pointer lies outside the prefix; "
@@ -182,21 +189,22 @@ def _judge(store: Store, url: StoreURL, b: _Bundle) -> None:
     """Read ``U``'s pointer and its manifest; leave ``b`` unreadable when either fails a check."""
     bundle_url = StoreURL(f"{url.scheme}://{url.bucket}/{b.key}")
     try:
-        data, meta = store.get(_join(b.key, STORE_POINTER_NAME), MAX_POINTER_BYTES, "pointer cap")
-        pointer = parse_pointer(data, f"{bundle_url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
-        place = _Place(bundle_url, store, pointer)
-        raw, _ = store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
+        with naming(bundle_url, "read the bundle"):
+            data, meta = store.get(_join(b.key, STORE_POINTER_NAME), MAX_POINTER_BYTES, "pointer cap")
+            pointer = parse_pointer(data, f"{bundle_url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
+            place = _Place(bundle_url, store, pointer)
+            raw, _ = store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
         if (
             len(raw) != pointer.manifest_size
             or "sha256:" + hashlib.sha256(raw).hexdigest() != pointer.manifest_digest
         ):
             return  # not the manifest the pointer names: unjudged
         manifest = parse_manifest_bytes(raw, f"{bundle_url}/{MANIFEST_NAME}")
-    except (FileNotFoundError, BundleError):
+    except StoreFailure:
+        raise
+    except BundleError:
         # Removed meanwhile, or a pointer or manifest this version cannot read: not ours to judge.
         return
-    except Exception as e:
-        raise store_error(bundle_url, "read the bundle", e) from e
     b.readable, b.shared, b.generation, b.etag = True, pointer.shared_media, pointer.generation, pointer.etag
     b.listed = {m.filename for m in manifest.media}
 
@@ -208,12 +216,12 @@ def _read_pending(store: Store, url: StoreURL, b: _Bundle, gen: str) -> None:
     try:
         raw, _ = store.get(_join(_join(b.key, gen), MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
         b.pending.update(m.filename for m in parse_manifest_bytes(raw, where).media)
-    except FileNotFoundError:
+    except ObjectNotFoundError:
         return  # removed meanwhile (retired by its writer, or by another gc)
+    except StoreFailure:
+        raise
     except BundleError:
         b.pending_bad = True
-    except Exception as e:
-        raise store_error(where, "read the manifest", e) from e
 
 
 def _plain_ok(store: Store, b: _Bundle) -> bool:
@@ -222,7 +230,9 @@ def _plain_ok(store: Store, b: _Bundle) -> bool:
     try:
         raw, _ = store.get(_join(b.key, MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
         manifest = parse_manifest_bytes(raw, b.key)
-    except (FileNotFoundError, BundleError):
+    except StoreFailure:
+        raise
+    except BundleError:
         return False
     b.listed = {m.filename for m in manifest.media}
     return True
@@ -243,15 +253,13 @@ def store_now(store: Store, url: StoreURL) -> datetime.datetime | None:
     name = PROBE_PREFIX + secrets.token_hex(8)
     key = _join(_parent(url.key), name)
     try:
-        store.put(key, b"gc clock reference")
-    except Exception as e:
-        if type(e).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
-            return None
-        raise store_error(url, "put gc's clock reference", e) from e
+        with naming(url, "put gc's clock reference"):
+            store.put(key, b"gc clock reference")
+    except StoreAccessDeniedError:
+        return None
     try:
-        meta = store.head(key)
-    except Exception as e:
-        raise store_error(url, "read gc's clock reference", e) from e
+        with naming(url, "read gc's clock reference"):
+            meta = store.head(key)
     finally:
         with contextlib.suppress(Exception):
             store.delete([key])
@@ -317,10 +325,7 @@ class _Plan:
 def _scan(store: Store, url: StoreURL, now: datetime.datetime, older_than_s: float) -> _Scan:
     """List the prefix and mark every bundle key ``U`` that something of ours (or a plain copy)
     marks: a generation, a pointer, a plain manifest."""
-    try:
-        objects = store.listing(url.key)
-    except Exception as e:
-        raise store_error(url, "list", e) from e
+    objects = store.listing(url.key)
     scan = _Scan(url, store, now, older_than_s, {m["path"]: m for m in objects})
     for key in scan.by_key:
         parts = key.split("/")
@@ -350,12 +355,7 @@ def _read_bundles(scan: _Scan) -> int:
     have reused pooled media) never loses it. A generation this run removes lists nothing."""
     store, url, found = scan.store, scan.url, scan.found
     with_pointer = [b for b in found.values() if b.pointer_key and _under(b.key, url.key)]
-    try:
-        parallel(lambda b: _judge(store, url, b), with_pointer)
-    except BundleError:
-        raise
-    except Exception as e:
-        raise store_error(url, "read the bundles", e) from e
+    parallel(lambda b: _judge(store, url, b), with_pointer)
     others = [
         (b, gen)
         for b in found.values()
@@ -364,17 +364,11 @@ def _read_bundles(scan: _Scan) -> int:
         and _join(_join(b.key, gen), MANIFEST_NAME) in scan.by_key
         and scan.young(scan.gen_objects[(b.key, gen)])
     ]
-    try:
+    with naming(url, "read the generations' manifests"):
         parallel(lambda item: _read_pending(store, url, *item), others)
-    except BundleError:
-        raise
-    except Exception as e:
-        raise store_error(url, "read the generations' manifests", e) from e
     plain = [b for b in found.values() if b.plain and not b.pointer_key and _under(b.key, url.key)]
-    try:
+    with naming(url, "read the bundles copied verbatim"):
         sound = parallel(lambda b: _plain_ok(store, b), plain)
-    except Exception as e:
-        raise store_error(url, "read the bundles copied verbatim", e) from e
     return sum(b.readable for b in found.values()) + sum(sound)
 
 
@@ -480,11 +474,9 @@ def _recheck_pools(scan: _Scan, plan: _Plan) -> None:
             for b in _beside(scan, owner)
             if b.key != owner and b.pointer_key
         }
-        try:
+        with naming(scan.where(owner), "read the pointers beside the pool again"):
             names = [n for n in scan.store.children(owner) if n != STORE_MEDIA_POOL]
             now_tags = _pointer_tags(scan.store, owner, names)
-        except Exception as e:
-            raise store_error(scan.where(owner), "read the pointers beside the pool again", e) from e
         if now_tags != before:
             plan.unplan(scan, keys, CHANGED, scan.where(d))
             continue
@@ -497,10 +489,8 @@ def _recheck_bundles(scan: _Scan, plan: _Plan) -> None:
     may name a doomed generation, which is never garbage, so that bundle is left whole."""
     owners = sorted(plan.owners)
     fault_point("gc.before-delete", scan.where(scan.url.key))
-    try:
+    with naming(scan.url, "read the pointers again before deleting"):
         metas = parallel(scan.store.head, [_join(u, STORE_POINTER_NAME) for u in owners])
-    except Exception as e:
-        raise store_error(scan.url, "read the pointers again before deleting", e) from e
     doomed = set(plan.doomed)
     for u, meta in zip(owners, metas, strict=True):
         b = scan.found[u]
@@ -548,8 +538,6 @@ def collect_garbage(
     report.skipped = [Skipped(r, w, n) for (r, w), n in sorted(plan.skipped.items())]
     if not dry_run and plan.doomed:
         plan.doomed.sort(key=lambda k: not k.endswith("/" + MANIFEST_NAME))  # a generation's manifest first
-        try:
+        with naming(url, "delete garbage"):
             store.delete(plan.doomed)
-        except Exception as e:
-            raise store_error(url, "delete garbage", e) from e
     return report

@@ -26,7 +26,7 @@ from bundles._remote._pointer import MULTIPART_THRESHOLD, is_remote_bundle
 from bundles._remote._probe import check_preconditions
 from bundles._remote._read import StorePackedSource
 from bundles._remote._write import _rewrite_message
-from bundles._store import Store, StoreURL, get_store, store_error
+from bundles._store import ObjectExistsError, Store, StoreURL, get_store, naming
 
 
 # -- packed files --------------------------------------------------------------------------------
@@ -43,30 +43,21 @@ def pack_to_store(
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
     if not overwrite:
-        try:
-            if (store.head(url.key)) is not None:
-                raise BundleExistsError(f"{url}: output exists; pass overwrite=True to replace it")
-        except BundleError:
-            raise
-        except Exception as e:
-            raise store_error(url, "look for an existing object", e) from e
+        if store.head(url.key) is not None:
+            raise BundleExistsError(f"{url}: output exists; pass overwrite=True to replace it")
         check_preconditions(store, url)  # the create-only put below is one only where honoured
     with tempfile.TemporaryDirectory(prefix="rollout-bundles-pack-") as tmp:
         out = pack_local(bundle, Path(tmp) / url.name, overwrite=False, progress=progress)
         fault_point("store.before-put", url)
-        try:
+        with naming(url, "upload the packed bundle"):
             if out.stat().st_size > MULTIPART_THRESHOLD:
-                if not overwrite and (store.head(url.key)) is not None:
+                if not overwrite and store.head(url.key) is not None:
                     raise BundleExistsError(f"{url}: output exists; pass overwrite=True to replace it")
-                (store.put_large(url.key, out))  # a multipart upload appears atomically at its end
+                store.put_large(url.key, out)  # a multipart upload appears atomically at its end
             elif overwrite:
-                store.put(url.key, out.read_bytes(), mode="overwrite")
+                store.put(url.key, out.read_bytes())
             else:
                 _put_create_confirmed(store, url, out.read_bytes())
-        except BundleError:
-            raise
-        except Exception as e:
-            raise store_error(url, "upload the packed bundle", e) from e
     return url
 
 
@@ -75,11 +66,9 @@ def _put_create_confirmed(store: Store, url: StoreURL, data: bytes) -> None:
     was answered with. Where a store dropped ``If-None-Match`` since the probe, of two racing
     writers the one overtaken learns it lost (see FORMAT.md §9 for what remains unseen)."""
     try:
-        etag = store.put(url.key, data, mode="create")
-    except Exception as e:
-        if type(e).__name__ == "AlreadyExistsError":
-            raise BundleExistsError(f"{url}: output appeared during the pack; not replaced") from None
-        raise
+        etag = store.put_new(url.key, data)
+    except ObjectExistsError:
+        raise BundleExistsError(f"{url}: output appeared during the pack; not replaced") from None
     fault_point("store.before-confirm", url)
     meta = store.head(url.key)
     found = (meta or {}).get("e_tag")
@@ -121,13 +110,12 @@ def unpack_from_store(
         packed = scratch / url.name
         with open(packed, "xb") as f:
             try:  # in windows of ranges: a packed bundle of any size never in memory whole
-                source._store.download_into(url.key, f.fileno(), source.size)
-            except BundleError:
-                raise
-            except Exception as e:
-                if isinstance(e, OSError) and not e.__class__.__module__.startswith("obstore"):
-                    raise BundleIOError.wrap(packed, f"download {url}", e) from e  # the local disk's
-                raise store_error(url, "download the packed bundle", e) from e
+                with naming(url, "download the packed bundle"):
+                    source._store.download_into(url.key, f.fileno(), source.size)
+            except OSError as e:
+                if isinstance(e, BundleError):
+                    raise
+                raise BundleIOError.wrap(packed, f"download {url}", e) from e  # the local disk's
         try:
             return unpack_local(packed, dest, overwrite=overwrite, progress=progress)
         except BundleError as e:
@@ -140,10 +128,7 @@ def unpack_from_store(
 def object_size(url_text: str, storage_options: Mapping[str, Any] | None = None) -> int:
     """The size of one object (a packed bundle on a store)."""
     url = StoreURL(url_text)
-    try:
-        meta = get_store(url, storage_options).head(url.key)
-    except Exception as e:
-        raise store_error(url, "read the object's size", e) from e
+    meta = get_store(url, storage_options).head(url.key)
     if meta is None:
         raise BundleNotFoundError(f"{url}: no object here")
     return int(meta["size"])
@@ -152,10 +137,7 @@ def object_size(url_text: str, storage_options: Mapping[str, Any] | None = None)
 def object_exists(url_text: str, storage_options: Mapping[str, Any] | None = None) -> bool:
     """Whether the object at ``url`` exists (a packed bundle on a store: one HEAD)."""
     url = StoreURL(url_text)
-    try:
-        return get_store(url, storage_options).head(url.key) is not None
-    except Exception as e:
-        raise store_error(url, "look for the object", e) from e
+    return get_store(url, storage_options).head(url.key) is not None
 
 
 def remove_packed_object(url_text: str, storage_options: Mapping[str, Any] | None = None) -> None:
@@ -163,18 +145,13 @@ def remove_packed_object(url_text: str, storage_options: Mapping[str, Any] | Non
     url = StoreURL(url_text)
     if not object_exists(url, storage_options):
         raise BundleNotFoundError(f"{url}: no bundle here (no such object)")
-    try:
+    with naming(url, "remove the packed bundle"):
         get_store(url, storage_options).delete([url.key])
-    except Exception as e:
-        raise store_error(url, "remove the packed bundle", e) from e
 
 
 def list_packed_objects(prefix_text: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """The packed bundles (``*.rbundle`` objects) right under ``prefix``, as URLs."""
     url = StoreURL(prefix_text)
     store = get_store(url, storage_options)
-    try:
-        names = store.files(url.key)
-    except Exception as e:
-        raise store_error(url, "list the packed bundles", e) from e
+    names = store.files(url.key)
     return sorted(str(url.child(n)) for n in names if n.endswith(PACK_SUFFIX) and n != PACK_SUFFIX)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from bundles._errors import (
-    BundleError,
     BundleFormatError,
     BundleNotFoundError,
     UnsafeBundleError,
@@ -28,7 +27,7 @@ from bundles._layout import (
     STORE_POINTER_NAME,
     STORE_POINTER_VERSION,
 )
-from bundles._store import Store, StoreURL, bucket_missing, get_store, parallel, store_error
+from bundles._store import ObjectNotFoundError, Store, StoreURL, get_store, naming, parallel
 
 MAX_POINTER_BYTES = 64 * 1024
 # Media above this size are uploaded in parts (a create-only put must be a single request, whose
@@ -127,10 +126,9 @@ def _read_pointer(store: Store, url: StoreURL) -> Pointer | None:
     """The bundle's pointer; a plain-layout pointer when only ``U/manifest.json`` exists; None
     when neither does."""
     try:
+        # A GET's 404 body tells a missing bucket (BucketNotFoundError, raised) from a missing object.
         data, meta = store.get(url.key_of(STORE_POINTER_NAME), MAX_POINTER_BYTES, "pointer cap")
-    except FileNotFoundError as e:
-        if bucket_missing(e):  # a GET's 404 body tells a missing bucket from a missing object
-            raise store_error(url, "read the bundle", e) from None
+    except ObjectNotFoundError:
         if store.head(url.key_of(MANIFEST_NAME)) is not None:
             return Pointer(None, None, None, False)
         return None
@@ -140,12 +138,8 @@ def _read_pointer(store: Store, url: StoreURL) -> Pointer | None:
 def _place(url_text: str, storage_options: Mapping[str, Any] | None, what: str) -> _Place:
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
-    try:
+    with naming(url, what):
         pointer = _read_pointer(store, url)
-    except BundleError:
-        raise
-    except Exception as e:
-        raise store_error(url, what, e) from e
     if pointer is None:
         raise BundleNotFoundError(f"{url}: no bundle here (no {STORE_POINTER_NAME} or {MANIFEST_NAME})")
     return _Place(url, store, pointer)
@@ -159,7 +153,7 @@ def list_remote_bundles(
     writer's unpublished prefix, a generation) are left out."""
     url = StoreURL(prefix_text)
     store = get_store(url, storage_options)
-    try:
+    with naming(url, "list the bundles"):
         # A generation (the live one, or a dead writer's) holds a manifest.json, so it would pass
         # for a plain layout; it is part of the bundle above it, never a bundle of its own.
         names = [
@@ -168,10 +162,6 @@ def list_remote_bundles(
             if n != STORE_MEDIA_POOL and not STORE_GENERATION_RE.fullmatch(n)
         ]
         found = parallel(lambda n: _safe_pointer(store, url.child(n)) is not None, names)
-    except BundleError:
-        raise
-    except Exception as e:
-        raise store_error(url, "list the bundles", e) from e
     return {n: url.child(n) for n, ok in zip(names, found, strict=True) if ok}
 
 
@@ -186,8 +176,7 @@ def is_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | None = 
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
     try:
-        return (_read_pointer(store, url)) is not None
+        with naming(url, "look for a bundle"):
+            return _read_pointer(store, url) is not None
     except BundleFormatError:
         return False
-    except Exception as e:
-        raise store_error(url, "look for a bundle", e) from e

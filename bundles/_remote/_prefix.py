@@ -24,7 +24,7 @@ from typing import Any
 from bundles._errors import BundleError, BundleNotFoundError
 from bundles._location import classify
 from bundles._remote._probe import check_preconditions
-from bundles._store import ObjectTooLargeError, Store, StoreURL, get_store, store_error
+from bundles._store import ObjectTooLargeError, Store, StoreURL, get_store
 
 __all__ = ["StorePrefix"]
 
@@ -91,15 +91,11 @@ class StorePrefix:
         does not is refused with :class:`UnsafeStoreError` unless the single-writer opt-in is set."""
         key = self._key(name)
         self.check_preconditions()
-        try:
-            return self.store.put_create(key, data)
-        except Exception as e:
-            raise store_error(self.url.child(name), "create the object", e) from e
+        return self.store.put_create(key, data)
 
     def _size(self, key: str, url: StoreURL, max_bytes: int) -> int:
         """The size of the object at ``key``, from its head, before anything is downloaded: one
-        that is absent or over ``max_bytes`` is refused here. The store's own errors pass through,
-        for the caller to name with what it was doing."""
+        that is absent or over ``max_bytes`` is refused here."""
         head = self.store.head(key)
         if head is None:
             raise BundleNotFoundError(f"{url}: not found")
@@ -112,15 +108,7 @@ class StorePrefix:
         """The bytes of object ``name``: :class:`BundleNotFoundError` when it is not there, a
         :class:`BundleError` when it is larger than ``max_bytes`` (checked before downloading)."""
         key = self._key(name)
-        url = self.url.child(name)
-        try:
-            data, _ = self.store.get(key, max_bytes, "limit")
-        except FileNotFoundError:
-            raise BundleNotFoundError(f"{url}: not found") from None
-        except BundleError:
-            raise
-        except Exception as e:
-            raise store_error(url, "read the object", e) from e
+        data, _ = self.store.get(key, max_bytes, "limit")
         return data
 
     def download(self, name: str, path: str | os.PathLike[str], *, max_bytes: int) -> int:
@@ -139,19 +127,14 @@ class StorePrefix:
                 os.close(fd)
         except BundleError:
             raise
-        except OSError as e:
+        except OSError as e:  # the local file's: the store's are BundleErrors
             raise BundleError(f"{url}: cannot download into {path}: {e.strerror or e}") from None
-        except Exception as e:
-            raise store_error(url, "read the object", e) from e
         return size
 
     def names(self) -> dict[str, int]:
         """Every object right under the prefix (not below), name -> size; names that are not one
         path component are left out."""
-        try:
-            listing = self.store.listing(self.url.key)
-        except Exception as e:
-            raise store_error(self.url, "list the prefix", e) from e
+        listing = self.store.listing(self.url.key)
         base = self.url.key + "/" if self.url.key else ""
         out: dict[str, int] = {}
         for meta in listing:
@@ -163,9 +146,5 @@ class StorePrefix:
     def delete(self, names: Iterable[str]) -> None:
         """Delete these objects (absent ones are no error)."""
         keys = [self._key(n) for n in names]
-        if not keys:
-            return
-        try:
+        if keys:
             self.store.delete(keys)
-        except Exception as e:
-            raise store_error(self.url, f"delete {len(keys)} object(s)", e) from e

@@ -41,7 +41,7 @@ import warnings
 
 from bundles._errors import BundleError, UnsafeStoreError, UnsafeStoreWarning
 from bundles._location import SINGLE_WRITER_ENV
-from bundles._store import Store, StoreURL, store_error
+from bundles._store import Store, StoreURL, naming
 from bundles._writer import stacklevel_outside_bundles
 
 __all__ = ["SINGLE_WRITER_ENV", "check_preconditions", "forget_verdicts"]
@@ -62,16 +62,11 @@ def _ignored(store: Store, key: str) -> list[str]:
     ignored: list[str] = []
     if not store.put_create(key, b"probe 1"):
         # A fresh random key already there: someone else's object, not a verdict. Fail closed.
-        raise BundleError(f"{store.scheme}://{store.bucket}/{key}: the probe key exists already")
+        raise BundleError(f"{store.url_of(key)}: the probe key exists already")
     try:
         if store.put_create(key, b"probe 2"):
             ignored.append("If-None-Match: * (a second create-only put of one key succeeded)")
-        try:
-            store.put(key, b"probe 3", mode={"e_tag": _WRONG_ETAG})
-        except Exception as e:
-            if type(e).__name__ not in ("PreconditionError", "NotModifiedError"):
-                raise
-        else:
+        if store.put_swap(key, b"probe 3", _WRONG_ETAG):
             ignored.append("If-Match (a put with a wrong ETag succeeded)")
     finally:
         # Best effort: the probe's name keeps it out of every bundle and gc listing.
@@ -101,12 +96,8 @@ def check_preconditions(store: Store, url: StoreURL) -> None:
         name = PROBE_PREFIX + secrets.token_hex(8)
         parent = url.key.rpartition("/")[0]
         key = f"{parent}/{name}" if parent else name
-        try:
+        with naming(url, "probe the store's conditional puts"):
             ignored = _ignored(store, key)
-        except BundleError:
-            raise
-        except Exception as e:
-            raise store_error(url, "probe the store's conditional puts", e) from e
         with _lock:
             _verdicts[cache_key] = (ignored, time.monotonic())
     if not ignored:

@@ -14,6 +14,7 @@ from typing import Any, BinaryIO
 
 from bundles._atomic import atomic_write
 from bundles._errors import (
+    BucketNotFoundError,
     BundleError,
     BundleIOError,
     BundleNotFoundError,
@@ -36,7 +37,7 @@ from bundles._progress import Progress
 from bundles._reader import Bundle, load_manifest
 from bundles._remote._pointer import READ_WINDOW, _Place, _place
 from bundles._source import LAYOUT_DIRS, Entry, PackedMembers, WindowFile, read_tar_index
-from bundles._store import Store, StoreURL, bucket_missing, get_store, parallel, store_error
+from bundles._store import ObjectNotFoundError, Store, StoreURL, get_store, naming, parallel
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -54,13 +55,12 @@ class RangeFile(WindowFile):
         start = self._pos
         end = min(self._size, start + max(want, READ_WINDOW))
         try:
-            data = self._store.get_range(self._key, self._offset + start, self._offset + end)
-        except FileNotFoundError:
+            with naming(self._where, "read"):
+                data = self._store.get_range(self._key, self._offset + start, self._offset + end)
+        except ObjectNotFoundError:
             raise BundleVerificationError(
                 self._where, [f"{self._where}: missing (removed while open?)"]
             ) from None
-        except Exception as e:
-            raise store_error(self._where, "read", e) from e
         if len(data) != end - start:
             raise UnsafeBundleError(
                 f"{self._where}: truncated: asked for {end - start} bytes, got {len(data)}"
@@ -148,14 +148,13 @@ class StoreSource(_StoreSourceBase):
     def read_manifest(self) -> bytes:
         p = self._place
         try:
-            data, _ = p.store.get(p.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
-        except FileNotFoundError:
+            with naming(self.path, f"read {MANIFEST_NAME}"):
+                data, _ = p.store.get(p.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
+        except ObjectNotFoundError:
             raise BundleNotFoundError(
                 f"{self.path}: not a bundle: {MANIFEST_NAME} of generation {p.pointer.generation} is missing "
                 "(removed by a later overwrite?)"
             ) from None
-        except Exception as e:
-            raise store_error(self.path, f"read {MANIFEST_NAME}", e) from e
         if len(data) > MAX_MANIFEST_BYTES:
             raise UnsafeBundleError(
                 f"{self.where(MANIFEST_NAME)}: exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes"
@@ -192,10 +191,8 @@ class StoreSource(_StoreSourceBase):
         base = p.url.key_of(p.pointer.generation) if p.pointer.generation else p.url.key
         sizes: dict[str, int] = {}
 
-        try:
+        with naming(self.path, "list the bundle's objects"):
             bundle_objects, media_objects = parallel(p.store.listing, [base, p.media_prefix])
-        except Exception as e:
-            raise store_error(self.path, "list the bundle's objects", e) from e
         for m in bundle_objects:
             rel = m["path"][len(base) + 1 :] if base else m["path"]
             if p.pointer.generation is None and (
@@ -223,10 +220,8 @@ class StoreSource(_StoreSourceBase):
         key = p.key(name)
         size = (self._sizes or {}).get(name)
         if size is None:
-            try:
+            with naming(self.where(name), "read"):
                 meta = p.store.head(key)
-            except Exception as e:
-                raise store_error(self.where(name), "read", e) from e
             if meta is None:
                 raise FileNotFoundError(2, "listed in the manifest but missing", self.where(name))
             size = int(meta["size"])
@@ -249,10 +244,8 @@ class _StoreReader:
         # get_ranges keeps ~10 requests in flight; chunks of it in parallel keep more (a header
         # of every 1 MB screenshot is a request of its own).
         chunks = [starts[i : i + 16] for i in range(0, len(starts), 16)]
-        try:
+        with naming(self.where, "read the packed file's headers"):
             fetched = parallel(lambda c: self.store.get_ranges(self.key, c, [s + length for s in c]), chunks)
-        except Exception as e:
-            raise store_error(self.where, "read the packed file's headers", e) from e
         self.requests += 1
         for chunk, blocks in zip(chunks, fetched, strict=True):
             self._blocks.update(zip(chunk, blocks, strict=True))
@@ -265,12 +258,9 @@ class _StoreReader:
         if n == 0:
             return b""
         self.requests += 1
-        try:
-            data = self.store.get_range(
-                self.key, pos, pos + max(n, 4096) if pos + 4096 <= self.size else self.size
-            )
-        except Exception as e:
-            raise store_error(self.where, "read", e) from e
+        data = self.store.get_range(
+            self.key, pos, pos + max(n, 4096) if pos + 4096 <= self.size else self.size
+        )
         self._blocks[pos] = data
         return data[:n]
 
@@ -286,10 +276,8 @@ class StorePackedSource(PackedMembers, _StoreSourceBase):
     def __init__(self, url: StoreURL, store: Store) -> None:
         self.path = url
         self._store = store
-        try:
+        with naming(url, "open the packed bundle"):
             meta = store.head(url.key)
-        except Exception as e:
-            raise store_error(url, "open the packed bundle", e) from e
         if meta is None:
             _check_bucket(store, url)  # a HEAD's 404 has no body to tell a missing bucket by
             raise BundleNotFoundError(f"{url}: no bundle here (the object does not exist)")
@@ -318,11 +306,12 @@ class StorePackedSource(PackedMembers, _StoreSourceBase):
 def _check_bucket(store: Store, url: StoreURL) -> None:
     """Raise :class:`BucketNotFoundError` when ``url``'s bucket does not exist (one listing)."""
     try:
-        store.children(url.key)
-    except Exception as e:
-        if bucket_missing(e):
-            raise store_error(url, "open the packed bundle", e) from None
-        # Anything else: the object is missing, which the caller reports.
+        with naming(url, "open the packed bundle"):
+            store.children(url.key)
+    except BucketNotFoundError:
+        raise
+    except BundleError:
+        pass  # anything else: the object is missing, which the caller reports
 
 
 def _prefetch_headers(reader: _StoreReader) -> None:
@@ -397,17 +386,16 @@ def _download_media(
         return dict(zip(media, refs, strict=True))
 
     try:
-        return run()
+        with naming(source.path, "download media"):
+            return run()
     except BundleError:
         raise
-    except OSError as e:
+    except OSError as e:  # the local disk's, or an object the manifest lists gone (StoreSource.open)
         if isinstance(e, FileNotFoundError) and not os.path.isdir(target):
             raise BundleIOError.wrap(target, "rehydrate", e) from e
-        if e.__class__.__module__.startswith("obstore") or isinstance(e, FileNotFoundError):
-            raise store_error(source.path, "download media", e) from e
+        if isinstance(e, FileNotFoundError):
+            raise BundleIOError(f"{source.path}: cannot download media: {e}") from e
         raise BundleIOError.wrap(target, f"rehydrate {source.path}", e) from e
-    except Exception as e:
-        raise store_error(source.path, "download media", e) from e
 
 
 def open_remote_bundle(

@@ -6,23 +6,21 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bundles._commit import scratch_dir
 from bundles._errors import (
     BundleError,
     BundleExistsError,
     BundleFormatError,
+    BundleIOError,
     MediaMissingError,
 )
 from bundles._faults import fault_point
-from bundles._fs import remove_tree
 from bundles._layout import (
     DIGEST_PREFIX,
     MANIFEST_NAME,
@@ -47,8 +45,7 @@ from bundles._remote._pointer import (
 )
 from bundles._remote._probe import check_preconditions
 from bundles._source import media_name_ok
-from bundles._store import Store, StoreURL, get_store, parallel, store_error
-from bundles._writer import resolve_media_roots, write_local
+from bundles._store import Store, StoreURL, get_store, naming, parallel
 
 
 # -- writing -------------------------------------------------------------------------------------
@@ -67,11 +64,10 @@ class UploadStats:
 
 def _check_absent(store: Store, url: StoreURL) -> Pointer | None:
     try:
-        return _read_pointer(store, url)
+        with naming(url, "look for an existing bundle"):
+            return _read_pointer(store, url)
     except BundleFormatError:
         return Pointer(None, None, None, False)  # something is there, not ours to judge
-    except Exception as e:
-        raise store_error(url, "look for an existing bundle", e) from e
 
 
 def upload_bundle(
@@ -110,7 +106,8 @@ def upload_bundle(
     root = Path(local.path)
     manifest_bytes = (root / MANIFEST_NAME).read_bytes()
     try:
-        (_upload(local, root, place, stats, progress))
+        with naming(url, "upload the bundle"):
+            _upload(local, root, place, stats, progress)
         pointer = Pointer(
             stats.generation,
             len(manifest_bytes),
@@ -121,9 +118,9 @@ def upload_bundle(
         previous = _publish(place, pointer, overwrite)
     except BaseException as e:
         _discard_generation(place, stats.generation)
-        if isinstance(e, BundleError) or not isinstance(e, Exception):
-            raise
-        raise store_error(url, "upload the bundle", e) from e
+        if isinstance(e, OSError) and not isinstance(e, BundleError):  # the local disk's
+            raise BundleIOError.wrap(url, "upload the bundle", e) from e
+        raise
     if previous is not None:
         stats.replaced = _retire(place, previous)
     stats.seconds = time.perf_counter() - started
@@ -195,7 +192,7 @@ def _put_create_same(store: Store, key: str, data: bytes) -> None:
     if not store.put_create(key, data):
         current, _ = store.get(key)
         if current != data:
-            raise BundleError(f"{store.scheme}://{store.bucket}/{key}: exists with other content")
+            raise BundleError(f"{store.url_of(key)}: exists with other content")
 
 
 def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None:
@@ -214,10 +211,8 @@ def _put_pointer(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | 
 
     def create() -> bool:
         """The create-only put of the pointer: False when an object is there already."""
-        try:
+        with naming(url, f"publish {STORE_POINTER_NAME}"):
             return store.put_create(key, body)
-        except Exception as e:
-            raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
 
     for _ in range(_PUBLISH_ATTEMPTS):
         current = _check_absent(store, url)
@@ -242,13 +237,10 @@ def _put_pointer(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | 
             if create():
                 return current
             continue
-        try:
-            (store.put(key, body, mode={"e_tag": current.etag}))
-            return current
-        except Exception as e:
-            if type(e).__name__ not in ("PreconditionError", "AlreadyExistsError", "NotModifiedError"):
-                raise store_error(url, f"publish {STORE_POINTER_NAME}", e) from e
-            # Another writer swapped the pointer since we read it: read it again and retry.
+        with naming(url, f"publish {STORE_POINTER_NAME}"):
+            if store.put_swap(key, body, current.etag):
+                return current
+        # Another writer swapped the pointer since we read it: read it again and retry.
     raise BundleError(
         f"{url}: other writers kept replacing the bundle; gave up after {_PUBLISH_ATTEMPTS} tries"
     )
@@ -263,11 +255,10 @@ def _confirm(place: _Place, pointer: Pointer, overwrite: bool) -> None:
     url = place.url
     fault_point("store.before-confirm", url)
     try:
-        found: Pointer | None = _read_pointer(place.store, url)
+        with naming(url, f"read {STORE_POINTER_NAME} back after publishing"):
+            found: Pointer | None = _read_pointer(place.store, url)
     except BundleFormatError:
         found = Pointer(None, None, None, False)
-    except Exception as e:
-        raise store_error(url, f"read {STORE_POINTER_NAME} back after publishing", e) from e
     if found is not None and found.generation == pointer.generation:
         return
     what = f"names generation {found.generation}" if found and found.generation else "is gone"
@@ -323,47 +314,6 @@ def _rewrite_message(error: BaseException, local: str, url: str) -> None:
         error.args = (error.args[0].replace(local, url), *error.args[1:])
 
 
-def write_remote_bundle(
-    url_text: str,
-    samples: Iterable[Any],
-    *,
-    media_roots: Any,
-    overwrite: bool,
-    progress: bool | None,
-    storage_options: Mapping[str, Any] | None,
-    shared_media: bool,
-    **kwargs: Any,
-) -> StoreURL:
-    """:func:`bundles.write_bundle` for a URL (see the module docstring); every option is passed,
-    the others (``kwargs``) to the local writer."""
-    url = StoreURL(url_text)
-    store = get_store(url, storage_options)
-    if not overwrite and _check_absent(store, url) is not None:
-        raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
-    roots = resolve_media_roots(media_roots, Path(url.name))
-    # Beside the first media root: same filesystem, so the local writer hard-links media.
-    beside = os.path.abspath(roots[0]) if roots else os.path.join(tempfile.gettempdir(), "rollout-bundles")
-    scratch = scratch_dir(beside, "upload")
-    try:
-        local = scratch / url.name
-        try:
-            write_local(local, samples, media_roots=roots, overwrite=False, progress=progress, **kwargs)
-        except BundleError as e:
-            _rewrite_message(e, str(local), str(url))
-            raise
-        upload_bundle(
-            local,
-            url,
-            overwrite=overwrite,
-            shared_media=shared_media,
-            storage_options=storage_options,
-            progress=progress,
-        )
-    finally:
-        remove_tree(scratch)
-    return url
-
-
 def remove_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | None = None) -> None:
     """Delete the bundle at ``url`` and nothing else (FORMAT.md §9): the pointer first (so no
     reader finds half of it), then the generations of ours under it (each manifest first), then
@@ -373,22 +323,20 @@ def remove_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | Non
     left, and so is the shared pool beside ``U``: its media are left to :func:`collect_garbage`."""
     place = _place(url_text, storage_options, "read the pointer")
     url, store = place.url, place.store
-    try:
+    with naming(url, "remove the bundle"):
         if place.pointer.generation is None:
-            (store.delete([url.key_of(MANIFEST_NAME)]))
+            store.delete([url.key_of(MANIFEST_NAME)])
             shards = url.key_of(SHARDS_DIR)
             keys = [
                 f"{shards}/{n}" for n in store.files(shards) if SHARD_PATH_RE.fullmatch(f"{SHARDS_DIR}/{n}")
             ]
         else:
-            (store.delete([url.key_of(STORE_POINTER_NAME)]))
+            store.delete([url.key_of(STORE_POINTER_NAME)])
             keys = _own_generations(store, url)
         media = url.key_of(MEDIA_DIR)
         keys += [f"{media}/{n}" for n in store.files(media) if media_name_ok(n)]
         if keys:
-            (store.delete(keys))  # manifests first: a generation without one is never read
-    except Exception as e:
-        raise store_error(url, "remove the bundle", e) from e
+            store.delete(keys)  # manifests first: a generation without one is never read
 
 
 def _own_generations(store: Store, url: StoreURL) -> list[str]:
