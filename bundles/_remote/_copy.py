@@ -72,8 +72,7 @@ def download_bundle(
     if os.path.lexists(dest) and not overwrite:
         raise BundleExistsError(f"{dest}: output exists; pass overwrite=True to replace it")
     place = _place(url, storage_options, "read the pointer")
-    with naming(url, f"read {MANIFEST_NAME}"):
-        raw, _ = place.store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
+    raw, _ = place.store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
     pointer = place.pointer
     if pointer.generation is not None and (
         len(raw) != pointer.manifest_size

@@ -159,8 +159,7 @@ def _check_prefix(url: StoreURL, store: Store) -> None:
             )
     if parts and parts[-1] == MEDIA_DIR:
         owner = url.parent
-        with naming(url, "look for the bundle beside the prefix"):
-            pointer = store.head(owner.key_of(STORE_POINTER_NAME))
+        pointer = store.head(owner.key_of(STORE_POINTER_NAME))
         if pointer is not None:
             raise GarbagePrefixError(
                 f"{url}: the media of the bundle {owner}: its pointer lies outside the prefix; "
@@ -189,11 +188,10 @@ def _judge(store: Store, url: StoreURL, b: _Bundle) -> None:
     """Read ``U``'s pointer and its manifest; leave ``b`` unreadable when either fails a check."""
     bundle_url = StoreURL(f"{url.scheme}://{url.bucket}/{b.key}")
     try:
-        with naming(bundle_url, "read the bundle"):
-            data, meta = store.get(_join(b.key, STORE_POINTER_NAME), MAX_POINTER_BYTES, "pointer cap")
-            pointer = parse_pointer(data, f"{bundle_url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
-            place = _Place(bundle_url, store, pointer)
-            raw, _ = store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
+        data, meta = store.get(_join(b.key, STORE_POINTER_NAME), MAX_POINTER_BYTES, "pointer cap")
+        pointer = parse_pointer(data, f"{bundle_url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
+        place = _Place(bundle_url, store, pointer)
+        raw, _ = store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
         if (
             len(raw) != pointer.manifest_size
             or "sha256:" + hashlib.sha256(raw).hexdigest() != pointer.manifest_digest
@@ -364,11 +362,9 @@ def _read_bundles(scan: _Scan) -> int:
         and _join(_join(b.key, gen), MANIFEST_NAME) in scan.by_key
         and scan.young(scan.gen_objects[(b.key, gen)])
     ]
-    with naming(url, "read the generations' manifests"):
-        parallel(lambda item: _read_pending(store, url, *item), others)
+    parallel(lambda item: _read_pending(store, url, *item), others)
     plain = [b for b in found.values() if b.plain and not b.pointer_key and _under(b.key, url.key)]
-    with naming(url, "read the bundles copied verbatim"):
-        sound = parallel(lambda b: _plain_ok(store, b), plain)
+    sound = parallel(lambda b: _plain_ok(store, b), plain)
     return sum(b.readable for b in found.values()) + sum(sound)
 
 
@@ -474,9 +470,8 @@ def _recheck_pools(scan: _Scan, plan: _Plan) -> None:
             for b in _beside(scan, owner)
             if b.key != owner and b.pointer_key
         }
-        with naming(scan.where(owner), "read the pointers beside the pool again"):
-            names = [n for n in scan.store.children(owner) if n != STORE_MEDIA_POOL]
-            now_tags = _pointer_tags(scan.store, owner, names)
+        names = [n for n in scan.store.children(owner) if n != STORE_MEDIA_POOL]
+        now_tags = _pointer_tags(scan.store, owner, names)
         if now_tags != before:
             plan.unplan(scan, keys, CHANGED, scan.where(d))
             continue
@@ -489,8 +484,7 @@ def _recheck_bundles(scan: _Scan, plan: _Plan) -> None:
     may name a doomed generation, which is never garbage, so that bundle is left whole."""
     owners = sorted(plan.owners)
     fault_point("gc.before-delete", scan.where(scan.url.key))
-    with naming(scan.url, "read the pointers again before deleting"):
-        metas = parallel(scan.store.head, [_join(u, STORE_POINTER_NAME) for u in owners])
+    metas = parallel(scan.store.head, [_join(u, STORE_POINTER_NAME) for u in owners])
     doomed = set(plan.doomed)
     for u, meta in zip(owners, metas, strict=True):
         b = scan.found[u]

@@ -26,7 +26,7 @@ from bundles._remote._pointer import MULTIPART_THRESHOLD, is_remote_bundle
 from bundles._remote._probe import check_preconditions
 from bundles._remote._read import StorePackedSource
 from bundles._remote._write import _rewrite_message
-from bundles._store import ObjectExistsError, Store, StoreURL, get_store, naming
+from bundles._store import ObjectExistsError, Store, StoreURL, get_store
 
 
 # -- packed files --------------------------------------------------------------------------------
@@ -49,15 +49,14 @@ def pack_to_store(
     with tempfile.TemporaryDirectory(prefix="rollout-bundles-pack-") as tmp:
         out = pack_local(bundle, Path(tmp) / url.name, overwrite=False, progress=progress)
         fault_point("store.before-put", url)
-        with naming(url, "upload the packed bundle"):
-            if out.stat().st_size > MULTIPART_THRESHOLD:
-                if not overwrite and store.head(url.key) is not None:
-                    raise BundleExistsError(f"{url}: output exists; pass overwrite=True to replace it")
-                store.put_large(url.key, out)  # a multipart upload appears atomically at its end
-            elif overwrite:
-                store.put(url.key, out.read_bytes())
-            else:
-                _put_create_confirmed(store, url, out.read_bytes())
+        if out.stat().st_size > MULTIPART_THRESHOLD:
+            if not overwrite and store.head(url.key) is not None:
+                raise BundleExistsError(f"{url}: output exists; pass overwrite=True to replace it")
+            store.put_large(url.key, out)  # a multipart upload appears atomically at its end
+        elif overwrite:
+            store.put(url.key, out.read_bytes())
+        else:
+            _put_create_confirmed(store, url, out.read_bytes())
     return url
 
 
@@ -110,8 +109,7 @@ def unpack_from_store(
         packed = scratch / url.name
         with open(packed, "xb") as f:
             try:  # in windows of ranges: a packed bundle of any size never in memory whole
-                with naming(url, "download the packed bundle"):
-                    source._store.download_into(url.key, f.fileno(), source.size)
+                source._store.download_into(url.key, f.fileno(), source.size)
             except OSError as e:
                 if isinstance(e, BundleError):
                     raise
@@ -145,8 +143,7 @@ def remove_packed_object(url_text: str, storage_options: Mapping[str, Any] | Non
     url = StoreURL(url_text)
     if not object_exists(url, storage_options):
         raise BundleNotFoundError(f"{url}: no bundle here (no such object)")
-    with naming(url, "remove the packed bundle"):
-        get_store(url, storage_options).delete([url.key])
+    get_store(url, storage_options).delete([url.key])
 
 
 def list_packed_objects(prefix_text: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:

@@ -148,8 +148,7 @@ class StoreSource(_StoreSourceBase):
     def read_manifest(self) -> bytes:
         p = self._place
         try:
-            with naming(self.path, f"read {MANIFEST_NAME}"):
-                data, _ = p.store.get(p.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
+            data, _ = p.store.get(p.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
         except ObjectNotFoundError:
             raise BundleNotFoundError(
                 f"{self.path}: not a bundle: {MANIFEST_NAME} of generation {p.pointer.generation} is missing "
@@ -220,8 +219,7 @@ class StoreSource(_StoreSourceBase):
         key = p.key(name)
         size = (self._sizes or {}).get(name)
         if size is None:
-            with naming(self.where(name), "read"):
-                meta = p.store.head(key)
+            meta = p.store.head(key)
             if meta is None:
                 raise FileNotFoundError(2, "listed in the manifest but missing", self.where(name))
             size = int(meta["size"])
@@ -244,8 +242,7 @@ class _StoreReader:
         # get_ranges keeps ~10 requests in flight; chunks of it in parallel keep more (a header
         # of every 1 MB screenshot is a request of its own).
         chunks = [starts[i : i + 16] for i in range(0, len(starts), 16)]
-        with naming(self.where, "read the packed file's headers"):
-            fetched = parallel(lambda c: self.store.get_ranges(self.key, c, [s + length for s in c]), chunks)
+        fetched = parallel(lambda c: self.store.get_ranges(self.key, c, [s + length for s in c]), chunks)
         self.requests += 1
         for chunk, blocks in zip(chunks, fetched, strict=True):
             self._blocks.update(zip(chunk, blocks, strict=True))
@@ -276,8 +273,7 @@ class StorePackedSource(PackedMembers, _StoreSourceBase):
     def __init__(self, url: StoreURL, store: Store) -> None:
         self.path = url
         self._store = store
-        with naming(url, "open the packed bundle"):
-            meta = store.head(url.key)
+        meta = store.head(url.key)
         if meta is None:
             _check_bucket(store, url)  # a HEAD's 404 has no body to tell a missing bucket by
             raise BundleNotFoundError(f"{url}: no bundle here (the object does not exist)")
@@ -306,8 +302,7 @@ class StorePackedSource(PackedMembers, _StoreSourceBase):
 def _check_bucket(store: Store, url: StoreURL) -> None:
     """Raise :class:`BucketNotFoundError` when ``url``'s bucket does not exist (one listing)."""
     try:
-        with naming(url, "open the packed bundle"):
-            store.children(url.key)
+        store.children(url.key)
     except BucketNotFoundError:
         raise
     except BundleError:
