@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,8 @@ CHROMIUM = os.environ.get("ROLLOUT_BUNDLES_CHROMIUM") or (
 )
 ACTIONS = ["click(212, 148)", "double_click(960, 540)", "type('dark mode')", "scroll(0, -3)",
            "drag(300, 400, 900, 420)"]  # fmt: skip
-TIMEOUT_MS = 15_000
+TIMEOUT_MS = 30_000  # per action: generous, for a CI machine running tox envs in parallel
+START_TIMEOUT_S = 60
 
 pytestmark = pytest.mark.skipif(
     not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)),
@@ -91,7 +93,8 @@ class Serve:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._err, text=True,
                                      env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})  # fmt: skip
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+        ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
+        line = self.proc.stdout.readline() if ready else ""
         m = re.search(r"open (http://127\.0\.0\.1:\d+/)", line)
         if m is None:
             self.close()
