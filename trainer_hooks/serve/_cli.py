@@ -69,7 +69,9 @@ def run_serve(ns: argparse.Namespace) -> int:
     token = None if loopback else new_token()
     # Bind first, so the address printed is the one served (a --port 0 gets a free port).
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # without it every answer on a kept-alive connection waits ~40 ms for the peer's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), ns.port))
