@@ -54,10 +54,14 @@ ACTIONS = ["click(212, 148)", "double_click(960, 540)", "type('dark mode')", "sc
 TIMEOUT_MS = 30_000  # per action: generous, for a CI machine running tox envs in parallel
 START_TIMEOUT_S = 60
 
-pytestmark = pytest.mark.skipif(
-    not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)),
-    reason=f"Chromium not found at {CHROMIUM}: apt-get install -y chromium (or set ROLLOUT_BUNDLES_CHROMIUM)",
-)
+pytestmark = [
+    # ~45 s of a real browser: tox runs it once, in py311-full (the light envs deselect the marker).
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)),
+        reason=f"Chromium not found at {CHROMIUM}: apt-get install -y chromium (or set ROLLOUT_BUNDLES_CHROMIUM)",
+    ),
+]
 
 
 # -- the server, the browser and what the page says ----------------------------------------------------
