@@ -439,17 +439,17 @@ class _OnStore(Location, StoreURL):
         return [Location.of(t, so) for t in sorted(found + _remote.list_packed_objects(url, so))]
 
     def open_bundle(self, verify: Verify = Verify.FAST) -> Bundle:
-        return _remote.open_remote_bundle(self._client(), verify=verify, storage_options=self.storage_options)
+        return _remote.open_on_store(self._client(), verify=verify, storage_options=self.storage_options)
 
     def pack_from(self, bundle: Bundle, *, overwrite: bool, progress: bool | None) -> Location:
-        _remote.pack_to_store(
+        _remote.pack_on_store(
             bundle, self._client("pack output"), overwrite=overwrite, progress=progress,
             storage_options=self.storage_options,
         )  # fmt: skip
         return self
 
     def unpack_to(self, out_dir: str | os.PathLike[str], *, overwrite: bool, progress: bool | None) -> Bundle:
-        return _remote.unpack_from_store(
+        return _remote.unpack_on_store(
             self._client("packed bundle"), out_dir, overwrite=overwrite, progress=progress,
             storage_options=self.storage_options,
         )  # fmt: skip
@@ -471,10 +471,10 @@ class StoreLocation(_OnStore):
     has_pool: ClassVar[bool] = True
 
     def has_bundle(self) -> bool:
-        return _remote.is_remote_bundle(self._client(), self.storage_options)
+        return _remote.has_bundle_on_store(self._client(), self.storage_options)
 
     def remove_bundle(self) -> None:
-        _remote.remove_remote_bundle(self._client(), self.storage_options)
+        _remote.remove_on_store(self._client(), self.storage_options)
 
     def collect_garbage(self, *, older_than_s: float, dry_run: bool = False) -> _remote.GarbageReport | None:
         return _remote.collect_garbage(

@@ -102,8 +102,9 @@ class Scheme:
     env_prefixes: tuple[str, ...]
     #: Where its endpoint comes from when ``storage_options`` do not name one.
     endpoint_env: tuple[str, ...]
-    #: The :class:`Store` subclass that serves it (by name: the classes are defined below).
-    store: str = "ObstoreStore"
+    #: The :class:`Store` subclass that serves it, called as ``store(scheme, bucket, options)``
+    #: (named as a string for the classes of this module, defined below the table).
+    store: str | type[Store] = "ObstoreStore"
 
     @property
     def allow_http_env(self) -> str:
@@ -639,8 +640,9 @@ def get_store(url: StoreURL, options: Mapping[str, Any] | None = None) -> Store:
     with _stores_lock:
         store = _stores.get(key)
         if store is None:
-            cls: type[Store] = globals()[SCHEMES[url.scheme].store]
-            store = _stores[key] = cls(url.scheme, url.bucket, options)  # type: ignore[call-arg]
+            served_by = SCHEMES[url.scheme].store
+            cls: Any = globals()[served_by] if isinstance(served_by, str) else served_by
+            store = _stores[key] = cls(url.scheme, url.bucket, options)
         return store
 
 

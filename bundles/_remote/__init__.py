@@ -65,29 +65,29 @@ from bundles._remote._packed import (
     list_packed_objects,
     object_exists,
     object_size,
-    pack_to_store,
+    pack_on_store,
     remove_packed_object,
-    unpack_from_store,
+    unpack_on_store,
 )
-from bundles._remote._pointer import is_remote_bundle, list_remote_bundles
+from bundles._remote._pointer import has_bundle_on_store, list_remote_bundles
 from bundles._remote._prefix import StorePrefix
-from bundles._remote._read import open_remote_bundle
-from bundles._remote._write import UploadStats, remove_remote_bundle, upload_bundle
+from bundles._remote._read import open_on_store
+from bundles._remote._write import UploadStats, remove_on_store, upload_bundle
 
 __all__ = [
     "GarbageReport",
     "StorePrefix",
     "UploadStats",
     "collect_garbage",
-    "is_remote_bundle",
+    "has_bundle_on_store",
     "list_packed_objects",
     "list_remote_bundles",
     "object_exists",
     "object_size",
-    "open_remote_bundle",
-    "pack_to_store",
+    "open_on_store",
+    "pack_on_store",
+    "remove_on_store",
     "remove_packed_object",
-    "remove_remote_bundle",
-    "unpack_from_store",
+    "unpack_on_store",
     "upload_bundle",
 ]

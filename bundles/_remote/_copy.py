@@ -22,7 +22,7 @@ from bundles._manifest import parse_manifest_bytes
 from bundles._options import Verify
 from bundles._progress import Progress
 from bundles._reader import open_local
-from bundles._remote._pointer import READ_WINDOW, _place
+from bundles._remote._pointer import READ_WINDOW, _bundle_prefix
 from bundles._store import StoreURL, naming, parallel
 
 __all__ = ["download_bundle"]
@@ -71,7 +71,7 @@ def download_bundle(
     dest = Path(os.path.abspath(out_dir))
     if os.path.lexists(dest) and not overwrite:
         raise BundleExistsError(f"{dest}: output exists; pass overwrite=True to replace it")
-    place = _place(url, storage_options, "read the pointer")
+    place = _bundle_prefix(url, storage_options, "read the pointer")
     raw, _ = place.store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
     pointer = place.pointer
     if pointer.generation is not None and (

@@ -73,7 +73,7 @@ from bundles._layout import (
     STORE_POINTER_NAME,
 )
 from bundles._manifest import parse_manifest_bytes
-from bundles._remote._pointer import MAX_POINTER_BYTES, _Place, parse_pointer
+from bundles._remote._pointer import MAX_POINTER_BYTES, _BundlePrefix, parse_pointer
 from bundles._remote._probe import PROBE_PREFIX
 from bundles._source import layout_name_ok
 from bundles._store import (
@@ -190,7 +190,7 @@ def _judge(store: Store, url: StoreURL, b: _Bundle) -> None:
     try:
         data, meta = store.get(_join(b.key, STORE_POINTER_NAME), MAX_POINTER_BYTES, "pointer cap")
         pointer = parse_pointer(data, f"{bundle_url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
-        place = _Place(bundle_url, store, pointer)
+        place = _BundlePrefix(bundle_url, store, pointer)
         raw, _ = store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
         if (
             len(raw) != pointer.manifest_size

@@ -22,7 +22,7 @@ from bundles._fs import remove_tree
 from bundles._layout import PACK_SUFFIX
 from bundles._pack import pack_local, unpack_local
 from bundles._reader import Bundle
-from bundles._remote._pointer import MULTIPART_THRESHOLD, is_remote_bundle
+from bundles._remote._pointer import MULTIPART_THRESHOLD, has_bundle_on_store
 from bundles._remote._probe import check_preconditions
 from bundles._remote._read import StorePackedSource
 from bundles._remote._write import _rewrite_message
@@ -30,7 +30,7 @@ from bundles._store import ObjectExistsError, Store, StoreURL, get_store
 
 
 # -- packed files --------------------------------------------------------------------------------
-def pack_to_store(
+def pack_on_store(
     bundle: Bundle,
     url_text: str,
     *,
@@ -79,7 +79,7 @@ def _put_create_confirmed(store: Store, url: StoreURL, data: bytes) -> None:
         )
 
 
-def unpack_from_store(
+def unpack_on_store(
     url_text: str,
     out_dir: str | os.PathLike[str],
     *,
@@ -98,7 +98,7 @@ def unpack_from_store(
     try:
         source = StorePackedSource(url, store)
     except BundleNotFoundError:
-        if not is_remote_bundle(url, storage_options):
+        if not has_bundle_on_store(url, storage_options):
             raise
         raise BundleNotFoundError(
             f"{url}: a bundle directory on the store, not a packed file: copy it with "

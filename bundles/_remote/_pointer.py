@@ -100,8 +100,9 @@ def _new_generation() -> str:
 
 
 @dataclass
-class _Place:
-    """Where the objects of one bundle lie."""
+class _BundlePrefix:
+    """The prefix of one bundle on a store, with the pointer read there: where its objects lie
+    (the generation the pointer names, its media under ``U/media`` or the pool beside ``U``)."""
 
     url: StoreURL
     store: Store
@@ -135,14 +136,14 @@ def _read_pointer(store: Store, url: StoreURL) -> Pointer | None:
     return parse_pointer(data, f"{url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
 
 
-def _place(url_text: str, storage_options: Mapping[str, Any] | None, what: str) -> _Place:
+def _bundle_prefix(url_text: str, storage_options: Mapping[str, Any] | None, what: str) -> _BundlePrefix:
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
     with naming(url, what):
         pointer = _read_pointer(store, url)
     if pointer is None:
         raise BundleNotFoundError(f"{url}: no bundle here (no {STORE_POINTER_NAME} or {MANIFEST_NAME})")
-    return _Place(url, store, pointer)
+    return _BundlePrefix(url, store, pointer)
 
 
 def list_remote_bundles(
@@ -172,7 +173,7 @@ def _safe_pointer(store: Store, url: StoreURL) -> Pointer | None:
         return None
 
 
-def is_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+def has_bundle_on_store(url_text: str, storage_options: Mapping[str, Any] | None = None) -> bool:
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
     try:

@@ -35,7 +35,7 @@ from bundles._media import MediaRef
 from bundles._options import Verify
 from bundles._progress import Progress
 from bundles._reader import Bundle, load_manifest
-from bundles._remote._pointer import READ_WINDOW, _Place, _place
+from bundles._remote._pointer import READ_WINDOW, _bundle_prefix, _BundlePrefix
 from bundles._source import LAYOUT_DIRS, Entry, PackedMembers, WindowFile, read_tar_index
 from bundles._store import ObjectNotFoundError, Store, StoreURL, get_store, naming, parallel
 
@@ -128,8 +128,8 @@ class StoreSource(_StoreSourceBase):
     remote = True
     description = "object store"
 
-    def __init__(self, place: _Place) -> None:
-        self._place = place
+    def __init__(self, place: _BundlePrefix) -> None:
+        self._prefix = place
         self.path = place.url
         self._sizes: dict[str, int] | None = None
         self._listed_media: set[str] = set()
@@ -138,15 +138,15 @@ class StoreSource(_StoreSourceBase):
         """The URL of a bundle-relative name; for a media file, of the object itself (in a shared
         pool that is ``<parent>/.media/<hex><suffix>``, not under the bundle)."""
         if name.startswith(MEDIA_DIR + "/"):
-            url = self._place.url
-            return f"{url.scheme}://{url.bucket}/{self._place.key(name)}"
+            url = self._prefix.url
+            return f"{url.scheme}://{url.bucket}/{self._prefix.key(name)}"
         return f"{self.path}/{name}"
 
     def media_path(self, name: str) -> str:
         return self.where(name)
 
     def read_manifest(self) -> bytes:
-        p = self._place
+        p = self._prefix
         try:
             data, _ = p.store.get(p.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
         except ObjectNotFoundError:
@@ -181,12 +181,12 @@ class StoreSource(_StoreSourceBase):
 
     def reread_manifest(self) -> bytes:
         """The manifest the pointer names now (to tell a replaced bundle from a damaged one)."""
-        fresh = StoreSource(_place(str(self.path), None, "read the pointer"))
-        fresh._place = _Place(self._place.url, self._place.store, fresh._place.pointer)
+        fresh = StoreSource(_bundle_prefix(str(self.path), None, "read the pointer"))
+        fresh._prefix = _BundlePrefix(self._prefix.url, self._prefix.store, fresh._prefix.pointer)
         return fresh.read_manifest()
 
     def _list(self) -> dict[str, int]:
-        p = self._place
+        p = self._prefix
         base = p.url.key_of(p.pointer.generation) if p.pointer.generation else p.url.key
         sizes: dict[str, int] = {}
 
@@ -215,7 +215,7 @@ class StoreSource(_StoreSourceBase):
             yield Entry(name, "file", size)
 
     def open(self, name: str) -> tuple[BinaryIO, int]:
-        p = self._place
+        p = self._prefix
         key = p.key(name)
         size = (self._sizes or {}).get(name)
         if size is None:
@@ -354,7 +354,7 @@ def _download_one(source: Any, name: str, ref: MediaRef, target: Path, bar: Prog
         m = source.members[f"{MEDIA_DIR}/{name}"]
         data = source._store.get_range(source.path.key, m.offset, m.offset + m.size)
     else:
-        data, _ = source._place.store.get(source._place.key(f"{MEDIA_DIR}/{name}"))
+        data, _ = source._prefix.store.get(source._prefix.key(f"{MEDIA_DIR}/{name}"))
     digest = DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
     if digest != ref.digest or len(data) != ref.size:
         raise BundleVerificationError(
@@ -393,7 +393,7 @@ def _download_media(
         raise BundleIOError.wrap(target, f"rehydrate {source.path}", e) from e
 
 
-def open_remote_bundle(
+def open_on_store(
     url_text: str, *, verify: Verify = Verify.FAST, storage_options: Mapping[str, Any] | None = None
 ) -> Bundle:
     """:func:`bundles.open_bundle` for a URL: a bundle prefix, or a packed ``.rbundle`` object."""
@@ -402,7 +402,7 @@ def open_remote_bundle(
     if url.name.endswith(PACK_SUFFIX):
         source = StorePackedSource(url, get_store(url, storage_options))
     else:
-        source = StoreSource(_place(url, storage_options, "read the pointer"))
+        source = StoreSource(_bundle_prefix(url, storage_options, "read the pointer"))
     bundle = Bundle(source, load_manifest(source))
     if verify is not Verify.NONE:
         bundle.verify(full=verify is Verify.FULL, progress=False)

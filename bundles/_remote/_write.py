@@ -38,9 +38,9 @@ from bundles._remote._pointer import (
     _PUBLISH_ATTEMPTS,
     MULTIPART_THRESHOLD,
     Pointer,
+    _bundle_prefix,
+    _BundlePrefix,
     _new_generation,
-    _Place,
-    _place,
     _read_pointer,
 )
 from bundles._remote._probe import check_preconditions
@@ -102,7 +102,7 @@ def upload_bundle(
     check_preconditions(store, url)  # publishing below is atomic only where they are honoured
     stats = UploadStats(generation=_new_generation())
     started = time.perf_counter()
-    place = _Place(url, store, Pointer(stats.generation, None, None, shared_media))
+    place = _BundlePrefix(url, store, Pointer(stats.generation, None, None, shared_media))
     root = Path(local.path)
     manifest_bytes = (root / MANIFEST_NAME).read_bytes()
     try:
@@ -127,7 +127,7 @@ def upload_bundle(
     return stats
 
 
-def _upload(local: Any, root: Path, place: _Place, stats: UploadStats, progress: bool | None) -> None:
+def _upload(local: Any, root: Path, place: _BundlePrefix, stats: UploadStats, progress: bool | None) -> None:
     store = place.store
     existing = {m["path"]: m["size"] for m in store.listing(place.media_prefix)}
     todo: list[tuple[str, Path, int]] = []
@@ -195,7 +195,7 @@ def _put_create_same(store: Store, key: str, data: bytes) -> None:
             raise BundleError(f"{store.url_of(key)}: exists with other content")
 
 
-def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None:
+def _publish(place: _BundlePrefix, pointer: Pointer, overwrite: bool) -> Pointer | None:
     """Make ``pointer`` the bundle's pointer; return the pointer it replaced (None if none).
     The pointer is read back once put: a writer whose put was overtaken learns it lost."""
     previous = _put_pointer(place, pointer, overwrite)
@@ -203,7 +203,7 @@ def _publish(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None
     return previous
 
 
-def _put_pointer(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | None:
+def _put_pointer(place: _BundlePrefix, pointer: Pointer, overwrite: bool) -> Pointer | None:
     """The conditional put of the pointer (FORMAT.md §9), retried while other writers swap it."""
     store, url = place.store, place.url
     key = url.key_of(STORE_POINTER_NAME)
@@ -246,7 +246,7 @@ def _put_pointer(place: _Place, pointer: Pointer, overwrite: bool) -> Pointer | 
     )
 
 
-def _confirm(place: _Place, pointer: Pointer, overwrite: bool) -> None:
+def _confirm(place: _BundlePrefix, pointer: Pointer, overwrite: bool) -> None:
     """Read the pointer just put back: it must name our generation. Where a store honoured the
     preconditions at the probe and drops them since (a proxy, a server replaced behind the
     endpoint), two racing puts both succeed and the later one silently replaces the earlier:
@@ -273,7 +273,7 @@ def _confirm(place: _Place, pointer: Pointer, overwrite: bool) -> None:
     raise (BundleError if overwrite else BundleExistsError)(message)
 
 
-def _discard_generation(place: _Place, generation: str) -> None:
+def _discard_generation(place: _BundlePrefix, generation: str) -> None:
     """Best effort: remove an unpublished generation (it is invisible anyway; gc removes what a
     failure here leaves)."""
     try:
@@ -286,7 +286,7 @@ def _discard_generation(place: _Place, generation: str) -> None:
         pass
 
 
-def _retire(place: _Place, previous: Pointer) -> list[str]:
+def _retire(place: _BundlePrefix, previous: Pointer) -> list[str]:
     """Delete the replaced generation, manifest first (the pointer no longer names it)."""
     url, store = place.url, place.store
     try:
@@ -314,14 +314,14 @@ def _rewrite_message(error: BaseException, local: str, url: str) -> None:
         error.args = (error.args[0].replace(local, url), *error.args[1:])
 
 
-def remove_remote_bundle(url_text: str, storage_options: Mapping[str, Any] | None = None) -> None:
+def remove_on_store(url_text: str, storage_options: Mapping[str, Any] | None = None) -> None:
     """Delete the bundle at ``url`` and nothing else (FORMAT.md §9): the pointer first (so no
     reader finds half of it), then the generations of ours under it (each manifest first), then
     its own media (``U/media/<64 hex><suffix>``). A plain copy (no pointer) loses its
     ``manifest.json`` first, then ``samples/<shard>`` and its media. Everything else under
     ``U`` (a user's files beside the bundle, a nested bundle, keys deeper than the layout's) is
     left, and so is the shared pool beside ``U``: its media are left to :func:`collect_garbage`."""
-    place = _place(url_text, storage_options, "read the pointer")
+    place = _bundle_prefix(url_text, storage_options, "read the pointer")
     url, store = place.url, place.store
     with naming(url, "remove the bundle"):
         if place.pointer.generation is None:
