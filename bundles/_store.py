@@ -102,6 +102,8 @@ class Scheme:
     env_prefixes: tuple[str, ...]
     #: Where its endpoint comes from when ``storage_options`` do not name one.
     endpoint_env: tuple[str, ...]
+    #: What to set when no credentials are found.
+    credentials: str
     #: The :class:`Store` subclass that serves it, called as ``store(scheme, bucket, options)``
     #: (named as a string for the classes of this module, defined below the table).
     store: str | type[Store] = "ObstoreStore"
@@ -115,10 +117,23 @@ class Scheme:
 #: reads its names; adding ``gs://`` or another backend is one row and, where obstore does not
 #: serve it, one :class:`Store` subclass).
 SCHEMES: dict[str, Scheme] = {
-    "s3": Scheme("s3", ("AWS_",), ("AWS_ENDPOINT_URL", "AWS_ENDPOINT")),
-    "gs": Scheme("gs", ("GOOGLE_",), ("GOOGLE_SERVICE_ENDPOINT",)),
+    "s3": Scheme(
+        "s3",
+        ("AWS_",),
+        ("AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+    ),
+    "gs": Scheme(
+        "gs",
+        ("GOOGLE_",),
+        ("GOOGLE_SERVICE_ENDPOINT",),
+        "GOOGLE_SERVICE_ACCOUNT (a service account key file) or GOOGLE_APPLICATION_CREDENTIALS",
+    ),
     "az": Scheme(
-        "az", ("AZURE_", "AZURITE_"), ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT", "AZURITE_BLOB_STORAGE_URL")
+        "az",
+        ("AZURE_", "AZURITE_"),
+        ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT", "AZURITE_BLOB_STORAGE_URL"),
+        "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY",
     ),
 }
 STORE_SCHEMES = tuple(SCHEMES)
@@ -454,8 +469,7 @@ def _translate(store: ObstoreStore, key: str, what: str, error: BaseException) -
             StoreIOError,
             url,
             what,
-            "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-            f"(or pass storage_options) [{short}]",
+            f"no credentials: set {SCHEMES[store.scheme].credentials} (or pass storage_options) [{short}]",
         )
     plain = _PLAIN_HTTP_RE.search(text)
     if plain and "builder error" in text:

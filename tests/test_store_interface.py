@@ -235,7 +235,7 @@ def test_a_backend_is_one_class_the_whole_protocol_runs_on(
 ) -> None:
     """The s3 row of the one scheme table pointed at MemoryStore: write, read in place (prefix and
     packed object), list, remove and gc go through the Store interface alone."""
-    monkeypatch.setitem(SCHEMES, "s3", Scheme("s3", ("AWS_",), (), store=MemoryStore))
+    monkeypatch.setitem(SCHEMES, "s3", Scheme("s3", ("AWS_",), (), "nothing", store=MemoryStore))
     clear_store_cache()
     forget_verdicts()
     MemoryStore.buckets.clear()
