@@ -814,62 +814,98 @@ def create_app(
 
 
 def asgi_app(state: ServeApp) -> Any:
-    """The Starlette application over ``state`` (what :func:`create_app` returns)."""
+    """The Starlette application over ``state`` (what :func:`create_app` returns).
+
+    Its routes are :func:`_page_routes` (HTML pages) and :func:`_asset_routes` (pictures, the
+    stylesheet); an unknown address or a refused method is :func:`_http_error`'s page; the app's
+    shutdown closes ``state``; :class:`Guard` wraps it all.
+    """
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
-    from starlette.responses import HTMLResponse, Response
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> Any:
+        yield
+        state.close()
+
+    app = Starlette(routes=[*_page_routes(state), *_asset_routes(state)],
+                    exception_handlers={HTTPException: _http_error(state)}, lifespan=lifespan)  # fmt: skip
+    app.state.serve = state
+    app.add_middleware(
+        Guard, token=state.config.token, allowed_hosts=state.config.allowed_hosts, error_page=state.error_page
+    )
+    return app
+
+
+def _html(text: str, status: int = 200) -> Any:
+    """An HTML response never cached (pages follow the index as it grows)."""
+    from starlette.responses import HTMLResponse
+
+    return HTMLResponse(text, status_code=status, headers={"cache-control": "no-store"})
+
+
+def _error_html(state: ServeApp, status: int, heading: str, message: str) -> Any:
+    return _html(state.error_page(status, heading, message).decode(), status)
+
+
+def _page(state: ServeApp, fn: Callable[[Any], str]) -> Callable[[Any], Any]:
+    """An endpoint answering ``fn(request)``'s HTML; a refused request or an unreadable bundle is a page."""
+
+    def endpoint(request: Any) -> Any:
+        try:
+            return _html(fn(request))
+        except PageError as e:
+            return _error_html(state, e.status, e.heading, e.message)
+        except BundleError as e:  # the bundle's problem, named: a page, not a traceback
+            return _error_html(state, 502, "cannot read the bundle", str(e))
+
+    return endpoint
+
+
+def _page_routes(state: ServeApp) -> list[Any]:
+    """The HTML pages: the run, a bundle (its groups, a group, a sample), a prompt, the comparisons."""
     from starlette.routing import Route
 
-    config = state.config
+    def bundle_id(request: Any) -> BundleEntry:
+        return state.entry(request.path_params["bid"])
 
-    def html(text: str, status: int = 200) -> Response:
-        return HTMLResponse(text, status_code=status, headers={"cache-control": "no-store"})
-
-    def page(fn: Callable[[Request], str]) -> Callable[[Request], Response]:
-        def endpoint(request: Request) -> Response:
-            try:
-                return html(fn(request))
-            except PageError as e:
-                return html(state.error_page(e.status, e.heading, e.message).decode(), e.status)
-            except BundleError as e:  # the bundle's problem, named: a page, not a traceback
-                return html(state.error_page(502, "cannot read the bundle", str(e)).decode(), 502)
-
-        return endpoint
-
-    def run_page(request: Request) -> str:
-        return state.run_page()
-
-    def bundle(request: Request) -> str:
-        return state.bundle_page(state.entry(request.path_params["bid"]), request.query_params)
-
-    def groups(request: Request) -> str:
-        return state.groups_page(state.entry(request.path_params["bid"]), request.query_params)
-
-    def group(request: Request) -> str:
+    def group(request: Any) -> str:
         g = request.query_params.get("g", "")
         if not g or len(g) > 200:
             raise PageError(400, "no group", "g: expected a group name from the groups page")
-        return state.group_page(state.entry(request.path_params["bid"]), g)
+        return state.group_page(bundle_id(request), g)
 
-    def sample(request: Request) -> str:
-        return state.sample_page(
-            state.entry(request.path_params["bid"]), _int(request.path_params["pos"], "position")
-        )
+    def sample(request: Any) -> str:
+        return state.sample_page(bundle_id(request), _int(request.path_params["pos"], "position"))
 
-    def prompt(request: Request) -> str:
-        return state.prompt_page(request.query_params)
-
-    def compare(request: Request) -> str:
+    def compare(request: Any) -> str:
         p = request.query_params
         return state.compare_page(state.entry(p.get("a", "")), state.entry(p.get("b", "")))
 
-    def compare_samples(request: Request) -> str:
+    def compare_samples(request: Any) -> str:
         p = request.query_params
         return state.compare_samples_page(state.entry(p.get("a", "")), _int(p.get("i", ""), "i"),
                                           state.entry(p.get("b", "")), _int(p.get("j", ""), "j"))  # fmt: skip
 
-    def image(request: Request) -> Response:
+    pages: list[tuple[str, Callable[[Any], str]]] = [
+        ("/", lambda request: state.run_page()),
+        ("/b/{bid}", lambda request: state.bundle_page(bundle_id(request), request.query_params)),
+        ("/b/{bid}/groups", lambda request: state.groups_page(bundle_id(request), request.query_params)),
+        ("/b/{bid}/group", group),
+        ("/b/{bid}/s/{pos}", sample),
+        ("/prompt", lambda request: state.prompt_page(request.query_params)),
+        ("/compare", compare),
+        ("/compare/samples", compare_samples),
+    ]
+    return [Route(path, _page(state, fn)) for path, fn in pages]
+
+
+def _asset_routes(state: ServeApp) -> list[Any]:
+    """What a page loads: a bundle's pictures as JPEG, the stylesheet, and no favicon."""
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    def image(request: Any) -> Any:
         try:
             entry = state.entry(request.path_params["bid"])
             w = _int(request.query_params.get("w", "320"), "w")
@@ -879,51 +915,36 @@ def asgi_app(state: ServeApp) -> Any:
                 )
             data = state.image(entry, request.path_params["name"], w)
         except PageError as e:
-            return html(state.error_page(e.status, e.heading, e.message).decode(), e.status)
+            return _error_html(state, e.status, e.heading, e.message)
         except BundleError as e:
-            return html(state.error_page(502, "cannot read the picture", str(e)).decode(), 502)
+            return _error_html(state, 502, "cannot read the picture", str(e))
         return Response(
             data, media_type="image/jpeg", headers={"cache-control": "private, max-age=86400, immutable"}
         )
 
-    def style(request: Request) -> Response:
+    def style(request: Any) -> Any:
         from trainer_hooks.serve._templates import stylesheet
 
         return Response(stylesheet(), media_type="text/css; charset=utf-8",
                         headers={"cache-control": "private, max-age=3600"})  # fmt: skip
 
-    def not_found(request: Request, exc: Exception) -> Response:
-        status = exc.status_code if isinstance(exc, HTTPException) else 404
-        heading = "not found" if status == 404 else "refused"
-        return html(
-            state.error_page(status, heading, "no page of this server has that address").decode(), status
-        )
-
-    routes = [
-        Route("/", page(run_page)),
+    return [
         Route("/static/style.css", style),
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # no icon; no 404 in the console
-        Route("/b/{bid}", page(bundle)),
-        Route("/b/{bid}/groups", page(groups)),
-        Route("/b/{bid}/group", page(group)),
-        Route("/b/{bid}/s/{pos}", page(sample)),
         Route("/b/{bid}/img/{name}", image),
-        Route("/prompt", page(prompt)),
-        Route("/compare", page(compare)),
-        Route("/compare/samples", page(compare_samples)),
     ]
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Any) -> Any:
-        yield
-        state.close()
 
-    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found}, lifespan=lifespan)
-    app.state.serve = state
-    app.add_middleware(
-        Guard, token=config.token, allowed_hosts=config.allowed_hosts, error_page=state.error_page
-    )
-    return app
+def _http_error(state: ServeApp) -> Callable[[Any, Exception], Any]:
+    """The handler of Starlette's HTTP exceptions (no route, a refused method): a page."""
+    from starlette.exceptions import HTTPException
+
+    def handler(request: Any, exc: Exception) -> Any:
+        status = exc.status_code if isinstance(exc, HTTPException) else 404
+        heading = "not found" if status == 404 else "refused"
+        return _error_html(state, status, heading, "no page of this server has that address")
+
+    return handler
 
 
 def _int(text: str, name: str) -> int:
