@@ -23,7 +23,6 @@ digest) is decoded and resized once.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import threading
@@ -35,7 +34,7 @@ import bundles
 from bundles import BundleError, MediaMissingError
 from bundles.support import atomic_write, media_name_ok, read_at_most
 from trainer_hooks.serve._run import BundleEntry
-from trainer_hooks.view import MAX_MEDIA_BYTES, shown_suffix
+from trainer_hooks.view import MAX_MEDIA_BYTES, jpeg_bytes, shown_suffix
 
 __all__ = ["THUMB", "WIDTHS", "ImageInfo", "Pictures"]
 
@@ -66,23 +65,9 @@ def media_sizes(entry: BundleEntry) -> dict[str, int]:
 
 
 def _jpeg(image: Any, width: int) -> bytes:
-    from PIL import Image
-
-    im = image
-    if im.mode in ("RGBA", "LA") or (im.mode == "P" and "transparency" in im.info):
-        rgba = im.convert("RGBA")
-        flat = Image.new("RGB", rgba.size, (255, 255, 255))
-        flat.paste(rgba, mask=rgba.getchannel("A"))
-        im = flat
-    elif im.mode != "RGB":
-        im = im.convert("RGB")
-    scale = min(1.0, width / im.width, 4 * width / im.height)
-    if scale < 1.0:
-        im = im.resize((max(1, round(im.width * scale)), max(1, round(im.height * scale))),
-                       Image.Resampling.LANCZOS, reducing_gap=2.0)  # fmt: skip
-    out = io.BytesIO()
-    im.save(out, "JPEG", quality=QUALITY.get(width, 80), optimize=width <= THUMB, progressive=width > THUMB)
-    return out.getvalue()
+    return jpeg_bytes(
+        image, width, quality=QUALITY.get(width, 80), optimize=width <= THUMB, progressive=width > THUMB
+    )
 
 
 class Pictures:

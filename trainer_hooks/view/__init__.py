@@ -17,7 +17,7 @@ of which stored files are shown (:func:`shown_suffix`). The templates themselves
 from trainer_hooks.view._actions import parse_action
 from trainer_hooks.view._context import advantages, prompt_messages
 from trainer_hooks.view._graphics import OVERLAY_COLOR, logprob_strip, overlay
-from trainer_hooks.view._media import MAX_MEDIA_BYTES, shown_suffix
+from trainer_hooks.view._media import MAX_MEDIA_BYTES, jpeg_bytes, shown_suffix
 from trainer_hooks.view._report import ReportError, ReportWritten, load_replay_report, write_html_report
 from trainer_hooks.view._samples import Image, SampleView, sample_view
 
@@ -29,6 +29,7 @@ __all__ = [
     "ReportWritten",
     "SampleView",
     "advantages",
+    "jpeg_bytes",
     "load_replay_report",
     "logprob_strip",
     "overlay",

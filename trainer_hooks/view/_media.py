@@ -73,7 +73,9 @@ class Shown:
     error: str | None = None  # why it is not shown
 
 
-def _jpeg(image: Any, width: int, quality: int, progressive: bool) -> Picture:
+def jpeg_bytes(image: Any, width: int, *, quality: int, optimize: bool, progressive: bool) -> bytes:
+    """A decoded image as JPEG at most ``width`` px wide (and at most 4:1 tall), transparency
+    flattened onto white: the one thumbnail rule of ``view`` and ``serve``."""
     from PIL import Image
 
     im = image
@@ -89,9 +91,23 @@ def _jpeg(image: Any, width: int, quality: int, progressive: bool) -> Picture:
         size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
         im = im.resize(size, Image.Resampling.LANCZOS, reducing_gap=2.0)
     out = io.BytesIO()
-    im.save(out, "JPEG", quality=quality, optimize=True, progressive=progressive)
-    uri = "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode("ascii")
-    return Picture(uri, im.width, im.height, len(uri))
+    im.save(out, "JPEG", quality=quality, optimize=optimize, progressive=progressive)
+    return out.getvalue()
+
+
+def _jpeg(image: Any, width: int, quality: int, progressive: bool) -> Picture:
+    data = jpeg_bytes(image, width, quality=quality, optimize=True, progressive=progressive)
+    uri = "data:image/jpeg;base64," + base64.b64encode(data).decode("ascii")
+    w, h = _jpeg_size(image, width)
+    return Picture(uri, w, h, len(uri))
+
+
+def _jpeg_size(image: Any, width: int) -> tuple[int, int]:
+    """The size :func:`jpeg_bytes` gives ``image`` at ``width`` (the same scale rule)."""
+    scale = min(1.0, width / image.width, 4 * width / image.height)
+    if scale >= 1.0:
+        return image.width, image.height
+    return max(1, round(image.width * scale)), max(1, round(image.height * scale))
 
 
 def _read(bundle: Bundle, name: str, size: int) -> bytes:
