@@ -8,6 +8,7 @@ The hostile vectors of ``tests/vectors/hostile`` are served and every route is c
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import http.client
@@ -412,6 +413,40 @@ def test_one_prompt_across_training_and_two_steps_side_by_side(served: tuple[Tes
     assert side.count('<section class="card sample"') == 8  # 4 samples of the prompt at each step
     assert "fully_async_1" in side and "fully_async_3" in side
     assert_page(client.get("/prompt"), 400)
+
+
+def _open_indexes(cache: Path) -> list[str]:
+    """This process's descriptors open on an index file under ``cache`` (Linux: /proc/self/fd)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(cache / "index")) and target.endswith(".sqlite"):
+                found.append(target)
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors through /proc/self/fd")
+def test_connections_to_complete_indexes_are_kept_between_requests_and_closed_at_shutdown(
+    run: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    app = create_app(run, cache_dir=cache)
+    with TestClient(app) as client:
+        indexed(app)
+        e1 = entry_by_step(app, 1)
+        link = re.search(r'href="(/prompt\?key=[^"]+)"', client.get(f"/b/{e1.id}").text)
+        assert link, "no prompt link on the bundle page"
+        key = unescape(link.group(1))
+        assert_page(client.get(key))  # reads every bundle's index
+        kept = _open_indexes(cache)
+        assert sorted(set(kept)) == sorted(str(app.state.serve.indexer.path(e.identity))
+                                           for e in app.state.serve.run.ordered()), kept  # fmt: skip
+        for _ in range(5):  # the same connections again, not new ones
+            assert_page(client.get(key))
+            assert_page(client.get(f"/b/{e1.id}", params={"sort": "reward"}))
+        assert sorted(_open_indexes(cache)) == sorted(kept)
+    assert _open_indexes(cache) == []  # the app's shutdown closed them
 
 
 def test_compare_two_bundles_shows_what_rollout_bundle_diff_reports(served: tuple[TestClient, Any]) -> None:
