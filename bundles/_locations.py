@@ -53,8 +53,15 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from bundles import _remote
-from bundles._commit import commit, is_bundle_dir, is_staging_name, remove_bundle_dir, scratch_dir
-from bundles._errors import BundleError, BundleExistsError, BundleNotFoundError
+from bundles._commit import (
+    commit,
+    is_bundle_dir,
+    is_staging_name,
+    remove_bundle_dir,
+    scratch_dir,
+    staging_name,
+)
+from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleNotFoundError, public_path
 from bundles._fs import remove_tree
 from bundles._layout import PACK_SUFFIX
 from bundles._location import STORE_SCHEMES, classify, url_scheme
@@ -109,6 +116,8 @@ class Location(abc.ABC):
         if isinstance(where, Location) and storage_options is None:
             return where
         text = os.fspath(where)
+        if not isinstance(text, str) or not text:
+            raise BundleError(f"{text!r}: not a location: expected a path or an object-store URL")
         if url_scheme(text) in STORE_SCHEMES:
             kind: type[_OnStore] = StorePackedLocation if _packed_name(text) else StoreLocation
             return kind(text, storage_options)
@@ -207,8 +216,7 @@ class Location(abc.ABC):
         try:
             write(local)
         except BundleError as e:
-            if e.args and isinstance(e.args[0], str):
-                e.args = (e.args[0].replace(str(local), str(self)), *e.args[1:])
+            _name_the_location(e, local, self)
             _remove_scratch(scratch)
             raise
         except BaseException:
@@ -238,6 +246,16 @@ class Location(abc.ABC):
         return staged.publish(shared_media=shared_media, progress=progress)
 
 
+def _name_the_location(error: BaseException, local: Path, location: Location) -> None:
+    """Name ``location`` in ``error``, not the scratch copy ``local`` (which is about to go)."""
+    if error.args and isinstance(error.args[0], str):
+        text = error.args[0].replace(str(local), str(location))
+        shown = public_path(str(local))  # how BundleIOError names a path inside a staging directory
+        if isinstance(shown, str):
+            text = text.replace(shown, str(location))
+        error.args = (text, *error.args[1:])
+
+
 def _remove_scratch(scratch: Path) -> None:
     # A failure here must not hide the write's own outcome: the leftover is named like a staging
     # directory, so the first write into its parent after this process exits removes it.
@@ -262,6 +280,9 @@ class Staged:
             return self.location._publish(
                 self.local, overwrite=self._overwrite, shared_media=shared_media, progress=progress
             )
+        except BundleError as e:
+            _name_the_location(e, self.local, self.location)
+            raise
         finally:
             self.discard()
 
@@ -356,7 +377,20 @@ class DirectoryLocation(_Local):
     def _publish(
         self, local: Path, *, overwrite: bool, shared_media: bool, progress: bool | None
     ) -> Location:
-        commit(local, Path(self), overwrite)  # the writer's own commit (docs/FORMAT.md §6)
+        # The writer's own commit (docs/FORMAT.md §5), from a staging sibling named as §5 names
+        # it: a crash between the two renames of a replacement is then recovered as any write's
+        # is (a bundle left inside the scratch directory would be swept with it).
+        dest = Path(self)
+        staging = staging_name(dest)
+        try:
+            os.rename(local, staging)
+        except OSError as e:
+            raise BundleIOError.wrap(dest, "stage the bundle beside it", e) from e
+        try:
+            commit(staging, dest, overwrite)
+        except BaseException:
+            _remove_scratch(staging)
+            raise
         return self
 
 
@@ -382,6 +416,7 @@ class PackedFileLocation(_Local):
             raise BundleNotFoundError(
                 f"{self}: not a packed bundle (not a regular file); refusing to remove it"
             )
+        _refuse_unless_packed(self)
         try:
             os.unlink(self)
         except FileNotFoundError:
@@ -400,6 +435,18 @@ class PackedFileLocation(_Local):
         with open_local(local, Verify.FAST) as b:
             pack_local(b, self, overwrite=overwrite, progress=progress)
         return self
+
+
+def _refuse_unless_packed(location: Location) -> None:
+    """Only a bundle is removed: a file (or object) named ``*.rbundle`` whose members do not index
+    as a packed bundle (a user's file of that name) is refused, its bytes untouched."""
+    try:
+        location.open_bundle(Verify.NONE).close()  # the member index only, nothing verified
+    except BundleNotFoundError:
+        raise
+    except BundleError as e:
+        reason = str(e) if str(e).startswith(f"{location}: ") else f"{location}: not a packed bundle: {e}"
+        raise BundleNotFoundError(f"{reason}; refusing to remove it") from None
 
 
 # -- store kinds ---------------------------------------------------------------------------------
@@ -456,8 +503,12 @@ class _OnStore(Location, StoreURL):
 
     def _scratch_beside(self, media_roots: list[Path]) -> Path:
         # Beside the first media root: same filesystem, so the local writer hard-links media.
+        # Where that parent is not writable (media_roots=$HOME under /home, or "/"), the temp
+        # directory serves: media are then copied into the scratch, not linked.
         if media_roots:
-            return Path(os.path.abspath(media_roots[0]))
+            root = Path(os.path.abspath(media_roots[0]))
+            if root.parent != root and os.access(root.parent, os.W_OK | os.X_OK):
+                return root
         return Path(tempfile.gettempdir()) / "rollout-bundles"
 
     def _refuse_existing(self, overwrite: bool) -> None:
@@ -501,6 +552,7 @@ class StorePackedLocation(_OnStore):
         return _remote.object_exists(self._client(), self.storage_options)
 
     def remove_bundle(self) -> None:
+        _refuse_unless_packed(self)
         _remote.remove_packed_object(self._client(), self.storage_options)
 
     def _publish(

@@ -260,6 +260,7 @@ def _confirm(place: _BundlePrefix, pointer: Pointer, overwrite: bool) -> None:
     except BundleFormatError:
         found = Pointer(None, None, None, False)
     if found is not None and found.generation == pointer.generation:
+        _confirm_generation(place, pointer)
         return
     what = f"names generation {found.generation}" if found and found.generation else "is gone"
     if found is not None and found.generation is None:
@@ -271,6 +272,23 @@ def _confirm(place: _BundlePrefix, pointer: Pointer, overwrite: bool) -> None:
         "removed. Nothing of theirs was changed"
     )
     raise (BundleError if overwrite else BundleExistsError)(message)
+
+
+def _confirm_generation(place: _BundlePrefix, pointer: Pointer) -> None:
+    """The generation the pointer just put names must still be there: a ``remove_bundle`` (or a
+    gc) racing this write deletes every generation under the prefix, this unpublished one too, and
+    the pointer would then name nothing. One HEAD of its manifest; a writer whose generation went
+    is told so, not that it published (its media are not checked: the manifest goes first)."""
+    url = place.url
+    key = url.key_of(f"{pointer.generation}/{MANIFEST_NAME}")
+    with naming(url, f"read back generation {pointer.generation}"):
+        present = place.store.head(key) is not None
+    if not present:
+        raise BundleError(
+            f"{url}: published, but generation {pointer.generation} was deleted meanwhile (a remove or "
+            f"gc of {url} raced this write): {STORE_POINTER_NAME} names nothing readable; write the "
+            "bundle again"
+        )
 
 
 def _discard_generation(place: _BundlePrefix, generation: str) -> None:
