@@ -550,7 +550,10 @@ def run_install(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None
     pip = (
         f'pip() {{ case "$1" in\n'
         f'  wheel) shift; {shlex.quote(sys.executable)} -m pip wheel -q --no-build-isolation "$@";;\n'
-        f'  install) shift; {shlex.quote(sys.executable)} -m pip -q --python {shlex.quote(str(new_python))} install --no-index "$@";;\n'
+        # --ignore-installed --no-deps: the dependencies come from this environment (the .pth
+        # line), which may hold rollout-bundles itself (tox installs it): pip must install the
+        # wheel into the new environment anyway, and never touch this one.
+        f'  install) shift; {shlex.quote(sys.executable)} -m pip -q --python {shlex.quote(str(new_python))} install --no-index --ignore-installed --no-deps "$@";;\n'
         f"  *) return 99;; esac; }}\n"
     )
     env = {"PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": ""}
