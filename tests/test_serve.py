@@ -8,6 +8,7 @@ The hostile vectors of ``tests/vectors/hostile`` are served and every route is c
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import html
@@ -812,6 +813,31 @@ def test_a_run_on_a_store_is_served_in_place(store_prefix: str, tmp_path: Path) 
         assert r.status_code == 200 and r.content[:3] == b"\xff\xd8\xff"
         name = href.split("/img/")[1].split("?")[0]
         assert hashlib.sha256(Path(media, name).read_bytes()).hexdigest() == name.partition(".")[0]
+
+
+def test_the_pages_templates_are_compiled_while_the_server_starts(run: Path, tmp_path: Path) -> None:
+    # A fresh process (the Jinja2 environment is one per process): no page asked for, yet the
+    # first pages' templates get compiled, so a person's first page does not wait ~50 ms for it.
+    wanted = ["bundle.html.j2", "base.html.j2", "macros.html.j2", "run.html.j2", "sample.html.j2",
+              "turn.html.j2"]  # fmt: skip
+    code = (
+        "import sys, time\n"
+        "from trainer_hooks.serve import create_app\n"
+        "from trainer_hooks.serve._templates import environment\n"
+        "app = create_app(sys.argv[1], cache_dir=sys.argv[2])\n"
+        "names = lambda: {key[1] for key in environment().cache.keys()}\n"
+        "deadline = time.monotonic() + 20\n"
+        "while not set(sys.argv[3:]) <= names() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.02)\n"
+        "app.state.serve.close()\n"
+        "print(sorted(names()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(run), str(tmp_path / "cache"), *wanted],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    compiled = ast.literal_eval(out.stdout.strip())
+    assert set(wanted) <= set(compiled), compiled
 
 
 def test_the_cli_lists_serve_with_its_options() -> None:

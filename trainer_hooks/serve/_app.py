@@ -76,6 +76,10 @@ PAGE = 50
 MAX_PAGE = 500
 GROUP_COLUMNS = 16
 PROMPT_SAMPLES = 4
+#: Compiled in the background at start, a bundle's first page first (with what it extends and
+#: imports: Jinja2 loads those when a page is rendered, not when it is compiled).
+WARM_TEMPLATES = ("bundle.html.j2", "base.html.j2", "macros.html.j2", "run.html.j2", "sample.html.j2",
+                  "_sample.html.j2", "_images.html.j2", "turn.html.j2", "error.html.j2", "prompt.html.j2")  # fmt: skip
 FIRST_PAGE_WAIT_S = 1.5  # how long a bundle page waits for an unindexed bundle's first rows
 
 
@@ -223,6 +227,11 @@ class ServeApp:
             self.indexer.add(e, priority=ix.WANTED + e.order)
         self._diffs: dict[tuple[str, str], dict[str, Any] | str] = {}
         self._stop = threading.Event()
+        # Compiling a page's templates costs ~50 ms, once: done while the server starts and the
+        # browser opens, not on the first page. The lock keeps a page from compiling a template
+        # the warm-up is compiling (never held across more than one template's compilation).
+        self._compiling = threading.Lock()
+        threading.Thread(target=self._warm_templates, name="serve-templates", daemon=True).start()
         self._follower: threading.Thread | None = None
         if config.follow:
             self._follower = threading.Thread(target=self._follow, name="serve-follow", daemon=True)
@@ -238,6 +247,13 @@ class ServeApp:
                     f"rollout-bundle serve: warning: listing {self.config.root} failed: {e}", file=sys.stderr
                 )
 
+    def _warm_templates(self) -> None:
+        for name in WARM_TEMPLATES:
+            if self._stop.is_set():
+                return
+            with self._compiling, contextlib.suppress(Exception):  # a broken one is the page's error to show
+                self.env.get_template(name)
+
     def close(self) -> None:
         self._stop.set()
         self.indexer.close()
@@ -251,7 +267,9 @@ class ServeApp:
         context.setdefault("version", bundles.__version__)
         context.setdefault("samples_with_turns", [])
         context.setdefault("defs", [])
-        return str(self.env.get_template(template).render(**context))
+        with self._compiling:
+            compiled = self.env.get_template(template)
+        return str(compiled.render(**context))
 
     def error_page(self, status: int, heading: str, message: str) -> bytes:
         return self.render("error.html.j2", title=heading, status=status, heading=heading,

@@ -37,6 +37,7 @@ def environment() -> Any:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        auto_reload=False,  # the package's templates do not change while serving: no stat per page
     )
 
 
