@@ -468,10 +468,10 @@ class Indexer:
         final = self.path(entry.identity)
         if final.exists():
             try:
-                with contextlib.closing(_connect_ro(final)) as con:
+                with self.connect(entry) as con:  # kept for the page that asked (the pool)
                     raw = con.execute("SELECT v FROM meta WHERE k = 'summary'").fetchone()
                 summary = json.loads(raw[0]) if raw else {}
-            except (sqlite3.Error, ValueError) as e:
+            except (BundleError, sqlite3.Error, ValueError) as e:
                 return IndexState(False, 0, total, f"{final}: index unreadable: {e}")
             self._summaries[entry.identity] = summary
             return IndexState(True, total, total, summary=summary)
