@@ -529,8 +529,12 @@ class Indexer:
 
     def _give_back(self, identity: str, con: sqlite3.Connection) -> None:
         """Keep ``con`` for the next request, unless the pool is full or the server stopping."""
-        if con.in_transaction:  # a read left open (an exception mid-iteration): never hand it on
-            con.rollback()
+        try:
+            if con.in_transaction:  # a transaction left open: never hand it on
+                con.rollback()
+        except sqlite3.Error:
+            con.close()
+            return
         with self._pool_lock:
             if not self._stop and self._idle_count < MAX_IDLE:
                 self._idle.setdefault(identity, []).append(con)
