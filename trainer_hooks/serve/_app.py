@@ -50,6 +50,7 @@ from trainer_hooks.serve._index import Indexer, Query
 from trainer_hooks.serve._media import WIDTHS, Pictures
 from trainer_hooks.serve._pages import SampleCache, badge, fmt, image_infos, sample_context, size, trend
 from trainer_hooks.serve._run import BundleEntry, Run
+from trainer_hooks.view import reward_spread
 
 __all__ = [
     "CSP",
@@ -474,17 +475,7 @@ class ServeApp:
         defs: dict[str, dict[str, Any]] = {}
         columns = [sample_context(views[m["pos"]], infos, self.img_url(entry), f"/b/{entry.id}/s/{m['pos']}", m, defs)
                    for m in members]  # fmt: skip
-        rewards = [m["reward"] for m in members if m["reward"] is not None]
-        spread = None
-        if rewards:
-            mean = math.fsum(rewards) / len(rewards)
-            std = (
-                math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
-                if len(rewards) > 1
-                else 0.0
-            )
-            spread = {"mean": f"{mean:.3g}", "std": f"{std:.3g}", "min": f"{min(rewards):.3g}",
-                      "max": f"{max(rewards):.3g}", "flat": len(rewards) > 1 and std == 0}  # fmt: skip
+        spread = reward_spread([m["reward"] for m in members if m["reward"] is not None])
         rows = list(range(max((len(c["turns"]) for c in columns), default=0)))
         return self.render("group.html.j2", title=f"group {group}", kind=entry.kind, name=entry.rel, group=group,
                            columns=columns, rows=rows, spread=spread, more=max(0, n - len(columns)),

@@ -15,7 +15,7 @@ of which stored files are shown (:func:`shown_suffix`). The templates themselves
 """
 
 from trainer_hooks.view._actions import parse_action
-from trainer_hooks.view._context import advantages, prompt_messages
+from trainer_hooks.view._context import advantages, prompt_messages, reward_spread
 from trainer_hooks.view._graphics import OVERLAY_COLOR, logprob_strip, overlay
 from trainer_hooks.view._media import MAX_MEDIA_BYTES, jpeg_bytes, shown_suffix
 from trainer_hooks.view._report import ReportError, ReportWritten, load_replay_report, write_html_report
@@ -35,6 +35,7 @@ __all__ = [
     "overlay",
     "parse_action",
     "prompt_messages",
+    "reward_spread",
     "sample_view",
     "shown_suffix",
     "write_html_report",

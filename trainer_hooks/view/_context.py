@@ -442,19 +442,24 @@ def _replay_images(entry: Mapping[str, Any] | None) -> dict[int, Mapping[str, An
     return out
 
 
+def reward_spread(rewards: list[float]) -> dict[str, Any] | None:
+    """A GRPO group's reward spread as its page shows it (mean, unbiased std, min, max, and
+    ``flat``: every reward equal, so every advantage is 0); None without rewards."""
+    if not rewards:
+        return None
+    mean = math.fsum(rewards) / len(rewards)
+    std = (
+        math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+        if len(rewards) > 1
+        else 0.0
+    )
+    return {"mean": f"{mean:.3g}", "std": f"{std:.3g}", "min": f"{min(rewards):.3g}",
+            "max": f"{max(rewards):.3g}", "flat": len(rewards) > 1 and std == 0}  # fmt: skip
+
+
 def _group_block(members: list[SampleView], by_position: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
     """One GRPO group side by side: its samples' columns, row per turn, and its reward spread."""
-    rewards = [r for r in (_reward_number(m.reward) for m in members) if r is not None]
-    spread = None
-    if rewards:
-        mean = math.fsum(rewards) / len(rewards)
-        std = (
-            math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
-            if len(rewards) > 1
-            else 0.0
-        )
-        spread = {"mean": f"{mean:.3g}", "std": f"{std:.3g}", "min": f"{min(rewards):.3g}",
-                  "max": f"{max(rewards):.3g}", "flat": len(rewards) > 1 and std == 0}  # fmt: skip
+    spread = reward_spread([r for r in (_reward_number(m.reward) for m in members) if r is not None])
     columns: list[dict[str, Any]] = [by_position[m.position] for m in members]
     rows = max(len(c["turns"]) for c in columns)
     return {"label": dash(members[0].group_index), "columns": columns, "rows": list(range(rows)),
