@@ -27,9 +27,9 @@ from trainer_hooks.view import (
     SampleView,
     logprob_strip,
     overlay,
-    parse_action,
     prompt_messages,
     sample_view,
+    turn_action,
 )
 
 __all__ = ["SampleCache", "badge", "fmt", "px", "sample_context", "size", "trend"]
@@ -129,12 +129,7 @@ def sample_context(
         turn: dict[str, Any] = {"j": j, "id": f"{uid}v{v.position}-{j}", "ref": None, "href": None, "why": img.shown_as,
                                 "size": None, "large": None, "shapes": [], "mark": None, "name": img.name,
                                 "title": img.shown_as, "vision": None}  # fmt: skip
-        text = v.actions[j] if v.actions is not None and j < len(v.actions) else None
-        if text is None and v.actions is None and j < len(v.tool_calls):
-            text = v.tool_calls[j]
-        action = parse_action(text) if text is not None else None
-        turn["action"] = text
-        turn["action_desc"] = action.describe() if action is not None and action.kind != "text" else None
+        turn["action"], action, turn["action_desc"] = turn_action(v, j)
         if info is not None and info.size is not None and img.name:
             w, h = info.size
             tw, th = info.thumb_size(THUMB)

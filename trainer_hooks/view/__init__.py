@@ -15,7 +15,7 @@ of which stored files are shown (:func:`shown_suffix`). The templates themselves
 """
 
 from trainer_hooks.view._actions import parse_action
-from trainer_hooks.view._context import advantages, prompt_messages, reward_spread
+from trainer_hooks.view._context import advantages, prompt_messages, reward_spread, turn_action
 from trainer_hooks.view._graphics import OVERLAY_COLOR, logprob_strip, overlay
 from trainer_hooks.view._media import MAX_MEDIA_BYTES, jpeg_bytes, shown_suffix
 from trainer_hooks.view._report import ReportError, ReportWritten, load_replay_report, write_html_report
@@ -38,5 +38,6 @@ __all__ = [
     "reward_spread",
     "sample_view",
     "shown_suffix",
+    "turn_action",
     "write_html_report",
 ]

@@ -230,12 +230,7 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
         s = shown.get(img.name) if img.name else None
         turn: dict[str, Any] = {"j": j, "id": f"v{v.position}-{j}", "ref": None, "href": None, "why": img.shown_as,
                                 "size": None, "large": None, "shapes": [], "mark": None}  # fmt: skip
-        text = v.actions[j] if v.actions is not None and j < len(v.actions) else None
-        if text is None and v.actions is None and j < len(v.tool_calls):
-            text = v.tool_calls[j]
-        action = parse_action(text) if text is not None else None
-        turn["action"] = text
-        turn["action_desc"] = action.describe() if action is not None and action.kind != "text" else None
+        turn["action"], action, turn["action_desc"] = turn_action(v, j)
         if s is not None and s.thumb is not None and s.size and img.name is not None and img.name in refs:
             w, h = s.size
             turn.update(ref=refs[img.name], w=w, h=h, tw=s.thumb.width, th=s.thumb.height,
@@ -440,6 +435,17 @@ def _replay_images(entry: Mapping[str, Any] | None) -> dict[int, Mapping[str, An
         if isinstance(im, dict) and isinstance(im.get("image"), int):
             out[im["image"]] = im
     return out
+
+
+def turn_action(v: SampleView, j: int) -> tuple[str | None, Any, str | None]:
+    """Turn ``j``'s action: its text (the sample's recorded actions, else its j-th tool call), the
+    parsed action (drawn over the screenshot by ``overlay``) and, unless it is plain text, its
+    description."""
+    text = v.actions[j] if v.actions is not None and j < len(v.actions) else None
+    if text is None and v.actions is None and j < len(v.tool_calls):
+        text = v.tool_calls[j]
+    action = parse_action(text) if text is not None else None
+    return text, action, action.describe() if action is not None and action.kind != "text" else None
 
 
 def reward_spread(rewards: list[float]) -> dict[str, Any] | None:
