@@ -311,3 +311,37 @@ def test_the_private_export_check_catches_a_planted_one(tmp_path):
     planted = tmp_path / "face.py"
     planted.write_text('__all__ = ["public", "__version__"]\n__all__ += ["_internal"]\n')
     assert private_names_in_all([planted]) == ["face.py:2: _internal"]
+
+
+# -- rooms a reader can hold in mind ---------------------------------------------------------
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(files) -> list[str]:
+    """Functions longer than MAX_FUNCTION_LINES (def to end, docstring included) whose docstring
+    does not say why they cannot be split (issue 31, item 6)."""
+    found = []
+    for path in files:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES and "cannot be split" not in (ast.get_docstring(node) or ""):
+                    found.append(
+                        f"{path.relative_to(ROOT).as_posix()}:{node.lineno}: {node.name} ({lines} lines)"
+                    )
+    return found
+
+
+def test_no_function_is_longer_than_a_reader_can_hold():
+    files = sorted((ROOT / "bundles").rglob("*.py")) + sorted((ROOT / "trainer_hooks").rglob("*.py"))
+    assert long_functions(files) == []
+
+
+def test_the_length_check_catches_a_long_function_and_honours_a_reason(tmp_path, monkeypatch):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    long = tmp_path / "trainer_hooks" / "_long.py"
+    long.parent.mkdir(parents=True)
+    long.write_text(f"def f():\n{body}\n\ndef g():\n    '''One table; cannot be split.'''\n{body}")
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    assert long_functions([long]) == [f"trainer_hooks/_long.py:1: f ({MAX_FUNCTION_LINES + 1} lines)"]
