@@ -29,7 +29,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -237,7 +236,7 @@ def documented_weed(argv: list[str], tmp: Path, exports: list[str]) -> Iterator[
     and the ports it leaves to the defaults); yields the environment the block's ``export`` lines
     set, pointed at it, once it answers."""
     import boto3
-    from helpers.store import free_port, weed_binary
+    from helpers.store import free_port, stop_process_group, weed_binary
 
     weed = weed_binary()
     assert weed is not None
@@ -277,13 +276,7 @@ def documented_weed(argv: list[str], tmp: Path, exports: list[str]) -> Iterator[
                 time.sleep(0.3)
         yield env
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
         log.close()
 
 

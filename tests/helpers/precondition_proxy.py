@@ -17,12 +17,11 @@ one, and the earlier put is overtaken before its writer can read it back, every 
 from __future__ import annotations
 
 import socket
-import socketserver
 import threading
 import urllib.parse
 
 from bundles._remote._probe import PROBE_PREFIX
-from helpers.store import ACCESS_KEY, SECRET_KEY
+from helpers.store import ACCESS_KEY, SECRET_KEY, serve_loopback
 
 STRIPPED = frozenset({"if-none-match", "if-match"})
 
@@ -51,20 +50,7 @@ class StripAfterProbeProxy:
         self._first_applied = threading.Event()  # the first was forwarded and applied
         self._answered = threading.Event()  # the second was answered
         self._lock = threading.Lock()
-        proxy = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                proxy._handle(self.request)
-
-        class Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self._server = Server(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._server, self.endpoint = serve_loopback(self._handle)
 
     @property
     def stripping(self) -> bool:

@@ -78,6 +78,39 @@ def free_port(limit: int = 50000) -> int:
     raise RuntimeError(f"no free port below {limit}")
 
 
+def stop_process_group(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+    """Stop a test server started with ``start_new_session=True``: SIGTERM to its process
+    group, then SIGKILL if it is still there after ``timeout_s``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def serve_loopback(handle: Any) -> tuple[Any, str]:
+    """A threading TCP server on 127.0.0.1 (a free port) calling ``handle(connection)`` for each
+    connection, serving on a daemon thread; returns the server (``shutdown()`` it) and its
+    ``http://`` endpoint. The one loopback listener of the test proxies."""
+    import socketserver
+    import threading
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            handle(self.request)
+
+    class Server(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+    server = Server(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
 def _boto(endpoint: str, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> Any:
     import boto3
 
@@ -177,13 +210,7 @@ def seaweed_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
                 time.sleep(0.3)
         yield S3Server("seaweedfs", endpoint, lambda b: client.create_bucket(Bucket=b))
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
         log.close()
         shutil.rmtree(work, ignore_errors=True)
 
@@ -237,9 +264,7 @@ def s3rver_server(timeout_s: float = 30.0) -> Iterator[S3Server]:
                 time.sleep(0.2)
         yield S3Server("s3rver", endpoint, lambda b: client.create_bucket(Bucket=b), [], "S3RVER", "S3RVER")
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
+        stop_process_group(proc)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -313,9 +338,7 @@ def azurite_server(timeout_s: float = 30.0) -> Iterator[AzureServer]:
                 time.sleep(0.2)
         yield server
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
+        stop_process_group(proc)
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -337,7 +360,6 @@ class FaultProxy:
     """
 
     def __init__(self, upstream: str, strip: frozenset[str] = frozenset()) -> None:
-        import socketserver
         import threading
         import urllib.parse
 
@@ -347,20 +369,7 @@ class FaultProxy:
         self.rules: list[list[Any]] = []
         self.hits: list[tuple[str, str, str]] = []  # (method, path, what happened)
         self._lock = threading.Lock()
-        proxy = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                proxy._handle(self.request)
-
-        class Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self._server = Server(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._server, self.endpoint = serve_loopback(self._handle)
 
     def add(self, method: str | None, key_part: str, action: tuple[str, int], times: int | None = 1) -> None:
         with self._lock:
