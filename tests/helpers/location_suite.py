@@ -93,6 +93,16 @@ class LocationTests:
     def write(self, tmp_path: Path, dest: str, samples: list[Any], run: Path, **kw: Any) -> Location:
         return write_bundle(dest, samples, media_roots=[run], **kw)
 
+    def write_each(self, tmp_path: Path, names: list[str]) -> None:
+        """A bundle at :meth:`dest` for each name, each from a run of its own."""
+        for n in names:
+            self.write(
+                tmp_path,
+                self.dest(tmp_path, n),
+                self.samples(tmp_path / f"run-{n}", n),
+                tmp_path / f"run-{n}",
+            )
+
     def samples(self, run: Path, tag: str = "a") -> list[dict[str, Any]]:
         paths = make_media(run, tag)
         return [
@@ -253,13 +263,7 @@ class LocationTests:
         from bundles import list_bundles
 
         names = ["b1", "b2", "b3"]
-        for n in names:
-            self.write(
-                tmp_path,
-                self.dest(tmp_path, n),
-                self.samples(tmp_path / f"run-{n}", n),
-                tmp_path / f"run-{n}",
-            )
+        self.write_each(tmp_path, names)
         found = list_bundles(self.root(tmp_path))
         assert sorted(found) == sorted(self.dest(tmp_path, n) for n in names)
         for location in found:
@@ -302,13 +306,7 @@ class LocationTests:
 
     def test_list_bundles_and_child_through_the_location(self, tmp_path: Path) -> None:
         names = ["b1", "b2"]
-        for n in names:
-            self.write(
-                tmp_path,
-                self.dest(tmp_path, n),
-                self.samples(tmp_path / f"run-{n}", n),
-                tmp_path / f"run-{n}",
-            )
+        self.write_each(tmp_path, names)
         root = Location.of(self.root(tmp_path))
         found = root.list_bundles()
         assert all(isinstance(loc, Location) for loc in found)
