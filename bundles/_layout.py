@@ -8,6 +8,16 @@ from __future__ import annotations
 
 import re
 
+# Limits a reader enforces before trusting a file: the one table is bundles/_limits.py (re-exported).
+from bundles._limits import (
+    MAX_INT,
+    MAX_MANIFEST_BYTES,
+    MAX_NESTING_DEPTH,
+    MAX_SAMPLE_ITEMS,
+    MAX_SAMPLE_RAW_BYTES,
+    MAX_SHARD_RAW_BYTES,
+)
+
 FORMAT_NAME = "rollout-bundle"
 FORMAT_VERSION = 1
 SUPPORTED_FORMAT_VERSIONS = frozenset({1})
@@ -75,17 +85,6 @@ TORCH_DTYPES = (
     "float8_e5m2",
 )
 
-# Limits a reader enforces before trusting a file.
-MAX_MANIFEST_BYTES = 64 * 1024 * 1024
-MAX_SHARD_RAW_BYTES = 16 * 1024**3
-MAX_NESTING_DEPTH = 64
-# Every int of a manifest (counts, sizes) is below 2**63: len() and sums of them cannot overflow.
-MAX_INT = 2**63 - 1
-# One sample: at most this many msgpack bytes, and this many items (every element of a list,
-# tuple or map, plus one per container), so that decoding one sample needs bounded memory
-# whatever a shard declares (see docs/FORMAT.md §8 for the bound).
-MAX_SAMPLE_RAW_BYTES = 1024**3
-MAX_SAMPLE_ITEMS = 2**24
 # Writers close a shard once its encoded samples pass this size.
 SHARD_TARGET_RAW_BYTES = 64 * 1024 * 1024
 # Level 1: on token ids and log-probs it compresses within 2 % of level 3 at a quarter of the time.

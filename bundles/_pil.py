@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+from bundles._limits import MAX_DECODE_PIXELS
 from typing import Any, BinaryIO
 
 __all__ = [
@@ -41,7 +42,6 @@ PNG_MODES = frozenset({"1", "L", "LA", "I;16", "I;16B", "P", "RGB", "RGBA"})
 #: stores; JPEG is what screenshot pipelines commonly write.
 DECODABLE_IMAGE_FORMATS = ("PNG", "JPEG")
 #: Largest image :func:`decode_image` decodes by default: 16384 x 16384 (a 4K screenshot has 8.3 M).
-MAX_DECODE_PIXELS = 16384 * 16384
 
 _MAGIC = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG"}
 

@@ -8,6 +8,14 @@ in the document (14.9 s and 1.36 GB for a run id, before this), or raises (an in
 :data:`MAX_ITEMS` items of a container, :data:`MAX_DEPTH` levels deep, :data:`MAX_CHARS` characters
 of a string, and it never calls a foreign object's ``__repr__`` (it names its type): its cost does
 not depend on the value's size.
+
+:func:`display` is the one way a name or a text from an untrusted file (a path, a store key, a
+manifest's meta value, a prompt) reaches a terminal or a page: control characters (an escape
+sequence that moves the cursor, a newline that forges a line), bidirectional overrides, bytes
+that are not UTF-8 and lone surrogates (valid JSON, ``"\\ud800"``; Python's ``surrogateescape``
+of a non-UTF-8 file name) are shown as escapes, and the result is cut to a bound. Its output is
+always encodable as UTF-8 and always one line. HTML escaping stays the templates' job
+(autoescape): :func:`display` makes a text safe to *show*, not to splice into markup.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import os
 from itertools import islice
 from typing import Any
 
-__all__ = ["bounded_repr"]
+__all__ = ["bounded_repr", "display"]
 
 #: Items of a list, tuple, set or dict shown; the rest are counted.
 MAX_ITEMS = 4
@@ -85,3 +93,48 @@ def _container(v: Any, kind: type, depth: int) -> str:
     if kind is tuple and len(v) == 1:
         parts[0] += ","
     return open_ + ", ".join(parts) + close
+
+
+#: Characters shown by :func:`display` unless a caller asks for fewer or more.
+from bundles._limits import MAX_SHOWN_NAME_CHARS  # noqa: E402
+
+# C0 controls, DEL, C1 controls; the bidirectional embeddings, overrides and isolates (a name that
+# reverses the text after it); the line and paragraph separators (a line break to some terminals).
+_UNSAFE = frozenset(
+    [*range(0x00, 0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029]
+)
+_NAMED = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+
+
+def display(value: str | bytes | os.PathLike[str] | os.PathLike[bytes], limit: int = MAX_SHOWN_NAME_CHARS) -> str:
+    """``value`` made safe to show on one terminal line or in one page element, at most about
+    ``limit`` characters (a longer text is cut and says how long it was).
+
+    Bytes (and a ``str`` holding ``surrogateescape``-d bytes, as :func:`os.listdir` returns for a
+    non-UTF-8 name) show their undecodable bytes as ``\\xNN``; other lone surrogates as
+    ``\\udNNN``; control and bidirectional-override characters as ``\\n``, ``\\x1b``,
+    ``\\u202e``. Everything else, non-ASCII letters included, is shown as it is. Example:
+    ``display("a\\x1b[2Jb\\nc")`` is ``'a\\x1b[2Jb\\nc'`` with the escapes spelled out."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    total = len(value)
+    if isinstance(value, (bytes, bytearray)):
+        text = bytes(value[: limit * 4]).decode("utf-8", "surrogateescape")
+    else:
+        text = str(value)[:limit]
+    out: list[str] = []
+    for ch in text[:limit]:
+        code = ord(ch)
+        if code in _UNSAFE:
+            out.append(_NAMED.get(code) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"))
+        elif 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")  # a byte that was not UTF-8
+        elif 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")  # a lone surrogate: no character, cannot be encoded
+        else:
+            out.append(ch)
+    shown = "".join(out)
+    if total > limit:
+        unit = "bytes" if isinstance(value, (bytes, bytearray)) else "characters"
+        shown += f"... ({total} {unit})"
+    return shown

@@ -24,7 +24,12 @@ What is here, by concern:
   never a path); :func:`local_path_only`, the one refusal of a URL where only a local path makes
   sense (a media directory, a scratch directory).
 * **Messages.** :func:`bounded_repr`, the one ``repr`` of a value an error message shows: bounded
-  in length and in the time it takes, whatever the value (a YAML alias bomb, a gigabyte string).
+  in length and in the time it takes, whatever the value (a YAML alias bomb, a gigabyte string);
+  :func:`display`, the one way an untrusted name or text reaches a terminal or a page (control
+  characters, bidirectional overrides, non-UTF-8 bytes and lone surrogates escaped, cut to a bound).
+* **Limits.** :data:`LIMITS`, the one table of limits (:mod:`bundles._limits`): every size and
+  count from an untrusted file is checked against its row before it is spent, by writer and
+  reader alike (a row is read by name: ``LIMITS["MAX_CURSOR_BYTES"]``).
 * **Process identity.** :func:`boot_id`, :func:`pid_namespace`, :func:`proc_stat`,
   :func:`pid_alive`: enough to prove a leftover's writer dead (same boot, same pid namespace, no
   such live process), the only case in which it may be deleted.
@@ -80,11 +85,13 @@ from bundles._location import SINGLE_WRITER_ENV, local_path_only
 from bundles._proc import boot_id, pid_alive, pid_namespace, proc_stat
 from bundles._progress import Progress, human_bytes
 from bundles._reader import read_at_most
-from bundles._repr import bounded_repr
+from bundles._limits import LIMITS
+from bundles._repr import bounded_repr, display
 from bundles._source import media_name_ok, open_regular_file
 
 __all__ = [
     "KILL_ENV",
+    "LIMITS",
     "MANIFEST_NAME",
     "MEDIA_DIR",
     "PROG",
@@ -104,6 +111,7 @@ __all__ = [
     "build_parser",
     "check_output_file",
     "cli_message",
+    "display",
     "fault_point",
     "gc_paused",
     "human_bytes",

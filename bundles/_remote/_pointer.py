@@ -27,9 +27,9 @@ from bundles._layout import (
     STORE_POINTER_NAME,
     STORE_POINTER_VERSION,
 )
+from bundles._limits import MAX_POINTER_BYTES
 from bundles._store import ObjectNotFoundError, Store, StoreURL, get_store, naming, parallel
 
-MAX_POINTER_BYTES = 64 * 1024
 # Media above this size are uploaded in parts (a create-only put must be a single request, whose
 # body obstore holds in memory); content addressing makes the plain overwrite of a part upload safe.
 MULTIPART_THRESHOLD = 64 * 1024 * 1024

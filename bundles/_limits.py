@@ -1,0 +1,94 @@
+"""The one table of limits: every size and count taken from an untrusted file is bounded here.
+
+A bundle (and a rollout journal, and a ``<bundle>.replay.json``) may come from anyone. Each number
+a reader takes from such a file before it spends memory, time or descriptors on it (a media
+``size``, a count of turns, a text's length, an image's pixels, a JSON document's depth, an id) is
+checked against a row of this table first, and the writer checks the same row before it makes the
+file durable: what a reader would refuse is never written. A limit is a module constant, so that
+the writer and the reader import the same object and cannot drift; :data:`LIMITS` lists them
+all, by name, for docs/FORMAT.md §8 ("Limits") and for the tests that check both sides refuse
+alike.
+
+Rows are grouped by who enforces them: the format (every reader and writer of a bundle), the
+presentation (what one page or one command line shows: ``view``, ``serve``, ``ls``), and the
+rollout journal (``trainer_hooks`` imports these through :mod:`bundles.support`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LIMITS",
+    "MAX_CURSOR_BYTES",
+    "MAX_DECODE_PIXELS",
+    "MAX_GROUP_ID",
+    "MAX_ID_CHARS",
+    "MAX_INT",
+    "MAX_JSON_DEPTH",
+    "MAX_MANIFEST_BYTES",
+    "MAX_MEDIA_BYTES",
+    "MAX_MEDIA_COUNT",
+    "MAX_NESTING_DEPTH",
+    "MAX_PAGE_PIXELS",
+    "MAX_POINTER_BYTES",
+    "MAX_REPORT_BYTES",
+    "MAX_SAMPLE_ITEMS",
+    "MAX_SAMPLE_RAW_BYTES",
+    "MAX_SHARD_COUNT",
+    "MAX_SHARD_RAW_BYTES",
+    "MAX_SHOWN_CHARS",
+    "MAX_SHOWN_NAME_CHARS",
+    "MAX_SHOWN_TURNS",
+]
+
+# -- the format -----------------------------------------------------------------------------------
+#: A manifest (``manifest.json``) is at most this many bytes.
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+#: A store pointer (``bundle.json``) is at most this many bytes.
+MAX_POINTER_BYTES = 64 * 1024
+#: One shard decompresses to at most this many bytes.
+MAX_SHARD_RAW_BYTES = 16 * 1024**3
+#: Nested containers of a sample, and of any JSON document a reader parses (manifest, pointer,
+#: replay report), at most this deep.
+MAX_NESTING_DEPTH = 64
+MAX_JSON_DEPTH = MAX_NESTING_DEPTH
+#: Every int of a manifest (counts, sizes) is below 2**63: len() and sums of them cannot overflow.
+MAX_INT = 2**63 - 1
+#: One sample: at most this many msgpack bytes, and this many items (every element of a list,
+#: tuple or map, plus one per container), so that decoding one sample needs bounded memory
+#: whatever a shard declares (docs/FORMAT.md §8).
+MAX_SAMPLE_RAW_BYTES = 1024**3
+MAX_SAMPLE_ITEMS = 2**24
+#: One media file is at most this many bytes (a manifest's ``size`` above it is refused before a
+#: byte is read or a buffer sized from it).
+MAX_MEDIA_BYTES = 4 * 1024**3
+#: A manifest lists at most this many media files and this many shards.
+MAX_MEDIA_COUNT = 1 << 24
+MAX_SHARD_COUNT = 1 << 20
+#: An image is decoded only when its header declares at most this many pixels.
+MAX_DECODE_PIXELS = 16384 * 16384
+#: An id a reader keys anything by (a run id, a prompt id, a task id), in characters.
+MAX_ID_CHARS = 256
+
+# -- the presentation: what one page or one line costs --------------------------------------------
+#: Characters of one text (a prompt, a response, a turn's action) shown, and parsed, on a page;
+#: the rest is cut before any parser or regex sees it.
+MAX_SHOWN_CHARS = 20_000
+#: Characters of a name (a path, a key, a meta value) shown on a terminal line or a page.
+MAX_SHOWN_NAME_CHARS = 300
+#: Turns of one sample shown on one page; the rest are counted.
+MAX_SHOWN_TURNS = 200
+#: Pixels decoded for one page, all its pictures together; past it a picture is named, not drawn.
+MAX_PAGE_PIXELS = 64 * 1024 * 1024
+#: A replay report (``<bundle>.replay.json``) read beside a bundle, in bytes.
+MAX_REPORT_BYTES = 16 * 1024 * 1024
+
+# -- the rollout journal (enforced by trainer_hooks' writer and reader alike) ---------------------
+#: A data source's cursor recorded in a take, encoded, in bytes.
+MAX_CURSOR_BYTES = 1 << 20
+#: A group id is a non-negative int below this (it is packed and compared as a signed 64-bit int).
+MAX_GROUP_ID = 2**63 - 1
+
+#: Every limit above, by name: the table docs/FORMAT.md §8 prints and the tests walk.
+LIMITS: dict[str, int] = {
+    name: value for name, value in globals().items() if name.startswith("MAX_") and isinstance(value, int)
+}
