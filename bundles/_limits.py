@@ -60,7 +60,7 @@ MAX_SAMPLE_RAW_BYTES = 1024**3
 MAX_SAMPLE_ITEMS = 2**24
 #: One media file is at most this many bytes (a manifest's ``size`` above it is refused before a
 #: byte is read or a buffer sized from it).
-MAX_MEDIA_BYTES = 4 * 1024**3
+MAX_MEDIA_BYTES = 16 * 1024**3
 #: A manifest lists at most this many media files and this many shards.
 MAX_MEDIA_COUNT = 1 << 24
 MAX_SHARD_COUNT = 1 << 20
