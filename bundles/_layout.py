@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 # Limits a reader enforces before trusting a file: the one table is bundles/_limits.py (re-exported).
-from bundles._limits import (
+from bundles._limits import (  # noqa: F401  (re-exported)
     MAX_INT,
     MAX_MANIFEST_BYTES,
     MAX_NESTING_DEPTH,

@@ -20,8 +20,9 @@ from __future__ import annotations
 import io
 import os
 import sys
-from bundles._limits import MAX_DECODE_PIXELS
 from typing import Any, BinaryIO
+
+from bundles._limits import MAX_DECODE_PIXELS
 
 __all__ = [
     "DECODABLE_IMAGE_FORMATS",

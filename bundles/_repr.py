@@ -106,7 +106,9 @@ _UNSAFE = frozenset(
 _NAMED = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
 
 
-def display(value: str | bytes | os.PathLike[str] | os.PathLike[bytes], limit: int = MAX_SHOWN_NAME_CHARS) -> str:
+def display(
+    value: str | bytes | os.PathLike[str] | os.PathLike[bytes], limit: int = MAX_SHOWN_NAME_CHARS
+) -> str:
     """``value`` made safe to show on one terminal line or in one page element, at most about
     ``limit`` characters (a longer text is cut and says how long it was).
 

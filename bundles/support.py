@@ -81,11 +81,11 @@ from bundles._commit import scratch_dir
 from bundles._faults import KILL_ENV, arm_kill, fault_point, on_fault_point
 from bundles._fs import remove_tree
 from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
+from bundles._limits import LIMITS
 from bundles._location import SINGLE_WRITER_ENV, local_path_only
 from bundles._proc import boot_id, pid_alive, pid_namespace, proc_stat
 from bundles._progress import Progress, human_bytes
 from bundles._reader import read_at_most
-from bundles._limits import LIMITS
 from bundles._repr import bounded_repr, display
 from bundles._source import media_name_ok, open_regular_file
 
