@@ -24,6 +24,8 @@ import os
 from itertools import islice
 from typing import Any
 
+from bundles._limits import MAX_SHOWN_NAME_CHARS
+
 __all__ = ["bounded_repr", "display"]
 
 #: Items of a list, tuple, set or dict shown; the rest are counted.
@@ -94,9 +96,6 @@ def _container(v: Any, kind: type, depth: int) -> str:
         parts[0] += ","
     return open_ + ", ".join(parts) + close
 
-
-#: Characters shown by :func:`display` unless a caller asks for fewer or more.
-from bundles._limits import MAX_SHOWN_NAME_CHARS  # noqa: E402
 
 # C0 controls, DEL, C1 controls; the bidirectional embeddings, overrides and isolates (a name that
 # reverses the text after it); the line and paragraph separators (a line break to some terminals).
