@@ -455,7 +455,7 @@ def _refuse_unreplaceable(dest: Path) -> None:
         what = "a damaged bundle" if found.damaged else "not a bundle"
         hint = f"; {DAMAGED_HINT}" if found.damaged else ""
         raise BundleExistsError(
-            f"{dest}: destination exists and is {what} ({found.reason}); refusing to replace it{hint}"
+            f"{dest}: destination exists and is {what}; refusing to replace it ({found.why}){hint}"
         )
     try:
         top = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)

@@ -104,6 +104,12 @@ class NotProven:
     damaged: bool = False
     empty: bool = False
 
+    @property
+    def why(self) -> str:
+        """The reason without the location it starts with (for a message that names it first)."""
+        head = f"{self.where}: "
+        return self.reason[len(head) :] if self.reason.startswith(head) else self.reason
+
 
 def claims_format(raw: bytes) -> bool:
     """True when ``raw`` (a manifest's or pointer's bytes) carries the format's name as its
@@ -156,13 +162,13 @@ def examine_directory(path: str | os.PathLike[str]) -> Proof | NotProven:
         return NotProven(str(p), f"{p}: a staging or retired directory of a writer, not a bundle")
     try:
         fd = os.open(p, _DIR_FLAGS)
-    except (FileNotFoundError, NotADirectoryError) as e:
+    except OSError as e:
+        if os.path.islink(p):
+            return NotProven(str(p), f"{p}: a symlink, not a bundle directory")
         if isinstance(e, FileNotFoundError) and not os.path.lexists(p):
             return NotProven(str(p), f"{p}: no bundle here (path does not exist)", empty=True)
-        return NotProven(str(p), f"{p}: not a bundle directory (not a directory)")
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return NotProven(str(p), f"{p}: not a bundle directory (a symlink)")
+        if isinstance(e, (FileNotFoundError, NotADirectoryError)):
+            return NotProven(str(p), f"{p}: not a directory")
         raise BundleError(f"{p}: cannot look at it: {e.strerror}") from e
     try:
         return examine_directory_fd(fd, p)

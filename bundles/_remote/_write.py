@@ -82,13 +82,10 @@ def _refuse_unreplaceable(store: Store, url: StoreURL, overwrite: bool) -> None:
             raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
     elif found.damaged:
         raise BundleExistsError(
-            f"{url}: destination holds a damaged bundle ({found.reason}); refusing to replace it; "
-            f"{DAMAGED_HINT}"
+            f"{url}: destination holds a damaged bundle; refusing to replace it ({found.why}); {DAMAGED_HINT}"
         )
     elif not found.empty:
-        raise BundleExistsError(
-            f"{url}: destination is not a bundle ({found.reason}); refusing to replace it"
-        )
+        raise BundleExistsError(f"{url}: destination is not a bundle; refusing to replace it ({found.why})")
 
 
 def upload_bundle(
