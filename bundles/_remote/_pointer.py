@@ -173,7 +173,8 @@ def examine_prefix(store: Store, url: StoreURL) -> Proof | NotProven:
     except BundleFormatError as e:
         if claims_format(data):
             return NotProven(str(url), f"{e}", damaged=True)
-        return NotProven(str(url), f"{where}: holds a file that is not a bundle pointer ({e})")
+        detail = str(e)[len(where) + 2 :] if str(e).startswith(f"{where}: ") else str(e)
+        return NotProven(str(url), f"{where}: holds a file that is not a bundle pointer ({detail})")
     mwhere = f"{url}/{pointer.generation}/{MANIFEST_NAME}"
     try:
         raw, _ = store.get(
