@@ -48,6 +48,7 @@ import secrets
 import socket
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +57,6 @@ from bundles._faults import fault_point
 from bundles._fs import exchange, fsync_dir, remove_tree, rename_noreplace
 from bundles._layout import (
     MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
     MEDIA_DIR,
     RETIRED_MARKER,
     SHARDS_DIR,
@@ -64,9 +64,15 @@ from bundles._layout import (
     STAGING_RE,
 )
 from bundles._location import local_path_only
-from bundles._manifest import parse_manifest_bytes
 from bundles._proc import boot_id, pid_alive, pid_namespace
-from bundles._source import layout_name_ok
+from bundles._proof import (
+    DAMAGED_HINT,
+    NotProven,
+    Proof,
+    examine_directory,
+    examine_directory_fd,
+    removable_names,
+)
 
 # A leftover of another boot of this host name is removed once nothing in it changed for this
 # long: after a reboot the writer is certainly dead, but the same host name on another machine
@@ -246,19 +252,11 @@ def create_staging(dest: Path) -> Path:
     return staging
 
 
-def _replaceable(dest: Path) -> bool:
-    """Only a bundle (or an empty directory) is ever replaced: overwrite=True must not delete a
-    directory of unrelated files because of a typo in a path."""
-    if dest.is_symlink() or not dest.is_dir():
-        return False
-    return (dest / MANIFEST_NAME).is_file() or not any(dest.iterdir())
-
-
 def is_bundle_dir(path: str | os.PathLike[str]) -> bool:
-    """True for a committed bundle directory: not a symlink, not a staging or retired directory,
-    with a manifest. Cheap (two stats). :func:`bundles.is_bundle` answers for every location."""
-    p = Path(path)
-    return not p.is_symlink() and not is_staging_name(p.name) and (p / MANIFEST_NAME).is_file()
+    """True for a committed bundle directory: proven by :func:`bundles._proof.examine_directory`
+    (not a symlink, not a staging or retired directory, a manifest that validates). Costs one
+    bounded read of the manifest. :func:`bundles.is_bundle` answers for every location."""
+    return isinstance(examine_directory(path), Proof)
 
 
 def _discard(path: Path) -> None:
@@ -274,68 +272,92 @@ def _discard(path: Path) -> None:
     remove_tree(path)
 
 
-def remove_bundle_dir(path: str | os.PathLike[str]) -> None:
+def remove_bundle_dir(path: str | os.PathLike[str], damaged: bool = False) -> None:
     """Delete the bundle directory at ``path`` so that no reader ever finds half of it
     (:func:`bundles.remove_bundle` for every location), and nothing that is not the bundle's.
 
-    A directory that holds only the bundle (its manifest, the shards and media the manifest
-    lists, ``samples/`` and ``media/``) is first renamed to a retired name (atomic), then
-    removed; a crash in between leaves a retired directory that the next write into the same
-    parent cleans up. A directory that holds anything else too (a user's ``README.txt`` or
-    ``results/`` beside the bundle, a nested bundle) keeps it: the manifest is unlinked first (the
-    directory is no bundle from then on), then the files the manifest lists, then ``samples/`` and
-    ``media/`` if nothing else is left in them. Where the manifest cannot be read, the bundle's
-    files are the names of its layout (FORMAT.md §1). Only a bundle (a directory with a manifest)
-    is removed: anything else raises. A bundle removed by someone else meanwhile raises
-    :class:`BundleNotFoundError`, as if it had never been there.
+    The directory is opened once (never through a symlink) and everything after is done through
+    that descriptor: the proof (:func:`bundles._proof.examine_directory_fd`: the manifest must
+    validate), the listing and the unlinks. What goes is what the proof allows
+    (:func:`removable_names`): the members its manifest lists; with ``damaged=True``, of a
+    manifest that claims the format but does not validate, the names of the format's layout.
+
+    A directory that holds only the bundle (its manifest, its members, ``samples/`` and
+    ``media/``) is first renamed to a retired name (atomic), then removed; a crash in between
+    leaves a retired directory that the next write into the same parent cleans up. The retired
+    directory must be the one proven: an ``overwrite=True`` that swapped a new bundle in between
+    the proof and the rename is detected (another inode) and the new bundle is put back, and this
+    removal fails rather than report success. A directory that holds anything else too (a user's
+    ``README.txt``, ``samples/notes.txt``, a medium the manifest does not list, a nested bundle)
+    keeps it: the manifest is unlinked first (the directory is no bundle from then on), then the
+    files allowed, then ``samples/`` and ``media/`` if nothing else is left in them. A bundle
+    removed by someone else meanwhile raises :class:`BundleNotFoundError`, as if it had never
+    been there.
     """
     dest = Path(os.path.abspath(path))
-    if not is_bundle_dir(dest):
-        if not os.path.lexists(dest):
-            raise BundleNotFoundError(f"{dest}: no bundle here (path does not exist)")
-        raise BundleNotFoundError(f"{dest}: not a bundle ({MANIFEST_NAME} is missing); refusing to remove it")
-    own, foreign = _own_files(dest)
-    if foreign:
-        _remove_own_files(dest, own)
-        return
+    found = examine_directory(dest)
+    if isinstance(found, NotProven) and not found.damaged:
+        removable_names(found, damaged)  # raises, naming why
+    try:
+        top = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise BundleNotFoundError(f"{dest}: no bundle here (removed meanwhile by another process)") from None
+    except OSError as e:
+        raise BundleError(f"{dest}: cannot open it: {e.strerror}") from e
+    try:
+        ours = removable_names(examine_directory_fd(top, dest), damaged)  # of this directory
+        own, foreign = _own_files(top, dest, ours)
+        if foreign:
+            _remove_own_files(top, dest, own)
+        else:
+            _retire(top, dest)
+    finally:
+        os.close(top)
+
+
+def _retire(top: int, dest: Path) -> None:
+    """Rename the directory proven (open as ``top``) to a retired name, check that what was
+    renamed is that directory, and discard it (see :func:`remove_bundle_dir`)."""
     retired = _sibling_name(dest, RETIRED_MARKER)
     fault_point("remove_bundle.before-retire", dest)
     try:
         os.rename(dest, retired)
     except FileNotFoundError:
         raise BundleNotFoundError(f"{dest}: no bundle here (removed meanwhile by another process)") from None
+    held, moved = os.fstat(top), os.lstat(retired)
+    if (held.st_dev, held.st_ino) != (moved.st_dev, moved.st_ino):
+        _put_back(retired, dest)
+        raise BundleError(
+            f"{dest}: replaced by another writer while it was being removed (overwrite=True swapped a new "
+            "bundle in): the new bundle is left in place and nothing was removed"
+        )
     fsync_dir(dest.parent)
     fault_point("remove_bundle.after-retire", dest)
     _discard(retired)
 
 
-def _listed(dest: Path) -> set[str] | None:
-    """The bundle-relative names the manifest at ``dest`` lists (None: it cannot be read)."""
+def _put_back(retired: Path, dest: Path) -> None:
+    """Rename another writer's bundle, retired by mistake, back to ``dest``. Where yet another
+    writer published at ``dest`` meanwhile, ours is a replaced bundle (the last writer wins) and
+    is discarded as a replacement's previous bundle is."""
     try:
-        with open(dest / MANIFEST_NAME, "rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-        manifest = parse_manifest_bytes(raw, dest / MANIFEST_NAME)
-    except (OSError, BundleError):
-        return None
-    return {e.path for e in manifest.shards} | {f"{MEDIA_DIR}/{m.filename}" for m in manifest.media}
+        rename_noreplace(retired, dest)
+    except OSError as e:
+        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise BundleError(f"{retired}: cannot move the bundle back to {dest}: {e.strerror}") from e
+        _discard(retired)
+        return
+    fsync_dir(dest.parent)
 
 
-def _own_files(dest: Path) -> tuple[dict[str, list[str]], list[str]]:
-    """The bundle's own regular files under ``samples/`` and ``media/`` (by directory), and the
-    entries of ``dest`` that are not the bundle's. Nothing is followed through a symlink: a
-    ``samples`` or ``media`` that is a link is not the bundle's directory."""
-    listed = _listed(dest)
-
-    def ours(rel: str) -> bool:
-        return rel in listed if listed is not None else layout_name_ok(rel)
-
+def _own_files(top: int, dest: Path, ours: Callable[[str], bool]) -> tuple[dict[str, list[str]], list[str]]:
+    """The bundle's own regular files under ``samples/`` and ``media/`` (by directory) of the
+    directory open as ``top``, those ``ours`` allows, and the entries that are not the bundle's.
+    Nothing is followed through a symlink: a ``samples`` or ``media`` that is a link is not the
+    bundle's directory."""
     own: dict[str, list[str]] = {SHARDS_DIR: [], MEDIA_DIR: []}
     foreign: list[str] = []
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    try:
-        top = os.open(dest, flags)
-    except OSError as e:
-        raise BundleError(f"{dest}: cannot list it: {e.strerror}") from e
     try:
         for name in os.listdir(top):
             if name == MANIFEST_NAME:
@@ -355,43 +377,38 @@ def _own_files(dest: Path) -> tuple[dict[str, list[str]], list[str]]:
         pass  # removed meanwhile: the unlink of the manifest, or the rename, says so
     except OSError as e:
         raise BundleError(f"{dest}: cannot list it: {e.strerror}") from e
-    finally:
-        os.close(top)
     return own, sorted(foreign)
 
 
-def _remove_own_files(dest: Path, own: dict[str, list[str]]) -> None:
-    """Remove the bundle's own files from a directory that holds other things too: the manifest
-    first, then each listed file through its directory's descriptor (never by a path that a
-    symlink could send elsewhere), then ``samples/`` and ``media/`` if they are left empty."""
+def _remove_own_files(top: int, dest: Path, own: dict[str, list[str]]) -> None:
+    """Remove the bundle's own files from a directory (open as ``top``) that holds other things
+    too: the manifest first, then each allowed file through its directory's descriptor (never by
+    a path that a symlink could send elsewhere), then ``samples/`` and ``media/`` if they are
+    left empty."""
     try:
-        os.unlink(dest / MANIFEST_NAME)
+        os.unlink(MANIFEST_NAME, dir_fd=top)
     except FileNotFoundError:
         raise BundleNotFoundError(f"{dest}: no bundle here (removed meanwhile by another process)") from None
     except OSError as e:
         raise BundleError(f"{dest}/{MANIFEST_NAME}: cannot remove: {e.strerror}") from e
-    fsync_dir(dest)
+    os.fsync(top)
     fault_point("remove_bundle.after-manifest", dest)
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    top = os.open(dest, flags)
-    try:
-        for sub, rels in own.items():
-            try:
-                fd = os.open(sub, flags, dir_fd=top)
-            except OSError:
-                continue  # gone meanwhile, or swapped for a link: nothing of ours to follow
-            try:
-                for rel in rels:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(rel.rpartition("/")[2], dir_fd=fd)
-            except OSError as e:
-                raise BundleError(f"{dest}/{sub}: cannot remove a file of the bundle: {e.strerror}") from e
-            finally:
-                os.close(fd)
-            with contextlib.suppress(OSError):  # not empty: a file of someone else's is left in it
-                os.rmdir(sub, dir_fd=top)
-    finally:
-        os.close(top)
+    for sub, rels in own.items():
+        try:
+            fd = os.open(sub, flags, dir_fd=top)
+        except OSError:
+            continue  # gone meanwhile, or swapped for a link: nothing of ours to follow
+        try:
+            for rel in rels:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(rel.rpartition("/")[2], dir_fd=fd)
+        except OSError as e:
+            raise BundleError(f"{dest}/{sub}: cannot remove a file of the bundle: {e.strerror}") from e
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):  # not empty: a file of someone else's is left in it
+            os.rmdir(sub, dir_fd=top)
 
 
 def commit(staging: Path, dest: Path, overwrite: bool) -> None:
@@ -401,11 +418,7 @@ def commit(staging: Path, dest: Path, overwrite: bool) -> None:
         if os.path.lexists(dest):
             if not overwrite:
                 raise BundleExistsError(f"{dest}: destination exists; pass overwrite=True to replace it")
-            if not _replaceable(dest):
-                raise BundleExistsError(
-                    f"{dest}: destination exists and is not a bundle; refusing to replace it"
-                )
-            _refuse_foreign(dest)
+            _refuse_unreplaceable(dest)
             if _overwrite(staging, dest):
                 return
             continue  # the destination vanished or reappeared under us: look again
@@ -428,12 +441,30 @@ def commit(staging: Path, dest: Path, overwrite: bool) -> None:
     )
 
 
-def _refuse_foreign(dest: Path) -> None:
-    """Replacing a bundle swaps whole directories: refuse one that holds anything that is not the
-    bundle's (a user's ``README.txt``, a nested bundle), which the swap would delete with it."""
-    if not (dest / MANIFEST_NAME).is_file():
-        return  # an empty directory
-    foreign = _own_files(dest)[1]
+def _refuse_unreplaceable(dest: Path) -> None:
+    """Only a proven bundle (or an empty directory) is ever replaced: ``overwrite=True`` must not
+    delete a directory of unrelated files because of a typo in a path, a web app's directory with
+    a ``manifest.json``, or a damaged bundle (``remove_bundle(..., damaged=True)`` is the explicit
+    way). Replacing a bundle swaps whole directories: one that holds anything that is not the
+    bundle's (a user's ``README.txt``, a nested bundle) is refused too, since the swap would
+    delete it with it."""
+    found = examine_directory(dest)
+    if isinstance(found, NotProven):
+        if found.empty and os.path.isdir(dest) and not os.path.islink(dest):
+            return  # an empty directory
+        what = "a damaged bundle" if found.damaged else "not a bundle"
+        hint = f"; {DAMAGED_HINT}" if found.damaged else ""
+        raise BundleExistsError(
+            f"{dest}: destination exists and is {what}; refusing to replace it ({found.why}){hint}"
+        )
+    try:
+        top = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return  # gone meanwhile: the commit goes round again
+    try:
+        foreign = _own_files(top, dest, set(found.members()).__contains__)[1]
+    finally:
+        os.close(top)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f", +{len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise BundleExistsError(

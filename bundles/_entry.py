@@ -196,27 +196,39 @@ def unpack_bundle(
 
 
 def is_bundle(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> bool:
-    """True when ``path`` holds a committed bundle: a bundle directory (not a symlink, not a
-    staging or retired directory, with a manifest), a packed ``.rbundle`` regular file, a store
-    prefix with a pointer (or a plain copy of a bundle directory), or a packed object on a store.
-    Cheap (a stat or two, one or two requests); :func:`open_bundle` is what validates it."""
+    """True when a bundle is *proven* at ``path`` (docs/FORMAT.md §5a): a directory (not a
+    symlink, not a staging or retired directory) whose manifest parses and validates, a packed
+    ``.rbundle`` file or object whose member index and manifest do, or a store prefix whose
+    pointer names a generation of its own whose manifest validates (or a plain copy of a bundle
+    directory). A web app's ``manifest.json``, a generation prefix and a damaged bundle are not.
+    Cost: one bounded read of the manifest (two GETs on a store prefix; a packed bundle's member
+    index); shards and media are not read: :func:`open_bundle` with ``verify`` checks those."""
     return Location.of(path, storage_options).has_bundle()
 
 
-def remove_bundle(path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> None:
+def remove_bundle(
+    path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None, *, damaged: bool = False
+) -> None:
     """Delete the bundle at ``path``, and only what it owns, so that no reader ever finds half
-    of it (docs/FORMAT.md §5 step 5 and §9).
+    of it (docs/FORMAT.md §5 step 5, §5a and §9).
 
-    A directory that holds only the bundle is first renamed to a retired name (atomic), then
-    removed; a crash in between leaves a retired directory that the next write into the same
-    parent cleans up. A directory that holds anything else keeps it: its manifest goes first, then
-    the files the manifest lists. A packed file or a packed object is one unlink or one delete. On
-    a store the pointer goes first, then its generations and its own ``media/``; a user's objects
-    beside it, a nested bundle and a shared pool are left (the pool's unreferenced media go to
-    :func:`bundles.collect_garbage`). Only a bundle is removed: anything else raises. A bundle
-    removed by someone else meanwhile raises :class:`BundleNotFoundError`, as if it had never
-    been there."""
-    Location.of(path, storage_options).remove_bundle()
+    Only a proven bundle is removed (:func:`is_bundle`), and of it only the members its validated
+    manifest lists and the manifest itself. A directory that holds only the bundle is first
+    renamed to a retired name (atomic), then removed; a crash in between leaves a retired
+    directory that the next write into the same parent cleans up. A directory that holds anything
+    else keeps it: its manifest goes first, then the files the manifest lists. A packed file or a
+    packed object is one unlink or one delete. On a store the pointer goes first, then the media
+    its manifests list and its generations; a user's objects beside it, a nested bundle and a
+    shared pool are left (the pool's unreferenced media go to :func:`bundles.collect_garbage`).
+
+    ``damaged``: a bundle whose manifest (or pointer) claims the format but does not validate is
+    refused without it (the message names what failed); with it, only the names the format
+    produces go (``manifest.json``, ``samples/NNNNNN.msgpack.zst``, ``media/<64 hex><suffix>``; on
+    a store the pointer and its generations). Anything that is no bundle (a web app's
+    ``manifest.json``, a user's ``bundle.json``, a generation of a bundle) raises
+    :class:`BundleNotFoundError` and nothing is deleted. A bundle removed by someone else
+    meanwhile raises :class:`BundleNotFoundError`, as if it had never been there."""
+    Location.of(path, storage_options).remove_bundle(damaged)
 
 
 def child_location(root: str | os.PathLike[str], rel: str) -> Location:

@@ -9,8 +9,10 @@ scheme is one of :data:`STORE_SCHEMES` *and* the optional dependency that serves
 the ``rollout-bundles[s3]`` extra) imports; anything else is refused in one line naming the
 scheme and what to install.
 
-``pathlib`` collapses ``s3://b/x`` to ``s3:/b/x``; that form, for a store scheme, is refused too
-(it is a URL that went through ``Path()``, not a directory anyone means to create).
+``pathlib`` collapses ``s3://b/x`` to ``s3:/b/x``; that form, for a store scheme in any case
+(``S3:/b/x``), is refused too (it is a URL that went through ``Path()``, not a directory anyone
+means to create). A NUL byte in a path is refused with a :class:`~bundles.BundleError` naming
+the path (the ``os`` functions would raise a bare ``ValueError``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import re
 
 from bundles._errors import UnsupportedLocationError
+from bundles._repr import display
 from bundles._store import STORE_EXTRA, STORE_SCHEMES
 
 __all__ = [
@@ -37,7 +40,14 @@ __all__ = [
 # (bundles/_remote/_probe.py): the refusal to commit there becomes a warning.
 SINGLE_WRITER_ENV = "ROLLOUT_BUNDLE_SINGLE_WRITER"
 _URL_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-_COLLAPSED_RE = re.compile(rf"({'|'.join(STORE_SCHEMES)}):/(?!/)")
+# Case-insensitive, as schemes are (RFC 3986): ``Path("S3://b/x")`` is ``S3:/b/x``, still a URL.
+_COLLAPSED_RE = re.compile(rf"({'|'.join(STORE_SCHEMES)}):/(?!/)", re.IGNORECASE)
+
+
+def _refuse_nul(text: str, what: str) -> None:
+    """A NUL byte ends a path for the kernel (``os`` raises ``ValueError``): refuse it by name."""
+    if "\x00" in text:
+        raise UnsupportedLocationError(f"{display(text)}: {what}: a path must not hold a NUL byte")
 
 
 def _text(location: object) -> str | None:
@@ -78,13 +88,15 @@ def classify(location: object, what: str = "bundle") -> str | None:
     text = _text(location)
     if text is None:
         return None
+    _refuse_nul(text, what)
     scheme = url_scheme(text)
     if scheme is None:
         m = _COLLAPSED_RE.match(text)
         if m:
+            shown = m.group(1).lower()
             raise UnsupportedLocationError(
-                f"{text}: {what}: looks like a {m.group(1)}:// URL whose '//' was collapsed (by pathlib?); "
-                f"pass the URL as a string, {m.group(1)}://{text[len(m.group(0)) :]}"
+                f"{text}: {what}: looks like a {shown}:// URL whose '//' was collapsed (by pathlib?); "
+                f"pass the URL as a string, {shown}://{text[len(m.group(0)) :]}"
             )
         return None
     if scheme not in STORE_SCHEMES:
@@ -114,6 +126,7 @@ def local_path_only(location: object, what: str) -> None:
     text = _text(location)
     if text is None:
         return
+    _refuse_nul(text, what)
     scheme = url_scheme(text)
     if scheme is not None or _COLLAPSED_RE.match(text):
         raise UnsupportedLocationError(

@@ -55,7 +55,6 @@ from typing import Any, ClassVar, cast
 from bundles import _remote
 from bundles._commit import (
     commit,
-    is_bundle_dir,
     is_staging_name,
     remove_bundle_dir,
     scratch_dir,
@@ -67,6 +66,7 @@ from bundles._layout import PACK_SUFFIX
 from bundles._location import STORE_SCHEMES, classify, url_scheme
 from bundles._options import Verify
 from bundles._pack import pack_local, unpack_local
+from bundles._proof import NotProven, Proof, examine_directory, removable_names
 from bundles._reader import Bundle, open_local
 from bundles._store import StoreURL
 from bundles._writer import resolve_media_roots, write_local
@@ -147,17 +147,29 @@ class Location(abc.ABC):
 
     # -- what every kind does -------------------------------------------------------------------
     @abc.abstractmethod
+    def examine(self) -> Proof | NotProven:
+        """Prove that a bundle is here (the rule of :mod:`bundles._proof`: a manifest that parses
+        and validates, a store pointer that names a generation of its own prefix whose manifest
+        validates), or say why not. Every question "is this a bundle?" (``has_bundle``,
+        ``list_bundles``, ``remove_bundle``, overwriting, ``ls``) is answered here. Cost: one
+        bounded read of a directory's manifest; two GETs on a store prefix (pointer, manifest);
+        the member index of a packed bundle."""
+
     def has_bundle(self) -> bool:
-        """True when a committed bundle is here. Cheap (a stat or two, one or two requests) and
-        not a proof: :meth:`open_bundle` is what validates."""
+        """True when a bundle is proven here (:meth:`examine`; its cost). Shards and media are not
+        read: :meth:`open_bundle` with ``verify`` checks them."""
+        return isinstance(self.examine(), Proof)
 
     @abc.abstractmethod
     def open_bundle(self, verify: Verify = Verify.FAST) -> Bundle:
         """The bundle here, read in place and verified to ``verify``."""
 
     @abc.abstractmethod
-    def remove_bundle(self) -> None:
-        """Delete the bundle here, and only what it owns, so that no reader finds half of it."""
+    def remove_bundle(self, damaged: bool = False) -> None:
+        """Delete the bundle here, and only what it owns, so that no reader finds half of it: the
+        one deletion rule (:func:`bundles._proof.removable_names`) over what :meth:`examine`
+        proved, applied by each kind. ``damaged``: also a bundle whose manifest (or pointer)
+        claims the format but does not validate, and then only the names the format writes."""
 
     @abc.abstractmethod
     def list_bundles(self) -> list[Location]:
@@ -352,11 +364,11 @@ class DirectoryLocation(_Local):
 
     can_hard_link: ClassVar[bool] = True
 
-    def has_bundle(self) -> bool:
-        return is_bundle_dir(self)
+    def examine(self) -> Proof | NotProven:
+        return examine_directory(self)
 
-    def remove_bundle(self) -> None:
-        remove_bundle_dir(self)
+    def remove_bundle(self, damaged: bool = False) -> None:
+        remove_bundle_dir(self, damaged)
 
     def write_bundle(
         self,
@@ -406,17 +418,17 @@ class PackedFileLocation(_Local):
             raise BundleError(f"{self}: cannot look at it: {e.strerror}") from e
         return stat.S_ISREG(st.st_mode) and not is_staging_name(self.name)
 
-    def has_bundle(self) -> bool:
-        return self._regular()
-
-    def remove_bundle(self) -> None:
+    def examine(self) -> Proof | NotProven:
         if not self._regular():
             if not os.path.lexists(self):
-                raise BundleNotFoundError(f"{self}: no bundle here (path does not exist)")
-            raise BundleNotFoundError(
-                f"{self}: not a packed bundle (not a regular file); refusing to remove it"
-            )
-        _refuse_unless_packed(self)
+                return NotProven(str(self), f"{self}: no bundle here (path does not exist)", empty=True)
+            return NotProven(str(self), f"{self}: not a packed bundle (not a regular file)")
+        return _examine_packed(self)
+
+    def remove_bundle(self, damaged: bool = False) -> None:
+        # One file: one unlink is atomic for readers. A packed file that does not index is
+        # refused even with ``damaged`` (it is one file of unknown content: remove it by hand).
+        removable_names(self.examine(), damaged=False)
         try:
             os.unlink(self)
         except FileNotFoundError:
@@ -437,16 +449,17 @@ class PackedFileLocation(_Local):
         return self
 
 
-def _refuse_unless_packed(location: Location) -> None:
-    """Only a bundle is removed: a file (or object) named ``*.rbundle`` whose members do not index
-    as a packed bundle (a user's file of that name) is refused, its bytes untouched."""
+def _examine_packed(location: Location) -> Proof | NotProven:
+    """A packed bundle (file or object) is proven by its member index and the manifest in it,
+    read and checked by the reader's own rules (nothing else verified)."""
     try:
-        location.open_bundle(Verify.NONE).close()  # the member index only, nothing verified
-    except BundleNotFoundError:
-        raise
+        with location.open_bundle(Verify.NONE) as b:
+            return Proof(str(location), b.manifest)
+    except BundleNotFoundError as e:
+        return NotProven(str(location), f"{e}", empty=True)
     except BundleError as e:
         reason = str(e) if str(e).startswith(f"{location}: ") else f"{location}: not a packed bundle: {e}"
-        raise BundleNotFoundError(f"{reason}; refusing to remove it") from None
+        return NotProven(str(location), reason)
 
 
 # -- store kinds ---------------------------------------------------------------------------------
@@ -521,11 +534,11 @@ class StoreLocation(_OnStore):
 
     has_pool: ClassVar[bool] = True
 
-    def has_bundle(self) -> bool:
-        return _remote.has_bundle_on_store(self._client(), self.storage_options)
+    def examine(self) -> Proof | NotProven:
+        return _remote.examine_on_store(self._client(), self.storage_options)
 
-    def remove_bundle(self) -> None:
-        _remote.remove_on_store(self._client(), self.storage_options)
+    def remove_bundle(self, damaged: bool = False) -> None:
+        _remote.remove_on_store(self._client(), self.storage_options, damaged=damaged)
 
     def collect_garbage(self, *, older_than_s: float, dry_run: bool = False) -> _remote.GarbageReport | None:
         return _remote.collect_garbage(
@@ -548,11 +561,12 @@ class StorePackedLocation(_OnStore):
 
     has_pool: ClassVar[bool] = False
 
-    def has_bundle(self) -> bool:
-        return _remote.object_exists(self._client(), self.storage_options)
+    def examine(self) -> Proof | NotProven:
+        self._client()
+        return _examine_packed(self)
 
-    def remove_bundle(self) -> None:
-        _refuse_unless_packed(self)
+    def remove_bundle(self, damaged: bool = False) -> None:
+        removable_names(self.examine(), damaged=False)  # one object: see PackedFileLocation
         _remote.remove_packed_object(self._client(), self.storage_options)
 
     def _publish(

@@ -246,7 +246,9 @@ def test_overwrite_never_replaces_a_symlink_even_to_a_bundle(tmp_path):
     with pytest.raises(BundleExistsError) as e:
         write_bundle(tmp_path / "link", [{"v": 2}], overwrite=True)
     assert (
-        str(e.value) == f"{tmp_path / 'link'}: destination exists and is not a bundle; refusing to replace it"
+        str(e.value)
+        == f"{tmp_path / 'link'}: destination exists and is not a bundle; refusing to replace it "
+        "(a symlink, not a bundle directory)"
     )
     assert (tmp_path / "link").is_symlink() and os.readlink(tmp_path / "link") == str(real)
     assert [s["v"] for s in open_bundle(real, verify="full").samples()] == [1]

@@ -81,7 +81,11 @@ def test_removing_an_object_that_only_has_a_packed_bundles_name_is_refused(
     Location.of(url.rpartition("/")[0]).objects().put_create("notes.rbundle", staged.read_bytes())
     with pytest.raises(BundleNotFoundError, match="refusing to remove it"):
         remove_bundle(url)
-    assert is_bundle(url)  # still there: cheap check, by name and existence
+    assert not is_bundle(url)  # not proven: its members do not index as a packed bundle
+    assert (
+        Location.of(url.rpartition("/")[0]).objects().get("notes.rbundle", max_bytes=1 << 20)
+        == staged.read_bytes()
+    )
 
 
 def test_a_write_whose_generation_a_concurrent_remove_deleted_is_told_so(

@@ -21,6 +21,7 @@ from obstore.store import S3Store
 
 from bundles import (
     BundleExistsError,
+    BundleFormatError,
     BundleNotFoundError,
     is_bundle,
     open_bundle,
@@ -174,13 +175,25 @@ def test_a_local_bundle_alone_in_its_directory_is_removed_whole(tmp_path: Path) 
     assert not dest.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["media-alone"]
 
 
-def test_a_local_bundle_with_an_unreadable_manifest_loses_only_its_layout_names(tmp_path: Path) -> None:
+def test_a_local_bundle_with_an_unreadable_manifest_is_removed_only_when_asked(tmp_path: Path) -> None:
+    """A manifest that is not the format's is no bundle: nothing goes. One that claims the format
+    but does not validate is damaged: refused, then with ``damaged=True`` only its layout names go
+    (issue 36, items 2 and 3; before, both lost every layout name without being asked)."""
     own, run = samples(tmp_path, "broken")
     dest = Path(write_bundle(tmp_path / "b", own, media_roots=[run]))
     (dest / "manifest.json").chmod(0o644)
     (dest / "manifest.json").write_text(json.dumps({"format": "something else"}))
     (dest / "samples" / "mine.txt").write_text("mine\n")
-    remove_bundle(dest)
+    before = tree_snapshot(dest)
+    with pytest.raises(BundleNotFoundError, match="not a rollout-bundle manifest"):
+        remove_bundle(dest, damaged=True)
+    assert tree_snapshot(dest) == before
+    (dest / "manifest.json").write_text(json.dumps({"format": "rollout-bundle", "format_version": 1}))
+    before = tree_snapshot(dest)
+    with pytest.raises(BundleFormatError, match="damaged bundle, not removed; `rollout-bundle rm --damaged`"):
+        remove_bundle(dest)
+    assert tree_snapshot(dest) == before
+    remove_bundle(dest, damaged=True)
     assert tree_snapshot(dest) == {"samples/mine.txt": b"mine\n"}
     assert not (dest / "media").exists()
 

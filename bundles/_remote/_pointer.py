@@ -5,6 +5,7 @@ See :mod:`bundles._remote` for the protocol."""
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import re
 import secrets
@@ -18,6 +19,7 @@ from bundles._errors import (
     UnsafeBundleError,
 )
 from bundles._layout import (
+    DIGEST_PREFIX,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     MEDIA_DIR,
@@ -28,6 +30,7 @@ from bundles._layout import (
     STORE_POINTER_VERSION,
 )
 from bundles._limits import MAX_POINTER_BYTES
+from bundles._proof import NotProven, Proof, claims_format, judge_manifest
 from bundles._store import ObjectNotFoundError, Store, StoreURL, get_store, naming, parallel
 
 # Media above this size are uploaded in parts (a create-only put must be a single request, whose
@@ -146,38 +149,94 @@ def _bundle_prefix(url_text: str, storage_options: Mapping[str, Any] | None, wha
     return _BundlePrefix(url, store, pointer)
 
 
+def examine_prefix(store: Store, url: StoreURL) -> Proof | NotProven:
+    """Prove that the prefix ``url`` holds a bundle (the rule of :mod:`bundles._proof`), or say
+    why not: a pointer that parses and names a generation of this prefix whose manifest has the
+    size and digest the pointer records and validates; with no pointer, a ``manifest.json`` right
+    here that validates (a plain copy). A generation-named prefix is never a bundle (a valid
+    pointer names nothing else, so "a prefix its parent's pointer names" is one too). Cost: one
+    GET of the pointer (at most :data:`MAX_POINTER_BYTES`), one of the manifest (at most
+    :data:`MAX_MANIFEST_BYTES`)."""
+    if STORE_GENERATION_RE.fullmatch(url.name):
+        return NotProven(
+            str(url), f"{url}: a generation of the bundle {url.parent}, not a bundle (it is part of that one)"
+        )
+    where = f"{url}/{STORE_POINTER_NAME}"
+    try:
+        data, meta = store.get(url.key_of(STORE_POINTER_NAME), MAX_POINTER_BYTES, "pointer cap")
+    except ObjectNotFoundError:
+        return _examine_plain(store, url)
+    except UnsafeBundleError as e:  # over the cap: not a pointer of ours, whatever it holds
+        return NotProven(str(url), f"{e}: {where} is not a bundle pointer")
+    try:
+        pointer = parse_pointer(data, where, meta.get("e_tag"))
+    except BundleFormatError as e:
+        if claims_format(data):
+            return NotProven(str(url), f"{e}", damaged=True)
+        detail = str(e)[len(where) + 2 :] if str(e).startswith(f"{where}: ") else str(e)
+        return NotProven(str(url), f"{where}: holds a file that is not a bundle pointer ({detail})")
+    mwhere = f"{url}/{pointer.generation}/{MANIFEST_NAME}"
+    try:
+        raw, _ = store.get(
+            url.key_of(f"{pointer.generation}/{MANIFEST_NAME}"), MAX_MANIFEST_BYTES, "manifest cap"
+        )
+    except ObjectNotFoundError:
+        return NotProven(str(url), f"{mwhere}: the manifest {where} names is missing", damaged=True)
+    except UnsafeBundleError as e:
+        return NotProven(str(url), f"{e}", damaged=True)
+    if (
+        len(raw) != pointer.manifest_size
+        or DIGEST_PREFIX + hashlib.sha256(raw).hexdigest() != pointer.manifest_digest
+    ):
+        return NotProven(
+            str(url), f"{mwhere}: not the manifest {where} names (size or digest differ)", damaged=True
+        )
+    judged = judge_manifest(raw, mwhere)
+    if isinstance(judged, NotProven):  # the pointer claims the format: damaged either way
+        return NotProven(str(url), judged.reason, damaged=True)
+    return Proof(str(url), judged, generation=pointer.generation, shared_media=pointer.shared_media)
+
+
+def _examine_plain(store: Store, url: StoreURL) -> Proof | NotProven:
+    """A prefix without a pointer: a bundle copied verbatim when ``manifest.json`` validates."""
+    where = f"{url}/{MANIFEST_NAME}"
+    try:
+        raw, _ = store.get(url.key_of(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
+    except ObjectNotFoundError:
+        return NotProven(
+            str(url), f"{url}: no bundle here (no {STORE_POINTER_NAME} or {MANIFEST_NAME})", empty=True
+        )
+    except UnsafeBundleError as e:
+        return NotProven(str(url), f"{e}", damaged=False)
+    judged = judge_manifest(raw, where)
+    if isinstance(judged, NotProven):
+        return NotProven(str(url), judged.reason, judged.damaged)
+    return Proof(str(url), judged)
+
+
+def examine_on_store(url_text: str, storage_options: Mapping[str, Any] | None = None) -> Proof | NotProven:
+    """:func:`examine_prefix` of the URL ``url_text`` (its cost)."""
+    url = StoreURL(url_text)
+    store = get_store(url, storage_options)
+    with naming(url, "look for a bundle"):
+        return examine_prefix(store, url)
+
+
 def list_remote_bundles(
     prefix_text: str, storage_options: Mapping[str, Any] | None = None
 ) -> dict[str, StoreURL]:
     """The bundles right under ``prefix`` (one level), by name: one delimited listing, then one
-    pointer lookup per child, concurrently. Names that are not bundles (a shared pool, a dead
-    writer's unpublished prefix, a generation) are left out."""
+    proof per child (:func:`examine_prefix`), concurrently. Names that are not bundles (a shared
+    pool, a dead writer's unpublished prefix, a generation, a web app's ``manifest.json``, a
+    damaged bundle) are left out."""
     url = StoreURL(prefix_text)
     store = get_store(url, storage_options)
     with naming(url, "list the bundles"):
-        # A generation (the live one, or a dead writer's) holds a manifest.json, so it would pass
-        # for a plain layout; it is part of the bundle above it, never a bundle of its own.
-        names = [
-            n
-            for n in store.children(url.key)
-            if n != STORE_MEDIA_POOL and not STORE_GENERATION_RE.fullmatch(n)
-        ]
-        found = parallel(lambda n: _safe_pointer(store, url.child(n)) is not None, names)
+        names = [n for n in store.children(url.key) if n != STORE_MEDIA_POOL]
+        found = parallel(lambda n: isinstance(examine_prefix(store, url.child(n)), Proof), names)
     return {n: url.child(n) for n, ok in zip(names, found, strict=True) if ok}
 
 
-def _safe_pointer(store: Store, url: StoreURL) -> Pointer | None:
-    try:
-        return _read_pointer(store, url)
-    except BundleFormatError:
-        return None
-
-
 def has_bundle_on_store(url_text: str, storage_options: Mapping[str, Any] | None = None) -> bool:
-    url = StoreURL(url_text)
-    store = get_store(url, storage_options)
-    try:
-        with naming(url, "look for a bundle"):
-            return _read_pointer(store, url) is not None
-    except BundleFormatError:
-        return False
+    """True when a bundle is proven at ``url`` (:func:`examine_prefix`, its cost)."""
+    return isinstance(examine_on_store(url_text, storage_options), Proof)

@@ -24,6 +24,7 @@ from bundles._faults import fault_point
 from bundles._layout import (
     DIGEST_PREFIX,
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     MEDIA_DIR,
     SHARD_PATH_RE,
     SHARDS_DIR,
@@ -33,18 +34,18 @@ from bundles._layout import (
 from bundles._media import sha256_file
 from bundles._options import Verify
 from bundles._progress import Progress
+from bundles._proof import DAMAGED_HINT, NotProven, Proof, judge_manifest, removable_names
 from bundles._reader import open_local
 from bundles._remote._pointer import (
     _PUBLISH_ATTEMPTS,
     MULTIPART_THRESHOLD,
     Pointer,
-    _bundle_prefix,
     _BundlePrefix,
     _new_generation,
     _read_pointer,
+    examine_prefix,
 )
 from bundles._remote._probe import check_preconditions
-from bundles._source import media_name_ok
 from bundles._store import Store, StoreURL, get_store, naming, parallel
 
 
@@ -68,6 +69,23 @@ def _check_absent(store: Store, url: StoreURL) -> Pointer | None:
             return _read_pointer(store, url)
     except BundleFormatError:
         return Pointer(None, None, None, False)  # something is there, not ours to judge
+
+
+def _refuse_unreplaceable(store: Store, url: StoreURL, overwrite: bool) -> None:
+    """Before anything is uploaded: a destination holding a bundle needs ``overwrite``, and only
+    a proven bundle (or nothing) is ever replaced: a user's ``bundle.json`` or ``manifest.json``,
+    or a damaged bundle, is refused (FORMAT.md §5a), with nothing put."""
+    with naming(url, "look for an existing bundle"):
+        found = examine_prefix(store, url)
+    if isinstance(found, Proof):
+        if not overwrite:
+            raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
+    elif found.damaged:
+        raise BundleExistsError(
+            f"{url}: destination holds a damaged bundle; refusing to replace it ({found.why}); {DAMAGED_HINT}"
+        )
+    elif not found.empty:
+        raise BundleExistsError(f"{url}: destination is not a bundle; refusing to replace it ({found.why})")
 
 
 def upload_bundle(
@@ -96,9 +114,7 @@ def upload_bundle(
         raise BundleError(
             f"{bundle_path}: upload_bundle takes a bundle directory; pack_bundle uploads a packed file"
         )
-    existing = _check_absent(store, url)
-    if existing is not None and not overwrite:
-        raise BundleExistsError(f"{url}: destination exists; pass overwrite=True to replace it")
+    _refuse_unreplaceable(store, url, overwrite)
     check_preconditions(store, url)  # publishing below is atomic only where they are honoured
     stats = UploadStats(generation=_new_generation())
     started = time.perf_counter()
@@ -332,29 +348,74 @@ def _rewrite_message(error: BaseException, local: str, url: str) -> None:
         error.args = (error.args[0].replace(local, url), *error.args[1:])
 
 
-def remove_on_store(url_text: str, storage_options: Mapping[str, Any] | None = None) -> None:
-    """Delete the bundle at ``url`` and nothing else (FORMAT.md §9): the pointer first (so no
-    reader finds half of it), then the generations of ours under it (each manifest first), then
-    its own media (``U/media/<64 hex><suffix>``). A plain copy (no pointer) loses its
-    ``manifest.json`` first, then ``samples/<shard>`` and its media. Everything else under
-    ``U`` (a user's files beside the bundle, a nested bundle, keys deeper than the layout's) is
-    left, and so is the shared pool beside ``U``: its media are left to :func:`collect_garbage`."""
-    place = _bundle_prefix(url_text, storage_options, "read the pointer")
-    url, store = place.url, place.store
+def remove_on_store(
+    url_text: str, storage_options: Mapping[str, Any] | None = None, *, damaged: bool = False
+) -> None:
+    """Delete the bundle at ``url`` and nothing else (FORMAT.md §9), once proven
+    (:func:`bundles._remote._pointer.examine_prefix`; anything else is refused, nothing deleted):
+    the pointer first (so no reader finds half of it), then the media in ``U/media`` that its
+    manifests list (the live generation's and those of the other generations of ours under it),
+    then those generations (``U/<generation>/`` holding only ``manifest.json`` and shards), each
+    manifest first. A plain copy (no pointer) loses its ``manifest.json`` first, then the shards
+    and media it lists. Everything else under ``U`` (a user's files, a medium no manifest lists,
+    a nested bundle) is left, and so is the shared pool beside ``U``: its media are left to
+    :func:`collect_garbage`.
+
+    With ``damaged``, a bundle whose pointer or manifest claims the format but does not validate
+    is removed too, by the names the format gives: its pointer and its generations, or, for a
+    plain copy, ``manifest.json``, ``samples/NNNNNN.msgpack.zst`` and ``media/<64 hex><suffix>``."""
+    url = StoreURL(url_text)
+    store = get_store(url, storage_options)
+    with naming(url, "look for a bundle"):
+        found = examine_prefix(store, url)
+    ours = removable_names(found, damaged)  # raises (nothing deleted) unless proven, or damaged=True
     with naming(url, "remove the bundle"):
-        if place.pointer.generation is None:
-            store.delete([url.key_of(MANIFEST_NAME)])
-            shards = url.key_of(SHARDS_DIR)
-            keys = [
-                f"{shards}/{n}" for n in store.files(shards) if SHARD_PATH_RE.fullmatch(f"{SHARDS_DIR}/{n}")
-            ]
-        else:
-            store.delete([url.key_of(STORE_POINTER_NAME)])
+        if isinstance(found, Proof) and found.generation is not None:
+            _remove_generations(store, url, found)
+            return
+        if isinstance(found, NotProven) and store.head(url.key_of(STORE_POINTER_NAME)) is not None:
+            store.delete([url.key_of(STORE_POINTER_NAME)])  # a damaged pointer (it claims the format)
             keys = _own_generations(store, url)
-        media = url.key_of(MEDIA_DIR)
-        keys += [f"{media}/{n}" for n in store.files(media) if media_name_ok(n)]
+            if keys:
+                store.delete(keys)
+            return
+        store.delete([url.key_of(MANIFEST_NAME)])  # a plain copy: its manifest first
+        keys = []
+        for sub in (SHARDS_DIR, MEDIA_DIR):
+            keys += [url.key_of(f"{sub}/{n}") for n in store.files(url.key_of(sub)) if ours(f"{sub}/{n}")]
         if keys:
-            store.delete(keys)  # manifests first: a generation without one is never read
+            store.delete(keys)
+
+
+def _remove_generations(store: Store, url: StoreURL, proof: Proof) -> None:
+    """Remove a proven bundle with a pointer: the pointer, the media its manifests list, then its
+    generations (see :func:`remove_on_store`)."""
+    store.delete([url.key_of(STORE_POINTER_NAME)])
+    generations = _own_generations(store, url)
+    listed = {m.filename for m in proof.manifest.media} if not proof.shared_media else set()
+    for key in generations:
+        rel = key[len(url.key_of("")) :]
+        gen, _, name = rel.partition("/")
+        if name == MANIFEST_NAME and gen != proof.generation:
+            listed |= _media_listed(store, url, gen)
+    media = url.key_of(MEDIA_DIR)
+    keys = [f"{media}/{n}" for n in store.files(media) if n in listed]
+    if keys:
+        store.delete(keys)
+    if generations:
+        store.delete(generations)  # manifests first: a generation without one is never read
+
+
+def _media_listed(store: Store, url: StoreURL, generation: str) -> set[str]:
+    """The media another generation of ours under ``url`` lists (none where its manifest does not
+    validate, or says its media are elsewhere: only names a validated manifest lists go)."""
+    where = f"{url}/{generation}/{MANIFEST_NAME}"
+    try:
+        raw, _ = store.get(url.key_of(f"{generation}/{MANIFEST_NAME}"), MAX_MANIFEST_BYTES, "manifest cap")
+    except BundleError:
+        return set()
+    judged = judge_manifest(raw, where)
+    return set() if isinstance(judged, NotProven) else {m.filename for m in judged.media}
 
 
 def _own_generations(store: Store, url: StoreURL) -> list[str]:
