@@ -110,12 +110,12 @@ def test_cp_force_shared_media_never_publishes_over_a_pool_object_with_other_byt
     proc = cli(s3, "cp", str(src), url, "--force", "--shared-media")
 
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert _keys(s3, bucket, "run/x/") == before  # pointer, generation, notes.txt: untouched
     where = f"s3://{bucket}/run/.media/{victim}"
     expected = f"expected {len(good)} bytes with sha256:{hashlib.sha256(good).hexdigest()}"
     found = f"found {len(bad)} bytes with sha256:{hashlib.sha256(bad).hexdigest()}"
     assert f"{where}: {expected}, {found}" in proc.stderr, proc.stderr
     assert "not published" in proc.stderr
-    assert _keys(s3, bucket, "run/x/") == before  # pointer, generation, notes.txt: untouched
     with open_bundle(url, verify="full") as b:
         assert [s["v"] for s in b] == [1]
     assert _keys(s3, bucket, f"run/.media/{victim}")[f"run/.media/{victim}"] == bad  # left, reported
@@ -158,10 +158,10 @@ def test_skipped_objects_are_read_back_and_what_went_missing_is_uploaded(s3: Any
 
     with on_fault_point("store.before-verify", delete_one):
         second = upload_bundle(src, f"s3://{bucket}/a/two", shared_media=True)
-    assert (second.media_uploaded, second.media_skipped, second.objects_read_back) == (0, 3, 3)
     for u in ("one", "two"):
         with open_bundle(f"s3://{bucket}/a/{u}", verify="full") as b:
             assert len(b.media) == 3
+    assert (second.media_uploaded, second.media_skipped, second.objects_read_back) == (0, 3, 3)
 
 
 # -- item 4: rm and gc racing a writer -----------------------------------------------------------
@@ -208,9 +208,9 @@ def test_rm_racing_a_writer_of_the_same_screenshots_leaves_it_every_object(
         held.release()
         remover.join(60)
     assert not errors and not remover.is_alive()
-    assert stats.media_skipped == 3 and stats.objects_restored >= 3
     with open_bundle(url, verify="full") as b:
         assert [s["v"] for s in b] == [2, 2, 2] and len(b.media) == 3
+    assert stats.media_skipped == 3 and stats.objects_restored >= 3
     assert _keys(s3, bucket, "run/notes.txt") == {"run/notes.txt": b"mine"}
 
 
@@ -305,9 +305,9 @@ def test_a_gc_delete_landing_after_the_writer_published_is_put_back(
         held.release()
         gc.join(60)
     assert len(reports[0].media) == 3  # gc did delete them
-    assert stats.media_skipped == 3 and stats.objects_read_back == 3 and stats.objects_restored == 3
     with open_bundle(f"s3://{bucket}/A/two", verify="full") as b:
         assert len(b.media) == 3
+    assert stats.media_skipped == 3 and stats.objects_read_back == 3 and stats.objects_restored == 3
     assert _keys(s3, bucket, "A/notes.txt") == {"A/notes.txt": b"mine"}
 
 
@@ -373,6 +373,7 @@ def test_a_forged_size_is_refused_at_once_in_bounded_memory(
         env={**os.environ, **s3.env, "PYTHONPATH": str(ROOT)},
         timeout=120,
     )
+    assert "RSS_GROWTH_KIB" in proc.stdout, proc.stderr[-2000:]
     growth = int(proc.stdout.split("RSS_GROWTH_KIB ")[1].split()[0])
     assert proc.stdout.strip().endswith("EXIT 1"), proc.stdout + proc.stderr
     assert growth < 64 * 1024, f"RSS grew {growth} KiB"
