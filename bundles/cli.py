@@ -624,7 +624,8 @@ def _register_locations(subparsers: Any) -> None:
         "(s3://, gs://, az://), or from one store prefix to another. On a store the copy is published "
         "by the commit protocol (docs/FORMAT.md §9: a reader sees the old bundle or the whole new one); "
         "locally it is committed by rename. A DST ending in .rbundle packs, a packed SRC unpacks. The copy "
-        "is then verified in full (every shard and medium hashed) against SRC's samples and media.",
+        "is verified in full (every shard and medium hashed; on a store, read back) before it is published, "
+        "so a failure leaves the bundle at DST as it was; then it is checked against SRC's samples and media.",
     )
     p.add_argument("src", metavar="SRC", help=BUNDLE_HELP)
     p.add_argument(

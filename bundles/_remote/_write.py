@@ -177,27 +177,13 @@ def _upload(
 
     with Progress(f"uploading {place.url.name}", total=total, unit="B", enabled=progress) as bar:
 
-        def check(path: Path, data: bytes | None) -> None:
-            # The key is the digest, and other bundles of a pool will trust it without uploading:
-            # bytes that disagree with their name (a hard-linked run file edited in place) must
-            # never be stored under it. Hashing costs ~0.5 s per GB against minutes of upload.
-            if data is None:
-                hexdigest, _ = sha256_file(str(path))
-            else:
-                hexdigest = hashlib.sha256(data).hexdigest()
-            if not path.name.startswith(hexdigest):
-                raise MediaMissingError(
-                    f"{place.url}: {MEDIA_DIR}/{path.name}: the file's bytes hash to sha256:{hexdigest}, not the "
-                    "digest it is stored under (edited in place after it was linked?); not uploaded"
-                )
-
         def put_media(key: str, path: Path, size: int) -> None:
             if size > MULTIPART_THRESHOLD:
-                check(path, None)
+                _check_media(place, path, None)
                 store.put_large(key, path)
             else:
                 data = path.read_bytes()
-                check(path, data)
+                _check_media(place, path, data)
                 if not store.put_create(key, data):
                     # Already there (another writer's, or our own retried request): proven by
                     # reading it back before publishing, like the media skipped above.
@@ -230,6 +216,18 @@ def _upload(
     _put_create_same(store, place.key(MANIFEST_NAME), manifest)
     stats.objects = len(todo) + len(shards) + 1
     return listed, unproven
+
+
+def _check_media(place: _BundlePrefix, path: Path, data: bytes | None) -> None:
+    """The key is the digest, and other bundles of a pool will trust it without uploading: bytes
+    that disagree with their name (a hard-linked run file edited in place) must never be stored
+    under it. Hashing costs ~0.5 s per GB against minutes of upload."""
+    hexdigest = sha256_file(str(path))[0] if data is None else hashlib.sha256(data).hexdigest()
+    if not path.name.startswith(hexdigest):
+        raise MediaMissingError(
+            f"{place.url}: {MEDIA_DIR}/{path.name}: the file's bytes hash to sha256:{hexdigest}, not the "
+            "digest it is stored under (edited in place after it was linked?); not uploaded"
+        )
 
 
 def _digest(data: bytes) -> str:
