@@ -36,6 +36,7 @@ from bundles._layout import (
     SUFFIX_RE,
     SUPPORTED_FORMAT_VERSIONS,
 )
+from bundles._limits import MAX_MEDIA_BYTES
 
 __all__ = [
     "Manifest",
@@ -300,6 +301,10 @@ def _parse_media(manifest: dict[str, Any], where: object) -> tuple[MediaEntry, .
         if not isinstance(suffix, str) or not SUFFIX_RE.fullmatch(suffix):
             raise UnsafeBundleError(f"{where}: {field}.suffix: expected e.g. '.png', found {_short(suffix)}")
         entry = MediaEntry(ent["digest"], _int_field(ent, "size", field, where), suffix)
+        if entry.size > MAX_MEDIA_BYTES:  # before any reader sizes a buffer or a loop from it
+            raise UnsafeBundleError(
+                f"{where}: {field}.size: {entry.size} exceeds MAX_MEDIA_BYTES, the cap of {MAX_MEDIA_BYTES} bytes"
+            )
         if entry.filename in seen:
             raise BundleFormatError(f"{where}: {field}: {ent['digest']}{suffix} is listed twice")
         seen.add(entry.filename)

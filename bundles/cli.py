@@ -15,8 +15,10 @@ import sys
 from typing import Any
 
 from bundles import _cli
+from bundles._commit import scratch_dir
 from bundles._diff import DiffKeyError, diff_bundles
 from bundles._entry import is_bundle, list_bundles, open_bundle, pack_bundle, remove_bundle, unpack_bundle
+from bundles._fs import remove_tree
 from bundles._layout import MEDIA_DIR, PACK_SUFFIX
 from bundles._location import check_location, is_store_url
 from bundles._locations import Location
@@ -367,16 +369,18 @@ def _cp(ns: argparse.Namespace) -> int:
         unpack_bundle(src, dst, overwrite=ns.force, progress=ns.progress)
     elif kind == "upload":
         open_bundle(src, verify="fast").close()  # a damaged bundle is never uploaded
-        upload_bundle(src, dst, overwrite=ns.force, shared_media=ns.shared_media, progress=ns.progress)
+        upload_bundle(
+            src, dst, overwrite=ns.force, shared_media=ns.shared_media, progress=ns.progress, read_back=True
+        )
     elif kind == "download":
         download_bundle(src, dst, overwrite=ns.force, progress=ns.progress)
     else:
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="rollout-bundle-cp-") as tmp:
-            local = download_bundle(src, os.path.join(tmp, "bundle"), progress=ns.progress)
-            upload_bundle(local, dst, overwrite=ns.force, shared_media=ns.shared_media, progress=ns.progress)
-    with open_bundle(src, verify="none") as a, open_bundle(dst, verify="full") as b:
+        _store_to_store(src, dst, ns)
+    # Verified in full before it was published (every object of a store copy read back and
+    # hashed, every file of a local copy hashed before its commit, every member of a packed file
+    # as it was written): a failure here would come after the old bundle was replaced.
+    level = "full" if kind in ("pack", "unpack") else "none"
+    with open_bundle(src, verify="none") as a, open_bundle(dst, verify=level) as b:
         if (len(a), sorted(m.filename for m in a.media)) != (len(b), sorted(m.filename for m in b.media)):
             raise _cli.CommandError(
                 f"{_where(dst)}: the copy does not hold the samples and media of {_where(src)}"
@@ -390,6 +394,25 @@ def _cp(ns: argparse.Namespace) -> int:
             f"{counts['media_files']} media files)"
         )
     return 0
+
+
+def _store_to_store(src: str, dst: str, ns: argparse.Namespace) -> None:
+    """``cp URL URL``: download into a scratch directory, then upload. The scratch is named after
+    this process (:func:`bundles.support.scratch_dir`, in the temporary directory), so that the
+    next ``cp`` removes what a SIGKILLed one left."""
+    import tempfile
+
+    from bundles._remote import upload_bundle
+    from bundles._remote._copy import download_bundle
+
+    scratch = scratch_dir(os.path.join(tempfile.gettempdir(), "rollout-bundle-cp"), "copy")
+    try:
+        local = download_bundle(src, scratch / "bundle", progress=ns.progress)
+        upload_bundle(
+            local, dst, overwrite=ns.force, shared_media=ns.shared_media, progress=ns.progress, read_back=True
+        )
+    finally:
+        remove_tree(scratch)
 
 
 def _rm(ns: argparse.Namespace) -> int:
@@ -601,7 +624,8 @@ def _register_locations(subparsers: Any) -> None:
         "(s3://, gs://, az://), or from one store prefix to another. On a store the copy is published "
         "by the commit protocol (docs/FORMAT.md §9: a reader sees the old bundle or the whole new one); "
         "locally it is committed by rename. A DST ending in .rbundle packs, a packed SRC unpacks. The copy "
-        "is then verified in full (every shard and medium hashed) against SRC's samples and media.",
+        "is verified in full (every shard and medium hashed; on a store, read back) before it is published, "
+        "so a failure leaves the bundle at DST as it was; then it is checked against SRC's samples and media.",
     )
     p.add_argument("src", metavar="SRC", help=BUNDLE_HELP)
     p.add_argument(

@@ -30,15 +30,20 @@ __all__ = ["download_bundle"]
 
 def _fetch(place: Any, rel: str, size: int, digest: str, target: Path, bar: Progress) -> None:
     """Download ``rel`` into ``target`` in windows, hashing as it goes; refuse bytes that are not
-    the ones the manifest lists."""
+    the ones the manifest lists. ``size`` is the manifest's (bounded when it was parsed, but
+    untrusted): the windows are produced lazily, and the first short one (an object smaller
+    than the manifest says) ends the download, so a forged size costs one request."""
     key = place.key(rel)
     h = hashlib.sha256()
     with open(target, "xb") as f:
-        for start in list(range(0, size, READ_WINDOW)) or [0]:
-            chunk = place.store.get_range(key, start, min(size, start + READ_WINDOW)) if size else b""
+        for start in range(0, size, READ_WINDOW):
+            want = min(READ_WINDOW, size - start)
+            chunk = place.store.get_range(key, start, start + want)
             h.update(chunk)
             f.write(chunk)
             bar.advance(len(chunk))
+            if len(chunk) < want:
+                break
         f.flush()
         os.fsync(f.fileno())
     found = DIGEST_PREFIX + h.hexdigest()

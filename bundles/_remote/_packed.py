@@ -39,15 +39,22 @@ def pack_on_store(
     storage_options: Mapping[str, Any] | None = None,
 ) -> StoreURL:
     """:func:`bundles.pack_bundle` of an open bundle onto a store: packed locally, then uploaded
-    in one atomic put (create-only unless ``overwrite``)."""
+    in one atomic put (create-only unless ``overwrite``).
+
+    Verify, then publish: the put is the publication, and what it puts was verified in full
+    before it: :func:`bundles._pack.pack_local` hashes every member it writes against the
+    manifest and refuses a bundle that disagrees, so a damaged bundle never replaces the object.
+    The local file lies in a scratch directory named after this process
+    (:func:`bundles._commit.scratch_dir`): a SIGKILLed packer's is removed by the next one."""
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
     if not overwrite:
         if store.head(url.key) is not None:
             raise BundleExistsError(f"{url}: output exists; pass overwrite=True to replace it")
         check_preconditions(store, url)  # the create-only put below is one only where honoured
-    with tempfile.TemporaryDirectory(prefix="rollout-bundles-pack-") as tmp:
-        out = pack_local(bundle, Path(tmp) / url.name, overwrite=False, progress=progress)
+    scratch = scratch_dir(os.path.join(tempfile.gettempdir(), "rollout-bundles-pack"), "pack")
+    try:
+        out = pack_local(bundle, scratch / url.name, overwrite=False, progress=progress)
         fault_point("store.before-put", url)
         if out.stat().st_size > MULTIPART_THRESHOLD:
             if not overwrite and store.head(url.key) is not None:
@@ -57,6 +64,8 @@ def pack_on_store(
             store.put(url.key, out.read_bytes())
         else:
             _put_create_confirmed(store, url, out.read_bytes())
+    finally:
+        remove_tree(scratch)
     return url
 
 

@@ -1,6 +1,11 @@
-"""Writing a bundle to a store: upload without rename, then publish its pointer (FORMAT.md §9).
+"""Writing a bundle to a store: upload without rename, verify, then publish its pointer
+(FORMAT.md §9).
 
-See :mod:`bundles._remote` for the protocol."""
+See :mod:`bundles._remote` for the protocol. :func:`upload_bundle` uploads the media (skipping
+those already present with the right size), the shards and the manifest of a new generation,
+then proves every object the manifest lists before it puts the pointer, and after putting it
+puts back what a concurrent ``rm`` or ``gc`` deleted: the rule and its costs are in
+:mod:`bundles._remote._verify` ("verify, then publish")."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from bundles._errors import (
     BundleExistsError,
     BundleFormatError,
     BundleIOError,
+    BundleVerificationError,
     MediaMissingError,
 )
 from bundles._faults import fault_point
@@ -46,6 +52,8 @@ from bundles._remote._pointer import (
     examine_prefix,
 )
 from bundles._remote._probe import check_preconditions
+from bundles._remote._verify import Listed, keep_published, prove_before_publish
+from bundles._source import media_name_ok
 from bundles._store import Store, StoreURL, get_store, naming, parallel
 
 
@@ -56,6 +64,8 @@ class UploadStats:
 
     media_uploaded: int = 0
     media_skipped: int = 0
+    objects_read_back: int = 0  # proven by reading their bytes back before publishing
+    objects_restored: int = 0  # put back after publishing (deleted by a concurrent rm or gc)
     bytes_uploaded: int = 0
     objects: int = 0
     seconds: float = 0.0
@@ -96,13 +106,18 @@ def upload_bundle(
     shared_media: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
+    read_back: bool = False,
 ) -> UploadStats:
     """Upload the local bundle directory at ``bundle_path`` to ``url`` with the commit protocol
-    of the module docstring; return what was sent.
+    of the module docstring; return what was sent. Nothing is published that is not proven: the
+    objects this writer did not upload (media already there) are read back and hashed first, and
+    with ``read_back`` every object is (``cp``'s full verification, before publishing).
 
     Raises:
         BundleExistsError: a bundle is at ``url`` (without ``overwrite``), or another writer
             published one there first; nothing of theirs is touched.
+        BundleVerificationError: an object the manifest lists holds other bytes on the store
+            (named with the expected and found digests); nothing was published.
         BundleNotFoundError: the bucket does not exist.
         BundleIOError: the store refused a request after the retries, or no credentials; the
             bundle at ``url`` (if any) is unchanged.
@@ -123,7 +138,9 @@ def upload_bundle(
     manifest_bytes = (root / MANIFEST_NAME).read_bytes()
     try:
         with naming(url, "upload the bundle"):
-            _upload(local, root, place, stats, progress)
+            listed, unproven = _upload(local, root, place, stats, progress, manifest_bytes)
+        stats.objects_read_back = len(listed if read_back else unproven)
+        prove_before_publish(place, listed if read_back else unproven)
         pointer = Pointer(
             stats.generation,
             len(manifest_bytes),
@@ -137,51 +154,58 @@ def upload_bundle(
         if isinstance(e, OSError) and not isinstance(e, BundleError):  # the local disk's
             raise BundleIOError.wrap(url, "upload the bundle", e) from e
         raise
+    try:
+        stats.objects_restored = keep_published(place, stats.generation, listed)
+    except OSError as e:
+        if isinstance(e, BundleError):
+            raise
+        raise BundleIOError.wrap(url, "put back the objects of the published bundle", e) from e
     if previous is not None:
         stats.replaced = _retire(place, previous)
     stats.seconds = time.perf_counter() - started
     return stats
 
 
-def _upload(local: Any, root: Path, place: _BundlePrefix, stats: UploadStats, progress: bool | None) -> None:
+def _upload(
+    local: Any, root: Path, place: _BundlePrefix, stats: UploadStats, progress: bool | None, manifest: bytes
+) -> tuple[list[Listed], list[Listed]]:
+    """Put the media that are not there yet, the shards, then the manifest; return every object
+    the manifest lists (for the check after publishing) and those this writer did not put
+    itself (to be read back before publishing: :mod:`bundles._remote._verify`)."""
     store = place.store
     existing = {m["path"]: m["size"] for m in store.listing(place.media_prefix)}
     todo: list[tuple[str, Path, int]] = []
+    unproven: list[Listed] = []
+    listed = [Listed(place.key(MANIFEST_NAME), manifest, len(manifest), _digest(manifest))]
     for ref in local.media:
         key = f"{place.media_prefix}/{ref.filename}"
+        listed.append(Listed(key, root / MEDIA_DIR / ref.filename, ref.size, ref.digest))
         if existing.get(key) == ref.size:
             stats.media_skipped += 1
+            unproven.append(listed[-1])
             continue
         todo.append((key, root / MEDIA_DIR / ref.filename, ref.size))
     shards = [(place.key(e["path"]), root / e["path"], e["size"]) for e in local.manifest["shards"]]
+    digests = {place.key(e["path"]): e["digest"] for e in local.manifest["shards"]}
+    listed += [Listed(key, path, size, digests[key]) for key, path, size in shards]
+    by_key = {o.key: o for o in listed}
     total = sum(size for *_, size in todo + shards)
     lock = threading.Lock()
 
     with Progress(f"uploading {place.url.name}", total=total, unit="B", enabled=progress) as bar:
 
-        def check(path: Path, data: bytes | None) -> None:
-            # The key is the digest, and other bundles of a pool will trust it without uploading:
-            # bytes that disagree with their name (a hard-linked run file edited in place) must
-            # never be stored under it. Hashing costs ~0.5 s per GB against minutes of upload.
-            if data is None:
-                hexdigest, _ = sha256_file(str(path))
-            else:
-                hexdigest = hashlib.sha256(data).hexdigest()
-            if not path.name.startswith(hexdigest):
-                raise MediaMissingError(
-                    f"{place.url}: {MEDIA_DIR}/{path.name}: the file's bytes hash to sha256:{hexdigest}, not the "
-                    "digest it is stored under (edited in place after it was linked?); not uploaded"
-                )
-
         def put_media(key: str, path: Path, size: int) -> None:
             if size > MULTIPART_THRESHOLD:
-                check(path, None)
+                _check_media(place, path, None)
                 store.put_large(key, path)
             else:
                 data = path.read_bytes()
-                check(path, data)
-                # Already there: the same content, from another writer or our own retry.
-                store.put_create(key, data)
+                _check_media(place, path, data)
+                if not store.put_create(key, data):
+                    # Already there (another writer's, or our own retried request): proven by
+                    # reading it back before publishing, like the media skipped above.
+                    with lock:
+                        unproven.append(by_key[key])
             fault_point("store.media")
             with lock:
                 stats.media_uploaded += 1
@@ -189,7 +213,15 @@ def _upload(local: Any, root: Path, place: _BundlePrefix, stats: UploadStats, pr
             bar.advance(size)
 
         def put_shard(key: str, path: Path, size: int) -> None:
-            _put_create_same(store, key, path.read_bytes())
+            data = path.read_bytes()
+            if len(data) != size or _digest(data) != digests[key]:
+                raise BundleVerificationError(
+                    local.path,
+                    [
+                        f"{path}: expected {size} bytes with {digests[key]}, found {len(data)} bytes with {_digest(data)}"
+                    ],
+                )
+            _put_create_same(store, key, data)
             fault_point("store.shard")
             with lock:
                 stats.bytes_uploaded += size
@@ -198,8 +230,25 @@ def _upload(local: Any, root: Path, place: _BundlePrefix, stats: UploadStats, pr
         jobs = [(put_media, t) for t in todo] + [(put_shard, t) for t in shards]
         parallel(lambda job: job[0](*job[1]), jobs)
     # The manifest last: a generation without one is never read (and gc removes it).
-    _put_create_same(store, place.key(MANIFEST_NAME), (root / MANIFEST_NAME).read_bytes())
+    _put_create_same(store, place.key(MANIFEST_NAME), manifest)
     stats.objects = len(todo) + len(shards) + 1
+    return listed, unproven
+
+
+def _check_media(place: _BundlePrefix, path: Path, data: bytes | None) -> None:
+    """The key is the digest, and other bundles of a pool will trust it without uploading: bytes
+    that disagree with their name (a hard-linked run file edited in place) must never be stored
+    under it. Hashing costs ~0.5 s per GB against minutes of upload."""
+    hexdigest = sha256_file(str(path))[0] if data is None else hashlib.sha256(data).hexdigest()
+    if not path.name.startswith(hexdigest):
+        raise MediaMissingError(
+            f"{place.url}: {MEDIA_DIR}/{path.name}: the file's bytes hash to sha256:{hexdigest}, not the "
+            "digest it is stored under (edited in place after it was linked?); not uploaded"
+        )
+
+
+def _digest(data: bytes) -> str:
+    return DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
 
 
 def _put_create_same(store: Store, key: str, data: bytes) -> None:
