@@ -31,6 +31,7 @@ is declared here too, for the scan; it is not appended by callers nor replayed.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -386,7 +387,18 @@ def _replay_group(r: Replay, rec: JournalRecord) -> None:
 
 # -- consumed: groups handed to training for a step --------------------------------------------------
 def _build_consumed(step: int, gids: Iterable[int]) -> Append:
-    return Append(int(step), [int(g) for g in gids])
+    return Append(_index(step), [_index(g) for g in gids])
+
+
+def _index(v: Any) -> Any:
+    """``v`` as an int if it is an integer of another type (numpy's); else ``v`` unchanged, for
+    the kind's rule to refuse by name (a bool, a float, a string)."""
+    if type(v) is int or type(v) is bool:
+        return v
+    try:
+        return operator.index(v)
+    except TypeError:
+        return v
 
 
 def _replay_consumed(r: Replay, rec: JournalRecord) -> None:
