@@ -18,9 +18,11 @@ from __future__ import annotations
 
 __all__ = [
     "LIMITS",
+    "MAX_CONSUMED_GROUPS",
     "MAX_CURSOR_BYTES",
     "MAX_DECODE_PIXELS",
     "MAX_GROUP_ID",
+    "MAX_GROUP_SIZE",
     "MAX_ID_CHARS",
     "MAX_INT",
     "MAX_JSON_DEPTH",
@@ -30,6 +32,9 @@ __all__ = [
     "MAX_NESTING_DEPTH",
     "MAX_PAGE_PIXELS",
     "MAX_POINTER_BYTES",
+    "MAX_RECORD_BODY_BYTES",
+    "MAX_RECORD_MEDIA",
+    "MAX_RECORD_META_BYTES",
     "MAX_REPORT_BYTES",
     "MAX_SAMPLE_ITEMS",
     "MAX_SAMPLE_RAW_BYTES",
@@ -85,8 +90,22 @@ MAX_REPORT_BYTES = 16 * 1024 * 1024
 # -- the rollout journal (enforced by trainer_hooks' writer and reader alike) ---------------------
 #: A data source's cursor recorded in a take, encoded, in bytes.
 MAX_CURSOR_BYTES = 1 << 20
-#: A group id is a non-negative int below this (it is packed and compared as a signed 64-bit int).
+#: A group id is a non-negative int at most this (it is packed and compared as a signed 64-bit int).
 MAX_GROUP_ID = 2**63 - 1
+#: A group's size, and a sibling's index in it, at most this.
+MAX_GROUP_SIZE = 1 << 20
+#: Group ids one ``consumed`` record names (the groups handed to one training step), at most this.
+MAX_CONSUMED_GROUPS = 1 << 16
+#: Media file names one record references, at most this.
+MAX_RECORD_MEDIA = 1 << 15
+#: One record's meta (``[seq, kind, at, a, b, media]``, msgpack), in bytes: room for every field
+#: of every kind at its bound at once (a cursor of MAX_CURSOR_BYTES, MAX_RECORD_MEDIA names of at
+#: most 117 bytes, MAX_CONSUMED_GROUPS ids of 9 bytes; tests/test_journal_limits.py checks), so a
+#: record the writer accepts field by field always fits. A segment's header is bounded by it too.
+MAX_RECORD_META_BYTES = 8 << 20
+#: One record's body (a zstd frame of one sample or group), in bytes, compressed; decompressed it
+#: is at most MAX_SAMPLE_RAW_BYTES (what the bundle codec decodes).
+MAX_RECORD_BODY_BYTES = 1 << 30
 
 #: Every limit above, by name: the table docs/FORMAT.md §8 prints and the tests walk.
 LIMITS: dict[str, int] = {

@@ -26,6 +26,7 @@ from trainer_hooks.checkpoints.journal._format import (
     MEDIA_DIR,
     JournalCorruptError,
     JournalError,
+    JournalLimitError,
     is_media_name,
     journal_dir,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "FlushStats",
     "JournalCorruptError",
     "JournalError",
+    "JournalLimitError",
     "JournalRecord",
     "JournalScan",
     "JournalSink",

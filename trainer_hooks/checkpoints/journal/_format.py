@@ -52,7 +52,7 @@ from typing import Any
 import msgpack
 
 from bundles import BundleError
-from bundles.support import media_name_ok
+from bundles.support import LIMITS, media_name_ok
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "MEDIA_DIR",
     "JournalCorruptError",
     "JournalError",
+    "JournalLimitError",
     "JournalRecord",
     "journal_dir",
 ]
@@ -84,9 +85,13 @@ FRAME_HEAD = struct.Struct("<4sIII")
 FRAME_V1 = struct.Struct("<4sIII")
 LENGTHS = struct.Struct("<II")
 U32 = struct.Struct("<I")
-#: Limits when reading (a journal may be damaged): one record's meta and body, a segment header.
-MAX_META_BYTES = 1 << 20
-MAX_BODY_BYTES = 1 << 30
+#: Limits of one record's meta and body (and a segment header): rows of the one table of limits
+#: (:data:`bundles.support.LIMITS`), which the writer checks before a record is durable and the
+#: reader when it reads one; every field's own bound is its kind's (:mod:`._kinds`).
+MAX_META_BYTES = LIMITS["MAX_RECORD_META_BYTES"]
+MAX_BODY_BYTES = LIMITS["MAX_RECORD_BODY_BYTES"]
+#: A record body decompresses to at most this (what the bundle codec decodes as one sample).
+MAX_BODY_RAW_BYTES = LIMITS["MAX_SAMPLE_RAW_BYTES"]
 DEFAULT_SEGMENT_BYTES = 256 << 20
 ZSTD_LEVEL = 1
 
@@ -125,6 +130,12 @@ class JournalRecord:
 
 class JournalError(BundleError):
     """The journal cannot be written or read as asked (names the journal and the record)."""
+
+
+class JournalLimitError(JournalError, ValueError):
+    """A record the writer refuses to append: a field out of the bound its reader accepts (see
+    :mod:`._kinds`); nothing of it is written. The message names the journal, the record's kind
+    and the field, what it may hold and what it held."""
 
 
 class JournalCorruptError(JournalError):

@@ -3,9 +3,14 @@
 A record's meta is ``[seq, kind, at, a, b, media]`` and its body one codec value (or nothing);
 what ``a``, ``b`` and the body mean is the kind's. Each :class:`RecordKind` says, in one place:
 
-* ``shape`` and ``meta_ok``: the ``seq``, ``a`` and ``b`` the writer writes; the scan
-  (:mod:`._scan`) refuses any other (:class:`~._format.JournalCorruptError` naming the segment
-  and the byte offset);
+* ``seq``, ``a`` and ``b``: the :class:`Rule` each field obeys (its type and its bound, from
+  the one table of limits, :data:`bundles.support.LIMITS`); ``at`` and ``media`` obey the same
+  rules in every kind (:data:`AT`, :data:`MEDIA`). Both sides apply them, from here: the writer
+  (:mod:`._writer`) refuses a record with a field out of its bound before it is queued, so before
+  it can be durable (:class:`~._format.JournalLimitError` naming the kind and the field), and the
+  scan (:mod:`._scan`) refuses the same record read back (:class:`~._format.JournalCorruptError`
+  naming the segment and the byte offset). What the writer writes, its reader reads;
+  ``shape`` says it in one line;
 * ``body``: what the body holds: ``None`` (never a body), ``"sample"`` (one sample dict, or a
   nested group's trajectory, a list), ``"samples"`` (``{"samples": [...]}``) or
   ``"samples or none"`` (a ``group`` record: a body exactly when ``b`` is its size). The scan
@@ -25,14 +30,201 @@ is declared here too, for the scan; it is not appended by callers nor replayed.
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from trainer_hooks.checkpoints._snapshot import snapshot_groups
-from trainer_hooks.checkpoints.journal._format import JournalRecord
+import msgpack
 
-__all__ = ["KINDS", "Append", "RecordKind", "Replay", "kind_of"]
+from bundles.support import LIMITS
+from trainer_hooks.checkpoints._snapshot import snapshot_groups
+from trainer_hooks.checkpoints.journal._format import JournalRecord, is_media_name
+
+__all__ = [
+    "AT",
+    "KINDS",
+    "MEDIA",
+    "Append",
+    "Either",
+    "Exactly",
+    "Fields",
+    "Int",
+    "ListOf",
+    "MediaName",
+    "Packed",
+    "RecordKind",
+    "Replay",
+    "Rule",
+    "Time",
+    "kind_of",
+]
+
+MAX_INT = LIMITS["MAX_INT"]
+MAX_GROUP_ID = LIMITS["MAX_GROUP_ID"]
+MAX_GROUP_SIZE = LIMITS["MAX_GROUP_SIZE"]
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # a caller's object whose repr fails is still named
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- the rules a field obeys (each one: its type and its bound) -------------------------------------
+class Rule:
+    """What one field of a record may hold. :meth:`problem` says why ``value`` may not (None: it
+    may), prefixed by the field's path (``b.cursor``, ``b[3]``); the writer and the reader both
+    ask it."""
+
+    def problem(self, value: Any, path: str) -> str | None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Int(Rule):
+    """An int (never a bool) in ``lo..hi``."""
+
+    lo: int
+    hi: int
+    what: str = "an int"
+
+    def problem(self, value: Any, path: str) -> str | None:
+        if type(value) is int and self.lo <= value <= self.hi:
+            return None
+        return f"{path}: expected {self.what} (an int in {self.lo}..{self.hi}), found {_short(value)}"
+
+
+@dataclass(frozen=True)
+class Exactly(Rule):
+    """This one value (None, or -1 in a sync mark)."""
+
+    value: Any
+
+    def problem(self, value: Any, path: str) -> str | None:
+        if type(value) is type(self.value) and value == self.value:
+            return None
+        return f"{path}: expected {self.value!r}, found {_short(value)}"
+
+
+@dataclass(frozen=True)
+class Either(Rule):
+    """What one of ``rules`` accepts."""
+
+    rules: tuple[Rule, ...]
+
+    def problem(self, value: Any, path: str) -> str | None:
+        problems = [r.problem(value, path) for r in self.rules]
+        if any(p is None for p in problems):
+            return None
+        return f"{path}: " + "; or ".join(str(p).partition(": ")[2] for p in problems)
+
+
+@dataclass(frozen=True)
+class ListOf(Rule):
+    """A list of at most ``most`` items, each obeying ``item``."""
+
+    item: Rule
+    most: int
+
+    def problem(self, value: Any, path: str) -> str | None:
+        if type(value) is not list:
+            return f"{path}: expected a list, found {_short(value)}"
+        if len(value) > self.most:
+            return f"{path}: {len(value)} items, at most {self.most}"
+        for i, v in enumerate(value):
+            p = self.item.problem(v, f"{path}[{i}]")
+            if p is not None:
+                return p
+        return None
+
+
+@dataclass(frozen=True)
+class Fields(Rule):
+    """A map whose keys are some of ``fields`` (a record written by an older release may lack
+    one), each value obeying its rule."""
+
+    fields: tuple[tuple[str, Rule], ...]
+
+    def problem(self, value: Any, path: str) -> str | None:
+        if type(value) is not dict:
+            return f"{path}: expected a map of {', '.join(k for k, _ in self.fields)}, found {_short(value)}"
+        rules = dict(self.fields)
+        for key in value:
+            if key not in rules:
+                return f"{path}: expected keys {', '.join(rules)}, found {_short(key)}"
+        for key, rule in self.fields:
+            if key in value:
+                p = rule.problem(value[key], f"{path}.{key}")
+                if p is not None:
+                    return p
+        return None
+
+
+@dataclass(frozen=True)
+class Packed(Rule):
+    """Any value msgpack encodes (a data source's cursor), nested at most ``depth`` deep and at
+    most ``most`` bytes encoded. The depth is walked first, without recursion (a cyclic value
+    is refused there)."""
+
+    most: int
+    depth: int
+
+    def problem(self, value: Any, path: str) -> str | None:
+        level: list[Any] = [value]
+        for _ in range(self.depth + 1):
+            level = [
+                x
+                for v in level
+                if isinstance(v, (dict, list, tuple))
+                for x in (v.values() if isinstance(v, dict) else v)
+            ]
+            if not level:
+                break
+        else:
+            return f"{path}: nested more than {self.depth} deep"
+        try:
+            n = len(msgpack.packb(value))
+        except Exception as e:
+            return f"{path}: cannot be encoded: {type(e).__name__}: {_short(str(e))}"
+        if n > self.most:
+            return f"{path}: {n} bytes encoded, at most {self.most}"
+        return None
+
+
+@dataclass(frozen=True)
+class Time(Rule):
+    """A time in seconds since the epoch: a finite, non-negative float or int."""
+
+    def problem(self, value: Any, path: str) -> str | None:
+        if type(value) is float and math.isfinite(value) and value >= 0:
+            return None
+        if type(value) is int and 0 <= value <= MAX_INT:
+            return None
+        return f"{path}: expected a time (a finite number >= 0), found {_short(value)}"
+
+
+@dataclass(frozen=True)
+class MediaName(Rule):
+    """A media file name ``<64 hex><suffix>`` (bundles' one rule): it cannot name anything outside
+    ``journal/media`` or the run's media directory."""
+
+    def problem(self, value: Any, path: str) -> str | None:
+        if is_media_name(value):
+            return None
+        return f"{path}: expected a content-addressed name '<64 hex><suffix>', found {_short(value)}"
+
+
+#: ``at`` and ``media``: the same in every kind.
+AT: Rule = Time()
+MEDIA: Rule = ListOf(MediaName(), LIMITS["MAX_RECORD_MEDIA"])
+_SEQ = Int(1, MAX_INT, "a seq")
+_GID = Int(0, MAX_GROUP_ID, "a group id")
+_SIZE = Int(0, MAX_GROUP_SIZE, "a group size")
+_CURSOR = Packed(LIMITS["MAX_CURSOR_BYTES"], LIMITS["MAX_NESTING_DEPTH"])
 
 
 @dataclass(frozen=True)
@@ -73,7 +265,9 @@ class RecordKind:
 
     name: str
     shape: str
-    meta_ok: Callable[[Any, Any, Any], bool]
+    seq: Rule
+    a: Rule
+    b: Rule
     body: str | None
     build: Callable[..., Append] | None = None
     replay: Callable[[Replay, JournalRecord], None] | None = None
@@ -89,17 +283,28 @@ class RecordKind:
         """Whether a record of this kind with meta ``b`` carries a body."""
         return self.body is not None and (self.body != "samples or none" or b is not None)
 
+    @property
+    def fields(self) -> dict[str, Rule]:
+        """Every field of the meta and its rule, in the meta's order (``kind`` is the name)."""
+        return {"seq": self.seq, "at": AT, "a": self.a, "b": self.b, "media": MEDIA}
 
-def _int(v: Any) -> bool:
-    return type(v) is int
+    def problem(self, seq: Any, at: Any, a: Any, b: Any, media: Any) -> str | None:
+        """Why a record of this kind with this meta may not be written, nor read (None: it may):
+        ``<kind> record: <field>: ...``."""
+        for path, value in (("seq", seq), ("at", at), ("a", a), ("b", b), ("media", media)):
+            p = self.fields[path].problem(value, path)
+            if p is not None:
+                return f"{self.name} record: {p}"
+        return None
 
-
-def _data(seq: Any, a: Any) -> bool:
-    return _int(seq) and seq >= 1 and _int(a)
-
-
-def _ints(d: Any, keys: tuple[str, ...]) -> bool:
-    return type(d) is dict and all(k not in d or type(d[k]) is int for k in keys)
+    def append_problem(self, a: Any, b: Any) -> str | None:
+        """:meth:`problem` of the fields an append's caller gives (``a`` and ``b``); the writer
+        checks the others where it makes them."""
+        for path, rule, value in (("a", self.a, a), ("b", self.b, b)):
+            p = rule.problem(value, path)
+            if p is not None:
+                return f"{self.name} record: {p}"
+        return None
 
 
 def _group(
@@ -182,7 +387,18 @@ def _replay_group(r: Replay, rec: JournalRecord) -> None:
 
 # -- consumed: groups handed to training for a step --------------------------------------------------
 def _build_consumed(step: int, gids: Iterable[int]) -> Append:
-    return Append(int(step), [int(g) for g in gids])
+    return Append(_index(step), [_index(g) for g in gids])
+
+
+def _index(v: Any) -> Any:
+    """``v`` as an int if it is an integer of another type (numpy's); else ``v`` unchanged, for
+    the kind's rule to refuse by name (a bool, a float, a string)."""
+    if type(v) is int or type(v) is bool:
+        return v
+    try:
+        return operator.index(v)
+    except TypeError:
+        return v
 
 
 def _replay_consumed(r: Replay, rec: JournalRecord) -> None:
@@ -218,8 +434,10 @@ def _replay_dropped(r: Replay, rec: JournalRecord) -> None:
 _TABLE = (
     RecordKind(
         "take",
-        "seq >= 1, a group id (int), b {cursor, n: int, end: int}",
-        lambda seq, a, b: _data(seq, a) and _ints(b, ("n", "end")),
+        "seq >= 1, a group id, b {cursor: <= MAX_CURSOR_BYTES encoded, n: a group size, end: a group id}",
+        _SEQ,
+        _GID,
+        Fields((("cursor", _CURSOR), ("n", _SIZE), ("end", _GID))),
         "samples",
         _build_take,
         _replay_take,
@@ -228,8 +446,10 @@ _TABLE = (
     ),
     RecordKind(
         "sample",
-        "seq >= 1, a group id (int), b a sibling index (int >= 0)",
-        lambda seq, a, b: _data(seq, a) and _int(b) and b >= 0,
+        "seq >= 1, a group id, b a sibling index (0..MAX_GROUP_SIZE)",
+        _SEQ,
+        _GID,
+        Int(0, MAX_GROUP_SIZE, "a sibling index"),
         "sample",
         _build_sample,
         _replay_sample,
@@ -237,8 +457,10 @@ _TABLE = (
     ),
     RecordKind(
         "group",
-        "seq >= 1, a group id (int), b a size (int >= 0) or None",
-        lambda seq, a, b: _data(seq, a) and (b is None or (_int(b) and b >= 0)),
+        "seq >= 1, a group id, b a group size or None",
+        _SEQ,
+        _GID,
+        Either((Exactly(None), _SIZE)),
         "samples or none",
         _build_group,
         _replay_group,
@@ -248,8 +470,10 @@ _TABLE = (
     ),
     RecordKind(
         "consumed",
-        "seq >= 1, a step (int), b a list of group ids (ints)",
-        lambda seq, a, b: _data(seq, a) and type(b) is list and all(_int(g) for g in b),
+        "seq >= 1, a step (-1: none), b a list of at most MAX_CONSUMED_GROUPS group ids",
+        _SEQ,
+        Int(-1, MAX_INT, "a step"),
+        ListOf(_GID, LIMITS["MAX_CONSUMED_GROUPS"]),
         None,
         _build_consumed,
         _replay_consumed,
@@ -259,8 +483,10 @@ _TABLE = (
     ),
     RecordKind(
         "recycled",
-        "seq >= 1, a group id (int), b {n: int}",
-        lambda seq, a, b: _data(seq, a) and _ints(b, ("n",)),
+        "seq >= 1, a group id, b {n: a group size}",
+        _SEQ,
+        _GID,
+        Fields((("n", _SIZE),)),
         "samples",
         _build_recycled,
         _replay_recycled,
@@ -269,8 +495,10 @@ _TABLE = (
     ),
     RecordKind(
         "dropped",
-        "seq >= 1, a group id (int), b None",
-        lambda seq, a, b: _data(seq, a) and b is None,
+        "seq >= 1, a group id, b None",
+        _SEQ,
+        _GID,
+        Exactly(None),
         None,
         lambda gid: Append(gid, None),
         _replay_dropped,
@@ -279,8 +507,10 @@ _TABLE = (
     ),
     RecordKind(
         "sync",
-        "seq -1, b a durable seq (int)",
-        lambda seq, a, b: seq == -1 and _int(seq) and _int(b),
+        "seq -1, a -1, b a durable seq",
+        Exactly(-1),
+        Exactly(-1),
+        Int(0, MAX_INT, "a seq"),
         None,
         names_group=False,
     ),

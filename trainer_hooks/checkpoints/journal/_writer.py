@@ -80,21 +80,26 @@ from bundles.support import fault_point
 from trainer_hooks.checkpoints._snapshot import sample_dict, snapshot_groups
 from trainer_hooks.checkpoints.journal._format import (
     DEFAULT_SEGMENT_BYTES,
+    MAX_BODY_BYTES,
     MEDIA_DIR,
     ZSTD_LEVEL,
     JournalError,
+    JournalLimitError,
     frame_record_parts,
     segment_header,
     segment_name,
 )
 from trainer_hooks.checkpoints.journal._index import SegmentIndex
-from trainer_hooks.checkpoints.journal._kinds import Append, kind_of
+from trainer_hooks.checkpoints.journal._kinds import KINDS, MAX_INT, MEDIA, Append, kind_of
 from trainer_hooks.checkpoints.journal._media import JournalMedia
 from trainer_hooks.checkpoints.journal._sink import Batch, FlushStats, JournalSink, LocalFiles
 
 __all__ = ["FlushStats", "RolloutJournal", "new_lineage"]
 
 logger = logging.getLogger(__name__)
+
+#: A record's seq is at most this (the reader's bound, :mod:`._kinds`).
+MAX_SEQ = MAX_INT
 
 
 def write_all(fd: int, parts: tuple[bytes, ...]) -> None:
@@ -116,7 +121,7 @@ class _Item:
     kind: str
     at: float
     a: Any
-    b: Any
+    b: bytes  # the meta's b, encoded (msgpack) on the caller's thread
     value: Any  # snapshot to encode (None: no body)
     checks: Sequence[Callable[[], Any]] = field(default_factory=tuple)
     lent: bool = False  # value is the caller's sample itself, lent until encoded (copy=False)
@@ -161,6 +166,8 @@ class RolloutJournal:
     ) -> None:
         if not interval > 0:
             raise ValueError(f"--rollout-journal-interval: expected > 0 seconds here, found {interval}")
+        if not (type(first_seq) is int and first_seq >= 1):
+            raise JournalLimitError(f"{sink}: first_seq: expected an int >= 1, found {first_seq!r}")
         self._sink = sink if isinstance(sink, JournalSink) else LocalFiles(sink)
         self.where = self._sink.where  # what messages name: the journal where it is kept
         self.directory = self._sink.directory
@@ -230,10 +237,23 @@ class RolloutJournal:
         if self._error is not None or self._stopped:  # two reads: the event loop's hot path
             self._raise_error()
             raise JournalError(f"{self.where}: the journal is closed; a {kind} record cannot be appended")
+        # What the reader would refuse is refused here, before it is queued (so before it can be
+        # durable): the kind's bounds (:mod:`._kinds`). ``b`` is encoded now, on the caller's
+        # thread: a cursor the caller changes after this call is journaled as it was.
+        problem = KINDS[kind].append_problem(rec.a, rec.b)
+        if problem is not None:
+            raise JournalLimitError(
+                f"{self.where}: {problem}; nothing was written (its reader would refuse it)"
+            )
+        b = msgpack.packb(rec.b)
         with self._seq_lock:
             seq = self._next_seq
+            if seq > MAX_SEQ:
+                raise JournalLimitError(
+                    f"{self.where}: {kind} record: seq: {seq}, at most {MAX_SEQ}; nothing was written"
+                )
             self._next_seq += 1
-            self._queue.append(_Item(seq, kind, time.time(), rec.a, rec.b, rec.value, rec.checks, rec.lent))
+            self._queue.append(_Item(seq, kind, time.time(), rec.a, b, rec.value, rec.checks, rec.lent))
         self._wake.set()
         return seq
 
@@ -564,7 +584,17 @@ class RolloutJournal:
                 body = self._compressor.compress(self._encode_lent(item.value, where))
             else:
                 body = self._compressor.compress(self._encode(item.value, where, number_lists=numbers))
-        meta = msgpack.packb([item.seq, item.kind, item.at, item.a, item.b, sorted(set(media))])
+        names = sorted(set(media))
+        problem = MEDIA.problem(names, "media")
+        if problem is None and len(body) > MAX_BODY_BYTES:
+            problem = f"body: {len(body)} bytes compressed, at most {MAX_BODY_BYTES}"
+        if problem is not None:  # the journal fails, named: never a record its reader refuses
+            raise JournalLimitError(f"{self.where}: record {item.seq}: {item.kind} record: {problem}")
+        # The meta is msgpack [seq, kind, at, a, b, media]: a 6-item array, b encoded already.
+        pack = msgpack.packb
+        meta = b"".join(
+            (b"\x96", pack(item.seq), pack(item.kind), pack(item.at), pack(item.a), item.b, pack(names))
+        )
         self._batch_stats.records += 1
         self._totals["records"] += 1
         return frame_record_parts(meta, body), media
