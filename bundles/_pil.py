@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from bundles._limits import MAX_DECODE_PIXELS
@@ -47,7 +48,13 @@ DECODABLE_IMAGE_FORMATS = ("PNG", "JPEG")
 _MAGIC = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG"}
 
 
-def decode_image(data: bytes, *, where: str, max_pixels: int = MAX_DECODE_PIXELS) -> Any:
+def decode_image(
+    data: bytes,
+    *,
+    where: str,
+    max_pixels: int = MAX_DECODE_PIXELS,
+    reserve: Callable[[int, int], None] | None = None,
+) -> Any:
     """Decode untrusted image bytes: only :data:`DECODABLE_IMAGE_FORMATS`, at most ``max_pixels``.
 
     The one decoder of images taken from a bundle for display or processing (view's thumbnails,
@@ -56,6 +63,11 @@ def decode_image(data: bytes, *, where: str, max_pixels: int = MAX_DECODE_PIXELS
     decoder; the size is checked from the header before a pixel is allocated. Returns the
     loaded ``PIL.Image.Image`` (mode as stored). Raises :class:`~bundles.BundleFormatError`
     naming ``where`` and what was found; :class:`~bundles.BundleError` when Pillow is missing.
+
+    ``reserve(width, height)``, when given, is called with the header's size once it is within
+    ``max_pixels`` and before a pixel is allocated: a caller spending a budget over several images
+    (a page's pictures) takes its share there, or raises to decode nothing (its exception
+    propagates unchanged, so it should not be an ``OSError`` or ``ValueError``).
     """
     from bundles._errors import BundleError, BundleFormatError
 
@@ -82,6 +94,8 @@ def decode_image(data: bytes, *, where: str, max_pixels: int = MAX_DECODE_PIXELS
                     f"{where}: {fmt} image of {width}x{height} pixels exceeds the decode limit of "
                     f"{max_pixels} pixels"
                 )
+            if reserve is not None:
+                reserve(width, height)
             image.load()
     except BundleFormatError:
         raise

@@ -47,7 +47,7 @@ import bundles
 from bundles import BundleError
 from trainer_hooks.serve import _index as ix
 from trainer_hooks.serve._index import Indexer, Query
-from trainer_hooks.serve._media import WIDTHS, Pictures
+from trainer_hooks.serve._media import WIDTHS, Pictures, PixelBudget
 from trainer_hooks.serve._pages import SampleCache, badge, fmt, image_infos, sample_context, size, trend
 from trainer_hooks.serve._run import BundleEntry, Run
 from trainer_hooks.view import reward_spread
@@ -560,6 +560,7 @@ class ServeApp:
         a_id = params.get("a") or (holders[0][0].id if holders else None)
         b_id = params.get("b") or (holders[-1][0].id if holders else None)
         defs: dict[str, dict[str, Any]] = {}
+        budget = PixelBudget()  # both sides' pictures together
         sides: list[list[dict[str, Any]]] = [[], []]
         labels = ["", ""]
         for k, bid in enumerate((a_id, b_id)):
@@ -570,7 +571,7 @@ class ServeApp:
             labels[k] = f"step {e.step} · {e.rel}" if e.step is not None else e.rel
             chosen = found[:PROMPT_SAMPLES]
             views = self.samples.get(e, [f["pos"] for f in chosen])
-            infos = image_infos(self.pictures, e, list(views.values()))
+            infos = image_infos(self.pictures, e, list(views.values()), budget)
             sides[k] = [sample_context(views[f["pos"]], infos, self.img_url(e), f"/b/{e.id}/s/{f['pos']}", None, defs,
                                        uid=f"{'ab'[k]}{e.id[:4]}") for f in chosen]  # fmt: skip
         return self.render("prompt.html.j2", title="prompt across training", key=key, head=head[:160], rows=rows,
@@ -612,8 +613,9 @@ class ServeApp:
         va = self.samples.get(a, [i])[i]
         vb = self.samples.get(b, [j])[j]
         defs: dict[str, dict[str, Any]] = {}
-        ia = image_infos(self.pictures, a, [va])
-        ib = image_infos(self.pictures, b, [vb])
+        budget = PixelBudget()  # both samples' pictures together
+        ia = image_infos(self.pictures, a, [va], budget)
+        ib = image_infos(self.pictures, b, [vb], budget)
         left = sample_context(va, ia, self.img_url(a), f"/b/{a.id}/s/{i}", self._row(a, i), defs, uid="l")
         right = sample_context(vb, ib, self.img_url(b), f"/b/{b.id}/s/{j}", self._row(b, j), defs, uid="r")
         changes = _sample_changes(va, vb)

@@ -15,6 +15,13 @@ after it) reaches the browser only as pixels:
 - the bytes are decoded by :func:`bundles.decode_image` (PNG/JPEG by magic bytes, pixels
   bounded before allocation) and re-encoded as JPEG at one of :data:`WIDTHS`.
 
+Cost: a page decodes its pictures within one :class:`PixelBudget` (``MAX_PAGE_PIXELS`` of
+``bundles.support.LIMITS``, all its pictures together, taken from each header before a pixel is
+allocated); a picture past what is left is named on the page ("not drawn"), never decoded, and
+that refusal is not cached (another page, with budget left, draws it). A picture already made is
+read from the cache and costs nothing. A large picture is reduced by an integer factor before its
+transparency is flattened (:func:`trainer_hooks.view.jpeg_bytes`).
+
 ``<cache>/thumbs/<hex[:2]>/<hex>.json`` records the image's size (or why it cannot be shown),
 ``<hex>.<width>.jpg`` each picture made. A screenshot shared by a checkpoint and a dump (one
 digest) is decoded and resized once.
@@ -32,16 +39,37 @@ from typing import Any
 
 import bundles
 from bundles import BundleError, MediaMissingError
-from bundles.support import atomic_write, media_name_ok, read_at_most
+from bundles.support import LIMITS, atomic_write, media_name_ok, read_at_most
 from trainer_hooks.serve._run import BundleEntry
 from trainer_hooks.view import MAX_MEDIA_BYTES, jpeg_bytes, shown_suffix
 
-__all__ = ["THUMB", "WIDTHS", "ImageInfo", "Pictures"]
+__all__ = ["THUMB", "WIDTHS", "ImageInfo", "Pictures", "PixelBudget"]
 
 THUMB = 320
 LARGE = 1280
 WIDTHS = (THUMB, LARGE, 1920)
 QUALITY = {THUMB: 72, LARGE: 80, 1920: 85}
+
+
+class OverBudget(Exception):
+    """A picture's pixels are past what is left of its page's :class:`PixelBudget`."""
+
+
+class PixelBudget:
+    """Pixels one page may decode, all its pictures together (thread-safe: a page's pictures are
+    decoded by a few threads)."""
+
+    def __init__(self, pixels: int | None = None) -> None:
+        self.total = LIMITS["MAX_PAGE_PIXELS"] if pixels is None else pixels
+        self.left = self.total
+        self._lock = threading.Lock()
+
+    def take(self, width: int, height: int) -> None:
+        """Take ``width * height`` pixels, or raise :class:`OverBudget` taking nothing."""
+        with self._lock:
+            if width * height > self.left:
+                raise OverBudget(f"{width}×{height} pixels, past this page's budget of {self.total} pixels")
+            self.left -= width * height
 
 
 @dataclass
@@ -109,15 +137,16 @@ class Pictures:
             return ImageInfo(name, error=str(raw["error"]))
         return ImageInfo(name, size=(int(raw["w"]), int(raw["h"])))
 
-    def info(self, entry: BundleEntry, name: str) -> ImageInfo:
-        """The picture's size, decoding it (and writing its thumbnail) the first time."""
+    def info(self, entry: BundleEntry, name: str, budget: PixelBudget | None = None) -> ImageInfo:
+        """The picture's size, decoding it (and writing its thumbnail) the first time, within
+        ``budget`` (the page's; by default one of its own)."""
         why = self.check(entry, name)
         if why is not None:
             return ImageInfo(name, error=why)
         cached = self._cached_info(name)
         if cached is not None:
             return cached
-        error = self._make(entry, name, (THUMB,))
+        error = self._make(entry, name, (THUMB,), budget or PixelBudget())
         if error is not None:
             return ImageInfo(name, error=error)
         return self._cached_info(name) or ImageInfo(name, error=f"media/{name}: cannot be shown")
@@ -138,7 +167,7 @@ class Pictures:
         info = self._cached_info(name)
         if info is not None and info.error:
             return info.error
-        err = self._make(entry, name, (width,))
+        err = self._make(entry, name, (width,), PixelBudget())
         if err:
             return err
         try:
@@ -146,7 +175,9 @@ class Pictures:
         except OSError as e:
             return f"media/{name}: cannot read the picture: {e.strerror or e}"
 
-    def _make(self, entry: BundleEntry, name: str, widths: tuple[int, ...]) -> str | None:
+    def _make(
+        self, entry: BundleEntry, name: str, widths: tuple[int, ...], budget: PixelBudget
+    ) -> str | None:
         d, hexd = self._paths(name)
         where = f"media/{name}"
         with self._lock(hexd):
@@ -164,7 +195,9 @@ class Pictures:
                 elif hashlib.sha256(data).hexdigest() != hexd:
                     error = f"{where}: its bytes are not the digest it is stored under"
                 else:
-                    image = bundles.decode_image(data, where=where)
+                    image = bundles.decode_image(data, where=where, reserve=budget.take)
+            except OverBudget as e:
+                return f"{where}: not drawn: {e}"  # this page's budget, not the picture's fault: not cached
             except MediaMissingError:
                 return f"{where}: missing from the bundle"  # this copy's problem: not cached
             except BundleError as e:

@@ -21,7 +21,7 @@ from typing import Any
 
 from bundles.support import human_bytes
 from trainer_hooks.serve._index import Indexer
-from trainer_hooks.serve._media import LARGE, THUMB, ImageInfo, Pictures
+from trainer_hooks.serve._media import LARGE, THUMB, ImageInfo, Pictures, PixelBudget
 from trainer_hooks.serve._run import BundleEntry
 from trainer_hooks.view import (
     SampleView,
@@ -60,35 +60,69 @@ def badge(status: str | None) -> dict[str, str]:
     return {"cls": STATUS_CLASS.get(status.lower(), ""), "text": status}
 
 
-def _text(s: str) -> dict[str, Any]:
-    return {"text": s[:MAX_TEXT], "more": max(0, len(s) - MAX_TEXT)}
+def _text(s: str, more: int = 0) -> dict[str, Any]:
+    return {"text": s[:MAX_TEXT], "more": max(0, len(s) - MAX_TEXT) + more}
 
 
 def _pretty(v: Any) -> str:
     return json.dumps(v, ensure_ascii=False, indent=2, default=str)
 
 
+#: Bytes of sample views the cache keeps, all together (a view is cut to what a page shows, so
+#: this holds hundreds of ordinary samples; a view larger than a quarter of it is not kept).
+SAMPLE_CACHE_BYTES = 32 * 1024 * 1024
+
+
+def view_size(v: SampleView) -> int:
+    """About how many bytes ``v`` holds: its JSON text (what the index stores, uncompressed)."""
+    fields = {f: getattr(v, f) for f in ("prompt", "response", "actions", "metadata", "other", "tool_calls")}
+    text = json.dumps(fields, default=str, check_circular=False)
+    return len(text) + 8 * len(v.logprobs or ()) + 200 * len(v.images) + 500
+
+
 class SampleCache:
     """Samples as their views: from the index when it holds them (no shard read), else read from
-    the bundle; the last few kept (a sample page opened twice reads nothing twice)."""
+    the bundle; the last few kept (a sample page opened twice reads nothing twice), at most
+    ``capacity`` bytes of views in all (:func:`view_size`), least recently used first out."""
 
-    def __init__(self, indexer: Indexer, capacity: int = 64) -> None:
+    def __init__(self, indexer: Indexer, capacity: int = SAMPLE_CACHE_BYTES) -> None:
         self.indexer = indexer
         self.capacity = capacity
-        self._items: OrderedDict[tuple[str, int], SampleView] = OrderedDict()  # (identity, position)
+        self._items: OrderedDict[tuple[str, int], tuple[SampleView, int]] = (
+            OrderedDict()
+        )  # (identity, position)
+        self._bytes = 0
         self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of views kept now."""
+        return self._bytes
+
+    def _keep(self, key: tuple[str, int], v: SampleView) -> None:
+        n = view_size(v)
+        if n > self.capacity // 4:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            self._bytes -= old[1] if old is not None else 0
+            self._items[key] = (v, n)
+            self._bytes += n
+            while self._bytes > self.capacity and self._items:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self._bytes -= dropped
 
     def get(self, entry: BundleEntry, positions: Sequence[int]) -> dict[int, SampleView]:
         out: dict[int, SampleView] = {}
         missing = []
         with self._lock:
             for p in positions:
-                v = self._items.get((entry.identity, p))
-                if v is None:
+                kept = self._items.get((entry.identity, p))
+                if kept is None:
                     missing.append(p)
                 else:
                     self._items.move_to_end((entry.identity, p))
-                    out[p] = v
+                    out[p] = kept[0]
         if missing:
             stored = self.indexer.views(entry, missing)
             out.update(stored)
@@ -100,17 +134,18 @@ class SampleCache:
                 v = sample_view(p, s, prefix)
                 del s
                 out[p] = v
-                with self._lock:
-                    self._items[(entry.identity, p)] = v
-                    while len(self._items) > self.capacity:
-                        self._items.popitem(last=False)
+                self._keep((entry.identity, p), v)
         return out
 
 
-def image_infos(pictures: Pictures, entry: BundleEntry, views: Sequence[SampleView]) -> dict[str, ImageInfo]:
+def image_infos(pictures: Pictures, entry: BundleEntry, views: Sequence[SampleView],
+                budget: PixelBudget | None = None) -> dict[str, ImageInfo]:  # fmt: skip
+    """The pictures of ``views``, decoded within ``budget`` (the page's: pass one page's budget to
+    every call for that page)."""
     names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
+    budget = budget or PixelBudget()
     with ThreadPoolExecutor(4) as pool:
-        return dict(zip(names, pool.map(lambda n: pictures.info(entry, n), names), strict=True))
+        return dict(zip(names, pool.map(lambda n: pictures.info(entry, n, budget), names), strict=True))
 
 
 def sample_context(
@@ -165,7 +200,8 @@ def sample_context(
         "replay": None,
         "prompt": prompt_messages(v.prompt),
         "turns": turns,
-        "response": _text(v.response) if v.response else None,
+        "more_turns": v.more_turns,
+        "response": _text(v.response, v.more_response) if v.response else None,
         "strip": logprob_strip(v.logprobs),
         "metadata": _text(_pretty(v.metadata)) if v.metadata else None,
         "other": _text(_pretty(v.other)) if v.other else None,

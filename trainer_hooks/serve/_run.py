@@ -34,7 +34,7 @@ from bundles.support import MEDIA_DIR
 __all__ = ["INDEX_VERSION", "BundleEntry", "Run", "identity_of"]
 
 #: Bumped whenever what the per-bundle index holds changes: old cache files are then not used.
-INDEX_VERSION = 2
+INDEX_VERSION = 3  # 3: stored views cut to what a page shows (issue 36)
 #: Directory levels searched below a local ROOT (run/ckpt/rollout/fully_async_3 is 3 below run/).
 MAX_DEPTH = 4
 #: Sub-prefixes looked into on a store (a store has no directories to walk without listing).

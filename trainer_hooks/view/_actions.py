@@ -25,6 +25,13 @@ when the sample records it, else the screenshot's own pixels; the page scales th
 
 Which text belongs to which turn: ``metadata.actions[j]`` when the sample has that list (the
 demo does), else the ``j``-th ``<tool_call>`` of the response.
+
+Cost: a response may be any length and hold any number of ``<tool_call>`` tags (one of 12,000
+unclosed tags made a lazy ``<tool_call>(.*?)</tool_call>`` regex scan the rest of the text from
+every tag: quadratic, holding the GIL). :func:`tool_calls` therefore reads at most
+``MAX_SHOWN_CHARS`` characters of the response (``bundles.support.LIMITS``), with ``str.find``
+(each character looked at a bounded number of times), and returns at most ``MAX_SHOWN_TURNS``
+calls: what a page shows, never more.
 """
 
 from __future__ import annotations
@@ -36,10 +43,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from bundles.support import LIMITS
+
 __all__ = ["Action", "parse_action", "tool_calls"]
 
 MAX_ACTION_TEXT = 4000  # longer text is shown, not parsed
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]  # of a response, read for its tool calls
+MAX_SHOWN_TURNS = LIMITS["MAX_SHOWN_TURNS"]  # tool calls taken from one response
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(r"^\s*(?:pyautogui\.|computer\.)?([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)\s*;?\s*$", re.S)
 
 _CLICKS = {
@@ -101,8 +112,25 @@ def _point(v: Any) -> tuple[float, float] | None:
 
 
 def tool_calls(response: str) -> list[str]:
-    """The text of each ``<tool_call>...</tool_call>`` in ``response``, in order."""
-    return [m.group(1).strip() for m in _TOOL_CALL.finditer(response)]
+    """The text of each ``<tool_call>...</tool_call>`` in ``response``, in order: of its first
+    ``MAX_SHOWN_CHARS`` characters, at most ``MAX_SHOWN_TURNS`` calls, in time linear in what is read.
+
+    A tag with no closing tag ends the search (every later tag would be inside it), as the lazy
+    regex this replaces matched nothing from it.
+    """
+    text = response[:MAX_SHOWN_CHARS]
+    out: list[str] = []
+    at = 0
+    while len(out) < MAX_SHOWN_TURNS:
+        start = text.find(_OPEN, at)
+        if start < 0:
+            break
+        end = text.find(_CLOSE, start + len(_OPEN))
+        if end < 0:
+            break
+        out.append(text[start + len(_OPEN) : end].strip())
+        at = end + len(_CLOSE)
+    return out
 
 
 def parse_action(text: str) -> Action:

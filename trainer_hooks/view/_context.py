@@ -75,9 +75,10 @@ def reward_text(v: Any) -> str:
     return "–" if v is None else compact(v)
 
 
-def text(s: str) -> dict[str, Any]:
-    """A long text cut at MAX_TEXT characters: ``{"text", "more"}`` (characters left out)."""
-    return {"text": s[:MAX_TEXT], "more": max(0, len(s) - MAX_TEXT)}
+def text(s: str, more: int = 0) -> dict[str, Any]:
+    """A long text cut at MAX_TEXT characters: ``{"text", "more"}`` (characters left out, with
+    ``more`` already cut by :func:`~trainer_hooks.view.sample_view`)."""
+    return {"text": s[:MAX_TEXT], "more": max(0, len(s) - MAX_TEXT) + more}
 
 
 def badge(status: str | None) -> dict[str, str]:
@@ -332,7 +333,7 @@ def _filters(
 
     numeric("rw", "reward", {v.position: _reward_number(v.reward) for v in views}, False)
     numeric("ln", "response length", {v.position: _reward_number(v.response_length) for v in views}, True)
-    numeric("tn", "turns", {v.position: float(len(v.images)) for v in views}, True)
+    numeric("tn", "turns", {v.position: float(v.turn_count) for v in views}, True)
     if replay_by_pos is not None:
         with_p: list[int] = []
         clean: list[int] = []
@@ -358,7 +359,7 @@ SORTS = [
     ("reward ↑", lambda v, a: (_reward_number(v.reward) is None, _reward_number(v.reward) or 0)),
     ("|advantage| ↓", lambda v, a: (a is None, -abs(a or 0))),
     ("length ↓", lambda v, a: (_reward_number(v.response_length) is None, -(_reward_number(v.response_length) or 0))),
-    ("turns ↓", lambda v, a: (0, -len(v.images))),
+    ("turns ↓", lambda v, a: (0, -v.turn_count)),
     ("mean log-prob ↑", lambda v, a: (v.logprob_mean is None, v.logprob_mean or 0)),
 ]  # fmt: skip
 
@@ -415,12 +416,13 @@ def _sample(v: SampleView, entry: Mapping[str, Any] | None, advantage: float | N
     return {
         "pos": v.position, "classes": classes, "order": order, "head": head, "badge": badge(v.status), "tail": tail,
         "index_row": [dash(v.index), dash(v.group_index), reward_text(v.reward), dash(v.tokens),
-                      dash(v.response_length), str(len(v.images))],
+                      dash(v.response_length), str(v.turn_count)],
         "problems": None if entry is None else len(entry.get("problems") or []),
         "replay": None if entry is None else _replay_block(entry),
         "prompt": prompt_messages(v.prompt),
         "turns": turns,
-        "response": text(v.response) if v.response else None,
+        "more_turns": v.more_turns,
+        "response": text(v.response, v.more_response) if v.response else None,
         "strip": logprob_strip(v.logprobs),
         "diff_strip": logprob_strip(diff_values, diff=True) if diff_values else None,
         "metadata": text(pretty(v.metadata)) if v.metadata else None,

@@ -79,6 +79,12 @@ def jpeg_bytes(image: Any, width: int, *, quality: int, optimize: bool, progress
     from PIL import Image
 
     im = image
+    # A large picture is first reduced by an integer factor (a box filter, in its own mode): the
+    # copies below (flattened, converted, resized) are then made of the reduced pixels, not of a
+    # 9400x9400 RGBA screenshot's 350 MB each. The last step is still LANCZOS to the exact size.
+    factor = int(max(im.width / width, im.height / (4 * width)) // 2)
+    if factor >= 2 and im.mode in ("RGB", "RGBA", "L", "LA"):
+        im = im.reduce(factor)
     if im.mode in ("RGBA", "LA") or (im.mode == "P" and "transparency" in im.info):
         rgba = im.convert("RGBA")
         flat = Image.new("RGB", rgba.size, (255, 255, 255))

@@ -6,10 +6,19 @@ crash the page: a top-level numpy array (an ``advantages`` field), numpy scalars
 turned into JSON-able summaries (arrays as ``<ndarray float32 [5]>``, long number lists cut),
 never asked for their truth value, and strings are kept as they are: escaping is the template
 engine's job (:mod:`trainer_hooks.view._context`).
+
+A view costs what a page shows, not what the sample holds (``bundles.support.LIMITS``): the
+response and every string are cut to ``MAX_SHOWN_CHARS`` characters before anything parses them
+(the full length is kept: ``response_chars``, or ``… (N characters)`` after a cut string), every
+list or mapping summarised to ``MAX_SHOWN_TURNS`` items, and at most ``MAX_SHOWN_TURNS`` turns
+(screenshots, actions) kept, their number in ``turns``. A 100 MiB response or a sample of 10^6
+turns is read once, by the bundle's reader, and its view stays small: a cache holds views, and
+the index stores them.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping
@@ -19,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bundles import Bundle, MediaRef
-from bundles.support import MEDIA_DIR
+from bundles.support import LIMITS, MEDIA_DIR
 from trainer_hooks.view._actions import tool_calls
 
 __all__ = [
@@ -33,6 +42,9 @@ __all__ = [
     "short_repr",
     "stored_media",
 ]
+
+MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]
+MAX_SHOWN_TURNS = LIMITS["MAX_SHOWN_TURNS"]
 
 _SHOWN_KEYS = {
     "index", "group_index", "status", "reward", "tokens", "response", "response_length", "prompt",
@@ -67,6 +79,32 @@ class SampleView:
     logprobs: list[float | None] | None = None  # rollout_log_probs, non-numbers and non-finite as None
     screen: tuple[float, float] | None = None  # metadata.screen: the coordinate space of the actions
     tool_calls: list[str] = field(default_factory=list)  # the response's <tool_call> texts, in order
+    turns: int | None = None  # the sample's turns (screenshots), of which ``images`` holds the first few
+    response_chars: int | None = None  # the response's length, of which ``response`` holds the first few
+
+    @property
+    def turn_count(self) -> int:
+        """How many turns the sample has (``images`` holds at most ``MAX_SHOWN_TURNS`` of them)."""
+        return len(self.images) if self.turns is None else self.turns
+
+    @property
+    def more_turns(self) -> int:
+        """Turns of the sample not in ``images``."""
+        return max(0, self.turn_count - len(self.images))
+
+    @property
+    def more_response(self) -> int:
+        """Characters of the response not in ``response``."""
+        if self.response is None or self.response_chars is None:
+            return 0
+        return max(0, self.response_chars - len(self.response))
+
+
+def cut(text: str) -> str:
+    """``text`` cut to ``MAX_SHOWN_CHARS`` characters, saying how long it was."""
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    return f"{text[:MAX_SHOWN_CHARS]}… ({len(text)} characters)"
 
 
 # -- JSON-able summaries of sample values (for metadata and the other fields) -------------------------------
@@ -75,16 +113,24 @@ class SampleView:
 def jsonable(v: Any, depth: int = 0) -> Any:
     if depth > 20:
         return "..."
-    if v is None or isinstance(v, (bool, int, str)):
+    if isinstance(v, str):
+        return cut(v)
+    if v is None or isinstance(v, (bool, int)):
         return v
     if isinstance(v, float):
         return v if math.isfinite(v) else repr(v)
     if isinstance(v, Mapping):
-        return {str(k): jsonable(x, depth + 1) for k, x in v.items()}
+        out = {cut(str(k)): jsonable(x, depth + 1) for k, x in itertools.islice(v.items(), MAX_SHOWN_TURNS)}
+        if len(v) > MAX_SHOWN_TURNS:
+            out["…"] = f"{len(v) - MAX_SHOWN_TURNS} more keys"
+        return out
     if isinstance(v, (list, tuple)):
-        if len(v) > 32 and all(isinstance(x, (int, float)) for x in v):
+        if len(v) > 32 and all(isinstance(x, (int, float)) for x in itertools.islice(v, 4096)):
             return f"[{len(v)} numbers: {', '.join(num(x) for x in v[:6])}, ...]"
-        return [jsonable(x, depth + 1) for x in v]
+        items = [jsonable(x, depth + 1) for x in v[:MAX_SHOWN_TURNS]]
+        if len(v) > MAX_SHOWN_TURNS:
+            items.append(f"… {len(v) - MAX_SHOWN_TURNS} more items")
+        return items
     if isinstance(v, MediaRef):
         return f"{MEDIA_DIR}/{v.filename}"
     if isinstance(v, (bytes, bytearray)):
@@ -197,7 +243,7 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
         items = [] if _empty(raw_images) else [raw_images]
     grids = _grid_rows(sample) or []
     images: list[Image] = []
-    for j, img in enumerate(items):
+    for j, img in enumerate(items[:MAX_SHOWN_TURNS]):
         name: str | None
         if isinstance(img, MediaRef):
             name = img.filename
@@ -221,6 +267,13 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
     numbers = [_finite(x) for x in logprobs] if logprobs is not None else None
     finite = [x for x in numbers or [] if x is not None]
     response = sample.get("response")
+    response_text = (
+        None
+        if response is None
+        else response
+        if isinstance(response, str)
+        else json.dumps(jsonable(response), ensure_ascii=False, indent=2)
+    )
     screen = metadata.get("screen") if isinstance(metadata, Mapping) else None
     screen = as_list(screen)
     screen_wh = None
@@ -241,20 +294,18 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
         else None,
         logprob_mean=sum(finite) / len(finite) if finite else None,
         prompt=jsonable(sample.get("prompt")),
-        response=None
-        if response is None
-        else response
-        if isinstance(response, str)
-        else json.dumps(jsonable(response), ensure_ascii=False, indent=2),
+        response=None if response_text is None else response_text[:MAX_SHOWN_CHARS],
         images=images,
-        actions=[a if isinstance(a, str) else short_repr(a) for a in actions]
+        actions=[cut(a) if isinstance(a, str) else short_repr(a) for a in actions[:MAX_SHOWN_TURNS]]
         if isinstance(actions, (list, tuple))
         else None,
         metadata=None if _empty(metadata) else jsonable(metadata),
-        other={str(k): jsonable(v) for k, v in sample.items() if k not in _SHOWN_KEYS and not _empty(v)},
+        other={cut(str(k)): jsonable(v) for k, v in sample.items() if k not in _SHOWN_KEYS and not _empty(v)},
         logprobs=numbers,
         screen=screen_wh,
-        tool_calls=tool_calls(response) if isinstance(response, str) else [],
+        tool_calls=tool_calls(response) if isinstance(response, str) else [],  # reads MAX_SHOWN_CHARS at most
+        turns=len(items),
+        response_chars=None if response_text is None else len(response_text),
     )
 
 
