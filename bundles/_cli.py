@@ -19,6 +19,10 @@ The habits every subcommand follows, enforced here rather than in each command:
   flag, a missing optional dependency). ``tests/test_cli_exit_codes.py`` holds every command to it;
 - messages name the CLI's flags, not the API arguments the library's messages mention
   (``pass overwrite=True`` reads ``pass --force`` here);
+- nothing read from a bundle, a directory listing or a store reaches the terminal raw: every
+  error passes :func:`cli_message`, which shows it through :func:`bundles.support.display` (a
+  name holding a newline cannot forge a line, an escape sequence cannot drive the terminal), and
+  every command prints the names and texts it read through ``display`` too;
 - ``--json`` on every command that reports, ``--progress/--no-progress`` (default: drawn only
   when stderr is a terminal) on every command that does long work.
 """
@@ -40,6 +44,8 @@ from bundles._errors import (
     public_path,
 )
 from bundles._layout import FORMAT_VERSION
+from bundles._limits import MAX_SHOWN_CHARS
+from bundles._repr import display
 from bundles._version import __version__
 
 PROG = "rollout-bundle"
@@ -135,25 +141,50 @@ def add_progress_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+class _SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: an argument it does not know is its error, printed with its usage.
+
+    argparse hands a subparser's unknown arguments back to the top-level parser, which then
+    prints the top-level usage (``rollout-bundle [-h] [--version] COMMAND ...``) for a typo in
+    ``ls --lnog``; here the subcommand refuses them itself (``usage: rollout-bundle ls ...``)."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+
 def build_parser(registrars: Iterable[Callable[[Any], None]], description: str) -> argparse.ArgumentParser:
     """One parser with the subcommands of every ``register(subparsers)`` in ``registrars``."""
     parser = argparse.ArgumentParser(prog=PROG, description=description)
     parser.add_argument("--version", action="version", version=version_text())
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_SubcommandParser
+    )
     for register in registrars:
         register(subparsers)
     return parser
 
 
 def cli_message(message: str) -> str:
+    """``message`` as the command line prints it: API advice rewritten as flags, and shown through
+    :func:`bundles.support.display` (one line, control characters and bidirectional overrides
+    escaped, non-UTF-8 bytes and lone surrogates spelled out, at most ``MAX_SHOWN_CHARS``), since
+    a message may name a path, key or meta value read from an untrusted bundle or listing."""
     for api, flag in API_TO_FLAG:
         message = message.replace(api, flag)
-    return message
+    return display(message, limit=MAX_SHOWN_CHARS)
 
 
 def error(command: str, message: str) -> None:
     """Print ``rollout-bundle COMMAND: error: MESSAGE`` to stderr."""
     print(f"{PROG} {command}: error: {cli_message(message)}", file=sys.stderr)
+
+
+def warn(command: str, message: str) -> None:
+    """Print ``rollout-bundle COMMAND: MESSAGE`` to stderr (a problem the command survived)."""
+    print(f"{PROG} {command}: {cli_message(message)}", file=sys.stderr)
 
 
 def run_command(ns: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_CONSUMED_GROUPS",
     "MAX_CURSOR_BYTES",
     "MAX_DECODE_PIXELS",
+    "MAX_FIND_DEPTH",
     "MAX_GROUP_ID",
     "MAX_GROUP_SIZE",
     "MAX_ID_CHARS",
@@ -42,6 +43,7 @@ __all__ = [
     "MAX_SHARD_RAW_BYTES",
     "MAX_SHOWN_CHARS",
     "MAX_SHOWN_NAME_CHARS",
+    "MAX_SHOWN_PATH_CHARS",
     "MAX_SHOWN_TURNS",
 ]
 
@@ -86,6 +88,12 @@ MAX_SHOWN_TURNS = 200
 MAX_PAGE_PIXELS = 64 * 1024 * 1024
 #: A replay report (``<bundle>.replay.json``) read beside a bundle, in bytes.
 MAX_REPORT_BYTES = 16 * 1024 * 1024
+#: Characters of a location (a path, a URL) ``ls`` prints on its line: whole paths, cut only past
+#: what a file system holds (PATH_MAX).
+MAX_SHOWN_PATH_CHARS = 4096
+#: Directory (or prefix) levels ``ls -r`` and serve's run listing look below a root
+#: (``run/ckpt/rollout/fully_async_3`` is 3 below ``run/``).
+MAX_FIND_DEPTH = 4
 
 # -- the rollout journal (enforced by trainer_hooks' writer and reader alike) ---------------------
 #: A data source's cursor recorded in a take, encoded, in bytes.

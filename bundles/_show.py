@@ -23,6 +23,7 @@ import base64
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -216,32 +217,42 @@ def select(
     return out
 
 
+# What json.dumps(ensure_ascii=False) leaves raw that a terminal acts on or cannot encode: DEL and
+# the C1 controls, the bidirectional embeddings, overrides and isolates, the line and paragraph
+# separators, and lone surrogates (a meta value of "\ud800" is valid JSON). The C0 controls are
+# escaped by json.dumps already. Written as \uXXXX escapes, the JSON is the same value.
+_RAW_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _json(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False)``, with nothing a terminal would act on left raw."""
+    return _RAW_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
+
+
 def _scalar_list(v: Any) -> bool:
     return isinstance(v, list) and all(x is None or isinstance(x, (bool, int, float, str)) for x in v)
 
 
 def dumps_pretty(obj: Any, indent: int = 2, _level: int = 0) -> str:
     """JSON indented like ``json.dumps(indent=2)``, but lists and small objects of scalars kept
-    on one line, so a sample reads as a page rather than a column of numbers."""
+    on one line, so a sample reads as a page rather than a column of numbers. Text is kept as it
+    is (non-ASCII letters included), except what a terminal would act on: see :func:`_json`."""
     pad = " " * (indent * (_level + 1))
     end = " " * (indent * _level)
     if isinstance(obj, dict):
         if not obj:
             return "{}"
         if all(not isinstance(v, (dict, list)) or _scalar_list(v) for v in obj.values()):
-            one_line = json.dumps(obj, ensure_ascii=False)
+            one_line = _json(obj)
             if len(one_line) + len(pad) <= 100:
                 return one_line
-        items = [
-            f"{pad}{json.dumps(k, ensure_ascii=False)}: {dumps_pretty(v, indent, _level + 1)}"
-            for k, v in obj.items()
-        ]
+        items = [f"{pad}{_json(k)}: {dumps_pretty(v, indent, _level + 1)}" for k, v in obj.items()]
         return "{\n" + ",\n".join(items) + "\n" + end + "}"
     if isinstance(obj, list):
         if not obj:
             return "[]"
         if _scalar_list(obj):
-            return json.dumps(obj, ensure_ascii=False)
+            return _json(obj)
         items = [pad + dumps_pretty(v, indent, _level + 1) for v in obj]
         return "[\n" + ",\n".join(items) + "\n" + end + "]"
-    return json.dumps(obj, ensure_ascii=False)
+    return _json(obj)

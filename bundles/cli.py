@@ -17,12 +17,16 @@ from typing import Any
 from bundles import _cli
 from bundles._commit import scratch_dir
 from bundles._diff import DiffKeyError, diff_bundles
-from bundles._entry import is_bundle, list_bundles, open_bundle, pack_bundle, remove_bundle, unpack_bundle
+from bundles._entry import open_bundle, pack_bundle, remove_bundle, unpack_bundle
+from bundles._errors import BundleError
+from bundles._find import find_bundles
 from bundles._fs import remove_tree
 from bundles._layout import MEDIA_DIR, PACK_SUFFIX
+from bundles._limits import MAX_FIND_DEPTH, MAX_SHOWN_CHARS, MAX_SHOWN_PATH_CHARS
 from bundles._location import check_location, is_store_url
 from bundles._locations import Location
 from bundles._progress import human_bytes
+from bundles._repr import display
 from bundles._show import dumps_pretty, parse_key_paths, select, to_json
 
 __all__ = ["main", "register"]
@@ -58,7 +62,15 @@ BUNDLE_HELP = "a bundle directory or a packed bundle file, local or on an object
 
 
 def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=True))
+    # ensure_ascii: a control character, a bidirectional override or a lone surrogate read from a
+    # bundle is written as a \uXXXX escape, never raw.
+    print(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=True))
+
+
+def _say(line: str, *, file: Any = None) -> None:
+    """Print one line of text output. A line names paths, keys and values read from a bundle or a
+    listing: it goes through :func:`bundles.support.display` (one line, nothing raw)."""
+    print(display(line, limit=MAX_SHOWN_CHARS), file=file or sys.stdout)
 
 
 def _inspect(ns: argparse.Namespace) -> int:
@@ -81,15 +93,16 @@ def _inspect(ns: argparse.Namespace) -> int:
     if ns.json:
         _print_json(info)
         return 0
-    print(f"bundle        {info['path']}")
-    print(f"kind          {info['kind']} (format_version {info['format_version']}, {info['created_by']})")
-    print(f"samples       {info['samples']} in {info['shards']} shard(s)")
-    print(f"media         {stored} file(s), {human_bytes(info['media_bytes'])}")
+    _say(f"bundle        {info['path']}")
+    _say(f"kind          {info['kind']} (format_version {info['format_version']}, {info['created_by']})")
+    _say(f"samples       {info['samples']} in {info['shards']} shard(s)")
+    _say(f"media         {stored} file(s), {human_bytes(info['media_bytes'])}")
     ratio = f"{refs / stored:.2f}x" if stored else "n/a"
-    print(f"references    {refs} (dedup ratio {ratio})")
-    print(
-        "meta          " + json.dumps(bundle.meta, sort_keys=True, indent=2).replace("\n", "\n              ")
-    )
+    _say(f"references    {refs} (dedup ratio {ratio})")
+    # ensure_ascii: no raw newline in a string, so each line of the indented JSON is one line.
+    meta = json.dumps(bundle.meta, sort_keys=True, indent=2, ensure_ascii=True).splitlines()
+    for k, line in enumerate(meta):
+        _say(("meta          " if k == 0 else "              ") + line)
     return 0
 
 
@@ -170,37 +183,37 @@ def _diff(ns: argparse.Namespace) -> int:
         return 0 if report["same"] else 1
     for side in ("a", "b"):
         r = report[side]
-        print(
+        _say(
             f"{side.upper()}: {r['path']} ({r['kind']}, {_count(r['samples'], 'sample')}, "
             f"{_count(r['media_files'], 'media file')})"
         )
     if report["kind"]:
-        print(f"kind: {report['kind']['a']} -> {report['kind']['b']}")
+        _say(f"kind: {report['kind']['a']} -> {report['kind']['b']}")
     for c in report["meta"]["changes"]:
-        print("  " + _change_line(c))
+        _say("  " + _change_line(c))
     if report["meta"]["more"]:
-        print(f"  ... and {report['meta']['more']} more meta change(s)")
+        _say(f"  ... and {report['meta']['more']} more meta change(s)")
     samples = report["samples"]
     what = "sample" if report["by"] == "position" else f"sample {report['by']}="
     for c in samples["changed"]:
         where = f"{what}{c['key']}" if report["by"] != "position" else f"sample {c['key']}"
         if report["by"] != "position" and c["position_a"] != c["position_b"]:
             where += f" (position {c['position_a']} -> {c['position_b']})"
-        print(f"{where} changed:")
+        _say(f"{where} changed:")
         for change in c["changes"]:
-            print("  " + _change_line(change))
+            _say("  " + _change_line(change))
         if c["more"]:
-            print(f"  ... and {c['more']} more")
+            _say(f"  ... and {c['more']} more")
     sep = "" if report["by"] == "position" else f"{report['by']}="
     for key in samples["removed"]:
-        print(f"sample {sep}{key} only in A (removed)")
+        _say(f"sample {sep}{key} only in A (removed)")
     for key in samples["added"]:
-        print(f"sample {sep}{key} only in B (added)")
+        _say(f"sample {sep}{key} only in B (added)")
     media = report["media"]
     for side, label in (("only_in_a", "A"), ("only_in_b", "B")):
         for m in media[side]:
-            print(f"media only in {label}: {m['path']} ({human_bytes(m['size'])})")
-    print(
+            _say(f"media only in {label}: {m['path']} ({human_bytes(m['size'])})")
+    _say(
         f"{'same' if report['same'] else 'different'}: samples {len(samples['added'])} added, "
         f"{len(samples['removed'])} removed, {len(samples['changed'])} changed, {samples['unchanged']} unchanged; "
         f"media {len(media['only_in_a'])} only in A, {len(media['only_in_b'])} only in B, {media['common']} in both"
@@ -256,11 +269,11 @@ def _verify(ns: argparse.Namespace) -> int:
         )
         return 1 if problems else 0
     if problems:
-        print(f"{bundle.path}: {len(problems)} problem(s) ({level} verification):", file=sys.stderr)
+        _say(f"{bundle.path}: {len(problems)} problem(s) ({level} verification):", file=sys.stderr)
         for p in problems:
-            print(f"  - {p}", file=sys.stderr)
+            _say(f"  - {p}", file=sys.stderr)
         return 1
-    print(f"{bundle.path}: OK ({level} verification: {len(bundle)} samples, {len(bundle.media)} media files)")
+    _say(f"{bundle.path}: OK ({level} verification: {len(bundle)} samples, {len(bundle.media)} media files)")
     return 0
 
 
@@ -279,7 +292,7 @@ def _pack(ns: argparse.Namespace) -> int:
     if ns.json:
         _print_json({"bundle": _where(ns.bundle), "output": str(out), "bytes": size})
     else:
-        print(f"packed {ns.bundle} -> {out} ({human_bytes(size)})")
+        _say(f"packed {ns.bundle} -> {out} ({human_bytes(size)})")
     return 0
 
 
@@ -296,7 +309,7 @@ def _unpack(ns: argparse.Namespace) -> int:
             }
         )
     else:
-        print(
+        _say(
             f"unpacked {ns.file} -> {bundle.path} (fully verified: {len(bundle)} samples, "
             f"{len(bundle.media)} media files)"
         )
@@ -304,32 +317,45 @@ def _unpack(ns: argparse.Namespace) -> int:
 
 
 def _ls(ns: argparse.Namespace) -> int:
+    """Every bundle found is listed; every entry that could not be read is one line on stderr,
+    and then the status is 1 (0 when every entry was listed)."""
     root = ns.root
     if not Location.of(root).uploads and not os.path.isdir(root):  # a store prefix needs no directory
         what = "does not exist" if not os.path.lexists(root) else "is not a directory"
         raise _cli.CommandError(f"{os.path.abspath(root)}: {what}; ls lists the bundles in a directory")
-    found = list_bundles(root)
-    if not found and is_bundle(root):
-        found = [_where(root)]  # `ls BUNDLE` names the bundle, as ls FILE names the file
+    found = find_bundles(root, depth=MAX_FIND_DEPTH if ns.recursive else 0)
+    problems = list(found.problems)
     rows: list[dict[str, Any]] = []
-    for location in found:
+    for location in found.bundles:
         row: dict[str, Any] = {"location": location}
         if ns.long:
-            with open_bundle(location, verify="none") as b:
-                row.update(samples=len(b), media_files=len(b.media), media_bytes=b.media_bytes, kind=b.kind)
+            try:
+                with open_bundle(location, verify="none") as b:
+                    row.update(
+                        samples=len(b), media_files=len(b.media), media_bytes=b.media_bytes, kind=b.kind
+                    )
+            except (BundleError, OSError) as e:  # one bundle's defect is a line, not ls's failure
+                problems.append((location, str(e)))
+                continue
         rows.append(row)
     if ns.json:
         _print_json(rows)
-    elif ns.long:
-        for r in rows:
-            print(
-                f"{r['location']}  {r['kind']}  {_count(r['samples'], 'sample')}, "
+    for r in [] if ns.json else rows:
+        line = display(r["location"], limit=MAX_SHOWN_PATH_CHARS)
+        if ns.long:
+            line += (
+                f"  {display(r['kind'])}  {_count(r['samples'], 'sample')}, "
                 f"{_count(r['media_files'], 'media file')} ({human_bytes(r['media_bytes'])})"
             )
-    else:
-        for r in rows:
-            print(r["location"])
-    return 0
+        print(line)
+    for where, message in problems:
+        said = message if message.startswith(where) else f"{where}: {message}"
+        _cli.warn("ls", f"not listed: {said}")
+    if not rows and not problems and not ns.recursive:
+        _cli.warn(
+            "ls", f"{_where(root)}: no bundle right under it (ls -r looks {MAX_FIND_DEPTH} levels down)"
+        )
+    return 1 if problems else 0
 
 
 def _copy_kind(src: str, dst: str) -> str:
@@ -389,7 +415,7 @@ def _cp(ns: argparse.Namespace) -> int:
     if ns.json:
         _print_json({"source": _where(src), "copy": _where(dst), "verified": "full", **counts})
     else:
-        print(
+        _say(
             f"copied {_where(src)} -> {_where(dst)} (fully verified: {counts['samples']} samples, "
             f"{counts['media_files']} media files)"
         )
@@ -423,7 +449,7 @@ def _rm(ns: argparse.Namespace) -> int:
         _print_json({"removed": _where(ns.bundle), "directory_kept": kept})
     else:
         note = " (the directory's other files are kept)" if kept else ""
-        print(f"removed {_where(ns.bundle)}{note}")
+        _say(f"removed {_where(ns.bundle)}{note}")
     return 0
 
 
@@ -474,9 +500,9 @@ def _gc(ns: argparse.Namespace) -> int:
     root = StoreURL(ns.prefix)
     bucket = f"{root.scheme}://{root.bucket}"  # the lines name each object by its URL
     for g in report.generations:
-        print(f"{verb} generation {bucket}/{g}/")
+        _say(f"{verb} generation {bucket}/{g}/")
     for m in report.media:
-        print(f"{verb} media {bucket}/{m}")
+        _say(f"{verb} media {bucket}/{m}")
     reasons: dict[str, list[Any]] = {}
     for k in report.skipped:
         reasons.setdefault(k.reason, []).append(k)
@@ -484,15 +510,13 @@ def _gc(ns: argparse.Namespace) -> int:
         shown = ", ".join(k.where for k in places[:3]) + (
             f", +{len(places) - 3} more" if len(places) > 3 else ""
         )
-        print(
-            f"kept {sum(k.objects for k in places)} object(s) in {len(places)} place(s) ({shown}): {reason}"
-        )
+        _say(f"kept {sum(k.objects for k in places)} object(s) in {len(places)} place(s) ({shown}): {reason}")
     if report.clock != "store":
-        print(
+        _say(
             "ages measured on this machine's clock: the store refused gc's reference object "
             "(read-only credentials?); a run that deletes needs write access and uses the store's"
         )
-    print(
+    _say(
         f"{ns.prefix}: {report.bundles} live bundle(s); {verb} {len(report.generations)} generation(s) and "
         f"{len(report.media)} media file(s), {human_bytes(report.bytes)}; {report.kept_young} object(s) of "
         "garbage younger than --older-than kept"
@@ -599,22 +623,37 @@ def _register_packing(subparsers: Any) -> None:
     _cli.add_progress_option(p)
 
 
-def _register_locations(subparsers: Any) -> None:
-    """``ls``, ``cp``, ``rm`` and ``gc``: the commands that list, copy and remove bundles."""
+def _register_ls(subparsers: Any) -> None:
+    """``ls``: what it lists, how deep, and its exit status."""
     p = _cli.add_command(
         subparsers,
         "ls",
         "list the bundles in a directory or under an object-store prefix",
         _ls,
-        description="List the bundles right under ROOT (one level): bundle directories and packed files "
+        description="List the bundles right under ROOT (one level; with -r, up to "
+        f"{MAX_FIND_DEPTH} levels down, as serve finds a run's bundles): bundle directories and packed files "
         "locally; prefixes with a pointer (or a plain copy of a bundle directory) and packed objects on an "
         "object store. Media pools, staging directories and a dead writer's unpublished generations are "
-        "left out. ROOT that is itself a bundle is listed as such.",
+        "left out. ROOT that is itself a bundle is listed as such. Names are printed escaped (control "
+        "characters, bidirectional overrides and bytes that are not UTF-8 spelled out), one per line. "
+        "An entry that cannot be read (a manifest gone, no permission) is one line on stderr and the "
+        "others are still listed. Exit status: 0 when every entry was listed, 1 when some entry (or "
+        "ROOT) could not be read.",
     )
     p.add_argument("root", metavar="ROOT", help="a directory, or an object-store URL (s3://bucket/prefix)")
     p.add_argument("-l", "--long", action="store_true", help="also each bundle's kind, samples and media")
+    p.add_argument(
+        "-r",
+        "--recursive",
+        action="store_true",
+        help=f"also look below ROOT, up to {MAX_FIND_DEPTH} levels (not into bundles, hidden names or links)",
+    )
     _cli.add_json_option(p, "the bundles")
 
+
+def _register_locations(subparsers: Any) -> None:
+    """``ls``, ``cp``, ``rm`` and ``gc``: the commands that list, copy and remove bundles."""
+    _register_ls(subparsers)
     p = _cli.add_command(
         subparsers,
         "cp",

@@ -274,10 +274,51 @@ def documented_weed(argv: list[str], tmp: Path, exports: list[str]) -> Iterator[
             except Exception:
                 assert time.monotonic() < deadline, (work / "weed.log").read_text()[-3000:]
                 time.sleep(0.3)
+        listening = listen_addresses(proc.pid)
+        assert listening, "weed mini listens on no TCP socket?"
+        assert all(host == "127.0.0.1" for host, _ in listening), (
+            f"the README's weed mini listens beyond loopback: {sorted(listening)} (issue 36, item 16)"
+        )
         yield env
     finally:
         stop_process_group(proc)
         log.close()
+
+
+def _hex_address(text: str) -> str:
+    """An address of /proc/net/tcp{,6} (``0100007F`` or 32 hex digits, each 32-bit word in host
+    byte order) as ``127.0.0.1`` / ``::``."""
+    import ipaddress
+
+    raw = bytes.fromhex(text)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words))
+
+
+def listen_addresses(pgid: int) -> set[tuple[str, int]]:
+    """``(address, port)`` of every listening TCP socket held by a process of group ``pgid``,
+    read from /proc (the process's descriptors, then /proc/net/tcp and tcp6)."""
+    inodes: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getpgid(int(pid)) != pgid:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+        except (OSError, ProcessLookupError):
+            continue  # gone meanwhile, or not ours to read
+    found: set[tuple[str, int]] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                fields = row.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == "0A" and inode in inodes:  # 0A: TCP_LISTEN
+                    host, port = local.split(":")
+                    found.add((_hex_address(host), int(port, 16)))
+    return found
 
 
 def run_store_server(block: Block, tmp: Path, request: pytest.FixtureRequest) -> None:
@@ -296,6 +337,7 @@ def run_store_server(block: Block, tmp: Path, request: pytest.FixtureRequest) ->
     flags = [a.split("=", 1)[0] for a in argv[2:]]
     assert set(flags) <= known, f"flags that weed mini does not have: {set(flags) - known}"
     assert "-s3.autoCreateBucket=false" in argv, serve
+    assert "-ip.bind=127.0.0.1" in argv, serve  # and documented_weed checks where it listens
     exports = [line for line in lines if line.startswith("export ")]
     write_bundle(tmp / "ckpt" / "rollout_0042.bundle", [{"reward": 1.0}])  # the Quickstart's bundle
     text = local_paths(block.text, tmp)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleError, is_bundle
-from bundles.support import human_bytes
+from bundles.support import LIMITS, display, human_bytes
 from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
 from trainer_hooks.checkpoints.journal._format import JOURNAL_DIR, MEDIA_DIR
 from trainer_hooks.checkpoints.journal._open import journal_sink
@@ -38,15 +38,17 @@ from trainer_hooks.checkpoints.journal._sink import JournalSink
 __all__ = ["journal_state", "register"]
 
 
-def _find_journal(text: str) -> JournalSink | None:
-    """The journal at or beside location ``text`` (a path or a store URL): ``text`` itself,
-    ``text/journal``, ``text/rollout/journal`` or ``<parent>/journal``; None without one (or
-    when ``text`` names no location, which the bundles command then reports)."""
+def _find_journal(text: str, *, beside: bool) -> JournalSink | None:
+    """The journal at or in location ``text`` (a path or a store URL): ``text`` itself,
+    ``text/journal`` or ``text/rollout/journal``; with ``beside`` (``text`` is a bundle: a
+    rollout checkpoint) also ``<parent>/journal``. None without one (or when ``text`` names no
+    location, which the bundles command then reports). A path that is no bundle never shows a
+    sibling's journal: ``inspect <save>/rollout/typo`` says "no bundle here", as verify does."""
     try:
         here = journal_sink(text)
     except BundleError:
         return None
-    parent = here.parent()
+    parent = here.parent() if beside else None
     candidates = [here, here.child(JOURNAL_DIR), here.child(f"{CHECKPOINT_SUBDIR}/{JOURNAL_DIR}")]
     for candidate in [*candidates, *([] if parent is None else [parent.child(JOURNAL_DIR)])]:
         if candidate.name == JOURNAL_DIR and candidate.exists():
@@ -90,13 +92,15 @@ def journal_state(directory: str | os.PathLike[str], *, now: float | None = None
 
 
 def _print_state(state: dict[str, Any]) -> None:
-    print(f"journal       {state['path']}")
+    print(f"journal       {display(state['path'], limit=LIMITS['MAX_SHOWN_PATH_CHARS'])}")
     print(f"media         {state['media_files']} file(s), {human_bytes(state['media_bytes'])}")
     if not state["lineages"]:
         print("records       none")
     for lin in state["lineages"]:
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(lin["records_by_kind"].items())) or "none"
-        print(f"lineage       {lin['lineage']}: {lin['segments']} segment(s), {human_bytes(lin['bytes'])}")
+        print(
+            f"lineage       {display(str(lin['lineage']))}: {lin['segments']} segment(s), {human_bytes(lin['bytes'])}"
+        )
         print(f"records       {lin['records']} (seq {lin['first_seq']}..{lin['last_seq']}): {kinds}")
         age = "never" if lin["last_sync_age_s"] is None else f"{lin['last_sync_age_s']:.1f} s ago"
         print(
@@ -104,7 +108,7 @@ def _print_state(state: dict[str, Any]) -> None:
             f"after it, oldest {lin['oldest_unflushed_age_s']:.1f} s old"
         )
         for p in lin["problems"]:
-            print(f"problem       {p}")
+            print(f"problem       {display(p, limit=LIMITS['MAX_SHOWN_CHARS'])}")
 
 
 def _journal_state(sink: JournalSink) -> dict[str, Any]:
@@ -125,13 +129,13 @@ def _wrap(original: Any) -> Any:
             bundle_here = is_bundle(ns.bundle)
         except BundleError:
             return int(original(ns))
-        journal = _find_journal(ns.bundle)
+        journal = _find_journal(ns.bundle, beside=bundle_here)
         if journal is None:
             return int(original(ns))
         state = _journal_state(journal)
         if not bundle_here:
             if ns.json:
-                print(json.dumps({"journal": state}, indent=2, sort_keys=True))
+                print(json.dumps({"journal": state}, indent=2, sort_keys=True, ensure_ascii=True))
             else:
                 _print_state(state)
             return 0
