@@ -53,7 +53,6 @@ from bundles._remote._pointer import (
 )
 from bundles._remote._probe import check_preconditions
 from bundles._remote._verify import Listed, keep_published, prove_before_publish
-from bundles._source import media_name_ok
 from bundles._store import Store, StoreURL, get_store, naming, parallel
 
 
