@@ -482,3 +482,26 @@ def test_a_local_manifest_listing_an_oversize_medium_is_refused_when_parsed(tmp_
     (out / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
     with pytest.raises(BundleError, match=r"media\[0\]\.size: 4294967297 exceeds MAX_MEDIA_BYTES"):
         open_bundle(out, verify="none")
+
+
+@pytest.mark.parametrize("threshold", [1 << 20, 16], ids=["one-get", "windows"])
+def test_reading_back_an_object_reports_what_is_there(
+    s3: Any, monkeypatch: pytest.MonkeyPatch, threshold: int
+) -> None:
+    """The read-back's verdicts, by one GET and (above the multipart threshold, made small here)
+    in windows: the right bytes, other bytes, longer, shorter, missing."""
+    from bundles._remote import _verify
+    from bundles._store import StoreURL, get_store
+
+    monkeypatch.setattr(_verify, "MULTIPART_THRESHOLD", threshold)
+    monkeypatch.setattr(_verify, "READ_WINDOW", 5)
+    bucket = s3.bucket()
+    store = get_store(StoreURL(f"s3://{bucket}/x"))
+    data = bytes(range(23))
+    _client(s3).put_object(Bucket=bucket, Key="x/obj", Body=data)
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    assert _verify.stored_digest(store, "x/obj", 23) == (23, digest)
+    assert _verify.stored_digest(store, "x/obj", 22) == (23, "(not read)")  # longer than listed
+    shorter = _verify.stored_digest(store, "x/obj", 24)
+    assert shorter is not None and shorter[0] == 23  # its size tells
+    assert _verify.stored_digest(store, "x/none", 23) is None
