@@ -23,6 +23,7 @@ from helpers import put_media
 pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
 
 from bundles import (
+    BundleError,
     BundleVerificationError,
     collect_garbage,
     open_bundle,
@@ -432,3 +433,75 @@ def test_a_scratch_of_a_live_cp_is_left_alone(s3: Any, tmp_path: Path) -> None:
     done = cli(s3, "cp", f"s3://{bucket}/src", f"s3://{bucket}/dst", env={"TMPDIR": str(tmp)})
     assert done.returncode == 0, done.stderr
     assert os.listdir(tmp) == [live.name]
+
+
+def test_a_packed_object_is_verified_before_its_put_and_its_scratch_outlives_no_sigkill(
+    s3: Any, tmp_path: Path
+) -> None:
+    """`pack -o URL`: the put is the publication, of a file every member of which was hashed as it
+    was packed: a bundle with a medium of other bytes (same size) never replaces the object. A
+    packer SIGKILLed before its put leaves a scratch that the next pack removes."""
+    bucket = s3.bucket()
+    url = f"s3://{bucket}/run/b.rbundle"
+    run, images = _media(tmp_path, "m")
+    good = _local(tmp_path, "good", images, run, 1)
+    assert cli(s3, "pack", str(good), "-o", url).returncode == 0
+    before = _keys(s3, bucket, "run/")
+    bad = _local(tmp_path, "bad", images[:1], run, 2)
+    medium = bad / "media" / Path(images[0]).name
+    data = medium.read_bytes()
+    medium.unlink()  # a hard link of the run's file (and of good's): a new file, not an edit
+    medium.write_bytes(bytes(b ^ 1 for b in data))
+    refused = cli(s3, "pack", str(bad), "-o", url, "--force")
+    assert refused.returncode == 1 and f"media/{medium.name}" in refused.stderr, refused.stderr
+    assert _keys(s3, bucket, "run/") == before
+
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    (tmp / "notes.txt").write_text("mine")
+    env = {"TMPDIR": str(tmp)}
+    other = f"s3://{bucket}/run/c.rbundle"
+    killed = cli(
+        s3, "pack", str(good), "-o", other, env={**env, "ROLLOUT_BUNDLES_KILL_AT": "store.before-put"}
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert len(os.listdir(tmp)) == 2
+    assert cli(s3, "pack", str(good), "-o", other, env=env).returncode == 0
+    assert os.listdir(tmp) == ["notes.txt"]
+    with open_bundle(other, verify="full") as b:
+        assert len(b) == 3
+
+
+def test_a_local_manifest_listing_an_oversize_medium_is_refused_when_parsed(tmp_path: Path) -> None:
+    """The cap is the manifest parser's, so every reader has it (a directory here, not a store)."""
+    run, images = _media(tmp_path, "m", 1)
+    out = _local(tmp_path, "b", images, run, 1)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["media"][0]["size"] = LIMITS["MAX_MEDIA_BYTES"] + 1
+    (out / "manifest.json").chmod(0o644)
+    (out / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
+    with pytest.raises(BundleError, match=r"media\[0\]\.size: 4294967297 exceeds MAX_MEDIA_BYTES"):
+        open_bundle(out, verify="none")
+
+
+@pytest.mark.parametrize("threshold", [1 << 20, 16], ids=["one-get", "windows"])
+def test_reading_back_an_object_reports_what_is_there(
+    s3: Any, monkeypatch: pytest.MonkeyPatch, threshold: int
+) -> None:
+    """The read-back's verdicts, by one GET and (above the multipart threshold, made small here)
+    in windows: the right bytes, other bytes, longer, shorter, missing."""
+    from bundles._remote import _verify
+    from bundles._store import StoreURL, get_store
+
+    monkeypatch.setattr(_verify, "MULTIPART_THRESHOLD", threshold)
+    monkeypatch.setattr(_verify, "READ_WINDOW", 5)
+    bucket = s3.bucket()
+    store = get_store(StoreURL(f"s3://{bucket}/x"))
+    data = bytes(range(23))
+    _client(s3).put_object(Bucket=bucket, Key="x/obj", Body=data)
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    assert _verify.stored_digest(store, "x/obj", 23) == (23, digest)
+    assert _verify.stored_digest(store, "x/obj", 22) == (23, "(not read)")  # longer than listed
+    shorter = _verify.stored_digest(store, "x/obj", 24)
+    assert shorter is not None and shorter[0] == 23  # its size tells
+    assert _verify.stored_digest(store, "x/none", 23) is None

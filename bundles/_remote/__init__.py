@@ -23,6 +23,12 @@ is the normative description. A bundle at URL ``U`` is:
     put was overtaken (a store that dropped the preconditions after the probe), and it is told it
     lost. The replaced generation is then deleted, manifest first.
 
+Verify, then publish (:mod:`bundles._remote._verify`): before the pointer is put, every object
+the manifest lists is proven (what the writer put, by the bytes it hashed and sent; what it
+skipped as already there, by reading it back and hashing it), so a generation that cannot be
+proven is never published; after the pointer, the writer puts back what a racing ``rm`` or
+``gc`` deleted.
+
 A reader reads the pointer, then the manifest it names, and checks the manifest's digest
 against the pointer: it never sees a torn bundle, only the old one or the new one. A prefix
 without a pointer (a writer that died, or lost a race) is invisible, and ``gc`` removes it once
