@@ -576,6 +576,31 @@ def _register_packing(subparsers: Any) -> None:
     _cli.add_progress_option(p)
 
 
+def _register_rm(subparsers: Any) -> None:
+    """``rm`` and its ``--damaged``."""
+    p = _cli.add_command(
+        subparsers,
+        "rm",
+        "remove a bundle, and nothing that is not the bundle's",
+        _rm,
+        description="Remove the bundle BUNDLE so that no reader ever finds half of it. Only a proven bundle "
+        "(a manifest that validates; on a store a pointer naming a generation of its own) is removed, and "
+        "only what its manifest lists (docs/FORMAT.md §5a, §9): its pointer, generations and listed media on "
+        "a store, its manifest and listed files in a directory. Other files beside it and a bundle nested in "
+        "it are kept; media of a shared pool are left to gc. Anything else (a web app's manifest.json, a "
+        "generation of a bundle) is refused and nothing is deleted.",
+    )
+    p.add_argument("bundle", metavar="BUNDLE", help=BUNDLE_HELP)
+    p.add_argument(
+        "--damaged",
+        action="store_true",
+        help="also remove a damaged bundle (its manifest or pointer claims the format but does not "
+        "validate), and then only the names the format writes (manifest.json, samples/NNNNNN.msgpack.zst, "
+        "media/<64 hex><suffix>; on a store its pointer and generations)",
+    )
+    _cli.add_json_option(p)
+
+
 def _register_locations(subparsers: Any) -> None:
     """``ls``, ``cp``, ``rm`` and ``gc``: the commands that list, copy and remove bundles."""
     p = _cli.add_command(
@@ -616,27 +641,7 @@ def _register_locations(subparsers: Any) -> None:
     _cli.add_json_option(p)
     _cli.add_progress_option(p)
 
-    p = _cli.add_command(
-        subparsers,
-        "rm",
-        "remove a bundle, and nothing that is not the bundle's",
-        _rm,
-        description="Remove the bundle BUNDLE so that no reader ever finds half of it. Only a proven bundle "
-        "(a manifest that validates; on a store a pointer naming a generation of its own) is removed, and "
-        "only what its manifest lists (docs/FORMAT.md §5a, §9): its pointer, generations and listed media on "
-        "a store, its manifest and listed files in a directory. Other files beside it and a bundle nested in "
-        "it are kept; media of a shared pool are left to gc. Anything else (a web app's manifest.json, a "
-        "generation of a bundle) is refused and nothing is deleted.",
-    )
-    p.add_argument("bundle", metavar="BUNDLE", help=BUNDLE_HELP)
-    p.add_argument(
-        "--damaged",
-        action="store_true",
-        help="also remove a damaged bundle (its manifest or pointer claims the format but does not "
-        "validate), and then only the names the format writes (manifest.json, samples/NNNNNN.msgpack.zst, "
-        "media/<64 hex><suffix>; on a store its pointer and generations)",
-    )
-    _cli.add_json_option(p)
+    _register_rm(subparsers)
 
     p = _cli.add_command(
         subparsers,
