@@ -610,8 +610,9 @@ def _register_locations(subparsers: Any) -> None:
         _ls,
         description="List the bundles right under ROOT (one level): bundle directories and packed files "
         "locally; prefixes with a pointer (or a plain copy of a bundle directory) and packed objects on an "
-        "object store. Media pools, staging directories and a dead writer's unpublished generations are "
-        "left out. ROOT that is itself a bundle is listed as such.",
+        "object store; each proven by a manifest that validates (docs/FORMAT.md §5a). Media pools, staging "
+        "directories, generations, damaged bundles and other files named manifest.json are left out. ROOT "
+        "that is itself a bundle is listed as such.",
     )
     p.add_argument("root", metavar="ROOT", help="a directory, or an object-store URL (s3://bucket/prefix)")
     p.add_argument("-l", "--long", action="store_true", help="also each bundle's kind, samples and media")
