@@ -202,7 +202,7 @@ def _recover_interrupted_overwrites(parent: Path, leftovers: list[_Leftover]) ->
         if left.kind != "staging" or not left.is_dir or (left.dest, left.writer) not in retired:
             continue
         dest = parent / left.dest
-        if os.path.lexists(dest) or not (left.path / MANIFEST_NAME).is_file():
+        if os.path.lexists(dest) or not _complete(left.path):
             continue
         try:
             rename_noreplace(left.path, dest)
@@ -215,6 +215,21 @@ def _recover_interrupted_overwrites(parent: Path, leftovers: list[_Leftover]) ->
         fsync_dir(parent)
         recovered.add(left.path)
     return recovered
+
+
+def _complete(staging: Path) -> bool:
+    """A dead writer's staging directory holds a bundle the proof accepts (its manifest, written
+    last, validates): only such a one is put in place by a recovery."""
+    try:
+        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        return isinstance(examine_directory_fd(fd, staging), Proof)
+    except BundleError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def staging_name(dest: Path) -> Path:

@@ -202,6 +202,18 @@ class Location(abc.ABC):
         if not overwrite and self.has_bundle():
             raise BundleExistsError(f"{self}: destination exists; pass overwrite=True to replace it")
 
+    def _refuse_unproven(self, overwrite: bool) -> None:
+        """``overwrite`` replaces a proven bundle or nothing: a user's file or object named like a
+        packed bundle, or a damaged one, is refused before anything is written."""
+        if not overwrite:
+            return
+        found = self.examine()
+        if isinstance(found, NotProven) and not found.empty:
+            what = "a damaged bundle" if found.damaged else "not a bundle"
+            raise BundleExistsError(
+                f"{self}: destination exists and is {what}; refusing to replace it ({found.why})"
+            )
+
     def collect_garbage(self, *, older_than_s: float, dry_run: bool = False) -> _remote.GarbageReport | None:
         """Sweep the media pool and the unpublished generations under this location (see
         :func:`bundles.collect_garbage`); None where there is no pool (``has_pool`` is false)."""
@@ -352,6 +364,7 @@ class _Local(Location, _PathBase):
         return [loc for loc in found if loc.has_bundle()]
 
     def pack_from(self, bundle: Bundle, *, overwrite: bool, progress: bool | None) -> Location:
+        self._refuse_unproven(overwrite)
         pack_local(bundle, self, overwrite=overwrite, progress=progress)
         return self
 
@@ -445,8 +458,7 @@ class PackedFileLocation(_Local):
         self, local: Path, *, overwrite: bool, shared_media: bool, progress: bool | None
     ) -> Location:
         with open_local(local, Verify.FAST) as b:
-            pack_local(b, self, overwrite=overwrite, progress=progress)
-        return self
+            return self.pack_from(b, overwrite=overwrite, progress=progress)
 
 
 def _examine_packed(location: Location) -> Proof | NotProven:
@@ -502,6 +514,7 @@ class _OnStore(Location, StoreURL):
         return _remote.open_on_store(self._client(), verify=verify, storage_options=self.storage_options)
 
     def pack_from(self, bundle: Bundle, *, overwrite: bool, progress: bool | None) -> Location:
+        self._refuse_unproven(overwrite)
         _remote.pack_on_store(
             bundle, self._client("pack output"), overwrite=overwrite, progress=progress,
             storage_options=self.storage_options,

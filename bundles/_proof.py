@@ -72,14 +72,16 @@ class Proof:
     """A bundle, proven: the validated manifest, and what else the proof read.
 
     ``identity`` is the ``(st_dev, st_ino)`` of a directory proven, so that a remover can tell the
-    directory it proved from one renamed over it meanwhile. ``generation`` and ``shared_media``
-    come from a store pointer (``generation`` None: a directory, a packed bundle or a plain copy).
+    directory it proved from one renamed over it meanwhile. ``generation``, ``shared_media`` and
+    ``etag`` come from a store pointer (``generation`` None: a directory, a packed bundle or a
+    plain copy).
     """
 
     where: str
     manifest: Manifest
     generation: str | None = None
     shared_media: bool = False
+    etag: str | None = None
     identity: tuple[int, int] | None = None
 
     def members(self) -> list[str]:

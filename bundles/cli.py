@@ -623,6 +623,31 @@ def _register_packing(subparsers: Any) -> None:
     _cli.add_progress_option(p)
 
 
+def _register_rm(subparsers: Any) -> None:
+    """``rm`` and its ``--damaged``."""
+    p = _cli.add_command(
+        subparsers,
+        "rm",
+        "remove a bundle, and nothing that is not the bundle's",
+        _rm,
+        description="Remove the bundle BUNDLE so that no reader ever finds half of it. Only a proven bundle "
+        "(a manifest that validates; on a store a pointer naming a generation of its own) is removed, and "
+        "only what its manifest lists (docs/FORMAT.md §5a, §9): its pointer, generations and listed media on "
+        "a store, its manifest and listed files in a directory. Other files beside it and a bundle nested in "
+        "it are kept; media of a shared pool are left to gc. Anything else (a web app's manifest.json, a "
+        "generation of a bundle) is refused and nothing is deleted.",
+    )
+    p.add_argument("bundle", metavar="BUNDLE", help=BUNDLE_HELP)
+    p.add_argument(
+        "--damaged",
+        action="store_true",
+        help="also remove a damaged bundle (its manifest or pointer claims the format but does not "
+        "validate), and then only the names the format writes (manifest.json, samples/NNNNNN.msgpack.zst, "
+        "media/<64 hex><suffix>; on a store its pointer and generations)",
+    )
+    _cli.add_json_option(p)
+
+
 def _register_ls(subparsers: Any) -> None:
     """``ls``: what it lists, how deep, and its exit status."""
     p = _cli.add_command(
@@ -633,8 +658,9 @@ def _register_ls(subparsers: Any) -> None:
         description="List the bundles right under ROOT (one level; with -r, up to "
         f"{MAX_FIND_DEPTH} levels down, as serve finds a run's bundles): bundle directories and packed files "
         "locally; prefixes with a pointer (or a plain copy of a bundle directory) and packed objects on an "
-        "object store. Media pools, staging directories and a dead writer's unpublished generations are "
-        "left out. ROOT that is itself a bundle is listed as such. Names are printed escaped (control "
+        "object store; each proven by a manifest that validates (docs/FORMAT.md §5a). Media pools, staging "
+        "directories, generations, damaged bundles and other files named manifest.json are left out. ROOT "
+        "that is itself a bundle is listed as such. Names are printed escaped (control "
         "characters, bidirectional overrides and bytes that are not UTF-8 spelled out), one per line. "
         "An entry that cannot be read (a manifest gone, no permission) is one line on stderr and the "
         "others are still listed. Exit status: 0 when every entry was listed, 1 when some entry (or "
@@ -679,27 +705,7 @@ def _register_locations(subparsers: Any) -> None:
     _cli.add_json_option(p)
     _cli.add_progress_option(p)
 
-    p = _cli.add_command(
-        subparsers,
-        "rm",
-        "remove a bundle, and nothing that is not the bundle's",
-        _rm,
-        description="Remove the bundle BUNDLE so that no reader ever finds half of it. Only a proven bundle "
-        "(a manifest that validates; on a store a pointer naming a generation of its own) is removed, and "
-        "only what its manifest lists (docs/FORMAT.md §5a, §9): its pointer, generations and listed media on "
-        "a store, its manifest and listed files in a directory. Other files beside it and a bundle nested in "
-        "it are kept; media of a shared pool are left to gc. Anything else (a web app's manifest.json, a "
-        "generation of a bundle) is refused and nothing is deleted.",
-    )
-    p.add_argument("bundle", metavar="BUNDLE", help=BUNDLE_HELP)
-    p.add_argument(
-        "--damaged",
-        action="store_true",
-        help="also remove a damaged bundle (its manifest or pointer claims the format but does not "
-        "validate), and then only the names the format writes (manifest.json, samples/NNNNNN.msgpack.zst, "
-        "media/<64 hex><suffix>; on a store its pointer and generations)",
-    )
-    _cli.add_json_option(p)
+    _register_rm(subparsers)
 
     p = _cli.add_command(
         subparsers,

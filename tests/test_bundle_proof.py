@@ -156,7 +156,9 @@ def test_a_damaged_bundle_is_removed_only_with_damaged_and_only_by_the_formats_n
 def test_a_damaged_bundle_is_never_replaced(tmp_path: Path) -> None:
     dest = make_bundle(tmp_path, tmp_path / "b", "b")
     (dest / "manifest.json").chmod(0o644)
-    (dest / "manifest.json").write_bytes((dest / "manifest.json").read_bytes()[:100])  # truncated after "format"
+    (dest / "manifest.json").write_bytes(
+        (dest / "manifest.json").read_bytes()[:100]
+    )  # truncated after "format"
     before = snapshot(dest)
     with pytest.raises(BundleExistsError, match=r"is a damaged bundle; refusing to replace it .*--damaged"):
         make_bundle(tmp_path, dest, "new", overwrite=True)
@@ -180,6 +182,21 @@ def test_symlinks_staging_names_and_special_manifests_are_never_bundles(tmp_path
     with pytest.raises(BundleNotFoundError, match="a symlink, not a bundle directory; refusing to remove it"):
         remove_bundle(tmp_path / "link")
     assert is_bundle(real)
+
+
+def test_a_users_file_named_like_a_packed_bundle_is_never_replaced(tmp_path: Path) -> None:
+    src = make_bundle(tmp_path, tmp_path / "src", "src")
+    notes = tmp_path / "notes.rbundle"
+    notes.write_bytes(b"my notes, whatever their name\n")
+    assert not is_bundle(notes)
+    with pytest.raises(BundleExistsError, match="is not a bundle; refusing to replace it"):
+        pack_bundle(src, notes, overwrite=True)
+    forced = cli("cp", str(src), str(notes), "--force")
+    assert forced.returncode == 2 and "is not a bundle; refusing to replace it" in forced.stderr
+    assert notes.read_bytes() == b"my notes, whatever their name\n"
+    packed = pack_bundle(src, tmp_path / "b.rbundle")
+    assert is_bundle(packed)
+    pack_bundle(src, packed, overwrite=True)  # a packed bundle is replaced as before
 
 
 # -- the proof over random manifests -------------------------------------------------------------

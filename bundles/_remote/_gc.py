@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -73,7 +72,8 @@ from bundles._layout import (
     STORE_POINTER_NAME,
 )
 from bundles._manifest import parse_manifest_bytes
-from bundles._remote._pointer import MAX_POINTER_BYTES, _BundlePrefix, parse_pointer
+from bundles._proof import Proof
+from bundles._remote._pointer import examine_prefix
 from bundles._remote._probe import PROBE_PREFIX
 from bundles._source import layout_name_ok
 from bundles._store import (
@@ -185,26 +185,20 @@ class _Bundle:
 
 
 def _judge(store: Store, url: StoreURL, b: _Bundle) -> None:
-    """Read ``U``'s pointer and its manifest; leave ``b`` unreadable when either fails a check."""
+    """Prove ``U`` a bundle by its pointer (:func:`examine_prefix`, the one proof: the pointer
+    parses, names a generation of ``U`` whose manifest has the recorded size and digest and
+    validates); leave ``b`` unreadable when it is not proven."""
     bundle_url = StoreURL(f"{url.scheme}://{url.bucket}/{b.key}")
     try:
-        data, meta = store.get(_join(b.key, STORE_POINTER_NAME), MAX_POINTER_BYTES, "pointer cap")
-        pointer = parse_pointer(data, f"{bundle_url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
-        place = _BundlePrefix(bundle_url, store, pointer)
-        raw, _ = store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
-        if (
-            len(raw) != pointer.manifest_size
-            or "sha256:" + hashlib.sha256(raw).hexdigest() != pointer.manifest_digest
-        ):
-            return  # not the manifest the pointer names: unjudged
-        manifest = parse_manifest_bytes(raw, f"{bundle_url}/{MANIFEST_NAME}")
+        found = examine_prefix(store, bundle_url)
     except StoreFailure:
         raise
     except BundleError:
-        # Removed meanwhile, or a pointer or manifest this version cannot read: not ours to judge.
-        return
-    b.readable, b.shared, b.generation, b.etag = True, pointer.shared_media, pointer.generation, pointer.etag
-    b.listed = {m.filename for m in manifest.media}
+        return  # removed meanwhile, or a pointer this version cannot read: not ours to judge
+    if not isinstance(found, Proof) or found.generation is None:
+        return  # not proven (or its pointer went meanwhile): unjudged
+    b.readable, b.shared, b.generation, b.etag = True, found.shared_media, found.generation, found.etag
+    b.listed = {m.filename for m in found.manifest.media}
 
 
 def _read_pending(store: Store, url: StoreURL, b: _Bundle, gen: str) -> None:

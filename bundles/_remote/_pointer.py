@@ -194,7 +194,9 @@ def examine_prefix(store: Store, url: StoreURL) -> Proof | NotProven:
     judged = judge_manifest(raw, mwhere)
     if isinstance(judged, NotProven):  # the pointer claims the format: damaged either way
         return NotProven(str(url), judged.reason, damaged=True)
-    return Proof(str(url), judged, generation=pointer.generation, shared_media=pointer.shared_media)
+    return Proof(
+        str(url), judged, generation=pointer.generation, shared_media=pointer.shared_media, etag=pointer.etag
+    )
 
 
 def _examine_plain(store: Store, url: StoreURL) -> Proof | NotProven:
