@@ -31,7 +31,7 @@ writers and leaves everything else alone:
   name may be shared by another machine on the same filesystem). Names of another host, and names
   from before 0.2 (without boot and namespace), are never touched.
 * when the destination is missing and one dead writer left both a retired directory and a
-  complete staging directory (a manifest) for it, it died between the two renames of a fallback
+  complete staging directory (a manifest that validates: :mod:`bundles._proof`) for it, it died between the two renames of a fallback
   overwrite, after its new bundle was durable: that bundle is renamed into place. Everything else
   of dead writers is removed (through :func:`bundles._fs.remove_tree`, never following a symlink).
 

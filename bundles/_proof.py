@@ -69,20 +69,16 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 @dataclass(frozen=True)
 class Proof:
-    """A bundle, proven: the validated manifest, and what else the proof read.
-
-    ``identity`` is the ``(st_dev, st_ino)`` of a directory proven, so that a remover can tell the
-    directory it proved from one renamed over it meanwhile. ``generation``, ``shared_media`` and
-    ``etag`` come from a store pointer (``generation`` None: a directory, a packed bundle or a
-    plain copy).
-    """
+    """A bundle, proven: the validated manifest, and what else the proof read. ``generation``,
+    ``shared_media`` and ``etag`` come from a store pointer (``generation`` None: a directory, a
+    packed bundle or a plain copy). A remover that must know the directory it proved is the one
+    it acts on holds that directory open (:func:`examine_directory_fd`)."""
 
     where: str
     manifest: Manifest
     generation: str | None = None
     shared_media: bool = False
     etag: str | None = None
-    identity: tuple[int, int] | None = None
 
     def members(self) -> list[str]:
         """The bundle-relative names the manifest lists: its shards, then ``media/<file>``."""
@@ -182,7 +178,6 @@ def examine_directory_fd(fd: int, p: Path) -> Proof | NotProven:
     """:func:`examine_directory` of the directory open as ``fd`` (named ``p`` in messages): the
     manifest is read through ``fd``, so the proof holds for that directory whatever its name
     becomes meanwhile."""
-    st = os.fstat(fd)
     where = f"{p}/{MANIFEST_NAME}"
     try:
         mfd = os.open(MANIFEST_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
@@ -207,4 +202,4 @@ def examine_directory_fd(fd: int, p: Path) -> Proof | NotProven:
     judged = judge_manifest(raw, where)
     if isinstance(judged, NotProven):
         return NotProven(str(p), judged.reason, damaged=judged.damaged)
-    return Proof(str(p), judged, identity=(st.st_dev, st.st_ino))
+    return Proof(str(p), judged)
