@@ -103,10 +103,12 @@ $(TORCH_OK): $(VENV_OK)
 	touch $@
 
 # Editable, with the test extra (Pillow for the demo), the replay extra (transformers: the demo
-# replays its last debug dump with the Qwen2-VL image processor, offline) and dev tools (tox, ruff,
-# mypy). Ray lives only in tox's py311-full env: the demo does not need it.
-$(DEV_OK): $(TORCH_OK) pyproject.toml
-	$(PIP) install --progress-bar off -e '.[test,dev,replay]' $(TORCH)
+# replays its last debug dump with the Qwen2-VL image processor, offline), the serve extra (the
+# demo ends printing `.venv/bin/rollout-bundle serve` on its run: it must work as printed) and dev
+# tools (tox, ruff, mypy). Ray lives only in tox's py311-full env: the demo does not need it.
+DEV_EXTRAS := test,dev,replay,serve
+$(DEV_OK): $(TORCH_OK) pyproject.toml Makefile
+	$(PIP) install --progress-bar off -e '.[$(DEV_EXTRAS)]' $(TORCH)
 	touch $@
 
 # Without npm the s3rver tests skip locally (CI fails them instead); the stamp waits for npm.
