@@ -208,3 +208,19 @@ def test_a_typo_in_a_subcommands_flag_prints_that_subcommands_usage() -> None:
     assert done.returncode == 2
     assert err.startswith("usage: rollout-bundle ls [-h]"), err
     assert "rollout-bundle ls: error: unrecognized arguments: --lnog" in err
+
+
+def test_the_dashboard_launcher_without_miles_says_what_is_missing_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer_hooks.miles.dashboard", "--dump-details", str(tmp_path)],
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # no Miles checkout on the path
+        timeout=120,
+        cwd=tmp_path,
+    )
+    err = text(done.stderr)
+    assert done.returncode == 2 and done.stdout == b"", err
+    assert err == (
+        "trainer_hooks.miles.dashboard: error: Miles is not importable (No module named 'miles'): put a "
+        "Miles checkout on PYTHONPATH (PYTHONPATH=/path/to/miles python -m trainer_hooks.miles.dashboard ...)\n"
+    )
