@@ -2,7 +2,8 @@
 # missing and install what they need; stamp files inside .venv make repeat runs skip the installs.
 #
 #   make demo    walk-through: a CUA run, resume, replay elsewhere; ends writing demo-out/*.html
-#   make test    tox: format tests on py310-py313 (no torch/Ray), everything on py311-full;
+#   make test    tox: everything on py311-full (started first, beside the others), format tests on
+#                py310, py312, py313 (no torch/Ray; tox.ini says what they leave to py311-full);
 #                10-20 min on 2 cores, progress live (lines prefixed by env); ends with each env's
 #                pass/fail/skip counts. MILES_SOURCE=/path/to/miles names a Miles checkout for the
 #                Miles tests (default ../shared/miles; without one they skip)
@@ -57,8 +58,9 @@ demo: $(DEV_OK)
 
 # 10-20 minutes on 2 cores. Output is live: tox's own lines as each env starts (creating it,
 # installing into it) and pytest's progress, each line prefixed by its env's name (the envs run
-# in parallel, so their lines interleave); ends with each tox env's passed/failed/skipped counts,
-# whether or not tox passed.
+# in parallel, one per core, so their lines interleave; py311-full, the longest, is first in
+# tox.ini's env_list, so it starts at once and the light envs run one after another beside it);
+# ends with each tox env's passed/failed/skipped counts, whether or not tox passed.
 test: $(DEV_OK) $(NODE_OK)
 	rm -rf .tox/junit
 	@echo "make test: tox envs in parallel ($$($(BIN)/tox -l | paste -sd' ' -), unless TOX_ARGS picks others); 10-20 minutes on 2 cores"
