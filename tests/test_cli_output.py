@@ -147,6 +147,7 @@ def test_ls_r_finds_a_runs_bundles_below_the_root(tmp_path: Path) -> None:
     for where in deep:
         write_bundle(where, [{"index": 0}])
     write_bundle(run / ".hidden" / "b", [{"index": 0}])  # a hidden name is not looked into
+    write_bundle(deep[0] / "nested", [{"index": 0}])  # nor a bundle
     too_deep = run / "a" / "b" / "c" / "d" / "e" / "f"
     write_bundle(too_deep, [{"index": 0}])
     (run / "ckpt" / "notes.txt").write_text("a user's file")
