@@ -2,7 +2,8 @@
 # missing and install what they need; stamp files inside .venv make repeat runs skip the installs.
 #
 #   make demo    walk-through: a CUA run, resume, replay elsewhere; ends writing demo-out/*.html
-#   make test    tox: format tests on py310-py313 (no torch/Ray), everything on py311-full;
+#   make test    tox: everything on py311-full (started first, beside the others), format tests on
+#                py310, py312, py313 (no torch/Ray; tox.ini says what they leave to py311-full);
 #                10-20 min on 2 cores, progress live (lines prefixed by env); ends with each env's
 #                pass/fail/skip counts. MILES_SOURCE=/path/to/miles names a Miles checkout for the
 #                Miles tests (default ../shared/miles; without one they skip)
@@ -57,8 +58,9 @@ demo: $(DEV_OK)
 
 # 10-20 minutes on 2 cores. Output is live: tox's own lines as each env starts (creating it,
 # installing into it) and pytest's progress, each line prefixed by its env's name (the envs run
-# in parallel, so their lines interleave); ends with each tox env's passed/failed/skipped counts,
-# whether or not tox passed.
+# in parallel, one per core, so their lines interleave; py311-full, the longest, is first in
+# tox.ini's env_list, so it starts at once and the light envs run one after another beside it);
+# ends with each tox env's passed/failed/skipped counts, whether or not tox passed.
 test: $(DEV_OK) $(NODE_OK)
 	rm -rf .tox/junit
 	@echo "make test: tox envs in parallel ($$($(BIN)/tox -l | paste -sd' ' -), unless TOX_ARGS picks others); 10-20 minutes on 2 cores"
@@ -103,10 +105,12 @@ $(TORCH_OK): $(VENV_OK)
 	touch $@
 
 # Editable, with the test extra (Pillow for the demo), the replay extra (transformers: the demo
-# replays its last debug dump with the Qwen2-VL image processor, offline) and dev tools (tox, ruff,
-# mypy). Ray lives only in tox's py311-full env: the demo does not need it.
-$(DEV_OK): $(TORCH_OK) pyproject.toml
-	$(PIP) install --progress-bar off -e '.[test,dev,replay]' $(TORCH)
+# replays its last debug dump with the Qwen2-VL image processor, offline), the serve extra (the
+# demo ends printing `.venv/bin/rollout-bundle serve` on its run: it must work as printed) and dev
+# tools (tox, ruff, mypy). Ray lives only in tox's py311-full env: the demo does not need it.
+DEV_EXTRAS := test,dev,replay,serve
+$(DEV_OK): $(TORCH_OK) pyproject.toml Makefile
+	$(PIP) install --progress-bar off -e '.[$(DEV_EXTRAS)]' $(TORCH)
 	touch $@
 
 # Without npm the s3rver tests skip locally (CI fails them instead); the stamp waits for npm.

@@ -22,10 +22,14 @@ a whole run out with the public APIs of ``trainer_hooks`` and ``bundles``:
    (``python -m trainer_hooks.miles.dashboard --dump-details demo-out/dump-details``).
 
 Everything happens under one temporary directory (``$DEMO`` in the output), removed at the end
-unless ``--keep`` is given (``make demo DEMO_ARGS=--keep``), except what step 6 writes under
+unless ``--keep`` is given (``make demo DEMO_ARGS=--keep``: the output then names it by its real
+path, so that the commands it prints run as printed), except what step 6 writes under
 ``--out`` (``demo-out/``): the dump unpacked at ``dump-details/rollout_data/<id>.pt``, the replay
-report and the HTML page, for a person to open. Each step is a function over one shared ``Demo``
-state.
+report and the HTML page, for a person to open. The commands it prints name the executables of
+the interpreter that runs it (``.venv/bin/rollout-bundle`` under ``make demo``: ``.venv`` is not on
+PATH unless activated). The first run's debug dumps stay in ``$DEMO/run1/debug``, so that the run
+browser it suggests (``rollout-bundle serve $DEMO/run1``) has dumps to show beside the checkpoints.
+Each step is a function over one shared ``Demo`` state.
 """
 
 from __future__ import annotations
@@ -110,16 +114,27 @@ class Demo:
         return self.root / "shared-media"
 
     def show(self, text: object) -> str:
-        """``text`` as the walk-through prints it: the temporary root as ``$DEMO``, ``--out`` relative
-        to the working directory when it is inside it, run uuids cut to 8 characters, and the unique
-        part of an unpacked cache directory's name cut (``.rollout_2.rbundle.….unpacked``)."""
-        out = str(text).replace(str(self.root), "$DEMO")
+        """``text`` as the walk-through prints it: the temporary root as ``$DEMO`` (unless --keep keeps
+        it: then by its path, which the printed commands can use), ``--out`` relative to the working
+        directory when it is inside it, run uuids cut to 8 characters, and the unique part of an
+        unpacked cache directory's name cut (``.rollout_2.rbundle.….unpacked``)."""
+        out = str(text) if self.keep else str(text).replace(str(self.root), "$DEMO")
         if self.out.is_relative_to(Path.cwd()):
             out = out.replace(str(self.out), os.path.relpath(self.out))
         for args in (self.args1, self.args2):
             if args is not None:
                 out = out.replace(args.run_uuid, args.run_uuid[:8] + "…")
         return re.sub(r"\.[0-9]+-[0-9]+\.unpacked", ".….unpacked", out)
+
+
+def command(name: str) -> str:
+    """How a reader runs ``name`` (``rollout-bundle``, or ``python``): the executable beside the
+    interpreter running the demo (``.venv/bin/rollout-bundle`` under ``make demo``, relative to the
+    working directory when inside it), since that environment is on PATH only when activated."""
+    exe = Path(sys.executable) if name == "python" else Path(sys.executable).parent / name
+    if not exe.exists():  # not installed as a script here: through the interpreter
+        return f"{command('python')} -m trainer_hooks.cli" if name == "rollout-bundle" else name
+    return os.path.relpath(exe) if exe.is_relative_to(Path.cwd()) else str(exe)
 
 
 def say(d: Demo, text: str) -> None:
@@ -544,10 +559,11 @@ def step_replay(d: Demo) -> None:
     sent = Path(shutil.copy(outbox, colleague / outbox.name))
     d.received_dump = sent
     say(d, f"packed {dump.name} into one file, {mib(sent.stat().st_size)}; copied to {sent}")
-    # Nothing of the original run is left but the colleague's copy (and the checkpoints).
-    for path in (d.shared, dump.parent, outbox.parent):
+    # Nothing of the run's screenshots is left but what its bundles hold: the colleague's copy is
+    # all the replay has. The run's own dumps stay, for the run browser (step 6).
+    for path in (d.shared, outbox.parent):
         shutil.rmtree(path)
-    say(d, f"deleted {d.shared}, the original dumps and the outbox")
+    say(d, f"deleted {d.shared} and the outbox (the run's own dumps stay in {dump.parent}, for serve)")
 
     replay = trainer_hooks.parse_args(
         ["--rollout-batch-size", "1", "--load-debug-rollout-data", str(colleague / f"rollout_{{rollout_id}}{bundles.PACK_SUFFIX}"),
@@ -589,7 +605,7 @@ def step_inspect(d: Demo) -> None:
     cmd = [sys.executable, "-m", "trainer_hooks.cli", "inspect", "--json", str(d.last_checkpoint)]
     info = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     meta, journal = info["meta"], info.get("journal") or {}
-    say(d, f"$ rollout-bundle inspect --json {d.last_checkpoint}   (a few of its fields)")
+    say(d, f"$ {command('rollout-bundle')} inspect --json {d.last_checkpoint}   (a few of its fields)")
     ratio = f"{info['dedup_ratio']:.2f}x" if info["dedup_ratio"] else "n/a"
     proc = meta.get("processor") or {}
     dataset = (meta.get("fingerprint") or {}).get("dataset")
@@ -610,7 +626,10 @@ def step_inspect(d: Demo) -> None:
         lines.append(("journal", f"{plural(lineage['records'], 'record')} beside it in {journal['path']}, "
                                  f"durable up to seq {lineage['synced_seq']}"))  # fmt: skip
     say(d, "\n".join(f"  {k:<12} {v}" for k, v in lines))
-    say(d, f"  the rest ({plural(len(meta), 'meta key')} in all): rollout-bundle inspect {d.last_checkpoint}")
+    say(
+        d,
+        f"  the rest ({plural(len(meta), 'meta key')} in all): {command('rollout-bundle')} inspect {d.last_checkpoint}",
+    )
     if not d.keep:  # the command names a directory removed at exit (issue 30, item 21)
         say(
             d,
@@ -665,13 +684,13 @@ def step_view(d: Demo) -> None:
         d,
         f"the dump in Miles' --dump-details layout, rollout_data/{rollout_id}.pt: serve Miles' dashboard on it "
         f"(a Miles checkout on PYTHONPATH, pip install 'rollout-bundles[dashboard]') with\n"
-        f"    python -m trainer_hooks.miles.dashboard --dump-details {details}",
+        f"    {command('python')} -m trainer_hooks.miles.dashboard --dump-details {details}",
     )
     # The run browser on the run itself: its checkpoints and dumps, with trends across steps.
     say(
         d,
         "browse the whole run, its checkpoints with trends across steps (pip install 'rollout-bundles[serve]'), "
-        f"with\n    rollout-bundle serve {d.show(str(d.root / 'run1'))}",
+        f"with\n    {command('rollout-bundle')} serve {d.show(str(d.root / 'run1'))}",
     )
     if not d.keep:  # the command names a directory removed at exit (issue 30, item 21)
         say(
@@ -722,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
             step(d)
     finally:
         if ns.keep:
-            print(f"kept $DEMO = {d.root}")
+            print(f"kept the demo's directory (the commands above run on it): {d.root}")
         else:
             shutil.rmtree(d.root, ignore_errors=True)
         for logger in loggers:

@@ -29,7 +29,7 @@ DEMO = Path(__file__).resolve().parents[1] / "examples" / "demo.py"
 
 README = DEMO.parents[1] / "README.md"
 HEADING = re.compile(r"\[\d+/\d+\] \S")
-FOOTERS = ("demo OK in ", "open the report of the last debug dump: ", "kept $DEMO = ")
+FOOTERS = ("demo OK in ", "open the report of the last debug dump: ", "kept the demo's directory ")
 JSON_LINE = re.compile(r'^\s*([{}\[\]],?|"[^"]*": .*)$')  # a line of an indented JSON dump
 MAX_JSON_LINES = 3
 
@@ -99,9 +99,16 @@ def test_demo_reads_as_a_walk_through(demo):
     assert longest <= MAX_JSON_LINES, f"a JSON dump of {longest} lines"
 
 
+def _as_make_demo(line: str) -> str:
+    """A line as ``make demo`` prints it: the commands name ``.venv/bin/`` (this interpreter's
+    directory here: a tox env's, or a venv outside the working directory)."""
+    line = line.replace(sys.executable, ".venv/bin/python")
+    return line.replace(os.path.dirname(sys.executable) + os.sep, ".venv/bin/")
+
+
 def _masked(line: str) -> str:
     """A line of output with what changes between runs (numbers, uuids, pids) masked."""
-    line = re.sub(r"\b[0-9a-f]{8}…", "UUID…", line)
+    line = re.sub(r"\b[0-9a-f]{8}…", "UUID…", _as_make_demo(line))
     return re.sub(r"\d+(\.\d+)?", "N", line)
 
 
@@ -156,7 +163,7 @@ def test_the_demo_leaves_a_dump_that_miles_dashboard_serves(demo):
         line for line in proc.stdout.splitlines() if "python -m trainer_hooks.miles.dashboard" in line
     )
     command = line.split()
-    assert command[:3] == ["python", "-m", "trainer_hooks.miles.dashboard"], line
+    assert command[:3] == [sys.executable, "-m", "trainer_hooks.miles.dashboard"], line
     from helpers.miles_snapshot import MILES_ROOT, miles_missing
 
     if (reason := miles_missing()) is not None:
@@ -206,3 +213,79 @@ def test_commands_on_the_temporary_directory_say_how_to_keep_it(demo):
         assert any(note in line for line in lines[i:step_end]), lines[i]
     helped = subprocess.run([sys.executable, str(DEMO), "--help"], capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0 and "--keep" in helped.stdout and "$DEMO" in helped.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_make_demo_installs_what_the_demo_tells_to_run() -> None:
+    """The demo ends suggesting ``rollout-bundle serve``: ``make demo``'s venv has the serve
+    extra (it had not: the command failed with "needs starlette"; issue 36, item 19)."""
+    makefile = (DEMO.parents[1] / "Makefile").read_text()
+    extras = re.search(r"^DEV_EXTRAS := (.*)$", makefile, re.M)
+    assert extras and "serve" in extras[1].split(","), extras
+    assert "-e '.[$(DEV_EXTRAS)]'" in makefile
+
+
+def test_with_keep_the_printed_commands_run_as_printed(tmp_path: Path) -> None:
+    """``--keep``: the output names the kept directory by its path (not ``$DEMO``), the commands
+    name this interpreter's executables (``.venv/bin/rollout-bundle`` under ``make demo``, not on
+    PATH), and they run as printed: ``inspect`` on the checkpoint, and ``serve`` on the run, which
+    still holds a debug dump to browse (issue 36, item 19)."""
+    import shlex
+    import shutil
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(DEMO), "--out", "demo-out", "--keep"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    kept = Path(proc.stdout.split("kept the demo's directory (the commands above run on it): ")[1].split()[0])
+    try:
+        assert kept.is_dir() and "$DEMO" not in proc.stdout
+        bindir = os.path.dirname(sys.executable)
+        lines = [line.strip() for line in proc.stdout.splitlines()]
+        inspect = next(line for line in lines if line.startswith("the rest (") and " inspect " in line)
+        argv = shlex.split(inspect.split(": ", 1)[1])
+        assert argv[0] == os.path.join(bindir, "rollout-bundle"), inspect
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0 and "rollout_checkpoint" in done.stdout, done.stderr
+        serve = shlex.split(
+            next(line for line in lines if line.startswith(f"{bindir}/rollout-bundle serve "))
+        )
+        run = Path(serve[-1])
+        assert run == kept / "run1", serve
+        listed = subprocess.run(
+            [*serve[:-2], "ls", "-r", str(run)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
+        dumps = [p for p in listed.stdout.splitlines() if "/debug/rollout_" in p]
+        assert listed.returncode == 0 and dumps, listed.stdout + listed.stderr
+        port = _free_port()
+        server = subprocess.Popen(
+            [*serve, "--port", str(port), "--cache-dir", str(tmp_path / "serve-cache"), "--no-progress"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            page = ""
+            while "rollout_2" not in page:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+                        page = r.read().decode()
+                except OSError:
+                    pass
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"serve did not list the dump:\n{server.communicate(timeout=5)[0][-3000:]}"
+                    )
+                if "rollout_2" not in page:
+                    time.sleep(0.5)
+        finally:
+            server.terminate()
+            server.communicate(timeout=10)
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)

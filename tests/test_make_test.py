@@ -65,3 +65,29 @@ def test_tox_runs_pytest_through_prefix_and_make_test_is_live() -> None:
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "`make test` takes 10 to 20 minutes on two cores" in readme
     assert "MILES_SOURCE=/path/to/miles" in readme
+
+
+def test_py311_full_starts_first_and_the_light_envs_run_beside_it() -> None:
+    """py311-full, the longest env, used to start only after the four light envs had finished
+    (34.6 min on a loaded machine, its progress silent until then): it is first in env_list, so
+    ``tox run-parallel`` (run in env_list order, one env per core) starts it at once; there is no
+    light py311 (py311-full runs its tests on the same interpreter), and the light envs leave to
+    it only tests of the repository's tooling, files that exist (issue 36, item 17)."""
+    import shlex
+
+    ini = configparser.ConfigParser(interpolation=None)
+    ini.read(ROOT / "tox.ini")
+    envs = [e.strip() for e in ini["tox"]["env_list"].split(",")]
+    assert envs[0] == "py311-full" and "py311" not in envs and {"py310", "py313"} <= set(envs), envs
+    ignored = shlex.split(ini["testenv"]["light_ignore"])
+    assert ignored and all(a.startswith("--ignore=tests/test_") for a in ignored), ignored
+    assert all((ROOT / a.removeprefix("--ignore=")).is_file() for a in ignored), ignored
+    assert "{[testenv]light_ignore}" in ini["testenv"]["commands"]
+    assert "light_ignore" not in ini["testenv:py311-full"]["commands"]
+    tox = ROOT / ".venv" / "bin" / "tox"
+    if tox.exists():  # what tox itself reads from the file: the order it runs them in
+        listed = subprocess.run([str(tox), "-l"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert listed.stdout.split() == envs, listed.stdout + listed.stderr
+    recipe = (ROOT / "Makefile").read_text()
+    line = next(x for x in recipe.splitlines() if "tox run-parallel" in x)
+    assert "--parallel auto" in line, line  # one env per core: py311-full never waits for a core

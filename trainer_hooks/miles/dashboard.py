@@ -19,7 +19,10 @@ this reader in place of its own, and differs from Miles' launcher in two more wa
   layout is refused in one line saying what was expected and what was found (exit status 2).
 
 Needs Miles' dashboard dependencies: ``pip install 'rollout-bundles[dashboard]'`` (polars,
-fastapi, uvicorn) next to a Miles checkout; not Miles' rollout stack (no sglang).
+fastapi, uvicorn) next to a Miles checkout; not Miles' rollout stack (no sglang). Run as
+``python -m`` without them, the launcher says in one line what is missing and how to get it (exit
+status 2, as every command does for a missing optional dependency); imported, the module raises
+the ``ImportError``.
 """
 
 from __future__ import annotations
@@ -30,10 +33,31 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from miles.dashboard.dump_reader import DumpReader
-
 from bundles import is_bundle
 from trainer_hooks.dumps import dump_payload
+
+
+def _missing(e: ImportError) -> str:
+    """One line for a launcher that cannot import Miles' dashboard: what is missing, how to get it."""
+    name = e.name or str(e)
+    if name == "miles" or name.startswith("miles."):
+        return (
+            f"trainer_hooks.miles.dashboard: error: Miles is not importable ({e}): put a Miles checkout on "
+            "PYTHONPATH (PYTHONPATH=/path/to/miles python -m trainer_hooks.miles.dashboard ...)"
+        )
+    return (
+        f"trainer_hooks.miles.dashboard: error: Miles' dashboard needs {name!r}, which is not installed: "
+        "pip install 'rollout-bundles[dashboard]'"
+    )
+
+
+try:
+    from miles.dashboard.dump_reader import DumpReader
+except ImportError as _e:
+    if __name__ != "__main__":
+        raise
+    print(_missing(_e), file=sys.stderr)  # `python -m` without Miles: one line, not a traceback
+    raise SystemExit(2) from None
 
 __all__ = ["DEFAULT_HOST", "BundleDumpReader", "dump_layout_problem", "main", "miles_options_help"]
 
