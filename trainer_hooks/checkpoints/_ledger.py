@@ -80,6 +80,7 @@ from trainer_hooks.checkpoints.journal import (
     journal_lineages,
     new_lineage,
     record_value,
+    record_where,
     run_journal,
     scan_journal,
 )
@@ -165,7 +166,7 @@ class LazyGroup:
         self._bodies = bodies  # (record, holds the whole group)
         self._placer = placer
         self._sample_cls = sample_cls
-        self._dicts: list[Any] | None = None
+        self._dicts: list[tuple[Any, JournalRecord]] | None = None
 
     def __len__(self) -> int:
         return sum(int(r.b) if whole else 1 for r, whole in self._bodies)
@@ -177,11 +178,15 @@ class LazyGroup:
 
     def load_dicts(self) -> list[Any]:
         """The group's sample dicts (media placed in the current run's directory)."""
+        return [d for d, _ in self._decoded()]
+
+    def _decoded(self) -> list[tuple[Any, JournalRecord]]:
+        """Each sample dict and the record it came from (what an error names)."""
         if self._dicts is None:
-            out: list[Any] = []
+            out: list[tuple[Any, JournalRecord]] = []
             for rec, whole in self._bodies:
                 value = _decode(rec, self._placer)
-                out.extend(value["samples"] if whole else [value])
+                out.extend((v, rec) for v in (value["samples"] if whole else [value]))
             self._dicts = out
         return self._dicts
 
@@ -196,20 +201,35 @@ class LazyGroup:
 
     def load(self) -> list[Any]:
         """The group's samples, built with the loader's sample class."""
-        where = self._bodies[0][0].segment if self._bodies else Path()
-        return [_build(s, self._sample_cls, where) for s in self.load_dicts()]
+        return [_build(s, self._sample_cls, rec) for s, rec in self._decoded()]
 
 
 def _decode(rec: JournalRecord, placer: _Placer) -> Any:
-    return record_value(rec, placer.refs(rec.media, f"{rec.segment}: record {rec.seq} ({rec.kind})"))
+    return record_value(rec, placer.refs(rec.media, record_where(rec)))
 
 
-def _build(d: Any, cls: Any, where: Path) -> Any:
+def _build(d: Any, cls: Any, rec: JournalRecord) -> Any:
+    """A sample of record ``rec``'s body, built with ``cls``: a body the class cannot build from
+    (wrong types, keys it refuses) is :class:`JournalCorruptError` naming the record, whatever
+    the class raised."""
     if type(d) is list:  # a nested group's trajectory (Miles' list[list[Sample]])
-        return [_build(x, cls, where) for x in d]
-    if cls is dict or not isinstance(d, dict):
+        return [_build(x, cls, rec) for x in d]
+    if not isinstance(d, dict):
+        raise JournalCorruptError(
+            f"{record_where(rec)}: body: expected a sample (a map) or a trajectory (a list), found "
+            f"{type(d).__name__}; refusing to resume from this journal (nothing is guessed)"
+        )
+    if cls is dict:
         return d
-    return cls.from_dict(d)
+    try:
+        return cls.from_dict(d)
+    except (JournalError, MemoryError):
+        raise
+    except Exception as e:  # the class's own refusal of untrusted values, whichever it is
+        raise JournalCorruptError(
+            f"{record_where(rec)}: body: not a {getattr(cls, '__name__', cls)}: {type(e).__name__}: "
+            f"{reprlib.repr(str(e))}; refusing to resume from this journal (nothing is guessed)"
+        ) from None
 
 
 def materialize(group: Any) -> list[Any]:
@@ -692,7 +712,7 @@ class RolloutLedger:
         for group in replay.pending.values():
             group.prompt = self._prompt(group.prompt, placer, cls)
             group.done = {
-                i: _build(_decode(r, placer), cls, r.segment) if isinstance(r, JournalRecord) else r
+                i: _build(_decode(r, placer), cls, r) if isinstance(r, JournalRecord) else r
                 for i, r in group.done.items()
             }
         state.pending = list(replay.pending.values())
@@ -762,7 +782,7 @@ class RolloutLedger:
     def _prompt(self, prompt: list[Any], placer: _Placer, cls: Any) -> list[Any]:
         if len(prompt) == 1 and isinstance(prompt[0], JournalRecord):
             rec = prompt[0]
-            return [_build(s, cls, rec.segment) for s in _decode(rec, placer)["samples"]]
+            return [_build(s, cls, rec) for s in _decode(rec, placer)["samples"]]
         return prompt
 
 

@@ -38,6 +38,7 @@ from trainer_hooks.checkpoints.journal._scan import (
     journal_lineages,
     record_body,
     record_value,
+    record_where,
     scan_journal,
 )
 from trainer_hooks.checkpoints.journal._sink import FlushStats, JournalSink, LocalFiles
@@ -66,6 +67,7 @@ __all__ = [
     "new_lineage",
     "record_body",
     "record_value",
+    "record_where",
     "run_journal",
     "scan_journal",
 ]

@@ -126,6 +126,8 @@ class JournalRecord:
     lengths: bytes = b""
     meta: bytes | memoryview = b""
     offset: int = 0  # the record's byte offset in its segment
+    #: what messages name for its segment (the store object it came in; "": ``segment``)
+    where: str = ""
 
 
 class JournalError(BundleError):

@@ -38,13 +38,14 @@ from typing import Any
 import msgpack
 import zstandard
 
-from bundles import BundleError, MediaRef, UnsafeBundleError, decode_sample
+from bundles import BundleError, MediaRef, decode_sample
 from bundles.support import gc_paused, open_regular_file
 from trainer_hooks.checkpoints.journal._format import (
     FRAME,
     FRAME_V1,
     LENGTHS,
     MAX_BODY_BYTES,
+    MAX_BODY_RAW_BYTES,
     MAX_META_BYTES,
     RECORD_MAGIC,
     RECORD_MAGIC_V1,
@@ -71,6 +72,7 @@ __all__ = [
     "journal_lineages",
     "record_body",
     "record_value",
+    "record_where",
     "scan_journal",
 ]
 
@@ -575,8 +577,16 @@ def _out_of_order(
     )
 
 
-def record_body(rec: JournalRecord, where: str) -> bytes:
-    """The codec bytes of a record's body, its checksum checked first if the scan deferred it."""
+def record_where(rec: JournalRecord) -> str:
+    """What a message names for record ``rec``: its segment (the store object it came in, for a
+    journal read back from a store), its byte offset there, its seq and kind."""
+    return f"{rec.where or rec.segment}: record at byte {rec.offset} (seq {rec.seq}, {rec.kind})"
+
+
+def record_body(rec: JournalRecord, where: str | None = None) -> bytes:
+    """The codec bytes of a record's body, its checksum checked first if the scan deferred it
+    (``where``: what a message names; default :func:`record_where`)."""
+    where = record_where(rec) if where is None else where
     if rec.crc is not None:
         found = zlib.crc32(rec.body)
         if found != rec.crc:
@@ -590,21 +600,31 @@ def record_body(rec: JournalRecord, where: str) -> bytes:
 
 def record_value(rec: JournalRecord, refs: Mapping[str, MediaRef]) -> Any:
     """A record's body decoded (its checksum checked first), with ``refs`` for the media it
-    names; a body whose value is not the shape its kind says is :class:`JournalCorruptError`
-    naming the segment and the record's byte offset."""
-    where = f"{rec.segment}: record {rec.seq} ({rec.kind})"
-    value = decode_sample(record_body(rec, where), refs, where=where)
+    names. A body that does not decode (whatever the codec finds wrong in its bytes), or whose
+    value is not the shape its kind says, is :class:`JournalCorruptError` naming the segment and
+    the record's byte offset: the checksums matched, so a writer wrote it so, or a forger."""
+    where = record_where(rec)
+    raw = record_body(rec, where)
+    try:
+        value = decode_sample(raw, refs, where=where)
+    except (JournalError, MemoryError):
+        raise
+    except Exception as e:  # untrusted bytes: any failure of the codec on them is this record's
+        raise JournalCorruptError(
+            f"{where}: body: {type(e).__name__}: {e}; refusing to resume from this journal (nothing is guessed)"
+        ) from None
     body = KINDS[rec.kind].body
     if body == "sample":
         good = isinstance(value, (dict, list))
         expected = "a sample (a map) or a trajectory (a list)"
     else:
-        good = isinstance(value, dict) and isinstance(value.get("samples"), list)
-        expected = "{samples: [...]}"
+        samples = value.get("samples") if isinstance(value, dict) else None
+        good = isinstance(samples, list) and all(isinstance(s, (dict, list)) for s in samples)
+        expected = "{samples: [a sample (a map) or a trajectory (a list), ...]}"
     if not good:
         raise JournalCorruptError(
-            f"{rec.segment}: record at byte {rec.offset} (seq {rec.seq}, {rec.kind}): body: expected "
-            f"{expected}, found {type(value).__name__}; refusing to resume from this journal (nothing is guessed)"
+            f"{where}: body: expected {expected}, found {type(value).__name__}; refusing to resume from "
+            "this journal (nothing is guessed)"
         )
     return value
 
@@ -622,8 +642,16 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 
 
 def decompress_body(body: bytes | memoryview, where: str) -> bytes:
-    """The codec bytes of a record body (bounded by the format's per-sample limit)."""
+    """The codec bytes of a record body, at most :data:`~._format.MAX_BODY_RAW_BYTES` (what the
+    codec decodes as one sample). A frame that declares more is refused before anything is
+    allocated (zstd sizes its output by the size a frame declares, whatever the bound asked)."""
+    data = bytes(body)
     try:
-        return _decompressor().decompress(bytes(body), max_output_size=MAX_BODY_BYTES)
+        declared = zstandard.frame_content_size(data)
+        if declared > MAX_BODY_RAW_BYTES:
+            raise JournalCorruptError(
+                f"{where}: body: a zstd frame of {declared} bytes decompressed, at most {MAX_BODY_RAW_BYTES}"
+            )
+        return _decompressor().decompress(data, max_output_size=MAX_BODY_RAW_BYTES)
     except zstandard.ZstdError as e:
-        raise UnsafeBundleError(f"{where}: record body is not a valid zstd frame: {e}") from None
+        raise JournalCorruptError(f"{where}: body: not a valid zstd frame: {e}") from None
