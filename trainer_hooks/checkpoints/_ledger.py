@@ -76,6 +76,7 @@ from trainer_hooks.checkpoints.journal import (
     JournalRecord,
     RolloutJournal,
     is_media_name,
+    is_shipment_name,
     journal_dir,
     journal_lineages,
     new_lineage,
@@ -152,6 +153,20 @@ class _Placer:
                     ],
                 )
         return ref
+
+
+@dataclass
+class _Found:
+    """A journal found for a recovery: the local ``directory`` a scan reads, what messages name
+    for the journal (``where``) and for each of its segment files (``origin``: the store object
+    a segment came in, for a journal read back from a store)."""
+
+    directory: Path
+    where: str = ""
+    origin: Any = str
+
+    def __post_init__(self) -> None:
+        self.where = self.where or str(self.directory)
 
 
 class LazyGroup:
@@ -493,6 +508,9 @@ class RolloutLedger:
         ``consumed_steps``: the completed groups (by id) already handed to a training step after
         the checkpoint's, with that step (a resume brings them back only when its weights are gone)."""
         watermark = self.journal.roll() if self.journal is not None else self._first_seq - 1
+        # The last shipment it covers, durable already (the save's flush came first): a resume
+        # refuses a store listing that ends before it (docs/RESUME.md, "What resume must find").
+        kept = self.journal.last_kept() if self.journal is not None else None
         ids = (*pending_gids, *completed_gids, *(recycled_gids or ()))
         self._next_gid = max([self._next_gid, *(g + 1 for g in ids)])
         return {
@@ -503,6 +521,7 @@ class RolloutLedger:
                 "compacted_upto": self._compacted_upto,
                 "next_gid": self._next_gid,
                 "interval_s": self.interval,
+                **({"last_shipment": kept[1], "last_shipment_seq": kept[0]} if kept is not None else {}),
                 **({"stats": self.journal.stats()} if self.journal is not None else {}),
             },
             "pending_group_ids": list(pending_gids),
@@ -521,7 +540,11 @@ class RolloutLedger:
         info = meta.get("journal") or {}
         watermark = int(info.get("watermark", 0))
         if self.journal is not None:
-            segments, media = self.journal.compact(self._compacted_upto)
+            # Never the shipment this checkpoint names (when nothing new was durable since the
+            # previous one, it holds only records that checkpoint covers): a resume must find it.
+            named = info.get("last_shipment_seq")
+            upto = self._compacted_upto if named is None else min(self._compacted_upto, int(named) - 1)
+            segments, media = self.journal.compact(upto)
             if segments:
                 logger.info(
                     "rollout journal: %d segment(s) and %d media file(s) superseded by checkpoints deleted",
@@ -610,14 +633,15 @@ class RolloutLedger:
         lineage = info.get("lineage")
         watermark = int(info.get("watermark", 0))
         earlier = int(info.get("compacted_upto", watermark))
-        jdir = self._journal_for(load) if use_journal else journal_dir(load)
+        found = self._journal_for(load, ckpt) if use_journal else _Found(journal_dir(load))
+        jdir = found.directory
         replay.placer = _Placer(self.args, jdir / MEDIA_DIR, verify)
         if use_journal and (ckpt is None or lineage is not None):
             if ckpt is None:
-                lineage = self._only_lineage(jdir, state)
+                lineage = self._only_lineage(found, state)
             if lineage is not None:
                 with gc_paused():  # thousands of records, groups and no cycles (see scan_journal)
-                    records, last = self._journal_records(jdir, lineage, ckpt, watermark, earlier, state)
+                    records, last = self._journal_records(found, lineage, ckpt, watermark, earlier, state)
                     replay.media_ok = self._media_check(jdir, records, state)
                     for rec in records:
                         replay.apply(rec, watermark)
@@ -630,7 +654,7 @@ class RolloutLedger:
         if ckpt is None and not replay.replayed:
             raise BundleNotFoundError(
                 f"{checkpoint_path(load, max(restored_step or 0, 0))}: no rollout checkpoint at or before step "
-                f"{restored_step} and no journal records in {jdir} to resume from"
+                f"{restored_step} and no journal records in {found.where} to resume from"
             )
         self._compacted_upto = earlier if ckpt is not None else 0
         self._next_gid = max(self._next_gid, replay.next_gid)
@@ -653,14 +677,28 @@ class RolloutLedger:
             logger.info("%s: the newest rollout checkpoint at or before step %s", ckpt.path, restored_step)
         return ckpt
 
-    def _journal_for(self, load: Any) -> Path:
-        """The journal directory to scan: ``<load>/rollout/journal``, or, with ``--load`` on a store,
-        its shipments checked and unpacked into a local staging directory (:mod:`.journal._store`)."""
-        return run_journal(load).readable(lambda: self._scratch_dir("journal-recovery"))
+    def _journal_for(self, load: Any, ckpt: RolloutCheckpoint | None) -> _Found:
+        """The journal to scan: ``<load>/rollout/journal``, or, with ``--load`` on a store, its
+        shipments checked and unpacked into a local staging directory (:mod:`.journal._store`),
+        named in messages by the objects they came in. A store's listing must reach the shipment
+        the checkpoint names (``journal.last_shipment``): one that ends before it is asked again,
+        then refused (docs/RESUME.md, "What resume must find")."""
+        sink = run_journal(load)
+        info = (ckpt.meta.get("journal") or {}) if ckpt is not None else {}
+        must = info.get("last_shipment")
+        if must is not None and not (type(must) is str and is_shipment_name(must)):
+            raise BundleFormatError(
+                f"{ckpt.path if ckpt else load}: meta.journal.last_shipment: expected a shipment name "
+                f"(segment-<seq>-<lineage>-<attempt>.rjs), found {reprlib.repr(must)}"
+            )
+        why = f"rollout checkpoint {ckpt.path if ckpt else load} covers the journal up to record "
+        why += str(info.get("last_shipment_seq"))
+        directory = sink.readable(lambda: self._scratch_dir("journal-recovery"), must_reach=must, why=why)
+        return _Found(directory, sink.where, sink.origin)
 
     def _journal_records(
         self,
-        jdir: Path,
+        found: _Found,
         lineage: str,
         ckpt: RolloutCheckpoint | None,
         watermark: int,
@@ -670,7 +708,10 @@ class RolloutLedger:
         """The lineage's complete records from the previous watermark on, and its last seq;
         refused when a torn tail lies where the checkpoint proves the journal was durable, cut
         at a gap after the watermark (one problem line)."""
-        scan = scan_journal(jdir, lineage=lineage, after_seq=min(earlier, watermark))
+        jdir = found.where
+        scan = scan_journal(
+            found.directory, lineage=lineage, after_seq=min(earlier, watermark), origin=found.origin
+        )
         fault_point("resume.scanned", len(scan.records))
         if scan.torn_seq is not None and ckpt is not None and scan.torn_seq <= watermark:
             # The checkpoint's save made the journal durable up to its watermark first:
@@ -742,11 +783,11 @@ class RolloutLedger:
         )
         return state
 
-    def _only_lineage(self, jdir: Path, state: RecoveredState) -> str | None:
-        lineages = journal_lineages(jdir)
+    def _only_lineage(self, found: _Found, state: RecoveredState) -> str | None:
+        lineages = journal_lineages(found.directory, origin=found.origin)
         if len(lineages) > 1:
             state.problems.append(
-                f"{jdir}: journal segments of {len(lineages)} run lineages and no checkpoint to tell which "
+                f"{found.where}: journal segments of {len(lineages)} run lineages and no checkpoint to tell which "
                 "is this run's; none is replayed"
             )
             return None

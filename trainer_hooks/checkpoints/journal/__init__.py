@@ -42,7 +42,7 @@ from trainer_hooks.checkpoints.journal._scan import (
     scan_journal,
 )
 from trainer_hooks.checkpoints.journal._sink import FlushStats, JournalSink, LocalFiles
-from trainer_hooks.checkpoints.journal._store import Shipments
+from trainer_hooks.checkpoints.journal._store import Shipments, is_shipment_name
 from trainer_hooks.checkpoints.journal._writer import RolloutJournal, new_lineage
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "RolloutJournal",
     "Shipments",
     "is_media_name",
+    "is_shipment_name",
     "journal_dir",
     "journal_lineages",
     "journal_sink",

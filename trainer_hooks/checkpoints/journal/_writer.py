@@ -189,6 +189,7 @@ class RolloutJournal:
         self._wake = threading.Event()
         self._cond = threading.Condition()
         self._durable_seq = first_seq - 1  # every record with seq <= this is fsynced
+        self._last_kept: tuple[int, str] | None = None  # (durable seq, the shipment holding it)
         self._written_seq = first_seq - 1
         self._encoded_seq = first_seq - 1  # every record with seq <= this is encoded (wait_encoded)
         self._encode_barrier = 0  # a wait_encoded() waits for this seq
@@ -307,6 +308,12 @@ class RolloutJournal:
         """What stopped the writer, or its sink's thread (None while it works); from then on
         every append, flush and close raises it, named, as a :class:`JournalError`."""
         return self._error
+
+    def last_kept(self) -> tuple[int, str] | None:
+        """``(seq, name)``: the last durable record and the name its sink keeps it under, where
+        that name is an object a store lists (a shipment); None on a disk, or before any."""
+        with self._cond:
+            return self._last_kept
 
     @property
     def last_seq(self) -> int:
@@ -641,7 +648,10 @@ class RolloutJournal:
         """The sink made ``batch`` durable (on the writer's thread, or on the sink's own)."""
         stats = batch.stats
         stats.total_s = time.monotonic() - batch.started
+        kept = self._sink.kept_name(batch.segment)
         with self._cond:
+            if kept is not None and batch.seq >= self._durable_seq:
+                self._last_kept = (batch.seq, kept)
             self._durable_seq = max(self._durable_seq, batch.seq)
             self._totals["flushes"] += 1
             self.last_flush = stats
