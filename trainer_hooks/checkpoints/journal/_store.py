@@ -39,7 +39,17 @@ shape, the sizes against the object's length, each media name (``<64 hex><suffix
 content against the digest its name is (a media file whose bytes do not hash to their name is
 refused, never placed), then the segment with the scan's own checks and every record body's
 checksum (a segment that does not end whole, with its sync mark, is refused too): a failure is a
-:class:`JournalCorruptError` naming the object, never the staging file.
+:class:`JournalCorruptError` naming the object, never the staging file. So is every error the
+local scan and replay raise later about a segment or a record (a gap between shipments, a body
+that does not decode): they name each segment by :meth:`Shipments.origin`, the object it came in,
+and the byte offset (a shipment starts with its segment, so the offset is the object's too).
+
+A store's listing may lag its writes. A checkpoint records the last shipment it covers
+(:meth:`Shipments.kept_name` of the last durable segment, ``meta.journal.last_shipment``); a
+recovery whose listing ends before it lists again with backoff (:func:`complete_listing`:
+:data:`LISTING_RETRIES` times, 7.75 s in all) and then refuses, naming the missing object,
+rather than replay a journal shorter than the checkpoint (docs/RESUME.md, "What resume must
+find").
 
 The store must honour preconditions (checked by :meth:`Shipments.check` when the journal is
 opened, before the first put; ``ROLLOUT_BUNDLE_SINGLE_WRITER=1`` is the opt-in for one that does

@@ -26,7 +26,9 @@ said once, in :data:`~._kinds.KINDS` (and in docs/RESUME.md).
 
 Durability and cost
 -------------------
-``append_*`` runs on the caller's thread (the rollout event loop): it snapshots the values
+``append_*`` runs on the caller's thread (the rollout event loop): it checks the record's ``a``
+and ``b`` against its kind's bounds (:mod:`._kinds`: what the reader would refuse is refused here,
+:class:`~._format.JournalLimitError`, before it can be durable), encodes ``b``, snapshots the values
 (:func:`trainer_hooks.checkpoints.snapshot_groups`: one list copy per token/log-prob list) and
 queues them. A finished sample can instead be *lent* (``append_sample(..., copy=False)``): it is
 queued as it is, and the caller leaves it alone until :meth:`RolloutJournal.wait_encoded` says
