@@ -216,3 +216,39 @@ def test_a_listing_that_catches_up_on_a_retry_resumes_exactly_once(moto, tmp_pat
     assert listings == [0]
     # Step 2's weights are gone: what it trained comes back; every sample is trained exactly once.
     assert sorted(first + rest) == list(range(GROUPS * SIZE))
+
+
+@pytest.mark.slow
+def test_a_store_journal_ships_before_a_shipment_would_carry_more_media_than_its_reader_takes(moto, tmp_path):
+    """An interval whose records reference more new media than one shipment may carry
+    (MAX_SHIPMENT_MEDIA, a row of the one table) is shipped in several: every shipment is one its
+    reader takes, and the journal reads back whole (one shipment carrying them all was put, and
+    every later resume refused it)."""
+    from bundles import MediaRef
+    from bundles.support import LIMITS
+    from trainer_hooks.checkpoints.journal import RolloutJournal, journal_sink, scan_journal
+
+    _, bucket, _ = moto
+    url = f"s3://{bucket}/many/rollout/journal"
+    shot = tmp_path / "shot.png"
+    shot.write_bytes(generator.PNG)
+    digest = "sha256:" + generator.PNG_NAME[:64]
+    per_record = LIMITS["MAX_RECORD_MEDIA"] // 2 + 1
+    records = LIMITS["MAX_SHIPMENT_MEDIA"] // per_record + 1  # more media than one shipment may carry
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    journal = RolloutJournal(journal_sink(url, spool=lambda: spool), lineage="many", interval=600)
+    try:
+        for r in range(records):
+            refs = [MediaRef(digest, len(generator.PNG), f".r{r}n{i}", str(shot)) for i in range(per_record)]
+            journal.append_sample(r, 0, {"index": r, "images": refs})
+        journal.flush()
+    finally:
+        journal.close()
+    sink = journal_sink(url)
+    shipped = sink.shipments()
+    assert len(shipped) >= 2, shipped
+    staging = tmp_path / "staging"
+    scan = scan_journal(sink.readable(lambda: staging), lineage="many")
+    assert [r.seq for r in scan.records] == list(range(1, records + 1)) and not scan.problems
+    assert len(list((staging / "media").iterdir())) == records * per_record

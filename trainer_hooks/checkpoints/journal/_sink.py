@@ -132,6 +132,10 @@ class JournalSink(abc.ABC):
     ``directory/media`` its media (the journal itself on a disk, a local spool for a store)."""
 
     where: str
+    #: ``(files, bytes)``: where a segment's new media travel with it (a store's shipment), the
+    #: writer starts a new segment once those placed since the last flush reach either; None:
+    #: media are not carried (a directory).
+    carries_media: tuple[int, int] | None = None
     _done: Callable[[Batch], None]
     _failed: Callable[[BaseException], None]
 

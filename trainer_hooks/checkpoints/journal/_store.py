@@ -88,6 +88,7 @@ from trainer_hooks.checkpoints.journal._format import (
     U32,
     JournalCorruptError,
     JournalError,
+    JournalLimitError,
     is_content_name,
     is_media_name,
     parse_segment_name,
@@ -241,6 +242,10 @@ class Shipments(JournalSink):
         )
         return directory
 
+    #: A shipment carries the media its records were first to reference: the writer ships early,
+    #: at half of either bound of a shipment, so that no shipment its reader refuses is put.
+    carries_media = (MAX_SHIPMENT_MEDIA // 2, MAX_SHIPMENT_BYTES // 2)
+
     def kept_name(self, segment: Path) -> str:
         return shipment_name(segment.name)
 
@@ -266,10 +271,18 @@ class Shipments(JournalSink):
         """Put one shipment: segment file ``segment`` and media files ``media``; returns the
         object name. :class:`JournalError` when the object exists (another writer of the lineage)."""
         name = shipment_name(segment.name)
+        if len(media) > MAX_SHIPMENT_MEDIA:  # its reader would refuse it: never put
+            raise JournalLimitError(
+                f"{self.prefix}/{name}: shipment: {len(media)} media files, at most {MAX_SHIPMENT_MEDIA}"
+            )
         blobs = [p.read_bytes() for p in media]
         body = segment.read_bytes()
         trailer = shipment_trailer(len(body), [(p.name, len(b)) for p, b in zip(media, blobs, strict=True)])
         data = b"".join([body, *blobs, trailer])
+        if len(data) > MAX_SHIPMENT_BYTES:
+            raise JournalLimitError(
+                f"{self.prefix}/{name}: shipment: {len(data)} bytes, at most {MAX_SHIPMENT_BYTES}"
+            )
         fault_point("journal.ship", name)
         if not self.prefix.put_create(name, data) and not self._ours(name, data):
             raise JournalError(

@@ -512,7 +512,7 @@ class RolloutJournal:
                 with self._cond:
                     if self._roll_after == roll_after:
                         self._roll_after = None
-            if self._fd is None or roll or self._segment_size >= self.segment_bytes:
+            if self._fd is None or roll or self._segment_size >= self.segment_bytes or self._media_full():
                 self._start_segment(item.seq)
             fault_point("journal.append", item.seq)
             # A compaction waits while a record is encoded and indexed: it never frees a media
@@ -528,6 +528,14 @@ class RolloutJournal:
                         self._encode_barrier = 0  # the waiters not done yet set it again
                         self._cond.notify_all()
             self._write(frame, item.seq)
+
+    def _media_full(self) -> bool:
+        """Whether the media placed since the last flush reach what one segment may carry (on a
+        store, a shipment's bounds): the next record starts a new segment, shipping this one."""
+        carries = self._sink.carries_media
+        return carries is not None and (
+            len(self._media.new) >= carries[0] or self._media.new_bytes >= carries[1]
+        )
 
     def _write(self, parts: tuple[bytes, bytes], seq: int) -> None:
         assert self._fd is not None
