@@ -41,6 +41,8 @@ __all__ = [
     "MAX_SAMPLE_RAW_BYTES",
     "MAX_SHARD_COUNT",
     "MAX_SHARD_RAW_BYTES",
+    "MAX_SHIPMENT_BYTES",
+    "MAX_SHIPMENT_MEDIA",
     "MAX_SHOWN_CHARS",
     "MAX_SHOWN_NAME_CHARS",
     "MAX_SHOWN_PATH_CHARS",
@@ -114,6 +116,10 @@ MAX_RECORD_META_BYTES = 8 << 20
 #: One record's body (a zstd frame of one sample or group), in bytes, compressed; decompressed it
 #: is at most MAX_SAMPLE_RAW_BYTES (what the bundle codec decodes).
 MAX_RECORD_BODY_BYTES = 1 << 30
+#: One shipment of a journal on a store (a segment and the media it brings), in bytes, and the
+#: media files it carries; the writer ships early, before either is reached.
+MAX_SHIPMENT_BYTES = 4 << 30
+MAX_SHIPMENT_MEDIA = 1 << 16
 
 #: Every limit above, by name: the table docs/FORMAT.md §8 prints and the tests walk.
 LIMITS: dict[str, int] = {

@@ -25,6 +25,7 @@ from trainer_hooks.checkpoints import RolloutLedger, journal_dir, scan_journal
 from trainer_hooks.checkpoints.journal import (
     KINDS,
     JournalCorruptError,
+    JournalError,
     JournalLimitError,
     RolloutJournal,
 )
@@ -320,3 +321,32 @@ def test_a_record_with_every_field_at_its_bound_fits_the_meta_limit():
         assert KINDS[meta[1]].problem(*meta[:1], *meta[2:]) is None
         assert len(msgpack.packb(meta)) <= LIMITS["MAX_RECORD_META_BYTES"]
     assert AT.problem(1e300, "at") is None
+
+
+def test_a_record_naming_more_media_than_its_bound_fails_the_journal_before_it_is_written(tmp_path):
+    """The media a body references are known only once the writer's thread has encoded it: past
+    the bound there, the journal fails, named (every later append and flush raises it), and the
+    record is never written; the records before it stay readable."""
+    from bundles import MediaRef
+
+    shot = tmp_path / "shot.png"
+    shot.write_bytes(generator.PNG)
+    digest = "sha256:" + generator.PNG_NAME[:64]
+    most = LIMITS["MAX_RECORD_MEDIA"]
+    refs = [MediaRef(digest, len(generator.PNG), f".s{i}", str(shot)) for i in range(most + 1)]
+    jdir = tmp_path / "journal"
+    journal = RolloutJournal(jdir, lineage="limits", interval=0.05)
+    try:
+        journal.append_dropped(0)
+        journal.flush()
+        journal.append_sample(1, 0, {"index": 0, "images": refs})
+        with pytest.raises(JournalError) as e:
+            journal.flush()
+        assert f"record 2: sample record: media: {most + 1} items, at most {most}" in str(e.value)
+        with pytest.raises(JournalError):
+            journal.append_dropped(2)
+    finally:
+        with pytest.raises(JournalError):
+            journal.close()
+    scan = scan_journal(jdir, lineage="limits")
+    assert [(r.seq, r.kind) for r in scan.records] == [(1, "dropped")] and not scan.problems

@@ -76,10 +76,12 @@ from trainer_hooks.checkpoints.journal import (
     JournalRecord,
     RolloutJournal,
     is_media_name,
+    is_shipment_name,
     journal_dir,
     journal_lineages,
     new_lineage,
     record_value,
+    record_where,
     run_journal,
     scan_journal,
 )
@@ -153,6 +155,20 @@ class _Placer:
         return ref
 
 
+@dataclass
+class _Found:
+    """A journal found for a recovery: the local ``directory`` a scan reads, what messages name
+    for the journal (``where``) and for each of its segment files (``origin``: the store object
+    a segment came in, for a journal read back from a store)."""
+
+    directory: Path
+    where: str = ""
+    origin: Any = str
+
+    def __post_init__(self) -> None:
+        self.where = self.where or str(self.directory)
+
+
 class LazyGroup:
     """A finished group restored from the journal, decoded when training takes it."""
 
@@ -165,7 +181,7 @@ class LazyGroup:
         self._bodies = bodies  # (record, holds the whole group)
         self._placer = placer
         self._sample_cls = sample_cls
-        self._dicts: list[Any] | None = None
+        self._dicts: list[tuple[Any, JournalRecord]] | None = None
 
     def __len__(self) -> int:
         return sum(int(r.b) if whole else 1 for r, whole in self._bodies)
@@ -177,11 +193,15 @@ class LazyGroup:
 
     def load_dicts(self) -> list[Any]:
         """The group's sample dicts (media placed in the current run's directory)."""
+        return [d for d, _ in self._decoded()]
+
+    def _decoded(self) -> list[tuple[Any, JournalRecord]]:
+        """Each sample dict and the record it came from (what an error names)."""
         if self._dicts is None:
-            out: list[Any] = []
+            out: list[tuple[Any, JournalRecord]] = []
             for rec, whole in self._bodies:
                 value = _decode(rec, self._placer)
-                out.extend(value["samples"] if whole else [value])
+                out.extend((v, rec) for v in (value["samples"] if whole else [value]))
             self._dicts = out
         return self._dicts
 
@@ -196,20 +216,35 @@ class LazyGroup:
 
     def load(self) -> list[Any]:
         """The group's samples, built with the loader's sample class."""
-        where = self._bodies[0][0].segment if self._bodies else Path()
-        return [_build(s, self._sample_cls, where) for s in self.load_dicts()]
+        return [_build(s, self._sample_cls, rec) for s, rec in self._decoded()]
 
 
 def _decode(rec: JournalRecord, placer: _Placer) -> Any:
-    return record_value(rec, placer.refs(rec.media, f"{rec.segment}: record {rec.seq} ({rec.kind})"))
+    return record_value(rec, placer.refs(rec.media, record_where(rec)))
 
 
-def _build(d: Any, cls: Any, where: Path) -> Any:
+def _build(d: Any, cls: Any, rec: JournalRecord) -> Any:
+    """A sample of record ``rec``'s body, built with ``cls``: a body the class cannot build from
+    (wrong types, keys it refuses) is :class:`JournalCorruptError` naming the record, whatever
+    the class raised."""
     if type(d) is list:  # a nested group's trajectory (Miles' list[list[Sample]])
-        return [_build(x, cls, where) for x in d]
-    if cls is dict or not isinstance(d, dict):
+        return [_build(x, cls, rec) for x in d]
+    if not isinstance(d, dict):
+        raise JournalCorruptError(
+            f"{record_where(rec)}: body: expected a sample (a map) or a trajectory (a list), found "
+            f"{type(d).__name__}; refusing to resume from this journal (nothing is guessed)"
+        )
+    if cls is dict:
         return d
-    return cls.from_dict(d)
+    try:
+        return cls.from_dict(d)
+    except (JournalError, MemoryError):
+        raise
+    except Exception as e:  # the class's own refusal of untrusted values, whichever it is
+        raise JournalCorruptError(
+            f"{record_where(rec)}: body: not a {getattr(cls, '__name__', cls)}: {type(e).__name__}: "
+            f"{reprlib.repr(str(e))}; refusing to resume from this journal (nothing is guessed)"
+        ) from None
 
 
 def materialize(group: Any) -> list[Any]:
@@ -473,6 +508,9 @@ class RolloutLedger:
         ``consumed_steps``: the completed groups (by id) already handed to a training step after
         the checkpoint's, with that step (a resume brings them back only when its weights are gone)."""
         watermark = self.journal.roll() if self.journal is not None else self._first_seq - 1
+        # The last shipment it covers, durable already (the save's flush came first): a resume
+        # refuses a store listing that ends before it (docs/RESUME.md, "What resume must find").
+        kept = self.journal.last_kept() if self.journal is not None else None
         ids = (*pending_gids, *completed_gids, *(recycled_gids or ()))
         self._next_gid = max([self._next_gid, *(g + 1 for g in ids)])
         return {
@@ -483,6 +521,7 @@ class RolloutLedger:
                 "compacted_upto": self._compacted_upto,
                 "next_gid": self._next_gid,
                 "interval_s": self.interval,
+                **({"last_shipment": kept[1], "last_shipment_seq": kept[0]} if kept is not None else {}),
                 **({"stats": self.journal.stats()} if self.journal is not None else {}),
             },
             "pending_group_ids": list(pending_gids),
@@ -501,7 +540,11 @@ class RolloutLedger:
         info = meta.get("journal") or {}
         watermark = int(info.get("watermark", 0))
         if self.journal is not None:
-            segments, media = self.journal.compact(self._compacted_upto)
+            # Never the shipment this checkpoint names (when nothing new was durable since the
+            # previous one, it holds only records that checkpoint covers): a resume must find it.
+            named = info.get("last_shipment_seq")
+            upto = self._compacted_upto if named is None else min(self._compacted_upto, int(named) - 1)
+            segments, media = self.journal.compact(upto)
             if segments:
                 logger.info(
                     "rollout journal: %d segment(s) and %d media file(s) superseded by checkpoints deleted",
@@ -590,14 +633,15 @@ class RolloutLedger:
         lineage = info.get("lineage")
         watermark = int(info.get("watermark", 0))
         earlier = int(info.get("compacted_upto", watermark))
-        jdir = self._journal_for(load) if use_journal else journal_dir(load)
+        found = self._journal_for(load, ckpt) if use_journal else _Found(journal_dir(load))
+        jdir = found.directory
         replay.placer = _Placer(self.args, jdir / MEDIA_DIR, verify)
         if use_journal and (ckpt is None or lineage is not None):
             if ckpt is None:
-                lineage = self._only_lineage(jdir, state)
+                lineage = self._only_lineage(found, state)
             if lineage is not None:
                 with gc_paused():  # thousands of records, groups and no cycles (see scan_journal)
-                    records, last = self._journal_records(jdir, lineage, ckpt, watermark, earlier, state)
+                    records, last = self._journal_records(found, lineage, ckpt, watermark, earlier, state)
                     replay.media_ok = self._media_check(jdir, records, state)
                     for rec in records:
                         replay.apply(rec, watermark)
@@ -610,7 +654,7 @@ class RolloutLedger:
         if ckpt is None and not replay.replayed:
             raise BundleNotFoundError(
                 f"{checkpoint_path(load, max(restored_step or 0, 0))}: no rollout checkpoint at or before step "
-                f"{restored_step} and no journal records in {jdir} to resume from"
+                f"{restored_step} and no journal records in {found.where} to resume from"
             )
         self._compacted_upto = earlier if ckpt is not None else 0
         self._next_gid = max(self._next_gid, replay.next_gid)
@@ -633,14 +677,28 @@ class RolloutLedger:
             logger.info("%s: the newest rollout checkpoint at or before step %s", ckpt.path, restored_step)
         return ckpt
 
-    def _journal_for(self, load: Any) -> Path:
-        """The journal directory to scan: ``<load>/rollout/journal``, or, with ``--load`` on a store,
-        its shipments checked and unpacked into a local staging directory (:mod:`.journal._store`)."""
-        return run_journal(load).readable(lambda: self._scratch_dir("journal-recovery"))
+    def _journal_for(self, load: Any, ckpt: RolloutCheckpoint | None) -> _Found:
+        """The journal to scan: ``<load>/rollout/journal``, or, with ``--load`` on a store, its
+        shipments checked and unpacked into a local staging directory (:mod:`.journal._store`),
+        named in messages by the objects they came in. A store's listing must reach the shipment
+        the checkpoint names (``journal.last_shipment``): one that ends before it is asked again,
+        then refused (docs/RESUME.md, "What resume must find")."""
+        sink = run_journal(load)
+        info = (ckpt.meta.get("journal") or {}) if ckpt is not None else {}
+        must = info.get("last_shipment")
+        if must is not None and not (type(must) is str and is_shipment_name(must)):
+            raise BundleFormatError(
+                f"{ckpt.path if ckpt else load}: meta.journal.last_shipment: expected a shipment name "
+                f"(segment-<seq>-<lineage>-<attempt>.rjs), found {reprlib.repr(must)}"
+            )
+        why = f"rollout checkpoint {ckpt.path if ckpt else load} covers the journal up to record "
+        why += str(info.get("last_shipment_seq"))
+        directory = sink.readable(lambda: self._scratch_dir("journal-recovery"), must_reach=must, why=why)
+        return _Found(directory, sink.where, sink.origin)
 
     def _journal_records(
         self,
-        jdir: Path,
+        found: _Found,
         lineage: str,
         ckpt: RolloutCheckpoint | None,
         watermark: int,
@@ -650,7 +708,10 @@ class RolloutLedger:
         """The lineage's complete records from the previous watermark on, and its last seq;
         refused when a torn tail lies where the checkpoint proves the journal was durable, cut
         at a gap after the watermark (one problem line)."""
-        scan = scan_journal(jdir, lineage=lineage, after_seq=min(earlier, watermark))
+        jdir = found.where
+        scan = scan_journal(
+            found.directory, lineage=lineage, after_seq=min(earlier, watermark), origin=found.origin
+        )
         fault_point("resume.scanned", len(scan.records))
         if scan.torn_seq is not None and ckpt is not None and scan.torn_seq <= watermark:
             # The checkpoint's save made the journal durable up to its watermark first:
@@ -692,7 +753,7 @@ class RolloutLedger:
         for group in replay.pending.values():
             group.prompt = self._prompt(group.prompt, placer, cls)
             group.done = {
-                i: _build(_decode(r, placer), cls, r.segment) if isinstance(r, JournalRecord) else r
+                i: _build(_decode(r, placer), cls, r) if isinstance(r, JournalRecord) else r
                 for i, r in group.done.items()
             }
         state.pending = list(replay.pending.values())
@@ -722,11 +783,11 @@ class RolloutLedger:
         )
         return state
 
-    def _only_lineage(self, jdir: Path, state: RecoveredState) -> str | None:
-        lineages = journal_lineages(jdir)
+    def _only_lineage(self, found: _Found, state: RecoveredState) -> str | None:
+        lineages = journal_lineages(found.directory, origin=found.origin)
         if len(lineages) > 1:
             state.problems.append(
-                f"{jdir}: journal segments of {len(lineages)} run lineages and no checkpoint to tell which "
+                f"{found.where}: journal segments of {len(lineages)} run lineages and no checkpoint to tell which "
                 "is this run's; none is replayed"
             )
             return None
@@ -762,7 +823,7 @@ class RolloutLedger:
     def _prompt(self, prompt: list[Any], placer: _Placer, cls: Any) -> list[Any]:
         if len(prompt) == 1 and isinstance(prompt[0], JournalRecord):
             rec = prompt[0]
-            return [_build(s, cls, rec.segment) for s in _decode(rec, placer)["samples"]]
+            return [_build(s, cls, rec) for s in _decode(rec, placer)["samples"]]
         return prompt
 
 

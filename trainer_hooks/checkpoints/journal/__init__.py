@@ -38,10 +38,11 @@ from trainer_hooks.checkpoints.journal._scan import (
     journal_lineages,
     record_body,
     record_value,
+    record_where,
     scan_journal,
 )
 from trainer_hooks.checkpoints.journal._sink import FlushStats, JournalSink, LocalFiles
-from trainer_hooks.checkpoints.journal._store import Shipments
+from trainer_hooks.checkpoints.journal._store import Shipments, is_shipment_name
 from trainer_hooks.checkpoints.journal._writer import RolloutJournal, new_lineage
 
 __all__ = [
@@ -60,12 +61,14 @@ __all__ = [
     "RolloutJournal",
     "Shipments",
     "is_media_name",
+    "is_shipment_name",
     "journal_dir",
     "journal_lineages",
     "journal_sink",
     "new_lineage",
     "record_body",
     "record_value",
+    "record_where",
     "run_journal",
     "scan_journal",
 ]

@@ -100,8 +100,8 @@ ZSTD_LEVEL = 1
 SHIPMENT_SUFFIX = ".rjs"
 SHIPMENT_MAGIC = b"RBJSHIP1\n"
 #: Limits when reading a shipment: its size, and how many media it may carry.
-MAX_SHIPMENT_BYTES = 4 << 30
-MAX_SHIPMENT_MEDIA = 1 << 16
+MAX_SHIPMENT_BYTES = LIMITS["MAX_SHIPMENT_BYTES"]
+MAX_SHIPMENT_MEDIA = LIMITS["MAX_SHIPMENT_MEDIA"]
 
 
 @dataclass
@@ -126,6 +126,8 @@ class JournalRecord:
     lengths: bytes = b""
     meta: bytes | memoryview = b""
     offset: int = 0  # the record's byte offset in its segment
+    #: what messages name for its segment (the store object it came in; "": ``segment``)
+    where: str = ""
 
 
 class JournalError(BundleError):

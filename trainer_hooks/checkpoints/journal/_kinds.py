@@ -95,7 +95,10 @@ class Int(Rule):
     def problem(self, value: Any, path: str) -> str | None:
         if type(value) is int and self.lo <= value <= self.hi:
             return None
-        return f"{path}: expected {self.what} (an int in {self.lo}..{self.hi}), found {_short(value)}"
+        return f"{path}: expected {self}, found {_short(value)}"
+
+    def __str__(self) -> str:
+        return f"{self.what} (an int in {self.lo}..{self.hi})"
 
 
 @dataclass(frozen=True)
@@ -107,20 +110,22 @@ class Exactly(Rule):
     def problem(self, value: Any, path: str) -> str | None:
         if type(value) is type(self.value) and value == self.value:
             return None
-        return f"{path}: expected {self.value!r}, found {_short(value)}"
+        return f"{path}: expected {self}, found {_short(value)}"
+
+    def __str__(self) -> str:
+        return repr(self.value)
 
 
 @dataclass(frozen=True)
 class Either(Rule):
     """What one of ``rules`` accepts."""
 
-    rules: tuple[Rule, ...]
+    rules: tuple[Int | Exactly, ...]
 
     def problem(self, value: Any, path: str) -> str | None:
-        problems = [r.problem(value, path) for r in self.rules]
-        if any(p is None for p in problems):
+        if any(r.problem(value, path) is None for r in self.rules):
             return None
-        return f"{path}: " + "; or ".join(str(p).partition(": ")[2] for p in problems)
+        return f"{path}: expected {' or '.join(map(str, self.rules))}, found {_short(value)}"
 
 
 @dataclass(frozen=True)

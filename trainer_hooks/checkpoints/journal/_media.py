@@ -50,11 +50,13 @@ class JournalMedia:
         self._count = count
         self.known: set[str] = set()  # names placed in ``dir`` (and not compacted away)
         self.new: list[str] = []  # paths placed since the last flush took them
+        self.new_bytes = 0  # their bytes
         self._by_value: dict[str, MediaRef] = {}
 
     def take_new(self) -> list[str]:
         """The files placed since the last call (the flush makes them durable)."""
         new, self.new = self.new, []
+        self.new_bytes = 0
         return new
 
     def forget(self, names: Sequence[str] | set[str]) -> None:
@@ -116,3 +118,4 @@ class JournalMedia:
         self._count("copy" if how == "copy" else "hardlink")
         self.known.add(name)
         self.new.append(target)
+        self.new_bytes += ref.size

@@ -30,7 +30,7 @@ import mmap
 import os
 import threading
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,13 +38,14 @@ from typing import Any
 import msgpack
 import zstandard
 
-from bundles import BundleError, MediaRef, UnsafeBundleError, decode_sample
+from bundles import BundleError, MediaRef, decode_sample
 from bundles.support import gc_paused, open_regular_file
 from trainer_hooks.checkpoints.journal._format import (
     FRAME,
     FRAME_V1,
     LENGTHS,
     MAX_BODY_BYTES,
+    MAX_BODY_RAW_BYTES,
     MAX_META_BYTES,
     RECORD_MAGIC,
     RECORD_MAGIC_V1,
@@ -71,6 +72,7 @@ __all__ = [
     "journal_lineages",
     "record_body",
     "record_value",
+    "record_where",
     "scan_journal",
 ]
 
@@ -100,6 +102,12 @@ class _Entry:
     first_seq: int
     lineage: str
     attempt: int
+    where: str = ""  # what messages name: the segment, or the store object it came in
+
+
+#: What a message names for a segment file: the file itself (a journal read where it is kept), or
+#: the store object it was unpacked from (a journal read back from a store, :mod:`._store`).
+Origin = Callable[[Path], str]
 
 
 @dataclass
@@ -113,13 +121,13 @@ class _Frame:
 
 @dataclass
 class _Torn:
-    path: Path
+    where: str
     pos: int
     reason: str
     lost_seq: int | None
 
 
-def _entries(directory: Path, only: Sequence[Path] | None) -> list[_Entry]:
+def _entries(directory: Path, only: Sequence[Path] | None, origin: Origin = str) -> list[_Entry]:
     if only is not None:
         paths = [Path(p) for p in only]
     else:
@@ -135,14 +143,14 @@ def _entries(directory: Path, only: Sequence[Path] | None) -> list[_Entry]:
         parsed = parse_segment_name(path.name)
         if parsed is None:
             raise JournalCorruptError(
-                f"{path}: not a journal segment name: expected segment-<seq>-<lineage>-<attempt>{SEGMENT_SUFFIX}"
+                f"{origin(path)}: not a journal segment name: expected segment-<seq>-<lineage>-<attempt>{SEGMENT_SUFFIX}"
             )
-        out.append(_Entry(path, *parsed))
+        out.append(_Entry(path, *parsed, where=origin(path)))
     out.sort(key=lambda e: (e.first_seq, e.attempt, e.lineage))
     return out
 
 
-def _open(path: Path) -> tuple[Any, int]:
+def _open(path: Path, where: str) -> tuple[Any, int]:
     """The segment's bytes, memory-mapped, and a descriptor to ``pread`` its frames (the caller
     closes it); opened as a bundle's files are (regular files only, no symlink, no blocking)."""
     try:
@@ -152,7 +160,7 @@ def _open(path: Path) -> tuple[Any, int]:
     except BundleError:
         raise
     except OSError as e:
-        raise JournalError(f"{path}: cannot read the journal segment: {e.strerror or e}") from None
+        raise JournalError(f"{where}: cannot read the journal segment: {e.strerror or e}") from None
     fd = os.dup(f.fileno())
     f.close()
     try:
@@ -163,7 +171,7 @@ def _open(path: Path) -> tuple[Any, int]:
     return data, fd
 
 
-def _header(data: Any, path: Path) -> tuple[dict[str, Any] | None, int, int, str | None]:
+def _header(data: Any, where: str) -> tuple[dict[str, Any] | None, int, int, str | None]:
     """``(header, records' start, version, damage)``: damage is why the header cannot be read
     (None when it can). A segment of a version this release does not read is refused."""
     magic_len = len(SEGMENT_MAGIC)
@@ -172,7 +180,7 @@ def _header(data: Any, path: Path) -> tuple[dict[str, Any] | None, int, int, str
         version_text = head[len(SEGMENT_MAGIC_PREFIX) : -1]
         if version_text.isdigit() and int(version_text) not in SUPPORTED_VERSIONS:
             raise JournalError(
-                f"{path}: journal format version {int(version_text)}: this rollout-bundles reads versions "
+                f"{where}: journal format version {int(version_text)}: this rollout-bundles reads versions "
                 f"{', '.join(map(str, SUPPORTED_VERSIONS))}; a newer rollout-bundles wrote it"
             )
     if head == SEGMENT_MAGIC:
@@ -202,7 +210,7 @@ def _header(data: Any, path: Path) -> tuple[dict[str, Any] | None, int, int, str
     if not isinstance(header, dict) or type(header.get("lineage")) is not str:
         if version == 2:  # checksummed: the writer wrote it so
             raise JournalCorruptError(
-                f"{path}: segment header: expected a map with a lineage, found {header!r}"
+                f"{where}: segment header: expected a map with a lineage, found {header!r}"
             )
         return None, 0, version, "header without a lineage"
     return header, pos + hlen, version, None
@@ -212,7 +220,7 @@ def _corrupt(where: str, what: str) -> JournalCorruptError:
     return JournalCorruptError(f"{where}: {what}")
 
 
-def _check_meta(meta_b: bytes, path: Path, pos: int, next_seq: int | None, blen: int) -> tuple[Any, ...]:
+def _check_meta(meta_b: bytes, where: str, pos: int, next_seq: int | None, blen: int) -> tuple[Any, ...]:
     """The record meta as the writer writes it (its kind's shape, :data:`~._kinds.KINDS`, and a
     body exactly where the kind has one), or :class:`JournalCorruptError` (its checksum matched,
     so this is not a torn write: a writer bug or a crafted journal)."""
@@ -224,22 +232,22 @@ def _check_meta(meta_b: bytes, path: Path, pos: int, next_seq: int | None, blen:
         good = False
     if not good:
         raise _corrupt(
-            _where(path, pos, next_seq),
+            _where(where, pos, next_seq),
             f"record meta: expected [seq, kind, at, a, b, media], found {_short(meta_b)}",
         )
     spec = KINDS.get(kind)
     if spec is None:
         raise _corrupt(
-            _where(path, pos, next_seq),
+            _where(where, pos, next_seq),
             f"record kind: expected one of {', '.join(KINDS)}, found {_short(kind)}",
         )
     # The bounds the writer checked before it wrote the record (one table, :mod:`._kinds`).
     problem = spec.problem(seq, at, a, b, media)
     if problem is not None:
-        raise _corrupt(_where(path, pos, next_seq), problem)
+        raise _corrupt(_where(where, pos, next_seq), problem)
     if spec.has_body(b) != (blen > 0):
         raise _corrupt(
-            _where(path, pos, next_seq),
+            _where(where, pos, next_seq),
             f"{kind} record: expected "
             + ("a body" if spec.has_body(b) else "no body")
             + f" (b {_short(b)}), found {blen} body bytes",
@@ -247,8 +255,8 @@ def _check_meta(meta_b: bytes, path: Path, pos: int, next_seq: int | None, blen:
     return seq, kind, at, a, b, media
 
 
-def _where(path: Path, pos: int, next_seq: int | None) -> str:
-    return f"{path}: record at byte {pos}" + ("" if next_seq is None else f" (seq {next_seq} expected)")
+def _where(where: str, pos: int, next_seq: int | None) -> str:
+    return f"{where}: record at byte {pos}" + ("" if next_seq is None else f" (seq {next_seq} expected)")
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -257,7 +265,7 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 def _walk(
-    fd: int, data: Any, pos: int, version: int, path: Path, next_seq: int | None
+    fd: int, data: Any, pos: int, version: int, where: str, next_seq: int | None
 ) -> tuple[list[_Frame], int | None, str | None]:
     """The frames from ``pos`` on, each checked against its checksum; stops at the first that
     fails: ``(frames, its offset, why)`` (None, None: the segment ends cleanly). Frames and metas
@@ -301,7 +309,7 @@ def _walk(
             found = record_crc(LENGTHS.pack(mlen, blen), meta_b, view[pos + fsize + mlen : end])
             if found != stored:
                 return frames, pos, f"checksum: expected {stored:#010x}, found {found:#010x}"
-        meta = _check_meta(meta_b, path, pos, next_seq, blen)
+        meta = _check_meta(meta_b, where, pos, next_seq, blen)
         if meta[1] != "sync" and next_seq is not None:
             next_seq += 1
         frames.append(_Frame(pos, end, meta, blen, body_crc))
@@ -338,11 +346,11 @@ def _sync_mark_after(data: Any, start: int, versions: Sequence[int]) -> int | No
     return None
 
 
-def journal_lineages(directory: str | os.PathLike[str]) -> set[str]:
+def journal_lineages(directory: str | os.PathLike[str], *, origin: Origin = str) -> set[str]:
     """The lineages of a journal's segments, from their headers (their names for a segment whose
-    header a crash tore)."""
+    header a crash tore); ``origin`` as :func:`scan_journal`'s."""
     out = set()
-    for entry in _entries(Path(directory), None):
+    for entry in _entries(Path(directory), None, origin):
         if _header_only(entry) is not None:
             out.add(entry.lineage)
     return out
@@ -353,11 +361,11 @@ def _header_only(entry: _Entry) -> tuple[dict[str, Any] | None, int] | None:
     segment's name (None for a header a crash tore); None when the segment is gone (a compaction
     removed it since it was listed)."""
     try:
-        data, fd = _open(entry.path)
+        data, fd = _open(entry.path, entry.where)
     except FileNotFoundError:
         return None
     try:
-        header, _, _, _ = _header(data, entry.path)
+        header, _, _, _ = _header(data, entry.where)
     finally:
         os.close(fd)
     if header is not None:
@@ -368,12 +376,12 @@ def _header_only(entry: _Entry) -> tuple[dict[str, Any] | None, int] | None:
 def _check_names(entry: _Entry, header: dict[str, Any]) -> None:
     if header["lineage"] != entry.lineage:
         raise JournalCorruptError(
-            f"{entry.path}: segment header: expected lineage {entry.lineage!r} (the segment's name), "
+            f"{entry.where}: segment header: expected lineage {entry.lineage!r} (the segment's name), "
             f"found {_short(header['lineage'])}"
         )
     if header.get("first_seq", entry.first_seq) != entry.first_seq:
         raise JournalCorruptError(
-            f"{entry.path}: segment header: expected first_seq {entry.first_seq} (the segment's name), "
+            f"{entry.where}: segment header: expected first_seq {entry.first_seq} (the segment's name), "
             f"found {_short(header.get('first_seq'))}"
         )
 
@@ -385,6 +393,7 @@ def scan_journal(
     after_seq: int = 0,
     decode_bodies: bool = True,
     only: Sequence[Path] | None = None,
+    origin: Origin = str,
 ) -> JournalScan:
     """Read the complete records of a journal, oldest first, keeping bodies undecoded.
 
@@ -393,12 +402,14 @@ def scan_journal(
     ``after_seq`` are checked but not kept. A torn tail (see the module docstring) is one
     problem line; corruption raises :class:`JournalCorruptError`, a segment that is not a
     regular file :class:`bundles.UnsafeBundleError`. ``decode_bodies=False`` keeps no bodies
-    (indexing); ``only``: just these segments (of ``lineage``).
+    (indexing); ``only``: just these segments (of ``lineage``). ``origin(path)``: what messages
+    and records (:attr:`JournalRecord.where`) name for a segment file (default: the file; a
+    journal read back from a store names the object each segment came in).
     """
     directory = Path(directory)
     scan = JournalScan(directory)
     chains: dict[str, list[_Entry]] = {}
-    for entry in _entries(directory, only):
+    for entry in _entries(directory, only, origin):
         chains.setdefault(entry.lineage, []).append(entry)
     # A scan makes a few objects a record (tens of thousands) and no cycles; the collections
     # they set off walk the whole heap of a trainer's process each time (its model, torch, the
@@ -423,7 +434,7 @@ def _foreign(scan: JournalScan, entry: _Entry, lineage: str) -> None:
     if header is not None:
         scan.lineages.add(header["lineage"])
     scan.problems.append(
-        f"{entry.path}: journal segment of another run lineage ({entry.lineage}, expected {lineage}); ignored"
+        f"{entry.where}: journal segment of another run lineage ({entry.lineage}, expected {lineage}); ignored"
     )
 
 
@@ -470,7 +481,7 @@ def _scan_chain(scan: JournalScan, chain: list[_Entry], after_seq: int, decode_b
                 raise _out_of_order(entry, f, seq, expected, torn)
             if read.header is not None and f is data_frames[0] and seq != read.header.get("first_seq", seq):
                 raise JournalCorruptError(
-                    f"{entry.path}: record at byte {f.start}: expected seq {read.header.get('first_seq')} (the "
+                    f"{entry.where}: record at byte {f.start}: expected seq {read.header.get('first_seq')} (the "
                     f"segment header's first_seq), found {seq}"
                 )
             torn = None
@@ -482,12 +493,24 @@ def _scan_chain(scan: JournalScan, chain: list[_Entry], after_seq: int, decode_b
                     body = view[f.end - f.blen : f.end]
                 crc = f.body_crc if decode_bodies else None
                 scan.records.append(
-                    JournalRecord(seq, kind, at, a, b, list(media), body, entry.path, crc, offset=f.start)
+                    JournalRecord(
+                        seq,
+                        kind,
+                        at,
+                        a,
+                        b,
+                        list(media),
+                        body,
+                        entry.path,
+                        crc,
+                        offset=f.start,
+                        where=entry.where,
+                    )
                 )
         if read.damage_at is not None:
-            torn = _Torn(entry.path, read.damage_at, read.damage or "damaged", cut_seq)
+            torn = _Torn(entry.where, read.damage_at, read.damage or "damaged", cut_seq)
             scan.problems.append(
-                f"{entry.path}: torn tail at byte {read.damage_at} ({read.damage}): "
+                f"{entry.where}: torn tail at byte {read.damage_at} ({read.damage}): "
                 f"{len(read.data) - read.damage_at} bytes ignored (never durable); the records before it are kept"
             )
             scan.torn = True
@@ -499,13 +522,13 @@ def _read_segment(scan: JournalScan, entry: _Entry, expected: int | None) -> _Re
     """Open ``entry``, read its header and walk its frames (None: it is gone, compacted since it
     was listed); counted in ``scan``."""
     try:
-        data, fd = _open(entry.path)
+        data, fd = _open(entry.path, entry.where)
     except FileNotFoundError:
         return None
     try:
         scan.segments += 1
         scan.bytes += len(data)
-        header, pos, version, damage = _header(data, entry.path)
+        header, pos, version, damage = _header(data, entry.where)
         frames: list[_Frame] = []
         damage_at: int | None = 0 if damage is not None else None
         if header is not None:
@@ -513,7 +536,7 @@ def _read_segment(scan: JournalScan, entry: _Entry, expected: int | None) -> _Re
             scan.lineages.add(header["lineage"])
             scan.fingerprint = header.get("fingerprint")
             first = expected if expected is not None else entry.first_seq
-            frames, damage_at, damage = _walk(fd, data, pos, version, entry.path, first)
+            frames, damage_at, damage = _walk(fd, data, pos, version, entry.where, first)
         else:
             scan.lineages.add(entry.lineage)
     finally:
@@ -546,7 +569,7 @@ def _refuse_durable_damage(entry: _Entry, read: _Read, cut_seq: int) -> None:
     mark = _sync_mark_after(read.data, read.damage_at + 1, versions)
     if mark is not None:
         raise JournalCorruptError(
-            f"{entry.path}: record at byte {read.damage_at} (seq {cut_seq} expected) is damaged: {read.damage}; "
+            f"{entry.where}: record at byte {read.damage_at} (seq {cut_seq} expected) is damaged: {read.damage}; "
             f"a valid sync mark follows at byte {mark}, so it was durable: corruption, not a torn write; "
             "refusing to resume from this journal (nothing is guessed)"
         )
@@ -559,13 +582,13 @@ def _out_of_order(
     durable), or a gap or a step back."""
     if torn is not None:
         return JournalCorruptError(
-            f"{torn.path}: record at byte {torn.pos} (seq {torn.lost_seq} expected) is damaged: "
-            f"{torn.reason}; the journal goes on in {entry.path} at seq {seq}, past it (a run "
+            f"{torn.where}: record at byte {torn.pos} (seq {torn.lost_seq} expected) is damaged: "
+            f"{torn.reason}; the journal goes on in {entry.where} at seq {seq}, past it (a run "
             f"resumed after a crash goes on at seq {torn.lost_seq}): it was durable: corruption, not a "
             "torn write; refusing to resume from this journal (nothing is guessed)"
         )
     return JournalCorruptError(
-        f"{entry.path}: record at byte {f.start}: expected seq {expected}, found {seq} "
+        f"{entry.where}: record at byte {f.start}: expected seq {expected}, found {seq} "
         + (
             f"(records {expected}..{seq - 1} are missing: a segment removed or damaged)"
             if seq > expected
@@ -575,8 +598,16 @@ def _out_of_order(
     )
 
 
-def record_body(rec: JournalRecord, where: str) -> bytes:
-    """The codec bytes of a record's body, its checksum checked first if the scan deferred it."""
+def record_where(rec: JournalRecord) -> str:
+    """What a message names for record ``rec``: its segment (the store object it came in, for a
+    journal read back from a store), its byte offset there, its seq and kind."""
+    return f"{rec.where or rec.segment}: record at byte {rec.offset} (seq {rec.seq}, {rec.kind})"
+
+
+def record_body(rec: JournalRecord, where: str | None = None) -> bytes:
+    """The codec bytes of a record's body, its checksum checked first if the scan deferred it
+    (``where``: what a message names; default :func:`record_where`)."""
+    where = record_where(rec) if where is None else where
     if rec.crc is not None:
         found = zlib.crc32(rec.body)
         if found != rec.crc:
@@ -590,21 +621,31 @@ def record_body(rec: JournalRecord, where: str) -> bytes:
 
 def record_value(rec: JournalRecord, refs: Mapping[str, MediaRef]) -> Any:
     """A record's body decoded (its checksum checked first), with ``refs`` for the media it
-    names; a body whose value is not the shape its kind says is :class:`JournalCorruptError`
-    naming the segment and the record's byte offset."""
-    where = f"{rec.segment}: record {rec.seq} ({rec.kind})"
-    value = decode_sample(record_body(rec, where), refs, where=where)
+    names. A body that does not decode (whatever the codec finds wrong in its bytes), or whose
+    value is not the shape its kind says, is :class:`JournalCorruptError` naming the segment and
+    the record's byte offset: the checksums matched, so a writer wrote it so, or a forger."""
+    where = record_where(rec)
+    raw = record_body(rec, where)
+    try:
+        value = decode_sample(raw, refs, where=where)
+    except (JournalError, MemoryError):
+        raise
+    except Exception as e:  # untrusted bytes: any failure of the codec on them is this record's
+        raise JournalCorruptError(
+            f"{where}: body: {type(e).__name__}: {e}; refusing to resume from this journal (nothing is guessed)"
+        ) from None
     body = KINDS[rec.kind].body
     if body == "sample":
         good = isinstance(value, (dict, list))
         expected = "a sample (a map) or a trajectory (a list)"
     else:
-        good = isinstance(value, dict) and isinstance(value.get("samples"), list)
-        expected = "{samples: [...]}"
+        samples = value.get("samples") if isinstance(value, dict) else None
+        good = isinstance(samples, list) and all(isinstance(s, (dict, list)) for s in samples)
+        expected = "{samples: [a sample (a map) or a trajectory (a list), ...]}"
     if not good:
         raise JournalCorruptError(
-            f"{rec.segment}: record at byte {rec.offset} (seq {rec.seq}, {rec.kind}): body: expected "
-            f"{expected}, found {type(value).__name__}; refusing to resume from this journal (nothing is guessed)"
+            f"{where}: body: expected {expected}, found {type(value).__name__}; refusing to resume from "
+            "this journal (nothing is guessed)"
         )
     return value
 
@@ -622,8 +663,16 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 
 
 def decompress_body(body: bytes | memoryview, where: str) -> bytes:
-    """The codec bytes of a record body (bounded by the format's per-sample limit)."""
+    """The codec bytes of a record body, at most :data:`~._format.MAX_BODY_RAW_BYTES` (what the
+    codec decodes as one sample). A frame that declares more is refused before anything is
+    allocated (zstd sizes its output by the size a frame declares, whatever the bound asked)."""
+    data = bytes(body)
     try:
-        return _decompressor().decompress(bytes(body), max_output_size=MAX_BODY_BYTES)
+        declared = zstandard.frame_content_size(data)
+        if declared > MAX_BODY_RAW_BYTES:
+            raise JournalCorruptError(
+                f"{where}: body: a zstd frame of {declared} bytes decompressed, at most {MAX_BODY_RAW_BYTES}"
+            )
+        return _decompressor().decompress(data, max_output_size=MAX_BODY_RAW_BYTES)
     except zstandard.ZstdError as e:
-        raise UnsafeBundleError(f"{where}: record body is not a valid zstd frame: {e}") from None
+        raise JournalCorruptError(f"{where}: body: not a valid zstd frame: {e}") from None

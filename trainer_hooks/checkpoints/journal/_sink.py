@@ -132,6 +132,10 @@ class JournalSink(abc.ABC):
     ``directory/media`` its media (the journal itself on a disk, a local spool for a store)."""
 
     where: str
+    #: ``(files, bytes)``: where a segment's new media travel with it (a store's shipment), the
+    #: writer starts a new segment once those placed since the last flush reach either; None:
+    #: media are not carried (a directory).
+    carries_media: tuple[int, int] | None = None
     _done: Callable[[Batch], None]
     _failed: Callable[[BaseException], None]
 
@@ -174,13 +178,25 @@ class JournalSink(abc.ABC):
         """Whether a journal is kept here."""
 
     @abc.abstractmethod
-    def readable(self, staging: Callable[[], Path]) -> Path:
+    def readable(self, staging: Callable[[], Path], *, must_reach: str | None = None, why: str = "") -> Path:
         """A local directory holding this journal for :func:`~._scan.scan_journal` to read;
         ``staging()`` makes an empty one where the journal must be copied first (the caller
-        removes it once done with the records)."""
+        removes it once done with the records). ``must_reach``: a name of :meth:`kept_name` that
+        a checkpoint recorded (``why``: which, for the message); a listing that ends before it is
+        asked again, then refused (a store's listing may lag its writes)."""
+
+    def kept_name(self, segment: Path) -> str | None:
+        """The name a store lists segment file ``segment`` under once durable (a shipment's),
+        for a checkpoint to record; None where nothing is listed late (a local directory)."""
+        return None
 
     def close(self) -> None:  # noqa: B027 (a hook: a sink with no thread has nothing to stop)
         """Stop what :meth:`start` started (after the writer's last flush)."""
+
+    def origin(self, segment: Path) -> str:
+        """What a message names for segment file ``segment`` of :meth:`readable`'s directory: the
+        file itself here; on a store, the object it came in (never a local staging file)."""
+        return str(segment)
 
     # -- where a journal may be found (``rollout-bundle inspect``) ---------------------------------
     @property
@@ -252,8 +268,8 @@ class LocalFiles(JournalSink):
     def exists(self) -> bool:
         return self.directory.is_dir()
 
-    def readable(self, staging: Callable[[], Path]) -> Path:
-        return self.directory
+    def readable(self, staging: Callable[[], Path], *, must_reach: str | None = None, why: str = "") -> Path:
+        return self.directory  # a directory's listing does not lag its writes: nothing to wait for
 
     @property
     def name(self) -> str:

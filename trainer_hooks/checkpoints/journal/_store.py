@@ -39,7 +39,17 @@ shape, the sizes against the object's length, each media name (``<64 hex><suffix
 content against the digest its name is (a media file whose bytes do not hash to their name is
 refused, never placed), then the segment with the scan's own checks and every record body's
 checksum (a segment that does not end whole, with its sync mark, is refused too): a failure is a
-:class:`JournalCorruptError` naming the object, never the staging file.
+:class:`JournalCorruptError` naming the object, never the staging file. So is every error the
+local scan and replay raise later about a segment or a record (a gap between shipments, a body
+that does not decode): they name each segment by :meth:`Shipments.origin`, the object it came in,
+and the byte offset (a shipment starts with its segment, so the offset is the object's too).
+
+A store's listing may lag its writes. A checkpoint records the last shipment it covers
+(:meth:`Shipments.kept_name` of the last durable segment, ``meta.journal.last_shipment``); a
+recovery whose listing ends before it lists again with backoff (:func:`complete_listing`:
+:data:`LISTING_RETRIES` times, 7.75 s in all) and then refuses, naming the missing object,
+rather than replay a journal shorter than the checkpoint (docs/RESUME.md, "What resume must
+find").
 
 The store must honour preconditions (checked by :meth:`Shipments.check` when the journal is
 opened, before the first put; ``ROLLOUT_BUNDLE_SINGLE_WRITER=1`` is the opt-in for one that does
@@ -78,6 +88,7 @@ from trainer_hooks.checkpoints.journal._format import (
     U32,
     JournalCorruptError,
     JournalError,
+    JournalLimitError,
     is_content_name,
     is_media_name,
     parse_segment_name,
@@ -88,7 +99,7 @@ from trainer_hooks.checkpoints.journal._index import SegmentIndex
 from trainer_hooks.checkpoints.journal._scan import scan_journal
 from trainer_hooks.checkpoints.journal._sink import Adopted, Batch, Freed, JournalSink, sync_mark
 
-__all__ = ["Shipment", "Shipments", "download_journal"]
+__all__ = ["Shipment", "Shipments", "complete_listing", "download_journal", "is_shipment_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +217,9 @@ class Shipments(JournalSink):
             tmp.mkdir()
             try:
                 shipment = self.fetch(name, tmp)
-                scan = scan_journal(tmp, lineage=lineage, decode_bodies=False, only=[shipment.segment])
+                scan = scan_journal(
+                    tmp, lineage=lineage, decode_bodies=False, only=[shipment.segment], origin=self.origin
+                )
             finally:
                 remove_tree(tmp)
             media = {m for r in scan.records for m in r.media}
@@ -216,10 +229,11 @@ class Shipments(JournalSink):
     def exists(self) -> bool:
         return bool(self.shipments())
 
-    def readable(self, staging: Callable[[], Path]) -> Path:
-        """Every shipment downloaded and checked into ``staging()`` (module docstring)."""
+    def readable(self, staging: Callable[[], Path], *, must_reach: str | None = None, why: str = "") -> Path:
+        """Every shipment downloaded and checked into ``staging()`` (module docstring), once the
+        listing reaches ``must_reach`` (:func:`complete_listing`)."""
         directory = staging()
-        shipments = download_journal(self, directory)
+        shipments = download_journal(self, directory, must_reach=must_reach, why=why)
         logger.info(
             "rollout journal: %d shipment(s), %d bytes, read from %s",
             len(shipments),
@@ -227,6 +241,17 @@ class Shipments(JournalSink):
             self.prefix,
         )
         return directory
+
+    #: A shipment carries the media its records were first to reference: the writer ships early,
+    #: at half of either bound of a shipment, so that no shipment its reader refuses is put.
+    carries_media = (MAX_SHIPMENT_MEDIA // 2, MAX_SHIPMENT_BYTES // 2)
+
+    def kept_name(self, segment: Path) -> str:
+        return shipment_name(segment.name)
+
+    def origin(self, segment: Path) -> str:
+        """The store object segment file ``segment`` was unpacked from (what messages name)."""
+        return f"{self.prefix}/{shipment_name(segment.name)}"
 
     def child(self, rel: str) -> Shipments:
         return Shipments(self.location.child(rel), spool=self._spool)
@@ -246,10 +271,18 @@ class Shipments(JournalSink):
         """Put one shipment: segment file ``segment`` and media files ``media``; returns the
         object name. :class:`JournalError` when the object exists (another writer of the lineage)."""
         name = shipment_name(segment.name)
+        if len(media) > MAX_SHIPMENT_MEDIA:  # its reader would refuse it: never put
+            raise JournalLimitError(
+                f"{self.prefix}/{name}: shipment: {len(media)} media files, at most {MAX_SHIPMENT_MEDIA}"
+            )
         blobs = [p.read_bytes() for p in media]
         body = segment.read_bytes()
         trailer = shipment_trailer(len(body), [(p.name, len(b)) for p, b in zip(media, blobs, strict=True)])
         data = b"".join([body, *blobs, trailer])
+        if len(data) > MAX_SHIPMENT_BYTES:
+            raise JournalLimitError(
+                f"{self.prefix}/{name}: shipment: {len(data)} bytes, at most {MAX_SHIPMENT_BYTES}"
+            )
         fault_point("journal.ship", name)
         if not self.prefix.put_create(name, data) and not self._ours(name, data):
             raise JournalError(
@@ -297,6 +330,53 @@ def _parse_name(name: str) -> tuple[int, str, int] | None:
     if not name.endswith(SHIPMENT_SUFFIX):
         return None
     return parse_segment_name(name[: -len(SHIPMENT_SUFFIX)] + SEGMENT_SUFFIX)
+
+
+def is_shipment_name(name: str) -> bool:
+    """Whether ``name`` is a shipment's object name (``segment-<seq>-<lineage>-<attempt>.rjs``)."""
+    return _parse_name(name) is not None
+
+
+#: A listing that ends before the shipment a checkpoint names is asked again this many times,
+#: waiting LISTING_BACKOFF_S, then twice that, and so on (7.75 s in all), then refused.
+LISTING_RETRIES = 5
+LISTING_BACKOFF_S = 0.25
+
+
+def complete_listing(shipper: Shipments, must_reach: str | None, why: str = "") -> list[tuple[str, int]]:
+    """The shipments under the shipper's prefix, listed until the listing reaches shipment
+    ``must_reach`` (one of its lineage at or after it: compaction may have let it go once a
+    later one was durable). A store's listing may lag its writes (a stale replica, an eventually
+    consistent listing): one that ends before it is asked again, with backoff, at most
+    :data:`LISTING_RETRIES` times, then refused, naming the missing shipment, never replayed
+    short: a shorter journal would hand groups already trained back to training."""
+    wait = LISTING_BACKOFF_S
+    target = None if must_reach is None else _parse_name(must_reach)
+    for attempt in range(LISTING_RETRIES + 1):
+        names = shipper.shipments()
+        if target is None or _reaches(names, target):
+            return names
+        fault_point("resume.listing_short", attempt)
+        if attempt < LISTING_RETRIES:
+            time.sleep(wait)
+            wait *= 2
+    assert target is not None  # None returned at the first listing
+    ours = [n for n, _ in names if (_parse_name(n) or (0, "", 0))[1] == target[1]]
+    last = f"last {ours[-1]}" if ours else f"no shipment of lineage {target[1]}"
+    raise JournalError(
+        f"{shipper.prefix}/{must_reach}: missing: {why}, in this shipment, but the store's listing of "
+        f"{shipper.prefix} ends before it ({last}), listed {LISTING_RETRIES + 1} times over "
+        f"{LISTING_BACKOFF_S * (2**LISTING_RETRIES - 1):g} s; refusing to resume from a journal shorter than "
+        "the checkpoint (a stale listing, or the object was removed)"
+    )
+
+
+def _reaches(names: list[tuple[str, int]], target: tuple[int, str, int]) -> bool:
+    for name, _ in names:
+        parsed = _parse_name(name)
+        if parsed is not None and parsed[1] == target[1] and (parsed[0], parsed[2]) >= (target[0], target[2]):
+            return True
+    return False
 
 
 def unpack_shipment(part: Path, name: str, into: Path, *, where: str) -> Shipment:
@@ -401,26 +481,28 @@ def _copy_hashed(f: Any, n: int, tmp: Path | None, where: str) -> str:
 
 def _check_segment(segment: Path, where: str) -> None:
     """The scan's checks of one shipment's segment (frames, seqs, record shapes) and every body's
-    checksum (which a scan defers to decoding), a failure named by the store object it came from,
-    not by the staging file. A shipment's segment ends with its sync mark, so a torn tail is
-    damage too. On a failure the segment is removed: nothing of the shipment stays placed."""
+    checksum (which a scan defers to decoding), a failure named by the store object it came from
+    (the scan's ``origin``), never by the staging file. A shipment's segment ends with its sync
+    mark, so a torn tail is damage too. On a failure the segment is removed: nothing of the
+    shipment stays placed."""
     try:
-        scan = scan_journal(segment.parent, only=[segment])
+        scan = scan_journal(segment.parent, only=[segment], origin=lambda _: where)
         if scan.torn_seq is not None or scan.torn:
+            problems = "; ".join(scan.problems)
             raise JournalCorruptError(
-                f"{segment}: the segment is damaged from record {scan.torn_seq} on ({'; '.join(scan.problems)}), "
+                f"{where}: the segment is damaged from record {scan.torn_seq} on ({problems}), "
                 "but a shipment's segment ends whole, with its sync mark: the object was damaged or forged"
             )
         for rec in scan.records:
             if rec.crc is not None and zlib.crc32(rec.body) != rec.crc:
                 raise JournalCorruptError(
-                    f"{segment}: body checksum mismatch at byte {rec.offset}: expected {rec.crc:#010x}, found "
+                    f"{where}: body checksum mismatch at byte {rec.offset}: expected {rec.crc:#010x}, found "
                     f"{zlib.crc32(rec.body):#010x}: the object was damaged or forged"
                 )
         del scan
-    except JournalCorruptError as e:
+    except BundleError:
         os.unlink(segment)
-        raise JournalCorruptError(str(e).replace(str(segment), where)) from None
+        raise
 
 
 def _check_header(header: Any, where: str) -> tuple[int, list[tuple[str, int]]]:
@@ -455,11 +537,14 @@ def _create(path: Path, where: str) -> int:
         raise JournalCorruptError(f"{where}: {path.name} is carried twice") from None
 
 
-def download_journal(shipper: Shipments, staging: Path) -> list[Shipment]:
+def download_journal(
+    shipper: Shipments, staging: Path, *, must_reach: str | None = None, why: str = ""
+) -> list[Shipment]:
     """Download every shipment under the shipper's prefix into ``staging`` (segments there, media in
-    ``staging/media``), checked; the local scan then reads ``staging`` as a journal directory."""
+    ``staging/media``), checked; the local scan then reads ``staging`` as a journal directory. The
+    listing must reach ``must_reach`` (:func:`complete_listing`)."""
     (staging / MEDIA_DIR).mkdir(parents=True, exist_ok=True)
-    names = shipper.shipments()
+    names = complete_listing(shipper, must_reach, why)
     fault_point("resume.download", len(names))
     if not names:
         return []

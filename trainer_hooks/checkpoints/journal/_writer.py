@@ -26,7 +26,9 @@ said once, in :data:`~._kinds.KINDS` (and in docs/RESUME.md).
 
 Durability and cost
 -------------------
-``append_*`` runs on the caller's thread (the rollout event loop): it snapshots the values
+``append_*`` runs on the caller's thread (the rollout event loop): it checks the record's ``a``
+and ``b`` against its kind's bounds (:mod:`._kinds`: what the reader would refuse is refused here,
+:class:`~._format.JournalLimitError`, before it can be durable), encodes ``b``, snapshots the values
 (:func:`trainer_hooks.checkpoints.snapshot_groups`: one list copy per token/log-prob list) and
 queues them. A finished sample can instead be *lent* (``append_sample(..., copy=False)``): it is
 queued as it is, and the caller leaves it alone until :meth:`RolloutJournal.wait_encoded` says
@@ -189,6 +191,7 @@ class RolloutJournal:
         self._wake = threading.Event()
         self._cond = threading.Condition()
         self._durable_seq = first_seq - 1  # every record with seq <= this is fsynced
+        self._last_kept: tuple[int, str] | None = None  # (durable seq, the shipment holding it)
         self._written_seq = first_seq - 1
         self._encoded_seq = first_seq - 1  # every record with seq <= this is encoded (wait_encoded)
         self._encode_barrier = 0  # a wait_encoded() waits for this seq
@@ -307,6 +310,12 @@ class RolloutJournal:
         """What stopped the writer, or its sink's thread (None while it works); from then on
         every append, flush and close raises it, named, as a :class:`JournalError`."""
         return self._error
+
+    def last_kept(self) -> tuple[int, str] | None:
+        """``(seq, name)``: the last durable record and the name its sink keeps it under, where
+        that name is an object a store lists (a shipment); None on a disk, or before any."""
+        with self._cond:
+            return self._last_kept
 
     @property
     def last_seq(self) -> int:
@@ -503,7 +512,7 @@ class RolloutJournal:
                 with self._cond:
                     if self._roll_after == roll_after:
                         self._roll_after = None
-            if self._fd is None or roll or self._segment_size >= self.segment_bytes:
+            if self._fd is None or roll or self._segment_size >= self.segment_bytes or self._media_full():
                 self._start_segment(item.seq)
             fault_point("journal.append", item.seq)
             # A compaction waits while a record is encoded and indexed: it never frees a media
@@ -519,6 +528,14 @@ class RolloutJournal:
                         self._encode_barrier = 0  # the waiters not done yet set it again
                         self._cond.notify_all()
             self._write(frame, item.seq)
+
+    def _media_full(self) -> bool:
+        """Whether the media placed since the last flush reach what one segment may carry (on a
+        store, a shipment's bounds): the next record starts a new segment, shipping this one."""
+        carries = self._sink.carries_media
+        return carries is not None and (
+            len(self._media.new) >= carries[0] or self._media.new_bytes >= carries[1]
+        )
 
     def _write(self, parts: tuple[bytes, bytes], seq: int) -> None:
         assert self._fd is not None
@@ -641,7 +658,10 @@ class RolloutJournal:
         """The sink made ``batch`` durable (on the writer's thread, or on the sink's own)."""
         stats = batch.stats
         stats.total_s = time.monotonic() - batch.started
+        kept = self._sink.kept_name(batch.segment)
         with self._cond:
+            if kept is not None and batch.seq >= self._durable_seq:
+                self._last_kept = (batch.seq, kept)
             self._durable_seq = max(self._durable_seq, batch.seq)
             self._totals["flushes"] += 1
             self.last_flush = stats
