@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +130,25 @@ def test_a_gap_between_valid_shipments_is_named_by_the_object_past_it(moto, tmp_
         f"{url}/rollout/journal/{name}: record at byte {offset}: expected seq 3, found 4 (records 3..3 are missing"
     ), str(e.value)
     assert str(tmp_path) not in str(e.value)
+
+
+def test_inspect_names_a_gap_in_a_store_journal_by_its_shipment(moto, tmp_path):
+    # `rollout-bundle inspect` downloads the shipments into a temporary directory to read them:
+    # a problem it reports names the shipment object, never that directory.
+    _, bucket, client = moto
+    url = f"s3://{bucket}/inspected"
+    _put_shipment(client, "inspected", 1, [_take(1, 0), _take(2, 1)], 2)
+    name = _put_shipment(client, "inspected", 4, [_take(4, 3)], 4)  # record 3 is in no shipment
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer_hooks.cli", "inspect", f"{url}/rollout/journal", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)},
+        timeout=300,
+    )
+    assert done.returncode != 0, done.stdout
+    assert f"{url}/rollout/journal/{name}: record at byte" in done.stderr, done.stderr
+    assert str(tmp_path) not in done.stderr
 
 
 # -- item 6: resume knows what it must find -------------------------------------------------------

@@ -24,6 +24,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +57,21 @@ def _find_journal(text: str, *, beside: bool) -> JournalSink | None:
     return None
 
 
-def journal_state(directory: str | os.PathLike[str], *, now: float | None = None) -> dict[str, Any]:
-    """The journal's state as ``inspect`` prints it (see the module docstring)."""
+def journal_state(
+    directory: str | os.PathLike[str], *, now: float | None = None, origin: Callable[[Path], str] = str
+) -> dict[str, Any]:
+    """The journal's state as ``inspect`` prints it (see the module docstring). ``origin`` names a
+    segment in a problem (a store journal's: the shipment object, never the local copy)."""
     directory = Path(directory)
     now = time.time() if now is None else now
-    lineages = sorted(scan_journal(directory, decode_bodies=False).lineages)
+    lineages = sorted(scan_journal(directory, decode_bodies=False, origin=origin).lineages)
     out: dict[str, Any] = {"path": str(directory), "lineages": []}
     media = directory / MEDIA_DIR
     files = [e for e in os.scandir(media) if e.is_file(follow_symlinks=False)] if media.is_dir() else []
     out["media_files"] = len(files)
     out["media_bytes"] = sum(e.stat(follow_symlinks=False).st_size for e in files)
     for lineage in lineages:
-        scan = scan_journal(directory, lineage=lineage, decode_bodies=False)
+        scan = scan_journal(directory, lineage=lineage, decode_bodies=False, origin=origin)
         kinds: dict[str, int] = {}
         for r in scan.records:
             kinds[r.kind] = kinds.get(r.kind, 0) + 1
@@ -115,7 +119,7 @@ def _journal_state(sink: JournalSink) -> dict[str, Any]:
     """The state of the journal ``sink`` holds (a store's shipments downloaded and checked into
     a temporary directory first, then read as a local journal)."""
     with tempfile.TemporaryDirectory(prefix="rollout-journal-inspect-") as tmp:
-        state = journal_state(sink.readable(lambda: Path(tmp)))
+        state = journal_state(sink.readable(lambda: Path(tmp)), origin=sink.origin)
     state["path"] = sink.where
     return state
 
