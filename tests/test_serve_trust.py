@@ -308,3 +308,41 @@ def test_a_group_link_while_the_index_builds_is_a_page_that_waits(tmp_path: Path
         indexed(app)
         done = html.unescape(assert_page(client.get(f"/b/{e.id}/group", params={"g": "0"})))
         assert "group 0" in done and "building the index" not in done
+
+
+# -- item 20: the compare page matches by key and links both samples ----------------------------------
+
+
+def test_compare_matches_samples_by_index_and_links_both_sides(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    media = tmp_path / "m"
+    shots = _shots(media, 4)
+    samples = make_samples(shots, 8, 1)
+    write_bundle(root / "a", samples, media_roots=[media], meta={"rollout_id": 1})
+    # The same samples in another order (a trainer's workers finish in any order): by position
+    # every one differs, by index none does.
+    write_bundle(root / "b", samples[4:] + samples[:4], media_roots=[media], meta={"rollout_id": 1})
+    changed = [dict(s, reward=5.0) if s["index"] == 6 else s for s in samples]
+    write_bundle(root / "c", changed[::-1], media_roots=[media], meta={"rollout_id": 1})
+    unkeyed = [{k: v for k, v in s.items() if k != "index"} for s in samples]
+    write_bundle(root / "d", unkeyed, media_roots=[media], meta={"rollout_id": 1})
+    app = create_app(root, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        indexed(app)
+        a, b, c, d = (_entry(app, n) for n in "abcd")
+        page = html.unescape(assert_page(client.get("/compare", params={"a": a.id, "b": b.id})))
+        plain = re.sub(r"<[^>]+>", "", page)
+        assert "samples matched by index: 0 changed, 0 only in A, 0 only in B, 8 unchanged" in plain
+        assert f'href="/b/{a.id}"' in page and f'href="/b/{b.id}"' in page
+        page = html.unescape(assert_page(client.get("/compare", params={"a": a.id, "b": c.id})))
+        plain = re.sub(r"<[^>]+>", "", page)
+        assert "1 changed, 0 only in A, 0 only in B, 7 unchanged" in plain
+        # index 6 is position 6 in A and position 1 in C (reversed): a row linking both.
+        assert f'href="/b/{a.id}/s/6"' in page and f'href="/b/{c.id}/s/1"' in page
+        assert f"/compare/samples?a={a.id}&i=6&b={c.id}&j=1" in page
+        assert "reward: 0.0 -> 5.0" in plain or "reward: 1.0 -> 5.0" in plain
+        # No index to match by: by position, and the page says why.
+        page = html.unescape(assert_page(client.get("/compare", params={"a": d.id, "b": a.id})))
+        assert "matched by position" in page and "index" in page
+        plain = re.sub(r"<[^>]+>", "", page)
+        assert "samples matched by position" in plain

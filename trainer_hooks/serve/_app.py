@@ -849,6 +849,9 @@ def _page(state: ServeApp, fn: Callable[[Any], str]) -> Callable[[Any], Any]:
             return _error_html(state, e.status, e.heading, e.message)
         except BundleError as e:  # the bundle's problem, named: a page, not a traceback
             return _error_html(state, 502, "cannot read the bundle", str(e))
+        except sqlite3.DatabaseError:  # a cached index damaged after it was opened; its path is not shown
+            return _error_html(state, 503, "index unreadable", "this bundle's cached index cannot be read; "
+                               "delete serve's cache (--cache-dir) to have it built again")  # fmt: skip
 
     return endpoint
 
