@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from helpers import wait_until
 
-from bundles import write_bundle
+from bundles import is_bundle, write_bundle
 
 pytest.importorskip("starlette", reason="serve needs the [serve] extra (starlette)")
 pytest.importorskip("jinja2", reason="serve needs the [serve] extra (jinja2)")
@@ -243,15 +243,28 @@ def test_a_damaged_index_in_the_cache_is_rebuilt_and_its_path_never_shown(tmp_pa
         assert "12 of 12 samples match" in page and str(cache) not in page
 
 
-def test_a_removed_bundles_note_goes_and_a_bundle_copied_in_late_is_indexed_once_whole(
-    tmp_path: Path,
-) -> None:
+def test_a_removed_bundles_note_goes_with_it(tmp_path: Path) -> None:
     root = tmp_path / "run"
     make_run(root, steps=(1,))
-    elsewhere = make_run(tmp_path / "elsewhere", steps=(9,))[9]  # an identity of its own
     damaged = root / "damaged"
     damaged.mkdir()
     (damaged / "manifest.json").write_text('{"format_version": 1, "kind": ')
+    listed = is_bundle(damaged)  # what the one bundle proof says: a note only where it lists it
+    app = create_app(root, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        before = html.unescape(assert_page(client.get("/")))
+        assert (f"{damaged}/manifest.json: not valid JSON" in before) == listed
+        shutil.rmtree(damaged)
+        app.state.serve.run.refresh()  # what --follow does every interval
+        after = html.unescape(assert_page(client.get("/")))
+        assert str(damaged) not in after and not app.state.serve.run.problems
+        assert f'href="/b/{entry_by_step(app, 1).id}"' in after
+
+
+def test_a_bundle_copied_in_late_is_indexed_once_whole(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    make_run(root, steps=(1,))
+    elsewhere = make_run(tmp_path / "elsewhere", steps=(9,))[9]  # an identity of its own
     # A bundle copied in without a commit: its manifest (and media) first, its shards later.
     late = root / "late" / "fully_async_9"
     shutil.copytree(elsewhere, late, ignore=shutil.ignore_patterns("*.zst"))
@@ -267,11 +280,7 @@ def test_a_removed_bundles_note_goes_and_a_bundle_copied_in_late_is_indexed_once
         wait_until(lambda: assert_page(client.get(f"/b/{e.id}")) and state.indexer.state(e).complete,
                    "the bundle indexed once whole")  # fmt: skip
         assert "12 of 12 samples match" in html.unescape(assert_page(client.get(f"/b/{e.id}")))
-        noted = str(damaged) in html.unescape(assert_page(client.get("/")))
-        shutil.rmtree(damaged)
-        state.run.refresh()
-        assert str(damaged) not in html.unescape(assert_page(client.get("/")))
-        assert noted or not state.run.problems  # a damaged dir that is no bundle is never listed at all
+        assert "cannot index" not in html.unescape(assert_page(client.get("/")))
 
 
 # -- item 20: a group page while its bundle indexes ---------------------------------------------------
