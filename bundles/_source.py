@@ -279,9 +279,13 @@ class DirSource:
         """A stored image's file that keeps no descriptor between uses (many images of one sample
         would hold many), reopened as :meth:`open` opens it: opened now, so that a missing or
         unsafe file is told here."""
-        f = ReopeningFile(str(self.path / name), opener=lambda: self.open(name)[0])
+        f = ReopeningFile(str(self.path / name), opener=lambda: self._buffered(name))
         f.open_now()
         return f  # type: ignore[return-value]  # a binary file object
+
+    def _buffered(self, name: str) -> BinaryIO:
+        raw: Any = self.open(name)[0]  # an unbuffered FileIO: buffered as open(path, "rb") is
+        return io.BufferedReader(raw)
 
     def media_dir(self) -> Path | None:
         return self.path / MEDIA_DIR
