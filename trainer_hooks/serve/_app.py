@@ -45,6 +45,7 @@ from typing import Any
 
 import bundles
 from bundles import BundleError
+from bundles.support import LIMITS, display
 from trainer_hooks.serve import _index as ix
 from trainer_hooks.serve._index import Indexer, Query
 from trainer_hooks.serve._media import WIDTHS, Pictures
@@ -92,6 +93,7 @@ PROMPT_SAMPLES = 4
 WARM_TEMPLATES = ("bundle.html.j2", "base.html.j2", "macros.html.j2", "run.html.j2", "sample.html.j2",
                   "_sample.html.j2", "_images.html.j2", "turn.html.j2", "error.html.j2", "prompt.html.j2")  # fmt: skip
 FIRST_PAGE_WAIT_S = 1.5  # how long a bundle page waits for an unindexed bundle's first rows
+MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]  # of an error message on a page
 
 
 def default_cache_dir() -> Path:
@@ -848,7 +850,7 @@ def _page(state: ServeApp, fn: Callable[[Any], str]) -> Callable[[Any], Any]:
         except PageError as e:
             return _error_html(state, e.status, e.heading, e.message)
         except BundleError as e:  # the bundle's problem, named: a page, not a traceback
-            return _error_html(state, 502, "cannot read the bundle", str(e))
+            return _error_html(state, 502, "cannot read the bundle", display(str(e), MAX_SHOWN_CHARS))
         except sqlite3.DatabaseError:  # a cached index damaged after it was opened; its path is not shown
             return _error_html(state, 503, "index unreadable", "this bundle's cached index cannot be read; "
                                "delete serve's cache (--cache-dir) to have it built again")  # fmt: skip
@@ -911,7 +913,7 @@ def _asset_routes(state: ServeApp) -> list[Any]:
         except PageError as e:
             return _error_html(state, e.status, e.heading, e.message)
         except BundleError as e:
-            return _error_html(state, 502, "cannot read the picture", str(e))
+            return _error_html(state, 502, "cannot read the picture", display(str(e), MAX_SHOWN_CHARS))
         return Response(
             data, media_type="image/jpeg", headers={"cache-control": "private, max-age=86400, immutable"}
         )
