@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 from helpers import wait_until
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bundles import is_bundle, write_bundle
 
@@ -204,6 +206,23 @@ def test_a_replay_report_nested_200000_deep_is_the_bundles_note(tmp_path: Path) 
             assert_page(client.get(f"/b/{e2.id}"))
         )
         assert_page(client.get("/"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.one_of(st.characters(), st.integers(0xD800, 0xDFFF).map(chr)), max_size=40))
+def test_any_text_a_bundle_holds_renders_as_utf8(text: str) -> None:
+    """Lone surrogates, undecodable bytes as surrogateescape, controls: every page value renders
+    and encodes (the environment's finalize), and text UTF-8 can encode is left as it is."""
+    from trainer_hooks.serve._templates import environment
+
+    page = environment().from_string("<p>{{ x }}</p><p title='{{ x }}'>{{ [x] }}</p>").render(x=text)
+    page.encode("utf-8")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        assert "\\u" in page or "\\x" in page
+    else:
+        assert html.unescape(page).startswith(f"<p>{text}</p>")
 
 
 # -- item 15: paging, a damaged cache, notes that go, failures asked again -------------------------------
