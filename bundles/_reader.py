@@ -445,6 +445,10 @@ class Bundle:
         if isinstance(self._source, RemoteSource):  # a store: downloaded concurrently
             return list(self._samples(self._source.rehydrate(self._media, target, progress)))
         target_dev = os.stat(target).st_dev
+        if not self._source.packed and os.path.islink(os.path.join(self.path, MEDIA_DIR)):
+            # Linked (not copied) media go by path, not through the member open: a ``media/``
+            # that links elsewhere would place files from outside the bundle, unhashed.
+            raise UnsafeBundleError(f"{self.path}/{MEDIA_DIR}: expected a directory, found a symlink")
         placed: dict[str, MediaRef] = {}
         with Progress(
             f"rehydrating {self.path.name}", total=len(self._media), unit="files", enabled=progress

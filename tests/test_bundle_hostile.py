@@ -306,3 +306,22 @@ def test_a_member_directory_that_is_a_symlink_is_never_read_through(tmp_path, li
     with pytest.raises(UnsafeBundleError, match=r"not a path below"):
         source.open_regular_file("media/../../outside/user-file.txt", root=b)
     assert mark.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("link", ["auto", "hardlink", "copy"])
+def test_rehydrating_a_bundle_whose_media_links_outside_places_nothing(tmp_path, link):
+    """Issue 36, item 10: rehydrate links media by path; a ``media/`` that is a symlink to a
+    directory elsewhere is refused before anything is placed (the outside files would have been
+    hard-linked into the run unhashed)."""
+    run = tmp_path / "run"
+    b = write_bundle(tmp_path / "b", [{"i": 0, "shot": put_media(run, os.urandom(300))}], media_roots=[run])
+    outside = tmp_path / "outside"
+    (b / "media").rename(outside)
+    (b / "media").symlink_to(outside)
+    before = {p.name: p.read_bytes() for p in outside.iterdir()}
+    target = tmp_path / "target"
+    refused = pytest.raises(UnsafeBundleError, match=rf"{b}/media: expected a directory, found a symlink")
+    with open_bundle(b, verify="none") as opened, refused:
+        opened.rehydrate(target, link=link)
+    assert not target.exists() or not list(target.iterdir())
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == before
