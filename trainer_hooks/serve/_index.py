@@ -434,9 +434,9 @@ class Indexer:
         # identity -> {entry id: entry}: every copy of one identity served (two runs' copies, a
         # directory and its packed file); the index is built from the first copy that reads whole.
         self._entries: dict[str, dict[str, BundleEntry]] = {}
-        # entry id -> (its files' fingerprint then, why its build failed): one copy's failure,
+        # (entry id, identity) -> (its files' fingerprint then, why its build failed): one copy's failure,
         # never the identity's; asked again once its files changed (see :func:`_fingerprint`).
-        self._errors: dict[str, tuple[Any, str]] = {}
+        self._errors: dict[tuple[str, str], tuple[Any, str]] = {}
         self._done: set[str] = set()  # identities whose index is complete
         self._seq = itertools.count()
         self._finishing = threading.RLock()  # held while reading a building file, and to complete one
@@ -488,19 +488,19 @@ class Indexer:
 
     def _candidates(self, identity: str) -> list[BundleEntry]:
         """The copies of ``identity`` not known to fail (called under ``_cv``)."""
-        return [e for e in self._entries.get(identity, {}).values() if e.id not in self._errors]
+        return [e for e in self._entries.get(identity, {}).values() if (e.id, identity) not in self._errors]
 
     def _failed(self, entry: BundleEntry) -> str | None:
         """Why ``entry``'s index cannot be built; None when it never failed, or its files changed
         since it did (then it is queued again: a bundle copied in shard by shard is indexed once
         whole)."""
-        failed = self._errors.get(entry.id)
+        failed = self._errors.get((entry.id, entry.identity))
         if failed is None:
             return None
         if _fingerprint(entry) == failed[0]:
             return failed[1]
         with self._cv:
-            self._errors.pop(entry.id, None)
+            self._errors.pop((entry.id, entry.identity), None)
         self.add(entry, priority=WANTED)
         return None
 
@@ -643,7 +643,7 @@ class Indexer:
                         built = True
                         break
                     with self._cv:
-                        self._errors[entry.id] = (stamp, error)
+                        self._errors[(entry.id, identity)] = (stamp, error)
             finally:
                 with self._cv:
                     self._active.discard(identity)
