@@ -17,6 +17,16 @@ read; when complete it is renamed to its final name (a reader never takes a part
 whole one). Another process building the same index holds its lock file (``flock``); a
 ``.building`` file left by a process that died is rebuilt from the start.
 
+What names an index is verified, never claimed (issue 36): an index becomes complete only when
+every shard was read whole and matched its manifest digest (the reader checks each while it
+streams), so its identity is made of digests this server verified, whichever copy of the bundle
+it was read from. Two copies of one identity served at once (a run's bundle and a hostile twin
+with the same manifest) are both candidates: the first that reads whole builds the index, and a
+copy that fails has its own error (keyed by the copy, never by the identity), remembered with its
+files' fingerprint (:func:`_fingerprint`) and asked again once they change (a bundle copied in
+manifest first and shards later). A complete index that cannot be read (damaged in the cache) is
+removed and built again; its path, outside ROOT, is never put on a page.
+
 Rows hold what the table shows (status, reward, group, lengths, turns, advantage, a prompt key),
 never a screenshot or a token list; beside them each sample's page-ready view (what
 :func:`trainer_hooks.view.sample_view` keeps, compressed), so a sample page reads no shard. The text search indexes at most :data:`MAX_TEXT` characters
@@ -531,11 +541,16 @@ class Indexer:
                 with self.connect(entry) as con:  # kept for the page that asked (the pool)
                     raw = con.execute("SELECT v FROM meta WHERE k = 'summary'").fetchone()
                 summary = json.loads(raw[0]) if raw else {}
-            except (BundleError, sqlite3.Error, ValueError):
+            except (sqlite3.DatabaseError, ValueError) as e:
+                if isinstance(e, sqlite3.OperationalError) and not str(e).startswith("no such table"):
+                    # Not the file's fault (out of descriptors, a lock): asked again next time.
+                    return IndexState(False, 0, total, f"{entry.rel}: the index cannot be read now: {e}")
                 # Damaged in the cache (the path is outside ROOT: never on a page): built again.
                 self._discard(entry.identity)
                 self.add(entry, priority=0)
                 return IndexState(False, 0, total)
+            except BundleError as e:
+                return IndexState(False, 0, total, f"{entry.rel}: the index cannot be read now: {e}")
             self._summaries[entry.identity] = summary
             return IndexState(True, total, total, summary=summary)
         building = self._building(entry.identity)
