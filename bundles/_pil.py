@@ -10,7 +10,7 @@ refused naming the key path, rather than stored changed.
 Reading: an image reference becomes ``PIL.Image.open`` of the stored file, which reads the header
 only; pixels are decoded on first access. The file is not held open in between (a dump of
 thousands of screenshots would otherwise hold thousands of descriptors): the image reads through
-:class:`_ReopeningFile`, which closes the file after the header and opens it again when Pillow
+:class:`ReopeningFile`, which closes the file after the header and opens it again when Pillow
 reads pixels; Pillow drops it after loading. ``image.filename`` is the stored file's path. When
 Pillow is not installed, an image reference is returned as a :class:`~bundles.MediaRef`.
 """
@@ -137,21 +137,28 @@ def png_bytes(image: Any, where: str) -> bytes:
     return buf.getvalue()
 
 
-class _ReopeningFile(io.RawIOBase):
+class ReopeningFile(io.RawIOBase):
     """A read-only file that holds no descriptor between uses: opened on the first read or seek
     after :meth:`suspend`, at the position it had."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, opener: Callable[[], BinaryIO] | None = None) -> None:
         super().__init__()
         self.name = path
         self._pos = 0
         self._f: Any = None
+        # How the file is (re)opened: a bundle directory's member is opened as every member is
+        # (``DirSource.open``: no symlink on the way, regular files only), never by a plain open.
+        self._opener = opener
 
     def _file(self) -> Any:
         if self._f is None:
-            self._f = open(self.name, "rb")  # noqa: SIM115 - closed by suspend() or close()
+            self._f = self._opener() if self._opener is not None else open(self.name, "rb")  # noqa: SIM115
             self._f.seek(self._pos)
         return self._f
+
+    def open_now(self) -> None:
+        """Open the file now (its opener's errors are raised here, not at the first read)."""
+        self._file()
 
     def suspend(self) -> None:
         if self._f is not None:
@@ -199,9 +206,11 @@ def open_image(path: str, member: BinaryIO | None = None) -> Any:
         return None
     if member is not None:
         image = Image.open(member, formats=["PNG"])
+        if isinstance(member, ReopeningFile):
+            member.suspend()  # a directory's file: no descriptor kept between uses
         image.filename = path
         return image
-    f = _ReopeningFile(path)
+    f = ReopeningFile(path)
     image = Image.open(f, formats=["PNG"])  # type: ignore[arg-type]  # a binary file object
     f.suspend()
     # Pillow names images opened from a path only; PNG pixels go through its zlib decoder, never

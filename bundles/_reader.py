@@ -399,8 +399,10 @@ class Bundle:
         # bundle's by member range (the paths of its own media name members, not files; each
         # image holds a small file object, never a copy of the member, so FORMAT.md §8's bound
         # holds however many times a sample references one image), a remote bundle's by a
-        # fetch (its paths are URLs). Rehydrated media are files again.
-        open_media = self._open_image if media is self._media and self._source.media_dir() is None else None
+        # fetch (its paths are URLs); a directory's through its source too, which opens no
+        # component through a symlink (``media -> /elsewhere`` is refused, not read). Rehydrated
+        # media are files again.
+        open_media = self._open_image if media is self._media else None
         for entry in self.manifest.shards if shards is None else shards:
             data = self._read_shard(entry)
             for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, open_media):
@@ -443,6 +445,10 @@ class Bundle:
         if isinstance(self._source, RemoteSource):  # a store: downloaded concurrently
             return list(self._samples(self._source.rehydrate(self._media, target, progress)))
         target_dev = os.stat(target).st_dev
+        if not self._source.packed and os.path.islink(os.path.join(self.path, MEDIA_DIR)):
+            # Linked (not copied) media go by path, not through the member open: a ``media/``
+            # that links elsewhere would place files from outside the bundle, unhashed.
+            raise UnsafeBundleError(f"{self.path}/{MEDIA_DIR}: expected a directory, found a symlink")
         placed: dict[str, MediaRef] = {}
         with Progress(
             f"rehydrating {self.path.name}", total=len(self._media), unit="files", enabled=progress

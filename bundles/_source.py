@@ -45,6 +45,7 @@ from bundles._layout import (
     SUFFIX_RE,
 )
 from bundles._media import sha256_stream
+from bundles._pil import ReopeningFile
 
 if TYPE_CHECKING:
     from bundles._media import MediaRef
@@ -118,40 +119,81 @@ def media_name_ok(name: str) -> bool:
     return bool(DIGEST_RE.fullmatch("sha256:" + digest) and SUFFIX_RE.fullmatch(dot + suffix))
 
 
-def open_regular_file(path: str | os.PathLike[str]) -> tuple[BinaryIO, int]:
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_below(root: str | os.PathLike[str], rel: str) -> int:
+    """The descriptor of ``root/rel`` opened one component at a time through directory
+    descriptors (``openat``), none of them through a symlink: ``O_NOFOLLOW`` alone stops only
+    at the last component, so ``media -> /elsewhere`` would otherwise be read through. ``root``
+    itself is opened as named (the user named it)."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise UnsafeBundleError(f"{root}/{rel}: not a path below {root}")
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for k, part in enumerate(parts[:-1]):
+            try:
+                nxt = os.open(part, _DIR_FLAGS | getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                    try:
+                        st = os.lstat(part, dir_fd=fd)
+                    except OSError:
+                        st = None
+                    if st is not None and stat.S_ISLNK(st.st_mode):
+                        where = f"{root}/{'/'.join(parts[: k + 1])}"
+                        raise UnsafeBundleError(f"{where}: expected a directory, found a symlink") from None
+                raise
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], _OPEN_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def open_regular_file(
+    path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
+) -> tuple[BinaryIO, int]:
     """Open ``path`` for reading if it is a regular file; return the file (unbuffered) and its size.
 
     The one way this project opens a file it did not write itself (a bundle's members, a rollout
     journal's segments and media): ``O_NOFOLLOW`` refuses a symlink as the last component,
     ``O_NONBLOCK`` keeps a FIFO from blocking the open, and the type is checked on the opened
-    descriptor (``fstat``), so nothing can be swapped in between. Raises FileNotFoundError
-    (``ENOENT``/``ENOTDIR``, as the OS says), :class:`UnsafeBundleError` naming the path when it is
-    a symlink, a directory, a FIFO, a socket or a device, and ``OSError`` otherwise.
+    descriptor (``fstat``), so nothing can be swapped in between. With ``root``, ``path`` is a
+    relative path below it (a bundle's ``media/<name>``) and every component below ``root`` is
+    opened without following a symlink (``openat`` through directory descriptors): a bundle whose
+    ``media/`` or ``samples/`` is a symlink to another directory never reads outside itself.
+    Raises FileNotFoundError (``ENOENT``/``ENOTDIR``, as the OS says), :class:`UnsafeBundleError`
+    naming the path when it or a directory on the way below ``root`` is a symlink, or it is a
+    directory, a FIFO, a socket or a device, and ``OSError`` otherwise.
     """
-    flags = (
-        os.O_RDONLY
-        | getattr(os, "O_NOFOLLOW", 0)
-        | getattr(os, "O_NONBLOCK", 0)
-        | getattr(os, "O_NOCTTY", 0)
-        | getattr(os, "O_CLOEXEC", 0)
-    )
+    shown = path if root is None else f"{root}/{os.fspath(path)}"
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, _OPEN_FLAGS) if root is None else _open_below(root, os.fspath(path))
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise UnsafeBundleError(f"{path}: expected a regular file, found a symlink") from None
+            raise UnsafeBundleError(f"{shown}: expected a regular file, found a symlink") from None
         if e.errno == errno.ENOTDIR:  # a parent is not a directory: missing, as ENOENT is
-            raise FileNotFoundError(e.errno, e.strerror, e.filename) from None
+            raise FileNotFoundError(e.errno, e.strerror, str(shown)) from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafeBundleError(f"{path}: expected a regular file, found {describe(kind_of(st.st_mode))}")
+            raise UnsafeBundleError(
+                f"{shown}: expected a regular file, found {describe(kind_of(st.st_mode))}"
+            )
         return os.fdopen(fd, "rb", buffering=0), st.st_size
     except BaseException:
         os.close(fd)
         raise
-    return False
 
 
 # -- directories ---------------------------------------------------------------------------------
@@ -222,7 +264,7 @@ class DirSource:
         """
         path = self.path / name
         try:
-            return open_regular_file(path)
+            return open_regular_file(name, root=self.path)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, "listed in the manifest but missing", str(path)) from None
         except BundleError:
@@ -233,7 +275,17 @@ class DirSource:
     def open_detached(self, name: str) -> BinaryIO:
         return self.open(name)[0]  # a file descriptor of its own, valid after close()
 
-    open_image = open_detached
+    def open_image(self, name: str) -> BinaryIO:
+        """A stored image's file that keeps no descriptor between uses (many images of one sample
+        would hold many), reopened as :meth:`open` opens it: opened now, so that a missing or
+        unsafe file is told here."""
+        f = ReopeningFile(str(self.path / name), opener=lambda: self._buffered(name))
+        f.open_now()
+        return f  # type: ignore[return-value]  # a binary file object
+
+    def _buffered(self, name: str) -> BinaryIO:
+        raw: Any = self.open(name)[0]  # an unbuffered FileIO: buffered as open(path, "rb") is
+        return io.BufferedReader(raw)
 
     def media_dir(self) -> Path | None:
         return self.path / MEDIA_DIR

@@ -269,3 +269,59 @@ def test_unpack_fully_verifies(bundle, tmp_path):
         in problem
     )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("linked", ["media", "samples"])
+def test_a_member_directory_that_is_a_symlink_is_never_read_through(tmp_path, linked):
+    """Issue 36, item 10: ``O_NOFOLLOW`` stops at the last component only; a bundle whose
+    ``media/`` or ``samples/`` is a symlink to a directory elsewhere must not read from there.
+    The outside directory holds the genuine files (digests match): only the path tells."""
+    from PIL import Image
+
+    run = tmp_path / "run"
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(png, "PNG")
+    b = write_bundle(tmp_path / "b", [{"i": 0, "shot": put_media(run, png.getvalue()),
+                                       "img": Image.new("RGB", (4, 4), (9, 9, 9))}], media_roots=[run])  # fmt: skip
+    outside = tmp_path / "outside"
+    (b / linked).rename(outside)
+    (b / linked).symlink_to(outside)
+    mark = outside / "user-file.txt"  # a user's file beside what is linked: never touched
+    mark.write_text("keep me")
+    name = next(
+        p.name for p in (outside if linked == "media" else b / "media").iterdir() if p.suffix == ".png"
+    )
+    with open_bundle(b, verify="none") as opened:
+        with pytest.raises(UnsafeBundleError, match=rf"{b}/{linked}: expected a directory, found a symlink"):
+            if linked == "media":
+                opened.open_media(name)
+            else:
+                list(opened.samples())
+        if linked == "media":  # an image read in place (PIL) goes through the same open
+            with pytest.raises(BundleFormatError, match=rf"{b}/media: expected a directory, found a symlink"):
+                list(opened.samples())
+    member = f"media/{name}" if linked == "media" else f"samples/{next(outside.glob('*.zst')).name}"
+    with pytest.raises(UnsafeBundleError, match=rf"{b}/{linked}: expected a directory, found a symlink"):
+        source.open_regular_file(member, root=b)
+    with pytest.raises(UnsafeBundleError, match=r"not a path below"):
+        source.open_regular_file("media/../../outside/user-file.txt", root=b)
+    assert mark.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("link", ["auto", "hardlink", "copy"])
+def test_rehydrating_a_bundle_whose_media_links_outside_places_nothing(tmp_path, link):
+    """Issue 36, item 10: rehydrate links media by path; a ``media/`` that is a symlink to a
+    directory elsewhere is refused before anything is placed (the outside files would have been
+    hard-linked into the run unhashed)."""
+    run = tmp_path / "run"
+    b = write_bundle(tmp_path / "b", [{"i": 0, "shot": put_media(run, os.urandom(300))}], media_roots=[run])
+    outside = tmp_path / "outside"
+    (b / "media").rename(outside)
+    (b / "media").symlink_to(outside)
+    before = {p.name: p.read_bytes() for p in outside.iterdir()}
+    target = tmp_path / "target"
+    refused = pytest.raises(UnsafeBundleError, match=rf"{b}/media: expected a directory, found a symlink")
+    with open_bundle(b, verify="none") as opened, refused:
+        opened.rehydrate(target, link=link)
+    assert not target.exists() or not list(target.iterdir())
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == before

@@ -453,15 +453,23 @@ def test_connections_to_complete_indexes_are_kept_between_requests_and_closed_at
 def test_compare_two_bundles_shows_what_rollout_bundle_diff_reports(served: tuple[TestClient, Any]) -> None:
     client, app = served
     a, b = entry_by_step(app, 1), entry_by_step(app, 2)
-    text = html.unescape(assert_page(client.get("/compare", params={"a": a.id, "b": b.id})))
-    done = subprocess.run([sys.executable, "-m", "trainer_hooks.cli", "diff", a.location, b.location, "--json"],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    page = assert_page(client.get("/compare", params={"a": a.id, "b": b.id}))
+    text = html.unescape(page)
+    done = subprocess.run([sys.executable, "-m", "trainer_hooks.cli", "diff", a.location, b.location, "--by", "index",
+                           "--json"], capture_output=True, text=True, check=False)  # fmt: skip
     report = json.loads(done.stdout)
-    changed = [c["key"] for c in report["samples"]["changed"]]
+    changed = report["samples"]["changed"]
     assert changed
-    for key in changed:
-        assert f"sample {key} changed:" in text
-    assert f"{len(changed)} changed, {report['samples']['unchanged']} unchanged" in text
+    for c in changed:  # a row per sample changed, with links to it on either side and side by side
+        i, j = c["position_a"], c["position_b"]
+        assert f'href="/b/{a.id}/s/{i}"' in page and f'href="/b/{b.id}/s/{j}"' in page
+        assert f"/compare/samples?a={a.id}&i={i}&b={b.id}&j={j}" in text
+    plain = re.sub(r"<[^>]+>", "", text)
+    assert (
+        f"{len(changed)} changed, 0 only in A, 0 only in B, {report['samples']['unchanged']} unchanged"
+        in plain
+    )
+    assert "samples matched by index" in plain
     assert "meta.rollout_id: 1 -> 2" in text
     assert_page(client.get("/compare", params={"a": a.id, "b": "0" * 16}), 404)
 

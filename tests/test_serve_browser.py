@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from helpers.browser import find_chromium
 
-from bundles import write_bundle
+from bundles import is_bundle, write_bundle
 
 pytest.importorskip("starlette", reason="serve needs the [serve] extra (starlette)")
 pytest.importorskip("jinja2", reason="serve needs the [serve] extra (jinja2)")
@@ -460,4 +460,100 @@ def test_the_hostile_vectors_run_no_script_in_the_browser(
         if not re.search(r"Failed to load resource: the server responded with a status of (4\d\d|50[23])", e)
     ]
     assert content == [], content[:10]
+    check_headers(watch, server.url)
+
+
+# -- genuine bundles beside hostile ones (issue 36) ------------------------------------------------------
+
+
+def issue36_vectors(root: Path, run: Path) -> dict[str, str]:
+    """The run browser's attacks of issue 36 (items 10-12), made at run time beside the run's
+    genuine bundles: {where: what the run page must name}. Two of them are copies of the genuine
+    step-2 checkpoint (one identity) listed before it: one whose shard is a FIFO, one whose
+    screenshots are FIFOs (a cache keyed by digest must not take their errors for the genuine
+    pictures')."""
+    genuine = run / "ckpt" / "rollout" / "fully_async_2"
+    made: dict[str, str] = {}
+    twin = root / "a-twin" / "fully_async_2"
+    shutil.copytree(genuine, twin)
+    shard = next((twin / "samples").iterdir())
+    shard.chmod(0o644)
+    shard.unlink()
+    os.mkfifo(shard)
+    made["a-twin/fully_async_2"] = "expected a regular file, found a FIFO"
+    fifo = root / "a-fifo" / "fully_async_2"
+    shutil.copytree(genuine, fifo)
+    for m in (fifo / "media").iterdir():
+        m.chmod(0o644)
+        m.unlink()
+        os.mkfifo(m)
+    made["a-fifo/fully_async_2"] = "a-fifo/fully_async_2"  # served: its rows, its pictures refused
+    small = [{"index": 0, "prompt": "p", "response": "r", "reward": 1.0}]
+    linked = write_bundle(root / "linked-samples", small, meta={"rollout_id": 40})
+    outside = root.parent / "outside-samples"
+    (linked / "samples").rename(outside)
+    (linked / "samples").symlink_to(outside)
+    made["linked-samples"] = "samples: expected a directory, found a symlink"
+    write_bundle(root / os.fsdecode(b"not-utf8-\xff"), small, meta={"rollout_id": 41})
+    made["not-utf8-\\xff"] = "not-utf8-\\xff"
+    write_bundle(root / "surrogate", small, meta={"rollout_id": 42, "note": "\ud800"})
+    made["surrogate"] = "surrogate"
+    deep = write_bundle(root / "deep-report", small, meta={"rollout_id": 43})
+    Path(f"{deep}.replay.json").write_text("[" * 200_000)
+    made["deep-report"] = "deep-report"
+    return made
+
+
+def test_genuine_bundles_browse_normally_beside_the_hostile_vectors(
+    page: tuple[Any, Watch], tmp_path: Path, shots_dir: Path
+) -> None:
+    """Issue 36: a run holding every hostile vector beside genuine bundles. The genuine ones are
+    browsed as a person would (run -> bundle -> filter -> sample with its screenshots -> large
+    view); every hostile one is its own row or its own note on the run page; no page is a 500."""
+    root = tmp_path / "run"
+    demo_like_run(root, tmp_path / "media")
+    (root / "hostile").mkdir()
+    vectors = copy_vectors(root / "hostile")
+    made = issue36_vectors(root / "hostile36", root)
+    p, watch = page
+    server = Serve(str(root), tmp_path)
+    try:
+        # The FIFO copy's sample first: its pictures are refused, on its page only.
+        p.goto(server.url)
+        fifo_id = p.locator("a", has_text="hostile36/a-fifo/fully_async_2").first.get_attribute("href")
+        assert fifo_id is not None
+        r = p.goto(server.url + fifo_id.lstrip("/") + "/s/3", wait_until="load")
+        assert r is not None and r.status == 200
+        assert "expected a regular file, found a FIFO" in p.locator("body").inner_text()
+        seen: dict[str, Any] = {}
+        to_the_large_view(p, server.url, shots_dir, "beside", seen)  # the genuine step 2, by clicks
+        # The run page once every bundle is indexed or failed.
+        deadline = time.monotonic() + 120
+        while True:
+            p.goto(server.url)
+            text = p.locator("body").inner_text()
+            if "not indexed yet" not in text or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        p.screenshot(path=str(shots_dir / "beside-run.png"), full_page=True)
+        for name in vectors:  # each hostile bundle: its own row, or its own note
+            if is_bundle(root / "hostile" / name):
+                assert f"hostile/{name}" in text, name
+        for where, fragment in made.items():
+            assert f"hostile36/{where}" in text and fragment in text, (where, fragment)
+        genuine_rows = [p.locator("tr", has=p.get_by_role("link", name=n, exact=True)).inner_text()
+                        for n in ("ckpt/rollout/fully_async_2", "debug/rollout_3.bundle")]  # fmt: skip
+        for row in genuine_rows:  # its measures, not a neighbour's error
+            assert "cannot index" not in row and "completed" in row, row
+        # Every bundle's pages: none is a 500.
+        ids = list(dict.fromkeys(re.findall(r'href="/b/([0-9a-f]{16})"', p.content())))
+        for bid in ids:
+            for path in (f"b/{bid}", f"b/{bid}/s/0", f"b/{bid}/group?g=0"):
+                r = p.goto(server.url + path, wait_until="domcontentloaded")
+                assert r is not None and r.status != 500, (path, r.status if r else None)
+                assert scripts_ran(p)["scripts"] == 0, path
+    finally:
+        server.close()
+    assert watch.dialogs == [], watch.dialogs
+    assert "Traceback" not in server.log.read_text(), server.log.read_text()[-3000:]
     check_headers(watch, server.url)

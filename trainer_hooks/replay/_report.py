@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bundles import Bundle, BundleError, open_bundle
-from bundles.support import atomic_writer
+from bundles.support import LIMITS, atomic_writer, open_regular_file, read_at_most
 
 __all__ = [
     "REPORT_FORMAT",
@@ -66,16 +66,49 @@ class ReportError(BundleError, ValueError):
 
 
 def load_replay_report(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a replay report (``rollout-bundle replay --report``) and check its shape."""
+    """Read a replay report (``rollout-bundle replay --report``) and check its shape.
+
+    The file is anyone's: it is opened as a bundle's members are (a regular file, never through a
+    symlink, never blocking on a FIFO), read bounded (``LIMITS["MAX_REPORT_BYTES"]``) and nested
+    no deeper than ``LIMITS["MAX_JSON_DEPTH"]`` (200,000 ``[`` is a :class:`ReportError`, not a
+    ``RecursionError``)."""
+    cap, depth = LIMITS["MAX_REPORT_BYTES"], LIMITS["MAX_JSON_DEPTH"]
     try:
-        with open(path, encoding="utf-8") as f:
-            report = json.load(f)
+        f, size = open_regular_file(path)
+        with f:
+            if size > cap:
+                raise ReportError(f"{path}: not a replay report: {size} bytes, over the {cap} bytes read")
+            raw = read_at_most(f, cap + 1)
+    except BundleError as e:
+        raise ReportError(f"{path}: cannot read the replay report: {e}") from None
     except OSError as e:
         raise ReportError(f"{path}: cannot read the replay report: {e.strerror or e}") from None
-    except ValueError as e:
+    if len(raw) > cap:
+        raise ReportError(f"{path}: not a replay report: over the {cap} bytes read")
+    try:
+        report = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        report = None
+    except ValueError as e:  # not UTF-8 (UnicodeDecodeError), not JSON
         raise ReportError(f"{path}: not a replay report: not valid JSON: {e}") from None
+    if report is None or _deeper_than(report, depth):
+        raise ReportError(f"{path}: not a replay report: nested deeper than {depth} levels")
     check_replay_report(report, str(path))
     return report
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """True when ``value`` (JSON) nests containers deeper than ``limit`` levels (iteratively)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        obj, level = stack.pop()
+        items = obj.values() if type(obj) is dict else obj if type(obj) is list else None
+        if items is None:
+            continue
+        if level > limit:
+            return True
+        stack.extend((v, level + 1) for v in items if type(v) in (dict, list))
+    return False
 
 
 def check_replay_report(report: Any, where: str) -> None:

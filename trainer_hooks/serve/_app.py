@@ -45,10 +45,21 @@ from typing import Any
 
 import bundles
 from bundles import BundleError
+from bundles.support import LIMITS, display
 from trainer_hooks.serve import _index as ix
 from trainer_hooks.serve._index import Indexer, Query
 from trainer_hooks.serve._media import WIDTHS, Pictures, PixelBudget
-from trainer_hooks.serve._pages import SampleCache, badge, fmt, image_infos, sample_context, size, trend
+from trainer_hooks.serve._pages import (
+    SampleCache,
+    badge,
+    building_context,
+    compare_context,
+    fmt,
+    image_infos,
+    sample_context,
+    size,
+    trend,
+)
 from trainer_hooks.serve._run import BundleEntry, Run
 from trainer_hooks.view import reward_spread
 
@@ -82,6 +93,7 @@ PROMPT_SAMPLES = 4
 WARM_TEMPLATES = ("bundle.html.j2", "base.html.j2", "macros.html.j2", "run.html.j2", "sample.html.j2",
                   "_sample.html.j2", "_images.html.j2", "turn.html.j2", "error.html.j2", "prompt.html.j2")  # fmt: skip
 FIRST_PAGE_WAIT_S = 1.5  # how long a bundle page waits for an unindexed bundle's first rows
+MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]  # of an error message on a page
 
 
 def default_cache_dir() -> Path:
@@ -226,7 +238,7 @@ class ServeApp:
         self.run.listeners.append(lambda e: self.indexer.add(e, priority=ix.WANTED + e.order))
         for e in self.run.ordered():
             self.indexer.add(e, priority=ix.WANTED + e.order)
-        self._diffs: dict[tuple[str, str], dict[str, Any] | str] = {}
+        self._diffs: dict[tuple[str, str, str | None], dict[str, Any] | str] = {}
         self._stop = threading.Event()
         # Compiling a page's templates costs ~50 ms, once: done while the server starts and the
         # browser opens, not on the first page. The lock keeps a page from compiling a template
@@ -398,7 +410,8 @@ class ServeApp:
             return self.render("bundle.html.j2", **ctx)
         if not st.complete:
             ctx.update(partial=True, refresh=3,
-                       state_note=f"indexing: {st.rows} of {st.total} samples so far; this page refreshes itself")  # fmt: skip
+                       state_note=f"indexing: {st.rows} of {st.total} samples so far; this page refreshes itself; "
+                       "a group's page waits until the bundle is indexed")  # fmt: skip
             if st.rows == 0:
                 return self.render("bundle.html.j2", **ctx)
         with self.indexer.connect(entry) as con:
@@ -462,8 +475,12 @@ class ServeApp:
 
     def group_page(self, entry: BundleEntry, group: str) -> str:
         st = self.indexer.want(entry, FIRST_PAGE_WAIT_S)
-        if not st.complete:
-            raise PageError(503, "indexing", st.error or "the bundle is being indexed; try again in a moment")
+        if st.error:
+            raise PageError(502, "cannot index the bundle", st.error)
+        if not st.complete:  # a page that waits and refreshes itself, not a 503
+            return self.render(
+                "building.html.j2", **building_context(entry, st, f"group {group}", "the group")
+            )
         with self.indexer.connect(entry) as con:
             members = ix.group_rows(con, group, GROUP_COLUMNS + 1)
             n = con.execute("SELECT count(*) FROM samples WHERE grp = ?", (group,)).fetchone()[0]
@@ -582,18 +599,26 @@ class ServeApp:
                            samples_with_turns=sides[0] + sides[1], defs=list(defs.values()))  # fmt: skip
 
     def compare_page(self, a: BundleEntry, b: BundleEntry) -> str:
-        report = self._diff(a, b)
+        # Samples matched by their index (`diff --by index`), as a trainer numbers them; by
+        # position only where an index is missing or repeats, and the page says so.
+        report, note = self._diff(a, b, "index"), None
+        if isinstance(report, str) and (
+            "to match samples by" in report or "matching needs a key path" in report
+        ):
+            report, note = self._diff(a, b, None), f"matched by position: {report}"
         if isinstance(report, str):
-            return self.render("compare.html.j2", title="compare", a=a, b=b, error=report, report={}, lines=[],
+            return self.render("compare.html.j2", title="compare", a=a, b=b, error=report, cmp=None,
                                crumbs=[(None, "compare")])  # fmt: skip
-        return self.render("compare.html.j2", title="compare", a=a, b=b, error=None, report=report,
-                           lines=_diff_lines(report), crumbs=[(None, "compare")])  # fmt: skip
+        cmp = compare_context(report, a, b, self.indexer, note)
+        return self.render("compare.html.j2", title="compare", a=a, b=b, error=None, cmp=cmp,
+                           crumbs=[(None, "compare")])  # fmt: skip
 
-    def _diff(self, a: BundleEntry, b: BundleEntry) -> dict[str, Any] | str:
-        """What ``rollout-bundle diff A B --json`` reports (the command itself, run once per pair)."""
-        key = (a.identity, b.identity)
+    def _diff(self, a: BundleEntry, b: BundleEntry, by: str | None = None) -> dict[str, Any] | str:
+        """What ``rollout-bundle diff A B [--by KEY] --json`` reports (the command itself, run once per pair)."""
+        key = (a.identity, b.identity, by)
         if key not in self._diffs:
             cmd = [sys.executable, "-m", "trainer_hooks.cli", "diff", a.location, b.location, "--json"]
+            cmd += ["--by", by] if by else []
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
             except subprocess.TimeoutExpired:
@@ -659,47 +684,6 @@ def replay_block(r: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def _by_step(points: list[Any]) -> list[Any]:
     return sorted(points, key=lambda p: p[0])
-
-
-def _diff_lines(report: Mapping[str, Any]) -> list[str]:
-    lines = []
-    for side in ("a", "b"):
-        r = report.get(side) or {}
-        lines.append(f"{side.upper()}: {r.get('path')} ({r.get('kind')}, {r.get('samples')} samples, "
-                     f"{r.get('media_files')} media files)")  # fmt: skip
-    if report.get("kind"):
-        lines.append(f"kind: {report['kind'].get('a')} -> {report['kind'].get('b')}")
-    for c in (report.get("meta") or {}).get("changes", []):
-        lines.append("  " + _change(c))
-    samples = report.get("samples") or {}
-    for c in samples.get("changed", [])[:200]:
-        lines.append(f"sample {c.get('key')} changed:")
-        lines += ["  " + _change(x) for x in c.get("changes", [])]
-        if c.get("more"):
-            lines.append(f"  ... and {c['more']} more")
-    for k in samples.get("removed", [])[:200]:
-        lines.append(f"sample {k} only in A (removed)")
-    for k in samples.get("added", [])[:200]:
-        lines.append(f"sample {k} only in B (added)")
-    media = report.get("media") or {}
-    for side, label in (("only_in_a", "A"), ("only_in_b", "B")):
-        for m in media.get(side, [])[:200]:
-            lines.append(f"media only in {label}: {m.get('path')} ({size(int(m.get('size') or 0))})")
-    lines.append(f"samples {len(samples.get('added', []))} added, {len(samples.get('removed', []))} removed, "
-                 f"{len(samples.get('changed', []))} changed, {samples.get('unchanged')} unchanged; media "
-                 f"{len(media.get('only_in_a', []))} only in A, {len(media.get('only_in_b', []))} only in B, "
-                 f"{media.get('common')} in both")  # fmt: skip
-    return lines
-
-
-def _change(c: Mapping[str, Any]) -> str:
-    def short(v: Any) -> str:
-        text = json.dumps(v, ensure_ascii=False, sort_keys=True, default=str)
-        return text if len(text) <= 100 else text[:97] + "..."
-
-    if "items_differ" in c:
-        return f"{c.get('path')}: {c['items_differ']} of {c.get('length')} items differ, first at [{c.get('first')}]"
-    return f"{c.get('path')}: {short(c.get('a'))} -> {short(c.get('b'))}"
 
 
 def _sample_changes(a: Any, b: Any) -> list[str]:
@@ -773,7 +757,7 @@ def _query(params: Mapping[str, str]) -> tuple[Query, dict[str, str]]:
             raise PageError(
                 400, "bad page", f"after: expected <value>:<position>, found {after[:60]!r}"
             ) from None
-        if math.isnan(v) or p < 0:
+        if not math.isfinite(v) or not 0 <= p < 2**62:  # SQLite's integers end at 2**63
             raise PageError(400, "bad page", f"after: out of range: {after[:60]!r}")
         q.after = (v, p)
     limit = params.get("limit")
@@ -868,7 +852,10 @@ def _page(state: ServeApp, fn: Callable[[Any], str]) -> Callable[[Any], Any]:
         except PageError as e:
             return _error_html(state, e.status, e.heading, e.message)
         except BundleError as e:  # the bundle's problem, named: a page, not a traceback
-            return _error_html(state, 502, "cannot read the bundle", str(e))
+            return _error_html(state, 502, "cannot read the bundle", display(str(e), MAX_SHOWN_CHARS))
+        except sqlite3.DatabaseError:  # a cached index damaged after it was opened; its path is not shown
+            return _error_html(state, 503, "index unreadable", "this bundle's cached index cannot be read; "
+                               "delete serve's cache (--cache-dir) to have it built again")  # fmt: skip
 
     return endpoint
 
@@ -928,7 +915,7 @@ def _asset_routes(state: ServeApp) -> list[Any]:
         except PageError as e:
             return _error_html(state, e.status, e.heading, e.message)
         except BundleError as e:
-            return _error_html(state, 502, "cannot read the picture", str(e))
+            return _error_html(state, 502, "cannot read the picture", display(str(e), MAX_SHOWN_CHARS))
         return Response(
             data, media_type="image/jpeg", headers={"cache-control": "private, max-age=86400, immutable"}
         )

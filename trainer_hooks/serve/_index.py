@@ -17,6 +17,16 @@ read; when complete it is renamed to its final name (a reader never takes a part
 whole one). Another process building the same index holds its lock file (``flock``); a
 ``.building`` file left by a process that died is rebuilt from the start.
 
+What names an index is verified, never claimed (issue 36): an index becomes complete only when
+every shard was read whole and matched its manifest digest (the reader checks each while it
+streams), so its identity is made of digests this server verified, whichever copy of the bundle
+it was read from. Two copies of one identity served at once (a run's bundle and a hostile twin
+with the same manifest) are both candidates: the first that reads whole builds the index, and a
+copy that fails has its own error (keyed by the copy, never by the identity), remembered with its
+files' fingerprint (:func:`_fingerprint`) and asked again once they change (a bundle copied in
+manifest first and shards later). A complete index that cannot be read (damaged in the cache) is
+removed and built again; its path, outside ROOT, is never put on a page.
+
 Rows hold what the table shows (status, reward, group, lengths, turns, advantage, a prompt key),
 never a screenshot or a token list; beside them each sample's page-ready view (what
 :func:`trainer_hooks.view.sample_view` keeps, compressed), so a sample page reads no shard. The text search indexes at most :data:`MAX_TEXT` characters
@@ -60,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from bundles import BundleError
-from bundles.support import Progress
+from bundles.support import LIMITS, MANIFEST_NAME, SHARDS_DIR, Progress, display
 from trainer_hooks.serve._run import BundleEntry
 from trainer_hooks.view import Image, SampleView, sample_view
 
@@ -72,6 +82,7 @@ __all__ = [
     "fts_query",
     "group_rows",
     "groups_page",
+    "positions_of",
     "prompt_key",
     "prompt_rows",
     "prompt_text",
@@ -91,6 +102,7 @@ PROMPT_ID_KEYS = ("prompt_id", "dataset_index", "data_index", "task_id")
 SORTS = {"position": "pos", "reward": "reward", "length": "resp_len", "turns": "turns",
          "advantage": "advantage", "tokens": "tokens"}  # fmt: skip
 _BIG = 1e308  # NULLs sort last, either direction
+MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]
 
 _SCHEMA = """
 CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -392,6 +404,26 @@ def _build(entry: BundleEntry, path: Path, progress: bool | None, finishing: thr
         con.close()
 
 
+def _fingerprint(entry: BundleEntry) -> Any:
+    """What a failed build of a local bundle is remembered with: its directory, manifest and
+    shards (inode, size, mtime), or its packed file's; a change (the shards of a bundle copied in
+    after its manifest arrived) asks again. None for a store bundle (tried once per server)."""
+    location = entry.location
+    if "://" in location:
+        return None
+    names = [""]
+    if os.path.isdir(location):
+        names += [MANIFEST_NAME, SHARDS_DIR] + [s.path for s in entry.bundle.manifest.shards]
+    out: list[tuple[str, int | None, int | None, int | None, int | None]] = []
+    for name in names:
+        try:
+            st = os.lstat(os.path.join(location, name) if name else location)
+            out.append((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode))
+        except (OSError, ValueError):
+            out.append((name, None, None, None, None))
+    return tuple(out)
+
+
 class Indexer:
     """Builds the indexes of a run's bundles in two background threads.
 
@@ -409,9 +441,13 @@ class Indexer:
         self.progress = progress
         self._cv = threading.Condition()
         self._queue: list[tuple[int, int, str]] = []  # (priority, seq, identity)
-        self._entries: dict[str, BundleEntry] = {}
-        self._errors: dict[str, str] = {}
-        self._done: set[str] = set()
+        # identity -> {entry id: entry}: every copy of one identity served (two runs' copies, a
+        # directory and its packed file); the index is built from the first copy that reads whole.
+        self._entries: dict[str, dict[str, BundleEntry]] = {}
+        # (entry id, identity) -> (its files' fingerprint then, why its build failed): one copy's failure,
+        # never the identity's; asked again once its files changed (see :func:`_fingerprint`).
+        self._errors: dict[tuple[str, str], tuple[Any, str]] = {}
+        self._done: set[str] = set()  # identities whose index is complete
         self._seq = itertools.count()
         self._finishing = threading.RLock()  # held while reading a building file, and to complete one
         self._queued: dict[str, int] = {}  # identity -> best priority queued
@@ -437,10 +473,12 @@ class Indexer:
 
     def add(self, entry: BundleEntry, priority: int = 10) -> None:
         with self._cv:
-            self._entries.setdefault(entry.identity, entry)
+            self._entries.setdefault(entry.identity, {})[entry.id] = entry
             if entry.identity in self._done or self.path(entry.identity).exists():
                 self._done.add(entry.identity)
                 return
+            if not self._candidates(entry.identity):
+                return  # every copy failed, none changed since
             if self._queued.get(entry.identity, WANTED + 2**40) <= priority:
                 return  # queued already, as early
             self._queued[entry.identity] = priority
@@ -458,10 +496,42 @@ class Indexer:
             with self._cv:
                 self._cv.wait(timeout=0.05)
 
+    def _candidates(self, identity: str) -> list[BundleEntry]:
+        """The copies of ``identity`` not known to fail (called under ``_cv``)."""
+        return [e for e in self._entries.get(identity, {}).values() if (e.id, identity) not in self._errors]
+
+    def _failed(self, entry: BundleEntry) -> str | None:
+        """Why ``entry``'s index cannot be built; None when it never failed, or its files changed
+        since it did (then it is queued again: a bundle copied in shard by shard is indexed once
+        whole)."""
+        failed = self._errors.get((entry.id, entry.identity))
+        if failed is None:
+            return None
+        if _fingerprint(entry) == failed[0]:
+            return failed[1]
+        with self._cv:
+            self._errors.pop((entry.id, entry.identity), None)
+        self.add(entry, priority=WANTED)
+        return None
+
+    def _discard(self, identity: str) -> None:
+        """A complete index that cannot be read (damaged in the cache): closed, removed, rebuilt."""
+        with self._pool_lock:
+            idle = self._idle.pop(identity, [])
+            self._idle_count -= len(idle)
+        for con in idle:
+            con.close()
+        with self._cv:
+            self._done.discard(identity)
+            self._summaries.pop(identity, None)
+        with contextlib.suppress(FileNotFoundError):
+            self.path(identity).unlink()  # the cache's own file, named by the identity
+
     def state(self, entry: BundleEntry) -> IndexState:
         total = len(entry.bundle)
-        if entry.identity in self._errors:
-            return IndexState(False, 0, total, self._errors[entry.identity])
+        error = self._failed(entry)
+        if error is not None:
+            return IndexState(False, 0, total, error)
         summary = self._summaries.get(entry.identity)
         if summary is not None:  # complete, read once (an index never changes once complete)
             return IndexState(True, total, total, summary=summary)
@@ -471,8 +541,16 @@ class Indexer:
                 with self.connect(entry) as con:  # kept for the page that asked (the pool)
                     raw = con.execute("SELECT v FROM meta WHERE k = 'summary'").fetchone()
                 summary = json.loads(raw[0]) if raw else {}
-            except (BundleError, sqlite3.Error, ValueError) as e:
-                return IndexState(False, 0, total, f"{final}: index unreadable: {e}")
+            except (sqlite3.DatabaseError, ValueError) as e:
+                if isinstance(e, sqlite3.OperationalError) and not str(e).startswith("no such table"):
+                    # Not the file's fault (out of descriptors, a lock): asked again next time.
+                    return IndexState(False, 0, total, f"{entry.rel}: the index cannot be read now: {e}")
+                # Damaged in the cache (the path is outside ROOT: never on a page): built again.
+                self._discard(entry.identity)
+                self.add(entry, priority=0)
+                return IndexState(False, 0, total)
+            except BundleError as e:
+                return IndexState(False, 0, total, f"{entry.rel}: the index cannot be read now: {e}")
             self._summaries[entry.identity] = summary
             return IndexState(True, total, total, summary=summary)
         building = self._building(entry.identity)
@@ -567,17 +645,32 @@ class Indexer:
                 if identity in self._done or identity in self._active:
                     continue  # built, or being built by the other thread
                 self._queued.pop(identity, None)
+                candidates = self._candidates(identity)
+                if not candidates:
+                    continue
                 self._active.add(identity)
-                entry = self._entries[identity]
+            built = False
             try:
-                self._one(entry)
+                for entry in candidates:
+                    stamp = _fingerprint(entry)
+                    error = self._one(entry)
+                    if error is None:
+                        built = True
+                        break
+                    with self._cv:
+                        self._errors[(entry.id, identity)] = (stamp, error)
             finally:
                 with self._cv:
                     self._active.discard(identity)
-                    self._done.add(identity)
+                    if built:
+                        self._done.add(identity)
                     self._cv.notify_all()
 
-    def _one(self, entry: BundleEntry) -> None:
+    def _one(self, entry: BundleEntry) -> str | None:
+        """Build ``entry``'s index (another process building it is waited for); why not, or None.
+        The index is complete only when every shard was read whole and matched its digest
+        (the reader checks each while streaming it), so the identity it is named by is made of
+        digests verified here, whichever copy of the bundle it was read from."""
         final = self.path(entry.identity)
         lock_path = self.dir / f"{entry.identity}.lock"
         try:
@@ -589,9 +682,10 @@ class Indexer:
                 finally:
                     fcntl.flock(lock, fcntl.LOCK_UN)
         except (BundleError, OSError, sqlite3.Error) as e:
-            self._errors[entry.identity] = f"{entry.rel}: cannot index: {e}"
+            return display(f"{entry.rel}: cannot index: {e}", MAX_SHOWN_CHARS)
         except Exception as e:  # a sample no reader should meet; the page says so, the server lives
-            self._errors[entry.identity] = f"{entry.rel}: cannot index: {type(e).__name__}: {e}"
+            return display(f"{entry.rel}: cannot index: {type(e).__name__}: {e}", MAX_SHOWN_CHARS)
+        return None
 
     def close(self) -> None:
         """Stop the build threads and close the kept connections (one in use is closed when given back)."""
@@ -729,3 +823,17 @@ def row_at(con: sqlite3.Connection, pos: int) -> dict[str, Any] | None:
              "prompt_key", "prompt_head", "truncated")  # fmt: skip
     r = con.execute(f"SELECT {', '.join(names)} FROM samples WHERE pos = ?", (pos,)).fetchone()
     return None if r is None else dict(zip(names, r, strict=True))
+
+
+def positions_of(con: sqlite3.Connection, keys: list[Any]) -> dict[Any, int]:
+    """The positions of the samples whose ``index`` is each of ``keys`` (as ``diff --by index``
+    names them), where the index holds one."""
+    out: dict[Any, int] = {}
+    for key in keys:
+        text = _key_text(key)
+        if text is None:
+            continue
+        r = con.execute("SELECT pos FROM samples WHERE idx = ? ORDER BY pos LIMIT 1", (text,)).fetchone()
+        if r is not None:
+            out[key] = int(r[0])
+    return out

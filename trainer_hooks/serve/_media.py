@@ -22,9 +22,18 @@ that refusal is not cached (another page, with budget left, draws it). A picture
 read from the cache and costs nothing. A large picture is reduced by an integer factor before its
 transparency is flattened (:func:`trainer_hooks.view.jpeg_bytes`).
 
-``<cache>/thumbs/<hex[:2]>/<hex>.json`` records the image's size (or why it cannot be shown),
-``<hex>.<width>.jpg`` each picture made. A screenshot shared by a checkpoint and a dump (one
-digest) is decoded and resized once.
+``<cache>/thumbs/<hex[:2]>/<hex>.json`` records the image's size, ``<hex>.<width>.jpg`` each
+picture made. A screenshot shared by a checkpoint and a dump (one digest) is decoded and resized
+once.
+
+What is cached under a digest is only what the server made from bytes it hashed itself and found
+to be that digest: never what a manifest claims, and never an error. Why a picture cannot be
+shown (its file is a symlink, a FIFO, missing, of another digest, not a PNG) is one bundle's
+copy's problem, or the problem of bytes another bundle may hold sound: it is kept in memory for
+that bundle only (:attr:`Pictures._failed`, keyed by the bundle's id and the media name, bounded)
+and asked again by the next server. A hostile bundle in another run sharing this cache (same
+HOME) whose ``media/<hex>.png`` is a FIFO cannot refuse a genuine bundle's screenshot of that
+digest; an ``error`` entry an older release wrote is read as no entry.
 """
 
 from __future__ import annotations
@@ -33,13 +42,14 @@ import hashlib
 import json
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import bundles
 from bundles import BundleError, MediaMissingError
-from bundles.support import LIMITS, atomic_write, media_name_ok, read_at_most
+from bundles.support import LIMITS, atomic_write, display, media_name_ok, read_at_most
 from trainer_hooks.serve._run import BundleEntry
 from trainer_hooks.view import MAX_MEDIA_BYTES, jpeg_bytes, shown_suffix
 
@@ -49,6 +59,8 @@ THUMB = 320
 LARGE = 1280
 WIDTHS = (THUMB, LARGE, 1920)
 QUALITY = {THUMB: 72, LARGE: 80, 1920: 85}
+MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]
+MAX_FAILED = 4096  # (bundle, media name) -> why it cannot be shown, kept in memory
 
 
 class OverBudget(Exception):
@@ -104,6 +116,20 @@ class Pictures:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        # (bundle id, media name) -> why that bundle's copy cannot be shown: never on disk, never
+        # under the digest alone (another bundle's copy of the digest may be sound).
+        self._failed: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    def _failure(self, entry: BundleEntry, name: str) -> str | None:
+        with self._guard:
+            return self._failed.get((entry.id, name))
+
+    def _fail(self, entry: BundleEntry, name: str, error: str) -> str:
+        with self._guard:
+            self._failed[(entry.id, name)] = error
+            while len(self._failed) > MAX_FAILED:
+                self._failed.popitem(last=False)
+        return error
 
     def _lock(self, hexd: str) -> threading.Lock:
         with self._guard:
@@ -131,11 +157,9 @@ class Pictures:
         d, hexd = self._paths(name)
         try:
             raw = json.loads((d / f"{hexd}.json").read_text())
-        except (OSError, ValueError):
+            return ImageInfo(name, size=(int(raw["w"]), int(raw["h"])))
+        except (OSError, ValueError, TypeError, KeyError):  # absent, damaged, or an old error entry
             return None
-        if raw.get("error"):
-            return ImageInfo(name, error=str(raw["error"]))
-        return ImageInfo(name, size=(int(raw["w"]), int(raw["h"])))
 
     def info(self, entry: BundleEntry, name: str, budget: PixelBudget | None = None) -> ImageInfo:
         """The picture's size, decoding it (and writing its thumbnail) the first time, within
@@ -146,7 +170,7 @@ class Pictures:
         cached = self._cached_info(name)
         if cached is not None:
             return cached
-        error = self._make(entry, name, (THUMB,), budget or PixelBudget())
+        error = self._failure(entry, name) or self._make(entry, name, (THUMB,), budget or PixelBudget())
         if error is not None:
             return ImageInfo(name, error=error)
         return self._cached_info(name) or ImageInfo(name, error=f"media/{name}: cannot be shown")
@@ -164,10 +188,7 @@ class Pictures:
             return path.read_bytes()
         except FileNotFoundError:
             pass
-        info = self._cached_info(name)
-        if info is not None and info.error:
-            return info.error
-        err = self._make(entry, name, (width,), PixelBudget())
+        err = self._failure(entry, name) or self._make(entry, name, (width,), PixelBudget())
         if err:
             return err
         try:
@@ -178,41 +199,53 @@ class Pictures:
     def _make(
         self, entry: BundleEntry, name: str, widths: tuple[int, ...], budget: PixelBudget
     ) -> str | None:
+        """Read, verify, decode (within ``budget``) and cache ``name``'s pictures; why not
+        (remembered for ``entry`` only, see the module's docstring), or None when made."""
         d, hexd = self._paths(name)
-        where = f"media/{name}"
         with self._lock(hexd):
             todo = [w for w in widths if not (d / f"{hexd}.{w}.jpg").exists()]
             if not todo and self._cached_info(name) is not None:
                 return None
-            size = media_sizes(entry)[name]
-            error: str | None = None
-            image = None
-            try:
-                with entry.bundle.open_media(name) as f:
-                    data = read_at_most(f, size + 1)
-                if len(data) != size:
-                    error = f"{where}: size: expected {size} bytes, found {len(data)}"
-                elif hashlib.sha256(data).hexdigest() != hexd:
-                    error = f"{where}: its bytes are not the digest it is stored under"
-                else:
-                    image = bundles.decode_image(data, where=where, reserve=budget.take)
-            except OverBudget as e:
-                return f"{where}: not drawn: {e}"  # this page's budget, not the picture's fault: not cached
-            except MediaMissingError:
-                return f"{where}: missing from the bundle"  # this copy's problem: not cached
-            except BundleError as e:
-                error = str(e).replace("<_io.BytesIO object", "<the stored bytes")
-            except OSError as e:
-                return f"{where}: cannot read: {e.strerror or e}"
+            image, error, verified = self._decode(entry, name, budget)
+            if image is None:
+                error = error or f"media/{name}: cannot be shown"
+                # Bytes of the digest that do not decode stay so: remembered (for this bundle).
+                # A file missing, unsafe, cut short or of other bytes may be put right (a copy
+                # still arriving): asked again next time, which costs one open or one bounded read.
+                return self._fail(entry, name, error) if verified else error
             d.mkdir(parents=True, exist_ok=True)
-            if error is not None and image is None and ("digest it is stored" in error or "size:" in error):
-                return error  # another copy of this digest may be sound: nothing cached
-            if error is not None:
-                atomic_write(d / f"{hexd}.json", json.dumps({"error": error}).encode())
-                return error
-            assert image is not None
-            with image:
+            with image:  # bytes of this digest, hashed here: safe to share under it
                 for w in todo:
                     atomic_write(d / f"{hexd}.{w}.jpg", _jpeg(image, w))
                 atomic_write(d / f"{hexd}.json", json.dumps({"w": image.width, "h": image.height}).encode())
             return None
+
+    def _decode(self, entry: BundleEntry, name: str, budget: PixelBudget) -> tuple[Any, str | None, bool]:
+        """(the decoded image, None, True) from bytes whose sha256 is the digest ``name`` says,
+        else (None, why not, whether the bytes were that digest's). A picture past what is left of
+        ``budget`` is not drawn: the page's budget, not the picture's fault, so not remembered."""
+        where = f"media/{name}"
+        size = media_sizes(entry)[name]
+        try:
+            with entry.bundle.open_media(name) as f:
+                data = read_at_most(f, size + 1)
+        except MediaMissingError:
+            return None, f"{where}: missing from the bundle", False
+        except BundleError as e:
+            return None, display(str(e), MAX_SHOWN_CHARS), False
+        except OSError as e:
+            return None, f"{where}: cannot read: {e.strerror or e}", False
+        if len(data) != size:
+            return None, f"{where}: size: expected {size} bytes, found {len(data)}", False
+        if hashlib.sha256(data).hexdigest() != name.partition(".")[0]:
+            return None, f"{where}: its bytes are not the digest it is stored under", False
+        try:
+            return bundles.decode_image(data, where=where, reserve=budget.take), None, True
+        except OverBudget as e:
+            return None, f"{where}: not drawn: {e}", False
+        except BundleError as e:
+            return (
+                None,
+                display(str(e).replace("<_io.BytesIO object", "<the stored bytes"), MAX_SHOWN_CHARS),
+                True,
+            )

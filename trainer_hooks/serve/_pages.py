@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bundles.support import human_bytes
-from trainer_hooks.serve._index import Indexer
+from trainer_hooks.serve._index import Indexer, IndexState, positions_of
 from trainer_hooks.serve._media import LARGE, THUMB, ImageInfo, Pictures, PixelBudget
 from trainer_hooks.serve._run import BundleEntry
 from trainer_hooks.view import (
@@ -32,9 +32,20 @@ from trainer_hooks.view import (
     turn_action,
 )
 
-__all__ = ["SampleCache", "badge", "fmt", "px", "sample_context", "size", "trend"]
+__all__ = [
+    "SampleCache",
+    "badge",
+    "building_context",
+    "compare_context",
+    "fmt",
+    "px",
+    "sample_context",
+    "size",
+    "trend",
+]
 
 MAX_TEXT = 20_000
+MAX_COMPARE_ROWS = 200  # samples changed, only in A, only in B: each listed up to this many
 STATUS_CLASS = {"completed": "ok", "truncated": "warn", "aborted": "warn", "failed": "bad", "pending": "info"}
 
 
@@ -209,11 +220,11 @@ def sample_context(
     }
 
 
-def _short(v: Any) -> str:
+def _short(v: Any, limit: int = 60) -> str:
     if v is None:
         return "–"
     text = json.dumps(v, ensure_ascii=False, sort_keys=True, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def trend(title: str, points: list[tuple[int, float]], band: list[tuple[int, float, float]] | None = None,
@@ -247,6 +258,79 @@ def trend(title: str, points: list[tuple[int, float]], band: list[tuple[int, flo
         lower = [f"{px(x(s))},{px(y(a))}" for s, a, _ in reversed(band)]
         out["band"] = " ".join(upper + lower)
     return out
+
+
+def building_context(entry: BundleEntry, st: IndexState, heading: str, what: str) -> dict[str, Any]:
+    """A page that needs its bundle's complete index (a group), while the index builds: how far
+    it is, and a refresh (a meta refresh: no script, which the CSP allows)."""
+    percent = int(100 * st.rows / st.total) if st.total else 100
+    return {"title": heading, "heading": heading, "kind": entry.kind, "name": entry.rel, "percent": percent,
+            "rows": st.rows, "total": st.total, "what": what, "bundle_href": f"/b/{entry.id}", "refresh": 2,
+            "crumbs": [(f"/b/{entry.id}", entry.rel), (None, heading)]}  # fmt: skip
+
+
+def _positions(indexer: Indexer, entry: BundleEntry, by: str, keys: list[Any]) -> dict[Any, int]:
+    """Where the samples named by ``keys`` sit in ``entry``: the keys themselves when matched by
+    position, else looked up in the index (none while it is not built)."""
+    if by == "position":
+        return {k: k for k in keys if isinstance(k, int) and 0 <= k < len(entry.bundle)}
+    if by != "index" or not keys or not indexer.state(entry).complete:
+        return {}
+    with indexer.connect(entry) as con:
+        return positions_of(con, keys)
+
+
+def compare_context(report: Mapping[str, Any], a: BundleEntry, b: BundleEntry, indexer: Indexer,
+                    note: str | None) -> dict[str, Any]:  # fmt: skip
+    """What ``rollout-bundle diff A B --by index --json`` reported, as the compare page's table:
+    one row per sample changed, removed or added, each with links to the sample on either side
+    and to the two side by side."""
+    by = str(report.get("by") or "position")
+    samples = report.get("samples") or {}
+    media = report.get("media") or {}
+    changed = list(samples.get("changed") or [])[:MAX_COMPARE_ROWS]
+    removed = list(samples.get("removed") or [])[:MAX_COMPARE_ROWS]
+    added = list(samples.get("added") or [])[:MAX_COMPARE_ROWS]
+    in_a, in_b = _positions(indexer, a, by, removed), _positions(indexer, b, by, added)
+    rows: list[dict[str, Any]] = []
+    for c in changed:
+        i, j = c.get("position_a"), c.get("position_b")
+        lines = [_change(x) for x in c.get("changes") or []] + (
+            [f"… and {c['more']} more"] if c.get("more") else []
+        )
+        rows.append({"key": _short(c.get("key")), "what": "changed", "cls": "warn", "changes": lines,
+                     "a_href": f"/b/{a.id}/s/{i}", "b_href": f"/b/{b.id}/s/{j}", "a_pos": i, "b_pos": j,
+                     "both_href": f"/compare/samples?a={a.id}&i={i}&b={b.id}&j={j}"})  # fmt: skip
+    for keys, side, found, entry in ((removed, "a", in_a, a), (added, "b", in_b, b)):
+        for k in keys:
+            p = found.get(k)
+            row: dict[str, Any] = {"key": _short(k), "what": f"only in {side.upper()}", "cls": "bad" if side == "a" else "ok",
+                   "changes": [], "a_href": None, "b_href": None, "a_pos": None, "b_pos": None, "both_href": None}  # fmt: skip
+            if p is not None:
+                row[f"{side}_href"], row[f"{side}_pos"] = f"/b/{entry.id}/s/{p}", p
+            rows.append(row)
+    counts: dict[str, Any] = {"changed": len(samples.get("changed") or []), "removed": len(samples.get("removed") or []),
+                              "added": len(samples.get("added") or []), "unchanged": samples.get("unchanged")}  # fmt: skip
+    meta = [_change(c) for c in (report.get("meta") or {}).get("changes", [])]
+    kind = report.get("kind")
+    return {"same": bool(report.get("same")), "by": by, "note": note, "rows": rows, "counts": counts,
+            "more": max(0, counts["changed"] + counts["removed"] + counts["added"] - len(rows)),
+            "meta": meta, "kind": f"{kind.get('a')} -> {kind.get('b')}" if isinstance(kind, Mapping) else None,
+            "media_a": [_media_line(m) for m in list(media.get("only_in_a") or [])[:MAX_COMPARE_ROWS]],
+            "media_b": [_media_line(m) for m in list(media.get("only_in_b") or [])[:MAX_COMPARE_ROWS]],
+            "media_common": media.get("common")}  # fmt: skip
+
+
+def _media_line(m: Any) -> str:
+    return f"{m.get('path')} ({size(int(m.get('size') or 0))})" if isinstance(m, Mapping) else _short(m)
+
+
+def _change(c: Any) -> str:
+    if not isinstance(c, Mapping):
+        return _short(c)
+    if "items_differ" in c:
+        return f"{c.get('path')}: {c['items_differ']} of {c.get('length')} items differ, first at [{c.get('first')}]"
+    return f"{c.get('path')}: {_short(c.get('a'), 100)} -> {_short(c.get('b'), 100)}"
 
 
 def quote(text: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 import bundles
 from bundles import Bundle, BundleError
-from bundles.support import MEDIA_DIR
+from bundles.support import LIMITS, MEDIA_DIR, display
 
 __all__ = ["INDEX_VERSION", "BundleEntry", "Run", "identity_of"]
 
@@ -40,6 +40,7 @@ MAX_DEPTH = 4
 #: Sub-prefixes looked into on a store (a store has no directories to walk without listing).
 STORE_SUBDIRS = ("rollout", "debug", "dumps", "eval", "rollout_data", "ckpt", "ckpt/rollout")
 OPEN_WORKERS = 8
+MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]
 _STEP_RE = re.compile(r"(\d+)(?:\.bundle|\.rbundle)?$")
 
 
@@ -54,7 +55,8 @@ def identity_of(bundle: Bundle) -> str:
     head = {"kind": m.kind, "meta": m.meta, "samples": m.sample_count, "media": len(m.media),
             "format_version": m.format_version, "shards": [s.digest for s in m.shards]}  # fmt: skip
     text = json.dumps(head, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-    return hashlib.sha256(f"serve-index-{INDEX_VERSION}\n{text}".encode()).hexdigest()
+    # surrogatepass: a meta holding a lone surrogate ("\ud800" is valid JSON) has an identity too
+    return hashlib.sha256(f"serve-index-{INDEX_VERSION}\n{text}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass
@@ -63,7 +65,7 @@ class BundleEntry:
 
     id: str  # opaque: the only name routes take
     location: str  # what list_bundles returned: a path or a URL
-    rel: str  # shown: the location relative to ROOT
+    rel: str  # shown: the location relative to ROOT, through bundles.support.display
     bundle: Bundle
     identity: str
     step: int | None
@@ -209,34 +211,27 @@ class Run:
         listed = self._locations()
         known = {e.location: e for e in self.entries.values()}
         todo = [loc for loc in listed if loc not in known or _stamp(loc) != known[loc].extra.get("stamp")]
-        gone = [e for loc, e in known.items() if loc not in set(listed)]
+        listed_set = set(listed)
+        gone = [e for loc, e in known.items() if loc not in listed_set]
+        for location in [loc for loc in self.problems if loc not in listed_set]:
+            del self.problems[location]  # a damaged bundle removed: its note goes with it
         if gone:
             with self._lock:
                 for e in gone:
                     self.entries.pop(e.id, None)
 
-        def open_one(location: str) -> Bundle | str:
-            try:
-                return bundles.open_bundle(location, verify="none", storage_options=self.storage_options)
-            except BundleError as err:
-                return str(err)
-            except OSError as err:
-                return f"{location}: cannot read: {err.strerror or err}"
+        def open_one(location: str) -> BundleEntry | str:
+            return self._open_entry(location)
 
         # Manifests read a few at a time: a run of hundreds of bundles on a store is hundreds of
         # small requests, each mostly waiting.
         with ThreadPoolExecutor(OPEN_WORKERS) as pool:
             opened = list(pool.map(open_one, todo))
-        for location, bundle in zip(todo, opened, strict=True):
-            eid = _entry_id(location)
-            if isinstance(bundle, str):
-                self.problems[location] = bundle
+        for location, entry in zip(todo, opened, strict=True):
+            if isinstance(entry, str):
+                self.problems[location] = entry
                 continue
             self.problems.pop(location, None)
-            rel = self._rel(location)
-            entry = BundleEntry(eid, location, rel, bundle, identity_of(bundle),
-                                _step(bundle, os.path.basename(location.rstrip("/"))))  # fmt: skip
-            entry.extra["stamp"] = _stamp(location)
             new.append(entry)
         if new:
             with self._lock:
@@ -249,6 +244,27 @@ class Run:
                 for listener in self.listeners:
                     listener(e)
         return new
+
+    def _open_entry(self, location: str) -> BundleEntry | str:
+        """The run's entry for the bundle at ``location``, or the note the run page shows instead
+        (shown with :func:`bundles.support.display`): one bundle's defect is never the run's
+        failure, so nothing but a note comes out of here, whatever the bundle holds."""
+        try:
+            bundle = bundles.open_bundle(location, verify="none", storage_options=self.storage_options)
+        except BundleError as err:
+            return display(str(err), MAX_SHOWN_CHARS)
+        except OSError as err:
+            return display(f"{location}: cannot read: {err.strerror or err}", MAX_SHOWN_CHARS)
+        except Exception as err:  # a reader's defect: this bundle's note, the run is served
+            return display(f"{location}: cannot open: {type(err).__name__}: {err}", MAX_SHOWN_CHARS)
+        try:
+            entry = BundleEntry(_entry_id(location), location, display(self._rel(location)), bundle, identity_of(bundle),
+                                _step(bundle, os.path.basename(location.rstrip("/"))))  # fmt: skip
+        except Exception as err:
+            bundle.close()
+            return display(f"{location}: cannot be served: {type(err).__name__}: {err}", MAX_SHOWN_CHARS)
+        entry.extra["stamp"] = _stamp(location)
+        return entry
 
     def ordered(self) -> list[BundleEntry]:
         with self._lock:

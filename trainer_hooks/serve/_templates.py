@@ -5,6 +5,12 @@ that draw a sample's turns and its large views are view's (``macros.html.j2``,
 ``turn.html.j2``), loaded by package name, so a screenshot and its action look the same in a
 static report and on the server. Everything is autoescaped (``autoescape=True`` for every
 template), no template uses ``|safe``, and an undefined name is an error.
+
+Every value a page prints goes through :func:`_printable` (Jinja2's ``finalize``): a text that
+cannot be encoded as UTF-8 (a lone surrogate from a manifest's meta, a non-UTF-8 file name held
+as ``surrogateescape``) is shown through :func:`bundles.support.display` instead of failing the
+page. Names (a bundle's path, a note) are put through ``display`` where the page is assembled;
+this is the net under them, so that no value from a bundle can make a page a 500.
 """
 
 from __future__ import annotations
@@ -14,8 +20,20 @@ from importlib import resources
 from typing import Any
 
 from bundles import BundleError
+from bundles.support import display
 
 __all__ = ["environment", "stylesheet"]
+
+
+def _printable(value: Any) -> Any:
+    """``value``, or where it is a text UTF-8 cannot encode, that text shown by ``display``
+    (its undecodable bytes and lone surrogates escaped, nothing cut)."""
+    if type(value) is str and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return display(value, len(value) + 1)
+    return value
 
 
 @functools.cache
@@ -37,6 +55,7 @@ def environment() -> Any:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_printable,
         auto_reload=False,  # the package's templates do not change while serving: no stat per page
     )
 
