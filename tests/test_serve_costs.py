@@ -99,6 +99,12 @@ def _get(port: int, path: str, timeout: float = 120) -> tuple[int, bytes]:
         con.close()
 
 
+def _listed(port: int, n: int) -> bytes | None:
+    """The run page once the listing has ended with ``n`` bundles (None before)."""
+    body = _get(port, "/")[1]
+    return body if "listing…".encode() not in body and f">{n}</div>".encode() in body else None
+
+
 def _status(pid: int, field: str) -> int:
     """A ``/proc/<pid>/status`` memory field, in bytes."""
     text = Path(f"/proc/{pid}/status").read_text()
@@ -239,3 +245,213 @@ def test_a_sample_of_thousands_of_turns_shows_a_page_of_them(tmp_path: Path) -> 
         assert page.text.count('<li class="turn">') == shown
         assert len(page.content) < 2 * MiB, len(page.content)
         assert f">{n}</td>" in client.get(f"/b/{bid}").text  # the table counts every turn
+
+
+# -- item 13: the socket listens before the run is listed; the run page is paged -----------------------
+
+
+def _tiny_run(root: Path, n: int, packed: bool = False) -> list[Path]:
+    from bundles import pack_bundle
+
+    out = []
+    for i in range(n):
+        where = root / "rollout" / f"rollout_{i}"
+        write_bundle(where, [{"index": i, "reward": float(i % 2), "response": "ok", "status": "completed"}],
+                     meta={"rollout_id": i})  # fmt: skip
+        if packed:
+            out.append(Path(pack_bundle(where, root / "rollout" / f"rollout_{i}.rbundle")))
+            import shutil
+
+            shutil.rmtree(where)
+        else:
+            out.append(where)
+    return out
+
+
+@needs_proc
+def test_the_server_answers_while_a_large_run_is_listed_and_its_run_page_is_paged(tmp_path: Path) -> None:
+    # 2,000 tiny bundles (100,000 in the issue: 51 s before the socket listened, 1.3 GB, a 22 s
+    # unpaged run page). e5d94e3 listed and opened every bundle before it printed its address.
+    n = 2_000
+    _tiny_run(tmp_path / "run", n)
+    proc, port = _serve([str(tmp_path / "run")], tmp_path)
+    try:
+        status, first = _get(port, "/")
+        assert status == 200
+        m = re.search(r"listing… (\d+) found so far", first.decode())
+        assert m, "the first page was answered after the listing ended"
+        assert int(m.group(1)) < n
+        page = wait_until(lambda: _listed(port, n), "the run listed", timeout=300, poll=0.2)
+        text = page.decode()
+        assert len(_ids(text)) == 100 and 'href="/?from=100"' in text and "bundles 1–100" in text
+        assert len(page) < 150_000, len(page)  # a page of 100 rows, whatever the run holds
+        last = _get(port, "/?from=1900")[1].decode()
+        assert len(_ids(last)) == 100 and "rollout/rollout_1999" in last and "next page" not in last
+        assert _get(port, "/?from=2000")[0] == 404 and _get(port, "/?from=x")[0] == 400
+        # What a listed bundle costs: its row, not an open bundle (e5d94e3: ~13 KB each).
+        rss = _status(proc.pid, "VmRSS")
+    finally:
+        err = _stop(proc)
+    assert "Traceback" not in err and f"{n} bundle(s) under" in err
+    assert rss < 400 * MiB, f"{rss / MiB:.0f} MiB resident with {n} bundles listed"
+
+
+# -- item 14: a bounded pool for diff work ------------------------------------------------------------------
+
+
+def _children(pid: int, word: str) -> int:
+    """Processes whose parent is ``pid`` and whose command line holds ``word``."""
+    count = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{d}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid and word in Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0"):
+                count += 1
+        except (OSError, ValueError, IndexError):
+            continue
+    return count
+
+
+@needs_proc
+def test_concurrent_compares_run_a_bounded_number_of_diffs_and_other_pages_answer(tmp_path: Path) -> None:
+    # 16 compares at once (40 in the issue: 40 diff processes, another client waited 8 s): at
+    # most DIFF_WORKERS diff processes ever run, the rest are told to retry, a plain page answers.
+    import threading
+
+    from trainer_hooks.serve._app import DIFF_WORKERS
+
+    _tiny_run(tmp_path / "run", 6)
+    proc, port = _serve([str(tmp_path / "run")], tmp_path)
+    try:
+        wait_until(lambda: len(_ids(_get(port, "/")[1].decode())) == 6, "the run listed", timeout=120)
+        ids = _ids(_get(port, "/")[1].decode())
+        pairs = [(a, b) for a in ids for b in ids if a != b][:16]
+        most = 0
+        done = threading.Event()
+
+        def watch() -> None:
+            nonlocal most
+            while not done.is_set():
+                most = max(most, _children(proc.pid, b"diff"))
+
+        statuses: list[int] = []
+
+        def compare(a: str, b: str) -> None:
+            statuses.append(_get(port, f"/compare?a={a}&b={b}", timeout=300)[0])
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        clients = [threading.Thread(target=compare, args=pair) for pair in pairs]
+        for c in clients:
+            c.start()
+        wait_until(lambda: _children(proc.pid, b"diff") > 0 or len(statuses) == len(pairs), "a diff running")
+        plain = _get(port, "/")  # answered while diffs run
+        for c in clients:
+            c.join()
+        done.set()
+        watcher.join()
+    finally:
+        err = _stop(proc)
+    assert plain[0] == 200
+    assert 1 <= most <= DIFF_WORKERS, most
+    assert sorted(set(statuses)) <= [200, 503] and statuses.count(200) >= 1 and statuses.count(503) >= 1, (
+        statuses
+    )
+    assert "Traceback" not in err
+
+
+# -- item 14: descriptors opened on demand, closed when a bundle goes ----------------------------------------
+
+
+def _fds(pid: int, packed_only: bool = False) -> int:
+    """The descriptors ``pid`` holds (with ``packed_only``, those of packed bundle files)."""
+    names = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            names.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return sum(1 for n in names if ".rbundle" in n) if packed_only else len(names)
+
+
+def _low_fd_limit(n: int) -> Any:
+    def lower() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+    return lower
+
+
+@needs_proc
+def test_a_run_of_more_packed_bundles_than_descriptors_is_served(tmp_path: Path) -> None:
+    # 400 packed bundles under a limit of 256 descriptors (1,500 under 1,024 in the issue):
+    # e5d94e3 kept every packed bundle open and did not start.
+    _tiny_run(tmp_path / "run", 400, packed=True)
+    proc, port = _serve([str(tmp_path / "run")], tmp_path, preexec=_low_fd_limit(256))
+    try:
+        page = wait_until(lambda: _listed(port, 400), "the run listed", timeout=300, poll=0.2)
+        ids = _ids(page.decode())
+        for bid in ids[:100]:  # every page on the first, each bundle opened
+            assert _get(port, f"/b/{bid}")[0] == 200
+            assert _get(port, f"/b/{bid}/s/0")[0] == 200
+        last = _ids(_get(port, "/?from=300")[1].decode())
+        assert _get(port, f"/b/{last[-1]}/s/0")[0] == 200
+        held = _fds(proc.pid)
+    finally:
+        err = _stop(proc)
+    assert "Too many open files" not in err and "Traceback" not in err, err[-2000:]
+    assert held < 200, held
+
+
+@needs_proc
+def test_under_follow_replaced_and_removed_packed_bundles_are_closed(tmp_path: Path) -> None:
+    # 60 changes (9 -> 70 descriptors on e5d94e3): a packed bundle replaced or removed is let go.
+    root = tmp_path / "run"
+    packed = _tiny_run(root, 4, packed=True)
+    proc, port = _serve([str(root), "--follow", "--follow-interval", "0.1"], tmp_path)
+    try:
+        wait_until(lambda: len(_ids(_get(port, "/")[1].decode())) == 4, "the run listed", timeout=120)
+        for bid in _ids(_get(port, "/")[1].decode()):
+            assert _get(port, f"/b/{bid}/s/0")[0] == 200
+        before = _fds(proc.pid, packed_only=True)
+        scratch = tmp_path / "scratch"
+        for k in range(30):
+            _change(port, root, packed[k % 4], scratch, k)
+        after = _fds(proc.pid, packed_only=True)
+    finally:
+        err = _stop(proc)
+    assert "Traceback" not in err
+    assert after <= max(before, 4), (before, after)  # at most one per bundle of the run
+
+
+def _change(port: int, root: Path, target: Path, scratch: Path, k: int) -> None:
+    """Two changes under a followed run: ``target`` replaced by a new packed file (a page opens
+    it), and another packed bundle added, opened, removed."""
+    from bundles import pack_bundle
+
+    write_bundle(
+        scratch / f"b{k}", [{"index": k, "reward": 1.0, "response": f"v{k}"}], meta={"rollout_id": k % 4}
+    )
+    os.replace(pack_bundle(scratch / f"b{k}", scratch / f"b{k}.rbundle"), target)
+    wait_until(lambda: f"v{k}".encode() in _sample_of(port, target.name), "the replaced bundle served",
+               timeout=60, poll=0.05)  # fmt: skip
+    extra = root / "rollout" / f"extra_{k}.rbundle"
+    os.replace(pack_bundle(scratch / f"b{k}", scratch / f"e{k}.rbundle"), extra)
+    wait_until(lambda: f"v{k}".encode() in _sample_of(port, extra.name), "the added bundle served",
+               timeout=60, poll=0.05)  # fmt: skip
+    extra.unlink()
+    wait_until(lambda: extra.name.encode() not in _get(port, "/")[1], "the removed bundle gone",
+               timeout=60, poll=0.05)  # fmt: skip
+
+
+def _sample_of(port: int, name: str) -> bytes:
+    """The first sample page of the bundle named ``name`` on the run page (b"" while not listed)."""
+    page = _get(port, "/")[1].decode()
+    m = re.search(rf'href="/b/([0-9a-f]{{16}})">rollout/{re.escape(name)}<', page)
+    if not m:
+        return b""
+    return _get(port, f"/b/{m.group(1)}/s/0")[1]
