@@ -63,7 +63,7 @@ def identity_of(bundle: Bundle) -> str:
     return hashlib.sha256(f"serve-index-{INDEX_VERSION}\n{text}".encode()).hexdigest()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class BundleEntry:
     """One bundle of the run, as its manifest told it when listed: what the run page shows, and
     no open bundle. :attr:`bundle` opens it when a page or the indexer needs it (through the
