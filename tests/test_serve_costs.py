@@ -34,8 +34,7 @@ pytest.importorskip("PIL.Image")
 from starlette.testclient import TestClient
 
 from trainer_hooks.serve import create_app
-from trainer_hooks.view import sample_view
-from trainer_hooks.view._actions import tool_calls
+from trainer_hooks.view import sample_view, write_html_report
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1024 * 1024
@@ -114,6 +113,11 @@ def _status(pid: int, field: str) -> int:
 
 
 # -- item 13: text cut before it is parsed ------------------------------------------------------------
+
+
+def tool_calls(response: str) -> list[str]:
+    """The tool calls a page reads of ``response`` (``view``'s rule, shared by serve)."""
+    return sample_view(0, {"response": response}, "/nowhere/").tool_calls
 
 
 def test_tool_calls_read_a_bounded_prefix_in_linear_time() -> None:
@@ -245,6 +249,11 @@ def test_a_sample_of_thousands_of_turns_shows_a_page_of_them(tmp_path: Path) -> 
         assert page.text.count('<li class="turn">') == shown
         assert len(page.content) < 2 * MiB, len(page.content)
         assert f">{n}</td>" in client.get(f"/b/{bid}").text  # the table counts every turn
+    # view's static page: the same rule.
+    out = tmp_path / "view.html"
+    write_html_report(tmp_path / "run" / "b", out, progress=False)
+    text = out.read_text()
+    assert f"{n - shown} more turns not shown" in text and len(text) < 4 * MiB
 
 
 # -- item 13: the socket listens before the run is listed; the run page is paged -----------------------
