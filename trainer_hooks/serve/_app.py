@@ -232,13 +232,14 @@ class DiffPool:
         self.workers = workers
         self.capacity = capacity
         self._slots = threading.BoundedSemaphore(workers)
-        self._kept: OrderedDict[tuple[str, str], tuple[dict[str, Any], int]] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, str, str | None], tuple[dict[str, Any], int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def report(self, a: BundleEntry, b: BundleEntry) -> dict[str, Any] | str:
-        """The report, or why there is none; :class:`PageError` 503 when every slot is taken."""
-        key = (a.identity, b.identity)
+    def report(self, a: BundleEntry, b: BundleEntry, by: str | None = None) -> dict[str, Any] | str:
+        """The report (``--by by`` when given), or why there is none; :class:`PageError` 503 when
+        every slot is taken."""
+        key = (a.identity, b.identity, by)
         with self._lock:
             kept = self._kept.get(key)
             if kept is not None:
@@ -248,6 +249,7 @@ class DiffPool:
             raise PageError(503, "busy", f"{self.workers} comparisons are running; retry in a moment")
         try:
             cmd = [sys.executable, "-m", "trainer_hooks.cli", "diff", a.location, b.location, "--json"]
+            cmd += ["--by", by] if by else []
             try:
                 done = subprocess.run(
                     cmd, capture_output=True, text=True, timeout=DIFF_TIMEOUT_S, check=False
@@ -267,7 +269,7 @@ class DiffPool:
         self._keep(key, report, len(done.stdout))
         return report
 
-    def _keep(self, key: tuple[str, str], report: dict[str, Any], n: int) -> None:
+    def _keep(self, key: tuple[str, str, str | None], report: dict[str, Any], n: int) -> None:
         if n > self.capacity // 4:
             return
         with self._lock:
@@ -692,12 +694,16 @@ class ServeApp:
                            samples_with_turns=sides[0] + sides[1], defs=list(defs.values()))  # fmt: skip
 
     def compare_page(self, a: BundleEntry, b: BundleEntry) -> str:
-        report = self.diffs.report(a, b)
+        report = self._diff(a, b)
         if isinstance(report, str):
             return self.render("compare.html.j2", title="compare", a=a, b=b, error=report, report={}, lines=[],
                                crumbs=[(None, "compare")])  # fmt: skip
         return self.render("compare.html.j2", title="compare", a=a, b=b, error=None, report=report,
                            lines=_diff_lines(report), crumbs=[(None, "compare")])  # fmt: skip
+
+    def _diff(self, a: BundleEntry, b: BundleEntry, by: str | None = None) -> dict[str, Any] | str:
+        """What ``rollout-bundle diff A B [--by KEY] --json`` reports: :attr:`diffs`' (a bounded pool)."""
+        return self.diffs.report(a, b, by)
 
     def compare_samples_page(self, a: BundleEntry, i: int, b: BundleEntry, j: int) -> str:
         for e, p in ((a, i), (b, j)):

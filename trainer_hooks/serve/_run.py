@@ -30,7 +30,7 @@ from typing import Any
 
 import bundles
 from bundles import Bundle, BundleError
-from bundles.support import MEDIA_DIR
+from bundles.support import LIMITS, MEDIA_DIR, display
 
 __all__ = ["INDEX_VERSION", "BundleEntry", "Run", "identity_of"]
 
@@ -41,6 +41,7 @@ MAX_DEPTH = 4
 #: Sub-prefixes looked into on a store (a store has no directories to walk without listing).
 STORE_SUBDIRS = ("rollout", "debug", "dumps", "eval", "rollout_data", "ckpt", "ckpt/rollout")
 OPEN_WORKERS = 8
+MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]
 #: Bundles kept open at once (a packed one holds a descriptor): see :class:`OpenBundles`.
 MAX_OPEN_BUNDLES = 64
 #: Bundles opened (their manifests read) per step of a listing before they join the run: the
@@ -60,7 +61,8 @@ def identity_of(bundle: Bundle) -> str:
     head = {"kind": m.kind, "meta": m.meta, "samples": m.sample_count, "media": len(m.media),
             "format_version": m.format_version, "shards": [s.digest for s in m.shards]}  # fmt: skip
     text = json.dumps(head, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-    return hashlib.sha256(f"serve-index-{INDEX_VERSION}\n{text}".encode()).hexdigest()
+    # surrogatepass: a meta holding a lone surrogate ("\ud800" is valid JSON) has an identity too
+    return hashlib.sha256(f"serve-index-{INDEX_VERSION}\n{text}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(eq=False, slots=True)
@@ -71,7 +73,7 @@ class BundleEntry:
 
     id: str  # opaque: the only name routes take
     location: str  # what list_bundles returned: a path or a URL
-    rel: str  # shown: the location relative to ROOT
+    rel: str  # shown: the location relative to ROOT, through bundles.support.display
     kind: str
     samples: int
     stored_bytes: int
@@ -370,25 +372,28 @@ class Run:
                 self._sort()
         return new
 
-    def _summary(self, location: str) -> BundleEntry | str:
-        """The entry of the bundle at ``location`` (its manifest read, the bundle closed), or why not."""
+    def _open_entry(self, location: str) -> BundleEntry | str:
+        """The run's entry for the bundle at ``location`` (its manifest read, what the run page
+        shows kept, the bundle closed), or the note the run page shows instead (through
+        :func:`bundles.support.display`): one bundle's defect is never the run's failure, so
+        nothing but a note comes out of here, whatever the bundle holds."""
         stamp = _stamp(location)  # before opening: a bundle replaced meanwhile is read again next time
         try:
             bundle = bundles.open_bundle(location, verify="none", storage_options=self.storage_options)
         except BundleError as err:
-            return str(err)
+            return display(str(err), MAX_SHOWN_CHARS)
         except OSError as err:
-            return f"{location}: cannot read: {err.strerror or err}"
+            return display(f"{location}: cannot read: {err.strerror or err}", MAX_SHOWN_CHARS)
+        except Exception as err:  # a reader's defect: this bundle's note, the run is served
+            return display(f"{location}: cannot open: {type(err).__name__}: {err}", MAX_SHOWN_CHARS)
         try:
             with bundle:
                 name = os.path.basename(location.rstrip("/"))
-                return BundleEntry(_entry_id(location), location, self._rel(location), bundle.kind, len(bundle),
-                                   bundle.stored_bytes, identity_of(bundle), _step(bundle, name), stamp=stamp,
-                                   opener=self.opened.open)  # fmt: skip
-        except BundleError as err:
-            return str(err)
-        except OSError as err:
-            return f"{location}: cannot read: {err.strerror or err}"
+                return BundleEntry(_entry_id(location), location, display(self._rel(location)), bundle.kind,
+                                   len(bundle), bundle.stored_bytes, identity_of(bundle), _step(bundle, name),
+                                   stamp=stamp, opener=self.opened.open)  # fmt: skip
+        except Exception as err:
+            return display(f"{location}: cannot be served: {type(err).__name__}: {err}", MAX_SHOWN_CHARS)
 
     def _add(self, todo: list[str]) -> list[BundleEntry]:
         if not todo:
@@ -396,7 +401,7 @@ class Run:
         # Manifests read a few at a time: a run of hundreds of bundles on a store is hundreds of
         # small requests, each mostly waiting. Each bundle is closed once read (a descriptor each).
         with ThreadPoolExecutor(OPEN_WORKERS) as pool:
-            summaries = list(pool.map(self._summary, todo))
+            summaries = list(pool.map(self._open_entry, todo))
         new: list[BundleEntry] = []
         for location, entry in zip(todo, summaries, strict=True):
             if isinstance(entry, str):
