@@ -427,7 +427,7 @@ class ServeApp:
             raise _not_found(f"the run holds {len(every)} bundles; there is none from {start}")
         shown = every[start : start + RUN_PAGE]
         rows = [self._run_row(e) for e in shown]
-        step = max(1, len(every) // TREND_BUNDLES)
+        step = max(1, -(-len(every) // TREND_BUNDLES))  # at most TREND_BUNDLES of them
         sampled = every[::step]
         trends = self._trends(sampled)
         pending = sum(1 for r in rows if not r["summary"] and not r["error"])
