@@ -61,8 +61,10 @@ def _ids(page: str) -> list[str]:
 # -- a real server ------------------------------------------------------------------------------------
 
 
-def _serve(args: list[str], tmp_path: Path, preexec: Any = None) -> tuple[subprocess.Popen[str], int]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _serve(
+    args: list[str], tmp_path: Path, preexec: Any = None, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], int]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "trainer_hooks.cli", "serve", *args, "--port", "0",
                              "--no-progress", "--cache-dir", str(tmp_path / "cache")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -224,6 +226,37 @@ def test_a_page_decodes_its_pictures_within_a_pixel_budget(tmp_path: Path) -> No
     # The refusal is not cached: the picture not drawn on that page is drawn on its own.
     thumbs = list((tmp_path / "cache" / "thumbs").rglob("*.json"))
     assert len(thumbs) == 1
+
+
+@needs_proc
+def test_concurrent_picture_requests_decode_a_bounded_number_at_once(tmp_path: Path) -> None:
+    # Eight 5000x5000 RGBA pictures asked for at once (a crawler, a page's lazy images): each
+    # within a page's budget, but e5d94e3 decoded all eight together (~2 GB peak here).
+    import threading
+
+    side, n = 5000, 8
+    media = tmp_path / "media"
+    shots = [put_media(media, _big_png(side, side, (30 * k, 60, 90, 200))) for k in range(n)]
+    write_bundle(tmp_path / "run" / "b", [_sample(0, shots)], media_roots=[media])
+    # Two malloc arenas: freed pixels are reused by the next decode rather than kept by each of
+    # the eight request threads' own arena, so the peak says how many pictures were in memory at once.
+    proc, port = _serve([str(tmp_path / "run")], tmp_path, env={"MALLOC_ARENA_MAX": "2"})
+    try:
+        bid = _ids(_get(port, "/")[1].decode())[0]
+        base_rss = _status(proc.pid, "VmRSS")
+        names = [Path(s).name for s in shots]
+        statuses: list[int] = []
+        clients = [threading.Thread(target=lambda m=m: statuses.append(_get(port, f"/b/{bid}/img/{m}?w=320")[0]))
+                   for m in names]  # fmt: skip
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join()
+        peak = _status(proc.pid, "VmHWM")
+    finally:
+        err = _stop(proc)
+    assert statuses == [200] * n and "Traceback" not in err
+    assert peak - base_rss < 1000 * MiB, f"peak {peak / MiB:.0f} MiB, {base_rss / MiB:.0f} MiB before"
 
 
 # -- item 13: turns per page ------------------------------------------------------------------------------
