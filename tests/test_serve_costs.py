@@ -310,6 +310,37 @@ def _tiny_run(root: Path, n: int, packed: bool = False) -> list[Path]:
     return out
 
 
+def test_the_run_page_answers_while_the_run_is_listed(tmp_path: Path) -> None:
+    # Deterministic: the listing is held after its first batch (a fault point) while a page is
+    # asked for. e5d94e3 had no such thing: the app listed the whole run before it answered.
+    import threading
+
+    from bundles.support import on_fault_point
+
+    _tiny_run(tmp_path / "run", 600)
+    reached, release = threading.Event(), threading.Event()
+
+    def hold(found: int) -> None:
+        reached.set()
+        release.wait(120)
+
+    with on_fault_point("serve.listed-batch", hold):
+        app = create_app(tmp_path / "run", cache_dir=tmp_path / "cache", list_in_background=True)
+        with TestClient(app) as client:
+            assert reached.wait(120), "the listing never reached its first batch"
+            page = client.get("/").text
+            release.set()
+            assert re.search(r"listing… \d+ found so far", page), page
+            assert 0 < len(_ids(page)) < 600 and "listing… 600" not in page
+            wait_until(lambda: _listed_text(client, 600), "the whole run listed", timeout=120)
+            assert len(_ids(client.get("/").text)) == 100
+
+
+def _listed_text(client: Any, n: int) -> bool:
+    text = client.get("/").text
+    return "listing…" not in text and f">{n}</div>" in text
+
+
 @needs_proc
 def test_the_server_answers_while_a_large_run_is_listed_and_its_run_page_is_paged(tmp_path: Path) -> None:
     # 2,000 tiny bundles (100,000 in the issue: 51 s before the socket listened, 1.3 GB, a 22 s

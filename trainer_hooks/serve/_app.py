@@ -898,6 +898,7 @@ def create_app(
     progress: bool | None = False,
     storage_options: dict[str, Any] | None = None,
     allowed_hosts: list[str] | None = None,
+    list_in_background: bool = False,
 ) -> Any:
     """The ASGI application serving the run (or bundle) at ``root``, read-only.
 
@@ -910,6 +911,9 @@ def create_app(
         storage_options: for a store URL, as :func:`bundles.open_bundle` takes them.
         allowed_hosts: ``Host`` headers answered (``["127.0.0.1:8000", "localhost:8000"]``);
             None answers any.
+        list_in_background: list ``root`` in a thread, as ``rollout-bundle serve`` does (the
+            app answers at once; the run page says how many bundles were found so far);
+            False lists it before this returns.
 
     Returns:
         A Starlette application; ``app.state.serve`` is the state behind it (its ``close()``
@@ -920,7 +924,8 @@ def create_app(
     config = ServeConfig(str(os.fspath(root)), Path(cache_dir) if cache_dir is not None else default_cache_dir(),
                          token=token, follow=follow, progress=progress, storage_options=storage_options,
                          allowed_hosts=allowed_hosts)  # fmt: skip
-    return asgi_app(ServeApp(config))
+    run = Run(config.root, storage_options, list_now=not list_in_background)
+    return asgi_app(ServeApp(config, run))
 
 
 def asgi_app(state: ServeApp) -> Any:

@@ -30,7 +30,7 @@ from typing import Any
 
 import bundles
 from bundles import Bundle, BundleError
-from bundles.support import LIMITS, MEDIA_DIR, display
+from bundles.support import LIMITS, MEDIA_DIR, display, fault_point
 
 __all__ = ["INDEX_VERSION", "BundleEntry", "Run", "identity_of"]
 
@@ -360,6 +360,7 @@ class Run:
             if len(todo) >= max(LIST_BATCH, len(self.entries) // 4):  # sorting the run: O(n log n) in all
                 new += self._add(todo)
                 todo = []
+                fault_point("serve.listed-batch", self.found)
         new += self._add(todo)
         gone = [e for loc, e in known.items() if loc not in listed]
         with self._lock:
