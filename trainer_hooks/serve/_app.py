@@ -809,13 +809,15 @@ def _sample_changes(a: Any, b: Any) -> list[str]:
             out.append(f"{name}: {x!r} -> {y!r}"[:300])
     if a.prompt != b.prompt:
         out.append("prompt: differs")
-    if a.response != b.response:
+    if a.response != b.response or a.response_chars != b.response_chars:
+        # The views hold the first MAX_SHOWN_CHARS characters; their full lengths are counted.
         ra, rb = a.response or "", b.response or ""
         k = next((i for i, (p, q) in enumerate(zip(ra, rb, strict=False)) if p != q), min(len(ra), len(rb)))
-        out.append(f"response: differs from character {k} ({len(ra)} -> {len(rb)} characters)")
+        na, nb = a.response_chars or len(ra), b.response_chars or len(rb)
+        out.append(f"response: differs from character {k} ({na} -> {nb} characters)")
     na, nb = [i.name for i in a.images], [i.name for i in b.images]
-    if len(na) != len(nb):
-        out.append(f"screenshots: {len(na)} -> {len(nb)}")
+    if a.turn_count != b.turn_count:
+        out.append(f"screenshots: {a.turn_count} -> {b.turn_count}")
     for j, (x, y) in enumerate(zip(na, nb, strict=False)):
         if x != y:
             out.append(f"turn {j}: another screenshot ({(x or '?')[:12]}… -> {(y or '?')[:12]}…)")
