@@ -117,9 +117,15 @@ class OpenBundles:
     holds it.
     """
 
-    def __init__(self, capacity: int, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        storage_options: dict[str, Any] | None = None,
+        on_let_go: Callable[[str], None] | None = None,
+    ) -> None:
         self.capacity = max(1, capacity)
         self.storage_options = storage_options
+        self.on_let_go = on_let_go  # told the id of each bundle let go (what was kept of it goes too)
         self._open: OrderedDict[str, Bundle] = OrderedDict()  # entry id -> bundle
         self._lock = threading.Lock()
 
@@ -148,15 +154,23 @@ class OpenBundles:
                 self._open.move_to_end(eid)
                 return kept  # another thread opened it first; ours goes when this call returns
             self._open[eid] = bundle
+            evicted = []
             while len(self._open) > self.capacity:
-                self._open.popitem(last=False)
+                evicted.append(self._open.popitem(last=False)[0])
+        for gone in evicted:
+            self._let_go(gone)
         return bundle
+
+    def _let_go(self, eid: str) -> None:
+        if self.on_let_go is not None:
+            self.on_let_go(eid)
 
     def drop(self, eid: str) -> None:
         """Let go of entry ``eid``'s bundle (it left the run)."""
         with self._lock:
             bundle = self._open.pop(eid, None)
         del bundle  # closed now unless a page is reading it; then when that page is done
+        self._let_go(eid)
 
     def close(self) -> None:
         with self._lock:
@@ -245,7 +259,7 @@ class Run:
         self._ordered: list[BundleEntry] = []
         self._refreshing = threading.Lock()  # one listing at a time
         self.listeners: list[Callable[[BundleEntry], None]] = []
-        self.opened = OpenBundles(open_capacity(), storage_options)
+        self.opened = OpenBundles(open_capacity(), storage_options, on_let_go=self._let_go)
         self.listing = False  # a listing is under way
         self.found = 0  # bundles found so far by the listing under way (or by the last one)
         self.listed = threading.Event()  # set once a first listing has finished
@@ -420,6 +434,13 @@ class Run:
                 for listener in self.listeners:
                     listener(e)
         return new
+
+    def _let_go(self, eid: str) -> None:
+        """What pages kept of a bundle while it was open (its media table: as long as its manifest's
+        media list) goes when the bundle is let go; it is made again when the bundle is reopened."""
+        entry = self.entries.get(eid)
+        if entry is not None:
+            entry.extra.pop("media_sizes", None)
 
     def _sort(self) -> None:
         self._ordered = sorted(self.entries.values(), key=lambda e: (e.step is None, e.step or 0, e.rel))
