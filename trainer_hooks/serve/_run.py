@@ -42,6 +42,8 @@ MAX_DEPTH = 4
 STORE_SUBDIRS = ("rollout", "debug", "dumps", "eval", "rollout_data", "ckpt", "ckpt/rollout")
 OPEN_WORKERS = 8
 MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]
+#: What pages keep of a bundle in its entry's ``extra`` while it is open, dropped when it is let go.
+LET_GO_WITH_THE_BUNDLE = ("media_sizes", "replay")
 #: Bundles kept open at once (a packed one holds a descriptor): see :class:`OpenBundles`.
 MAX_OPEN_BUNDLES = 64
 #: Bundles opened (their manifests read) per step of a listing before they join the run: the
@@ -436,11 +438,13 @@ class Run:
         return new
 
     def _let_go(self, eid: str) -> None:
-        """What pages kept of a bundle while it was open (its media table: as long as its manifest's
-        media list) goes when the bundle is let go; it is made again when the bundle is reopened."""
+        """What pages kept of a bundle while it was open (its media table, as long as its manifest's
+        media list; its replay report, up to MAX_REPORT_BYTES) goes when the bundle is let go; it is
+        made again when the bundle is reopened."""
         entry = self.entries.get(eid)
         if entry is not None:
-            entry.extra.pop("media_sizes", None)
+            for key in LET_GO_WITH_THE_BUNDLE:
+                entry.extra.pop(key, None)
 
     def _sort(self) -> None:
         self._ordered = sorted(self.entries.values(), key=lambda e: (e.step is None, e.step or 0, e.rel))
