@@ -219,11 +219,23 @@ class FirstPage:
         return self.from_start - self.listening
 
 
+def listed_page(s: Server, timeout: float = 600) -> str:
+    """The run page once it lists a bundle (the server listens before it lists the run)."""
+    while True:
+        run, _ = s.page("/")
+        if (
+            re.search(r'href="/b/[0-9a-f]{16}"', run)
+            or "listing…" not in run
+            or time.perf_counter() - s.t0 > timeout
+        ):
+            return run
+        time.sleep(0.005)
+
+
 def first_page(root: str, cache: Path, env: dict[str, str] | None = None) -> tuple[Server, FirstPage]:
     """Start a server and load the run page, then the bundle's first page of samples (with rows)."""
     s = Server(root, cache, env)
-    run, _ = s.page("/")
-    bid = first_id(run)
+    bid = first_id(listed_page(s))
     while True:
         text, _ = s.page(f"/b/{bid}")
         if "/s/" in text or time.perf_counter() - s.t0 > 600:
@@ -233,7 +245,7 @@ def first_page(root: str, cache: Path, env: dict[str, str] | None = None) -> tup
 
 def wait_indexed(s: Server, timeout: float = 1800) -> float:
     t = time.perf_counter()
-    while "not indexed yet" in s.page("/")[0]:
+    while any(words in s.page("/")[0] for words in ("not indexed yet", "listing…")):
         if time.perf_counter() - t > timeout:
             raise SystemExit(f"not indexed after {timeout} s")
         time.sleep(0.5)

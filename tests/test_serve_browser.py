@@ -24,12 +24,14 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_until
 from helpers.browser import find_chromium
 
 from bundles import is_bundle, write_bundle
@@ -104,6 +106,9 @@ class Serve:
             self.close()
             raise AssertionError(f"serve printed {line!r}; stderr: {self.log.read_text()[-2000:]}")
         self.url = m.group(1)
+        # The server listens before it lists the run: the pages below start from a listed run.
+        wait_until(lambda: "listing…" not in urllib.request.urlopen(self.url, timeout=30).read().decode(),
+                   "the run listed", timeout=START_TIMEOUT_S)  # fmt: skip
 
     def close(self) -> None:
         if self.proc.poll() is None:

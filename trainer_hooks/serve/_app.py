@@ -38,6 +38,7 @@ import sys
 import threading
 import traceback
 import urllib.parse
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,12 @@ WARM_TEMPLATES = ("bundle.html.j2", "base.html.j2", "macros.html.j2", "run.html.
                   "_sample.html.j2", "_images.html.j2", "turn.html.j2", "error.html.j2", "prompt.html.j2")  # fmt: skip
 FIRST_PAGE_WAIT_S = 1.5  # how long a bundle page waits for an unindexed bundle's first rows
 MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]  # of an error message on a page
+RUN_PAGE = 100  # bundles per run page
+TREND_BUNDLES = 400  # bundles the run page's trends are drawn from (spread evenly over the run)
+PICK_BUNDLES = 100  # bundles a sample page offers to compare with (the nearest by step)
+DIFF_WORKERS = 2  # `rollout-bundle diff` processes at once; a compare past them is told to retry
+DIFF_TIMEOUT_S = 300
+DIFF_CACHE_BYTES = 16 * 1024 * 1024  # diff reports kept, by the bytes of their JSON
 
 
 def default_cache_dir() -> Path:
@@ -219,6 +226,72 @@ def _cookie(header: str, name: str) -> str | None:
     return None
 
 
+# -- the diff pool ------------------------------------------------------------------------------------
+
+
+class DiffPool:
+    """``rollout-bundle diff A B --json``, the command itself, at most ``workers`` at once.
+
+    A compare page runs a subprocess reading both bundles whole; forty at once (forty clicks, a
+    crawler) were forty processes, and every other page waited behind them. Past ``workers``, a
+    compare page is answered at once with a 503 that says to retry (a page thread never waits
+    for a slot: Starlette's pool of page threads is shared by every route). Reports are kept by
+    the pair's identities, at most ``capacity`` bytes of their JSON, least recently used out.
+    """
+
+    def __init__(self, workers: int, capacity: int = DIFF_CACHE_BYTES) -> None:
+        self.workers = workers
+        self.capacity = capacity
+        self._slots = threading.BoundedSemaphore(workers)
+        self._kept: OrderedDict[tuple[str, str, str | None], tuple[dict[str, Any], int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def report(self, a: BundleEntry, b: BundleEntry, by: str | None = None) -> dict[str, Any] | str:
+        """The report (``--by by`` when given), or why there is none; :class:`PageError` 503 when
+        every slot is taken."""
+        key = (a.identity, b.identity, by)
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+                return kept[0]
+        if not self._slots.acquire(blocking=False):
+            raise PageError(503, "busy", f"{self.workers} comparisons are running; retry in a moment")
+        try:
+            cmd = [sys.executable, "-m", "trainer_hooks.cli", "diff", a.location, b.location, "--json"]
+            cmd += ["--by", by] if by else []
+            try:
+                done = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=DIFF_TIMEOUT_S, check=False
+                )
+            except subprocess.TimeoutExpired:
+                return f"rollout-bundle diff took more than {DIFF_TIMEOUT_S} s"
+        finally:
+            self._slots.release()
+        if done.returncode not in (0, 1):
+            return (done.stderr.strip().splitlines() or ["rollout-bundle diff failed"])[-1]
+        try:
+            report = json.loads(done.stdout)
+        except ValueError:
+            return "rollout-bundle diff printed no report"
+        if not isinstance(report, dict):
+            return "rollout-bundle diff printed no report"
+        self._keep(key, report, len(done.stdout))
+        return report
+
+    def _keep(self, key: tuple[str, str, str | None], report: dict[str, Any], n: int) -> None:
+        if n > self.capacity // 4:
+            return
+        with self._lock:
+            old = self._kept.pop(key, None)
+            self._bytes += n - (old[1] if old is not None else 0)
+            self._kept[key] = (report, n)
+            while self._bytes > self.capacity and self._kept:
+                _, (_, dropped) = self._kept.popitem(last=False)
+                self._bytes -= dropped
+
+
 # -- the application --------------------------------------------------------------------------------
 
 
@@ -238,8 +311,10 @@ class ServeApp:
         self.run.listeners.append(lambda e: self.indexer.add(e, priority=ix.WANTED + e.order))
         for e in self.run.ordered():
             self.indexer.add(e, priority=ix.WANTED + e.order)
-        self._diffs: dict[tuple[str, str, str | None], dict[str, Any] | str] = {}
         self._stop = threading.Event()
+        if not self.run.listed.is_set() and not self.run.listing:  # the CLI's: listed while serving
+            self.run.list_in_background(then=self._listed)
+        self.diffs = DiffPool(DIFF_WORKERS)
         # Compiling a page's templates costs ~50 ms, once: done while the server starts and the
         # browser opens, not on the first page. The lock keeps a page from compiling a template
         # the warm-up is compiling (never held across more than one template's compilation).
@@ -259,6 +334,15 @@ class ServeApp:
                 print(
                     f"rollout-bundle serve: warning: listing {self.config.root} failed: {e}", file=sys.stderr
                 )
+
+    def _listed(self) -> None:
+        """Said on the terminal once the first listing is done (the server listened before it)."""
+        print(f"rollout-bundle serve: {len(self.run.entries)} bundle(s) under {display(self.run.root)}",
+              file=sys.stderr)  # fmt: skip
+        for problem in list(self.run.problems.values()):
+            print(
+                f"rollout-bundle serve: warning: not served: {display(problem, limit=2000)}", file=sys.stderr
+            )
 
     def _warm_templates(self) -> None:
         for name in WARM_TEMPLATES:
@@ -344,37 +428,64 @@ class ServeApp:
                 {"value": size(b.stored_bytes), "label": b.location}]  # fmt: skip
 
     # -- pages ----------------------------------------------------------------------------------------
-    def run_page(self) -> str:
-        rows: list[dict[str, Any]] = []
+    def run_page(self, params: Mapping[str, str] | None = None) -> str:
+        """The run: :data:`RUN_PAGE` bundles from ``?from=N`` (an offset into the run's order: an
+        in-memory sorted list), trends from at most :data:`TREND_BUNDLES` bundles spread over the
+        run; what it costs is bounded by the page, not by how many bundles the run holds."""
+        every = self.run.ordered()
+        start = _int((params or {}).get("from") or "0", "from")
+        if start and start >= len(every):
+            raise _not_found(f"the run holds {len(every)} bundles; there is none from {start}")
+        shown = every[start : start + RUN_PAGE]
+        rows = [self._run_row(e) for e in shown]
+        step = max(1, -(-len(every) // TREND_BUNDLES))  # at most TREND_BUNDLES of them
+        sampled = every[::step]
+        trends = self._trends(sampled)
+        pending = sum(1 for r in rows if not r["summary"] and not r["error"])
+        total = sum(e.samples for e in every)
+        stats = [{"value": str(len(every)), "label": "bundles"}, {"value": str(total), "label": "samples"}]
+        name = os.path.basename(self.run.root.rstrip("/")) or self.run.root
+        pages = {"first_href": "/" if start else None, "from": start + 1 if shown else 0, "to": start + len(shown),
+                 "next_href": f"/?from={start + RUN_PAGE}" if start + RUN_PAGE < len(every) else None,
+                 "prev_href": (f"/?from={max(0, start - RUN_PAGE)}" if start > RUN_PAGE else "/") if start else None,
+                 "trend_note": f"trends from {len(sampled)} of {len(every)} bundles, spread over the run"
+                 if step > 1 else None}  # fmt: skip
+        listing = f"listing… {self.run.found} found so far" if self.run.listing else None
+        return self.render("run.html.j2", title=name, root=self.run.root, root_name=name, rows=rows, trends=trends,
+                           stats=stats, pending=pending, problems=list(self.run.problems.values())[:RUN_PAGE],
+                           more_problems=max(0, len(self.run.problems) - RUN_PAGE), listing=listing, pages=pages,
+                           follow=bool(self.config.follow),
+                           refresh=5 if pending or listing or self.config.follow else None)  # fmt: skip
+
+    def _run_row(self, e: BundleEntry) -> dict[str, Any]:
+        st = self.indexer.state(e)
+        r: dict[str, Any] = {"id": e.id, "href": f"/b/{e.id}", "rel": e.rel, "kind": e.kind,
+                             "step": "–" if e.step is None else e.step, "samples": e.samples,
+                             "size": size(e.stored_bytes), "summary": st.summary, "error": st.error,
+                             "rows": st.rows}  # fmt: skip
+        if st.summary:
+            s = st.summary
+            r.update(reward_mean=fmt(s["reward_mean"], 3), reward_std=fmt(s["reward_std"], 3),
+                     length=fmt(s["length_mean"], 4), turns=fmt(s["turns_mean"], 3),
+                     truncated=f"{s['truncated']}", statuses=[(badge(k), n) for k, n in s["statuses"].items()])  # fmt: skip
+        return r
+
+    def _trends(self, entries: list[BundleEntry]) -> list[dict[str, Any]]:
         # One line per kind: a run's checkpoints and its debug dumps are two series, not one.
         points: dict[tuple[str, str], list[tuple[int, float]]] = {}
         bands: dict[str, list[tuple[int, float, float]]] = {}
-        pending = 0
-        for e in self.run.ordered():
-            st = self.indexer.state(e)
-            r: dict[str, Any] = {"id": e.id, "href": f"/b/{e.id}", "rel": e.rel, "kind": e.kind,
-                                 "step": "–" if e.step is None else e.step, "samples": e.samples,
-                                 "size": size(e.bundle.stored_bytes), "summary": st.summary, "error": st.error,
-                                 "rows": st.rows}  # fmt: skip
-            if st.summary:
-                s = st.summary
-                r.update(reward_mean=fmt(s["reward_mean"], 3), reward_std=fmt(s["reward_std"], 3),
-                         length=fmt(s["length_mean"], 4), turns=fmt(s["turns_mean"], 3),
-                         truncated=f"{s['truncated']}", statuses=[(badge(k), n) for k, n in s["statuses"].items()])  # fmt: skip
-                if e.step is not None:
-                    measures = {"reward": s["reward_mean"], "length": s["length_mean"], "turns": s["turns_mean"],
-                                "truncated": s["truncated"] / s["samples"] if s["samples"] else None}  # fmt: skip
-                    for name, value in measures.items():
-                        if value is not None:
-                            points.setdefault((e.kind, name), []).append((e.step, value))
-                    if s["reward_mean"] is not None:
-                        sd = s["reward_std"] or 0.0
-                        bands.setdefault(e.kind, []).append(
-                            (e.step, s["reward_mean"] - sd, s["reward_mean"] + sd)
-                        )
-            elif not st.error:
-                pending += 1
-            rows.append(r)
+        for e in entries:
+            s = self.indexer.state(e).summary if e.step is not None else None
+            if not s or e.step is None:
+                continue
+            measures = {"reward": s["reward_mean"], "length": s["length_mean"], "turns": s["turns_mean"],
+                        "truncated": s["truncated"] / s["samples"] if s["samples"] else None}  # fmt: skip
+            for name, value in measures.items():
+                if value is not None:
+                    points.setdefault((e.kind, name), []).append((e.step, value))
+            if s["reward_mean"] is not None:
+                sd = s["reward_std"] or 0.0
+                bands.setdefault(e.kind, []).append((e.step, s["reward_mean"] - sd, s["reward_mean"] + sd))
         kinds = sorted({kind for kind, _ in points})
         trends = []
         for kind in kinds:
@@ -385,13 +496,7 @@ class ServeApp:
                 chart = trend(title + suffix, _by_step(points.get((kind, name), [])), band)
                 if chart:
                     trends.append(chart)
-        total = sum(e.samples for e in self.run.ordered())
-        stats = [{"value": str(len(rows)), "label": "bundles"}, {"value": str(total), "label": "samples"}]
-        name = os.path.basename(self.run.root.rstrip("/")) or self.run.root
-        return self.render("run.html.j2", title=name, root=self.run.root, root_name=name, rows=rows, trends=trends,
-                           stats=stats, pending=pending, problems=list(self.run.problems.values()),
-                           follow=bool(self.config.follow),
-                           refresh=5 if pending or self.config.follow else None)  # fmt: skip
+        return trends
 
     def bundle_page(self, entry: BundleEntry, params: Mapping[str, str]) -> str:
         q, shown = _query(params)
@@ -400,7 +505,7 @@ class ServeApp:
         ctx: dict[str, Any] = {"title": entry.rel, "kind": entry.kind, "step": entry.step, "name": entry.rel,
                                "location": entry.location, "stats": self.entry_stats(entry), "q": shown,
                                "sorts": list(ix.SORTS), "self_href": base_href, "groups_href": f"{base_href}/groups",
-                               "crumbs": [(None, entry.rel)], "total": len(entry.bundle), "rows": [], "matching": 0,
+                               "crumbs": [(None, entry.rel)], "total": entry.samples, "rows": [], "matching": 0,
                                "status_options": [], "first_href": None, "next_href": None, "partial": False,
                                "indexed": st.rows, "state_note": None, "state_error": False,
                                "filtered": any(v for k, v in shown.items() if k not in ("sort", "order")),
@@ -500,7 +605,7 @@ class ServeApp:
                            samples_with_turns=columns, defs=list(defs.values()))  # fmt: skip
 
     def sample_page(self, entry: BundleEntry, pos: int) -> str:
-        n = len(entry.bundle)
+        n = entry.samples
         if not 0 <= pos < n:
             raise _not_found(f"{entry.rel} holds {n} samples (0..{n - 1}); there is no sample {pos}")
         view = self.samples.get(entry, [pos])[pos]
@@ -525,9 +630,15 @@ class ServeApp:
                            prompt_href=f"/prompt?key={urllib.parse.quote(key, safe='')}",
                            prev_href=f"/b/{entry.id}/s/{pos - 1}" if pos > 0 else None,
                            next_href=f"/b/{entry.id}/s/{pos + 1}" if pos + 1 < n else None,
-                           bundles=[{"id": e.id, "rel": e.rel} for e in self.run.ordered()],
+                           bundles=self._nearest(entry),
                            crumbs=[self.crumb(entry), (None, f"#{pos}")], samples_with_turns=[s],
                            defs=list(defs.values()))  # fmt: skip
+
+    def _nearest(self, entry: BundleEntry) -> list[dict[str, str]]:
+        """The bundles a sample page offers to compare with: :data:`PICK_BUNDLES` around ``entry``."""
+        every = self.run.ordered()
+        lo = max(0, min(entry.order - PICK_BUNDLES // 2, len(every) - PICK_BUNDLES))
+        return [{"id": e.id, "rel": e.rel} for e in every[lo : lo + PICK_BUNDLES]]
 
     def _row(self, entry: BundleEntry, pos: int) -> dict[str, Any] | None:
         st = self.indexer.state(entry)
@@ -614,27 +725,13 @@ class ServeApp:
                            crumbs=[(None, "compare")])  # fmt: skip
 
     def _diff(self, a: BundleEntry, b: BundleEntry, by: str | None = None) -> dict[str, Any] | str:
-        """What ``rollout-bundle diff A B [--by KEY] --json`` reports (the command itself, run once per pair)."""
-        key = (a.identity, b.identity, by)
-        if key not in self._diffs:
-            cmd = [sys.executable, "-m", "trainer_hooks.cli", "diff", a.location, b.location, "--json"]
-            cmd += ["--by", by] if by else []
-            try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-            except subprocess.TimeoutExpired:
-                return "rollout-bundle diff took more than 300 s"
-            if done.returncode not in (0, 1):
-                return (done.stderr.strip().splitlines() or ["rollout-bundle diff failed"])[-1]
-            try:
-                self._diffs[key] = json.loads(done.stdout)
-            except ValueError:
-                return "rollout-bundle diff printed no report"
-        return self._diffs[key]
+        """What ``rollout-bundle diff A B [--by KEY] --json`` reports: :attr:`diffs`' (a bounded pool)."""
+        return self.diffs.report(a, b, by)
 
     def compare_samples_page(self, a: BundleEntry, i: int, b: BundleEntry, j: int) -> str:
         for e, p in ((a, i), (b, j)):
-            if not 0 <= p < len(e.bundle):
-                raise _not_found(f"{e.rel} holds {len(e.bundle)} samples; there is no sample {p}")
+            if not 0 <= p < e.samples:
+                raise _not_found(f"{e.rel} holds {e.samples} samples; there is no sample {p}")
         va = self.samples.get(a, [i])[i]
         vb = self.samples.get(b, [j])[j]
         defs: dict[str, dict[str, Any]] = {}
@@ -694,13 +791,15 @@ def _sample_changes(a: Any, b: Any) -> list[str]:
             out.append(f"{name}: {x!r} -> {y!r}"[:300])
     if a.prompt != b.prompt:
         out.append("prompt: differs")
-    if a.response != b.response:
+    if a.response != b.response or a.response_chars != b.response_chars:
+        # The views hold the first MAX_SHOWN_CHARS characters; their full lengths are counted.
         ra, rb = a.response or "", b.response or ""
         k = next((i for i, (p, q) in enumerate(zip(ra, rb, strict=False)) if p != q), min(len(ra), len(rb)))
-        out.append(f"response: differs from character {k} ({len(ra)} -> {len(rb)} characters)")
+        na, nb = a.response_chars or len(ra), b.response_chars or len(rb)
+        out.append(f"response: differs from character {k} ({na} -> {nb} characters)")
     na, nb = [i.name for i in a.images], [i.name for i in b.images]
-    if len(na) != len(nb):
-        out.append(f"screenshots: {len(na)} -> {len(nb)}")
+    if a.turn_count != b.turn_count:
+        out.append(f"screenshots: {a.turn_count} -> {b.turn_count}")
     for j, (x, y) in enumerate(zip(na, nb, strict=False)):
         if x != y:
             out.append(f"turn {j}: another screenshot ({(x or '?')[:12]}… -> {(y or '?')[:12]}…)")
@@ -783,6 +882,7 @@ def create_app(
     progress: bool | None = False,
     storage_options: dict[str, Any] | None = None,
     allowed_hosts: list[str] | None = None,
+    list_in_background: bool = False,
 ) -> Any:
     """The ASGI application serving the run (or bundle) at ``root``, read-only.
 
@@ -795,6 +895,9 @@ def create_app(
         storage_options: for a store URL, as :func:`bundles.open_bundle` takes them.
         allowed_hosts: ``Host`` headers answered (``["127.0.0.1:8000", "localhost:8000"]``);
             None answers any.
+        list_in_background: list ``root`` in a thread, as ``rollout-bundle serve`` does (the
+            app answers at once; the run page says how many bundles were found so far);
+            False lists it before this returns.
 
     Returns:
         A Starlette application; ``app.state.serve`` is the state behind it (its ``close()``
@@ -805,7 +908,8 @@ def create_app(
     config = ServeConfig(str(os.fspath(root)), Path(cache_dir) if cache_dir is not None else default_cache_dir(),
                          token=token, follow=follow, progress=progress, storage_options=storage_options,
                          allowed_hosts=allowed_hosts)  # fmt: skip
-    return asgi_app(ServeApp(config))
+    run = Run(config.root, storage_options, list_now=not list_in_background)
+    return asgi_app(ServeApp(config, run))
 
 
 def asgi_app(state: ServeApp) -> Any:
@@ -886,7 +990,7 @@ def _page_routes(state: ServeApp) -> list[Any]:
                                           state.entry(p.get("b", "")), _int(p.get("j", ""), "j"))  # fmt: skip
 
     pages: list[tuple[str, Callable[[Any], str]]] = [
-        ("/", lambda request: state.run_page()),
+        ("/", lambda request: state.run_page(request.query_params)),
         ("/b/{bid}", lambda request: state.bundle_page(bundle_id(request), request.query_params)),
         ("/b/{bid}/groups", lambda request: state.groups_page(bundle_id(request), request.query_params)),
         ("/b/{bid}/group", group),

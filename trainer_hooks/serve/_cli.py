@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bundles.support import CommandError, add_command, add_progress_option
+from bundles.support import CommandError, add_command, add_progress_option, display
 
 __all__ = ["is_loopback", "register"]
 
@@ -48,13 +48,15 @@ def _seconds(text: str) -> float:
 
 
 def run_serve(ns: argparse.Namespace) -> int:
+    """Bind, listen, then list the run: the socket answers while a run of 100,000 bundles is
+    still being walked (its run page says how many were found so far)."""
     from trainer_hooks.serve._run import Run
 
-    # The run first (it needs bundles only): a ROOT that names nothing is refused before a
-    # missing extra, a socket or a cache directory.
-    run = Run(ns.root)
-    if not run.entries and not run.problems and not os.path.exists(ns.root) and not ns.follow:
-        raise CommandError(f"{ns.root}: no such directory or bundle, and no bundle under it")
+    # A local ROOT that names nothing is refused before a missing extra, a socket or a cache
+    # directory; what is under it (and a store URL) is listed once the server listens.
+    if "://" not in ns.root and not os.path.exists(ns.root) and not ns.follow:
+        raise CommandError(f"{display(ns.root)}: no such directory or bundle, and no bundle under it")
+    run = Run(ns.root, list_now=False)
     try:
         import jinja2  # noqa: F401
         import PIL  # noqa: F401
@@ -91,10 +93,8 @@ def run_serve(ns: argparse.Namespace) -> int:
                          progress=ns.progress, allowed_hosts=allowed)  # fmt: skip
     app = asgi_app(ServeApp(config, run))
     url = f"http://{shown_host}:{port}/"
-    print(f"rollout-bundle serve: {len(run.entries)} bundle(s) under {run.root}; indexes and thumbnails in {cache_dir}",
+    print(f"rollout-bundle serve: listing {display(run.root)}; indexes and thumbnails in {display(str(cache_dir))}",
           file=sys.stderr)  # fmt: skip
-    for problem in run.problems.values():
-        print(f"rollout-bundle serve: warning: not served: {problem}", file=sys.stderr)
     if token is not None:
         print(
             f"rollout-bundle serve: listening on {host} beyond this machine: open {url}?token={token}",

@@ -71,7 +71,7 @@ from typing import Any
 
 from bundles import BundleError
 from bundles.support import LIMITS, MANIFEST_NAME, SHARDS_DIR, Progress, display
-from trainer_hooks.serve._run import BundleEntry
+from trainer_hooks.serve._run import BundleEntry, descriptor_limit
 from trainer_hooks.view import Image, SampleView, sample_view
 
 __all__ = [
@@ -96,7 +96,10 @@ BATCH = 500  # rows per commit while building
 FIRST_BATCH = 50  # the first commit comes sooner: the first page of an unindexed bundle waits for it
 MAX_VIEW_BYTES = 256 * 1024  # a sample's stored view, compressed; a larger one is read from its shard
 MAX_TEXT = 16_000  # characters of a prompt / a response indexed for search
-MAX_IDLE = 256  # open connections kept to complete indexes, in all (one descriptor each)
+MAX_IDLE = 256  # open connections kept to complete indexes, in all (one descriptor each) ...
+_LIMIT = descriptor_limit()
+if _LIMIT is not None:
+    MAX_IDLE = max(4, min(MAX_IDLE, _LIMIT // 4))  # ... and a quarter of the descriptors at most
 PROMPT_ID_KEYS = ("prompt_id", "dataset_index", "data_index", "task_id")
 #: Sortable columns: URL name -> SQL column.
 SORTS = {"position": "pos", "reward": "reward", "length": "resp_len", "turns": "turns",
@@ -528,7 +531,7 @@ class Indexer:
             self.path(identity).unlink()  # the cache's own file, named by the identity
 
     def state(self, entry: BundleEntry) -> IndexState:
-        total = len(entry.bundle)
+        total = entry.samples  # as listed: the run page asks this of every bundle it shows, none opened
         error = self._failed(entry)
         if error is not None:
             return IndexState(False, 0, total, error)

@@ -18,7 +18,8 @@ after it) reaches the browser only as pixels:
 Cost: a page decodes its pictures within one :class:`PixelBudget` (``MAX_PAGE_PIXELS`` of
 ``bundles.support.LIMITS``, all its pictures together, taken from each header before a pixel is
 allocated); a picture past what is left is named on the page ("not drawn"), never decoded, and
-that refusal is not cached (another page, with budget left, draws it). A picture already made is
+that refusal is not cached (another page, with budget left, draws it). At most
+:data:`DECODES_AT_ONCE` pictures are decoded at once, whatever the number of requests. A picture already made is
 read from the cache and costs nothing. A large picture is reduced by an integer factor before its
 transparency is flattened (:func:`trainer_hooks.view.jpeg_bytes`).
 
@@ -61,6 +62,11 @@ WIDTHS = (THUMB, LARGE, 1920)
 QUALITY = {THUMB: 72, LARGE: 80, 1920: 85}
 MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]
 MAX_FAILED = 4096  # (bundle, media name) -> why it cannot be shown, kept in memory
+#: Pictures decoded at once, by every page and picture request together: each within its page's
+#: budget, so the server's pixels in memory are bounded by this many budgets, whatever the number
+#: of requests (forty at once are forty page threads).
+DECODES_AT_ONCE = 2
+_DECODING = threading.BoundedSemaphore(DECODES_AT_ONCE)
 
 
 class OverBudget(Exception):
@@ -202,7 +208,7 @@ class Pictures:
         """Read, verify, decode (within ``budget``) and cache ``name``'s pictures; why not
         (remembered for ``entry`` only, see the module's docstring), or None when made."""
         d, hexd = self._paths(name)
-        with self._lock(hexd):
+        with _DECODING, self._lock(hexd):  # at most DECODES_AT_ONCE pictures in memory, every page together
             todo = [w for w in widths if not (d / f"{hexd}.{w}.jpg").exists()]
             if not todo and self._cached_info(name) is not None:
                 return None

@@ -22,14 +22,15 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import bundles
 from bundles import Bundle, BundleError
-from bundles.support import LIMITS, MEDIA_DIR, display
+from bundles.support import LIMITS, MEDIA_DIR, display, fault_point
 
 __all__ = ["INDEX_VERSION", "BundleEntry", "Run", "identity_of"]
 
@@ -41,6 +42,13 @@ MAX_DEPTH = 4
 STORE_SUBDIRS = ("rollout", "debug", "dumps", "eval", "rollout_data", "ckpt", "ckpt/rollout")
 OPEN_WORKERS = 8
 MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]
+#: What pages keep of a bundle in its entry's ``extra`` while it is open, dropped when it is let go.
+LET_GO_WITH_THE_BUNDLE = ("media_sizes", "replay")
+#: Bundles kept open at once (a packed one holds a descriptor): see :class:`OpenBundles`.
+MAX_OPEN_BUNDLES = 64
+#: Bundles opened (their manifests read) per step of a listing before they join the run: the
+#: first ones are on the run page while the rest are still being found.
+LIST_BATCH = 256
 _STEP_RE = re.compile(r"(\d+)(?:\.bundle|\.rbundle)?$")
 
 
@@ -59,37 +67,137 @@ def identity_of(bundle: Bundle) -> str:
     return hashlib.sha256(f"serve-index-{INDEX_VERSION}\n{text}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class BundleEntry:
-    """One bundle of the run, as its manifest tells it (no shard read)."""
+    """One bundle of the run, as its manifest told it when listed: what the run page shows, and
+    no open bundle. :attr:`bundle` opens it when a page or the indexer needs it (through the
+    run's :class:`OpenBundles`, a few at a time)."""
 
     id: str  # opaque: the only name routes take
     location: str  # what list_bundles returned: a path or a URL
     rel: str  # shown: the location relative to ROOT, through bundles.support.display
-    bundle: Bundle
+    kind: str
+    samples: int
+    stored_bytes: int
     identity: str
     step: int | None
     order: int = 0  # position in the run's table (by step, then name)
+    stamp: tuple[int, int] | None = None  # a local bundle's inode and mtime when listed
+    opener: Callable[[BundleEntry], Bundle] | None = field(default=None, repr=False)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def kind(self) -> str:
-        return self.bundle.kind
+    def bundle(self) -> Bundle:
+        """The bundle, open (opened again if it was closed since; a bundle replaced since it was
+        listed is refused: its entry names another bundle)."""
+        if self.opener is None:
+            raise BundleError(f"{self.location}: not open")
+        return self.opener(self)
 
     def media_prefix(self) -> str:
         """What a resolved reference of this bundle starts with: ``<bundle>/media/``, or the run's
         shared pool (``<parent>/.media/`` on a store) where the bundle keeps its media there."""
         prefix = self.extra.get("media_prefix")
         if prefix is None:
-            first = next(iter(self.bundle.media), None)
+            bundle = self.bundle
+            first = next(iter(bundle.media), None)
             path = str(first.path) if first is not None and first.path is not None else ""
-            prefix = path.rsplit("/", 1)[0] + "/" if "/" in path else f"{self.bundle.path}/{MEDIA_DIR}/"
+            prefix = path.rsplit("/", 1)[0] + "/" if "/" in path else f"{bundle.path}/{MEDIA_DIR}/"
             self.extra["media_prefix"] = prefix
         return str(prefix)
 
-    @property
-    def samples(self) -> int:
-        return len(self.bundle)
+
+class OpenBundles:
+    """The bundles open now, at most ``capacity`` of them, least recently used let go first.
+
+    A packed bundle holds a descriptor while open (and a store bundle a client), so a run of
+    1,500 packed files cannot keep them all open (the usual limit is 1,024 descriptors). A bundle
+    is opened when a page or the indexer asks for it and let go when ``capacity`` newer ones
+    were asked for, or when it leaves the run (:meth:`drop`). Letting go never closes a bundle a
+    page is still reading: the packed file's descriptor is closed when the last reference goes
+    (:class:`bundles.Bundle`'s source closes it on collection), at once in CPython when no page
+    holds it.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        storage_options: dict[str, Any] | None = None,
+        on_let_go: Callable[[str], None] | None = None,
+    ) -> None:
+        self.capacity = max(1, capacity)
+        self.storage_options = storage_options
+        self.on_let_go = on_let_go  # told the id of each bundle let go (what was kept of it goes too)
+        self._open: OrderedDict[str, Bundle] = OrderedDict()  # entry id -> bundle
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open(self, entry: BundleEntry) -> Bundle:
+        with self._lock:
+            bundle = self._open.get(entry.id)
+            if bundle is not None:
+                self._open.move_to_end(entry.id)
+                return bundle
+        bundle = bundles.open_bundle(entry.location, verify="none", storage_options=self.storage_options)
+        if identity_of(bundle) != entry.identity:
+            bundle.close()
+            raise BundleError(
+                f"{entry.location}: replaced since it was listed; the run page lists it again shortly"
+            )
+        return self.keep(entry.id, bundle)
+
+    def keep(self, eid: str, bundle: Bundle) -> Bundle:
+        """Keep ``bundle`` (just opened for entry ``eid``) among the open ones; returns the one kept."""
+        with self._lock:
+            kept = self._open.get(eid)
+            if kept is not None and kept is not bundle:
+                self._open.move_to_end(eid)
+                return kept  # another thread opened it first; ours goes when this call returns
+            self._open[eid] = bundle
+            evicted = []
+            while len(self._open) > self.capacity:
+                evicted.append(self._open.popitem(last=False)[0])
+        for gone in evicted:
+            self._let_go(gone)
+        return bundle
+
+    def _let_go(self, eid: str) -> None:
+        if self.on_let_go is not None:
+            self.on_let_go(eid)
+
+    def drop(self, eid: str) -> None:
+        """Let go of entry ``eid``'s bundle (it left the run)."""
+        with self._lock:
+            bundle = self._open.pop(eid, None)
+        del bundle  # closed now unless a page is reading it; then when that page is done
+        self._let_go(eid)
+
+    def close(self) -> None:
+        with self._lock:
+            opened, self._open = list(self._open.values()), OrderedDict()
+        for b in opened:
+            b.close()
+
+
+def descriptor_limit() -> int | None:
+    """How many descriptors this process may open (its soft ``RLIMIT_NOFILE``); None: no limit known."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def open_capacity() -> int:
+    """How many bundles :class:`OpenBundles` keeps open: :data:`MAX_OPEN_BUNDLES`, or an eighth of
+    the descriptors this process may open when that is less (the index connections kept and the
+    sockets need the rest)."""
+    limit = descriptor_limit()
+    return MAX_OPEN_BUNDLES if limit is None else max(4, min(MAX_OPEN_BUNDLES, limit // 8))
 
 
 def _step(bundle: Bundle, name: str) -> int | None:
@@ -126,9 +234,22 @@ class Run:
 
     ``problems`` lists, one line each, the bundles found but not opened (a damaged manifest, a
     format of a newer release): the run page shows them instead of failing.
+
+    Listing: with ``list_now=False`` nothing is listed until :meth:`list_in_background`, so that
+    the server listens before a run of 100,000 bundles is walked; bundles join the run
+    :data:`LIST_BATCH` at a time (more as the run grows), and :attr:`listing` / :attr:`found`
+    say how far a listing is. Each bundle's manifest is read once, what the run page shows of it
+    kept in its :class:`BundleEntry`, and the bundle closed: pages reopen it through
+    :attr:`opened` (a few open at a time).
     """
 
-    def __init__(self, root: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        storage_options: dict[str, Any] | None = None,
+        *,
+        list_now: bool = True,
+    ) -> None:
         self.storage_options = storage_options
         # The root as bundles names it (an absolute path, or the URL normalised); a local
         # directory is walked, any other root is listed through bundles' entry points only.
@@ -137,38 +258,62 @@ class Run:
         self.entries: dict[str, BundleEntry] = {}
         self.problems: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._ordered: list[BundleEntry] = []
+        self._refreshing = threading.Lock()  # one listing at a time
         self.listeners: list[Callable[[BundleEntry], None]] = []
-        self.refresh()
+        self.opened = OpenBundles(open_capacity(), storage_options, on_let_go=self._let_go)
+        self.listing = False  # a listing is under way
+        self.found = 0  # bundles found so far by the listing under way (or by the last one)
+        self.listed = threading.Event()  # set once a first listing has finished
+        if list_now:
+            self.refresh()
+
+    def list_in_background(self, then: Callable[[], None] | None = None) -> threading.Thread:
+        """List ROOT in a thread (bundles join the run as they are found); ``then()`` after."""
+
+        def work() -> None:
+            try:
+                self.refresh()
+            except Exception as e:  # a store's failure: named on the run page, tried again on --follow
+                self.problems[self.root] = f"{self.root}: listing failed: {e}"
+            finally:
+                if then is not None:
+                    then()
+
+        thread = threading.Thread(target=work, name="serve-list", daemon=True)
+        thread.start()
+        return thread
 
     # -- finding ------------------------------------------------------------------------------------
-    def _locations(self) -> list[str]:
+    def _locations(self) -> Iterator[str]:
         if bundles.is_bundle(self.root, self.storage_options):
-            return [self.root]
+            yield self.root
+            return
         if os.path.isdir(self.root):
-            return self._walk(self.root, 0)
+            yield from self._walk(self.root, 0)
+            return
         # Not a directory here (a store prefix): the root and the run layout's usual places.
-        found: list[str] = []
         for sub in ("", *STORE_SUBDIRS):
             where = str(bundles.child_location(self.root, sub)) if sub else self.root
             try:
-                found += bundles.list_bundles(where, self.storage_options)
+                yield from sorted(bundles.list_bundles(where, self.storage_options))
             except BundleError:
                 continue
-        return sorted(set(found))
 
-    def _walk(self, directory: str, depth: int) -> list[str]:
+    def _walk(self, directory: str, depth: int) -> Iterator[str]:
         try:
             listed = bundles.list_bundles(directory)
         except (BundleError, OSError):
             listed = []
         out = [loc for loc in listed if self._inside(loc)]
+        yield from out
         if depth >= MAX_DEPTH:
-            return out
+            return
         taken = {os.path.basename(loc.rstrip("/")) for loc in out}
         try:
             children = sorted(os.scandir(directory), key=lambda e: e.name)
         except OSError:
-            return out
+            return
         for child in children:
             if child.name.startswith(".") or child.name in taken:
                 continue
@@ -177,8 +322,7 @@ class Run:
                     continue
             except OSError:
                 continue
-            out += self._walk(child.path, depth + 1)
-        return out
+            yield from self._walk(child.path, depth + 1)
 
     def inside(self, location: str) -> bool:
         """True when the local path ``location`` is under ROOT, symlinks resolved."""
@@ -206,49 +350,51 @@ class Run:
     def refresh(self) -> list[BundleEntry]:
         """List ROOT again: open and add the bundles not seen before, open again a local bundle
         replaced since (another inode or mtime: a rewrite with ``overwrite=True``), drop the ones
-        gone (a retention policy removed them). Returns the new and reopened ones."""
+        gone (a retention policy removed them: their bundle let go, their note removed). Returns
+        the new and reopened ones."""
+        with self._refreshing:
+            self.listing, self.found = True, 0
+            try:
+                return self._refresh()
+            finally:
+                self.listing = False
+                self.listed.set()
+
+    def _refresh(self) -> list[BundleEntry]:
         new: list[BundleEntry] = []
-        listed = self._locations()
-        known = {e.location: e for e in self.entries.values()}
-        todo = [loc for loc in listed if loc not in known or _stamp(loc) != known[loc].extra.get("stamp")]
-        listed_set = set(listed)
-        gone = [e for loc, e in known.items() if loc not in listed_set]
-        for location in [loc for loc in self.problems if loc not in listed_set]:
-            del self.problems[location]  # a damaged bundle removed: its note goes with it
-        if gone:
-            with self._lock:
-                for e in gone:
-                    self.entries.pop(e.id, None)
-
-        def open_one(location: str) -> BundleEntry | str:
-            return self._open_entry(location)
-
-        # Manifests read a few at a time: a run of hundreds of bundles on a store is hundreds of
-        # small requests, each mostly waiting.
-        with ThreadPoolExecutor(OPEN_WORKERS) as pool:
-            opened = list(pool.map(open_one, todo))
-        for location, entry in zip(todo, opened, strict=True):
-            if isinstance(entry, str):
-                self.problems[location] = entry
+        listed: set[str] = set()
+        known = {e.location: e for e in self.ordered()}
+        todo: list[str] = []
+        for location in self._locations():
+            if location in listed:
                 continue
-            self.problems.pop(location, None)
-            new.append(entry)
-        if new:
-            with self._lock:
-                for e in new:
-                    self.entries[e.id] = e
-                ordered = sorted(self.entries.values(), key=lambda e: (e.step is None, e.step or 0, e.rel))
-                for k, e in enumerate(ordered):
-                    e.order = k
-            for e in new:
-                for listener in self.listeners:
-                    listener(e)
+            listed.add(location)
+            self.found = len(listed)
+            e = known.get(location)
+            if e is None or _stamp(location) != e.stamp:
+                todo.append(location)
+            if len(todo) >= max(LIST_BATCH, len(self.entries) // 4):  # sorting the run: O(n log n) in all
+                new += self._add(todo)
+                todo = []
+                fault_point("serve.listed-batch", self.found)
+        new += self._add(todo)
+        gone = [e for loc, e in known.items() if loc not in listed]
+        with self._lock:
+            for e in gone:
+                self.entries.pop(e.id, None)
+                self.opened.drop(e.id)
+            for location in [loc for loc in self.problems if loc not in listed and loc != self.root]:
+                del self.problems[location]
+            if gone:
+                self._sort()
         return new
 
     def _open_entry(self, location: str) -> BundleEntry | str:
-        """The run's entry for the bundle at ``location``, or the note the run page shows instead
-        (shown with :func:`bundles.support.display`): one bundle's defect is never the run's
-        failure, so nothing but a note comes out of here, whatever the bundle holds."""
+        """The run's entry for the bundle at ``location`` (its manifest read, what the run page
+        shows kept, the bundle closed), or the note the run page shows instead (through
+        :func:`bundles.support.display`): one bundle's defect is never the run's failure, so
+        nothing but a note comes out of here, whatever the bundle holds."""
+        stamp = _stamp(location)  # before opening: a bundle replaced meanwhile is read again next time
         try:
             bundle = bundles.open_bundle(location, verify="none", storage_options=self.storage_options)
         except BundleError as err:
@@ -258,17 +404,56 @@ class Run:
         except Exception as err:  # a reader's defect: this bundle's note, the run is served
             return display(f"{location}: cannot open: {type(err).__name__}: {err}", MAX_SHOWN_CHARS)
         try:
-            entry = BundleEntry(_entry_id(location), location, display(self._rel(location)), bundle, identity_of(bundle),
-                                _step(bundle, os.path.basename(location.rstrip("/"))))  # fmt: skip
+            with bundle:
+                name = os.path.basename(location.rstrip("/"))
+                return BundleEntry(_entry_id(location), location, display(self._rel(location)), bundle.kind,
+                                   len(bundle), bundle.stored_bytes, identity_of(bundle), _step(bundle, name),
+                                   stamp=stamp, opener=self.opened.open)  # fmt: skip
         except Exception as err:
-            bundle.close()
             return display(f"{location}: cannot be served: {type(err).__name__}: {err}", MAX_SHOWN_CHARS)
-        entry.extra["stamp"] = _stamp(location)
-        return entry
+
+    def _add(self, todo: list[str]) -> list[BundleEntry]:
+        if not todo:
+            return []
+        # Manifests read a few at a time: a run of hundreds of bundles on a store is hundreds of
+        # small requests, each mostly waiting. Each bundle is closed once read (a descriptor each).
+        with ThreadPoolExecutor(OPEN_WORKERS) as pool:
+            summaries = list(pool.map(self._open_entry, todo))
+        new: list[BundleEntry] = []
+        for location, entry in zip(todo, summaries, strict=True):
+            if isinstance(entry, str):
+                self.problems[location] = entry
+                continue
+            self.problems.pop(location, None)
+            new.append(entry)
+        if new:
+            with self._lock:
+                for e in new:
+                    self.opened.drop(e.id)  # a bundle replaced in place: its old one let go
+                    self.entries[e.id] = e
+                self._sort()
+            for e in new:
+                for listener in self.listeners:
+                    listener(e)
+        return new
+
+    def _let_go(self, eid: str) -> None:
+        """What pages kept of a bundle while it was open (its media table, as long as its manifest's
+        media list; its replay report, up to MAX_REPORT_BYTES) goes when the bundle is let go; it is
+        made again when the bundle is reopened."""
+        entry = self.entries.get(eid)
+        if entry is not None:
+            for key in LET_GO_WITH_THE_BUNDLE:
+                entry.extra.pop(key, None)
+
+    def _sort(self) -> None:
+        self._ordered = sorted(self.entries.values(), key=lambda e: (e.step is None, e.step or 0, e.rel))
+        for k, e in enumerate(self._ordered):
+            e.order = k
 
     def ordered(self) -> list[BundleEntry]:
         with self._lock:
-            return sorted(self.entries.values(), key=lambda e: e.order)
+            return list(self._ordered)
 
     def get(self, eid: str) -> BundleEntry | None:
         """The bundle with id ``eid``; None for any other text (the only lookup a route makes)."""
@@ -277,5 +462,4 @@ class Run:
         return self.entries.get(eid)
 
     def close(self) -> None:
-        for e in self.entries.values():
-            e.bundle.close()
+        self.opened.close()

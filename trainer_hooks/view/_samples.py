@@ -125,7 +125,7 @@ def jsonable(v: Any, depth: int = 0) -> Any:
             out["…"] = f"{len(v) - MAX_SHOWN_TURNS} more keys"
         return out
     if isinstance(v, (list, tuple)):
-        if len(v) > 32 and all(isinstance(x, (int, float)) for x in itertools.islice(v, 4096)):
+        if len(v) > 32 and all(isinstance(x, (int, float)) for x in v):
             return f"[{len(v)} numbers: {', '.join(num(x) for x in v[:6])}, ...]"
         items = [jsonable(x, depth + 1) for x in v[:MAX_SHOWN_TURNS]]
         if len(v) > MAX_SHOWN_TURNS:
