@@ -371,21 +371,24 @@ def test_the_server_answers_while_a_large_run_is_listed_and_its_run_page_is_page
 
 def test_a_listed_bundle_costs_its_run_page_row_not_an_open_bundle(tmp_path: Path) -> None:
     # Python memory a run of 2,000 tiny bundles holds once listed (e5d94e3 kept each bundle open,
-    # its manifest parsed: ~4.5 KB each here, 13 KB of RSS each at 100,000 in the issue).
-    from trainer_hooks.serve._run import Run
-
+    # its manifest parsed: ~4.5 KB each here, 13 KB of RSS each at 100,000 in the issue). Measured
+    # in a fresh process: in this one, threads other tests left (an indexer finishing) allocate
+    # while tracemalloc counts.
     _tiny_run(tmp_path / "run", 2_000)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        run = Run(tmp_path / "run")
-        gc.collect()
-        held = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert len(run.entries) == 2_000 and not run.problems
+    script = (
+        "import gc, sys, tracemalloc\n"
+        "from trainer_hooks.serve._run import Run\n"
+        "gc.collect(); tracemalloc.start()\n"
+        "run = Run(sys.argv[1]); gc.collect()\n"
+        "held = tracemalloc.get_traced_memory()[0]; tracemalloc.stop()\n"
+        "print(len(run.entries), len(run.problems), held); run.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    entries, problems, held = (int(x) for x in done.stdout.split())
+    assert (entries, problems) == (2_000, 0)
     assert held / 2_000 < 2_500, f"{held / 2_000:.0f} bytes per listed bundle"
-    run.close()
 
 
 # -- item 14: a bounded pool for diff work ------------------------------------------------------------------
