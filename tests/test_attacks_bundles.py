@@ -1,0 +1,116 @@
+"""An attacker's read of the bundles side of issue 36: each test is an attack that succeeded on
+the wave's first merge, now refused or harmless (issue 36, items 1-4, 7-9).
+
+Every test that replaces or deletes plants a user's file beside what goes and checks it survives
+byte for byte. Stores are real SeaweedFS on 127.0.0.1 (tests/conftest.py); commands run as a user
+runs them, ``python -m bundles.cli`` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import put_media
+
+from bundles import is_bundle, write_bundle
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bundles.cli", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+
+
+def make_bundle(tmp_path: Path, dest: str | Path, tag: str) -> str:
+    run = tmp_path / f"run-{tag}"
+    paths = [put_media(run, hashlib.sha256(f"{tag}{i}".encode()).digest() * 30) for i in range(2)]
+    return str(
+        write_bundle(dest, [{"i": i, "image": p, "tag": tag} for i, p in enumerate(paths)], media_roots=[run])
+    )
+
+
+# -- on a store ---------------------------------------------------------------------------------
+@pytest.fixture
+def weed(seaweed_s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    for k, v in seaweed_s3.env.items():
+        monkeypatch.setenv(k, v)
+    seaweed_s3.current = seaweed_s3.bucket()
+    return seaweed_s3
+
+
+def _raw(server: Any) -> Any:
+    from obstore.store import S3Store
+
+    return S3Store(server.current, **server.options(), client_options={"allow_http": True})
+
+
+def contents(server: Any, prefix: str = "") -> dict[str, bytes]:
+    import obstore
+
+    store = _raw(server)
+    keys = sorted(m["path"] for batch in obstore.list(store, prefix or None) for m in batch)
+    return {k: bytes(obstore.get(store, k).bytes()) for k in keys}
+
+
+def put(server: Any, key: str, data: bytes) -> None:
+    import obstore
+
+    obstore.put(_raw(server), key, data)
+
+
+def test_cp_force_onto_a_plain_copy_keeps_the_users_files_under_samples(weed: Any, tmp_path: Path) -> None:
+    """Before: replacing a plain copy (a bundle copied verbatim, no pointer) deleted every key under
+    ``samples/``: a user's ``samples/notes.txt`` and a file merely named like a shard the manifest
+    does not list went with the old bundle's shards."""
+    src = Path(make_bundle(tmp_path, tmp_path / "src", "src"))
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            put(weed, f"plain/{p.relative_to(src)}", p.read_bytes())
+    mine = {"plain/samples/notes.txt": b"my notes\n", "plain/samples/000007.msgpack.zst": b"mine, named so\n"}
+    for key, data in mine.items():
+        put(weed, key, data)
+    url = f"s3://{weed.current}/plain"
+    assert is_bundle(url)
+    new = make_bundle(tmp_path, tmp_path / "new", "new")
+    done = cli("cp", new, url, "--force", env=weed.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    left = contents(weed, "plain")
+    assert {k: left.get(k) for k in mine} == mine
+    assert "plain/manifest.json" not in left and "plain/samples/000000.msgpack.zst" not in left
+    assert cli("verify", url, "--full", env=weed.env).returncode == 0
+
+
+def test_cp_force_keeps_a_bundle_written_inside_the_replaced_generation(weed: Any, tmp_path: Path) -> None:
+    """Before: ``cp SRC U/<generation>/sub`` said "copied", then ``cp --force`` onto ``U`` deleted
+    every key of the replaced generation, the bundle ``sub`` inside it included (rm and gc leave a
+    generation holding what no writer of ours writes; the overwrite did not)."""
+    url = make_bundle(tmp_path, f"s3://{weed.current}/run/u", "u")
+    gen = json.loads(contents(weed)["run/u/bundle.json"])["generation"]
+    inner = f"{url}/{gen}/sub"
+    put(weed, f"run/u/{gen}/notes.txt", b"mine\n")
+    assert cli("cp", make_bundle(tmp_path, tmp_path / "a", "a"), inner, env=weed.env).returncode == 0
+    kept = {
+        k: v
+        for k, v in contents(weed).items()
+        if k.startswith((f"run/u/{gen}/sub/", f"run/u/{gen}/notes.txt"))
+    }
+    done = cli("cp", make_bundle(tmp_path, tmp_path / "b", "b"), url, "--force", env=weed.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    left = contents(weed)
+    assert {k: left.get(k) for k in kept} == kept
+    assert f"run/u/{gen}/manifest.json" not in left and f"run/u/{gen}/samples/000000.msgpack.zst" not in left
+    assert cli("verify", inner, "--full", env=weed.env).returncode == 0
+    assert cli("verify", url, "--full", env=weed.env).returncode == 0
