@@ -114,3 +114,18 @@ def test_cp_force_keeps_a_bundle_written_inside_the_replaced_generation(weed: An
     assert f"run/u/{gen}/manifest.json" not in left and f"run/u/{gen}/samples/000000.msgpack.zst" not in left
     assert cli("verify", inner, "--full", env=weed.env).returncode == 0
     assert cli("verify", url, "--full", env=weed.env).returncode == 0
+
+
+# -- what reaches a terminal --------------------------------------------------------------------
+@pytest.mark.parametrize("command", [["verify", "--full"], ["pack", "-o", "{out}"]])
+def test_a_progress_line_shows_a_bundles_name_through_display(tmp_path: Path, command: list[str]) -> None:
+    """Before: ``--progress`` drew ``verifying <name>`` / ``packing <name>`` raw, so a directory
+    named with an escape sequence (here one that sets the terminal's title) reached the terminal."""
+    name = "run\x1b]0;pwned\x07\x1b[2J"
+    src = make_bundle(tmp_path, tmp_path / name, "a")
+    argv = [a.replace("{out}", str(tmp_path / "out.rbundle")) for a in command]
+    done = cli(argv[0], "--progress", src, *argv[1:])
+    assert done.returncode == 0, done.stdout + done.stderr
+    drawn = done.stderr.replace("\r", "").replace("\n", "")
+    assert "\x1b" not in done.stderr and "\x07" not in done.stderr, repr(done.stderr)
+    assert "run\\x1b]0;pwned\\x07\\x1b[2J" in drawn
