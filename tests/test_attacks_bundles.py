@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from helpers import put_media
 
-from bundles import is_bundle, write_bundle
+from bundles import BundleExistsError, is_bundle, write_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,27 +93,56 @@ def test_cp_force_onto_a_plain_copy_keeps_the_users_files_under_samples(weed: An
     assert cli("verify", url, "--full", env=weed.env).returncode == 0
 
 
-def test_cp_force_keeps_a_bundle_written_inside_the_replaced_generation(weed: Any, tmp_path: Path) -> None:
-    """Before: ``cp SRC U/<generation>/sub`` said "copied", then ``cp --force`` onto ``U`` deleted
-    every key of the replaced generation, the bundle ``sub`` inside it included (rm and gc leave a
-    generation holding what no writer of ours writes; the overwrite did not)."""
+def _planted_in_generation(weed: Any, tmp_path: Path) -> tuple[str, str, dict[str, bytes]]:
+    """A bundle ``U`` whose live generation holds, beside its own objects, a user's file and the
+    objects of another bundle (as an older release's ``cp SRC U/<generation>/sub`` put them)."""
     url = make_bundle(tmp_path, f"s3://{weed.current}/run/u", "u")
     gen = json.loads(contents(weed)["run/u/bundle.json"])["generation"]
-    inner = f"{url}/{gen}/sub"
-    put(weed, f"run/u/{gen}/notes.txt", b"mine\n")
-    assert cli("cp", make_bundle(tmp_path, tmp_path / "a", "a"), inner, env=weed.env).returncode == 0
-    kept = {
-        k: v
-        for k, v in contents(weed).items()
-        if k.startswith((f"run/u/{gen}/sub/", f"run/u/{gen}/notes.txt"))
+    make_bundle(tmp_path, f"s3://{weed.current}/elsewhere/o", "o")
+    planted = {f"run/u/{gen}/notes.txt": b"mine\n"}
+    planted |= {
+        f"run/u/{gen}/sub/{k[len('elsewhere/o/') :]}": v for k, v in contents(weed, "elsewhere/o").items()
     }
+    for key, data in planted.items():
+        put(weed, key, data)
+    return url, gen, planted
+
+
+def test_cp_force_keeps_what_someone_put_inside_the_replaced_generation(weed: Any, tmp_path: Path) -> None:
+    """Before: ``cp --force`` onto ``U`` deleted every key of the replaced generation, a user's file
+    and a whole bundle put inside it included (rm and gc leave a generation holding what no writer
+    of ours writes; the overwrite did not)."""
+    url, gen, planted = _planted_in_generation(weed, tmp_path)
     done = cli("cp", make_bundle(tmp_path, tmp_path / "b", "b"), url, "--force", env=weed.env)
     assert done.returncode == 0, done.stdout + done.stderr
     left = contents(weed)
-    assert {k: left.get(k) for k in kept} == kept
+    assert {k: left.get(k) for k in planted} == planted
     assert f"run/u/{gen}/manifest.json" not in left and f"run/u/{gen}/samples/000000.msgpack.zst" not in left
-    assert cli("verify", inner, "--full", env=weed.env).returncode == 0
     assert cli("verify", url, "--full", env=weed.env).returncode == 0
+
+
+@pytest.mark.parametrize("name", ["new", "p.rbundle"])
+def test_no_bundle_is_written_or_found_inside_a_generation(weed: Any, tmp_path: Path, name: str) -> None:
+    """Before: ``cp SRC U/<generation>/sub`` (and ``write_bundle``, ``pack -o`` of a packed object
+    there) said "copied": ``verify U`` then failed on the objects it put, and U's next overwrite
+    deleted them. Now refused before anything is put; what is already there is never a bundle
+    (not listed, not removed)."""
+    url, gen, _ = _planted_in_generation(weed, tmp_path)
+    before = contents(weed)
+    dest = f"{url}/{gen}/{name}"
+    src = make_bundle(tmp_path, tmp_path / "a", "a")
+    for argv in (["cp", src, dest], ["cp", src, dest, "--force"], ["pack", src, "-o", dest]):
+        done = cli(*argv, env=weed.env)
+        assert done.returncode != 0, (argv, done.stdout + done.stderr)
+        assert f"{dest}: inside the generation {gen} of the bundle {url}, part of that one" in done.stderr
+    with pytest.raises(BundleExistsError, match="refusing to write a bundle there"):
+        write_bundle(dest, [{"i": 0}])
+    assert contents(weed) == before
+    assert not is_bundle(f"{url}/{gen}/sub")
+    listed = cli("ls", "-r", f"s3://{weed.current}/run", "--json", env=weed.env)
+    assert [r["location"] for r in json.loads(listed.stdout)] == [url], listed.stderr
+    assert cli("rm", f"{url}/{gen}/sub", env=weed.env).returncode == 1
+    assert contents(weed) == before
 
 
 # -- what reaches a terminal --------------------------------------------------------------------

@@ -50,6 +50,7 @@ from bundles._remote._pointer import (
     _new_generation,
     _read_pointer,
     examine_prefix,
+    inside_generation,
 )
 from bundles._remote._probe import check_preconditions
 from bundles._remote._verify import Listed, keep_published, prove_before_publish
@@ -83,7 +84,11 @@ def _check_absent(store: Store, url: StoreURL) -> Pointer | None:
 def _refuse_unreplaceable(store: Store, url: StoreURL, overwrite: bool) -> None:
     """Before anything is uploaded: a destination holding a bundle needs ``overwrite``, and only
     a proven bundle (or nothing) is ever replaced: a user's ``bundle.json`` or ``manifest.json``,
-    or a damaged bundle, is refused (FORMAT.md §5a), with nothing put."""
+    or a damaged bundle, is refused (FORMAT.md §5a), with nothing put; so is a destination inside
+    a generation (:func:`inside_generation`)."""
+    inside = inside_generation(url)
+    if inside is not None:
+        raise BundleExistsError(f"{inside}: refusing to write a bundle there")
     with naming(url, "look for an existing bundle"):
         found = examine_prefix(store, url)
     if isinstance(found, Proof):
