@@ -325,14 +325,17 @@ def remove_bundle_dir(path: str | os.PathLike[str], damaged: bool = False) -> No
         if foreign:
             _remove_own_files(top, dest, own)
         else:
-            _retire(top, dest)
+            _retire(top, dest, ours)
     finally:
         os.close(top)
 
 
-def _retire(top: int, dest: Path) -> None:
+def _retire(top: int, dest: Path, ours: Callable[[str], bool]) -> None:
     """Rename the directory proven (open as ``top``) to a retired name, check that what was
-    renamed is that directory, and discard it (see :func:`remove_bundle_dir`)."""
+    renamed is that directory, and discard it (see :func:`remove_bundle_dir`). What someone put
+    in it between the listing and the rename is not the bundle's: the directory is listed again
+    once retired (no path reaches it any more), and if anything else is there the bundle's own
+    files are removed from it and it goes back to its name, with the newcomer's files."""
     retired = _sibling_name(dest, RETIRED_MARKER)
     fault_point("remove_bundle.before-retire", dest)
     try:
@@ -348,7 +351,19 @@ def _retire(top: int, dest: Path) -> None:
         )
     fsync_dir(dest.parent)
     fault_point("remove_bundle.after-retire", dest)
-    _discard(retired)
+    own, foreign = _own_files(top, retired, ours)
+    if not foreign:
+        _discard(retired)
+        return
+    _remove_own_files(top, retired, own)
+    try:
+        rename_noreplace(retired, dest)
+    except OSError as e:
+        raise BundleError(
+            f"{dest}: removed, but {', '.join(foreign[:5])} appeared in it meanwhile and could not be put "
+            f"back ({e.strerror}): they are kept in {retired}"
+        ) from e
+    fsync_dir(dest.parent)
 
 
 def _put_back(retired: Path, dest: Path) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from helpers import put_media
 
-from bundles import BundleExistsError, is_bundle, write_bundle
+from bundles import BundleExistsError, is_bundle, remove_bundle, write_bundle
+from bundles.support import on_fault_point
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,6 +41,25 @@ def make_bundle(tmp_path: Path, dest: str | Path, tag: str) -> str:
     return str(
         write_bundle(dest, [{"i": i, "image": p, "tag": tag} for i, p in enumerate(paths)], media_roots=[run])
     )
+
+
+# -- local removal -------------------------------------------------------------------------------
+def test_rm_keeps_what_a_user_writes_into_the_bundle_while_it_is_removed(tmp_path: Path) -> None:
+    """Before: ``rm`` listed the directory, found only the bundle's files, then renamed it away and
+    deleted the whole tree: a file a user wrote into it in between went with it."""
+    dest = Path(make_bundle(tmp_path, tmp_path / "b", "b"))
+    (tmp_path / "beside.txt").write_text("beside it\n")
+
+    def user_writes(at: Path) -> None:  # another process, exactly in rm's window
+        (at / "README.txt").write_text("written meanwhile\n")
+        (at / "media" / "notes.txt").write_text("mine\n")
+
+    with on_fault_point("remove_bundle.before-retire", user_writes):
+        remove_bundle(dest)
+    left = {str(p.relative_to(dest)): p.read_bytes() for p in sorted(dest.rglob("*")) if p.is_file()}
+    assert left == {"README.txt": b"written meanwhile\n", "media/notes.txt": b"mine\n"}
+    assert not is_bundle(dest) and (tmp_path / "beside.txt").read_text() == "beside it\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 # -- on a store ---------------------------------------------------------------------------------
