@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from helpers import put_media
 
-from bundles import BundleExistsError, is_bundle, remove_bundle, write_bundle
-from bundles.support import on_fault_point
+from bundles import BundleError, BundleExistsError, is_bundle, remove_bundle, write_bundle
+from bundles.support import LIMITS, on_fault_point
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,6 +60,25 @@ def test_rm_keeps_what_a_user_writes_into_the_bundle_while_it_is_removed(tmp_pat
     assert left == {"README.txt": b"written meanwhile\n", "media/notes.txt": b"mine\n"}
     assert not is_bundle(dest) and (tmp_path / "beside.txt").read_text() == "beside it\n"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+# -- limits: the writer refuses what the reader would -------------------------------------------
+@pytest.mark.parametrize("under", [False, True])
+def test_write_bundle_refuses_a_manifest_over_the_readers_cap(tmp_path: Path, under: bool) -> None:
+    """Before: ``write_bundle`` committed a manifest over ``MAX_MANIFEST_BYTES`` (a meta of 65 MiB,
+    or one just under the cap that the manifest's other fields push over); every reader refused
+    it, so the bundle could not be opened, listed or replaced. Now refused before the commit
+    (a meta over the cap before any sample is written), and nothing is left at the destination."""
+    cap = LIMITS["MAX_MANIFEST_BYTES"]
+    dest = tmp_path / "b"
+    meta = {"s": "x" * (cap - 20 if under else cap + 1)}
+    said = "the manifest would be" if under else "meta: "
+    with pytest.raises(BundleError, match=said) as caught:
+        write_bundle(dest, [{"i": 0}], meta=meta)
+    del meta
+    message = str(caught.value)
+    assert message.startswith(f"{dest}: ") and f"{cap} (MAX_MANIFEST_BYTES" in message, message[:300]
+    assert not dest.exists() and os.listdir(tmp_path) == []
 
 
 # -- on a store ---------------------------------------------------------------------------------
