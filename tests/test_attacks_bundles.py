@@ -222,3 +222,24 @@ def test_proving_a_big_directory_without_a_manifest_reads_one_entry_of_it(tmp_pa
         tracemalloc.stop()
     assert peak < 256 * 1024, peak
     assert len(os.listdir(store)) == 20_000
+
+
+def test_overwrite_keeps_what_a_user_writes_into_the_bundle_meanwhile(tmp_path: Path) -> None:
+    """Before: ``overwrite=True`` checked that the directory held only the bundle, then swapped the
+    new one in and deleted the old directory whole: a file a user wrote into it in between went
+    with it. Now it is moved into the new bundle's directory, where it was written."""
+    dest = Path(make_bundle(tmp_path, tmp_path / "b", "old"))
+
+    def user_writes(at: Path) -> None:  # another process, exactly in the overwrite's window
+        (at / "README.txt").write_text("written meanwhile\n")
+        (at / "samples" / "notes.txt").write_text("mine\n")
+
+    with on_fault_point("commit.before-exchange", user_writes):
+        write_bundle(dest, [{"tag": "new"}], overwrite=True)
+    assert (dest / "README.txt").read_text() == "written meanwhile\n"
+    assert (dest / "samples" / "notes.txt").read_text() == "mine\n"
+    from bundles import open_bundle
+
+    with open_bundle(dest, verify="none") as b:  # a full verify names the user's two files, rightly
+        assert [s["tag"] for s in b] == ["new"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
