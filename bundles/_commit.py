@@ -325,14 +325,17 @@ def remove_bundle_dir(path: str | os.PathLike[str], damaged: bool = False) -> No
         if foreign:
             _remove_own_files(top, dest, own)
         else:
-            _retire(top, dest)
+            _retire(top, dest, ours)
     finally:
         os.close(top)
 
 
-def _retire(top: int, dest: Path) -> None:
+def _retire(top: int, dest: Path, ours: Callable[[str], bool]) -> None:
     """Rename the directory proven (open as ``top``) to a retired name, check that what was
-    renamed is that directory, and discard it (see :func:`remove_bundle_dir`)."""
+    renamed is that directory, and discard it (see :func:`remove_bundle_dir`). What someone put
+    in it between the listing and the rename is not the bundle's: the directory is listed again
+    once retired (no path reaches it any more), and if anything else is there the bundle's own
+    files are removed from it and it goes back to its name, with the newcomer's files."""
     retired = _sibling_name(dest, RETIRED_MARKER)
     fault_point("remove_bundle.before-retire", dest)
     try:
@@ -348,7 +351,19 @@ def _retire(top: int, dest: Path) -> None:
         )
     fsync_dir(dest.parent)
     fault_point("remove_bundle.after-retire", dest)
-    _discard(retired)
+    own, foreign = _own_files(top, retired, ours)
+    if not foreign:
+        _discard(retired)
+        return
+    _remove_own_files(top, retired, own)
+    try:
+        rename_noreplace(retired, dest)
+    except OSError as e:
+        raise BundleError(
+            f"{dest}: removed, but {', '.join(foreign[:5])} appeared in it meanwhile and could not be put "
+            f"back ({e.strerror}): they are kept in {retired}"
+        ) from e
+    fsync_dir(dest.parent)
 
 
 def _put_back(retired: Path, dest: Path) -> None:
@@ -492,6 +507,7 @@ def _refuse_unreplaceable(dest: Path) -> None:
 def _overwrite(staging: Path, dest: Path) -> bool:
     """Replace the bundle at ``dest`` with ``staging``; False when ``dest`` changed under us
     (vanished, or reappeared between the two renames) and the caller should look again."""
+    fault_point("commit.before-exchange", dest)
     try:
         exchanged = exchange(staging, dest)
     except FileNotFoundError:
@@ -499,7 +515,7 @@ def _overwrite(staging: Path, dest: Path) -> bool:
     if exchanged:
         fsync_dir(dest.parent)
         fault_point("commit.after-rename", dest)
-        _discard(staging)  # now holds the previous bundle
+        _discard_previous(staging, dest)  # now holds the previous bundle
         return True
     retired = _sibling_name(dest, RETIRED_MARKER)
     try:
@@ -521,5 +537,37 @@ def _overwrite(staging: Path, dest: Path) -> bool:
         return False
     fsync_dir(dest.parent)
     fault_point("commit.after-rename", dest)
-    _discard(retired)
+    _discard_previous(retired, dest)
     return True
+
+
+def _discard_previous(old: Path, dest: Path) -> None:
+    """Discard the bundle an overwrite swapped out of ``dest`` (now at ``old``). It held only the
+    bundle when the overwrite checked it (:func:`_refuse_unreplaceable`); what someone wrote into
+    it since is not the bundle's and is moved into ``dest``, where it was written, before the
+    rest goes. One that cannot be moved (a name the new bundle holds too) is kept in ``old``,
+    named in the error."""
+    try:
+        fd = os.open(old, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        fd = -1
+    stuck: list[str] = []
+    if fd >= 0:
+        try:
+            found = examine_directory_fd(fd, old)  # not a bundle any more (a racing rm): nothing to tell
+            others = (
+                _own_files(fd, old, set(found.members()).__contains__)[1] if isinstance(found, Proof) else []
+            )
+            for rel in others:
+                try:
+                    rename_noreplace(old / rel, dest / rel)
+                except OSError:
+                    stuck.append(rel)
+        finally:
+            os.close(fd)
+    if stuck:
+        raise BundleError(
+            f"{dest}: replaced, but {', '.join(stuck[:5])}, written into it meanwhile, could not be moved "
+            f"into the new bundle's directory: kept in {old}"
+        )
+    _discard(old)

@@ -539,7 +539,18 @@ class _OnStore(Location, StoreURL):
 
     def _refuse_existing(self, overwrite: bool) -> None:
         self._client()
+        self._refuse_inside()
         super()._refuse_existing(overwrite)
+
+    def _refuse_unproven(self, overwrite: bool) -> None:
+        self._refuse_inside()
+        super()._refuse_unproven(overwrite)
+
+    def _refuse_inside(self) -> None:
+        """No bundle is written inside another's generation (:func:`bundles._remote.inside_generation`)."""
+        inside = _remote.inside_generation(self)
+        if inside is not None:
+            raise BundleExistsError(f"{inside}: refusing to write a bundle there")
 
 
 class StoreLocation(_OnStore):
@@ -576,7 +587,8 @@ class StorePackedLocation(_OnStore):
 
     def examine(self) -> Proof | NotProven:
         self._client()
-        return _examine_packed(self)
+        inside = _remote.inside_generation(self)
+        return NotProven(str(self), inside) if inside is not None else _examine_packed(self)
 
     def remove_bundle(self, damaged: bool = False) -> None:
         removable_names(self.examine(), damaged=False)  # one object: see PackedFileLocation

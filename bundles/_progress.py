@@ -6,6 +6,8 @@ import sys
 import time
 from typing import TextIO
 
+from bundles._repr import display
+
 __all__ = ["Progress", "human_bytes"]
 
 
@@ -22,6 +24,7 @@ class Progress:
     """``with Progress("verify", total=n_bytes, unit="B") as bar: bar.advance(k)``.
 
     ``enabled=None`` draws only when the stream is a terminal, so logs and CI stay clean.
+    ``desc`` is shown through :func:`bundles._repr.display` (it names a bundle, an untrusted name).
     Redraws are throttled to ten a second; the cost when disabled is one attribute check.
     """
 
@@ -37,7 +40,7 @@ class Progress:
         if enabled is None:
             enabled = bool(getattr(self.stream, "isatty", lambda: False)())
         self.enabled = enabled
-        self.desc = desc
+        self.desc = display(desc)  # names a bundle or an object: untrusted, one line
         self.total = total
         self.unit = unit
         self.done = 0

@@ -182,7 +182,8 @@ def examine_directory_fd(fd: int, p: Path) -> Proof | NotProven:
     try:
         mfd = os.open(MANIFEST_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
     except FileNotFoundError:
-        empty = not os.listdir(fd)
+        with os.scandir(fd) as entries:  # one entry decides: never the whole listing of a big directory
+            empty = next(entries, None) is None
         return NotProven(str(p), f"{p}: not a bundle ({MANIFEST_NAME} is missing)", empty=empty)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):

@@ -56,6 +56,7 @@ from bundles._layout import (
     FORMAT_VERSION,
     KIND_RE,
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     MAX_NESTING_DEPTH,
     MEDIA_DIR,
     SHARD_NAME_FORMAT,
@@ -132,7 +133,13 @@ def _check_meta(meta: Any, dest: Path) -> dict[str, Any]:
     problem = _find_non_json(meta, "meta")
     if problem:
         raise BundleError(f"{dest}: {problem} (the manifest is JSON)")
-    clean = dict(json.loads(json.dumps(meta, allow_nan=False)))
+    text = json.dumps(meta, allow_nan=False)
+    if len(text) > MAX_MANIFEST_BYTES:  # before any sample is written: no reader would open it
+        raise BundleError(
+            f"{dest}: meta: {len(text)} bytes of JSON, over the manifest cap of {MAX_MANIFEST_BYTES} "
+            "(MAX_MANIFEST_BYTES: no reader would open the bundle)"
+        )
+    clean = dict(json.loads(text))
     # The manifest is level 1 and meta level 2: what readers accept (docs/FORMAT.md §2).
     if nesting_depth_exceeds(clean, MAX_NESTING_DEPTH - 1):
         raise BundleError(
@@ -569,8 +576,15 @@ def _write(
             "media_references": media.references,
         }
         fault_point("write.manifest")
+        raw = manifest_bytes(manifest)
+        if len(raw) > MAX_MANIFEST_BYTES:  # a reader refuses it: never commit what no one can open
+            raise BundleError(
+                f"{dest}: the manifest would be {len(raw)} bytes ({len(stored)} media files, "
+                f"{len(shards.entries)} shards), over the cap of {MAX_MANIFEST_BYTES} (MAX_MANIFEST_BYTES); "
+                "nothing was written: split the samples into several bundles"
+            )
         with open(staging / MANIFEST_NAME, "xb") as f:
-            f.write(manifest_bytes(manifest))
+            f.write(raw)
         make_read_only(str(staging / MANIFEST_NAME))
         media.durability.add(str(staging / MANIFEST_NAME))
         fault_point("write.durability")

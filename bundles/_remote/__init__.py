@@ -75,7 +75,12 @@ from bundles._remote._packed import (
     remove_packed_object,
     unpack_on_store,
 )
-from bundles._remote._pointer import examine_on_store, has_bundle_on_store, list_remote_bundles
+from bundles._remote._pointer import (
+    examine_on_store,
+    has_bundle_on_store,
+    inside_generation,
+    list_remote_bundles,
+)
 from bundles._remote._prefix import StorePrefix
 from bundles._remote._read import open_on_store
 from bundles._remote._write import UploadStats, remove_on_store, upload_bundle
@@ -87,6 +92,7 @@ __all__ = [
     "collect_garbage",
     "examine_on_store",
     "has_bundle_on_store",
+    "inside_generation",
     "list_packed_objects",
     "list_remote_bundles",
     "object_exists",

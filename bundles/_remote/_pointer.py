@@ -149,6 +149,21 @@ def _bundle_prefix(url_text: str, storage_options: Mapping[str, Any] | None, wha
     return _BundlePrefix(url, store, pointer)
 
 
+def inside_generation(url: StoreURL) -> str | None:
+    """Why ``url`` (a prefix or a packed object) lies inside a generation of a bundle, or None. A
+    generation holds only what its manifest lists (``verify`` says so of anything else) and its
+    bundle's overwrite and ``gc`` judge it whole: nothing under it is a bundle, and no bundle is
+    ever written there."""
+    parts = url.key.split("/") if url.key else []
+    for i, part in enumerate(parts[:-1]):
+        if STORE_GENERATION_RE.fullmatch(part):
+            owner = StoreURL(f"{url.scheme}://{url.bucket}/{'/'.join(parts[:i])}")
+            return (
+                f"{url}: inside the generation {part} of the bundle {owner}, part of that one, never a bundle"
+            )
+    return None
+
+
 def examine_prefix(store: Store, url: StoreURL) -> Proof | NotProven:
     """Prove that the prefix ``url`` holds a bundle (the rule of :mod:`bundles._proof`), or say
     why not: a pointer that parses and names a generation of this prefix whose manifest has the
@@ -161,6 +176,9 @@ def examine_prefix(store: Store, url: StoreURL) -> Proof | NotProven:
         return NotProven(
             str(url), f"{url}: a generation of the bundle {url.parent}, not a bundle (it is part of that one)"
         )
+    inside = inside_generation(url)
+    if inside is not None:
+        return NotProven(str(url), inside)
     where = f"{url}/{STORE_POINTER_NAME}"
     try:
         data, meta = store.get(url.key_of(STORE_POINTER_NAME), MAX_POINTER_BYTES, "pointer cap")

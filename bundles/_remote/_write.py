@@ -50,6 +50,7 @@ from bundles._remote._pointer import (
     _new_generation,
     _read_pointer,
     examine_prefix,
+    inside_generation,
 )
 from bundles._remote._probe import check_preconditions
 from bundles._remote._verify import Listed, keep_published, prove_before_publish
@@ -83,7 +84,11 @@ def _check_absent(store: Store, url: StoreURL) -> Pointer | None:
 def _refuse_unreplaceable(store: Store, url: StoreURL, overwrite: bool) -> None:
     """Before anything is uploaded: a destination holding a bundle needs ``overwrite``, and only
     a proven bundle (or nothing) is ever replaced: a user's ``bundle.json`` or ``manifest.json``,
-    or a damaged bundle, is refused (FORMAT.md §5a), with nothing put."""
+    or a damaged bundle, is refused (FORMAT.md §5a), with nothing put; so is a destination inside
+    a generation (:func:`inside_generation`)."""
+    inside = inside_generation(url)
+    if inside is not None:
+        raise BundleExistsError(f"{inside}: refusing to write a bundle there")
     with naming(url, "look for an existing bundle"):
         found = examine_prefix(store, url)
     if isinstance(found, Proof):
@@ -369,23 +374,25 @@ def _discard_generation(place: _BundlePrefix, generation: str) -> None:
 
 
 def _retire(place: _BundlePrefix, previous: Pointer) -> list[str]:
-    """Delete the replaced generation, manifest first (the pointer no longer names it)."""
+    """Delete the replaced bundle's members its validated manifest lists, manifest first (the
+    pointer no longer names it): the shards of the replaced generation, or of a plain copy (its
+    media stay, as the new generation may list them; the rest is gc's). Nothing else under the
+    prefix goes: a user's ``samples/notes.txt`` beside a plain copy, a bundle someone wrote inside
+    the old generation's prefix. A manifest that no longer validates lists nothing (left for gc)."""
     url, store = place.url, place.store
+    at = f"{previous.generation}/" if previous.generation is not None else ""
     try:
-        if previous.generation is None:
-            objs = store.listing(url.key)
-            keys = [
-                m["path"]
-                for m in objs
-                if m["path"] == url.key_of(MANIFEST_NAME)
-                or m["path"].startswith(url.key_of(SHARDS_DIR) + "/")
-            ]
-        else:
-            objs = store.listing(url.key_of(previous.generation))
-            keys = [m["path"] for m in objs]
-        keys.sort(key=lambda k: not k.endswith(MANIFEST_NAME))
-        (store.delete(keys))
-        return keys
+        raw, _ = store.get(url.key_of(at + MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
+        judged = judge_manifest(raw, f"{url}/{at}{MANIFEST_NAME}")
+        if isinstance(judged, NotProven):
+            return []
+        listed = {e.path for e in judged.shards}
+        there = {f"{SHARDS_DIR}/{n}" for n in store.files(url.key_of(at + SHARDS_DIR))} & listed
+        shards = [url.key_of(at + rel) for rel in sorted(there)]
+        store.delete([url.key_of(at + MANIFEST_NAME)])  # first: a generation without one is never read
+        if shards:
+            store.delete(shards)
+        return [url.key_of(at + MANIFEST_NAME), *shards]
     except Exception:
         return []  # left for gc: no pointer names it
 
