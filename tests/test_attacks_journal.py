@@ -6,10 +6,16 @@ report forges is refused, named, before it is spent."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 from helpers import trainer_args
 
-from trainer_hooks.checkpoints import RolloutLedger
+from bundles import BundleFormatError
+from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, Sample
+from trainer_hooks.checkpoints import RolloutLedger, checkpoint_path
 from trainer_hooks.checkpoints.journal import JournalLimitError
 
 
@@ -33,3 +39,59 @@ def test_a_cursor_with_a_container_map_key_is_refused_by_the_writer_and_the_run_
     )
     assert state.cursor == {"offset": 3, 4: None, None: b"x"}
     assert sorted(g.gid for g in state.pending) == [0, 2]
+
+
+# -- a checkpoint's meta.journal.last_shipment, forged ----------------------------------------------
+def _run_args(tmp_path: Path, run: str) -> Any:
+    return trainer_args(tmp_path, run, "--rollout-journal-interval", "0.05", batch_size=2)
+
+
+def _groups() -> list[list[Sample]]:
+    return [[Sample(group_index=g, index=g * 2 + i, prompt=f"p{g}") for i in range(2)] for g in range(4)]
+
+
+async def _gen(args: Any, s: Sample) -> Sample:
+    s.tokens = [1, 2, s.index]
+    s.reward = 1.0
+    s.status = Sample.Status.COMPLETED
+    return s
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        "segment-" + "1" * 5000 + "-{lineage}-000.rjs",
+        "segment-000000000001-{lineage}-" + "9" * 5000 + ".rjs",
+        "segment-000000000001-../../../../etc-000.rjs",
+        "segment-000000000001-another-lineage-000.rjs",
+        "segment-000000000001-{lineage}\x1b[2J-000.rjs",
+    ],
+    ids=["5000-digit-seq", "5000-digit-attempt", "dot-dot", "other-lineage", "escape"],
+)
+def test_a_forged_last_shipment_is_refused_naming_the_field(tmp_path, forged):
+    """A seq of 5000 digits escaped as ``ValueError`` (``int()``'s digit limit); a name of
+    another lineage was accepted (on a store: its absence waited out the retries and was called
+    a lagging listing, or a shipment planted under it passed the check)."""
+    fn = FullyAsyncRolloutFn(_run_args(tmp_path, "run-0"), ListDataSource(_groups()), generate_sample=_gen)
+    try:
+        fn(0)
+        fn.save(0).result()
+    finally:
+        fn.close()
+    manifest = Path(checkpoint_path(tmp_path / "ckpt", 0)) / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    lineage = doc["meta"]["journal"]["lineage"]
+    doc["meta"]["journal"]["last_shipment"] = forged.replace("{lineage}", lineage)
+    manifest.write_text(json.dumps(doc))
+    fn = FullyAsyncRolloutFn(_run_args(tmp_path, "run-1"), ListDataSource(_groups()), generate_sample=_gen)
+    try:
+        with pytest.raises(BundleFormatError) as e:
+            fn.load(0)
+    finally:
+        fn.close()
+    text = str(e.value)
+    assert text.startswith(
+        f"{checkpoint_path(tmp_path / 'ckpt', 0)}: meta.journal.last_shipment: expected a shipment name of "
+        f"the checkpoint's lineage (segment-<seq>-{lineage}-<attempt>.rjs), found 'segment-"
+    ), text
+    assert "\x1b" not in text and len(text) < 600, text

@@ -62,7 +62,15 @@ from bundles import (
     MediaRef,
     UnsafeBundleError,
 )
-from bundles.support import fault_point, gc_paused, open_regular_file, place_file, remove_tree, scratch_dir
+from bundles.support import (
+    display,
+    fault_point,
+    gc_paused,
+    open_regular_file,
+    place_file,
+    remove_tree,
+    scratch_dir,
+)
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
 from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
@@ -76,7 +84,6 @@ from trainer_hooks.checkpoints.journal import (
     JournalRecord,
     RolloutJournal,
     is_media_name,
-    is_shipment_name,
     journal_dir,
     journal_lineages,
     new_lineage,
@@ -84,6 +91,7 @@ from trainer_hooks.checkpoints.journal import (
     record_where,
     run_journal,
     scan_journal,
+    shipment_lineage,
 )
 from trainer_hooks.run_media import ensure_run_dir
 
@@ -686,10 +694,11 @@ class RolloutLedger:
         sink = run_journal(load)
         info = (ckpt.meta.get("journal") or {}) if ckpt is not None else {}
         must = info.get("last_shipment")
-        if must is not None and not (type(must) is str and is_shipment_name(must)):
+        if must is not None and not (type(must) is str and shipment_lineage(must) == info.get("lineage")):
             raise BundleFormatError(
-                f"{ckpt.path if ckpt else load}: meta.journal.last_shipment: expected a shipment name "
-                f"(segment-<seq>-<lineage>-<attempt>.rjs), found {reprlib.repr(must)}"
+                f"{ckpt.path if ckpt else load}: meta.journal.last_shipment: expected a shipment name of "
+                f"the checkpoint's lineage (segment-<seq>-{display(str(info.get('lineage')), limit=80)}-<attempt>.rjs), "
+                f"found {_shown(must)}"
             )
         why = f"rollout checkpoint {ckpt.path if ckpt else load} covers the journal up to record "
         why += str(info.get("last_shipment_seq"))
@@ -864,3 +873,8 @@ def _size(group: RecoveredGroup) -> int:
     if len(p) == 1 and isinstance(p[0], JournalRecord):
         return int((p[0].b or {}).get("n", 0))
     return len(p)
+
+
+def _shown(value: Any) -> str:
+    """A value of a checkpoint's meta in a message: a string through :func:`display`, quoted."""
+    return repr(display(value, limit=120)) if type(value) is str else reprlib.repr(value)

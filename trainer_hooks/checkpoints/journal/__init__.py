@@ -42,7 +42,7 @@ from trainer_hooks.checkpoints.journal._scan import (
     scan_journal,
 )
 from trainer_hooks.checkpoints.journal._sink import FlushStats, JournalSink, LocalFiles
-from trainer_hooks.checkpoints.journal._store import Shipments, is_shipment_name
+from trainer_hooks.checkpoints.journal._store import Shipments, is_shipment_name, shipment_lineage
 from trainer_hooks.checkpoints.journal._writer import RolloutJournal, new_lineage
 
 __all__ = [
@@ -71,4 +71,5 @@ __all__ = [
     "record_where",
     "run_journal",
     "scan_journal",
+    "shipment_lineage",
 ]

@@ -99,7 +99,14 @@ from trainer_hooks.checkpoints.journal._index import SegmentIndex
 from trainer_hooks.checkpoints.journal._scan import scan_journal
 from trainer_hooks.checkpoints.journal._sink import Adopted, Batch, Freed, JournalSink, sync_mark
 
-__all__ = ["Shipment", "Shipments", "complete_listing", "download_journal", "is_shipment_name"]
+__all__ = [
+    "Shipment",
+    "Shipments",
+    "complete_listing",
+    "download_journal",
+    "is_shipment_name",
+    "shipment_lineage",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -335,6 +342,12 @@ def _parse_name(name: str) -> tuple[int, str, int] | None:
 def is_shipment_name(name: str) -> bool:
     """Whether ``name`` is a shipment's object name (``segment-<seq>-<lineage>-<attempt>.rjs``)."""
     return _parse_name(name) is not None
+
+
+def shipment_lineage(name: str) -> str | None:
+    """The lineage shipment name ``name`` belongs to (None: not a shipment's name)."""
+    parsed = _parse_name(name)
+    return None if parsed is None else parsed[1]
 
 
 #: A listing that ends before the shipment a checkpoint names is asked again this many times,
