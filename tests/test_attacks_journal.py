@@ -16,7 +16,7 @@ from helpers import trainer_args
 from bundles import BundleFormatError
 from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, Sample
 from trainer_hooks.checkpoints import RolloutLedger, checkpoint_path
-from trainer_hooks.checkpoints.journal import JournalLimitError
+from trainer_hooks.checkpoints.journal import JournalLimitError, RolloutJournal
 
 
 @pytest.mark.parametrize(
@@ -95,3 +95,31 @@ def test_a_forged_last_shipment_is_refused_naming_the_field(tmp_path, forged):
         f"the checkpoint's lineage (segment-<seq>-{lineage}-<attempt>.rjs), found 'segment-"
     ), text
     assert "\x1b" not in text and len(text) < 600, text
+
+
+# -- inspect ----------------------------------------------------------------------------------------
+def test_inspect_counts_each_lineages_own_segments_and_bytes(tmp_path, capsys):
+    """A journal holding two lineages (a new run saving where an old one did) showed every
+    segment and byte of the directory under each lineage."""
+    from trainer_hooks.cli import main
+
+    jdir = tmp_path / "save" / "rollout" / "journal"
+    sizes = {}
+    for lineage, n in (("old", 3), ("new", 1)):
+        journal = RolloutJournal(jdir, lineage=lineage, interval=0.05)
+        try:
+            for gid in range(n):
+                journal.append_dropped(gid)
+                journal.flush()
+                journal.roll()  # one segment per record
+        finally:
+            journal.close()
+        sizes[lineage] = sorted(p.stat().st_size for p in jdir.glob(f"segment-*-{lineage}-*.rjl"))
+    assert main(["inspect", str(tmp_path / "save"), "--json"]) == 0
+    found = {x["lineage"]: x for x in json.loads(capsys.readouterr().out)["journal"]["lineages"]}
+    for lineage, records in (("old", 3), ("new", 1)):
+        assert found[lineage]["records"] == records
+        assert (found[lineage]["segments"], found[lineage]["bytes"]) == (
+            len(sizes[lineage]),
+            sum(sizes[lineage]),
+        ), (lineage, found[lineage], sizes)

@@ -85,6 +85,7 @@ class JournalScan:
     directory: Path
     records: list[JournalRecord] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: the segments read and their bytes (of ``lineage`` when one was asked for)
     segments: int = 0
     bytes: int = 0
     lineages: set[str] = field(default_factory=set)
@@ -428,9 +429,7 @@ def _foreign(scan: JournalScan, entry: _Entry, lineage: str) -> None:
     read = _header_only(entry)
     if read is None:
         return
-    header, size = read
-    scan.segments += 1
-    scan.bytes += size
+    header, _ = read  # another lineage's: not counted in this one's segments and bytes
     if header is not None:
         scan.lineages.add(header["lineage"])
     scan.problems.append(
