@@ -49,7 +49,7 @@ import reprlib
 import tempfile
 import time
 from argparse import Namespace
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,9 +83,11 @@ from trainer_hooks.checkpoints.journal import (
     JournalError,
     JournalRecord,
     RolloutJournal,
+    Shipments,
     is_media_name,
     journal_dir,
     journal_lineages,
+    listing_backoff,
     new_lineage,
     record_value,
     record_where,
@@ -172,6 +174,8 @@ class _Found:
     directory: Path
     where: str = ""
     origin: Any = str
+    #: the journal's sink (:class:`Shipments` on a store: its listing may lag)
+    sink: Any = None
 
     def __post_init__(self) -> None:
         self.where = self.where or str(self.directory)
@@ -642,14 +646,21 @@ class RolloutLedger:
         watermark = int(info.get("watermark", 0))
         earlier = int(info.get("compacted_upto", watermark))
         found = self._journal_for(load, ckpt) if use_journal else _Found(journal_dir(load))
-        jdir = found.directory
-        replay.placer = _Placer(self.args, jdir / MEDIA_DIR, verify)
+        replay.placer = _Placer(self.args, found.directory / MEDIA_DIR, verify)
         if use_journal and (ckpt is None or lineage is not None):
             if ckpt is None:
                 lineage = self._only_lineage(found, state)
             if lineage is not None:
                 with gc_paused():  # thousands of records, groups and no cycles (see scan_journal)
-                    records, last = self._journal_records(found, lineage, ckpt, watermark, earlier, state)
+
+                    def scanned(f: _Found) -> tuple[list[JournalRecord], int]:
+                        return self._journal_records(f, str(lineage), ckpt, watermark, earlier, state)
+
+                    found, (records, last) = self._until_step(
+                        load, ckpt, found, scanned, restored_step, state
+                    )
+                    jdir = found.directory
+                    replay.placer = _Placer(self.args, jdir / MEDIA_DIR, verify)
                     replay.media_ok = self._media_check(jdir, records, state)
                     for rec in records:
                         replay.apply(rec, watermark)
@@ -703,7 +714,56 @@ class RolloutLedger:
         why = f"rollout checkpoint {ckpt.path if ckpt else load} covers the journal up to record "
         why += str(info.get("last_shipment_seq"))
         directory = sink.readable(lambda: self._scratch_dir("journal-recovery"), must_reach=must, why=why)
-        return _Found(directory, sink.where, sink.origin)
+        return _Found(directory, sink.where, sink.origin, sink)
+
+    def _until_step(
+        self,
+        load: Any,
+        ckpt: RolloutCheckpoint | None,
+        found: _Found,
+        scanned: Callable[[_Found], tuple[list[JournalRecord], int]],
+        restored_step: int | None,
+        state: RecoveredState,
+    ) -> tuple[_Found, tuple[list[JournalRecord], int]]:
+        """The journal scanned (``scanned(found)``), and, on a store, when the trainer restored a
+        step newer than the checkpoint and the journal holds no ``consumed`` record of it (nor of
+        a later step), listed again with backoff (``LISTING_RETRIES`` times, as the store's
+        ``complete_listing``), downloaded and scanned again whenever the listing names a
+        shipment not read yet: a lagging listing would otherwise hand the groups that step
+        trained back to training. No checkpoint names those records, and a crash may have lost
+        them for real (appended after the last shipment), so after the retries the resume goes
+        on, with one problem line (docs/RESUME.md, "What resume must find")."""
+        records, last = scanned(found)
+        sink = found.sink
+        if (
+            not isinstance(sink, Shipments)
+            or restored_step is None
+            or (ckpt is not None and restored_step <= ckpt.rollout_id)
+            or _trained(records, ckpt, restored_step)
+        ):
+            return found, (records, last)
+        retries, wait = listing_backoff()
+        problems, first = len(state.problems), wait
+        for attempt in range(retries):
+            fault_point("resume.step_missing", attempt)
+            time.sleep(wait)
+            wait *= 2
+            have = {sink.kept_name(p) for p in found.directory.glob("segment-*")}
+            if {name for name, _ in sink.shipments()} <= have:
+                continue
+            del state.problems[problems:]
+            found = self._journal_for(load, ckpt)
+            records, last = scanned(found)
+            if _trained(records, ckpt, restored_step):
+                return found, (records, last)
+        state.problems.append(
+            f"{found.where}: the trainer restored step {restored_step}, newer than "
+            f"{ckpt.path if ckpt else 'any rollout checkpoint'}, but the journal holds no record of the "
+            f"groups step {restored_step} trained (listed {retries + 1} times over "
+            f"{first * (2**retries - 1):g} s): if the store's listing lags, groups "
+            "already trained may be trained again"
+        )
+        return found, (records, last)
 
     def _journal_records(
         self,
@@ -878,3 +938,12 @@ def _size(group: RecoveredGroup) -> int:
 def _shown(value: Any) -> str:
     """A value of a checkpoint's meta in a message: a string through :func:`display`, quoted."""
     return repr(display(value, limit=120)) if type(value) is str else reprlib.repr(value)
+
+
+def _trained(records: Sequence[JournalRecord], ckpt: RolloutCheckpoint | None, step: int) -> bool:
+    """Whether the journal (or the checkpoint, for a step drained while it was cut) records
+    groups handed to training step ``step`` or a later one."""
+    if any(r.kind == "consumed" and r.a >= step for r in records):
+        return True
+    pairs = (ckpt.meta.get("consumed_group_steps") or []) if ckpt is not None else []
+    return any(type(p) is list and len(p) == 2 and type(p[1]) is int and p[1] >= step for p in pairs)

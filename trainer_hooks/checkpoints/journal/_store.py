@@ -105,6 +105,7 @@ __all__ = [
     "complete_listing",
     "download_journal",
     "is_shipment_name",
+    "listing_backoff",
     "shipment_lineage",
 ]
 
@@ -354,6 +355,13 @@ def shipment_lineage(name: str) -> str | None:
 #: waiting LISTING_BACKOFF_S, then twice that, and so on (7.75 s in all), then refused.
 LISTING_RETRIES = 5
 LISTING_BACKOFF_S = 0.25
+
+
+def listing_backoff() -> tuple[int, float]:
+    """``(LISTING_RETRIES, LISTING_BACKOFF_S)``, read when called: the schedule every caller that
+    lists a journal again follows (the ledger's too, for a restored step newer than the
+    checkpoint)."""
+    return LISTING_RETRIES, LISTING_BACKOFF_S
 
 
 def complete_listing(shipper: Shipments, must_reach: str | None, why: str = "") -> list[tuple[str, int]]:
