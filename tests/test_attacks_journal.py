@@ -57,6 +57,29 @@ async def _gen(args: Any, s: Sample) -> Sample:
     return s
 
 
+def _saved(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """A local run that trains step 0 and saves it: its checkpoint's manifest and what it holds."""
+    fn = FullyAsyncRolloutFn(_run_args(tmp_path, "run-0"), ListDataSource(_groups()), generate_sample=_gen)
+    try:
+        fn(0)
+        fn.save(0).result()
+    finally:
+        fn.close()
+    manifest = Path(checkpoint_path(tmp_path / "ckpt", 0)) / "manifest.json"
+    return manifest, json.loads(manifest.read_text())
+
+
+def _refused(tmp_path: Path) -> str:
+    """The message of the BundleFormatError a resume from step 0 raises."""
+    fn = FullyAsyncRolloutFn(_run_args(tmp_path, "run-1"), ListDataSource(_groups()), generate_sample=_gen)
+    try:
+        with pytest.raises(BundleFormatError) as e:
+            fn.load(0)
+    finally:
+        fn.close()
+    return str(e.value)
+
+
 @pytest.mark.parametrize(
     "forged",
     [
@@ -72,24 +95,11 @@ def test_a_forged_last_shipment_is_refused_naming_the_field(tmp_path, forged):
     """A seq of 5000 digits escaped as ``ValueError`` (``int()``'s digit limit); a name of
     another lineage was accepted (on a store: its absence waited out the retries and was called
     a lagging listing, or a shipment planted under it passed the check)."""
-    fn = FullyAsyncRolloutFn(_run_args(tmp_path, "run-0"), ListDataSource(_groups()), generate_sample=_gen)
-    try:
-        fn(0)
-        fn.save(0).result()
-    finally:
-        fn.close()
-    manifest = Path(checkpoint_path(tmp_path / "ckpt", 0)) / "manifest.json"
-    doc = json.loads(manifest.read_text())
+    manifest, doc = _saved(tmp_path)
     lineage = doc["meta"]["journal"]["lineage"]
     doc["meta"]["journal"]["last_shipment"] = forged.replace("{lineage}", lineage)
     manifest.write_text(json.dumps(doc))
-    fn = FullyAsyncRolloutFn(_run_args(tmp_path, "run-1"), ListDataSource(_groups()), generate_sample=_gen)
-    try:
-        with pytest.raises(BundleFormatError) as e:
-            fn.load(0)
-    finally:
-        fn.close()
-    text = str(e.value)
+    text = _refused(tmp_path)
     assert text.startswith(
         f"{checkpoint_path(tmp_path / 'ckpt', 0)}: meta.journal.last_shipment: expected a shipment name of "
         f"the checkpoint's lineage (segment-<seq>-{lineage}-<attempt>.rjs), found 'segment-"
@@ -123,3 +133,35 @@ def test_inspect_counts_each_lineages_own_segments_and_bytes(tmp_path, capsys):
             len(sizes[lineage]),
             sum(sizes[lineage]),
         ), (lineage, found[lineage], sizes)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("lineage", 5),
+        ("lineage", "a/b"),
+        ("lineage", "\x1b[2J"),
+        ("lineage", "x" * 257),
+        ("watermark", "x"),
+        ("watermark", 1e300),
+        ("watermark", -5),
+        ("compacted_upto", None),
+        ("next_gid", 2**70),
+        ("last_shipment_seq", "\x1b]0;t\x07"),
+        ("", "x"),
+    ],
+)
+def test_a_forged_journal_meta_field_is_refused_naming_it(tmp_path, field, value):
+    """A lineage of 5 was taken: the resumed run wrote segments whose header its reader refuses
+    (every later resume failed); other fields escaped as ValueError, TypeError or
+    AttributeError, or killed the run at its first step (a watermark of 1e300)."""
+    manifest, doc = _saved(tmp_path)
+    if field:
+        doc["meta"]["journal"][field] = value
+    else:
+        doc["meta"]["journal"] = value
+    manifest.write_text(json.dumps(doc))
+    text = _refused(tmp_path)
+    named = "meta.journal" + (f".{field}" if field else "")
+    assert text.startswith(f"{checkpoint_path(tmp_path / 'ckpt', 0)}: {named}: expected "), text
+    assert "\x1b" not in text and len(text) < 600, text

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import reprlib
 import tempfile
 import time
@@ -63,6 +64,7 @@ from bundles import (
     UnsafeBundleError,
 )
 from bundles.support import (
+    LIMITS,
     display,
     fault_point,
     gc_paused,
@@ -104,6 +106,44 @@ logger = logging.getLogger(__name__)
 DEFAULT_JOURNAL_INTERVAL = 1.0
 #: The record kind each RolloutState event appends (the Miles plugins' path).
 _BY_EVENT = {k.event: k for k in KINDS.values() if k.event is not None}
+MAX_GROUP_ID = LIMITS["MAX_GROUP_ID"]
+#: A lineage as the writer makes one (``new_lineage``: hex) and a segment name can carry.
+_LINEAGE = re.compile(rf"[0-9A-Za-z_.-]{{1,{LIMITS['MAX_ID_CHARS']}}}")
+#: ``meta.journal``'s numbers: what each may hold (a forged one is refused, naming it, before
+#: it is spent: a resumed run would write what its next reader refuses).
+_JOURNAL_INTS = {
+    "watermark": (0, LIMITS["MAX_INT"]),
+    "compacted_upto": (0, LIMITS["MAX_INT"]),
+    "next_gid": (0, MAX_GROUP_ID),
+    "last_shipment_seq": (1, LIMITS["MAX_INT"]),
+}
+
+
+def journal_meta(ckpt: RolloutCheckpoint | None) -> dict[str, Any]:
+    """A rollout checkpoint's ``meta.journal`` ({} without one), its fields checked:
+    :class:`BundleFormatError` naming the checkpoint and the field. ``lineage`` goes into the
+    names and headers of the segments a resumed run writes, the numbers into its records and
+    group ids: a forged value would make the journal one its reader refuses."""
+    if ckpt is None:
+        return {}
+    info = ckpt.meta.get("journal")
+    if info is None:
+        return {}
+    if type(info) is not dict:
+        raise BundleFormatError(f"{ckpt.path}: meta.journal: expected an object, found {reprlib.repr(info)}")
+    lineage = info.get("lineage")
+    if lineage is not None and not (type(lineage) is str and _LINEAGE.fullmatch(lineage)):
+        raise BundleFormatError(
+            f"{ckpt.path}: meta.journal.lineage: expected a lineage id (letters, digits, '_', '.', '-'; "
+            f"at most {LIMITS['MAX_ID_CHARS']}), found {_shown(lineage)}"
+        )
+    for key, (lo, hi) in _JOURNAL_INTS.items():
+        value = info.get(key)
+        if key in info and not (type(value) is int and lo <= value <= hi):
+            raise BundleFormatError(
+                f"{ckpt.path}: meta.journal.{key}: expected an int in {lo}..{hi}, found {_shown(value)}"
+            )
+    return info
 
 
 def journal_interval(args: Namespace) -> float:
@@ -324,7 +364,7 @@ class _Replay:
         state.accepted += check_fingerprint(
             ckpt.meta.get("fingerprint"), ledger.fingerprint(), where=str(ckpt.path), args=ledger.args
         )
-        info = ckpt.meta.get("journal") or {}
+        info = journal_meta(ckpt)
         state.cursor = ckpt.meta.get("data_source_cursor", ckpt.data_source_state)
         pending_ids = ckpt.meta.get("pending_group_ids") or list(range(len(ckpt.pending_groups)))
         completed_ids = ckpt.meta.get("completed_group_ids") or [
@@ -338,9 +378,10 @@ class _Replay:
             ("completed_group_ids", completed_ids, ckpt.completed_groups),
             ("recycled_group_ids", recycled_ids, ckpt.recycled_groups),
         ):
-            if len(ids) != len(groups) or not all(type(i) is int for i in ids):
+            if len(ids) != len(groups) or not all(type(i) is int and 0 <= i <= MAX_GROUP_ID for i in ids):
                 raise BundleFormatError(
-                    f"{ckpt.path}: meta.{key}: expected {len(groups)} group ids (ints), found {ids!r}"
+                    f"{ckpt.path}: meta.{key}: expected {len(groups)} group ids (ints in 0..{MAX_GROUP_ID}), "
+                    f"found {reprlib.repr(ids)}"
                 )
         pending = {
             gid: RecoveredGroup(gid, g) for gid, g in zip(pending_ids, ckpt.pending_groups, strict=True)
@@ -641,7 +682,7 @@ class RolloutLedger:
         ckpt = self._read_checkpoint(load, restored_step, exact or not use_journal, cls, verify)
         state = RecoveredState(ckpt.path if ckpt else None, ckpt.rollout_id if ckpt else None)
         replay = _Replay.from_checkpoint(ckpt, state, self, cls)
-        info = (ckpt.meta.get("journal") or {}) if ckpt is not None else {}
+        info = journal_meta(ckpt)
         lineage = info.get("lineage")
         watermark = int(info.get("watermark", 0))
         earlier = int(info.get("compacted_upto", watermark))
@@ -703,7 +744,7 @@ class RolloutLedger:
         the checkpoint names (``journal.last_shipment``): one that ends before it is asked again,
         then refused (docs/RESUME.md, "What resume must find")."""
         sink = run_journal(load)
-        info = (ckpt.meta.get("journal") or {}) if ckpt is not None else {}
+        info = journal_meta(ckpt)
         must = info.get("last_shipment")
         if must is not None and not (type(must) is str and shipment_lineage(must) == info.get("lineage")):
             raise BundleFormatError(
