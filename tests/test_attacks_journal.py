@@ -7,16 +7,19 @@ report forges is refused, named, before it is spent."""
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from helpers import trainer_args
 
 from bundles import BundleFormatError
 from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, Sample
-from trainer_hooks.checkpoints import RolloutLedger, checkpoint_path
-from trainer_hooks.checkpoints.journal import JournalLimitError, RolloutJournal
+from trainer_hooks.checkpoints import RolloutLedger, checkpoint_path, scan_journal
+from trainer_hooks.checkpoints.journal import JournalCorruptError, JournalLimitError, RolloutJournal
 
 
 @pytest.mark.parametrize(
@@ -165,3 +168,45 @@ def test_a_forged_journal_meta_field_is_refused_naming_it(tmp_path, field, value
     named = "meta.journal" + (f".{field}" if field else "")
     assert text.startswith(f"{checkpoint_path(tmp_path / 'ckpt', 0)}: {named}: expected "), text
     assert "\x1b" not in text and len(text) < 600, text
+
+
+# -- what an error message holds of a forged file ---------------------------------------------------
+def test_a_segment_header_without_a_lineage_is_named_in_a_bounded_line(tmp_path):
+    """Its whole header (up to the 8 MiB a header may hold) was the message."""
+    header = msgpack.packb({"lineage": 5, "pad": "x" * (4 << 20)})
+    length = struct.pack("<I", len(header))
+    jdir = tmp_path / "journal"
+    jdir.mkdir()
+    segment = jdir / "segment-000000000001-hostile-000.rjl"
+    segment.write_bytes(
+        b"RBJOURNAL2\n" + length + struct.pack("<I", zlib.crc32(header, zlib.crc32(length))) + header
+    )
+    with pytest.raises(JournalCorruptError) as e:
+        scan_journal(jdir)
+    text = str(e.value)
+    assert text.startswith(f"{segment}: segment header: expected a map with a lineage, found "), text[:300]
+    assert len(text) < 400, len(text)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"format": "A" * (4 << 20), "version": 1, "samples": []},
+        {"format": "rollout-bundle-replay", "version": ["v"] * (1 << 20), "samples": []},
+        {
+            "format": "rollout-bundle-replay",
+            "version": 1,
+            "samples": [{"position": 0, "index": [0] * (1 << 20)}],
+        },
+    ],
+    ids=["format", "version", "index"],
+)
+def test_a_replay_report_with_a_huge_field_is_refused_in_a_bounded_line(tmp_path, doc):
+    """The field's whole repr (up to the 16 MiB a report may hold) was the message."""
+    from trainer_hooks.replay import ReportError, load_replay_report
+
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps(doc))
+    with pytest.raises(ReportError) as e:
+        load_replay_report(report)
+    assert str(e.value).startswith(f"{report}: ") and len(str(e.value)) < 400, str(e.value)[:300]

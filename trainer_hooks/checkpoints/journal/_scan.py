@@ -211,7 +211,7 @@ def _header(data: Any, where: str) -> tuple[dict[str, Any] | None, int, int, str
     if not isinstance(header, dict) or type(header.get("lineage")) is not str:
         if version == 2:  # checksummed: the writer wrote it so
             raise JournalCorruptError(
-                f"{where}: segment header: expected a map with a lineage, found {header!r}"
+                f"{where}: segment header: expected a map with a lineage, found {_short(header)}"
             )
         return None, 0, version, "header without a lineage"
     return header, pos + hlen, version, None
