@@ -274,3 +274,74 @@ def test_a_store_journal_ships_before_a_shipment_would_carry_more_media_than_its
     scan = scan_journal(sink.readable(lambda: staging), lineage="many")
     assert [r.seq for r in scan.records] == list(range(1, records + 1)) and not scan.problems
     assert len(list((staging / "media").iterdir())) == records * per_record
+
+
+# -- the restored step newer than the checkpoint, with a listing that lags ------------------------
+def _run_and_lag_after_the_checkpoint(
+    tmp_path: Path, url: str, key: str, client: S3Store
+) -> tuple[list, dict]:
+    """A run that trains steps 0-2, saving at step 1, then dies (the trainer saved step 2's
+    weights, its rollout checkpoint never committed). Every shipment after the one checkpoint 1
+    names is removed: the listing reaches the checkpoint, not step 2's records. Returns what
+    steps 0-2 trained and the removed objects' bytes."""
+    fn = FullyAsyncRolloutFn(_args(tmp_path, url, "run-0"), ListDataSource(_groups()), generate_sample=_gen)
+    trained = []
+    for step in range(3):
+        trained += [s.index for g in fn(step) for s in g]
+        if step == 1:
+            fn.save(step).result()
+    fn.ledger.flush()
+    fn.ledger.journal.close()
+    named = open_bundle(str(checkpoint_path(url, 1))).meta["journal"]["last_shipment"]
+    prefix = f"{key}/rollout/journal/"
+    listed = sorted(m["path"] for batch in obstore.list(client, prefix) for m in batch)
+    removed = {}
+    for path in listed[listed.index(f"{prefix}{named}") + 1 :]:
+        removed[path] = bytes(obstore.get(client, path).bytes())
+        obstore.delete(client, path)
+    assert removed, listed
+    return trained[: 3 * 2 * SIZE], removed
+
+
+def _resume_at(tmp_path: Path, url: str, step: int) -> list[int]:
+    fn = FullyAsyncRolloutFn(_args(tmp_path, url, "run-1"), ListDataSource(_groups()), generate_sample=_gen)
+    try:
+        fn.load(step)
+        return [s.index for later in range(step + 1, GROUPS // 2) for g in fn(later) for s in g]
+    finally:
+        fn.close()
+
+
+def test_a_restored_step_newer_than_the_checkpoint_waits_for_a_lagging_listing(moto, tmp_path):
+    """The listing reaches the checkpoint's last shipment but not the records of the step the
+    trainer restored: it used to replay the shorter journal and train step 2's groups again."""
+    _, bucket, client = moto
+    url = f"s3://{bucket}/newer"
+    first, removed = _run_and_lag_after_the_checkpoint(tmp_path, url, "newer", client)
+    listings: list[int] = []
+
+    def catch_up(attempt: int) -> None:  # the listing lags: the objects appear after the first
+        listings.append(attempt)
+        for path, data in removed.items():
+            obstore.put(client, path, data)
+
+    with on_fault_point("resume.step_missing", catch_up):
+        rest = _resume_at(tmp_path, url, 2)
+    assert sorted(first + rest) == list(range(GROUPS * SIZE))  # every sample trained exactly once
+    assert listings == [0]
+
+
+def test_a_restored_step_the_journal_never_shows_goes_on_with_one_line(moto, tmp_path, monkeypatch, caplog):
+    """Records lost for real (appended after the last shipment) look like a listing that never
+    catches up: after the retries the resume goes on, saying what it could not prove."""
+    _, bucket, client = moto
+    url = f"s3://{bucket}/lost"
+    _run_and_lag_after_the_checkpoint(tmp_path, url, "lost", client)
+    monkeypatch.setattr(store_module, "LISTING_BACKOFF_S", 0.01)  # the retries' waits, not their count
+    listings: list[int] = []
+    with on_fault_point("resume.step_missing", listings.append), caplog.at_level("WARNING"):
+        _resume_at(tmp_path, url, 2)
+    assert listings == list(range(store_module.LISTING_RETRIES))
+    lines = [r.getMessage() for r in caplog.records if "the trainer restored step 2" in r.getMessage()]
+    assert len(lines) == 1 and "groups already trained may be trained again" in lines[0], lines
+    assert f"{url}/rollout/journal" in lines[0]

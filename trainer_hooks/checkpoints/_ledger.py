@@ -45,11 +45,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import reprlib
 import tempfile
 import time
 from argparse import Namespace
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,16 @@ from bundles import (
     MediaRef,
     UnsafeBundleError,
 )
-from bundles.support import fault_point, gc_paused, open_regular_file, place_file, remove_tree, scratch_dir
+from bundles.support import (
+    LIMITS,
+    display,
+    fault_point,
+    gc_paused,
+    open_regular_file,
+    place_file,
+    remove_tree,
+    scratch_dir,
+)
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
 from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
@@ -75,15 +85,17 @@ from trainer_hooks.checkpoints.journal import (
     JournalError,
     JournalRecord,
     RolloutJournal,
+    Shipments,
     is_media_name,
-    is_shipment_name,
     journal_dir,
     journal_lineages,
+    listing_backoff,
     new_lineage,
     record_value,
     record_where,
     run_journal,
     scan_journal,
+    shipment_lineage,
 )
 from trainer_hooks.run_media import ensure_run_dir
 
@@ -94,6 +106,44 @@ logger = logging.getLogger(__name__)
 DEFAULT_JOURNAL_INTERVAL = 1.0
 #: The record kind each RolloutState event appends (the Miles plugins' path).
 _BY_EVENT = {k.event: k for k in KINDS.values() if k.event is not None}
+MAX_GROUP_ID = LIMITS["MAX_GROUP_ID"]
+#: A lineage as the writer makes one (``new_lineage``: hex) and a segment name can carry.
+_LINEAGE = re.compile(rf"[0-9A-Za-z_.-]{{1,{LIMITS['MAX_ID_CHARS']}}}")
+#: ``meta.journal``'s numbers: what each may hold (a forged one is refused, naming it, before
+#: it is spent: a resumed run would write what its next reader refuses).
+_JOURNAL_INTS = {
+    "watermark": (0, LIMITS["MAX_INT"]),
+    "compacted_upto": (0, LIMITS["MAX_INT"]),
+    "next_gid": (0, MAX_GROUP_ID),
+    "last_shipment_seq": (1, LIMITS["MAX_INT"]),
+}
+
+
+def journal_meta(ckpt: RolloutCheckpoint | None) -> dict[str, Any]:
+    """A rollout checkpoint's ``meta.journal`` ({} without one), its fields checked:
+    :class:`BundleFormatError` naming the checkpoint and the field. ``lineage`` goes into the
+    names and headers of the segments a resumed run writes, the numbers into its records and
+    group ids: a forged value would make the journal one its reader refuses."""
+    if ckpt is None:
+        return {}
+    info = ckpt.meta.get("journal")
+    if info is None:
+        return {}
+    if type(info) is not dict:
+        raise BundleFormatError(f"{ckpt.path}: meta.journal: expected an object, found {reprlib.repr(info)}")
+    lineage = info.get("lineage")
+    if lineage is not None and not (type(lineage) is str and _LINEAGE.fullmatch(lineage)):
+        raise BundleFormatError(
+            f"{ckpt.path}: meta.journal.lineage: expected a lineage id (letters, digits, '_', '.', '-'; "
+            f"at most {LIMITS['MAX_ID_CHARS']}), found {_shown(lineage)}"
+        )
+    for key, (lo, hi) in _JOURNAL_INTS.items():
+        value = info.get(key)
+        if key in info and not (type(value) is int and lo <= value <= hi):
+            raise BundleFormatError(
+                f"{ckpt.path}: meta.journal.{key}: expected an int in {lo}..{hi}, found {_shown(value)}"
+            )
+    return info
 
 
 def journal_interval(args: Namespace) -> float:
@@ -164,6 +214,8 @@ class _Found:
     directory: Path
     where: str = ""
     origin: Any = str
+    #: the journal's sink (:class:`Shipments` on a store: its listing may lag)
+    sink: Any = None
 
     def __post_init__(self) -> None:
         self.where = self.where or str(self.directory)
@@ -312,7 +364,7 @@ class _Replay:
         state.accepted += check_fingerprint(
             ckpt.meta.get("fingerprint"), ledger.fingerprint(), where=str(ckpt.path), args=ledger.args
         )
-        info = ckpt.meta.get("journal") or {}
+        info = journal_meta(ckpt)
         state.cursor = ckpt.meta.get("data_source_cursor", ckpt.data_source_state)
         pending_ids = ckpt.meta.get("pending_group_ids") or list(range(len(ckpt.pending_groups)))
         completed_ids = ckpt.meta.get("completed_group_ids") or [
@@ -326,9 +378,10 @@ class _Replay:
             ("completed_group_ids", completed_ids, ckpt.completed_groups),
             ("recycled_group_ids", recycled_ids, ckpt.recycled_groups),
         ):
-            if len(ids) != len(groups) or not all(type(i) is int for i in ids):
+            if len(ids) != len(groups) or not all(type(i) is int and 0 <= i <= MAX_GROUP_ID for i in ids):
                 raise BundleFormatError(
-                    f"{ckpt.path}: meta.{key}: expected {len(groups)} group ids (ints), found {ids!r}"
+                    f"{ckpt.path}: meta.{key}: expected {len(groups)} group ids (ints in 0..{MAX_GROUP_ID}), "
+                    f"found {reprlib.repr(ids)}"
                 )
         pending = {
             gid: RecoveredGroup(gid, g) for gid, g in zip(pending_ids, ckpt.pending_groups, strict=True)
@@ -629,19 +682,26 @@ class RolloutLedger:
         ckpt = self._read_checkpoint(load, restored_step, exact or not use_journal, cls, verify)
         state = RecoveredState(ckpt.path if ckpt else None, ckpt.rollout_id if ckpt else None)
         replay = _Replay.from_checkpoint(ckpt, state, self, cls)
-        info = (ckpt.meta.get("journal") or {}) if ckpt is not None else {}
+        info = journal_meta(ckpt)
         lineage = info.get("lineage")
         watermark = int(info.get("watermark", 0))
         earlier = int(info.get("compacted_upto", watermark))
         found = self._journal_for(load, ckpt) if use_journal else _Found(journal_dir(load))
-        jdir = found.directory
-        replay.placer = _Placer(self.args, jdir / MEDIA_DIR, verify)
+        replay.placer = _Placer(self.args, found.directory / MEDIA_DIR, verify)
         if use_journal and (ckpt is None or lineage is not None):
             if ckpt is None:
                 lineage = self._only_lineage(found, state)
             if lineage is not None:
                 with gc_paused():  # thousands of records, groups and no cycles (see scan_journal)
-                    records, last = self._journal_records(found, lineage, ckpt, watermark, earlier, state)
+
+                    def scanned(f: _Found) -> tuple[list[JournalRecord], int]:
+                        return self._journal_records(f, str(lineage), ckpt, watermark, earlier, state)
+
+                    found, (records, last) = self._until_step(
+                        load, ckpt, found, scanned, restored_step, state
+                    )
+                    jdir = found.directory
+                    replay.placer = _Placer(self.args, jdir / MEDIA_DIR, verify)
                     replay.media_ok = self._media_check(jdir, records, state)
                     for rec in records:
                         replay.apply(rec, watermark)
@@ -684,17 +744,67 @@ class RolloutLedger:
         the checkpoint names (``journal.last_shipment``): one that ends before it is asked again,
         then refused (docs/RESUME.md, "What resume must find")."""
         sink = run_journal(load)
-        info = (ckpt.meta.get("journal") or {}) if ckpt is not None else {}
+        info = journal_meta(ckpt)
         must = info.get("last_shipment")
-        if must is not None and not (type(must) is str and is_shipment_name(must)):
+        if must is not None and not (type(must) is str and shipment_lineage(must) == info.get("lineage")):
             raise BundleFormatError(
-                f"{ckpt.path if ckpt else load}: meta.journal.last_shipment: expected a shipment name "
-                f"(segment-<seq>-<lineage>-<attempt>.rjs), found {reprlib.repr(must)}"
+                f"{ckpt.path if ckpt else load}: meta.journal.last_shipment: expected a shipment name of "
+                f"the checkpoint's lineage (segment-<seq>-{display(str(info.get('lineage')), limit=80)}-<attempt>.rjs), "
+                f"found {_shown(must)}"
             )
         why = f"rollout checkpoint {ckpt.path if ckpt else load} covers the journal up to record "
         why += str(info.get("last_shipment_seq"))
         directory = sink.readable(lambda: self._scratch_dir("journal-recovery"), must_reach=must, why=why)
-        return _Found(directory, sink.where, sink.origin)
+        return _Found(directory, sink.where, sink.origin, sink)
+
+    def _until_step(
+        self,
+        load: Any,
+        ckpt: RolloutCheckpoint | None,
+        found: _Found,
+        scanned: Callable[[_Found], tuple[list[JournalRecord], int]],
+        restored_step: int | None,
+        state: RecoveredState,
+    ) -> tuple[_Found, tuple[list[JournalRecord], int]]:
+        """The journal scanned (``scanned(found)``), and, on a store, when the trainer restored a
+        step newer than the checkpoint and the journal holds no ``consumed`` record of it (nor of
+        a later step), listed again with backoff (``LISTING_RETRIES`` times, as the store's
+        ``complete_listing``), downloaded and scanned again whenever the listing names a
+        shipment not read yet: a lagging listing would otherwise hand the groups that step
+        trained back to training. No checkpoint names those records, and a crash may have lost
+        them for real (appended after the last shipment), so after the retries the resume goes
+        on, with one problem line (docs/RESUME.md, "What resume must find")."""
+        records, last = scanned(found)
+        sink = found.sink
+        if (
+            not isinstance(sink, Shipments)
+            or restored_step is None
+            or (ckpt is not None and restored_step <= ckpt.rollout_id)
+            or _trained(records, ckpt, restored_step)
+        ):
+            return found, (records, last)
+        retries, wait = listing_backoff()
+        problems, first = len(state.problems), wait
+        for attempt in range(retries):
+            fault_point("resume.step_missing", attempt)
+            time.sleep(wait)
+            wait *= 2
+            have = {sink.kept_name(p) for p in found.directory.glob("segment-*")}
+            if {name for name, _ in sink.shipments()} <= have:
+                continue
+            del state.problems[problems:]
+            found = self._journal_for(load, ckpt)
+            records, last = scanned(found)
+            if _trained(records, ckpt, restored_step):
+                return found, (records, last)
+        state.problems.append(
+            f"{found.where}: the trainer restored step {restored_step}, newer than "
+            f"{ckpt.path if ckpt else 'any rollout checkpoint'}, but the journal holds no record of the "
+            f"groups step {restored_step} trained (listed {retries + 1} times over "
+            f"{first * (2**retries - 1):g} s): if the store's listing lags, groups "
+            "already trained may be trained again"
+        )
+        return found, (records, last)
 
     def _journal_records(
         self,
@@ -864,3 +974,17 @@ def _size(group: RecoveredGroup) -> int:
     if len(p) == 1 and isinstance(p[0], JournalRecord):
         return int((p[0].b or {}).get("n", 0))
     return len(p)
+
+
+def _shown(value: Any) -> str:
+    """A value of a checkpoint's meta in a message: a string through :func:`display`, quoted."""
+    return repr(display(value, limit=120)) if type(value) is str else reprlib.repr(value)
+
+
+def _trained(records: Sequence[JournalRecord], ckpt: RolloutCheckpoint | None, step: int) -> bool:
+    """Whether the journal (or the checkpoint, for a step drained while it was cut) records
+    groups handed to training step ``step`` or a later one."""
+    if any(r.kind == "consumed" and r.a >= step for r in records):
+        return True
+    pairs = (ckpt.meta.get("consumed_group_steps") or []) if ckpt is not None else []
+    return any(type(p) is list and len(p) == 2 and type(p[1]) is int and p[1] >= step for p in pairs)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import reprlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -117,9 +118,13 @@ def check_replay_report(report: Any, where: str) -> None:
     if not isinstance(report, dict):
         raise ReportError(f"{where}: expected a replay report object, found {type(report).__name__}")
     if report.get("format") != REPORT_FORMAT:
-        raise ReportError(f"{where}: format: expected {REPORT_FORMAT!r}, found {report.get('format')!r}")
+        raise ReportError(
+            f"{where}: format: expected {REPORT_FORMAT!r}, found {reprlib.repr(report.get('format'))}"
+        )
     if report.get("version") != REPORT_VERSION:
-        raise ReportError(f"{where}: version: expected {REPORT_VERSION}, found {report.get('version')!r}")
+        raise ReportError(
+            f"{where}: version: expected {REPORT_VERSION}, found {reprlib.repr(report.get('version'))}"
+        )
     samples = report.get("samples")
     if not isinstance(samples, list):
         raise ReportError(f"{where}: samples: expected a list, found {type(samples).__name__}")
@@ -127,7 +132,9 @@ def check_replay_report(report: Any, where: str) -> None:
         if not isinstance(s, dict) or type(s.get("position")) is not int:
             raise ReportError(f"{where}: samples[{i}].position: expected an int")
         if s.get("index") is not None and type(s["index"]) not in (int, str):
-            raise ReportError(f"{where}: samples[{i}].index: expected an int or null, found {s['index']!r}")
+            raise ReportError(
+                f"{where}: samples[{i}].index: expected an int or null, found {reprlib.repr(s['index'])}"
+            )
         for key in ("problems", "images"):
             if not isinstance(s.get(key, []), list):
                 raise ReportError(f"{where}: samples[{i}].{key}: expected a list")

@@ -42,7 +42,12 @@ from trainer_hooks.checkpoints.journal._scan import (
     scan_journal,
 )
 from trainer_hooks.checkpoints.journal._sink import FlushStats, JournalSink, LocalFiles
-from trainer_hooks.checkpoints.journal._store import Shipments, is_shipment_name
+from trainer_hooks.checkpoints.journal._store import (
+    Shipments,
+    is_shipment_name,
+    listing_backoff,
+    shipment_lineage,
+)
 from trainer_hooks.checkpoints.journal._writer import RolloutJournal, new_lineage
 
 __all__ = [
@@ -65,10 +70,12 @@ __all__ = [
     "journal_dir",
     "journal_lineages",
     "journal_sink",
+    "listing_backoff",
     "new_lineage",
     "record_body",
     "record_value",
     "record_where",
     "run_journal",
     "scan_journal",
+    "shipment_lineage",
 ]

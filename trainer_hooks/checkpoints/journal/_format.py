@@ -159,17 +159,24 @@ def segment_name(first_seq: int, lineage: str, attempt: int = 0) -> str:
 
 
 def parse_segment_name(name: str) -> tuple[int, str, int] | None:
-    """``(first_seq, lineage, attempt)`` of a name :func:`segment_name` makes; None otherwise."""
+    """``(first_seq, lineage, attempt)`` of a name :func:`segment_name` makes; None otherwise.
+    A seq or an attempt has at most as many digits as the largest seq (a name from a store
+    listing or a checkpoint's meta is untrusted: ``int()`` of thousands of digits raises)."""
     if not (name.startswith(SEGMENT_PREFIX) and name.endswith(SEGMENT_SUFFIX)):
         return None
     seq, _, rest = name[len(SEGMENT_PREFIX) : -len(SEGMENT_SUFFIX)].partition("-")
     lineage, _, attempt = rest.rpartition("-")
-    if not (lineage and _DIGITS.issuperset(seq) and _DIGITS.issuperset(attempt) and seq and attempt):
+    if not (lineage and _number(seq) and _number(attempt)):
         return None
     return int(seq), lineage, int(attempt)
 
 
 _DIGITS = frozenset("0123456789")
+_MOST_DIGITS = len(str(LIMITS["MAX_INT"]))
+
+
+def _number(text: str) -> bool:
+    return 0 < len(text) <= _MOST_DIGITS and _DIGITS.issuperset(text)
 
 
 def is_content_name(name: str) -> bool:

@@ -172,8 +172,10 @@ class Fields(Rule):
 @dataclass(frozen=True)
 class Packed(Rule):
     """Any value msgpack encodes (a data source's cursor), nested at most ``depth`` deep and at
-    most ``most`` bytes encoded. The depth is walked first, without recursion (a cyclic value
-    is refused there)."""
+    most ``most`` bytes encoded, whose map keys are scalars. The depth is walked first, without
+    recursion (a cyclic value is refused there). A map key that is a list or a tuple is encoded
+    as an array, which the reader cannot make a key of again (a list is not hashable): such a
+    cursor would make the journal unreadable, so it is refused."""
 
     most: int
     depth: int
@@ -181,6 +183,10 @@ class Packed(Rule):
     def problem(self, value: Any, path: str) -> str | None:
         level: list[Any] = [value]
         for _ in range(self.depth + 1):
+            keys = [k for v in level if isinstance(v, dict) for k in v]
+            bad = next((k for k in keys if _container_key(k)), None)
+            if bad is not None:
+                return f"{path}: a map key that is not a scalar, found {_short(bad)} (its reader cannot decode it)"
             level = [
                 x
                 for v in level
@@ -198,6 +204,12 @@ class Packed(Rule):
         if n > self.most:
             return f"{path}: {n} bytes encoded, at most {self.most}"
         return None
+
+
+def _container_key(key: Any) -> bool:
+    """Whether msgpack encodes map key ``key`` as an array or a map (an ``ExtType``, a tuple, is
+    encoded as an extension and decodes to one, hashable)."""
+    return isinstance(key, (list, tuple, dict)) and not isinstance(key, msgpack.ExtType)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ class JournalScan:
     directory: Path
     records: list[JournalRecord] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    #: the segments read and their bytes (of ``lineage`` when one was asked for)
     segments: int = 0
     bytes: int = 0
     lineages: set[str] = field(default_factory=set)
@@ -210,7 +211,7 @@ def _header(data: Any, where: str) -> tuple[dict[str, Any] | None, int, int, str
     if not isinstance(header, dict) or type(header.get("lineage")) is not str:
         if version == 2:  # checksummed: the writer wrote it so
             raise JournalCorruptError(
-                f"{where}: segment header: expected a map with a lineage, found {header!r}"
+                f"{where}: segment header: expected a map with a lineage, found {_short(header)}"
             )
         return None, 0, version, "header without a lineage"
     return header, pos + hlen, version, None
@@ -428,9 +429,7 @@ def _foreign(scan: JournalScan, entry: _Entry, lineage: str) -> None:
     read = _header_only(entry)
     if read is None:
         return
-    header, size = read
-    scan.segments += 1
-    scan.bytes += size
+    header, _ = read  # another lineage's: not counted in this one's segments and bytes
     if header is not None:
         scan.lineages.add(header["lineage"])
     scan.problems.append(

@@ -99,7 +99,15 @@ from trainer_hooks.checkpoints.journal._index import SegmentIndex
 from trainer_hooks.checkpoints.journal._scan import scan_journal
 from trainer_hooks.checkpoints.journal._sink import Adopted, Batch, Freed, JournalSink, sync_mark
 
-__all__ = ["Shipment", "Shipments", "complete_listing", "download_journal", "is_shipment_name"]
+__all__ = [
+    "Shipment",
+    "Shipments",
+    "complete_listing",
+    "download_journal",
+    "is_shipment_name",
+    "listing_backoff",
+    "shipment_lineage",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -337,10 +345,23 @@ def is_shipment_name(name: str) -> bool:
     return _parse_name(name) is not None
 
 
+def shipment_lineage(name: str) -> str | None:
+    """The lineage shipment name ``name`` belongs to (None: not a shipment's name)."""
+    parsed = _parse_name(name)
+    return None if parsed is None else parsed[1]
+
+
 #: A listing that ends before the shipment a checkpoint names is asked again this many times,
 #: waiting LISTING_BACKOFF_S, then twice that, and so on (7.75 s in all), then refused.
 LISTING_RETRIES = 5
 LISTING_BACKOFF_S = 0.25
+
+
+def listing_backoff() -> tuple[int, float]:
+    """``(LISTING_RETRIES, LISTING_BACKOFF_S)``, read when called: the schedule every caller that
+    lists a journal again follows (the ledger's too, for a restored step newer than the
+    checkpoint)."""
+    return LISTING_RETRIES, LISTING_BACKOFF_S
 
 
 def complete_listing(shipper: Shipments, must_reach: str | None, why: str = "") -> list[tuple[str, int]]:
