@@ -29,7 +29,9 @@ What is here, by concern:
   characters, bidirectional overrides, non-UTF-8 bytes and lone surrogates escaped, cut to a bound).
 * **Limits.** :data:`LIMITS`, the one table of limits (:mod:`bundles._limits`): every size and
   count from an untrusted file is checked against its row before it is spent, by writer and
-  reader alike (a row is read by name: ``LIMITS["MAX_CURSOR_BYTES"]``).
+  reader alike (a row is read by name: ``LIMITS["MAX_CURSOR_BYTES"]``); :func:`nesting_depth_exceeds`,
+  the one depth check of a parsed JSON document (iterative: a hostile depth cannot exhaust the
+  stack), which the manifest reader and the meta writer use too.
 * **Process identity.** :func:`boot_id`, :func:`pid_namespace`, :func:`proc_stat`,
   :func:`pid_alive`: enough to prove a leftover's writer dead (same boot, same pid namespace, no
   such live process), the only case in which it may be deleted.
@@ -83,6 +85,7 @@ from bundles._fs import remove_tree
 from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
 from bundles._limits import LIMITS
 from bundles._location import SINGLE_WRITER_ENV, local_path_only
+from bundles._manifest import nesting_depth_exceeds
 from bundles._proc import boot_id, pid_alive, pid_namespace, proc_stat
 from bundles._progress import Progress, human_bytes
 from bundles._reader import read_at_most
@@ -119,6 +122,7 @@ __all__ = [
     "local_path_only",
     "main_with",
     "media_name_ok",
+    "nesting_depth_exceeds",
     "on_fault_point",
     "only_numbers",
     "open_regular_file",

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bundles import Bundle, BundleError, open_bundle
-from bundles.support import LIMITS, atomic_writer, open_regular_file, read_at_most
+from bundles.support import LIMITS, atomic_writer, nesting_depth_exceeds, open_regular_file, read_at_most
 
 __all__ = [
     "REPORT_FORMAT",
@@ -86,30 +86,17 @@ def load_replay_report(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ReportError(f"{path}: cannot read the replay report: {e.strerror or e}") from None
     if len(raw) > cap:
         raise ReportError(f"{path}: not a replay report: over the {cap} bytes read")
+    too_deep = ReportError(f"{path}: not a replay report: nested deeper than {depth} levels")
     try:
         report = json.loads(raw.decode("utf-8"))
     except RecursionError:
-        report = None
+        raise too_deep from None
     except ValueError as e:  # not UTF-8 (UnicodeDecodeError), not JSON
         raise ReportError(f"{path}: not a replay report: not valid JSON: {e}") from None
-    if report is None or _deeper_than(report, depth):
-        raise ReportError(f"{path}: not a replay report: nested deeper than {depth} levels")
+    if nesting_depth_exceeds(report, depth):
+        raise too_deep
     check_replay_report(report, str(path))
     return report
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """True when ``value`` (JSON) nests containers deeper than ``limit`` levels (iteratively)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        obj, level = stack.pop()
-        items = obj.values() if type(obj) is dict else obj if type(obj) is list else None
-        if items is None:
-            continue
-        if level > limit:
-            return True
-        stack.extend((v, level + 1) for v in items if type(v) in (dict, list))
-    return False
 
 
 def check_replay_report(report: Any, where: str) -> None:
