@@ -1,0 +1,134 @@
+"""Prepare the mutation run of the safety core (``make mutants-safety``; docs/TESTING.md).
+
+mutmut 3.8.1 reads its configuration only from ``pyproject.toml`` and takes no option to narrow
+which files it mutates or which tests its stats run runs. So this script copies the files git
+knows (tracked, and untracked ones that are not ignored: a test being written counts) into a
+scratch tree (``build/mutants-safety`` by default), and rewrites ``[tool.mutmut]`` *there* so that
+``only_mutate`` names the modules of :data:`MODULES` and the test selection is :data:`TESTS`. The
+``[tool.mutmut]`` of the project itself, and so plain ``make mutants``, is left as it is.
+
+A file is copied only when its bytes differ from the scratch copy (keeping the source's mtime):
+mutmut regenerates a module's mutants when the source is newer than its mutated copy, and keeps
+its cached verdicts otherwise, so a rerun after adding a test retests only what changed. Files
+git no longer knows are removed from the scratch tree (not from its ``mutants/``: delete the
+scratch tree after a large refactor, as for ``make mutants``).
+
+Prints the scratch directory. The Makefile then runs ``mutmut run`` in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+#: The bundle proof, the deletion primitive and the publish path (issue 36, "Checks").
+MODULES = [
+    "bundles/_proof.py",
+    "bundles/_remote/_pointer.py",
+    "bundles/_commit.py",
+    "bundles/_remote/_write.py",
+    "bundles/_remote/_verify.py",
+]
+
+#: The test files that exercise them in-process (mutmut picks a mutant's tests by in-process
+#: coverage, so a test that reaches a module only through a subprocess adds nothing but time).
+TESTS = [
+    "tests/test_bundle_proof.py",
+    "tests/test_store_publish.py",
+    "tests/test_bundle_commit.py",
+    "tests/test_store_ownership.py",
+    "tests/test_location_safety.py",
+    "tests/test_store_bundles.py",
+    "tests/test_store_gc.py",
+    "tests/test_store_faults.py",
+    "tests/test_store_interface.py",
+    "tests/test_write_failures.py",
+    "tests/test_mutants_safety.py",
+]
+
+#: The SeaweedFS twins of the moto cases of these two files cover the same code a second time.
+DESELECT = "not (test_store_bundles and seaweedfs) and not (test_store_gc and seaweedfs)"
+
+_ARRAY = r"(?ms)^{key} = \[.*?^\]\n"
+
+
+def tracked_files(root: Path) -> list[str]:
+    out = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    return sorted({name for name in out.decode().split("\0") if name and (root / name).is_file()})
+
+
+def sync(root: Path, dest: Path) -> None:
+    """Make ``dest`` hold the files git knows under ``root``, copying only what differs."""
+    names = tracked_files(root)
+    for name in names:
+        src, dst = root / name, dest / name
+        if dst.is_file() and not dst.is_symlink() and filecmp.cmp(src, dst, shallow=False):
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.is_symlink() or dst.exists():
+            dst.unlink()
+        shutil.copy2(src, dst)
+    known = set(names)
+    for dirpath, dirnames, filenames in os.walk(dest):
+        rel = Path(dirpath).relative_to(dest)
+        dirnames[:] = [d for d in dirnames if not (rel == Path(".") and d in ("mutants", ".venv", ".git"))]
+        for f in filenames:
+            if (rel / f).as_posix() not in known:
+                (Path(dirpath) / f).unlink()
+
+
+def _toml_list(values: list[str]) -> str:
+    return "[\n" + "".join(f'    "{v}",\n' for v in values) + "]\n"
+
+
+def narrow(pyproject: Path, modules: list[str], tests: list[str]) -> None:
+    """Rewrite ``[tool.mutmut]`` in ``pyproject`` (the scratch copy): mutate ``modules`` only, run
+    ``tests`` only (still without Ray, and without the deselected SeaweedFS twins)."""
+    import tomllib  # Python 3.11+, as the Makefile's venv (mutmut reads the file with it too)
+
+    text = pyproject.read_text()
+    before = tomllib.loads(text)["tool"]["mutmut"]
+    selection = [*tests, "-m", "not ray", "-k", DESELECT]
+    for key, values in (("only_mutate", modules), ("pytest_add_cli_args_test_selection", selection)):
+        text, n = re.subn(_ARRAY.format(key=key), lambda _m, k=key, v=values: f"{k} = {_toml_list(v)}", text)
+        if n != 1:
+            sys.exit(f"mutants_safety: {pyproject}: expected one `{key} = [...]` array, found {n}")
+    after = tomllib.loads(text)["tool"]["mutmut"]
+    assert after["only_mutate"] == modules and after["pytest_add_cli_args_test_selection"] == selection
+    assert {
+        k: v for k, v in after.items() if k not in ("only_mutate", "pytest_add_cli_args_test_selection")
+    } == {k: v for k, v in before.items() if k not in ("only_mutate", "pytest_add_cli_args_test_selection")}
+    pyproject.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--dest", default="build/mutants-safety", help="the scratch tree (default: %(default)s)"
+    )
+    args = parser.parse_args(argv)
+    root = Path(__file__).resolve().parent.parent
+    dest = (root / args.dest).resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    sync(root, dest)
+    narrow(dest / "pyproject.toml", MODULES, [t for t in TESTS if (root / t).is_file()])
+    venv = dest / ".venv"
+    if not venv.exists():
+        venv.symlink_to((root / ".venv").resolve())
+    (dest / "mutants").mkdir(exist_ok=True)
+    print(dest)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
