@@ -13,14 +13,18 @@ deletes plants a user's file and checks it survives.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import put_media
 
 from bundles import BundleFormatError, BundleNotFoundError, is_bundle, write_bundle
+from bundles._errors import UnsafeBundleError
 from bundles._layout import MAX_MANIFEST_BYTES
+from bundles._limits import MAX_POINTER_BYTES
 from bundles._proof import (
     DAMAGED_HINT,
     NotProven,
@@ -30,7 +34,9 @@ from bundles._proof import (
     judge_manifest,
     removable_names,
 )
+from bundles._remote._pointer import Pointer, _BundlePrefix, examine_prefix, parse_pointer
 from bundles._source import layout_name_ok
+from bundles._store import StoreURL, get_store
 
 WEB = b'{"name": "My App", "start_url": "/"}\n'
 
@@ -192,3 +198,258 @@ def test_removable_names_allows_the_listed_members_or_the_layout_or_refuses_by_r
         "`rollout-bundle rm --damaged` (remove_bundle(..., damaged=True)) removes only the names the format "
         "writes (manifest.json, samples/NNNNNN.msgpack.zst, media/<64 hex><suffix>)"
     )
+
+
+# -- the pointer: bundles/_remote/_pointer.py ----------------------------------------------------
+GEN = "g20260101T000000000000Z-0123456789ab"
+DIGEST = "sha256:" + "a" * 64
+
+
+def test_a_pointer_is_written_in_one_canonical_form_and_read_back_whole() -> None:
+    shared = Pointer(GEN, 12, DIGEST, True, "e1")
+    assert shared.to_bytes() == (
+        b'{"format":"rollout-bundle-pointer","generation":"'
+        + GEN.encode()
+        + b'","manifest":{"digest":"'
+        + DIGEST.encode()
+        + b'","size":12},"media":"../.media","pointer_version":1}\n'
+    )
+    own = Pointer(GEN, 12, DIGEST, False)
+    assert own.to_bytes().endswith(b'"media":"media","pointer_version":1}\n')
+    assert parse_pointer(shared.to_bytes(), "w", "e2") == Pointer(GEN, 12, DIGEST, True, "e2")
+    assert parse_pointer(own.to_bytes(), "w") == Pointer(GEN, 12, DIGEST, False, None)
+    assert parse_pointer(Pointer(GEN, MAX_MANIFEST_BYTES, DIGEST, False).to_bytes(), "w").manifest_size == (
+        MAX_MANIFEST_BYTES
+    )
+    assert parse_pointer(Pointer(GEN, 1, DIGEST, False).to_bytes(), "w").manifest_size == 1
+
+
+def _pointer_body(**change: Any) -> bytes:
+    body = json.loads(Pointer(GEN, 12, DIGEST, False).to_bytes())
+    for key, value in change.items():
+        if value is _DROP:
+            body.pop(key)
+        else:
+            body[key] = value
+    return json.dumps(body).encode()
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            b"\xff",
+            "not a JSON pointer: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte",
+        ),
+        (
+            b"{",
+            "not a JSON pointer: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
+        (b"[1]", "format: expected 'rollout-bundle-pointer'"),
+        (_pointer_body(format="rollout-bundle"), "format: expected 'rollout-bundle-pointer'"),
+        (_pointer_body(pointer_version=2), "pointer_version: expected 1, found 2"),
+        (_pointer_body(pointer_version=_DROP), "pointer_version: expected 1, found None"),
+        (_pointer_body(generation="g1"), "generation: expected g<time>-<hex>, found 'g1'"),
+        (_pointer_body(generation=GEN + "0"), f"generation: expected g<time>-<hex>, found '{GEN}0'"),
+        (_pointer_body(generation=None), "generation: expected g<time>-<hex>, found None"),
+        (_pointer_body(manifest=[]), f"manifest.size: expected 1..{MAX_MANIFEST_BYTES}, found None"),
+        (
+            _pointer_body(manifest={"digest": DIGEST, "size": 0}),
+            f"manifest.size: expected 1..{MAX_MANIFEST_BYTES}, found 0",
+        ),
+        (
+            _pointer_body(manifest={"digest": DIGEST, "size": MAX_MANIFEST_BYTES + 1}),
+            f"manifest.size: expected 1..{MAX_MANIFEST_BYTES}, found {MAX_MANIFEST_BYTES + 1}",
+        ),
+        (
+            _pointer_body(manifest={"digest": DIGEST, "size": True}),
+            f"manifest.size: expected 1..{MAX_MANIFEST_BYTES}, found True",
+        ),
+        (
+            _pointer_body(manifest={"digest": DIGEST, "size": "12"}),
+            f"manifest.size: expected 1..{MAX_MANIFEST_BYTES}, found '12'",
+        ),
+        (_pointer_body(manifest={"size": 12}), "manifest.digest: expected sha256:<64 hex>, found None"),
+        (
+            _pointer_body(manifest={"digest": DIGEST.upper(), "size": 12}),
+            f"manifest.digest: expected sha256:<64 hex>, found '{DIGEST.upper()}'",
+        ),
+        (
+            _pointer_body(manifest={"digest": DIGEST + "0", "size": 12}),
+            f"manifest.digest: expected sha256:<64 hex>, found '{DIGEST}0'",
+        ),
+        (_pointer_body(media="../other"), "media: expected 'media' or '../.media', found '../other'"),
+        (_pointer_body(media=_DROP), "media: expected 'media' or '../.media', found None"),
+    ],
+)
+def test_every_field_of_an_untrusted_pointer_is_checked_and_named(raw: bytes, message: str) -> None:
+    with pytest.raises(BundleFormatError) as e:
+        parse_pointer(raw, "s3://b/u/bundle.json")
+    assert str(e.value) == f"s3://b/u/bundle.json: {message}"
+
+
+def test_a_pointer_over_its_cap_is_refused_unparsed() -> None:
+    raw = _pointer_body(pad="x" * MAX_POINTER_BYTES)
+    with pytest.raises(UnsafeBundleError) as e:
+        parse_pointer(raw, "w")
+    assert str(e.value) == f"w: {len(raw)} bytes exceeds the pointer cap of {MAX_POINTER_BYTES}"
+    at_cap = _pointer_body(pad="x" * (MAX_POINTER_BYTES - len(_pointer_body(pad=""))))
+    assert len(at_cap) == MAX_POINTER_BYTES and parse_pointer(at_cap, "w").generation == GEN
+
+
+def test_a_bundle_prefix_keys_its_names_by_generation_and_media_place() -> None:
+    url = StoreURL("s3://bkt/run/b")
+    own = _BundlePrefix(url, None, Pointer(GEN, 1, DIGEST, False))  # type: ignore[arg-type]
+    pooled = _BundlePrefix(url, None, Pointer(GEN, 1, DIGEST, True))  # type: ignore[arg-type]
+    plain = _BundlePrefix(url, None, Pointer(None, None, None, False))  # type: ignore[arg-type]
+    assert (own.media_prefix, pooled.media_prefix) == ("run/b/media", "run/.media")
+    assert own.key("manifest.json") == f"run/b/{GEN}/manifest.json"
+    assert own.key("samples/000000.msgpack.zst") == f"run/b/{GEN}/samples/000000.msgpack.zst"
+    assert (own.key("media/x.png"), pooled.key("media/x.png")) == ("run/b/media/x.png", "run/.media/x.png")
+    assert (plain.key("manifest.json"), plain.key("media/x.png")) == (
+        "run/b/manifest.json",
+        "run/b/media/x.png",
+    )
+    assert own.key("mediax/y") == f"run/b/{GEN}/mediax/y"
+
+
+# -- the proof on a store: examine_prefix, on moto at 127.0.0.1 ----------------------------------
+@pytest.fixture
+def moto(moto_s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not installed")
+    for k, v in moto_s3.env.items():
+        monkeypatch.setenv(k, v)
+    moto_s3.current = moto_s3.bucket()
+    return moto_s3
+
+
+def raw_store(server: Any) -> Any:
+    """The test's own client (not the code under test's), to seed and look at the bucket."""
+    from obstore.store import S3Store
+
+    return S3Store(server.current, **server.options(), client_options={"allow_http": True})
+
+
+def contents(server: Any) -> dict[str, bytes]:
+    import obstore
+
+    store = raw_store(server)
+    keys = sorted(m["path"] for batch in obstore.list(store) for m in batch)
+    return {k: bytes(obstore.get(store, k).bytes()) for k in keys}
+
+
+def put(server: Any, key: str, data: bytes) -> None:
+    import obstore
+
+    obstore.put(raw_store(server), key, data)
+
+
+def examine(url: str) -> Proof | NotProven:
+    u = StoreURL(url)
+    return examine_prefix(get_store(u, None), u)
+
+
+def store_bundle(server: Any, tmp_path: Path, key: str, tag: str, **kw: Any) -> str:
+    run = tmp_path / f"run-{tag}"
+    paths = [put_media(run, hashlib.sha256(f"{tag}{i}".encode()).digest() * 30) for i in range(2)]
+    url = f"s3://{server.current}/{key}"
+    write_bundle(url, [{"i": i, "image": p} for i, p in enumerate(paths)], media_roots=[run], **kw)
+    return url
+
+
+def test_examine_prefix_proves_a_pointer_bundle_with_what_it_read(moto: Any, tmp_path: Path) -> None:
+    import obstore
+
+    for key, shared in (("r/own", False), ("r/pooled", True)):
+        url = store_bundle(moto, tmp_path, key, key, shared_media=shared)
+        pointer = json.loads(contents(moto)[f"{key}/bundle.json"])
+        found = examine(url)
+        assert isinstance(found, Proof)
+        etag = obstore.head(raw_store(moto), f"{key}/bundle.json")["e_tag"]
+        assert (found.where, found.generation, found.shared_media, found.etag) == (
+            url,
+            pointer["generation"],
+            shared,
+            etag,
+        )
+        assert found.manifest.sample_count == 2 and len(found.members()) == 3
+        gen_url = f"{url}/{pointer['generation']}"
+        assert examine(gen_url) == NotProven(
+            gen_url, f"{gen_url}: a generation of the bundle {url}, not a bundle (it is part of that one)"
+        )
+
+
+def test_examine_prefix_says_exactly_why_a_prefix_is_no_bundle(moto: Any, tmp_path: Path) -> None:
+    url = store_bundle(moto, tmp_path, "r/b", "b")
+    objects = contents(moto)
+    pointer = objects["r/b/bundle.json"]
+    gen = json.loads(pointer)["generation"]
+    manifest = objects[f"r/b/{gen}/manifest.json"]
+    base = f"s3://{moto.current}"
+
+    put(moto, "big/bundle.json", b" " * (MAX_POINTER_BYTES + 1))
+    put(moto, "cfg/bundle.json", b'{"theme": "dark"}\n')
+    put(moto, "claim/bundle.json", b'{"format": "rollout-bundle-pointer"}')
+    put(moto, "nogen/bundle.json", pointer)  # names a generation that is not under nogen/
+    put(moto, "other/bundle.json", pointer)
+    put(moto, f"other/{gen}/manifest.json", manifest[:-2] + b" }")  # same size, other digest
+    web_ptr = Pointer(gen, len(WEB), "sha256:" + hashlib.sha256(WEB).hexdigest(), False).to_bytes()
+    put(moto, "web/bundle.json", web_ptr)
+    put(moto, f"web/{gen}/manifest.json", WEB)
+    put(moto, "plainweb/manifest.json", WEB)
+    put(moto, "plaindmg/manifest.json", b'{"format": "rollout-bundle"}')
+    put(moto, "plain/manifest.json", manifest)
+    put(moto, "empty/notes.txt", b"mine\n")
+    before = contents(moto)
+
+    assert examine(f"{base}/big") == NotProven(
+        f"{base}/big",
+        f"{base}/big/bundle.json: {MAX_POINTER_BYTES + 1} bytes exceeds the pointer cap of {MAX_POINTER_BYTES} "
+        f"bytes: {base}/big/bundle.json is not a bundle pointer",
+    )
+    assert examine(f"{base}/cfg") == NotProven(
+        f"{base}/cfg",
+        f"{base}/cfg/bundle.json: holds a file that is not a bundle pointer (format: expected 'rollout-bundle-pointer')",
+    )
+    assert examine(f"{base}/claim") == NotProven(
+        f"{base}/claim", f"{base}/claim/bundle.json: pointer_version: expected 1, found None", damaged=True
+    )
+    assert examine(f"{base}/nogen") == NotProven(
+        f"{base}/nogen",
+        f"{base}/nogen/{gen}/manifest.json: the manifest {base}/nogen/bundle.json names is missing",
+        damaged=True,
+    )
+    assert examine(f"{base}/other") == NotProven(
+        f"{base}/other",
+        f"{base}/other/{gen}/manifest.json: not the manifest {base}/other/bundle.json names (size or digest differ)",
+        damaged=True,
+    )
+    web_reason = "not a rollout-bundle manifest (format: expected 'rollout-bundle', found None)"
+    assert examine(f"{base}/web") == NotProven(
+        f"{base}/web", f"{base}/web/{gen}/manifest.json: {web_reason}", damaged=True
+    )
+    assert examine(f"{base}/plainweb") == NotProven(
+        f"{base}/plainweb", f"{base}/plainweb/manifest.json: {web_reason}"
+    )
+    assert examine(f"{base}/plaindmg") == NotProven(
+        f"{base}/plaindmg",
+        f"{base}/plaindmg/manifest.json: format_version: expected one of [1], found None; a newer rollout-bundles may read it",
+        damaged=True,
+    )
+    plain = examine(f"{base}/plain")
+    assert isinstance(plain, Proof)
+    assert (plain.where, plain.generation, plain.shared_media, plain.etag) == (
+        f"{base}/plain",
+        None,
+        False,
+        None,
+    )
+    assert plain.members() == examine(url).members()  # type: ignore[union-attr]
+    for name in ("empty", "nothing"):
+        assert examine(f"{base}/{name}") == NotProven(
+            f"{base}/{name}", f"{base}/{name}: no bundle here (no bundle.json or manifest.json)", empty=True
+        )
+    assert contents(moto) == before  # a proof reads, never writes
