@@ -37,6 +37,7 @@ from bundles._proof import (
 from bundles._remote._pointer import Pointer, _BundlePrefix, examine_prefix, parse_pointer
 from bundles._source import layout_name_ok
 from bundles._store import StoreURL, get_store
+from bundles.support import on_fault_point
 
 WEB = b'{"name": "My App", "start_url": "/"}\n'
 
@@ -453,3 +454,77 @@ def test_examine_prefix_says_exactly_why_a_prefix_is_no_bundle(moto: Any, tmp_pa
             f"{base}/{name}", f"{base}/{name}: no bundle here (no bundle.json or manifest.json)", empty=True
         )
     assert contents(moto) == before  # a proof reads, never writes
+
+
+# -- the commit: bundles/_commit.py --------------------------------------------------------------
+def _tags(path: Path) -> list[str]:
+    from bundles import open_bundle
+
+    with open_bundle(path, verify="full") as b:
+        return [s["tag"] for s in b]
+
+
+def tagged_bundle(tmp_path: Path, dest: Path, tag: str, overwrite: bool = False) -> Path:
+    run = tmp_path / f"run-{tag}"
+    paths = [put_media(run, hashlib.sha256(f"{tag}{i}".encode()).digest() * 30) for i in range(2)]
+    samples = [{"i": i, "image": p, "tag": tag} for i, p in enumerate(paths)]
+    return Path(write_bundle(dest, samples, media_roots=[run], overwrite=overwrite))
+
+
+def _siblings(parent: Path) -> list[str]:
+    return sorted(n for n in os.listdir(parent) if not n.startswith("run-"))
+
+
+def test_an_overwrite_without_rename_exchange_retires_the_old_bundle_then_removes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem without RENAME_EXCHANGE (as the crash-injection suite makes one): the old
+    bundle is renamed aside, the new one into place, the old one removed; between the renames
+    the destination is missing and the retired directory is the old bundle, whole."""
+    from bundles import _commit
+
+    dest = tagged_bundle(tmp_path, tmp_path / "b", "old")
+    (tmp_path / "notes.txt").write_text("mine\n")
+    old = (dest / "manifest.json").read_bytes()
+    monkeypatch.setattr(_commit, "exchange", lambda a, b: False)
+    seen: list[tuple[bool, list[bytes]]] = []
+
+    def between(where: Path) -> None:
+        retired = [n for n in os.listdir(tmp_path) if n.startswith(".b.retired.")]
+        seen.append(
+            (os.path.lexists(where), [(tmp_path / r / "manifest.json").read_bytes() for r in retired])
+        )
+
+    with on_fault_point("commit.between-renames", between):
+        tagged_bundle(tmp_path, dest, "new", overwrite=True)
+    assert seen == [(False, [old])]
+    assert _tags(dest) == ["new", "new"]
+    assert _siblings(tmp_path) == ["b", "notes.txt"]  # no staging, no retired directory left
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_writer_publishing_between_the_two_renames_is_replaced_and_nothing_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without RENAME_EXCHANGE, another writer publishes at the destination between our two
+    renames: our rename finds it, the bundle we moved aside is removed, and we go round again
+    and replace theirs (the last writer wins); no staging or retired directory is left."""
+    import shutil
+
+    from bundles import _commit
+
+    dest = tagged_bundle(tmp_path, tmp_path / "b", "old")
+    other = tagged_bundle(tmp_path, tmp_path / "src" / "b", "other")
+    monkeypatch.setattr(_commit, "exchange", lambda a, b: False)
+    rounds: list[Path] = []
+
+    def publish_theirs(where: Path) -> None:
+        rounds.append(where)
+        if len(rounds) == 1:
+            shutil.copytree(other, where, symlinks=True)
+
+    with on_fault_point("commit.between-renames", publish_theirs):
+        tagged_bundle(tmp_path, dest, "new", overwrite=True)
+    assert rounds == [dest, dest]
+    assert _tags(dest) == ["new", "new"]
+    assert _siblings(tmp_path) == ["b", "src"]
