@@ -528,3 +528,38 @@ def test_a_writer_publishing_between_the_two_renames_is_replaced_and_nothing_is_
     assert rounds == [dest, dest]
     assert _tags(dest) == ["new", "new"]
     assert _siblings(tmp_path) == ["b", "src"]
+
+
+# -- the publish path: upload_bundle, on moto ----------------------------------------------------
+def test_upload_stats_count_what_was_sent_skipped_read_back_and_replaced(moto: Any, tmp_path: Path) -> None:
+    from bundles import upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    media = sum(p.stat().st_size for p in (src / "media").iterdir())
+    shard = (src / "samples" / "000000.msgpack.zst").stat().st_size
+    url = f"s3://{moto.current}/r/b"
+    put(moto, "r/b/notes.txt", b"mine\n")
+
+    first = upload_bundle(src, url)
+    gen1 = json.loads(contents(moto)["r/b/bundle.json"])["generation"]
+    assert (first.generation, first.replaced, first.objects_restored) == (gen1, [], 0)
+    assert (first.media_uploaded, first.media_skipped, first.objects_read_back) == (2, 0, 0)
+    assert (first.objects, first.bytes_uploaded) == (4, media + shard)
+    assert first.seconds > 0
+
+    again = upload_bundle(src, url, overwrite=True, read_back=True)
+    gen2 = json.loads(contents(moto)["r/b/bundle.json"])["generation"]
+    assert again.generation == gen2 != gen1
+    assert again.replaced == [f"r/b/{gen1}/manifest.json", f"r/b/{gen1}/samples/000000.msgpack.zst"]
+    assert (again.media_uploaded, again.media_skipped, again.objects_read_back) == (0, 2, 4)
+    assert (again.objects, again.bytes_uploaded) == (2, shard)
+    left = contents(moto)
+    assert not [k for k in left if gen1 in k] and left["r/b/notes.txt"] == b"mine\n"
+
+    pooled = upload_bundle(src, f"s3://{moto.current}/r/c", shared_media=True)
+    reused = upload_bundle(src, f"s3://{moto.current}/r/d", shared_media=True)
+    assert (pooled.media_uploaded, pooled.media_skipped, pooled.objects_read_back) == (2, 0, 0)
+    assert (reused.media_uploaded, reused.media_skipped, reused.objects_read_back) == (0, 2, 2)
+    assert sorted(k for k in contents(moto) if k.startswith("r/.media/")) == sorted(
+        f"r/.media/{p.name}" for p in (src / "media").iterdir()
+    )
