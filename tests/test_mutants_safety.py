@@ -563,3 +563,75 @@ def test_upload_stats_count_what_was_sent_skipped_read_back_and_replaced(moto: A
     assert sorted(k for k in contents(moto) if k.startswith("r/.media/")) == sorted(
         f"r/.media/{p.name}" for p in (src / "media").iterdir()
     )
+
+
+def _deleting(server: Any, key: str, rounds: int, then: bytes | None = None) -> Any:
+    """A callback for ``store.after-publish`` that deletes ``key`` in its first ``rounds`` calls
+    (a racing ``rm`` or ``gc``), and puts ``then`` as the pointer in the last of them."""
+    import obstore
+
+    calls: list[str] = []
+
+    def delete(url: object) -> None:
+        calls.append(str(url))
+        if len(calls) <= rounds:
+            obstore.delete(raw_store(server), key)
+            if then is not None and len(calls) == rounds:
+                put(server, "r/b/bundle.json", then)
+
+    delete.calls = calls  # type: ignore[attr-defined]
+    return delete
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_objects_deleted_after_publishing_are_put_back_and_counted(
+    moto: Any, tmp_path: Path, rounds: int
+) -> None:
+    from bundles import open_bundle, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    victim = f"r/b/media/{sorted(p.name for p in (src / 'media').iterdir())[0]}"
+    url = f"s3://{moto.current}/r/b"
+    delete = _deleting(moto, victim, rounds)
+    with on_fault_point("store.after-publish", delete):
+        stats = upload_bundle(src, url)
+    assert stats.objects_restored == rounds and delete.calls == [url] * (rounds + 1)
+    assert contents(moto)[victim] == (src / "media" / victim.rpartition("/")[2]).read_bytes()
+    with open_bundle(url, verify="full") as b:
+        assert len(b) == 2
+
+
+def test_a_writer_gives_up_naming_the_race_when_its_objects_keep_being_deleted(
+    moto: Any, tmp_path: Path
+) -> None:
+    from bundles import BundleError, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    victim = f"r/b/media/{sorted(p.name for p in (src / 'media').iterdir())[0]}"
+    url = f"s3://{moto.current}/r/b"
+    put(moto, "r/b/notes.txt", b"mine\n")
+    delete = _deleting(moto, victim, 99)
+    with on_fault_point("store.after-publish", delete), pytest.raises(BundleError) as e:
+        upload_bundle(src, url)
+    gen = json.loads(contents(moto)["r/b/bundle.json"])["generation"]
+    assert str(e.value) == (
+        f"{url}: published, but objects its manifest lists kept being deleted (4 put back over 4 rounds: a "
+        f"remove or gc of {url} racing this write); bundle.json names generation {gen}: write the bundle again"
+    )
+    assert len(delete.calls) == 4 and contents(moto)["r/b/notes.txt"] == b"mine\n"
+
+
+@pytest.mark.parametrize("pointer", [b'{"format": "rollout-bundle-pointer"}', None], ids=["damaged", "other"])
+def test_nothing_is_put_back_once_the_pointer_is_no_longer_ours(
+    moto: Any, tmp_path: Path, pointer: bytes | None
+) -> None:
+    from bundles import upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    victim = f"r/b/media/{sorted(p.name for p in (src / 'media').iterdir())[0]}"
+    other = Pointer(GEN, 12, DIGEST, False).to_bytes()
+    delete = _deleting(moto, victim, 1, then=pointer or other)
+    with on_fault_point("store.after-publish", delete):
+        stats = upload_bundle(src, f"s3://{moto.current}/r/b")
+    assert stats.objects_restored == 0 and victim not in contents(moto)
+    assert contents(moto)["r/b/bundle.json"] == (pointer or other)
