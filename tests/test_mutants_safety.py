@@ -635,3 +635,120 @@ def test_nothing_is_put_back_once_the_pointer_is_no_longer_ours(
         stats = upload_bundle(src, f"s3://{moto.current}/r/b")
     assert stats.objects_restored == 0 and victim not in contents(moto)
     assert contents(moto)["r/b/bundle.json"] == (pointer or other)
+
+
+_COMMIT_POINTS = (
+    "commit.before-rename",
+    "commit.before-noreplace",
+    "commit.between-renames",
+    "commit.after-rename",
+    "discard.after-manifest",
+    "remove_bundle.before-retire",
+    "remove_bundle.after-retire",
+    "remove_bundle.after-manifest",
+)
+
+
+def _kind(name: str) -> str:
+    for marker in (".staging.", ".retired."):
+        if marker in name:
+            return f"{name.split(marker)[0]}{marker}*"
+    return name
+
+
+class Steps:
+    """Every fault point of the commit protocol passed, in order: its name, what it was told,
+    and what a crash right there would leave in the parent (each entry, and whether it holds a
+    manifest)."""
+
+    def __init__(self, parent: Path) -> None:
+        self.parent = parent
+        self.seen: list[tuple[str, str, list[str]]] = []
+
+    def __enter__(self) -> Steps:
+        import contextlib
+
+        self.stack = contextlib.ExitStack()
+        for name in _COMMIT_POINTS:
+            self.stack.enter_context(on_fault_point(name, lambda *a, n=name: self.record(n, *a)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+    def record(self, name: str, where: Path) -> None:
+        state = []
+        for entry in sorted(os.listdir(self.parent)):
+            if entry.startswith("run-"):
+                continue
+            manifest = (self.parent / entry / "manifest.json").exists()
+            state.append(_kind(entry) + (" +manifest" if manifest else ""))
+        self.seen.append((name, _kind(Path(where).name), state))
+
+
+def test_the_commit_protocol_passes_its_points_in_order_leaving_what_its_docstring_says(
+    tmp_path: Path,
+) -> None:
+    """At each fault point, what a crash would leave: the destination complete or missing, the
+    previous bundle under a staging or retired name, its manifest gone before the rest."""
+    from bundles import remove_bundle
+
+    dest = tmp_path / "b"
+    with Steps(tmp_path) as write:
+        tagged_bundle(tmp_path, dest, "one")
+    assert write.seen == [
+        ("commit.before-rename", "b", [".b.staging.* +manifest"]),
+        ("commit.before-noreplace", "b", [".b.staging.* +manifest"]),
+        ("commit.after-rename", "b", ["b +manifest"]),
+    ]
+    with Steps(tmp_path) as replace:
+        tagged_bundle(tmp_path, dest, "two", overwrite=True)
+    assert replace.seen == [
+        ("commit.before-rename", "b", [".b.staging.* +manifest", "b +manifest"]),
+        ("commit.after-rename", "b", [".b.staging.* +manifest", "b +manifest"]),
+        ("discard.after-manifest", ".b.staging.*", [".b.staging.*", "b +manifest"]),
+    ]
+    with Steps(tmp_path) as remove:
+        remove_bundle(dest)
+    assert remove.seen == [
+        ("remove_bundle.before-retire", "b", ["b +manifest"]),
+        ("remove_bundle.after-retire", "b", [".b.retired.* +manifest"]),
+        ("discard.after-manifest", ".b.retired.*", [".b.retired.*"]),
+    ]
+    assert _siblings(tmp_path) == []
+
+
+def test_removing_a_bundle_beside_a_users_file_unlinks_its_manifest_first(tmp_path: Path) -> None:
+    from bundles import remove_bundle
+
+    dest = tagged_bundle(tmp_path, tmp_path / "b", "one")
+    (dest / "notes.txt").write_text("mine\n")
+    (dest / "media" / "mine.txt").write_text("mine too\n")
+    members = sorted(os.listdir(dest / "media"))
+    seen: list[tuple[Path, list[str]]] = []
+
+    def after_manifest(where: Path) -> None:
+        seen.append((where, sorted(os.listdir(where))))
+
+    with on_fault_point("remove_bundle.after-manifest", after_manifest):
+        remove_bundle(dest)
+    assert seen == [(dest, ["media", "notes.txt", "samples"])]
+    assert sorted(os.listdir(dest)) == ["media", "notes.txt"]
+    assert os.listdir(dest / "media") == ["mine.txt"] and "mine.txt" in members
+
+
+def test_rm_racing_an_overwrite_says_exactly_what_happened(tmp_path: Path) -> None:
+    from bundles import BundleError, remove_bundle
+
+    dest = tagged_bundle(tmp_path, tmp_path / "b", "old")
+
+    def overwrite(at: Path) -> None:
+        tagged_bundle(tmp_path, at, "new", overwrite=True)
+
+    with on_fault_point("remove_bundle.before-retire", overwrite), pytest.raises(BundleError) as e:
+        remove_bundle(dest)
+    assert str(e.value) == (
+        f"{dest}: replaced by another writer while it was being removed (overwrite=True swapped a new "
+        "bundle in): the new bundle is left in place and nothing was removed"
+    )
+    assert _tags(dest) == ["new", "new"] and _siblings(tmp_path) == ["b"]
