@@ -752,3 +752,36 @@ def test_rm_racing_an_overwrite_says_exactly_what_happened(tmp_path: Path) -> No
         "bundle in): the new bundle is left in place and nothing was removed"
     )
     assert _tags(dest) == ["new", "new"] and _siblings(tmp_path) == ["b"]
+
+
+# -- the deletion primitive on a store: remove_on_store, on moto ---------------------------------
+def test_rm_on_a_store_removes_the_media_of_every_validated_generation_of_its_own(
+    moto: Any, tmp_path: Path
+) -> None:
+    """An older generation of the bundle left under it (a replacement whose retire failed) has its
+    media removed with it; a generation-named prefix whose manifest does not validate goes, its
+    manifest names nothing; a user's medium and file under the bundle stay."""
+    import obstore
+
+    from bundles import remove_bundle
+
+    url = store_bundle(moto, tmp_path, "r/b", "one")
+    first = contents(moto)
+    gen1 = json.loads(first["r/b/bundle.json"])["generation"]
+    media1 = sorted(k for k in first if k.startswith("r/b/media/"))
+    store_bundle(moto, tmp_path, "r/b", "two", overwrite=True)
+    second = contents(moto)
+    media2 = sorted(k for k in second if k.startswith("r/b/media/") and k not in media1)
+    assert len(media1) == len(media2) == 2 and not [k for k in second if f"/{gen1}/" in k]
+    for k, v in first.items():  # the first generation, as a failed retire leaves it
+        if f"/{gen1}/" in k:
+            obstore.put(raw_store(moto), k, v)
+    put(moto, f"r/b/{GEN}/manifest.json", WEB)  # generation-named, ours by its names, no valid manifest
+    users = {f"r/b/media/{'cd' * 32}.png": b"a user's picture\n", "r/b/notes.txt": b"mine\n"}
+    for k, v in users.items():
+        put(moto, k, v)
+    assert [k for k in contents(moto) if k.startswith("r/b/media/")] == sorted(
+        [*media1, *media2, f"r/b/media/{'cd' * 32}.png"]
+    )
+    remove_bundle(url)
+    assert contents(moto) == users
