@@ -14,6 +14,13 @@ git no longer knows are removed from the scratch tree (not from its ``mutants/``
 scratch tree after a large refactor, as for ``make mutants``).
 
 Prints the scratch directory. The Makefile then runs ``mutmut run`` in it.
+
+``--try NAME... --tests TEST...`` checks new tests against mutants of the last run without a
+mutmut run (whose stats run alone takes minutes): it copies ``tests/`` into the run's
+``mutants/``, runs the tests once with no mutant (they must pass), then once per mutant with
+``MUTANT_UNDER_TEST`` set, as mutmut's workers do, and says which are killed. ``NAME`` may be a
+glob (``"bundles._remote._write.x__media_listed*"``). It reads the mutated modules as they are:
+run it on a tree whose sources match the last ``make mutants-safety``.
 """
 
 from __future__ import annotations
@@ -110,14 +117,97 @@ def narrow(pyproject: Path, modules: list[str], tests: list[str]) -> None:
     pyproject.write_text(text)
 
 
+def report(dest: Path) -> str:
+    """The score per module of the run in ``dest``, from ``mutmut results --all true``: a
+    markdown table (mutants, checked, killed, survived, score = killed / checked) and the
+    survivors' names. A timeout counts as checked and not killed; "no tests" and "not checked"
+    as unchecked."""
+    out = subprocess.run(
+        [str(dest / ".venv" / "bin" / "mutmut"), "results", "--all", "true"],
+        cwd=dest,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    rows: dict[str, dict[str, int]] = {m: {} for m in MODULES}
+    survivors = []
+    for line in out.splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        module = re.split(r"\.x[_\u01c1]", name, maxsplit=1)[0].replace(".", "/") + ".py"
+        if not sep or module not in rows:
+            continue
+        rows[module][status] = rows[module].get(status, 0) + 1
+        if status not in ("killed", "not checked", "no tests"):
+            survivors.append(f"{name}: {status}")
+    lines = ["| module | mutants | checked | killed | survived | score |", "|---|---:|---:|---:|---:|---:|"]
+    total = [0, 0, 0, 0]
+    for module, counts in rows.items():
+        n = sum(counts.values())
+        checked = n - counts.get("not checked", 0) - counts.get("no tests", 0)
+        killed = counts.get("killed", 0)
+        row = (n, checked, killed, checked - killed)
+        total = [a + b for a, b in zip(total, row, strict=True)]
+        lines.append(_row(f"`{module}`", *row))
+    lines.append(_row("**together**", *total))
+    return "\n".join([*lines, "", *survivors])
+
+
+def _row(what: str, n: int, checked: int, killed: int, survived: int) -> str:
+    score = f"{100 * killed / checked:.0f} %" if checked else "-"
+    return f"| {what} | {n:,} | {checked:,} | {killed:,} | {survived:,} | {score} |"
+
+
+def mutant_names(dest: Path, patterns: list[str]) -> list[str]:
+    """The mutants of the last run in ``dest`` matching ``patterns`` (globs), in file order."""
+    import fnmatch
+    import json
+
+    names = []
+    for module in MODULES:
+        meta = dest / "mutants" / f"{module}.meta"
+        if meta.is_file():
+            names += list(json.loads(meta.read_text())["exit_code_by_key"])
+    return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def try_mutants(root: Path, dest: Path, patterns: list[str], tests: list[str]) -> int:
+    """See the module docstring (``--try``). Returns 1 when a mutant survives."""
+    shutil.copytree(root / "tests", dest / "mutants" / "tests", dirs_exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(dest / "mutants"), "HYPOTHESIS_PROFILE": "mutants"}
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+
+    def run(mutant: str) -> int:
+        done = subprocess.run(
+            command, cwd=dest / "mutants", env={**env, "MUTANT_UNDER_TEST": mutant}, capture_output=True
+        )
+        return done.returncode
+
+    if run("") != 0:
+        sys.exit(f"mutants_safety: {' '.join(tests)} fail without a mutant")
+    survived = 0
+    for name in mutant_names(dest, patterns):
+        killed = run(name) != 0
+        survived += not killed
+        print(f"{name}: {'killed' if killed else 'survived'}", flush=True)
+    return 1 if survived else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--dest", default="build/mutants-safety", help="the scratch tree (default: %(default)s)"
     )
+    parser.add_argument("--report", action="store_true", help="print the score per module of the last run")
+    parser.add_argument("--try", dest="patterns", nargs="+", metavar="NAME", help="mutants to try --tests on")
+    parser.add_argument("--tests", nargs=argparse.REMAINDER, default=[], help="pytest arguments for --try")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parent.parent
     dest = (root / args.dest).resolve()
+    if args.report:
+        print(report(dest))
+        return 0
+    if args.patterns:
+        return try_mutants(root, dest, args.patterns, args.tests)
     dest.mkdir(parents=True, exist_ok=True)
     sync(root, dest)
     missing = [t for t in TESTS if not (root / t).is_file()]

@@ -785,3 +785,28 @@ def test_rm_on_a_store_removes_the_media_of_every_validated_generation_of_its_ow
     )
     remove_bundle(url)
     assert contents(moto) == users
+
+
+def test_replacing_a_plain_copy_on_a_store_removes_its_manifest_and_shards_only(
+    moto: Any, tmp_path: Path
+) -> None:
+    """A bundle copied verbatim (no pointer) replaced by ``overwrite=True``: its manifest and
+    shards go, manifest first; a user's ``samples/notes.txt`` and the media stay (the new
+    bundle's media are under the same names)."""
+    from bundles import open_bundle, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            put(moto, f"r/b/{p.relative_to(src)}", p.read_bytes())
+    put(moto, "r/b/samples/notes.txt", b"mine\n")
+    put(moto, "r/b/notes.txt", b"mine too\n")
+    url = f"s3://{moto.current}/r/b"
+    assert isinstance(examine(url), Proof)
+    stats = upload_bundle(tagged_bundle(tmp_path, tmp_path / "new", "n"), url, overwrite=True)
+    assert stats.replaced == ["r/b/manifest.json", "r/b/samples/000000.msgpack.zst"]
+    left = contents(moto)
+    assert left["r/b/samples/notes.txt"] == b"mine\n" and left["r/b/notes.txt"] == b"mine too\n"
+    assert "r/b/manifest.json" not in left and "r/b/samples/000000.msgpack.zst" not in left
+    with open_bundle(url, verify="full") as b:
+        assert [s["tag"] for s in b] == ["n", "n"]

@@ -373,13 +373,11 @@ def _retire(place: _BundlePrefix, previous: Pointer) -> list[str]:
     url, store = place.url, place.store
     try:
         if previous.generation is None:
-            objs = store.listing(url.key)
-            keys = [
-                m["path"]
-                for m in objs
-                if m["path"] == url.key_of(MANIFEST_NAME)
-                or m["path"].startswith(url.key_of(SHARDS_DIR) + "/")
-            ]
+            # A plain copy: its manifest and shards, by the format's names (a user's
+            # samples/notes.txt is not the bundle's); its media may be the new bundle's too.
+            base = url.key_of("")
+            rels = [m["path"][len(base) :] for m in store.listing(url.key) if m["path"].startswith(base)]
+            keys = [base + r for r in rels if r == MANIFEST_NAME or SHARD_PATH_RE.fullmatch(r)]
         else:
             objs = store.listing(url.key_of(previous.generation))
             keys = [m["path"] for m in objs]
