@@ -810,3 +810,43 @@ def test_replacing_a_plain_copy_on_a_store_removes_its_manifest_and_shards_only(
     assert "r/b/manifest.json" not in left and "r/b/samples/000000.msgpack.zst" not in left
     with open_bundle(url, verify="full") as b:
         assert [s["tag"] for s in b] == ["n", "n"]
+
+
+def test_a_large_object_deleted_after_publishing_is_put_back_in_parts(
+    moto: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above the multipart threshold (made small here, as test_store_publish does) an object is
+    put back from its local file by a multipart upload."""
+    from bundles import open_bundle, upload_bundle
+    from bundles._remote import _verify
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    victim = f"r/b/media/{sorted(p.name for p in (src / 'media').iterdir())[0]}"
+    url = f"s3://{moto.current}/r/b"
+    monkeypatch.setattr(_verify, "MULTIPART_THRESHOLD", 16)
+    with on_fault_point("store.after-publish", _deleting(moto, victim, 1)):
+        stats = upload_bundle(src, url)
+    assert stats.objects_restored == 1
+    assert contents(moto)[victim] == (src / "media" / victim.rpartition("/")[2]).read_bytes()
+    with open_bundle(url, verify="full") as b:
+        assert len(b) == 2
+
+
+def test_removing_a_bundle_whose_samples_is_a_link_removes_its_media_and_follows_nothing(
+    tmp_path: Path,
+) -> None:
+    """``samples`` swapped for a link to a user's directory: the link is not the bundle's and is
+    kept, what it points at is untouched, and the bundle's media still go."""
+    from bundles import remove_bundle
+
+    dest = tagged_bundle(tmp_path, tmp_path / "b", "one")
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    (elsewhere / "000000.msgpack.zst").write_bytes(b"a user's file with a shard's name\n")
+    import shutil
+
+    shutil.rmtree(dest / "samples")
+    (dest / "samples").symlink_to(elsewhere, target_is_directory=True)
+    remove_bundle(dest)
+    assert sorted(os.listdir(dest)) == ["samples"] and (dest / "samples").is_symlink()
+    assert os.listdir(elsewhere) == ["000000.msgpack.zst"]
