@@ -850,3 +850,20 @@ def test_removing_a_bundle_whose_samples_is_a_link_removes_its_media_and_follows
     remove_bundle(dest)
     assert sorted(os.listdir(dest)) == ["samples"] and (dest / "samples").is_symlink()
     assert os.listdir(elsewhere) == ["000000.msgpack.zst"]
+
+
+def test_listing_bundles_uses_the_storage_options_given_and_names_what_failed(
+    moto: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bundles import BundleNotFoundError, list_bundles
+
+    url = store_bundle(moto, tmp_path, "r/b", "b")
+    put(moto, "r/notes/manifest.json", WEB)
+    for k in moto.env:
+        monkeypatch.delenv(k)
+    assert list_bundles(f"s3://{moto.current}/r", storage_options=moto.options()) == [url]
+    with pytest.raises(BundleNotFoundError) as e:
+        list_bundles("s3://no-such-bucket-h7/x", storage_options=moto.options())
+    assert str(e.value).startswith(
+        "s3://no-such-bucket-h7/x: cannot list the bundles: the bucket 'no-such-bucket-h7' does not exist"
+    )
