@@ -867,3 +867,21 @@ def test_listing_bundles_uses_the_storage_options_given_and_names_what_failed(
     assert str(e.value).startswith(
         "s3://no-such-bucket-h7/x: cannot list the bundles: the bucket 'no-such-bucket-h7' does not exist"
     )
+
+
+def test_a_damaged_local_bundle_is_refused_naming_its_manifest_and_removed_only_when_asked(
+    tmp_path: Path,
+) -> None:
+    from bundles import remove_bundle
+
+    dest = tagged_bundle(tmp_path, tmp_path / "b", "one")
+    (dest / "manifest.json").write_bytes(b'{"format": "rollout-bundle", "format_version": 1}')
+    (dest / "notes.txt").write_text("mine\n")
+    with pytest.raises(BundleFormatError) as e:
+        remove_bundle(dest)
+    assert str(e.value) == (
+        f"{dest}/manifest.json: kind: required field is missing: a damaged bundle, not removed; {DAMAGED_HINT}"
+    )
+    assert sorted(os.listdir(dest)) == ["manifest.json", "media", "notes.txt", "samples"]
+    remove_bundle(dest, damaged=True)
+    assert os.listdir(dest) == ["notes.txt"]
