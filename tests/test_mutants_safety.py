@@ -885,3 +885,117 @@ def test_a_damaged_local_bundle_is_refused_naming_its_manifest_and_removed_only_
     assert sorted(os.listdir(dest)) == ["manifest.json", "media", "notes.txt", "samples"]
     remove_bundle(dest, damaged=True)
     assert os.listdir(dest) == ["notes.txt"]
+
+
+def test_a_store_destination_is_refused_by_what_it_holds_and_nothing_is_put(
+    moto: Any, tmp_path: Path
+) -> None:
+    from bundles import BundleExistsError, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    base = f"s3://{moto.current}"
+    url = store_bundle(moto, tmp_path, "r/b", "b")
+    put(moto, "r/dmg/bundle.json", b'{"format": "rollout-bundle-pointer"}')
+    put(moto, "r/web/manifest.json", WEB)
+    before = contents(moto)
+    cases = {
+        url: f"{url}: destination exists; pass overwrite=True to replace it",
+        f"{base}/r/dmg": (
+            f"{base}/r/dmg: destination holds a damaged bundle; refusing to replace it ({base}/r/dmg/bundle.json: "
+            f"pointer_version: expected 1, found None); {DAMAGED_HINT}"
+        ),
+        f"{base}/r/web": (
+            f"{base}/r/web: destination is not a bundle; refusing to replace it ({base}/r/web/manifest.json: not a "
+            "rollout-bundle manifest (format: expected 'rollout-bundle', found None))"
+        ),
+    }
+    for dest, message in cases.items():
+        for overwrite in (False, True) if dest != url else (False,):
+            with pytest.raises(BundleExistsError) as e:
+                upload_bundle(src, dest, overwrite=overwrite)
+            assert str(e.value) == message
+    assert contents(moto) == before
+
+
+def test_upload_bundle_refuses_a_packed_file_naming_it(moto: Any, tmp_path: Path) -> None:
+    from bundles import BundleError, pack_bundle, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    packed = tmp_path / "s.rbundle"
+    pack_bundle(src, packed)
+    with pytest.raises(BundleError) as e:
+        upload_bundle(packed, f"s3://{moto.current}/r/b")
+    assert (
+        str(e.value) == f"{packed}: upload_bundle takes a bundle directory; pack_bundle uploads a packed file"
+    )
+    assert contents(moto) == {}
+
+
+def _generation_keys(server: Any, prefix: str) -> list[str]:
+    return [k for k in contents(server) if k.startswith(prefix) and k[len(prefix) :].startswith("g")]
+
+
+@pytest.mark.parametrize(
+    ("after", "says"),
+    [
+        ("other", "names generation " + GEN),
+        ("gone", "is gone"),
+        ("damaged", "is not one this version reads"),
+    ],
+)
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_writer_whose_pointer_is_replaced_right_after_its_put_is_told_it_lost(
+    moto: Any, tmp_path: Path, after: str, says: str, overwrite: bool
+) -> None:
+    import obstore
+
+    from bundles import BundleError, BundleExistsError, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    url = f"s3://{moto.current}/r/b"
+    put(moto, "r/notes.txt", b"mine\n")
+    ours: list[str] = []
+
+    def replace(_: object) -> None:
+        ours.append(json.loads(contents(moto)["r/b/bundle.json"])["generation"])
+        if after == "gone":
+            obstore.delete(raw_store(moto), "r/b/bundle.json")
+        else:
+            put(
+                moto,
+                "r/b/bundle.json",
+                Pointer(GEN, 12, DIGEST, False).to_bytes() if after == "other" else b"{}",
+            )
+
+    with on_fault_point("store.before-confirm", replace), pytest.raises(BundleError) as e:
+        upload_bundle(src, url, overwrite=overwrite)
+    assert type(e.value) is (BundleError if overwrite else BundleExistsError)
+    assert str(e.value) == (
+        f"{url}: this writer lost: read back right after it was put, bundle.json {says}, not ours ({ours[0]}); "
+        "another writer put it over ours (a store that drops If-None-Match/If-Match, or one that replaced the "
+        "bundle at once), and our generation is removed. Nothing of theirs was changed"
+    )
+    assert not _generation_keys(moto, "r/b/") and contents(moto)["r/notes.txt"] == b"mine\n"
+
+
+def test_a_writer_whose_generation_is_deleted_right_after_its_pointer_is_told_so(
+    moto: Any, tmp_path: Path
+) -> None:
+    import obstore
+
+    from bundles import BundleError, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    url = f"s3://{moto.current}/r/b"
+    ours: list[str] = []
+
+    def remove_generation(_: object) -> None:
+        ours.append(json.loads(contents(moto)["r/b/bundle.json"])["generation"])
+        obstore.delete(raw_store(moto), f"r/b/{ours[0]}/manifest.json")
+
+    with on_fault_point("store.before-confirm", remove_generation), pytest.raises(BundleError) as e:
+        upload_bundle(src, url)
+    assert str(e.value) == (
+        f"{url}: published, but generation {ours[0]} was deleted meanwhile (a remove or gc of {url} raced this "
+        "write): bundle.json names nothing readable; write the bundle again"
+    )
