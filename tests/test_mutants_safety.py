@@ -999,3 +999,36 @@ def test_a_writer_whose_generation_is_deleted_right_after_its_pointer_is_told_so
         f"{url}: published, but generation {ours[0]} was deleted meanwhile (a remove or gc of {url} raced this "
         "write): bundle.json names nothing readable; write the bundle again"
     )
+
+
+def test_a_pool_object_with_other_bytes_is_named_and_nothing_is_published(moto: Any, tmp_path: Path) -> None:
+    """Two pool objects with the right size and other bytes, one with another size: every one is
+    named with what was expected and found, in the manifest's order; the old bundle stays."""
+    from bundles import BundleVerificationError, upload_bundle
+
+    url = store_bundle(moto, tmp_path, "r/b", "old", shared_media=True)
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    names = sorted(p.name for p in (src / "media").iterdir())
+    goods = [(src / "media" / n).read_bytes() for n in names]
+    bads = [bytes(b ^ 0xFF for b in goods[0]), goods[1] + b"!"]
+    for n, bad in zip(names, bads, strict=True):
+        put(moto, f"r/.media/{n}", bad)
+    before = contents(moto)
+    with pytest.raises(BundleVerificationError) as e:
+        upload_bundle(src, url, overwrite=True, shared_media=True)
+
+    def sha(data: bytes) -> str:
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+
+    base = f"s3://{moto.current}/r/.media"
+    problems = [
+        f"{base}/{names[0]}: expected {len(goods[0])} bytes with {sha(goods[0])}, found {len(bads[0])} bytes with "
+        f"{sha(bads[0])} (an object this writer did not upload; left as it is)",
+        f"{base}/{names[1]}: expected {len(goods[1])} bytes with {sha(goods[1])}, found {len(bads[1])} bytes with "
+        "(not read) (an object this writer did not upload; left as it is)",
+    ]
+    assert e.value.problems == problems
+    assert str(e.value).startswith(
+        f"{url} (not published; the bundle there is unchanged): bundle failed verification"
+    )
+    assert contents(moto) == before
