@@ -157,8 +157,9 @@ def _row(what: str, n: int, checked: int, killed: int, survived: int) -> str:
     return f"| {what} | {n:,} | {checked:,} | {killed:,} | {survived:,} | {score} |"
 
 
-def mutant_names(dest: Path, patterns: list[str]) -> list[str]:
-    """The mutants of the last run in ``dest`` matching ``patterns`` (globs), in file order."""
+def mutant_names(dest: Path, patterns: list[str], killed: bool = True) -> list[str]:
+    """The mutants of the last run in ``dest`` matching ``patterns`` (globs), in file order;
+    without ``killed``, less those it killed."""
     import fnmatch
     import json
 
@@ -166,30 +167,66 @@ def mutant_names(dest: Path, patterns: list[str]) -> list[str]:
     for module in MODULES:
         meta = dest / "mutants" / f"{module}.meta"
         if meta.is_file():
-            names += list(json.loads(meta.read_text())["exit_code_by_key"])
+            codes = json.loads(meta.read_text())["exit_code_by_key"]
+            names += [n for n, code in codes.items() if killed or code not in (1, 3)]
     return [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 
 
-def try_mutants(root: Path, dest: Path, patterns: list[str], tests: list[str]) -> int:
+def _forked(mutant: str, args: list[str], limit_s: float) -> int | None:
+    """Run pytest with ``args`` in a child forked from this process (tests collected already),
+    with ``mutant`` active; its exit status, or None when it ran past ``limit_s``."""
+    import time
+
+    import pytest
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.environ["MUTANT_UNDER_TEST"] = mutant
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os._exit(int(pytest.main(args)))
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return None
+
+
+def try_mutants(root: Path, dest: Path, patterns: list[str], tests: list[str], record: bool) -> int:
     """See the module docstring (``--try``). Returns 1 when a mutant survives."""
+    import json
+
+    import pytest
+
     shutil.copytree(root / "tests", dest / "mutants" / "tests", dirs_exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(dest / "mutants"), "HYPOTHESIS_PROFILE": "mutants"}
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
-
-    def run(mutant: str) -> int:
-        done = subprocess.run(
-            command, cwd=dest / "mutants", env={**env, "MUTANT_UNDER_TEST": mutant}, capture_output=True
-        )
-        return done.returncode
-
-    if run("") != 0:
+    os.chdir(dest / "mutants")
+    sys.path[:0] = [str(dest / "mutants"), str(dest / "mutants" / "tests")]
+    os.environ.update(PYTHONPATH=str(dest / "mutants"), HYPOTHESIS_PROFILE="mutants")
+    args = ["-x", "-q", "-p", "no:cacheprovider", *tests]
+    pytest.main(["--collect-only", "-q", *args])  # imports the tests once, before any fork
+    if _forked("", args, 600) != 0:
         sys.exit(f"mutants_safety: {' '.join(tests)} fail without a mutant")
-    survived = 0
-    for name in mutant_names(dest, patterns):
-        killed = run(name) != 0
-        survived += not killed
-        print(f"{name}: {'killed' if killed else 'survived'}", flush=True)
-    return 1 if survived else 0
+    verdicts: dict[str, str] = {}
+    for name in mutant_names(dest, patterns, killed=not record):
+        code = _forked(name, args, 120)
+        verdicts[name] = "timeout" if code is None else "survived" if code == 0 else "killed"
+        print(f"{name}: {verdicts[name]}", flush=True)
+    if record:  # kills only: a survivor here may still be killed by the rest of the selection
+        for module in MODULES:
+            meta = dest / "mutants" / f"{module}.meta"
+            if not meta.is_file():
+                continue
+            data = json.loads(meta.read_text())
+            hits = [n for n in data["exit_code_by_key"] if verdicts.get(n) == "killed"]
+            data["exit_code_by_key"].update(dict.fromkeys(hits, 1))
+            if hits:
+                meta.write_text(json.dumps(data, indent=4))
+    return 1 if "survived" in verdicts.values() else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--report", action="store_true", help="print the score per module of the last run")
     parser.add_argument("--try", dest="patterns", nargs="+", metavar="NAME", help="mutants to try --tests on")
+    parser.add_argument("--record", action="store_true", help="--try: record its kills in mutmut's cache")
     parser.add_argument("--tests", nargs=argparse.REMAINDER, default=[], help="pytest arguments for --try")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parent.parent
@@ -207,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report(dest))
         return 0
     if args.patterns:
-        return try_mutants(root, dest, args.patterns, args.tests)
+        return try_mutants(root, dest, args.patterns, args.tests, args.record)
     dest.mkdir(parents=True, exist_ok=True)
     sync(root, dest)
     missing = [t for t in TESTS if not (root / t).is_file()]

@@ -128,7 +128,7 @@ def test_a_manifest_that_is_not_a_regular_file_is_no_bundle(tmp_path: Path, kind
 def test_a_manifest_that_does_not_validate_is_judged_damaged_only_when_it_claims_the_format(
     tmp_path: Path, raw: bytes, damaged: bool, reason: str
 ) -> None:
-    d = tmp_path / "d"
+    d = tmp_path / "my site"  # a space in the path: the reason is cut at ": ", not at a blank
     d.mkdir()
     (d / "manifest.json").write_bytes(raw)
     where = f"{d}/manifest.json"
@@ -1032,3 +1032,36 @@ def test_a_pool_object_with_other_bytes_is_named_and_nothing_is_published(moto: 
         f"{url} (not published; the bundle there is unchanged): bundle failed verification"
     )
     assert contents(moto) == before
+
+
+def test_a_path_the_system_refuses_to_look_at_is_an_error_naming_it(tmp_path: Path) -> None:
+    from bundles import BundleError
+
+    long = tmp_path / ("x" * 300)
+    with pytest.raises(BundleError) as e:
+        examine_directory(long)
+    assert str(e.value) == f"{long}: cannot look at it: File name too long"
+
+
+def test_a_huge_manifest_is_judged_by_reading_one_byte_past_the_cap(tmp_path: Path) -> None:
+    """A sparse manifest of 5x the cap: the proof reads at most the cap + 1 byte (peak RSS in a
+    subprocess), whatever the file's size."""
+    import subprocess
+    import sys
+
+    d = tmp_path / "d"
+    d.mkdir()
+    with open(d / "manifest.json", "wb") as f:
+        f.truncate(5 * MAX_MANIFEST_BYTES)
+    code = (
+        "import resource, sys; from bundles._proof import examine_directory; "
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+        f"found = examine_directory({str(d)!r}); "
+        "print(found.reason); print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    reason, grew_mib = done.stdout.splitlines()
+    assert reason == f"{d}/manifest.json: more than {MAX_MANIFEST_BYTES} bytes, the manifest cap"
+    assert int(grew_mib) < 2 * MAX_MANIFEST_BYTES // 2**20, done.stdout
