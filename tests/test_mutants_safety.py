@@ -1065,3 +1065,36 @@ def test_a_huge_manifest_is_judged_by_reading_one_byte_past_the_cap(tmp_path: Pa
     reason, grew_mib = done.stdout.splitlines()
     assert reason == f"{d}/manifest.json: more than {MAX_MANIFEST_BYTES} bytes, the manifest cap"
     assert int(grew_mib) < 2 * MAX_MANIFEST_BYTES // 2**20, done.stdout
+
+
+def test_an_upload_to_a_missing_bucket_says_what_it_was_doing(moto: Any, tmp_path: Path) -> None:
+    from bundles import BundleNotFoundError, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    with pytest.raises(BundleNotFoundError) as e:
+        upload_bundle(src, "s3://no-such-bucket-h7/b")
+    assert str(e.value).startswith(
+        "s3://no-such-bucket-h7/b: cannot look for an existing bundle: the bucket 'no-such-bucket-h7' does not exist"
+    )
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_pointer_that_appears_damaged_before_publishing_is_never_replaced(
+    moto: Any, tmp_path: Path, overwrite: bool
+) -> None:
+    """Something that claims to be a pointer and does not parse appears between the proof and
+    the publish: not ours to judge, so it is never replaced; the new generation is removed."""
+    from bundles import BundleError, BundleExistsError, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    url = f"s3://{moto.current}/r/b"
+    damaged = b'{"format": "rollout-bundle-pointer"}'
+    appear = on_fault_point("store.before-publish", lambda: put(moto, "r/b/bundle.json", damaged))
+    with appear, pytest.raises(BundleError) as e:
+        upload_bundle(src, url, overwrite=overwrite)
+    if overwrite:
+        assert str(e.value) == f"{url}: other writers kept replacing the bundle; gave up after 16 tries"
+    else:
+        assert type(e.value) is BundleExistsError
+        assert str(e.value) == f"{url}: destination exists; pass overwrite=True to replace it"
+    assert contents(moto)["r/b/bundle.json"] == damaged and not _generation_keys(moto, "r/b/")
