@@ -197,10 +197,23 @@ def _forked(mutant: str, args: list[str], limit_s: float) -> int | None:
     return None
 
 
-def try_mutants(root: Path, dest: Path, patterns: list[str], tests: list[str], record: bool) -> int:
-    """See the module docstring (``--try``). Returns 1 when a mutant survives."""
+def _record_kill(dest: Path, name: str) -> None:
+    """Mark ``name`` killed (exit code 1) in mutmut's cache of the run in ``dest``. Kills only:
+    a survivor of ``--try`` may still be killed by the rest of the selection, which mutmut runs."""
     import json
 
+    for module in MODULES:
+        meta = dest / "mutants" / f"{module}.meta"
+        if meta.is_file():
+            data = json.loads(meta.read_text())
+            if name in data["exit_code_by_key"]:
+                data["exit_code_by_key"][name] = 1
+                meta.write_text(json.dumps(data, indent=4))
+                return
+
+
+def try_mutants(root: Path, dest: Path, patterns: list[str], tests: list[str], record: bool) -> int:
+    """See the module docstring (``--try``). Returns 1 when a mutant survives."""
     import pytest
 
     shutil.copytree(root / "tests", dest / "mutants" / "tests", dirs_exist_ok=True)
@@ -211,22 +224,24 @@ def try_mutants(root: Path, dest: Path, patterns: list[str], tests: list[str], r
     pytest.main(["--collect-only", "-q", *args])  # imports the tests once, before any fork
     if _forked("", args, 600) != 0:
         sys.exit(f"mutants_safety: {' '.join(tests)} fail without a mutant")
-    verdicts: dict[str, str] = {}
+    tried = dest / "try-survived.txt"  # the survivors of --record runs: not tried again by one
+    skip = set(tried.read_text().split()) if record and tried.is_file() else set()
+    survived = 0
     for name in mutant_names(dest, patterns, killed=not record):
+        if name in skip:
+            continue
         code = _forked(name, args, 120)
-        verdicts[name] = "timeout" if code is None else "survived" if code == 0 else "killed"
-        print(f"{name}: {verdicts[name]}", flush=True)
-    if record:  # kills only: a survivor here may still be killed by the rest of the selection
-        for module in MODULES:
-            meta = dest / "mutants" / f"{module}.meta"
-            if not meta.is_file():
-                continue
-            data = json.loads(meta.read_text())
-            hits = [n for n in data["exit_code_by_key"] if verdicts.get(n) == "killed"]
-            data["exit_code_by_key"].update(dict.fromkeys(hits, 1))
-            if hits:
-                meta.write_text(json.dumps(data, indent=4))
-    return 1 if "survived" in verdicts.values() else 0
+        verdict = "timeout" if code is None else "survived" if code == 0 else "killed"
+        print(f"{name}: {verdict}", flush=True)
+        if verdict == "killed":
+            if record:
+                _record_kill(dest, name)
+            continue
+        survived += 1
+        if record:
+            with open(tried, "a") as f:
+                f.write(name + "\n")
+    return 1 if survived else 0
 
 
 def main(argv: list[str] | None = None) -> int:
