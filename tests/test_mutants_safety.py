@@ -1098,3 +1098,55 @@ def test_a_pointer_that_appears_damaged_before_publishing_is_never_replaced(
         assert type(e.value) is BundleExistsError
         assert str(e.value) == f"{url}: destination exists; pass overwrite=True to replace it"
     assert contents(moto)["r/b/bundle.json"] == damaged and not _generation_keys(moto, "r/b/")
+
+
+def test_rm_of_a_plain_copy_on_a_store_removes_only_what_its_manifest_lists(
+    moto: Any, tmp_path: Path
+) -> None:
+    from bundles import remove_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            put(moto, f"r/b/{p.relative_to(src)}", p.read_bytes())
+    users = {
+        "r/b/samples/notes.txt": b"mine\n",
+        "r/b/samples/000001.msgpack.zst": b"a shard's name, not listed\n",
+        f"r/b/media/{'cd' * 32}.png": b"a user's picture\n",
+        "r/b/README": b"mine too\n",
+        "r/bb/manifest.json": b"a neighbour's\n",
+    }
+    for k, v in users.items():
+        put(moto, k, v)
+    remove_bundle(f"s3://{moto.current}/r/b")
+    assert contents(moto) == users
+
+
+def test_a_damaged_pointer_bundle_on_a_store_is_removed_only_when_asked_and_only_its_own(
+    moto: Any, tmp_path: Path
+) -> None:
+    from bundles import remove_bundle
+
+    url = store_bundle(moto, tmp_path, "r/b", "b")
+    gen = json.loads(contents(moto)["r/b/bundle.json"])["generation"]
+    put(moto, "r/b/bundle.json", b'{"format": "rollout-bundle-pointer", "generation": 7}')
+    users = {
+        "r/b/notes.txt": b"mine\n",
+        f"r/b/{GEN}/notes.txt": b"a generation-named prefix holding a user's file\n",
+        "r/c/bundle.json": b"a neighbour's\n",
+    }
+    for k, v in users.items():
+        put(moto, k, v)
+    before = contents(moto)
+    with pytest.raises(BundleFormatError) as e:
+        remove_bundle(url)
+    assert str(e.value) == (
+        f"{url}/bundle.json: pointer_version: expected 1, found None: a damaged bundle, not removed; {DAMAGED_HINT}"
+    )
+    assert contents(moto) == before
+    remove_bundle(url, damaged=True)
+    left = contents(moto)
+    assert {k: v for k, v in left.items() if not k.startswith("r/b/media/")} == users
+    assert (
+        not [k for k in left if f"/{gen}/" in k] and len([k for k in left if k.startswith("r/b/media/")]) == 2
+    )
