@@ -1150,3 +1150,36 @@ def test_a_damaged_pointer_bundle_on_a_store_is_removed_only_when_asked_and_only
     assert (
         not [k for k in left if f"/{gen}/" in k] and len([k for k in left if k.startswith("r/b/media/")]) == 2
     )
+
+
+def test_an_oversize_pointer_is_refused_unread_by_every_reader(moto: Any, tmp_path: Path) -> None:
+    from bundles import UnsafeBundleError, open_bundle
+
+    url = f"s3://{moto.current}/r/big"
+    put(moto, "r/big/bundle.json", b" " * (MAX_POINTER_BYTES + 1))
+    with pytest.raises(UnsafeBundleError) as e:
+        open_bundle(url)
+    assert str(e.value).startswith(
+        f"{url}/bundle.json: {MAX_POINTER_BYTES + 1} bytes exceeds the pointer cap of {MAX_POINTER_BYTES} bytes"
+    )
+
+
+def test_a_generation_is_named_by_the_utc_time_whatever_the_local_zone(
+    moto: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datetime
+    import time
+
+    from bundles import upload_bundle
+
+    monkeypatch.setenv("TZ", "Etc/GMT-9")  # nine hours ahead of UTC
+    time.tzset()
+    try:
+        stats = upload_bundle(tagged_bundle(tmp_path, tmp_path / "src", "s"), f"s3://{moto.current}/r/b")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    named = datetime.datetime.strptime(stats.generation[1:22], "%Y%m%dT%H%M%S%f").replace(
+        tzinfo=datetime.timezone.utc
+    )
+    assert abs(datetime.datetime.now(datetime.timezone.utc) - named) < datetime.timedelta(hours=1)
