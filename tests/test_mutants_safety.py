@@ -1183,3 +1183,21 @@ def test_a_generation_is_named_by_the_utc_time_whatever_the_local_zone(
         tzinfo=datetime.timezone.utc
     )
     assert abs(datetime.datetime.now(datetime.timezone.utc) - named) < datetime.timedelta(hours=1)
+
+
+def test_rm_on_a_store_uses_the_storage_options_given_and_names_what_failed(
+    moto: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bundles import BundleNotFoundError, remove_bundle
+
+    url = store_bundle(moto, tmp_path, "r/b", "b")
+    put(moto, "r/b/notes.txt", b"mine\n")
+    for k in moto.env:
+        monkeypatch.delenv(k)
+    remove_bundle(url, storage_options=moto.options())
+    assert contents(moto) == {"r/b/notes.txt": b"mine\n"}
+    with pytest.raises(BundleNotFoundError) as e:
+        remove_bundle("s3://no-such-bucket-h7/x", storage_options=moto.options())
+    assert str(e.value).startswith(
+        "s3://no-such-bucket-h7/x: cannot look for a bundle: the bucket 'no-such-bucket-h7' does not exist"
+    )
