@@ -1201,3 +1201,29 @@ def test_rm_on_a_store_uses_the_storage_options_given_and_names_what_failed(
     assert str(e.value).startswith(
         "s3://no-such-bucket-h7/x: cannot look for a bundle: the bucket 'no-such-bucket-h7' does not exist"
     )
+
+
+@pytest.mark.parametrize("threshold", [1 << 20, 16], ids=["one-get", "windows"])
+def test_a_read_back_hashes_exactly_the_bytes_stored(
+    moto: Any, monkeypatch: pytest.MonkeyPatch, threshold: int
+) -> None:
+    """The read-back's verdicts by one GET and in windows (threshold and window made small, as
+    test_store_publish does on SeaweedFS), compared whole: size and digest of every byte read."""
+    from bundles._remote import _verify
+
+    monkeypatch.setattr(_verify, "MULTIPART_THRESHOLD", threshold)
+    monkeypatch.setattr(_verify, "READ_WINDOW", 5)
+    store = get_store(StoreURL(f"s3://{moto.current}/x"))
+    data = bytes(range(23))
+    put(moto, "x/obj", data)
+    put(moto, "x/one", b"z")
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    assert _verify.stored_digest(store, "x/obj", 23) == (23, digest)
+    assert _verify.stored_digest(store, "x/obj", 22) == (23, "(not read)")
+    assert _verify.stored_digest(store, "x/obj", 24) == (
+        23,
+        digest,
+    )  # shorter: all of it hashed, its size tells
+    assert _verify.stored_digest(store, "x/one", 1) == (1, "sha256:" + hashlib.sha256(b"z").hexdigest())
+    assert _verify.stored_digest(store, "x/none", 23) is None
+    assert _verify.stored_digest(store, "x/none", 17) is None
