@@ -1220,10 +1220,8 @@ def test_a_read_back_hashes_exactly_the_bytes_stored(
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     assert _verify.stored_digest(store, "x/obj", 23) == (23, digest)
     assert _verify.stored_digest(store, "x/obj", 22) == (23, "(not read)")
-    assert _verify.stored_digest(store, "x/obj", 24) == (
-        23,
-        digest,
-    )  # shorter: all of it hashed, its size tells
+    shorter = (23, "(not read)") if threshold == 16 else (23, digest)  # windows: its size, from a HEAD
+    assert _verify.stored_digest(store, "x/obj", 24) == shorter
     assert _verify.stored_digest(store, "x/one", 1) == (1, "sha256:" + hashlib.sha256(b"z").hexdigest())
     assert _verify.stored_digest(store, "x/none", 23) is None
     assert _verify.stored_digest(store, "x/none", 17) is None
