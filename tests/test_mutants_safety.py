@@ -1225,3 +1225,50 @@ def test_a_read_back_hashes_exactly_the_bytes_stored(
     assert _verify.stored_digest(store, "x/one", 1) == (1, "sha256:" + hashlib.sha256(b"z").hexdigest())
     assert _verify.stored_digest(store, "x/none", 23) is None
     assert _verify.stored_digest(store, "x/none", 17) is None
+
+
+def test_overwrite_replaces_only_a_proven_bundle_or_an_empty_directory_and_says_why_not(
+    tmp_path: Path,
+) -> None:
+    from bundles import BundleExistsError
+
+    def refused(dest: Path) -> str:
+        before = {p: p.read_bytes() for p in dest.rglob("*") if p.is_file()}
+        with pytest.raises(BundleExistsError) as e:
+            tagged_bundle(tmp_path, dest, "new", overwrite=True)
+        assert {p: p.read_bytes() for p in dest.rglob("*") if p.is_file()} == before
+        return str(e.value)
+
+    web = tmp_path / "web"
+    web.mkdir()
+    (web / "manifest.json").write_bytes(WEB)
+    assert refused(web) == (
+        f"{web}: destination exists and is not a bundle; refusing to replace it ({web}/manifest.json: not a "
+        "rollout-bundle manifest (format: expected 'rollout-bundle', found None))"
+    )
+    dmg = tmp_path / "dmg"
+    dmg.mkdir()
+    (dmg / "manifest.json").write_bytes(b'{"format": "rollout-bundle"}')
+    assert refused(dmg) == (
+        f"{dmg}: destination exists and is a damaged bundle; refusing to replace it ({dmg}/manifest.json: "
+        f"format_version: expected one of [1], found None; a newer rollout-bundles may read it); {DAMAGED_HINT}"
+    )
+    crowded = tagged_bundle(tmp_path, tmp_path / "crowded", "old")
+    for i in range(6):
+        (crowded / f"note{i}.txt").write_text("mine\n")
+    assert refused(crowded) == (
+        f"{crowded}: holds note0.txt, note1.txt, note2.txt, note3.txt, note4.txt, +1 more beside the bundle, which "
+        "are not the bundle's: refusing to replace it (replacing swaps the whole directory); move them, or remove "
+        "the bundle first (remove_bundle keeps them)"
+    )
+    few = tagged_bundle(tmp_path, tmp_path / "few", "old")
+    (few / "samples" / "notes.txt").write_text("mine\n")
+    assert refused(few).startswith(
+        f"{few}: holds samples/notes.txt beside the bundle, which are not the bundle's"
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _tags(tagged_bundle(tmp_path, empty, "new", overwrite=True)) == ["new", "new"]
+    with pytest.raises(BundleExistsError) as e:
+        tagged_bundle(tmp_path, empty, "again")
+    assert str(e.value) == f"{empty}: destination exists; pass overwrite=True to replace it"
