@@ -106,7 +106,7 @@ def narrow(pyproject: Path, modules: list[str], tests: list[str]) -> None:
     before = tomllib.loads(text)["tool"]["mutmut"]
     selection = [*tests, "-m", "not ray", "-k", DESELECT]
     for key, values in (("only_mutate", modules), ("pytest_add_cli_args_test_selection", selection)):
-        text, n = re.subn(_ARRAY.format(key=key), lambda _m, k=key, v=values: f"{k} = {_toml_list(v)}", text)
+        text, n = re.subn(_ARRAY.format(key=key), f"{key} = {_toml_list(values)}".replace("\\", "\\\\"), text)
         if n != 1:
             sys.exit(f"mutants_safety: {pyproject}: expected one `{key} = [...]` array, found {n}")
     after = tomllib.loads(text)["tool"]["mutmut"]
@@ -224,7 +224,7 @@ def try_mutants(root: Path, dest: Path, patterns: list[str], tests: list[str], r
     pytest.main(["--collect-only", "-q", *args])  # imports the tests once, before any fork
     if _forked("", args, 600) != 0:
         sys.exit(f"mutants_safety: {' '.join(tests)} fail without a mutant")
-    tried = dest / "try-survived.txt"  # the survivors of --record runs: not tried again by one
+    tried = dest / "mutants" / "try-survived.txt"  # the survivors of --record runs: not tried again by one
     skip = set(tried.read_text().split()) if record and tried.is_file() else set()
     survived = 0
     for name in mutant_names(dest, patterns, killed=not record):

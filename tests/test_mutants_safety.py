@@ -134,7 +134,8 @@ def test_a_manifest_that_does_not_validate_is_judged_damaged_only_when_it_claims
     where = f"{d}/manifest.json"
     assert examine_directory(d) == NotProven(str(d), f"{where}: {reason}", damaged=damaged)
     assert judge_manifest(raw, where) == NotProven(where, f"{where}: {reason}", damaged=damaged)
-    assert examine_directory(d).why == f"{where}: {reason}"  # the reason names the manifest, not d
+    found = examine_directory(d)
+    assert isinstance(found, NotProven) and found.why == f"{where}: {reason}"  # names the manifest, not d
     with pytest.raises((BundleFormatError, BundleNotFoundError)):
         removable_names(examine_directory(d), damaged=False)
     assert (d / "manifest.json").read_bytes() == raw
@@ -156,7 +157,11 @@ def test_a_manifest_over_the_cap_is_no_bundle_and_damaged_when_it_claims_the_for
     )
     with open(d / "manifest.json", "r+b") as f:
         f.truncate(MAX_MANIFEST_BYTES)  # at the cap: read whole, judged by what it holds
-    assert examine_directory(d).reason != f"{where}: more than {MAX_MANIFEST_BYTES} bytes, the manifest cap"
+    at_cap = examine_directory(d)
+    assert (
+        isinstance(at_cap, NotProven)
+        and at_cap.reason != f"{where}: more than {MAX_MANIFEST_BYTES} bytes, the manifest cap"
+    )
 
 
 def test_claims_format_is_the_formats_name_as_format_and_nothing_else() -> None:
@@ -189,12 +194,12 @@ def test_removable_names_allows_the_listed_members_or_the_layout_or_refuses_by_r
     with pytest.raises(BundleFormatError) as e:
         removable_names(damaged, damaged=False)
     assert str(e.value) == f"/d/manifest.json: broken: a damaged bundle, not removed; {DAMAGED_HINT}"
-    with pytest.raises(BundleNotFoundError) as e:
+    with pytest.raises(BundleNotFoundError) as empty:
         removable_names(NotProven("/e", "/e: nothing", empty=True), damaged=True)
-    assert str(e.value) == "/e: nothing"
-    with pytest.raises(BundleNotFoundError) as e:
+    assert str(empty.value) == "/e: nothing"
+    with pytest.raises(BundleNotFoundError) as other:
         removable_names(NotProven("/f", "/f: not a bundle"), damaged=True)
-    assert str(e.value) == "/f: not a bundle; refusing to remove it"
+    assert str(other.value) == "/f: not a bundle; refusing to remove it"
     assert DAMAGED_HINT == (
         "`rollout-bundle rm --damaged` (remove_bundle(..., damaged=True)) removes only the names the format "
         "writes (manifest.json, samples/NNNNNN.msgpack.zst, media/<64 hex><suffix>)"
