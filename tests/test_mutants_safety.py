@@ -1114,6 +1114,10 @@ def test_rm_of_a_plain_copy_on_a_store_removes_only_what_its_manifest_lists(
     for p in sorted(src.rglob("*")):
         if p.is_file():
             put(moto, f"r/b/{p.relative_to(src)}", p.read_bytes())
+    from bundles import open_bundle
+
+    with open_bundle(f"s3://{moto.current}/r/b", verify="full") as b:  # its media under r/b/media
+        assert [s["tag"] for s in b] == ["s", "s"]
     users = {
         "r/b/samples/notes.txt": b"mine\n",
         "r/b/samples/000001.msgpack.zst": b"a shard's name, not listed\n",
@@ -1143,6 +1147,11 @@ def test_a_damaged_pointer_bundle_on_a_store_is_removed_only_when_asked_and_only
     for k, v in users.items():
         put(moto, k, v)
     before = contents(moto)
+    from bundles import open_bundle
+
+    with pytest.raises(BundleFormatError) as opened:
+        open_bundle(url)
+    assert str(opened.value) == f"{url}/bundle.json: pointer_version: expected 1, found None"
     with pytest.raises(BundleFormatError) as e:
         remove_bundle(url)
     assert str(e.value) == (
@@ -1277,3 +1286,60 @@ def test_overwrite_replaces_only_a_proven_bundle_or_an_empty_directory_and_says_
     with pytest.raises(BundleExistsError) as e:
         tagged_bundle(tmp_path, empty, "again")
     assert str(e.value) == f"{empty}: destination exists; pass overwrite=True to replace it"
+
+
+def test_rm_damaged_of_a_plain_copy_on_a_store_removes_the_formats_names_only(
+    moto: Any, tmp_path: Path
+) -> None:
+    from bundles import remove_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            put(moto, f"r/b/{p.relative_to(src)}", p.read_bytes())
+    put(moto, "r/b/manifest.json", b'{"format": "rollout-bundle"}')
+    users = {"r/b/samples/notes.txt": b"mine\n", "r/b/media/notes.txt": b"mine too\n", "r/b/README": b"!\n"}
+    for k, v in users.items():
+        put(moto, k, v)
+    remove_bundle(f"s3://{moto.current}/r/b", damaged=True)
+    assert contents(moto) == users
+
+
+def test_a_listed_medium_swapped_for_a_link_is_not_the_bundles_and_is_kept(tmp_path: Path) -> None:
+    """A link named like a medium the manifest lists is not the bundle's file (only regular files
+    are): it is kept, and what it points at is untouched."""
+    from bundles import remove_bundle
+
+    dest = tagged_bundle(tmp_path, tmp_path / "b", "one")
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"a user's picture\n")
+    medium = sorted((dest / "media").iterdir())[0]
+    medium.unlink()
+    medium.symlink_to(mine)
+    remove_bundle(dest)
+    assert sorted(os.listdir(dest)) == ["media"] and os.listdir(dest / "media") == [medium.name]
+    assert medium.is_symlink() and mine.read_bytes() == b"a user's picture\n"
+
+
+@pytest.mark.parametrize(
+    ("point", "message"),
+    [
+        ("commit.before-rename", "destination exists; pass overwrite=True to replace it"),
+        ("commit.before-noreplace", "destination appeared during the write; not replaced"),
+    ],
+)
+def test_a_destination_that_appears_during_a_write_is_not_replaced(
+    tmp_path: Path, point: str, message: str
+) -> None:
+    from bundles import BundleExistsError
+
+    dest = tmp_path / "b"
+
+    def appear(where: Path) -> None:
+        where.mkdir()
+        (where / "notes.txt").write_text("mine\n")
+
+    with on_fault_point(point, appear), pytest.raises(BundleExistsError) as e:
+        tagged_bundle(tmp_path, dest, "new")
+    assert str(e.value) == f"{dest}: {message}"
+    assert os.listdir(dest) == ["notes.txt"] and (dest / "notes.txt").read_text() == "mine\n"
