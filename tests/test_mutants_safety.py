@@ -1343,3 +1343,21 @@ def test_a_destination_that_appears_during_a_write_is_not_replaced(
         tagged_bundle(tmp_path, dest, "new")
     assert str(e.value) == f"{dest}: {message}"
     assert os.listdir(dest) == ["notes.txt"] and (dest / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_medium_edited_in_place_is_never_uploaded_under_its_old_name(moto: Any, tmp_path: Path) -> None:
+    from bundles import MediaMissingError, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    medium = sorted((src / "media").iterdir())[0]
+    edited = b"edited in place\n"
+    medium.chmod(0o644)
+    medium.write_bytes(edited)
+    url = f"s3://{moto.current}/r/b"
+    with pytest.raises(MediaMissingError) as e:
+        upload_bundle(src, url)
+    assert str(e.value) == (
+        f"{url}: media/{medium.name}: the file's bytes hash to sha256:{hashlib.sha256(edited).hexdigest()}, not "
+        "the digest it is stored under (edited in place after it was linked?); not uploaded"
+    )
+    assert not [k for k in contents(moto) if k.endswith(medium.name) or k.endswith("bundle.json")]
