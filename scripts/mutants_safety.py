@@ -120,8 +120,8 @@ def narrow(pyproject: Path, modules: list[str], tests: list[str]) -> None:
 def report(dest: Path) -> str:
     """The score per module of the run in ``dest``, from ``mutmut results --all true``: a
     markdown table (mutants, checked, killed, survived, score = killed / checked) and the
-    survivors' names. A timeout counts as checked and not killed; "no tests" and "not checked"
-    as unchecked."""
+    survivors' names. A timeout counts as checked and not killed, and so does a survivor of
+    ``--try --record`` that mutmut has not run; "no tests" and "not checked" as unchecked."""
     out = subprocess.run(
         [str(dest / ".venv" / "bin" / "mutmut"), "results", "--all", "true"],
         cwd=dest,
@@ -131,8 +131,12 @@ def report(dest: Path) -> str:
     ).stdout
     rows: dict[str, dict[str, int]] = {m: {} for m in MODULES}
     survivors = []
+    tried = dest / "mutants" / "try-survived.txt"
+    survived_try = set(tried.read_text().split()) if tried.is_file() else set()
     for line in out.splitlines():
         name, sep, status = line.strip().rpartition(": ")
+        if status == "not checked" and name in survived_try:
+            status = "survived (--try)"  # checked by --try only: counted, as not killed
         module = re.split(r"\.x[_\u01c1]", name, maxsplit=1)[0].replace(".", "/") + ".py"
         if not sep or module not in rows:
             continue
