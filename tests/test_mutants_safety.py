@@ -867,6 +867,15 @@ def test_listing_bundles_uses_the_storage_options_given_and_names_what_failed(
     for k in moto.env:
         monkeypatch.delenv(k)
     assert list_bundles(f"s3://{moto.current}/r", storage_options=moto.options()) == [url]
+    from bundles import open_bundle
+
+    with open_bundle(url, storage_options=moto.options()) as b:
+        assert len(b) == 2
+    with pytest.raises(BundleNotFoundError) as opened:
+        open_bundle("s3://no-such-bucket-h7/x", storage_options=moto.options())
+    assert str(opened.value).startswith(
+        "s3://no-such-bucket-h7/x: cannot read the pointer: the bucket 'no-such-bucket-h7' does not exist"
+    )
     with pytest.raises(BundleNotFoundError) as e:
         list_bundles("s3://no-such-bucket-h7/x", storage_options=moto.options())
     assert str(e.value).startswith(
@@ -1361,3 +1370,19 @@ def test_a_medium_edited_in_place_is_never_uploaded_under_its_old_name(moto: Any
         "the digest it is stored under (edited in place after it was linked?); not uploaded"
     )
     assert not [k for k in contents(moto) if k.endswith(medium.name) or k.endswith("bundle.json")]
+
+
+def test_an_overwrite_replaces_a_bundle_another_writer_published_during_its_write(tmp_path: Path) -> None:
+    """``overwrite=True``: a bundle published at the destination between our check and our
+    rename is replaced (the last writer wins), and nothing is left beside it."""
+    import shutil
+
+    dest = tmp_path / "b"
+    other = tagged_bundle(tmp_path, tmp_path / "src" / "b", "other")
+
+    def publish_theirs(where: Path) -> None:
+        shutil.copytree(other, where, symlinks=True)
+
+    with on_fault_point("commit.before-noreplace", publish_theirs):
+        tagged_bundle(tmp_path, dest, "new", overwrite=True)
+    assert _tags(dest) == ["new", "new"] and _siblings(tmp_path) == ["b", "src"]
