@@ -1386,3 +1386,17 @@ def test_an_overwrite_replaces_a_bundle_another_writer_published_during_its_writ
     with on_fault_point("commit.before-noreplace", publish_theirs):
         tagged_bundle(tmp_path, dest, "new", overwrite=True)
     assert _tags(dest) == ["new", "new"] and _siblings(tmp_path) == ["b", "src"]
+
+
+def test_rm_of_a_pooled_bundle_leaves_its_prefixs_media_and_the_pool(moto: Any, tmp_path: Path) -> None:
+    """A bundle whose media are in the shared pool owns nothing under ``U/media``: a file there
+    named like one of its media (a user's copy) stays, and so does the pool (gc's to collect)."""
+    from bundles import remove_bundle
+
+    url = store_bundle(moto, tmp_path, "r/b", "b", shared_media=True)
+    pool = {k: v for k, v in contents(moto).items() if k.startswith("r/.media/")}
+    copies = {f"r/b/media/{k.rpartition('/')[2]}": v for k, v in pool.items()}
+    for k, v in copies.items():
+        put(moto, k, v)
+    remove_bundle(url)
+    assert contents(moto) == {**pool, **copies}
