@@ -1400,3 +1400,15 @@ def test_rm_of_a_pooled_bundle_leaves_its_prefixs_media_and_the_pool(moto: Any, 
         put(moto, k, v)
     remove_bundle(url)
     assert contents(moto) == {**pool, **copies}
+
+
+def test_a_pointer_naming_a_manifest_over_the_cap_is_damaged_and_the_manifest_unread(moto: Any) -> None:
+    base = f"s3://{moto.current}"
+    big = MAX_MANIFEST_BYTES + 1
+    put(moto, "r/huge/bundle.json", Pointer(GEN, 12, DIGEST, False).to_bytes())
+    put(moto, f"r/huge/{GEN}/manifest.json", b" " * big)
+    assert examine(f"{base}/r/huge") == NotProven(
+        f"{base}/r/huge",
+        f"{base}/r/huge/{GEN}/manifest.json: {big} bytes exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes",
+        damaged=True,
+    )
