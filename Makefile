@@ -11,6 +11,7 @@
 #   make bench   benchmarks/bench_save.py (BENCH_ARGS="--n 600 --repeats 3")
 #   make bench-replay   benchmarks/bench_replay.py: replay rebuild peak memory, fp32 vs bf16
 #   make mutants mutation testing with mutmut (not in CI; hours on 2 cores; docs/TESTING.md)
+#   make mutants-safety   the same over the safety core only (proof, deletion, publish), in build/
 #   make clean   remove build/test/demo/bench outputs (keeps .venv); `make distclean` also .venv
 
 PYTHON ?= python3.11
@@ -50,7 +51,7 @@ S3RVER := s3rver@3.7.1
 # Azurite, Azure Storage's emulator, for the az:// locations of tests/test_locations.py.
 AZURITE := azurite@3.35.0
 
-.PHONY: demo test lint format bench bench-replay mutants venv clean distclean
+.PHONY: demo test lint format bench bench-replay mutants mutants-safety venv clean distclean
 
 # DEMO_ARGS=--keep keeps its temporary directory, to run the commands it prints on it.
 demo: $(DEV_OK)
@@ -93,6 +94,18 @@ mutants: $(DEV_OK)
 		nice -n 10 $(BIN)/mutmut run $(MUTMUT_ARGS)
 	$(BIN)/mutmut export-cicd-stats && cat mutants/mutmut-cicd-stats.json
 	$(BIN)/mutmut results | grep -v ': not checked$$' || true
+
+# The bundle proof, the deletion primitive and the publish path only (issue 36): mutmut reads its
+# config only from pyproject.toml, so scripts/mutants_safety.py copies the tree git knows into
+# $(SAFETY_DIR) and narrows [tool.mutmut] there (the modules, the tests that exercise them); plain
+# `make mutants` is unchanged. Cached in $(SAFETY_DIR)/mutants like `make mutants`; ends with the
+# score per module. MUTMUT_ARGS='--max-children 2 "bundles._proof*"' reruns some mutants.
+SAFETY_DIR ?= build/mutants-safety
+mutants-safety: $(DEV_OK)
+	$(BIN)/python scripts/mutants_safety.py --dest $(SAFETY_DIR)
+	cd $(SAFETY_DIR) && HYPOTHESIS_PROFILE=mutants PYTHONPATH=$(abspath $(SAFETY_DIR))/mutants \
+		TRANSFORMERS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 nice -n 10 $(abspath $(BIN))/mutmut run $(MUTMUT_ARGS)
+	$(BIN)/python scripts/mutants_safety.py --dest $(SAFETY_DIR) --report
 
 venv: $(DEV_OK)
 

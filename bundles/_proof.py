@@ -189,10 +189,10 @@ def examine_directory_fd(fd: int, p: Path) -> Proof | NotProven:
         if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
             return NotProven(str(p), f"{where}: not a regular file: not a bundle")
         raise BundleError(f"{where}: cannot read it: {e.strerror}") from e
+    if not stat.S_ISREG(os.fstat(mfd).st_mode):  # before fdopen, which raises for a directory
+        os.close(mfd)
+        return NotProven(str(p), f"{where}: not a regular file: not a bundle")
     with os.fdopen(mfd, "rb") as f:
-        mst = os.fstat(f.fileno())
-        if not stat.S_ISREG(mst.st_mode):
-            return NotProven(str(p), f"{where}: not a regular file: not a bundle")
         try:
             raw = f.read(MAX_MANIFEST_BYTES + 1)
         except OSError as e:
