@@ -128,37 +128,48 @@ class OpenBundles:
         self.capacity = max(1, capacity)
         self.storage_options = storage_options
         self.on_let_go = on_let_go  # told the id of each bundle let go (what was kept of it goes too)
-        self._open: OrderedDict[str, Bundle] = OrderedDict()  # entry id -> bundle
+        # (entry id, identity) -> bundle: a bundle replaced in place keeps its entry id, and the old
+        # one is never handed out for the new
+        self._open: OrderedDict[tuple[str, str], Bundle] = OrderedDict()
+        # entry id -> times it left the run: a bundle opened while its entry left is not kept (it
+        # closes when the page reading it is done), so no descriptor outlives a bundle that went
+        self._dropped: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._open)
 
     def open(self, entry: BundleEntry) -> Bundle:
+        key = (entry.id, entry.identity)
         with self._lock:
-            bundle = self._open.get(entry.id)
+            bundle = self._open.get(key)
             if bundle is not None:
-                self._open.move_to_end(entry.id)
+                self._open.move_to_end(key)
                 return bundle
+            epoch = self._dropped.get(entry.id, 0)
         bundle = bundles.open_bundle(entry.location, verify="none", storage_options=self.storage_options)
         if identity_of(bundle) != entry.identity:
             bundle.close()
             raise BundleError(
                 f"{entry.location}: replaced since it was listed; the run page lists it again shortly"
             )
-        return self.keep(entry.id, bundle)
+        return self.keep(key, bundle, epoch)
 
-    def keep(self, eid: str, bundle: Bundle) -> Bundle:
-        """Keep ``bundle`` (just opened for entry ``eid``) among the open ones; returns the one kept."""
+    def keep(self, key: tuple[str, str], bundle: Bundle, epoch: int | None = None) -> Bundle:
+        """Keep ``bundle`` (just opened for entry ``key``: its id and identity) among the open ones;
+        returns the one kept. Opened at ``epoch`` (how often its entry had left the run then): one
+        whose entry left meanwhile is returned, not kept."""
         with self._lock:
-            kept = self._open.get(eid)
+            if epoch is not None and self._dropped.get(key[0], 0) != epoch:
+                return bundle  # its entry left the run while it was opened: closes when the page is done
+            kept = self._open.get(key)
             if kept is not None and kept is not bundle:
-                self._open.move_to_end(eid)
+                self._open.move_to_end(key)
                 return kept  # another thread opened it first; ours goes when this call returns
-            self._open[eid] = bundle
+            self._open[key] = bundle
             evicted = []
             while len(self._open) > self.capacity:
-                evicted.append(self._open.popitem(last=False)[0])
+                evicted.append(self._open.popitem(last=False)[0][0])
         for gone in evicted:
             self._let_go(gone)
         return bundle
@@ -168,10 +179,11 @@ class OpenBundles:
             self.on_let_go(eid)
 
     def drop(self, eid: str) -> None:
-        """Let go of entry ``eid``'s bundle (it left the run)."""
+        """Let go of entry ``eid``'s bundle (it left the run, or was replaced in place)."""
         with self._lock:
-            bundle = self._open.pop(eid, None)
-        del bundle  # closed now unless a page is reading it; then when that page is done
+            self._dropped[eid] = self._dropped.get(eid, 0) + 1
+            gone = [self._open.pop(k) for k in [k for k in self._open if k[0] == eid]]
+        del gone  # closed now unless a page is reading one; then when that page is done
         self._let_go(eid)
 
     def close(self) -> None:
