@@ -1412,3 +1412,42 @@ def test_a_pointer_naming_a_manifest_over_the_cap_is_damaged_and_the_manifest_un
         f"{base}/r/huge/{GEN}/manifest.json: {big} bytes exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes",
         damaged=True,
     )
+
+
+@pytest.mark.parametrize("swap", ["link", "file"])
+def test_a_samples_directory_swapped_once_the_manifest_is_gone_is_neither_followed_nor_emptied(
+    tmp_path: Path, swap: str
+) -> None:
+    """A bundle beside a user's file loses its manifest first; if ``samples/`` is then swapped
+    for a link to a user's directory (or for a file), nothing is followed or unlinked through it,
+    and ``media/`` after it is still emptied and removed."""
+    from bundles import remove_bundle
+
+    dest = tagged_bundle(tmp_path, tmp_path / "b", "one")
+    (dest / "notes.txt").write_text("mine\n")
+    shards = sorted(os.listdir(dest / "samples"))
+    user = tmp_path / "user"
+    user.mkdir()
+    for name in shards:  # the user's files carry the shards' names
+        (user / name).write_text(f"mine: {name}\n")
+    seen: list[Path] = []
+
+    def swap_samples(where: Path) -> None:
+        seen.append(where)
+        os.rename(where / "samples", tmp_path / "shards-aside")
+        if swap == "link":
+            os.symlink(user, where / "samples")
+        else:
+            (where / "samples").write_text("a file of mine\n")
+
+    with on_fault_point("remove_bundle.after-manifest", swap_samples):
+        remove_bundle(dest)
+    assert seen == [dest]
+    assert sorted(os.listdir(dest)) == ["notes.txt", "samples"]
+    assert sorted(os.listdir(user)) == shards
+    assert all((user / name).read_text() == f"mine: {name}\n" for name in shards)
+    if swap == "link":
+        assert os.readlink(dest / "samples") == str(user)
+    else:
+        assert (dest / "samples").read_text() == "a file of mine\n"
+    assert (dest / "notes.txt").read_text() == "mine\n"
