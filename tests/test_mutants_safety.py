@@ -1451,3 +1451,31 @@ def test_a_samples_directory_swapped_once_the_manifest_is_gone_is_neither_follow
     else:
         assert (dest / "samples").read_text() == "a file of mine\n"
     assert (dest / "notes.txt").read_text() == "mine\n"
+
+
+def test_objects_deleted_before_the_read_back_are_put_again_from_the_local_copy(
+    moto: Any, tmp_path: Path
+) -> None:
+    """``read_back=True``: the read-back is told the bundle's URL, and an object deleted before
+    it reads it back is put again from the writer's local copy, so that what is published is whole."""
+    import obstore
+
+    from bundles import open_bundle, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    url = f"s3://{moto.current}/r/b"
+    seen: list[str] = []
+    before: dict[str, bytes] = {}
+
+    def delete_all(where: str) -> None:
+        seen.append(where)
+        before.update(contents(moto))
+        for key in before:
+            obstore.delete(raw_store(moto), key)
+
+    with on_fault_point("store.before-verify", delete_all):
+        upload_bundle(src, url, read_back=True)
+    assert seen == [url] and before
+    after = contents(moto)
+    assert {k: after.get(k) for k in before} == before
+    assert [s["tag"] for s in open_bundle(url).samples()] == ["s", "s"]
