@@ -1479,3 +1479,25 @@ def test_objects_deleted_before_the_read_back_are_put_again_from_the_local_copy(
     after = contents(moto)
     assert {k: after.get(k) for k in before} == before
     assert [s["tag"] for s in open_bundle(url).samples()] == ["s", "s"]
+
+
+def test_an_upload_uses_the_storage_options_given_and_never_replaces_by_default(
+    moto: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the environment's credentials, ``upload_bundle`` reaches the store through the
+    storage options alone; a second upload to the same URL without ``overwrite`` is refused."""
+    from bundles import BundleExistsError, open_bundle, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    url = f"s3://{moto.current}/r/b"
+    for k in moto.env:
+        monkeypatch.delenv(k)
+    upload_bundle(src, url, storage_options=moto.options())
+    before = contents(moto)
+    other = tagged_bundle(tmp_path, tmp_path / "other", "o")
+    with pytest.raises(BundleExistsError) as e:
+        upload_bundle(other, url, storage_options=moto.options())
+    assert str(e.value) == f"{url}: destination exists; pass overwrite=True to replace it"
+    assert contents(moto) == before
+    tags = [s["tag"] for s in open_bundle(url, storage_options=moto.options()).samples()]
+    assert tags == ["s", "s"]
