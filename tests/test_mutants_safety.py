@@ -1412,3 +1412,92 @@ def test_a_pointer_naming_a_manifest_over_the_cap_is_damaged_and_the_manifest_un
         f"{base}/r/huge/{GEN}/manifest.json: {big} bytes exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes",
         damaged=True,
     )
+
+
+@pytest.mark.parametrize("swap", ["link", "file"])
+def test_a_samples_directory_swapped_once_the_manifest_is_gone_is_neither_followed_nor_emptied(
+    tmp_path: Path, swap: str
+) -> None:
+    """A bundle beside a user's file loses its manifest first; if ``samples/`` is then swapped
+    for a link to a user's directory (or for a file), nothing is followed or unlinked through it,
+    and ``media/`` after it is still emptied and removed."""
+    from bundles import remove_bundle
+
+    dest = tagged_bundle(tmp_path, tmp_path / "b", "one")
+    (dest / "notes.txt").write_text("mine\n")
+    shards = sorted(os.listdir(dest / "samples"))
+    user = tmp_path / "user"
+    user.mkdir()
+    for name in shards:  # the user's files carry the shards' names
+        (user / name).write_text(f"mine: {name}\n")
+    seen: list[Path] = []
+
+    def swap_samples(where: Path) -> None:
+        seen.append(where)
+        os.rename(where / "samples", tmp_path / "shards-aside")
+        if swap == "link":
+            os.symlink(user, where / "samples")
+        else:
+            (where / "samples").write_text("a file of mine\n")
+
+    with on_fault_point("remove_bundle.after-manifest", swap_samples):
+        remove_bundle(dest)
+    assert seen == [dest]
+    assert sorted(os.listdir(dest)) == ["notes.txt", "samples"]
+    assert sorted(os.listdir(user)) == shards
+    assert all((user / name).read_text() == f"mine: {name}\n" for name in shards)
+    if swap == "link":
+        assert os.readlink(dest / "samples") == str(user)
+    else:
+        assert (dest / "samples").read_text() == "a file of mine\n"
+    assert (dest / "notes.txt").read_text() == "mine\n"
+
+
+def test_objects_deleted_before_the_read_back_are_put_again_from_the_local_copy(
+    moto: Any, tmp_path: Path
+) -> None:
+    """``read_back=True``: the read-back is told the bundle's URL, and an object deleted before
+    it reads it back is put again from the writer's local copy, so that what is published is whole."""
+    import obstore
+
+    from bundles import open_bundle, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    url = f"s3://{moto.current}/r/b"
+    seen: list[str] = []
+    before: dict[str, bytes] = {}
+
+    def delete_all(where: str) -> None:
+        seen.append(where)
+        before.update(contents(moto))
+        for key in before:
+            obstore.delete(raw_store(moto), key)
+
+    with on_fault_point("store.before-verify", delete_all):
+        upload_bundle(src, url, read_back=True)
+    assert seen == [url] and before
+    after = contents(moto)
+    assert {k: after.get(k) for k in before} == before
+    assert [s["tag"] for s in open_bundle(url).samples()] == ["s", "s"]
+
+
+def test_an_upload_uses_the_storage_options_given_and_never_replaces_by_default(
+    moto: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the environment's credentials, ``upload_bundle`` reaches the store through the
+    storage options alone; a second upload to the same URL without ``overwrite`` is refused."""
+    from bundles import BundleExistsError, open_bundle, upload_bundle
+
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    url = f"s3://{moto.current}/r/b"
+    for k in moto.env:
+        monkeypatch.delenv(k)
+    upload_bundle(src, url, storage_options=moto.options())
+    before = contents(moto)
+    other = tagged_bundle(tmp_path, tmp_path / "other", "o")
+    with pytest.raises(BundleExistsError) as e:
+        upload_bundle(other, url, storage_options=moto.options())
+    assert str(e.value) == f"{url}: destination exists; pass overwrite=True to replace it"
+    assert contents(moto) == before
+    tags = [s["tag"] for s in open_bundle(url, storage_options=moto.options()).samples()]
+    assert tags == ["s", "s"]
