@@ -92,24 +92,10 @@ def weed(seaweed_s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     return seaweed_s3
 
 
-def _raw(server: Any) -> Any:
-    from obstore.store import S3Store
-
-    return S3Store(server.current, **server.options(), client_options={"allow_http": True})
-
-
-def contents(server: Any, prefix: str = "") -> dict[str, bytes]:
-    import obstore
-
-    store = _raw(server)
-    keys = sorted(m["path"] for batch in obstore.list(store, prefix or None) for m in batch)
-    return {k: bytes(obstore.get(store, k).bytes()) for k in keys}
-
-
 def put(server: Any, key: str, data: bytes) -> None:
     import obstore
 
-    obstore.put(_raw(server), key, data)
+    obstore.put(server.client(), key, data)
 
 
 def test_cp_force_onto_a_plain_copy_keeps_the_users_files_under_samples(weed: Any, tmp_path: Path) -> None:
@@ -128,7 +114,7 @@ def test_cp_force_onto_a_plain_copy_keeps_the_users_files_under_samples(weed: An
     new = make_bundle(tmp_path, tmp_path / "new", "new")
     done = cli("cp", new, url, "--force", env=weed.env)
     assert done.returncode == 0, done.stdout + done.stderr
-    left = contents(weed, "plain")
+    left = weed.contents("plain")
     assert {k: left.get(k) for k in mine} == mine
     assert "plain/manifest.json" not in left and "plain/samples/000000.msgpack.zst" not in left
     assert cli("verify", url, "--full", env=weed.env).returncode == 0
@@ -138,11 +124,11 @@ def _planted_in_generation(weed: Any, tmp_path: Path) -> tuple[str, str, dict[st
     """A bundle ``U`` whose live generation holds, beside its own objects, a user's file and the
     objects of another bundle (as an older release's ``cp SRC U/<generation>/sub`` put them)."""
     url = make_bundle(tmp_path, f"s3://{weed.current}/run/u", "u")
-    gen = json.loads(contents(weed)["run/u/bundle.json"])["generation"]
+    gen = json.loads(weed.contents()["run/u/bundle.json"])["generation"]
     make_bundle(tmp_path, f"s3://{weed.current}/elsewhere/o", "o")
     planted = {f"run/u/{gen}/notes.txt": b"mine\n"}
     planted |= {
-        f"run/u/{gen}/sub/{k[len('elsewhere/o/') :]}": v for k, v in contents(weed, "elsewhere/o").items()
+        f"run/u/{gen}/sub/{k[len('elsewhere/o/') :]}": v for k, v in weed.contents("elsewhere/o").items()
     }
     for key, data in planted.items():
         put(weed, key, data)
@@ -156,7 +142,7 @@ def test_cp_force_keeps_what_someone_put_inside_the_replaced_generation(weed: An
     url, gen, planted = _planted_in_generation(weed, tmp_path)
     done = cli("cp", make_bundle(tmp_path, tmp_path / "b", "b"), url, "--force", env=weed.env)
     assert done.returncode == 0, done.stdout + done.stderr
-    left = contents(weed)
+    left = weed.contents()
     assert {k: left.get(k) for k in planted} == planted
     assert f"run/u/{gen}/manifest.json" not in left and f"run/u/{gen}/samples/000000.msgpack.zst" not in left
     assert cli("verify", url, "--full", env=weed.env).returncode == 0
@@ -169,7 +155,7 @@ def test_no_bundle_is_written_or_found_inside_a_generation(weed: Any, tmp_path: 
     deleted them. Now refused before anything is put; what is already there is never a bundle
     (not listed, not removed)."""
     url, gen, _ = _planted_in_generation(weed, tmp_path)
-    before = contents(weed)
+    before = weed.contents()
     dest = f"{url}/{gen}/{name}"
     src = make_bundle(tmp_path, tmp_path / "a", "a")
     for argv in (["cp", src, dest], ["cp", src, dest, "--force"], ["pack", src, "-o", dest]):
@@ -178,12 +164,12 @@ def test_no_bundle_is_written_or_found_inside_a_generation(weed: Any, tmp_path: 
         assert f"{dest}: inside the generation {gen} of the bundle {url}, part of that one" in done.stderr
     with pytest.raises(BundleExistsError, match="refusing to write a bundle there"):
         write_bundle(dest, [{"i": 0}])
-    assert contents(weed) == before
+    assert weed.contents() == before
     assert not is_bundle(f"{url}/{gen}/sub")
     listed = cli("ls", "-r", f"s3://{weed.current}/run", "--json", env=weed.env)
     assert [r["location"] for r in json.loads(listed.stdout)] == [url], listed.stderr
     assert cli("rm", f"{url}/{gen}/sub", env=weed.env).returncode == 1
-    assert contents(weed) == before
+    assert weed.contents() == before
 
 
 # -- what reaches a terminal --------------------------------------------------------------------

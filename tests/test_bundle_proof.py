@@ -323,24 +323,10 @@ def weed(seaweed_s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     return seaweed_s3
 
 
-def _raw(server: Any) -> Any:
-    from obstore.store import S3Store
-
-    return S3Store(server.current, **server.options(), client_options={"allow_http": True})
-
-
-def contents(server: Any) -> dict[str, bytes]:
-    import obstore
-
-    store = _raw(server)
-    keys = sorted(m["path"] for batch in obstore.list(store) for m in batch)
-    return {k: bytes(obstore.get(store, k).bytes()) for k in keys}
-
-
 def put(server: Any, key: str, data: bytes) -> None:
     import obstore
 
-    obstore.put(_raw(server), key, data)
+    obstore.put(server.client(), key, data)
 
 
 def store_bundle(server: Any, tmp_path: Path, url: str, tag: str) -> str:
@@ -355,12 +341,12 @@ def test_rm_of_a_generation_is_refused_and_ls_never_lists_one(weed: Any, tmp_pat
     of the generation listed it as a bundle."""
     url = store_bundle(weed, tmp_path, f"s3://{weed.current}/run/bun", "a")
     put(weed, "run/bun/notes.txt", b"mine\n")
-    gen = json.loads(contents(weed)["run/bun/bundle.json"])["generation"]
-    before = contents(weed)
+    gen = json.loads(weed.contents()["run/bun/bundle.json"])["generation"]
+    before = weed.contents()
     done = cli("rm", f"{url}/{gen}", env=weed.env)
     assert done.returncode == 1, done.stdout + done.stderr
     assert f"{url}/{gen}: a generation of the bundle {url}, not a bundle" in done.stderr
-    assert contents(weed) == before
+    assert weed.contents() == before
     assert cli("verify", url, "--full", env=weed.env).returncode == 0
     listed = cli("ls", "-l", f"{url}/{gen}", "--json", env=weed.env)
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
@@ -375,7 +361,7 @@ def test_a_store_prefix_with_a_foreign_manifest_is_refused_by_rm_and_cp_force(
     put(weed, "site/manifest.json", WEB_MANIFEST)
     put(weed, "site/samples/notes.txt", b"notes\n")
     put(weed, f"site/media/{UNLISTED}", b"a picture\n")
-    before = contents(weed)
+    before = weed.contents()
     url = f"s3://{weed.current}/site"
     assert not is_bundle(url) and list_bundles(f"s3://{weed.current}") == []
     done = cli("rm", url, env=weed.env)
@@ -384,38 +370,38 @@ def test_a_store_prefix_with_a_foreign_manifest_is_refused_by_rm_and_cp_force(
     forced = cli("cp", str(src), url, "--force", env=weed.env)
     assert forced.returncode == 2, forced.stdout + forced.stderr
     assert "destination is not a bundle; refusing to replace it" in forced.stderr
-    assert contents(weed) == before
+    assert weed.contents() == before
 
 
 def test_cp_force_onto_a_users_bundle_json_says_so_and_uploads_nothing(weed: Any, tmp_path: Path) -> None:
     """Before: "other writers kept replacing the bundle" after 16 tries, with the media uploaded
     and left where no gc removes them."""
     put(weed, "cfg/bundle.json", b'{"theme": "dark"}\n')
-    before = contents(weed)
+    before = weed.contents()
     src = make_bundle(tmp_path, tmp_path / "src", "src")
     forced = cli("cp", str(src), f"s3://{weed.current}/cfg", "--force", env=weed.env)
     assert forced.returncode == 2, forced.stdout + forced.stderr
     assert (
         f"s3://{weed.current}/cfg/bundle.json: holds a file that is not a bundle pointer" in forced.stderr
     ), forced.stderr
-    assert contents(weed) == before  # nothing uploaded, nothing for gc to find
+    assert weed.contents() == before  # nothing uploaded, nothing for gc to find
 
 
 def test_a_damaged_store_bundle_is_removed_only_with_damaged(weed: Any, tmp_path: Path) -> None:
     url = store_bundle(weed, tmp_path, f"s3://{weed.current}/run/bun", "a")
-    gen = json.loads(contents(weed)["run/bun/bundle.json"])["generation"]
+    gen = json.loads(weed.contents()["run/bun/bundle.json"])["generation"]
     import obstore
 
-    obstore.delete(_raw(weed), f"run/bun/{gen}/manifest.json")
+    obstore.delete(weed.client(), f"run/bun/{gen}/manifest.json")
     put(weed, "run/bun/notes.txt", b"mine\n")
     put(weed, "run/other/README", b"mine too\n")
-    before = contents(weed)
+    before = weed.contents()
     refused = cli("rm", url, env=weed.env)
     assert refused.returncode == 1
     assert f"{url}/{gen}/manifest.json: the manifest {url}/bundle.json names is missing" in refused.stderr
-    assert "--damaged" in refused.stderr and contents(weed) == before
+    assert "--damaged" in refused.stderr and weed.contents() == before
     assert cli("rm", "--damaged", url, env=weed.env).returncode == 0
-    left = contents(weed)
+    left = weed.contents()
     assert "run/bun/bundle.json" not in left and not [k for k in left if f"/{gen}/" in k]
     assert left["run/bun/notes.txt"] == b"mine\n" and left["run/other/README"] == b"mine too\n"
 
@@ -425,4 +411,7 @@ def test_rm_on_a_store_keeps_media_no_manifest_lists(weed: Any, tmp_path: Path) 
     put(weed, f"b/media/{UNLISTED}", b"a user's picture\n")
     put(weed, "b/samples/notes.txt", b"notes\n")
     remove_bundle(url)
-    assert contents(weed) == {f"b/media/{UNLISTED}": b"a user's picture\n", "b/samples/notes.txt": b"notes\n"}
+    assert weed.contents() == {
+        f"b/media/{UNLISTED}": b"a user's picture\n",
+        "b/samples/notes.txt": b"notes\n",
+    }

@@ -40,6 +40,7 @@ class S3Server:
     buckets: list[str] = field(default_factory=list)
     access_key: str = ACCESS_KEY
     secret_key: str = SECRET_KEY
+    current: str = ""  # the bucket of the test running now (its fixture sets it)
 
     @property
     def env(self) -> dict[str, str]:
@@ -59,6 +60,21 @@ class S3Server:
             "region": "us-east-1",
             "allow_http": True,
         }
+
+    def client(self, bucket: str | None = None) -> Any:
+        """An obstore client of the test's own (not the code under test's), to look at and seed
+        ``bucket`` (default: :attr:`current`)."""
+        from obstore.store import S3Store
+
+        return S3Store(bucket or self.current, **self.options(), client_options={"allow_http": True})
+
+    def contents(self, prefix: str = "", bucket: str | None = None) -> dict[str, bytes]:
+        """Every object under ``prefix`` of ``bucket`` (default: :attr:`current`), by key."""
+        import obstore
+
+        store = self.client(bucket)
+        keys = sorted(m["path"] for batch in obstore.list(store, prefix or None) for m in batch)
+        return {k: bytes(obstore.get(store, k).bytes()) for k in keys}
 
     def bucket(self) -> str:
         name = f"t-{secrets.token_hex(6)}"
