@@ -76,6 +76,16 @@ def seaweed_s3() -> Iterator[Any]:
         yield server
 
 
+@pytest.fixture
+def weed(seaweed_s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """SeaweedFS with a fresh bucket of this test's own (``weed.current``) and its credentials in
+    the environment (for the code under test and the CLI subprocesses it starts)."""
+    for k, v in seaweed_s3.env.items():
+        monkeypatch.setenv(k, v)
+    seaweed_s3.current = seaweed_s3.bucket()
+    return seaweed_s3
+
+
 @pytest.fixture(scope="session")
 def s3rver_s3() -> Iterator[Any]:
     """s3rver (npm) on 127.0.0.1: a real S3 emulator that ignores preconditions. ``make test``

@@ -84,14 +84,6 @@ def test_write_bundle_refuses_a_manifest_over_the_readers_cap(tmp_path: Path, un
 
 
 # -- on a store ---------------------------------------------------------------------------------
-@pytest.fixture
-def weed(seaweed_s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    for k, v in seaweed_s3.env.items():
-        monkeypatch.setenv(k, v)
-    seaweed_s3.current = seaweed_s3.bucket()
-    return seaweed_s3
-
-
 def put(server: Any, key: str, data: bytes) -> None:
     import obstore
 

@@ -315,14 +315,6 @@ def test_a_nul_in_a_path_is_a_bundle_error_naming_it(tmp_path: Path, call: str) 
 
 
 # -- on a store ---------------------------------------------------------------------------------
-@pytest.fixture
-def weed(seaweed_s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    for k, v in seaweed_s3.env.items():
-        monkeypatch.setenv(k, v)
-    seaweed_s3.current = seaweed_s3.bucket()
-    return seaweed_s3
-
-
 def put(server: Any, key: str, data: bytes) -> None:
     import obstore
 

@@ -330,14 +330,6 @@ def test_reading_from_a_missing_bucket_names_the_bucket(
 
 
 # -- ages come from the store's clock (issue 30, item 5) -----------------------------------------
-@pytest.fixture
-def weed(seaweed_s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    for k, v in seaweed_s3.env.items():
-        monkeypatch.setenv(k, v)
-    seaweed_s3.current = seaweed_s3.bucket()
-    return seaweed_s3
-
-
 @contextlib.contextmanager
 def local_clock_ahead(monkeypatch: pytest.MonkeyPatch, seconds: float) -> Iterator[None]:
     """This process's clock ``seconds`` ahead of the store's, for gc's reading of "now" only:

@@ -38,14 +38,6 @@ USER_OBJECTS = {
 }
 
 
-@pytest.fixture
-def weed(seaweed_s3: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    for k, v in seaweed_s3.env.items():
-        monkeypatch.setenv(k, v)
-    seaweed_s3.current = seaweed_s3.bucket()
-    return seaweed_s3
-
-
 def raw(server: Any) -> Any:
     """The test's own client (not the code under test's), to look at and seed the bucket."""
     return S3Store(server.current, **server.options(), client_options={"allow_http": True})
