@@ -353,6 +353,14 @@ def put(server: Any, key: str, data: bytes) -> None:
     obstore.put(raw_store(server), key, data)
 
 
+def _plain_copy(server: Any, tmp_path: Path) -> None:
+    """A bundle written locally and copied verbatim to ``r/b`` (no pointer: a plain copy)."""
+    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            put(server, f"r/b/{p.relative_to(src)}", p.read_bytes())
+
+
 def examine(url: str) -> Proof | NotProven:
     u = StoreURL(url)
     return examine_prefix(get_store(u, None), u)
@@ -800,10 +808,7 @@ def test_replacing_a_plain_copy_on_a_store_removes_its_manifest_and_shards_only(
     bundle's media are under the same names)."""
     from bundles import open_bundle, upload_bundle
 
-    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
-    for p in sorted(src.rglob("*")):
-        if p.is_file():
-            put(moto, f"r/b/{p.relative_to(src)}", p.read_bytes())
+    _plain_copy(moto, tmp_path)
     put(moto, "r/b/samples/notes.txt", b"mine\n")
     put(moto, "r/b/notes.txt", b"mine too\n")
     url = f"s3://{moto.current}/r/b"
@@ -1119,10 +1124,7 @@ def test_rm_of_a_plain_copy_on_a_store_removes_only_what_its_manifest_lists(
 ) -> None:
     from bundles import remove_bundle
 
-    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
-    for p in sorted(src.rglob("*")):
-        if p.is_file():
-            put(moto, f"r/b/{p.relative_to(src)}", p.read_bytes())
+    _plain_copy(moto, tmp_path)
     from bundles import open_bundle
 
     with open_bundle(f"s3://{moto.current}/r/b", verify="full") as b:  # its media under r/b/media
@@ -1302,10 +1304,7 @@ def test_rm_damaged_of_a_plain_copy_on_a_store_removes_the_formats_names_only(
 ) -> None:
     from bundles import remove_bundle
 
-    src = tagged_bundle(tmp_path, tmp_path / "src", "s")
-    for p in sorted(src.rglob("*")):
-        if p.is_file():
-            put(moto, f"r/b/{p.relative_to(src)}", p.read_bytes())
+    _plain_copy(moto, tmp_path)
     put(moto, "r/b/manifest.json", b'{"format": "rollout-bundle"}')
     users = {"r/b/samples/notes.txt": b"mine\n", "r/b/media/notes.txt": b"mine too\n", "r/b/README": b"!\n"}
     for k, v in users.items():
