@@ -21,15 +21,16 @@ from bundles._entry import (
     write_bundle,
 )
 from bundles._errors import *  # noqa: F403  (the exception hierarchy, whole)
-from bundles._layout import FORMAT_VERSION, PACK_SUFFIX
+from bundles._format.images import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
+from bundles._format.layout import FORMAT_VERSION, PACK_SUFFIX
+from bundles._format.manifest import Manifest, MediaEntry, ShardEntry
+from bundles._format.media import MediaRef
+from bundles._format.options import LinkMode, OutsidePolicy, Verify
+from bundles._format.records import Record, register_record_type
+from bundles._format.sample import decode_sample, encode_sample, sample_encoder
 from bundles._location import check_location, is_store_url
 from bundles._locations import Location
-from bundles._manifest import Manifest, MediaEntry, ShardEntry
-from bundles._media import MediaRef
-from bundles._options import LinkMode, OutsidePolicy, Verify
-from bundles._pil import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._reader import Bundle
-from bundles._records import Record, register_record_type
 from bundles._remote import (
     GarbageReport,
     StorePrefix,
@@ -38,7 +39,6 @@ from bundles._remote import (
     list_remote_bundles,
     upload_bundle,
 )
-from bundles._sample_codec import decode_sample, encode_sample, sample_encoder
 from bundles._store import StoreURL
 from bundles._version import __version__
 

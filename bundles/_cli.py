@@ -43,9 +43,9 @@ from bundles._errors import (
     UnsupportedLocationError,
     public_path,
 )
-from bundles._layout import FORMAT_VERSION
-from bundles._limits import MAX_SHOWN_CHARS
-from bundles._repr import display
+from bundles._format.layout import FORMAT_VERSION
+from bundles._format.limits import MAX_SHOWN_CHARS
+from bundles._format.repr import display
 from bundles._version import __version__
 
 PROG = "rollout-bundle"

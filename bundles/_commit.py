@@ -54,8 +54,7 @@ from pathlib import Path
 
 from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleNotFoundError
 from bundles._faults import fault_point
-from bundles._fs import exchange, fsync_dir, remove_tree, rename_noreplace
-from bundles._layout import (
+from bundles._format.layout import (
     MANIFEST_NAME,
     MEDIA_DIR,
     RETIRED_MARKER,
@@ -63,6 +62,7 @@ from bundles._layout import (
     STAGING_MARKER,
     STAGING_RE,
 )
+from bundles._fs import exchange, fsync_dir, remove_tree, rename_noreplace
 from bundles._location import local_path_only
 from bundles._proc import boot_id, pid_alive, pid_namespace
 from bundles._proof import (

@@ -23,9 +23,9 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from bundles._codec import key_path
 from bundles._errors import BundleError
-from bundles._layout import MEDIA_DIR
+from bundles._format.codec import key_path
+from bundles._format.layout import MEDIA_DIR
 from bundles._reader import Bundle
 from bundles._show import fingerprint, select, summarise
 

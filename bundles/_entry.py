@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from bundles._errors import BundleFormatError
+from bundles._format.options import LinkMode, OutsidePolicy, Verify
 from bundles._location import local_path_only
 from bundles._locations import Location
-from bundles._options import LinkMode, OutsidePolicy, Verify
 from bundles._reader import VERIFY_LEVELS, Bundle
 
 __all__ = [

@@ -10,6 +10,7 @@ Messages name the bundle (or file) path, the key path of the value inside a samp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 __all__ = [
@@ -32,6 +33,20 @@ __all__ = [
     "UnsupportedLocationError",
     "UnsupportedValueError",
 ]
+
+
+# Staging directories live beside the destination, named after the writer:
+# ".<dest name>.staging.<host>.<boot>.<pid namespace>.<pid>.<random>" (boot: the first 12 hex
+# digits of the boot id, pid namespace: its inode number; 0 where unknown). Names written before
+# 0.2 lack <boot>.<pid namespace>; they are still recognised (never read as bundles), never
+# cleaned up automatically.
+STAGING_MARKER = ".staging."
+# Where ``overwrite=True`` and ``remove_bundle`` park a previous bundle until it is removed.
+RETIRED_MARKER = ".retired."
+STAGING_RE = re.compile(
+    r"\.(?P<dest>.+)\.(?P<kind>staging|retired)\.(?P<host>[^.]+)"
+    r"(?:\.(?P<boot>[0-9a-f]+)\.(?P<pidns>[0-9]+))?\.(?P<pid>[0-9]+)\.(?P<nonce>[0-9a-f]+)"
+)
 
 
 class BundleError(Exception):
@@ -71,8 +86,6 @@ def public_path(path: object) -> object:
     is not a path string is returned as it is."""
     if not isinstance(path, str):
         return path
-    from bundles._layout import STAGING_RE
-
     parts = path.split("/")
     out: list[str] = []
     for part in parts:

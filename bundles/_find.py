@@ -11,7 +11,7 @@ survives what it meets:
   (``<save>/rollout/fully_async_3``, ``<dump>/debug/rollout_3.bundle``): a bundle is not looked
   into, nor a hidden name (a media pool, a staging directory), nor a symbolic link (a walk never
   leaves the root), nor a store's generation prefix. The default depth is the limit
-  ``MAX_FIND_DEPTH`` (:mod:`bundles._limits`), the depth serve's run listing uses
+  ``MAX_FIND_DEPTH`` (:mod:`bundles._format.limits`), the depth serve's run listing uses
   (``trainer_hooks/serve/_run.py`` keeps its own walk, with the same rule, for now: it also
   drops bundles whose real path leaves ROOT; it can call this one later).
 
@@ -32,8 +32,8 @@ from typing import Any
 
 from bundles._entry import is_bundle, list_bundles
 from bundles._errors import BundleError
-from bundles._layout import STORE_GENERATION_RE, STORE_MEDIA_POOL
-from bundles._limits import MAX_FIND_DEPTH
+from bundles._format.layout import STORE_GENERATION_RE, STORE_MEDIA_POOL
+from bundles._format.limits import MAX_FIND_DEPTH
 from bundles._locations import Location
 
 __all__ = ["Listing", "find_bundles"]

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 from bundles._errors import BundleError
 from bundles._faults import fault_point
-from bundles._options import LinkMode
+from bundles._format.options import LinkMode
 
 LINK_MODES = LinkMode.values()
 COPY_CHUNK = 1024 * 1024

@@ -21,7 +21,7 @@ import os
 import re
 
 from bundles._errors import UnsupportedLocationError
-from bundles._repr import display
+from bundles._format.repr import display
 from bundles._store import STORE_EXTRA, STORE_SCHEMES
 
 __all__ = [

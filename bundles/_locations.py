@@ -61,10 +61,10 @@ from bundles._commit import (
     staging_name,
 )
 from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleNotFoundError, public_path
+from bundles._format.layout import PACK_SUFFIX
+from bundles._format.options import Verify
 from bundles._fs import remove_tree
-from bundles._layout import PACK_SUFFIX
 from bundles._location import STORE_SCHEMES, classify, url_scheme
-from bundles._options import Verify
 from bundles._pack import pack_local, unpack_local
 from bundles._proof import NotProven, Proof, examine_directory, removable_names
 from bundles._reader import Bundle, open_local

@@ -34,9 +34,9 @@ from bundles._errors import (
     BundleNotFoundError,
     BundleVerificationError,
 )
+from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
+from bundles._format.options import Verify
 from bundles._fs import fsync_dir, make_read_only, remove_tree
-from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
-from bundles._options import Verify
 from bundles._progress import Progress
 from bundles._reader import Bundle, load_manifest, open_local
 from bundles._source import DirSource, PackedSource

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import TextIO
 
-from bundles._repr import display
+from bundles._format.repr import display
 
 __all__ = ["Progress", "human_bytes"]
 
@@ -24,7 +24,7 @@ class Progress:
     """``with Progress("verify", total=n_bytes, unit="B") as bar: bar.advance(k)``.
 
     ``enabled=None`` draws only when the stream is a terminal, so logs and CI stay clean.
-    ``desc`` is shown through :func:`bundles._repr.display` (it names a bundle, an untrusted name).
+    ``desc`` is shown through :func:`bundles._format.repr.display` (it names a bundle, an untrusted name).
     Redraws are throttled to ten a second; the cost when disabled is one attribute check.
     """
 

@@ -3,13 +3,13 @@
 The rule (docs/FORMAT.md §5a). A location holds a bundle only when
 
 * a directory: it is a directory (not a symlink, not a staging or retired name) whose
-  ``manifest.json`` is a regular file of at most :data:`~bundles._limits.MAX_MANIFEST_BYTES` that
-  parses *and validates* (:func:`bundles._manifest.parse_manifest_bytes`: ``format``,
+  ``manifest.json`` is a regular file of at most :data:`~bundles._format.limits.MAX_MANIFEST_BYTES` that
+  parses *and validates* (:func:`bundles._format.manifest.parse_manifest_bytes`: ``format``,
   ``format_version``, ``kind``, the shards and media named as the format names them);
 * a packed file or packed object: its member index and the manifest inside it pass the same
   checks (the reader's own, :func:`bundles._reader.open_local` / the store's packed source);
 * a store prefix: its ``bundle.json`` is a pointer that parses (at most
-  :data:`~bundles._limits.MAX_POINTER_BYTES`) and names a generation *of its own prefix* whose
+  :data:`~bundles._format.limits.MAX_POINTER_BYTES`) and names a generation *of its own prefix* whose
   manifest has the size and digest the pointer records and validates; or, with no pointer, a
   ``manifest.json`` right under it that validates (a bundle copied verbatim). A prefix named like
   a generation (``g<time>-<hex>``, the only names a valid pointer can give) is part of the
@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundles._errors import BundleError, BundleFormatError, BundleNotFoundError
-from bundles._layout import MANIFEST_NAME, MEDIA_DIR, STAGING_RE
-from bundles._limits import MAX_MANIFEST_BYTES
-from bundles._manifest import Manifest, parse_manifest_bytes
+from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR, STAGING_RE
+from bundles._format.limits import MAX_MANIFEST_BYTES
+from bundles._format.manifest import Manifest, parse_manifest_bytes
 from bundles._source import layout_name_ok
 
 __all__ = [

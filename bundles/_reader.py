@@ -40,14 +40,14 @@ from bundles._errors import (
     MediaMissingError,
     UnsafeBundleError,
 )
+from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR
+from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_bytes
+from bundles._format.media import MediaRef
+from bundles._format.options import LinkMode, Verify
+from bundles._format.shards import iter_shard
 from bundles._fs import check_link_mode, copy_and_hash, ingest, make_read_only
-from bundles._layout import MANIFEST_NAME, MEDIA_DIR
 from bundles._location import local_path_only
-from bundles._manifest import Manifest, ShardEntry, parse_manifest_bytes
-from bundles._media import MediaRef
-from bundles._options import LinkMode, Verify
 from bundles._progress import Progress
-from bundles._shards import iter_shard
 from bundles._source import LAYOUT_DIRS, DirSource, PackedSource, RemoteSource, Source, describe
 
 if TYPE_CHECKING:
@@ -345,7 +345,7 @@ class Bundle:
             raise BundleVerificationError(
                 self.path, [f"{path}: digest: expected {entry.digest}, found {digest}"]
             )
-        return data  # verified compressed bytes: bundles._shards decodes them as a stream
+        return data  # verified compressed bytes: bundles._format.shards decodes them as a stream
 
     def samples(self, sample_cls: Any = None, *, indices: Iterable[int] | None = None) -> Iterator[Any]:
         """Yield every sample, with references resolved to files inside the bundle.
@@ -392,7 +392,7 @@ class Bundle:
         self, media: dict[str, MediaRef], shards: list[ShardEntry] | None = None, first_index: int = 0
     ) -> Iterator[dict[Any, Any]]:
         """The samples of ``shards`` (default: all), streamed one at a time from each shard after
-        its digest is checked (see :mod:`bundles._shards`): memory holds one compressed shard and
+        its digest is checked (see :mod:`bundles._format.shards`): memory holds one compressed shard and
         one sample, whatever the bundle's size."""
         index = first_index
         # Images read in place open their stored file when their pixels are needed: a packed

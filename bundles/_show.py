@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from bundles._errors import BundleError
-from bundles._layout import MEDIA_DIR
-from bundles._media import MediaRef
-from bundles._pil import pil_image_class
-from bundles._records import Record, record_fields, record_name
+from bundles._format.images import pil_image_class
+from bundles._format.layout import MEDIA_DIR
+from bundles._format.media import MediaRef
+from bundles._format.records import Record, record_fields, record_name
 
 __all__ = ["dumps_pretty", "fingerprint", "parse_key_paths", "select", "summarise", "to_json"]
 

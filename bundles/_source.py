@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 from bundles._errors import BundleError, BundleIOError, BundleNotFoundError, UnsafeBundleError
-from bundles._layout import (
+from bundles._format.images import ReopeningFile
+from bundles._format.layout import (
     DIGEST_RE,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -44,11 +45,10 @@ from bundles._layout import (
     SHARDS_DIR,
     SUFFIX_RE,
 )
-from bundles._media import sha256_stream
-from bundles._pil import ReopeningFile
+from bundles._format.media import sha256_stream
 
 if TYPE_CHECKING:
-    from bundles._media import MediaRef
+    from bundles._format.media import MediaRef
     from bundles._store import StoreURL
 
 LAYOUT_DIRS = (MEDIA_DIR, SHARDS_DIR)

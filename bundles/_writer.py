@@ -30,7 +30,6 @@ from typing import Any
 
 import zstandard
 
-from bundles._codec import SampleEncoder, gc_paused
 from bundles._commit import commit, create_staging
 from bundles._errors import (
     BundleError,
@@ -42,15 +41,9 @@ from bundles._errors import (
     UnsupportedValueError,
 )
 from bundles._faults import fault_point
-from bundles._fs import (
-    Durability,
-    check_link_mode,
-    copy_and_hash,
-    ingest,
-    make_read_only,
-    remove_tree,
-)
-from bundles._layout import (
+from bundles._format.codec import SampleEncoder, gc_paused
+from bundles._format.images import png_bytes
+from bundles._format.layout import (
     DIGEST_PREFIX,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -64,10 +57,17 @@ from bundles._layout import (
     SHARDS_DIR,
     ZSTD_LEVEL,
 )
-from bundles._manifest import nesting_depth_exceeds
-from bundles._media import MediaRef, digest_from_name, media_suffix, sha256_file, trusted_ref
-from bundles._options import OUTSIDE_PATHS, LinkMode, OutsidePolicy
-from bundles._pil import png_bytes
+from bundles._format.manifest import nesting_depth_exceeds
+from bundles._format.media import MediaRef, digest_from_name, media_suffix, sha256_file, trusted_ref
+from bundles._format.options import OUTSIDE_PATHS, LinkMode, OutsidePolicy
+from bundles._fs import (
+    Durability,
+    check_link_mode,
+    copy_and_hash,
+    ingest,
+    make_read_only,
+    remove_tree,
+)
 from bundles._progress import Progress
 from bundles._version import __version__
 

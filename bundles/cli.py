@@ -20,13 +20,13 @@ from bundles._diff import DiffKeyError, diff_bundles
 from bundles._entry import open_bundle, pack_bundle, remove_bundle, unpack_bundle
 from bundles._errors import BundleError
 from bundles._find import find_bundles
+from bundles._format.layout import MEDIA_DIR, PACK_SUFFIX
+from bundles._format.limits import MAX_FIND_DEPTH, MAX_SHOWN_CHARS, MAX_SHOWN_PATH_CHARS
+from bundles._format.repr import display
 from bundles._fs import remove_tree
-from bundles._layout import MEDIA_DIR, PACK_SUFFIX
-from bundles._limits import MAX_FIND_DEPTH, MAX_SHOWN_CHARS, MAX_SHOWN_PATH_CHARS
 from bundles._location import check_location, is_store_url
 from bundles._locations import Location
 from bundles._progress import human_bytes
-from bundles._repr import display
 from bundles._show import dumps_pretty, parse_key_paths, select, to_json
 
 __all__ = ["main", "register"]

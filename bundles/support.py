@@ -27,7 +27,7 @@ What is here, by concern:
   in length and in the time it takes, whatever the value (a YAML alias bomb, a gigabyte string);
   :func:`display`, the one way an untrusted name or text reaches a terminal or a page (control
   characters, bidirectional overrides, non-UTF-8 bytes and lone surrogates escaped, cut to a bound).
-* **Limits.** :data:`LIMITS`, the one table of limits (:mod:`bundles._limits`): every size and
+* **Limits.** :data:`LIMITS`, the one table of limits (:mod:`bundles._format.limits`): every size and
   count from an untrusted file is checked against its row before it is spent, by writer and
   reader alike (a row is read by name: ``LIMITS["MAX_CURSOR_BYTES"]``); :func:`nesting_depth_exceeds`,
   the one depth check of a parsed JSON document (iterative: a hostile depth cannot exhaust the
@@ -78,18 +78,18 @@ from bundles._cli import (
     main_with,
     run_command,
 )
-from bundles._codec import gc_paused, only_numbers
 from bundles._commit import scratch_dir
 from bundles._faults import KILL_ENV, arm_kill, fault_point, on_fault_point
+from bundles._format.codec import gc_paused, only_numbers
+from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
+from bundles._format.limits import LIMITS
+from bundles._format.manifest import nesting_depth_exceeds
+from bundles._format.repr import bounded_repr, display
 from bundles._fs import remove_tree
-from bundles._layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
-from bundles._limits import LIMITS
 from bundles._location import SINGLE_WRITER_ENV, local_path_only
-from bundles._manifest import nesting_depth_exceeds
 from bundles._proc import boot_id, pid_alive, pid_namespace, proc_stat
 from bundles._progress import Progress, human_bytes
 from bundles._reader import read_at_most
-from bundles._repr import bounded_repr, display
 from bundles._source import media_name_ok, open_regular_file
 
 __all__ = [

@@ -40,7 +40,7 @@ from bundles import (
     remove_bundle,
     write_bundle,
 )
-from bundles._manifest import parse_manifest_bytes
+from bundles._format.manifest import parse_manifest_bytes
 from bundles.support import on_fault_point
 
 ROOT = Path(__file__).resolve().parents[1]

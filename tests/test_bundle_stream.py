@@ -18,7 +18,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import bundles._shards as shards
+import bundles._format.shards as shards
 from bundles import (
     BundleError,
     BundleFormatError,

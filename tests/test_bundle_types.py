@@ -128,4 +128,4 @@ def test_outside_policy_is_defined_once():
         for n, line in enumerate(p.read_text().splitlines(), 1)
         if re.match(r"\s*OutsidePolicy\s*=", line)
     ]
-    assert definitions == ["bundles/_options.py:" + definitions[0].rpartition(":")[2]]
+    assert definitions == ["bundles/_format/options.py:" + definitions[0].rpartition(":")[2]]

@@ -158,9 +158,7 @@ def test_a_legacy_dump_given_to_the_loader_names_the_import_command(tmp_path):
         load_debug_rollout_data(args, 3)
     msg = str(e.value)
     assert "a legacy torch.save debug dump, not a bundle" in msg
-    assert (
-        f"rollout-bundle import-dump {src} -o {tmp_path / 'rollout_3_bundle'} --trust-pickle" in msg
-    )
+    assert f"rollout-bundle import-dump {src} -o {tmp_path / 'rollout_3_bundle'} --trust-pickle" in msg
     # A pickle written by torch.save's legacy (non-zip) format is recognised too.
     old = tmp_path / "rollout_4.pt"
     torch.save({"rollout_id": 4, "samples": []}, old, _use_new_zipfile_serialization=False)

@@ -34,7 +34,7 @@ def _section_8() -> str:
 def test_every_row_of_the_table_is_in_format_md_section_8() -> None:
     section = _section_8()
     missing = [name for name in LIMITS if f"`{name}`" not in section]
-    assert not missing, f"docs/FORMAT.md §8 does not name these rows of bundles/_limits.py: {missing}"
+    assert not missing, f"docs/FORMAT.md §8 does not name these rows of bundles/_format/limits.py: {missing}"
 
 
 def test_the_format_reads_its_limits_from_the_one_table() -> None:

@@ -23,8 +23,8 @@ from helpers import put_media
 
 from bundles import BundleFormatError, BundleNotFoundError, is_bundle, write_bundle
 from bundles._errors import UnsafeBundleError
-from bundles._layout import MAX_MANIFEST_BYTES
-from bundles._limits import MAX_POINTER_BYTES
+from bundles._format.layout import MAX_MANIFEST_BYTES
+from bundles._format.limits import MAX_POINTER_BYTES
 from bundles._proof import (
     DAMAGED_HINT,
     NotProven,

@@ -24,7 +24,7 @@ from bundles import (
     register_record_type,
     write_bundle,
 )
-from bundles._layout import EXT_RECORD
+from bundles._format.layout import EXT_RECORD
 
 REPO = Path(__file__).resolve().parents[1]
 

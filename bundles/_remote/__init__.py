@@ -12,7 +12,7 @@ is the normative description. A bundle at URL ``U`` is:
     one *generation*, named ``g<UTC time>-<random>`` by its writer so that no two writers ever
     share a key: the shards, then the manifest last (create-only). The manifest lists every
     object with its size and digest, exactly as in a directory.
-``U/bundle.json``  (:data:`~bundles._layout.STORE_POINTER_NAME`)
+``U/bundle.json``  (:data:`~bundles._format.layout.STORE_POINTER_NAME`)
     the pointer: which generation is the bundle, the manifest's size and digest, and where the
     media are. Publishing is one conditional put of this small object: create-only for a new
     bundle (of two racing writers exactly one wins; the other gets :class:`BundleExistsError`

@@ -62,7 +62,7 @@ from typing import Any
 
 from bundles._errors import BundleError, GarbagePrefixError
 from bundles._faults import fault_point
-from bundles._layout import (
+from bundles._format.layout import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     MEDIA_DIR,
@@ -71,7 +71,7 @@ from bundles._layout import (
     STORE_MEDIA_POOL,
     STORE_POINTER_NAME,
 )
-from bundles._manifest import parse_manifest_bytes
+from bundles._format.manifest import parse_manifest_bytes
 from bundles._proof import Proof
 from bundles._remote._pointer import examine_prefix
 from bundles._remote._probe import PROBE_PREFIX

@@ -18,8 +18,8 @@ from bundles._errors import (
     BundleNotFoundError,
 )
 from bundles._faults import fault_point
+from bundles._format.layout import PACK_SUFFIX
 from bundles._fs import remove_tree
-from bundles._layout import PACK_SUFFIX
 from bundles._pack import pack_local, unpack_local
 from bundles._reader import Bundle
 from bundles._remote._pointer import MULTIPART_THRESHOLD, has_bundle_on_store

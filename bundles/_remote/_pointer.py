@@ -18,7 +18,7 @@ from bundles._errors import (
     BundleNotFoundError,
     UnsafeBundleError,
 )
-from bundles._layout import (
+from bundles._format.layout import (
     DIGEST_PREFIX,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -29,7 +29,7 @@ from bundles._layout import (
     STORE_POINTER_NAME,
     STORE_POINTER_VERSION,
 )
-from bundles._limits import MAX_POINTER_BYTES
+from bundles._format.limits import MAX_POINTER_BYTES
 from bundles._proof import NotProven, Proof, claims_format, judge_manifest
 from bundles._store import ObjectNotFoundError, Store, StoreURL, get_store, naming, parallel
 

@@ -21,7 +21,7 @@ from bundles._errors import (
     BundleVerificationError,
     UnsafeBundleError,
 )
-from bundles._layout import (
+from bundles._format.layout import (
     DIGEST_PREFIX,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -31,8 +31,8 @@ from bundles._layout import (
     STORE_GENERATION_RE,
     STORE_POINTER_NAME,
 )
-from bundles._media import MediaRef
-from bundles._options import Verify
+from bundles._format.media import MediaRef
+from bundles._format.options import Verify
 from bundles._progress import Progress
 from bundles._reader import Bundle, load_manifest
 from bundles._remote._pointer import READ_WINDOW, _bundle_prefix, _BundlePrefix

@@ -27,7 +27,7 @@ from bundles._errors import (
     MediaMissingError,
 )
 from bundles._faults import fault_point
-from bundles._layout import (
+from bundles._format.layout import (
     DIGEST_PREFIX,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -37,8 +37,8 @@ from bundles._layout import (
     STORE_GENERATION_RE,
     STORE_POINTER_NAME,
 )
-from bundles._media import sha256_file
-from bundles._options import Verify
+from bundles._format.media import sha256_file
+from bundles._format.options import Verify
 from bundles._progress import Progress
 from bundles._proof import DAMAGED_HINT, NotProven, Proof, judge_manifest, removable_names
 from bundles._reader import open_local

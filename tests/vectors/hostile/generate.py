@@ -34,7 +34,7 @@ import msgpack
 import zstandard
 
 from bundles import write_bundle
-from bundles._layout import EXT_MEDIA_REF, EXT_NDARRAY, EXT_TENSOR, EXT_TUPLE
+from bundles._format.layout import EXT_MEDIA_REF, EXT_NDARRAY, EXT_TENSOR, EXT_TUPLE
 
 HERE = Path(__file__).resolve().parent
 TABLE = HERE / "expected.json"

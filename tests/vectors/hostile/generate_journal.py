@@ -190,9 +190,7 @@ def vectors() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for suffix, version in (("", 2), ("-v1", 1)):
         _, at = _records(version)
-        traversal = (
-            "take record: media[0]: expected a content-addressed name '<64 hex><suffix>', found '../../evil.png'"
-        )
+        traversal = "take record: media[0]: expected a content-addressed name '<64 hex><suffix>', found '../../evil.png'"
         out[f"r1-media-traversal{suffix}"] = _row(
             "R1",
             "JournalCorruptError",

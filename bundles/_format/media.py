@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from bundles._errors import BundleError, MediaMissingError
-from bundles._layout import DIGEST_PREFIX, DIGEST_RE, HEX_DIGEST_RE, SUFFIX_RE
+from bundles._format.layout import DIGEST_PREFIX, DIGEST_RE, HEX_DIGEST_RE, SUFFIX_RE
 
 # Small enough to stay in cache between read and hash (measured: 256 KiB beats 4 MiB by ~20 %).
 HASH_CHUNK = 256 * 1024

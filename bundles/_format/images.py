@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from bundles._limits import MAX_DECODE_PIXELS
+from bundles._format.limits import MAX_DECODE_PIXELS
 
 __all__ = [
     "DECODABLE_IMAGE_FORMATS",

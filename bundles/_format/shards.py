@@ -17,9 +17,9 @@ A problem found later in a shard (an unlisted reference in its 900th sample, a s
 disagrees with the manifest) is raised when the reader reaches it; the samples yielded before it
 came from verified bytes and are whole.
 
-**Key paths on failure only.** Decoding raises :class:`~bundles._codec.Defect` without a key
+**Key paths on failure only.** Decoding raises :class:`~bundles._format.codec.Defect` without a key
 path; this module then decodes that one sample again leniently and walks it to name the path
-(:func:`~bundles._codec.find_defect`).
+(:func:`~bundles._format.codec.find_defect`).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Any, BinaryIO
 import msgpack
 import zstandard
 
-from bundles._codec import Defect, SampleDecoder, find_defect
 from bundles._errors import BundleError, BundleFormatError, UnsafeBundleError
-from bundles._layout import MAX_SAMPLE_ITEMS, MAX_SAMPLE_RAW_BYTES
-from bundles._manifest import ShardEntry
-from bundles._media import MediaRef
+from bundles._format.codec import Defect, SampleDecoder, find_defect
+from bundles._format.layout import MAX_SAMPLE_ITEMS, MAX_SAMPLE_RAW_BYTES
+from bundles._format.manifest import ShardEntry
+from bundles._format.media import MediaRef
 
 # Decompressed bytes fed to msgpack at a time: large enough that the per-chunk Python work is
 # noise, small enough to stay in cache.

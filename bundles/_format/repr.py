@@ -24,7 +24,7 @@ import os
 from itertools import islice
 from typing import Any
 
-from bundles._limits import MAX_SHOWN_NAME_CHARS
+from bundles._format.limits import MAX_SHOWN_NAME_CHARS
 
 __all__ = ["bounded_repr", "display"]
 

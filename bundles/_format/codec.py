@@ -57,7 +57,8 @@ import msgspec
 import numpy as np
 
 from bundles._errors import BundleError, UnsupportedValueError
-from bundles._layout import (
+from bundles._format.images import open_image, pil_image_class
+from bundles._format.layout import (
     EXT_IMAGE,
     EXT_MEDIA_REF,
     EXT_NDARRAY,
@@ -71,9 +72,8 @@ from bundles._layout import (
     MAX_SAMPLE_RAW_BYTES,
     TORCH_DTYPES,
 )
-from bundles._media import MediaRef
-from bundles._pil import open_image, pil_image_class
-from bundles._records import Record, build_record, record_fields, registered_types
+from bundles._format.media import MediaRef
+from bundles._format.records import Record, build_record, record_fields, registered_types
 
 
 @contextlib.contextmanager
@@ -225,7 +225,7 @@ class SampleEncoder:
             memoryview: self._buffer,
             Record: self._record,
         }
-        # Classes registered as records when the encoder is made (bundles._records).
+        # Classes registered as records when the encoder is made (bundles._format.records).
         for cls in registered_types():
             self.ext_by_type[cls] = self._record
         self.ext_by_class: list[tuple[Callable[[], type | None], Callable[[Any, str, int], Any]]] = [

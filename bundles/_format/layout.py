@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import re
 
-# Limits a reader enforces before trusting a file: the one table is bundles/_limits.py (re-exported).
-from bundles._limits import (  # noqa: F401  (re-exported)
+# The names of staging and retired directories: defined in bundles/_errors.py, which names a
+# path inside one as the destination it stands for (re-exported here, with every name on disk).
+from bundles._errors import RETIRED_MARKER, STAGING_MARKER, STAGING_RE  # noqa: F401
+
+# Limits a reader enforces before trusting a file: the one table is bundles/_format/limits.py (re-exported).
+from bundles._format.limits import (  # noqa: F401  (re-exported)
     MAX_INT,
     MAX_MANIFEST_BYTES,
     MAX_NESTING_DEPTH,
@@ -31,19 +35,6 @@ SHARD_PATH_RE = re.compile(r"samples/[0-9]{6}\.msgpack\.zst")
 
 # A packed bundle is one uncompressed POSIX tar of the bundle directory.
 PACK_SUFFIX = ".rbundle"
-
-# Staging directories live beside the destination, named after the writer:
-# ".<dest name>.staging.<host>.<boot>.<pid namespace>.<pid>.<random>" (boot: the first 12 hex
-# digits of the boot id, pid namespace: its inode number; 0 where unknown). Names written before
-# 0.2 lack <boot>.<pid namespace>; they are still recognised (never read as bundles), never
-# cleaned up automatically.
-STAGING_MARKER = ".staging."
-# Where ``overwrite=True`` and ``remove_bundle`` park a previous bundle until it is removed.
-RETIRED_MARKER = ".retired."
-STAGING_RE = re.compile(
-    r"\.(?P<dest>.+)\.(?P<kind>staging|retired)\.(?P<host>[^.]+)"
-    r"(?:\.(?P<boot>[0-9a-f]+)\.(?P<pidns>[0-9]+))?\.(?P<pid>[0-9]+)\.(?P<nonce>[0-9a-f]+)"
-)
 
 DIGEST_ALGORITHM = "sha256"
 DIGEST_PREFIX = "sha256:"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bundles._errors import BundleFormatError, UnsafeBundleError
-from bundles._layout import (
+from bundles._format.layout import (
     DIGEST_RE,
     FORMAT_NAME,
     KIND_RE,
@@ -36,7 +36,7 @@ from bundles._layout import (
     SUFFIX_RE,
     SUPPORTED_FORMAT_VERSIONS,
 )
-from bundles._limits import MAX_MEDIA_BYTES
+from bundles._format.limits import MAX_MEDIA_BYTES
 
 __all__ = [
     "Manifest",
