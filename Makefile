@@ -99,7 +99,7 @@ mutants: $(DEV_OK)
 # config only from pyproject.toml, so scripts/mutants_safety.py copies the tree git knows into
 # $(SAFETY_DIR) and narrows [tool.mutmut] there (the modules, the tests that exercise them); plain
 # `make mutants` is unchanged. Cached in $(SAFETY_DIR)/mutants like `make mutants`; ends with the
-# score per module. MUTMUT_ARGS='--max-children 2 "bundles._proof*"' reruns some mutants.
+# score per module. MUTMUT_ARGS='--max-children 2 "bundles._local.proof*"' reruns some mutants.
 SAFETY_DIR ?= build/mutants-safety
 mutants-safety: $(DEV_OK)
 	$(BIN)/python scripts/mutants_safety.py --dest $(SAFETY_DIR)

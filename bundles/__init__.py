@@ -28,9 +28,9 @@ from bundles._format.media import MediaRef
 from bundles._format.options import LinkMode, OutsidePolicy, Verify
 from bundles._format.records import Record, register_record_type
 from bundles._format.sample import decode_sample, encode_sample, sample_encoder
+from bundles._local.reader import Bundle
 from bundles._location import check_location, is_store_url
 from bundles._locations import Location
-from bundles._reader import Bundle
 from bundles._remote import (
     GarbageReport,
     StorePrefix,
@@ -87,7 +87,7 @@ __all__ += _errors.__all__
 
 # Deprecated aliases, kept for one release: these moved to bundles.support (not the format API).
 def __getattr__(name: str) -> object:
-    from bundles._commit import scratch_dir
     from bundles._deprecated import moved_to_support
+    from bundles._local.commit import scratch_dir
 
     return moved_to_support("bundles", {"scratch_dir": scratch_dir}, name)

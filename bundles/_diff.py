@@ -26,7 +26,7 @@ from typing import Any
 from bundles._errors import BundleError
 from bundles._format.codec import key_path
 from bundles._format.layout import MEDIA_DIR
-from bundles._reader import Bundle
+from bundles._local.reader import Bundle
 from bundles._show import fingerprint, select, summarise
 
 __all__ = ["DiffKeyError", "diff_bundles"]

@@ -21,9 +21,9 @@ from typing import Any
 
 from bundles._errors import BundleFormatError
 from bundles._format.options import LinkMode, OutsidePolicy, Verify
+from bundles._local.reader import VERIFY_LEVELS, Bundle
 from bundles._location import local_path_only
 from bundles._locations import Location
-from bundles._reader import VERIFY_LEVELS, Bundle
 
 __all__ = [
     "is_bundle",
@@ -179,7 +179,7 @@ def unpack_bundle(
     """Unpack a packed bundle into the new directory ``out_dir``, fully verify it, commit it.
 
     Every member is checked before anything is written, by the rules the in-place reader applies
-    (:func:`bundles._source.read_tar_index`). ``packed`` may be an object on a store
+    (:func:`bundles._local.sources.read_tar_index`). ``packed`` may be an object on a store
     (``storage_options`` as in :func:`write_bundle`); ``out_dir`` is local.
 
     Raises:

@@ -53,23 +53,23 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from bundles import _remote
-from bundles._commit import (
+from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleNotFoundError, public_path
+from bundles._format.layout import PACK_SUFFIX
+from bundles._format.options import Verify
+from bundles._local.commit import (
     commit,
     is_staging_name,
     remove_bundle_dir,
     scratch_dir,
     staging_name,
 )
-from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleNotFoundError, public_path
-from bundles._format.layout import PACK_SUFFIX
-from bundles._format.options import Verify
-from bundles._fs import remove_tree
+from bundles._local.fs import remove_tree
+from bundles._local.pack import pack_local, unpack_local
+from bundles._local.proof import NotProven, Proof, examine_directory, removable_names
+from bundles._local.reader import Bundle, open_local
+from bundles._local.writer import resolve_media_roots, write_local
 from bundles._location import STORE_SCHEMES, classify, url_scheme
-from bundles._pack import pack_local, unpack_local
-from bundles._proof import NotProven, Proof, examine_directory, removable_names
-from bundles._reader import Bundle, open_local
 from bundles._store import StoreURL
-from bundles._writer import resolve_media_roots, write_local
 
 __all__ = [
     "DirectoryLocation",
@@ -148,7 +148,7 @@ class Location(abc.ABC):
     # -- what every kind does -------------------------------------------------------------------
     @abc.abstractmethod
     def examine(self) -> Proof | NotProven:
-        """Prove that a bundle is here (the rule of :mod:`bundles._proof`: a manifest that parses
+        """Prove that a bundle is here (the rule of :mod:`bundles._local.proof`: a manifest that parses
         and validates, a store pointer that names a generation of its own prefix whose manifest
         validates), or say why not. Every question "is this a bundle?" (``has_bundle``,
         ``list_bundles``, ``remove_bundle``, overwriting, ``ls``) is answered here. Cost: one
@@ -167,7 +167,7 @@ class Location(abc.ABC):
     @abc.abstractmethod
     def remove_bundle(self, damaged: bool = False) -> None:
         """Delete the bundle here, and only what it owns, so that no reader finds half of it: the
-        one deletion rule (:func:`bundles._proof.removable_names`) over what :meth:`examine`
+        one deletion rule (:func:`bundles._local.proof.removable_names`) over what :meth:`examine`
         proved, applied by each kind. ``damaged``: also a bundle whose manifest (or pointer)
         claims the format but does not validate, and then only the names the format writes."""
 

@@ -15,7 +15,6 @@ import sys
 from typing import Any
 
 from bundles import _cli
-from bundles._commit import scratch_dir
 from bundles._diff import DiffKeyError, diff_bundles
 from bundles._entry import open_bundle, pack_bundle, remove_bundle, unpack_bundle
 from bundles._errors import BundleError
@@ -23,10 +22,11 @@ from bundles._find import find_bundles
 from bundles._format.layout import MEDIA_DIR, PACK_SUFFIX
 from bundles._format.limits import MAX_FIND_DEPTH, MAX_SHOWN_CHARS, MAX_SHOWN_PATH_CHARS
 from bundles._format.repr import display
-from bundles._fs import remove_tree
+from bundles._local.commit import scratch_dir
+from bundles._local.fs import remove_tree
+from bundles._local.progress import human_bytes
 from bundles._location import check_location, is_store_url
 from bundles._locations import Location
-from bundles._progress import human_bytes
 from bundles._show import dumps_pretty, parse_key_paths, select, to_json
 
 __all__ = ["main", "register"]
@@ -52,7 +52,7 @@ _MOVED_TO_SUPPORT = frozenset(
 
 def __getattr__(name: str) -> object:
     from bundles._deprecated import moved_to_support
-    from bundles._progress import Progress
+    from bundles._local.progress import Progress
 
     found = {n: Progress if n == "Progress" else getattr(_cli, n) for n in _MOVED_TO_SUPPORT}
     return moved_to_support("bundles.cli", found, name)

@@ -10,7 +10,7 @@ What is here, by concern:
 
 * **Files and trees.** :func:`atomic_write` / :func:`atomic_writer` / :func:`atomic_path`, the one
   atomic file write (temporary file beside the destination, optional fsync of file and
-  directory, rename, cleanup on failure; protocol in :mod:`bundles._atomic`); :func:`place_file`,
+  directory, rename, cleanup on failure; protocol in :mod:`bundles._local.atomic`); :func:`place_file`,
   the one "hard-link, else copy" of the tools built on bundles;
   :func:`remove_stale_temps` for the leftovers of writers that died mid-write;
   :func:`remove_tree`, the one tree deletion (fd-relative, never follows a symlink, never crosses
@@ -64,7 +64,6 @@ change in any release: import it from here, never from a ``bundles._private`` mo
 
 from __future__ import annotations
 
-from bundles._atomic import atomic_path, atomic_write, atomic_writer, place_file, remove_stale_temps
 from bundles._cli import (
     PROG,
     CommandError,
@@ -78,19 +77,20 @@ from bundles._cli import (
     main_with,
     run_command,
 )
-from bundles._commit import scratch_dir
-from bundles._faults import KILL_ENV, arm_kill, fault_point, on_fault_point
 from bundles._format.codec import gc_paused, only_numbers
 from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
 from bundles._format.limits import LIMITS
 from bundles._format.manifest import nesting_depth_exceeds
 from bundles._format.repr import bounded_repr, display
-from bundles._fs import remove_tree
+from bundles._local.atomic import atomic_path, atomic_write, atomic_writer, place_file, remove_stale_temps
+from bundles._local.commit import scratch_dir
+from bundles._local.faults import KILL_ENV, arm_kill, fault_point, on_fault_point
+from bundles._local.fs import remove_tree
+from bundles._local.proc import boot_id, pid_alive, pid_namespace, proc_stat
+from bundles._local.progress import Progress, human_bytes
+from bundles._local.reader import read_at_most
+from bundles._local.sources import media_name_ok, open_regular_file
 from bundles._location import SINGLE_WRITER_ENV, local_path_only
-from bundles._proc import boot_id, pid_alive, pid_namespace, proc_stat
-from bundles._progress import Progress, human_bytes
-from bundles._reader import read_at_most
-from bundles._source import media_name_ok, open_regular_file
 
 __all__ = [
     "KILL_ENV",

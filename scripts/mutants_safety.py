@@ -36,9 +36,9 @@ from pathlib import Path
 
 #: The bundle proof, the deletion primitive and the publish path (issue 36, "Checks").
 MODULES = [
-    "bundles/_proof.py",
+    "bundles/_local/proof.py",
     "bundles/_remote/_pointer.py",
-    "bundles/_commit.py",
+    "bundles/_local/commit.py",
     "bundles/_remote/_write.py",
     "bundles/_remote/_verify.py",
 ]

@@ -29,7 +29,7 @@ from bundles import (
     remove_bundle,
     write_bundle,
 )
-from bundles._fs import remove_tree
+from bundles._local.fs import remove_tree
 
 MANIFEST = "manifest.json"
 
@@ -282,7 +282,7 @@ def test_scratch_dirs_and_pack_files_of_dead_processes_are_cleaned_up(tmp_path):
         import sys
         from pathlib import Path
         from bundles.support import scratch_dir
-        from bundles._commit import staging_name
+        from bundles._local.commit import staging_name
         d = scratch_dir(Path(sys.argv[1]) / "ckpt", "images")
         (d / "x.png").write_bytes(b"png")
         staging_name(Path(sys.argv[1]) / "dump.rbundle").write_bytes(b"half a tar")
@@ -492,7 +492,7 @@ def test_leftovers_are_removed_only_when_their_writer_is_provably_dead(tmp_path)
 
 @needs_proc
 def test_a_staging_name_records_host_boot_and_pid_namespace(tmp_path, monkeypatch):
-    from bundles._faults import on_fault_point
+    from bundles._local.faults import on_fault_point
 
     seen: list[str] = []
     with on_fault_point("commit.before-rename", lambda dest: seen.extend(os.listdir(tmp_path))):
@@ -505,10 +505,10 @@ def test_a_staging_name_records_host_boot_and_pid_namespace(tmp_path, monkeypatc
 KILLED_OVERWRITE = textwrap.dedent(
     """
     import sys
-    import bundles._commit
+    import bundles._local.commit
     from bundles import write_bundle
     if sys.argv[3] == "no-exchange":  # a kernel or filesystem without RENAME_EXCHANGE
-        bundles._commit.exchange = lambda a, b: False
+        bundles._local.commit.exchange = lambda a, b: False
     write_bundle(sys.argv[1], [{"version": "new", "images": [sys.argv[2]]}], media_roots=[sys.argv[4]],
                  overwrite=True)
     """
@@ -598,7 +598,7 @@ def test_remove_bundle_killed_midway_never_leaves_a_bundle_under_a_hidden_name(t
 def test_two_writers_creating_one_destination_with_overwrite_both_succeed(tmp_path):
     """Issue 8 defect 14: the destination appears between a writer's existence check and its
     rename; with overwrite=True that writer replaces it instead of failing."""
-    from bundles._faults import on_fault_point
+    from bundles._local.faults import on_fault_point
 
     dest = tmp_path / "b"
     other: list[Path] = []
@@ -626,7 +626,7 @@ def test_two_writers_creating_one_destination_with_overwrite_both_succeed(tmp_pa
 def test_remove_bundle_tolerates_a_concurrent_remover(tmp_path):
     """Issue 8 defect 14: another process removes the bundle between the check and the rename."""
     from bundles import remove_bundle
-    from bundles._faults import on_fault_point
+    from bundles._local.faults import on_fault_point
 
     dest = write_bundle(tmp_path / "b", [{"i": 1}])
     raced: list[bool] = []

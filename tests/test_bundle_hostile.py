@@ -14,7 +14,7 @@ import pytest
 import zstandard
 from helpers import put_media
 
-import bundles._source as source
+import bundles._local.sources as source
 from bundles import (
     BundleFormatError,
     BundleNotFoundError,

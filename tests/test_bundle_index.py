@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from helpers import put_media
 
-import bundles._writer
+import bundles._local.writer
 from bundles import BundleFormatError, BundleIndexError, BundleVerificationError, open_bundle, write_bundle
 
 
 @pytest.fixture
 def sharded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Ten samples in five shards (the shard size target is lowered so that two samples fill one)."""
-    monkeypatch.setattr(bundles._writer, "SHARD_TARGET_RAW_BYTES", 3000)
+    monkeypatch.setattr(bundles._local.writer, "SHARD_TARGET_RAW_BYTES", 3000)
     run = tmp_path / "run"
     samples = [
         {"index": i, "pad": bytes([i]) * 2000, "images": [put_media(run, bytes([i % 3]) * 100)]}

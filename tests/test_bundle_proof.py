@@ -1,7 +1,7 @@
 """A bundle is proven, never guessed; a removal deletes what it listed (issue 36, items 1-5;
 docs/FORMAT.md §5a).
 
-One proof (:mod:`bundles._proof`) answers "is this a bundle?" for every command: a manifest that
+One proof (:mod:`bundles._local.proof`) answers "is this a bundle?" for every command: a manifest that
 parses and validates, or on a store a pointer naming a generation of its own prefix whose manifest
 validates. Here: a web app's ``manifest.json`` is refused by ``rm``, ``cp --force`` and
 ``overwrite=True`` and survives byte for byte; a damaged bundle is removed only with

@@ -244,7 +244,7 @@ def test_deep_nesting_is_refused(tmp_path):
 
 
 def test_many_samples_split_into_shards_and_stream_back(tmp_path, monkeypatch):
-    import bundles._writer as writer
+    import bundles._local.writer as writer
 
     monkeypatch.setattr(writer, "SHARD_TARGET_RAW_BYTES", 10_000)
     samples = [{"i": i, "blob": bytes([i % 256]) * 3000} for i in range(40)]

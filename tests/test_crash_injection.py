@@ -2,7 +2,7 @@
 commit and retention, chosen by a seeded schedule (issue 8, fault suite).
 
 A server process imports trainer_hooks once, then forks one child per kill point; the child arms
-the point (``bundles._faults.arm_kill``, the same switch as ``ROLLOUT_BUNDLES_KILL_AT``) and runs
+the point (``bundles._local.faults.arm_kill``, the same switch as ``ROLLOUT_BUNDLES_KILL_AT``) and runs
 a real ``save_rollout_checkpoint`` with ``--keep-rollout-checkpoints 2``, which kills itself when
 it passes the point. After each kill this process checks that
 
@@ -37,7 +37,7 @@ from helpers import trainer_args
 
 import trainer_hooks
 from bundles import BundleNotFoundError, is_bundle, open_bundle
-from bundles._fs import remove_tree
+from bundles._local.fs import remove_tree
 from bundles.support import scratch_dir
 from trainer_hooks import (
     Sample,
@@ -57,7 +57,7 @@ SERVER = textwrap.dedent(
     """
     import json, os, sys
     sys.path.insert(0, {repo!r})
-    import bundles._commit
+    import bundles._local.commit
     from bundles import _faults
     from trainer_hooks import Sample, parse_args, save_rollout_checkpoint
 
@@ -71,7 +71,7 @@ SERVER = textwrap.dedent(
             code = 1
             try:
                 if trial["no_exchange"]:  # a kernel or filesystem without RENAME_EXCHANGE
-                    bundles._commit.exchange = lambda a, b: False
+                    bundles._local.commit.exchange = lambda a, b: False
                 _faults.arm_kill(trial["point"])
                 group = [Sample(index=i, prompt=trial["version"], status=Sample.Status.COMPLETED,
                                 multimodal_inputs={{"images": [p]}}) for i, p in enumerate(cfg["images"])]

@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 STAGED_REPLACE = """
 import sys
-import bundles._commit
+import bundles._local.commit
 from bundles import Location, write_bundle
-bundles._commit.exchange = lambda a, b: False  # a filesystem without RENAME_EXCHANGE
+bundles._local.commit.exchange = lambda a, b: False  # a filesystem without RENAME_EXCHANGE
 staged = Location.of(sys.argv[1]).stage(lambda w: write_bundle(w, [{"v": "new"}]), overwrite=True)
 staged.publish()
 """

@@ -1,8 +1,8 @@
 """The safety core's answers pinned exactly: tests written for the mutants that survived
 ``make mutants-safety`` (issue 36, "Checks"; docs/TESTING.md "Mutation testing").
 
-The bundle proof (:mod:`bundles._proof`, ``examine_prefix``), the deletion primitive
-(:mod:`bundles._commit`, ``remove_on_store``) and the publish path (:mod:`bundles._remote._verify`,
+The bundle proof (:mod:`bundles._local.proof`, ``examine_prefix``), the deletion primitive
+(:mod:`bundles._local.commit`, ``remove_on_store``) and the publish path (:mod:`bundles._remote._verify`,
 ``upload_bundle``) were mostly tested by what they do to a user's files; a mutant that changed a
 reason, a flag of a refusal (``damaged``, ``empty``) or a count in ``UploadStats`` went unseen.
 Here each answer is compared whole: the :class:`NotProven` (where, reason, damaged, empty), the
@@ -25,7 +25,7 @@ from bundles import BundleFormatError, BundleNotFoundError, is_bundle, write_bun
 from bundles._errors import UnsafeBundleError
 from bundles._format.layout import MAX_MANIFEST_BYTES
 from bundles._format.limits import MAX_POINTER_BYTES
-from bundles._proof import (
+from bundles._local.proof import (
     DAMAGED_HINT,
     NotProven,
     Proof,
@@ -34,8 +34,8 @@ from bundles._proof import (
     judge_manifest,
     removable_names,
 )
+from bundles._local.sources import layout_name_ok
 from bundles._remote._pointer import Pointer, _BundlePrefix, examine_prefix, parse_pointer
-from bundles._source import layout_name_ok
 from bundles._store import StoreURL, get_store
 from bundles.support import on_fault_point
 
@@ -50,7 +50,7 @@ def local_bundle(tmp_path: Path, name: str = "b", tag: str = "a") -> Path:
     )
 
 
-# -- the proof: bundles/_proof.py ---------------------------------------------------------------
+# -- the proof: bundles/_local/proof.py ---------------------------------------------------------------
 def test_a_proven_directory_names_its_members_shards_first(tmp_path: Path) -> None:
     b = local_bundle(tmp_path)
     found = examine_directory(b)
@@ -469,7 +469,7 @@ def test_examine_prefix_says_exactly_why_a_prefix_is_no_bundle(moto: Any, tmp_pa
     assert contents(moto) == before  # a proof reads, never writes
 
 
-# -- the commit: bundles/_commit.py --------------------------------------------------------------
+# -- the commit: bundles/_local/commit.py --------------------------------------------------------------
 def _tags(path: Path) -> list[str]:
     from bundles import open_bundle
 
@@ -1073,7 +1073,7 @@ def test_a_huge_manifest_is_judged_by_reading_one_byte_past_the_cap(tmp_path: Pa
     with open(d / "manifest.json", "wb") as f:
         f.truncate(5 * MAX_MANIFEST_BYTES)
     code = (
-        "import resource, sys; from bundles._proof import examine_directory; "
+        "import resource, sys; from bundles._local.proof import examine_directory; "
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
         f"found = examine_directory({str(d)!r}); "
         "print(found.reason); print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)"

@@ -18,7 +18,7 @@ import obstore
 from obstore.store import S3Store
 
 from bundles import list_bundles, open_bundle, write_bundle
-from bundles._faults import KILL_ENV
+from bundles._local.faults import KILL_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ from helpers import trainer_args
 
 import trainer_hooks
 from bundles import BundleIOError, MediaMissingError, is_bundle, open_bundle
-from bundles._faults import on_fault_point
+from bundles._local.faults import on_fault_point
 from trainer_hooks import Sample, list_rollout_checkpoints, save_rollout_checkpoint, store_media
 
 REPO = Path(trainer_hooks.__file__).resolve().parents[1]

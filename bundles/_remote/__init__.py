@@ -40,12 +40,12 @@ directory with the local writer (so every check, hash and error of ``write_bundl
 unchanged; the scratch lies beside the first media root, so media are hard-linked, not copied)
 and then uploads it with :func:`upload_bundle`, concurrently (:data:`~bundles._store.CONCURRENCY` requests in flight).
 
-Reading. :class:`StoreSource` is a source for :class:`bundles._reader.Bundle`: the manifest and
+Reading. :class:`StoreSource` is a source for :class:`bundles._local.reader.Bundle`: the manifest and
 shards are read with single GETs, media lazily with range reads (:class:`RangeFile`), sizes come
 from one listing of the generation and of the media prefix. A packed ``.rbundle`` object is read
 in place by :class:`StorePackedSource`: its tar headers are fetched by range reads, all at once
 where the packer's deterministic layout predicts them, and checked by the same
-:func:`bundles._source.read_tar_index` as a local packed file.
+:func:`bundles._local.sources.read_tar_index` as a local packed file.
 
 Garbage and reference accounting. Media in a shared pool belong to every bundle whose manifest
 lists them, so nothing deletes them when one bundle goes: :func:`collect_garbage` sweeps, once

@@ -14,14 +14,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bundles._commit import commit, create_staging
 from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleVerificationError
 from bundles._format.layout import DIGEST_PREFIX, MANIFEST_NAME, MAX_MANIFEST_BYTES, MEDIA_DIR, SHARDS_DIR
 from bundles._format.manifest import parse_manifest_bytes
 from bundles._format.options import Verify
-from bundles._fs import fsync_dir, make_read_only, remove_tree
-from bundles._progress import Progress
-from bundles._reader import open_local
+from bundles._local.commit import commit, create_staging
+from bundles._local.fs import fsync_dir, make_read_only, remove_tree
+from bundles._local.progress import Progress
+from bundles._local.reader import open_local
 from bundles._remote._pointer import READ_WINDOW, _bundle_prefix
 from bundles._store import StoreURL, naming, parallel
 

@@ -61,7 +61,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bundles._errors import BundleError, GarbagePrefixError
-from bundles._faults import fault_point
 from bundles._format.layout import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -72,10 +71,11 @@ from bundles._format.layout import (
     STORE_POINTER_NAME,
 )
 from bundles._format.manifest import parse_manifest_bytes
-from bundles._proof import Proof
+from bundles._local.faults import fault_point
+from bundles._local.proof import Proof
+from bundles._local.sources import layout_name_ok
 from bundles._remote._pointer import examine_prefix
 from bundles._remote._probe import PROBE_PREFIX
-from bundles._source import layout_name_ok
 from bundles._store import (
     ObjectNotFoundError,
     Store,

@@ -10,18 +10,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bundles._commit import scratch_dir
 from bundles._errors import (
     BundleError,
     BundleExistsError,
     BundleIOError,
     BundleNotFoundError,
 )
-from bundles._faults import fault_point
 from bundles._format.layout import PACK_SUFFIX
-from bundles._fs import remove_tree
-from bundles._pack import pack_local, unpack_local
-from bundles._reader import Bundle
+from bundles._local.commit import scratch_dir
+from bundles._local.faults import fault_point
+from bundles._local.fs import remove_tree
+from bundles._local.pack import pack_local, unpack_local
+from bundles._local.reader import Bundle
 from bundles._remote._pointer import MULTIPART_THRESHOLD, has_bundle_on_store
 from bundles._remote._probe import check_preconditions
 from bundles._remote._read import StorePackedSource
@@ -42,10 +42,10 @@ def pack_on_store(
     in one atomic put (create-only unless ``overwrite``).
 
     Verify, then publish: the put is the publication, and what it puts was verified in full
-    before it: :func:`bundles._pack.pack_local` hashes every member it writes against the
+    before it: :func:`bundles._local.pack.pack_local` hashes every member it writes against the
     manifest and refuses a bundle that disagrees, so a damaged bundle never replaces the object.
     The local file lies in a scratch directory named after this process
-    (:func:`bundles._commit.scratch_dir`): a SIGKILLed packer's is removed by the next one."""
+    (:func:`bundles._local.commit.scratch_dir`): a SIGKILLed packer's is removed by the next one."""
     url = StoreURL(url_text)
     store = get_store(url, storage_options)
     if not overwrite:

@@ -30,7 +30,7 @@ from bundles._format.layout import (
     STORE_POINTER_VERSION,
 )
 from bundles._format.limits import MAX_POINTER_BYTES
-from bundles._proof import NotProven, Proof, claims_format, judge_manifest
+from bundles._local.proof import NotProven, Proof, claims_format, judge_manifest
 from bundles._store import ObjectNotFoundError, Store, StoreURL, get_store, naming, parallel
 
 # Media above this size are uploaded in parts (a create-only put must be a single request, whose
@@ -165,7 +165,7 @@ def inside_generation(url: StoreURL) -> str | None:
 
 
 def examine_prefix(store: Store, url: StoreURL) -> Proof | NotProven:
-    """Prove that the prefix ``url`` holds a bundle (the rule of :mod:`bundles._proof`), or say
+    """Prove that the prefix ``url`` holds a bundle (the rule of :mod:`bundles._local.proof`), or say
     why not: a pointer that parses and names a generation of this prefix whose manifest has the
     size and digest the pointer records and validates; with no pointer, a ``manifest.json`` right
     here that validates (a plain copy). A generation-named prefix is never a bundle (a valid

@@ -40,9 +40,9 @@ import time
 import warnings
 
 from bundles._errors import BundleError, UnsafeStoreError, UnsafeStoreWarning
+from bundles._local.writer import stacklevel_outside_bundles
 from bundles._location import SINGLE_WRITER_ENV
 from bundles._store import Store, StoreURL, naming
-from bundles._writer import stacklevel_outside_bundles
 
 __all__ = ["SINGLE_WRITER_ENV", "check_preconditions", "forget_verdicts"]
 

@@ -12,7 +12,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from bundles._atomic import atomic_write
 from bundles._errors import (
     BucketNotFoundError,
     BundleError,
@@ -33,10 +32,11 @@ from bundles._format.layout import (
 )
 from bundles._format.media import MediaRef
 from bundles._format.options import Verify
-from bundles._progress import Progress
-from bundles._reader import Bundle, load_manifest
+from bundles._local.atomic import atomic_write
+from bundles._local.progress import Progress
+from bundles._local.reader import Bundle, load_manifest
+from bundles._local.sources import LAYOUT_DIRS, Entry, PackedMembers, WindowFile, read_tar_index
 from bundles._remote._pointer import READ_WINDOW, _bundle_prefix, _BundlePrefix
-from bundles._source import LAYOUT_DIRS, Entry, PackedMembers, WindowFile, read_tar_index
 from bundles._store import ObjectNotFoundError, Store, StoreURL, get_store, naming, parallel
 
 
@@ -121,7 +121,7 @@ class _StoreSourceBase:
 
 
 class StoreSource(_StoreSourceBase):
-    """A bundle on a store, as a source for :class:`bundles._reader.Bundle` (see the module
+    """A bundle on a store, as a source for :class:`bundles._local.reader.Bundle` (see the module
     docstring). ``path`` is the bundle's :class:`StoreURL`; names are bundle-relative."""
 
     packed = False
@@ -310,7 +310,7 @@ def _check_bucket(store: Store, url: StoreURL) -> None:
 
 
 def _prefetch_headers(reader: _StoreReader) -> None:
-    """Fetch the tar headers where :mod:`bundles._pack`'s deterministic layout puts them, all at
+    """Fetch the tar headers where :mod:`bundles._local.pack`'s deterministic layout puts them, all at
     once (``get_ranges`` calls in parallel; obstore merges ranges under 1 MiB apart into one
     request): the first member is the manifest, which lists every other member's size.
     Only a prediction: :func:`read_tar_index` still checks every header it reads, and a header

@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundles._errors import BundleError, BundleFormatError, BundleVerificationError
-from bundles._faults import fault_point
 from bundles._format.layout import DIGEST_PREFIX, STORE_POINTER_NAME
+from bundles._local.faults import fault_point
 from bundles._remote._pointer import MULTIPART_THRESHOLD, READ_WINDOW, _BundlePrefix, _read_pointer
 from bundles._store import ObjectNotFoundError, ObjectTooLargeError, Store, naming, parallel
 

@@ -26,7 +26,6 @@ from bundles._errors import (
     BundleVerificationError,
     MediaMissingError,
 )
-from bundles._faults import fault_point
 from bundles._format.layout import (
     DIGEST_PREFIX,
     MANIFEST_NAME,
@@ -39,9 +38,10 @@ from bundles._format.layout import (
 )
 from bundles._format.media import sha256_file
 from bundles._format.options import Verify
-from bundles._progress import Progress
-from bundles._proof import DAMAGED_HINT, NotProven, Proof, judge_manifest, removable_names
-from bundles._reader import open_local
+from bundles._local.faults import fault_point
+from bundles._local.progress import Progress
+from bundles._local.proof import DAMAGED_HINT, NotProven, Proof, judge_manifest, removable_names
+from bundles._local.reader import open_local
 from bundles._remote._pointer import (
     _PUBLISH_ATTEMPTS,
     MULTIPART_THRESHOLD,

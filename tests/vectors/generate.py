@@ -167,7 +167,7 @@ if __name__ == "__main__":
     for name in ("v1_basic", "v1_tensor", "v1_records", "v1_image", "v1_basic.rbundle", "v2_nested"):
         p = HERE / name
         if p.is_dir():
-            from bundles._fs import remove_tree
+            from bundles._local.fs import remove_tree
 
             remove_tree(p)
         elif p.exists():

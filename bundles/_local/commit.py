@@ -31,9 +31,9 @@ writers and leaves everything else alone:
   name may be shared by another machine on the same filesystem). Names of another host, and names
   from before 0.2 (without boot and namespace), are never touched.
 * when the destination is missing and one dead writer left both a retired directory and a
-  complete staging directory (a manifest that validates: :mod:`bundles._proof`) for it, it died between the two renames of a fallback
+  complete staging directory (a manifest that validates: :mod:`bundles._local.proof`) for it, it died between the two renames of a fallback
   overwrite, after its new bundle was durable: that bundle is renamed into place. Everything else
-  of dead writers is removed (through :func:`bundles._fs.remove_tree`, never following a symlink).
+  of dead writers is removed (through :func:`bundles._local.fs.remove_tree`, never following a symlink).
 
 Readers refuse staging and retired names.
 """
@@ -53,7 +53,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleNotFoundError
-from bundles._faults import fault_point
 from bundles._format.layout import (
     MANIFEST_NAME,
     MEDIA_DIR,
@@ -62,10 +61,10 @@ from bundles._format.layout import (
     STAGING_MARKER,
     STAGING_RE,
 )
-from bundles._fs import exchange, fsync_dir, remove_tree, rename_noreplace
-from bundles._location import local_path_only
-from bundles._proc import boot_id, pid_alive, pid_namespace
-from bundles._proof import (
+from bundles._local.faults import fault_point
+from bundles._local.fs import exchange, fsync_dir, remove_tree, rename_noreplace
+from bundles._local.proc import boot_id, pid_alive, pid_namespace
+from bundles._local.proof import (
     DAMAGED_HINT,
     NotProven,
     Proof,
@@ -73,6 +72,7 @@ from bundles._proof import (
     examine_directory_fd,
     removable_names,
 )
+from bundles._location import local_path_only
 
 # A leftover of another boot of this host name is removed once nothing in it changed for this
 # long: after a reboot the writer is certainly dead, but the same host name on another machine
@@ -268,7 +268,7 @@ def create_staging(dest: Path) -> Path:
 
 
 def is_bundle_dir(path: str | os.PathLike[str]) -> bool:
-    """True for a committed bundle directory: proven by :func:`bundles._proof.examine_directory`
+    """True for a committed bundle directory: proven by :func:`bundles._local.proof.examine_directory`
     (not a symlink, not a staging or retired directory, a manifest that validates). Costs one
     bounded read of the manifest. :func:`bundles.is_bundle` answers for every location."""
     return isinstance(examine_directory(path), Proof)
@@ -292,7 +292,7 @@ def remove_bundle_dir(path: str | os.PathLike[str], damaged: bool = False) -> No
     (:func:`bundles.remove_bundle` for every location), and nothing that is not the bundle's.
 
     The directory is opened once (never through a symlink) and everything after is done through
-    that descriptor: the proof (:func:`bundles._proof.examine_directory_fd`: the manifest must
+    that descriptor: the proof (:func:`bundles._local.proof.examine_directory_fd`: the manifest must
     validate), the listing and the unlinks. What goes is what the proof allows
     (:func:`removable_names`): the members its manifest lists; with ``damaged=True``, of a
     manifest that claims the format but does not validate, the names of the format's layout.

@@ -688,7 +688,7 @@ class _Descriptor:
 
 @runtime_checkable
 class Source(Protocol):
-    """What a :class:`~bundles._reader.Bundle` reads through: :class:`DirSource` and
+    """What a :class:`~bundles._local.reader.Bundle` reads through: :class:`DirSource` and
     :class:`PackedSource` here, ``StoreSource`` and ``StorePackedSource`` in :mod:`bundles._remote`.
 
     Names are bundle-relative (``manifest.json``, ``samples/000000.msgpack.zst``,

@@ -7,7 +7,7 @@ The rule (docs/FORMAT.md §5a). A location holds a bundle only when
   parses *and validates* (:func:`bundles._format.manifest.parse_manifest_bytes`: ``format``,
   ``format_version``, ``kind``, the shards and media named as the format names them);
 * a packed file or packed object: its member index and the manifest inside it pass the same
-  checks (the reader's own, :func:`bundles._reader.open_local` / the store's packed source);
+  checks (the reader's own, :func:`bundles._local.reader.open_local` / the store's packed source);
 * a store prefix: its ``bundle.json`` is a pointer that parses (at most
   :data:`~bundles._format.limits.MAX_POINTER_BYTES`) and names a generation *of its own prefix* whose
   manifest has the size and digest the pointer records and validates; or, with no pointer, a
@@ -48,7 +48,7 @@ from bundles._errors import BundleError, BundleFormatError, BundleNotFoundError
 from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR, STAGING_RE
 from bundles._format.limits import MAX_MANIFEST_BYTES
 from bundles._format.manifest import Manifest, parse_manifest_bytes
-from bundles._source import layout_name_ok
+from bundles._local.sources import layout_name_ok
 
 __all__ = [
     "DAMAGED_HINT",

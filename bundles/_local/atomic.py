@@ -5,7 +5,7 @@ Protocol, for a destination ``d``:
 
 1. The bytes go to a temporary file in ``d``'s own directory (a rename is atomic only within one
    filesystem), named like a bundle staging directory, ``.<d name>.staging.<host>.<boot>.<pid
-   namespace>.<pid>.<nonce>`` (:func:`bundles._commit.staging_name`). The name says which process
+   namespace>.<pid>.<nonce>`` (:func:`bundles._local.commit.staging_name`). The name says which process
    wrote it, so whoever finds it later can tell whether its writer is provably dead; the random
    nonce makes two threads of one process, or two processes, never share a temporary file.
 2. With ``durable=True`` the file's data is fsynced before the rename, and the directory after
@@ -22,7 +22,7 @@ Protocol, for a destination ``d``:
    re-raises, with an ``OSError`` naming the destination rather than the temporary name.
 
 Recovery. A SIGKILL or power loss between steps 1 and 3 leaves the temporary file. Its name is a
-staging name, so :func:`bundles._commit.remove_stale_staging` (run by every bundle write into the
+staging name, so :func:`bundles._local.commit.remove_stale_staging` (run by every bundle write into the
 directory, by ``sweep=True`` here, and by :func:`remove_stale_temps`) removes it once its writer
 is provably dead, and never one of a live writer. Writers into directories with many files and
 frequent writes (run media, a lease beside them) pass ``sweep=False``: their directory is
@@ -42,10 +42,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
-from bundles._commit import remove_stale_staging, staging_name
 from bundles._errors import UnsafeBundleError
-from bundles._faults import fault_point
-from bundles._fs import LINK_UNSUPPORTED_ERRNOS, fsync_dir, rename_noreplace
+from bundles._local.commit import remove_stale_staging, staging_name
+from bundles._local.faults import fault_point
+from bundles._local.fs import LINK_UNSUPPORTED_ERRNOS, fsync_dir, rename_noreplace
 
 __all__ = ["atomic_path", "atomic_write", "atomic_writer", "place_file", "remove_stale_temps"]
 
@@ -174,7 +174,7 @@ def place_file(
 
     The one "hard-link, else copy" of trainer_hooks (the journal placing run media, a resume
     placing journal media); a bundle's writer has its own, which also reflinks and hashes as it
-    copies (:func:`bundles._fs.ingest`).
+    copies (:func:`bundles._local.fs.ingest`).
     """
     src, dst = os.fspath(src), os.fspath(dst)
     if link != "copy":

@@ -12,7 +12,7 @@ microseconds), so the writer avoids hashing bytes it does not copy:
 * a linked file with no digest in its name is hashed once (after linking, from the page cache).
 
 Each distinct source path is ingested once per bundle, and each digest stored once.
-The commit protocol is described in :mod:`bundles._commit`.
+The commit protocol is described in :mod:`bundles._local.commit`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from typing import Any
 
 import zstandard
 
-from bundles._commit import commit, create_staging
 from bundles._errors import (
     BundleError,
     BundleExistsError,
@@ -40,7 +39,6 @@ from bundles._errors import (
     OutsidePathWarning,
     UnsupportedValueError,
 )
-from bundles._faults import fault_point
 from bundles._format.codec import SampleEncoder, gc_paused
 from bundles._format.images import png_bytes
 from bundles._format.layout import (
@@ -60,7 +58,9 @@ from bundles._format.layout import (
 from bundles._format.manifest import nesting_depth_exceeds
 from bundles._format.media import MediaRef, digest_from_name, media_suffix, sha256_file, trusted_ref
 from bundles._format.options import OUTSIDE_PATHS, LinkMode, OutsidePolicy
-from bundles._fs import (
+from bundles._local.commit import commit, create_staging
+from bundles._local.faults import fault_point
+from bundles._local.fs import (
     Durability,
     check_link_mode,
     copy_and_hash,
@@ -68,7 +68,7 @@ from bundles._fs import (
     make_read_only,
     remove_tree,
 )
-from bundles._progress import Progress
+from bundles._local.progress import Progress
 from bundles._version import __version__
 
 

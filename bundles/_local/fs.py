@@ -26,8 +26,8 @@ from collections.abc import Collection
 from typing import Any, BinaryIO
 
 from bundles._errors import BundleError
-from bundles._faults import fault_point
 from bundles._format.options import LinkMode
+from bundles._local.faults import fault_point
 
 LINK_MODES = LinkMode.values()
 COPY_CHUNK = 1024 * 1024

@@ -8,9 +8,9 @@ compression of its own.
 Unpacking trusts nothing: each member must be a regular file or one of the two layout
 directories, with a relative name that matches the layout (no absolute names, no ``..``, no
 links, no devices, no sparse files, no duplicates). Those rules live in one place,
-:func:`bundles._source.read_tar_index`, which the in-place reader uses too, and every header is
+:func:`bundles._local.sources.read_tar_index`, which the in-place reader uses too, and every header is
 checked before a byte is written. The result is fully verified inside a staging directory before
-it is committed with the protocol of :mod:`bundles._commit`.
+it is committed with the protocol of :mod:`bundles._local.commit`.
 
 Packing reads every byte of the bundle anyway, so it hashes while it streams and refuses a file
 whose digest disagrees with the manifest: a damaged bundle is never shipped.
@@ -24,8 +24,6 @@ import tarfile
 from pathlib import Path
 from typing import BinaryIO
 
-from bundles._atomic import atomic_writer
-from bundles._commit import commit, create_staging
 from bundles._errors import (
     BundleError,
     BundleExistsError,
@@ -36,10 +34,12 @@ from bundles._errors import (
 )
 from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
 from bundles._format.options import Verify
-from bundles._fs import fsync_dir, make_read_only, remove_tree
-from bundles._progress import Progress
-from bundles._reader import Bundle, load_manifest, open_local
-from bundles._source import DirSource, PackedSource
+from bundles._local.atomic import atomic_writer
+from bundles._local.commit import commit, create_staging
+from bundles._local.fs import fsync_dir, make_read_only, remove_tree
+from bundles._local.progress import Progress
+from bundles._local.reader import Bundle, load_manifest, open_local
+from bundles._local.sources import DirSource, PackedSource
 
 _CHUNK = 8 * 1024 * 1024
 
@@ -116,7 +116,7 @@ def _write_packed(bundle: Bundle, out: Path, progress: bool | None, *, replace: 
     out.parent.mkdir(parents=True, exist_ok=True)
     source = bundle._source
     total = sum(size for _, size in expected.values())
-    # The one atomic write (bundles._atomic): durable, and a dead packer's temporary file is
+    # The one atomic write (bundles._local.atomic): durable, and a dead packer's temporary file is
     # removed by the next write into this directory.
     with (
         atomic_writer(out, durable=True, replace=replace) as raw,

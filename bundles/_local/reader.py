@@ -10,7 +10,7 @@ Verification levels: ``"none"`` parses the manifest; ``"fast"`` also checks that
 holds exactly the listed regular files with their recorded sizes and that shard digests match;
 ``"full"`` also re-hashes every media file (in a few threads: hashlib releases the GIL).
 
-The reader sees the bundle through a source (:mod:`bundles._source`): a directory, or a packed
+The reader sees the bundle through a source (:mod:`bundles._local.sources`): a directory, or a packed
 file read in place by member offsets. Everything here works the same on both; a packed file's
 members are checked by the rules ``unpack_bundle`` applies before anything is read.
 """
@@ -27,8 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
-from bundles._atomic import atomic_path
-from bundles._commit import is_staging_name
 from bundles._errors import (
     BundleError,
     BundleFormatError,
@@ -45,10 +43,12 @@ from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_bytes
 from bundles._format.media import MediaRef
 from bundles._format.options import LinkMode, Verify
 from bundles._format.shards import iter_shard
-from bundles._fs import check_link_mode, copy_and_hash, ingest, make_read_only
+from bundles._local.atomic import atomic_path
+from bundles._local.commit import is_staging_name
+from bundles._local.fs import check_link_mode, copy_and_hash, ingest, make_read_only
+from bundles._local.progress import Progress
+from bundles._local.sources import LAYOUT_DIRS, DirSource, PackedSource, RemoteSource, Source, describe
 from bundles._location import local_path_only
-from bundles._progress import Progress
-from bundles._source import LAYOUT_DIRS, DirSource, PackedSource, RemoteSource, Source, describe
 
 if TYPE_CHECKING:
     from bundles._store import StoreURL
@@ -82,7 +82,7 @@ def parse_manifest(path: Path) -> Manifest:
 class Bundle:
     """An open bundle: a directory, or a packed file read in place. Create with :func:`open_bundle`.
 
-    A bundle opened from a packed file holds the file open (see :mod:`bundles._source`); use it as
+    A bundle opened from a packed file holds the file open (see :mod:`bundles._local.sources`); use it as
     a context manager or call :meth:`close` to release it early.
     """
 
