@@ -10,7 +10,9 @@ Messages name the bundle (or file) path, the key path of the value inside a samp
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Sequence
 
 __all__ = [
@@ -177,3 +179,19 @@ class UnsafeStoreError(BundleError):
 
 class UnsafeStoreWarning(UserWarning):
     """A store ignores preconditions and the single-writer opt-in was given: written anyway."""
+
+
+# The directory of the package (this module sits at its top): frames below it are bundles' own.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def stacklevel_outside_bundles() -> int:
+    """The ``stacklevel`` that makes a warning point at the first caller outside this package,
+    however many of its frames lie between (the entry module, the store's upload). Here, beside the
+    warnings it serves, so that the writer and the store's probe both take it from below them."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level

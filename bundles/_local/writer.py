@@ -22,7 +22,6 @@ import json
 import math
 import os
 import stat
-import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from bundles._errors import (
     OutsidePathError,
     OutsidePathWarning,
     UnsupportedValueError,
+    stacklevel_outside_bundles,
 )
 from bundles._format.codec import SampleEncoder, gc_paused
 from bundles._format.images import png_bytes
@@ -621,17 +621,3 @@ def resolve_media_roots(media_roots: Any, dest: object) -> list[str]:
             raise BundleError(f"{dest}: media_roots[{i}]: expected a non-empty str path, found {path!r}")
         roots.append(path)
     return roots
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def stacklevel_outside_bundles() -> int:
-    """The ``stacklevel`` that makes a warning point at the first caller outside this package,
-    however many of its frames lie between (the entry module, the store's upload)."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
-        frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    return level

@@ -39,8 +39,7 @@ import threading
 import time
 import warnings
 
-from bundles._errors import BundleError, UnsafeStoreError, UnsafeStoreWarning
-from bundles._local.writer import stacklevel_outside_bundles
+from bundles._errors import BundleError, UnsafeStoreError, UnsafeStoreWarning, stacklevel_outside_bundles
 from bundles._location import SINGLE_WRITER_ENV
 from bundles._store import Store, StoreURL, naming
 
