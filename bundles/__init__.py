@@ -29,9 +29,8 @@ from bundles._format.options import LinkMode, OutsidePolicy, Verify
 from bundles._format.records import Record, register_record_type
 from bundles._format.sample import decode_sample, encode_sample, sample_encoder
 from bundles._local.reader import Bundle
-from bundles._location import check_location, is_store_url
 from bundles._locations import Location
-from bundles._remote import (
+from bundles._store import (
     GarbageReport,
     StorePrefix,
     UploadStats,
@@ -39,7 +38,7 @@ from bundles._remote import (
     list_remote_bundles,
     upload_bundle,
 )
-from bundles._store import StoreURL
+from bundles._urls import StoreURL, check_location, is_store_url
 from bundles._version import __version__
 
 __all__ = [

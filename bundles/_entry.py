@@ -22,8 +22,8 @@ from typing import Any
 from bundles._errors import BundleFormatError
 from bundles._format.options import LinkMode, OutsidePolicy, Verify
 from bundles._local.reader import VERIFY_LEVELS, Bundle
-from bundles._location import local_path_only
 from bundles._locations import Location
+from bundles._urls import local_path_only
 
 __all__ = [
     "is_bundle",
@@ -59,7 +59,7 @@ def write_bundle(
             it atomically), an object-store URL (ending in ``.rbundle``: one packed object), or an
             object-store URL (``s3://bucket/prefix``, ``gs://``, ``az://``; needs the
             ``rollout-bundles[s3]`` extra), written with the commit protocol of
-            docs/FORMAT.md §9 (:mod:`bundles._remote`); any other URL scheme is refused.
+            docs/FORMAT.md §9 (:mod:`bundles._store`); any other URL scheme is refused.
         samples: dicts (as ``Sample.to_dict()`` gives) or objects with ``to_dict()``.
         media_roots: a directory (``str`` or path-like), or an iterable of them, whose files may
             be referenced by absolute path strings. Any ``str`` in a sample that is an absolute

@@ -173,12 +173,49 @@ class GarbagePrefixError(BundleError, ValueError):
 
 class UnsafeStoreError(BundleError):
     """The store ignores ``If-None-Match: *`` or ``If-Match``, so a commit there would not be
-    atomic against a second writer (see :mod:`bundles._remote._probe`); the message names the
+    atomic against a second writer (see :mod:`bundles._store.probe`); the message names the
     endpoint, the bucket, what was ignored and the single-writer opt-in."""
 
 
 class UnsafeStoreWarning(UserWarning):
     """A store ignores preconditions and the single-writer opt-in was given: written anyway."""
+
+
+# The store client's errors (bundles/_store/client.py raises them): not public names, so not in
+# __all__ (bundles.__all__ is this module's __all__).
+
+
+class ObjectTooLargeError(UnsafeBundleError):
+    """An object larger than the cap its reader puts on it (:meth:`Store.get` with ``max_bytes``),
+    refused before its body is read."""
+
+
+class ObjectNotFoundError(BundleNotFoundError):
+    """No object at the key (``<url>: not found``); a missing bucket is a
+    :class:`BucketNotFoundError` instead, never this."""
+
+
+class ObjectExistsError(BundleExistsError):
+    """A create-only put found an object at the key (:meth:`Store.put_new`)."""
+
+
+class StoreFailure(Exception):
+    """Mixed into the errors of a request the store failed (refused, unreachable, no bucket),
+    as opposed to an answer about the object (:class:`ObjectNotFoundError`, :class:`ObjectExistsError`,
+    :class:`ObjectTooLargeError`): a caller that takes "absent" or "unreadable" as a value
+    catches :class:`BundleError` after ``except StoreFailure: raise``."""
+
+
+class StoreIOError(BundleIOError, StoreFailure):
+    """The store failed the request: after the retries, no credentials, a refused endpoint."""
+
+
+class StoreAccessDeniedError(StoreIOError):
+    """The store refused the request's credentials (403, or 401)."""
+
+
+class StoreBucketNotFoundError(BucketNotFoundError, StoreFailure):
+    """The bucket (or container) of the request does not exist."""
 
 
 # The directory of the package (this module sits at its top): frames below it are bundles' own.

@@ -88,7 +88,8 @@ def _below(where: Location, taken: set[str], storage_options: Mapping[str, Any] 
     """The places one level below ``where`` a walk looks into: not a bundle found there, not a
     hidden name, not a symbolic link, not a store's generation or media pool."""
     if where.uploads:
-        from bundles._store import StoreURL, get_store
+        from bundles._store.client import get_store
+        from bundles._urls import StoreURL
 
         url = StoreURL(str(where))
         names = get_store(url, storage_options).children(url.key)

@@ -16,7 +16,7 @@ said by capabilities, class attributes each kind declares:
     rename: §9).
 ``needs_probe``
     the store is asked once, before the first commit, whether it honours preconditions
-    (:mod:`bundles._remote._probe`); a store that does not is refused.
+    (:mod:`bundles._store.probe`); a store that does not is refused.
 ``has_pool``
     bundles written beside each other with ``shared_media`` share a content-addressed media
     pool, which :meth:`Location.collect_garbage` sweeps; a directory has none (its bundles share
@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from bundles import _remote
+from bundles import _store
 from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleNotFoundError, public_path
 from bundles._format.layout import PACK_SUFFIX
 from bundles._format.options import Verify
@@ -68,8 +68,7 @@ from bundles._local.pack import pack_local, unpack_local
 from bundles._local.proof import NotProven, Proof, examine_directory, removable_names
 from bundles._local.reader import Bundle, open_local
 from bundles._local.writer import resolve_media_roots, write_local
-from bundles._location import STORE_SCHEMES, classify, url_scheme
-from bundles._store import StoreURL
+from bundles._urls import STORE_SCHEMES, StoreURL, classify, url_scheme
 
 __all__ = [
     "DirectoryLocation",
@@ -214,12 +213,12 @@ class Location(abc.ABC):
                 f"{self}: destination exists and is {what}; refusing to replace it ({found.why})"
             )
 
-    def collect_garbage(self, *, older_than_s: float, dry_run: bool = False) -> _remote.GarbageReport | None:
+    def collect_garbage(self, *, older_than_s: float, dry_run: bool = False) -> _store.GarbageReport | None:
         """Sweep the media pool and the unpublished generations under this location (see
         :func:`bundles.collect_garbage`); None where there is no pool (``has_pool`` is false)."""
         return None
 
-    def objects(self) -> _remote.StorePrefix:
+    def objects(self) -> _store.StorePrefix:
         """The objects right under this location, by name (create-only puts, reads, listing,
         deletes: what a journal of shipments needs). Where ``uploads`` only: a local location
         holds files, which a caller writes itself."""
@@ -502,27 +501,27 @@ class _OnStore(Location, StoreURL):
     def child(self, rel: str) -> _OnStore:
         return cast("_OnStore", Location.of(f"{self}/{rel}" if rel else str(self), self.storage_options))
 
-    def objects(self) -> _remote.StorePrefix:
-        return _remote.StorePrefix(self._client(), self.storage_options)
+    def objects(self) -> _store.StorePrefix:
+        return _store.StorePrefix(self._client(), self.storage_options)
 
     def list_bundles(self) -> list[Location]:
         url, so = self._client(), self.storage_options
-        found = [str(u) for u in _remote.list_remote_bundles(url, so).values()]
-        return [Location.of(t, so) for t in sorted(found + _remote.list_packed_objects(url, so))]
+        found = [str(u) for u in _store.list_remote_bundles(url, so).values()]
+        return [Location.of(t, so) for t in sorted(found + _store.list_packed_objects(url, so))]
 
     def open_bundle(self, verify: Verify = Verify.FAST) -> Bundle:
-        return _remote.open_on_store(self._client(), verify=verify, storage_options=self.storage_options)
+        return _store.open_on_store(self._client(), verify=verify, storage_options=self.storage_options)
 
     def pack_from(self, bundle: Bundle, *, overwrite: bool, progress: bool | None) -> Location:
         self._refuse_unproven(overwrite)
-        _remote.pack_on_store(
+        _store.pack_on_store(
             bundle, self._client("pack output"), overwrite=overwrite, progress=progress,
             storage_options=self.storage_options,
         )  # fmt: skip
         return self
 
     def unpack_to(self, out_dir: str | os.PathLike[str], *, overwrite: bool, progress: bool | None) -> Bundle:
-        return _remote.unpack_on_store(
+        return _store.unpack_on_store(
             self._client("packed bundle"), out_dir, overwrite=overwrite, progress=progress,
             storage_options=self.storage_options,
         )  # fmt: skip
@@ -547,8 +546,8 @@ class _OnStore(Location, StoreURL):
         super()._refuse_unproven(overwrite)
 
     def _refuse_inside(self) -> None:
-        """No bundle is written inside another's generation (:func:`bundles._remote.inside_generation`)."""
-        inside = _remote.inside_generation(self)
+        """No bundle is written inside another's generation (:func:`bundles._store.inside_generation`)."""
+        inside = _store.inside_generation(self)
         if inside is not None:
             raise BundleExistsError(f"{inside}: refusing to write a bundle there")
 
@@ -559,13 +558,13 @@ class StoreLocation(_OnStore):
     has_pool: ClassVar[bool] = True
 
     def examine(self) -> Proof | NotProven:
-        return _remote.examine_on_store(self._client(), self.storage_options)
+        return _store.examine_on_store(self._client(), self.storage_options)
 
     def remove_bundle(self, damaged: bool = False) -> None:
-        _remote.remove_on_store(self._client(), self.storage_options, damaged=damaged)
+        _store.remove_on_store(self._client(), self.storage_options, damaged=damaged)
 
-    def collect_garbage(self, *, older_than_s: float, dry_run: bool = False) -> _remote.GarbageReport | None:
-        return _remote.collect_garbage(
+    def collect_garbage(self, *, older_than_s: float, dry_run: bool = False) -> _store.GarbageReport | None:
+        return _store.collect_garbage(
             self._client("garbage collection"), older_than_s=older_than_s, dry_run=dry_run,
             storage_options=self.storage_options,
         )  # fmt: skip
@@ -573,7 +572,7 @@ class StoreLocation(_OnStore):
     def _publish(
         self, local: Path, *, overwrite: bool, shared_media: bool, progress: bool | None
     ) -> Location:
-        _remote.upload_bundle(
+        _store.upload_bundle(
             local, str(self), overwrite=overwrite, shared_media=shared_media, progress=progress,
             storage_options=self.storage_options,
         )  # fmt: skip
@@ -587,12 +586,12 @@ class StorePackedLocation(_OnStore):
 
     def examine(self) -> Proof | NotProven:
         self._client()
-        inside = _remote.inside_generation(self)
+        inside = _store.inside_generation(self)
         return NotProven(str(self), inside) if inside is not None else _examine_packed(self)
 
     def remove_bundle(self, damaged: bool = False) -> None:
         removable_names(self.examine(), damaged=False)  # one object: see PackedFileLocation
-        _remote.remove_packed_object(self._client(), self.storage_options)
+        _store.remove_packed_object(self._client(), self.storage_options)
 
     def _publish(
         self, local: Path, *, overwrite: bool, shared_media: bool, progress: bool | None

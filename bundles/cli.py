@@ -25,9 +25,9 @@ from bundles._format.repr import display
 from bundles._local.commit import scratch_dir
 from bundles._local.fs import remove_tree
 from bundles._local.progress import human_bytes
-from bundles._location import check_location, is_store_url
 from bundles._locations import Location
 from bundles._show import dumps_pretty, parse_key_paths, select, to_json
+from bundles._urls import check_location, is_store_url
 
 __all__ = ["main", "register"]
 
@@ -384,8 +384,8 @@ def _copy_kind(src: str, dst: str) -> str:
 
 
 def _cp(ns: argparse.Namespace) -> int:
-    from bundles._remote import upload_bundle
-    from bundles._remote._copy import download_bundle
+    from bundles._store import upload_bundle
+    from bundles._store.copy import download_bundle
 
     src, dst = ns.src, ns.dst
     kind = _copy_kind(src, dst)
@@ -428,8 +428,8 @@ def _store_to_store(src: str, dst: str, ns: argparse.Namespace) -> None:
     next ``cp`` removes what a SIGKILLed one left."""
     import tempfile
 
-    from bundles._remote import upload_bundle
-    from bundles._remote._copy import download_bundle
+    from bundles._store import upload_bundle
+    from bundles._store.copy import download_bundle
 
     scratch = scratch_dir(os.path.join(tempfile.gettempdir(), "rollout-bundle-cp"), "copy")
     try:
@@ -472,8 +472,8 @@ def _gc(ns: argparse.Namespace) -> int:
     if not check_location(ns.prefix, "gc PREFIX"):
         raise _cli.CommandError(f"{ns.prefix}: gc takes an object-store URL (s3://bucket/prefix)", status=2)
     from bundles._errors import GarbagePrefixError
-    from bundles._remote import collect_garbage
-    from bundles._store import StoreURL
+    from bundles._store import collect_garbage
+    from bundles._urls import StoreURL
 
     try:
         report = collect_garbage(ns.prefix, older_than_s=ns.older_than, dry_run=ns.dry_run)

@@ -90,7 +90,7 @@ from bundles._local.proc import boot_id, pid_alive, pid_namespace, proc_stat
 from bundles._local.progress import Progress, human_bytes
 from bundles._local.reader import read_at_most
 from bundles._local.sources import media_name_ok, open_regular_file
-from bundles._location import SINGLE_WRITER_ENV, local_path_only
+from bundles._urls import SINGLE_WRITER_ENV, local_path_only
 
 __all__ = [
     "KILL_ENV",

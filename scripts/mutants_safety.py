@@ -19,7 +19,7 @@ Prints the scratch directory. The Makefile then runs ``mutmut run`` in it.
 mutmut run (whose stats run alone takes minutes): it copies ``tests/`` into the run's
 ``mutants/``, runs the tests once with no mutant (they must pass), then once per mutant with
 ``MUTANT_UNDER_TEST`` set, as mutmut's workers do, and says which are killed. ``NAME`` may be a
-glob (``"bundles._remote._write.x__media_listed*"``). It reads the mutated modules as they are:
+glob (``"bundles._store.write.x__media_listed*"``). It reads the mutated modules as they are:
 run it on a tree whose sources match the last ``make mutants-safety``.
 """
 
@@ -37,10 +37,10 @@ from pathlib import Path
 #: The bundle proof, the deletion primitive and the publish path (issue 36, "Checks").
 MODULES = [
     "bundles/_local/proof.py",
-    "bundles/_remote/_pointer.py",
+    "bundles/_store/pointer.py",
     "bundles/_local/commit.py",
-    "bundles/_remote/_write.py",
-    "bundles/_remote/_verify.py",
+    "bundles/_store/write.py",
+    "bundles/_store/verify.py",
 ]
 
 #: The test files that exercise them in-process (mutmut picks a mutant's tests by in-process

@@ -104,9 +104,21 @@ def test_each_trainer_hooks_subpackage_declares_its_surface(package):
     assert all(hasattr(module, name) for name in module.__all__)
 
 
-# -- the seam inside bundles: local half, store half, one entry above both ----------------------
-#: The modules above both halves: they may import the store half (bundles._remote).
-ABOVE_BOTH = {"bundles", "bundles._entry", "bundles._locations", "bundles.cli"}
+# -- the seams inside bundles: the format, the local half, the store half, one folder each ----------
+#: Each folder of bundles and the folders it may import: the format neither half, the local half
+#: the format, the store half both. Above them the face (``__init__``, ``support``, ``cli``,
+#: ``_api``, ``_cli``) may import any of them.
+FOLDERS = {
+    "bundles._format": set(),
+    "bundles._local": {"bundles._format"},
+    "bundles._store": {"bundles._format", "bundles._local"},
+}
+#: What the folders may import at the top of bundles: only what lies below all three.
+BELOW_THE_FOLDERS = {"bundles", "bundles._errors", "bundles._urls", "bundles._version"}
+
+
+def _in(module: str, folder: str) -> bool:
+    return module == folder or module.startswith(folder + ".")
 
 
 def _bundles_graph() -> dict[str, set[str]]:
@@ -123,14 +135,22 @@ def _bundles_graph() -> dict[str, set[str]]:
 
 
 def test_the_local_half_of_bundles_never_imports_the_store_half():
+    graph = _bundles_graph()
+    assert all(any(_in(m, folder) for m in graph) for folder in FOLDERS)  # the folders are there
     found = [
         f"{module} imports {dotted}"
-        for module, deps in _bundles_graph().items()
-        if not module.startswith("bundles._remote") and module not in ABOVE_BOTH
+        for module, deps in graph.items()
+        for folder, allowed in FOLDERS.items()
+        if _in(module, folder)
         for dotted in deps
-        if dotted.startswith("bundles._remote")
+        if not _in(dotted, folder)
+        and not any(_in(dotted, other) for other in allowed)
+        and (dotted in BELOW_THE_FOLDERS) is False
     ]
-    assert found == [], "the store half builds on the local one, never the reverse:\n" + "\n".join(found)
+    assert found == [], (
+        "the format imports neither half, the local half never the store half, and no folder the "
+        "face above it:\n" + "\n".join(found)
+    )
 
 
 def test_bundles_has_no_import_circle():

@@ -58,7 +58,7 @@ SERVER = textwrap.dedent(
     import json, os, sys
     sys.path.insert(0, {repo!r})
     import bundles._local.commit
-    from bundles import _faults
+    from bundles._local import faults as _faults
     from trainer_hooks import Sample, parse_args, save_rollout_checkpoint
 
     cfg = json.loads(sys.argv[1])

@@ -112,7 +112,7 @@ JOURNAL_POINTS = [
 ]
 RESUME_POINTS = [("resume.scanned", 1), ("resume.place", 5)]
 # On an object store (--save s3://...): the journal ships instead of fsyncing, and the checkpoint
-# commit uploads (bundles/_remote/_write.py); the resume downloads the shipments first.
+# commit uploads (bundles/_store/write.py); the resume downloads the shipments first.
 STORE_JOURNAL_POINTS = [
     ("journal.append", 40),
     ("journal.link", 20),

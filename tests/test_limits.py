@@ -39,8 +39,10 @@ def test_every_row_of_the_table_is_in_format_md_section_8() -> None:
 
 def test_the_format_reads_its_limits_from_the_one_table() -> None:
     # The format's constants are the table's own objects, not copies that could drift.
-    from bundles import _layout, _limits, _pil
-    from bundles._remote import _pointer
+    from bundles._format import images as _pil
+    from bundles._format import layout as _layout
+    from bundles._format import limits as _limits
+    from bundles._store import pointer as _pointer
 
     for module, names in (
         (_layout, ["MAX_MANIFEST_BYTES", "MAX_SHARD_RAW_BYTES", "MAX_NESTING_DEPTH", "MAX_INT",

@@ -2,7 +2,7 @@
 ``make mutants-safety`` (issue 36, "Checks"; docs/TESTING.md "Mutation testing").
 
 The bundle proof (:mod:`bundles._local.proof`, ``examine_prefix``), the deletion primitive
-(:mod:`bundles._local.commit`, ``remove_on_store``) and the publish path (:mod:`bundles._remote._verify`,
+(:mod:`bundles._local.commit`, ``remove_on_store``) and the publish path (:mod:`bundles._store.verify`,
 ``upload_bundle``) were mostly tested by what they do to a user's files; a mutant that changed a
 reason, a flag of a refusal (``damaged``, ``empty``) or a count in ``UploadStats`` went unseen.
 Here each answer is compared whole: the :class:`NotProven` (where, reason, damaged, empty), the
@@ -35,8 +35,9 @@ from bundles._local.proof import (
     removable_names,
 )
 from bundles._local.sources import layout_name_ok
-from bundles._remote._pointer import Pointer, _BundlePrefix, examine_prefix, parse_pointer
-from bundles._store import StoreURL, get_store
+from bundles._store.client import get_store
+from bundles._store.pointer import Pointer, _BundlePrefix, examine_prefix, parse_pointer
+from bundles._urls import StoreURL
 from bundles.support import on_fault_point
 
 WEB = b'{"name": "My App", "start_url": "/"}\n'
@@ -206,7 +207,7 @@ def test_removable_names_allows_the_listed_members_or_the_layout_or_refuses_by_r
     )
 
 
-# -- the pointer: bundles/_remote/_pointer.py ----------------------------------------------------
+# -- the pointer: bundles/_store/pointer.py ----------------------------------------------------
 GEN = "g20260101T000000000000Z-0123456789ab"
 DIGEST = "sha256:" + "a" * 64
 
@@ -494,7 +495,7 @@ def test_an_overwrite_without_rename_exchange_retires_the_old_bundle_then_remove
     """A filesystem without RENAME_EXCHANGE (as the crash-injection suite makes one): the old
     bundle is renamed aside, the new one into place, the old one removed; between the renames
     the destination is missing and the retired directory is the old bundle, whole."""
-    from bundles import _commit
+    from bundles._local import commit as _commit
 
     dest = tagged_bundle(tmp_path, tmp_path / "b", "old")
     (tmp_path / "notes.txt").write_text("mine\n")
@@ -524,7 +525,7 @@ def test_a_writer_publishing_between_the_two_renames_is_replaced_and_nothing_is_
     and replace theirs (the last writer wins); no staging or retired directory is left."""
     import shutil
 
-    from bundles import _commit
+    from bundles._local import commit as _commit
 
     dest = tagged_bundle(tmp_path, tmp_path / "b", "old")
     other = tagged_bundle(tmp_path, tmp_path / "src" / "b", "other")
@@ -828,7 +829,7 @@ def test_a_large_object_deleted_after_publishing_is_put_back_in_parts(
     """Above the multipart threshold (made small here, as test_store_publish does) an object is
     put back from its local file by a multipart upload."""
     from bundles import open_bundle, upload_bundle
-    from bundles._remote import _verify
+    from bundles._store import verify as _verify
 
     src = tagged_bundle(tmp_path, tmp_path / "src", "s")
     victim = f"r/b/media/{sorted(p.name for p in (src / 'media').iterdir())[0]}"
@@ -1234,7 +1235,7 @@ def test_a_read_back_hashes_exactly_the_bytes_stored(
 ) -> None:
     """The read-back's verdicts by one GET and in windows (threshold and window made small, as
     test_store_publish does on SeaweedFS), compared whole: size and digest of every byte read."""
-    from bundles._remote import _verify
+    from bundles._store import verify as _verify
 
     monkeypatch.setattr(_verify, "MULTIPART_THRESHOLD", threshold)
     monkeypatch.setattr(_verify, "READ_WINDOW", 5)

@@ -339,7 +339,7 @@ def local_clock_ahead(monkeypatch: pytest.MonkeyPatch, seconds: float) -> Iterat
     import time
     import types
 
-    from bundles._remote import _gc
+    from bundles._store import gc as _gc
 
     class Ahead(real.datetime):
         @classmethod

@@ -1,4 +1,4 @@
-"""bundles._store.Store, the interface the store protocol is written against (issue 31, item 2).
+"""bundles._store.client.Store, the interface the store protocol is written against (issue 31, item 2).
 
 Its methods raise only BundleErrors naming the object's URL and the operation, translated once
 inside the obstore implementation (checked against moto and, for refused credentials,
@@ -20,22 +20,15 @@ pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not inst
 
 from bundles import BucketNotFoundError, BundleError, collect_garbage, list_bundles, open_bundle, write_bundle
 from bundles import remove_bundle as remove_bundle_at
-from bundles._remote._probe import forget_verdicts
-from bundles._store import (
-    SCHEMES,
-    STORE_SCHEMES,
+from bundles._errors import (
     ObjectExistsError,
     ObjectNotFoundError,
-    ObstoreStore,
-    Scheme,
-    Store,
     StoreAccessDeniedError,
     StoreBucketNotFoundError,
-    StoreURL,
-    clear_store_cache,
-    get_store,
-    naming,
 )
+from bundles._store.client import ObstoreStore, Store, clear_store_cache, get_store, naming
+from bundles._store.probe import forget_verdicts
+from bundles._urls import SCHEMES, STORE_SCHEMES, Scheme, StoreURL
 
 
 @pytest.fixture
@@ -51,7 +44,7 @@ def test_store_is_an_interface_and_obstore_serves_every_scheme_of_the_one_table(
     assert issubclass(ObstoreStore, Store)
     assert STORE_SCHEMES == tuple(SCHEMES) == ("s3", "gs", "az")
     assert {row.store for row in SCHEMES.values()} == {"ObstoreStore"}
-    from bundles._location import STORE_SCHEMES as read_by_location
+    from bundles._urls import STORE_SCHEMES as read_by_location
 
     assert read_by_location is STORE_SCHEMES  # one table, not a copy
 

@@ -1,5 +1,5 @@
 """Stores that ignore the commit protocol's preconditions are detected before the first commit
-(bundles/_remote/_probe.py): a real server that ignores them (s3rver, npm, on 127.0.0.1) and a
+(bundles/_store/probe.py): a real server that ignores them (s3rver, npm, on 127.0.0.1) and a
 loopback proxy that strips ``If-None-Match``/``If-Match`` in front of moto are refused in one line
 naming the endpoint and what was ignored, unless the single-writer opt-in is given; servers
 that honour them (moto, SeaweedFS) are probed once per endpoint and bucket, then trusted."""
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def _fresh_verdicts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from bundles._remote._probe import forget_verdicts
+    from bundles._store.probe import forget_verdicts
 
     monkeypatch.delenv(SINGLE_WRITER_ENV, raising=False)
     forget_verdicts()
@@ -285,7 +285,7 @@ def test_the_probes_verdict_is_asked_again_after_its_time(
     and a store that turned meanwhile is refused."""
     from helpers.precondition_proxy import StripAfterProbeProxy
 
-    from bundles._remote import _probe
+    from bundles._store import probe as _probe
 
     proxy = StripAfterProbeProxy(seaweed_s3.endpoint, hold_first_pointer=False)
     try:

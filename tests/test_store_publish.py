@@ -492,8 +492,9 @@ def test_reading_back_an_object_reports_what_is_there(
 ) -> None:
     """The read-back's verdicts, by one GET and (above the multipart threshold, made small here)
     in windows: the right bytes, other bytes, longer, shorter, missing."""
-    from bundles._remote import _verify
-    from bundles._store import StoreURL, get_store
+    from bundles._store import verify as _verify
+    from bundles._store.client import get_store
+    from bundles._urls import StoreURL
 
     monkeypatch.setattr(_verify, "MULTIPART_THRESHOLD", threshold)
     monkeypatch.setattr(_verify, "READ_WINDOW", 5)

@@ -72,7 +72,7 @@ from bundles._local.proof import (
     examine_directory_fd,
     removable_names,
 )
-from bundles._location import local_path_only
+from bundles._urls import local_path_only
 
 # A leftover of another boot of this host name is removed once nothing in it changed for this
 # long: after a reboot the writer is certainly dead, but the same host name on another machine

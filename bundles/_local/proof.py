@@ -23,7 +23,7 @@ directory. A location whose manifest (or pointer) *claims* the format (its bytes
 format itself produces there, and nothing else.
 
 Here are the rule and its results (:class:`Proof`, :class:`NotProven`) and the readers for a
-directory and a manifest's bytes; the store reader is :func:`bundles._remote._pointer.examine_prefix`
+directory and a manifest's bytes; the store reader is :func:`bundles._store.pointer.examine_prefix`
 and the packed readers are in :mod:`bundles._locations`. Every caller asks through
 :meth:`bundles._locations.Location.examine` (``has_bundle``, ``list_bundles``, ``is_bundle``,
 ``rm``, ``ls``, ``cp --force`` and ``overwrite=True``).

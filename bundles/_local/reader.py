@@ -48,10 +48,10 @@ from bundles._local.commit import is_staging_name
 from bundles._local.fs import check_link_mode, copy_and_hash, ingest, make_read_only
 from bundles._local.progress import Progress
 from bundles._local.sources import LAYOUT_DIRS, DirSource, PackedSource, RemoteSource, Source, describe
-from bundles._location import local_path_only
+from bundles._urls import local_path_only
 
 if TYPE_CHECKING:
-    from bundles._store import StoreURL
+    from bundles._urls import StoreURL
 
 VERIFY_LEVELS = Verify.values()
 

@@ -49,7 +49,7 @@ from bundles._format.media import sha256_stream
 
 if TYPE_CHECKING:
     from bundles._format.media import MediaRef
-    from bundles._store import StoreURL
+    from bundles._urls import StoreURL
 
 LAYOUT_DIRS = (MEDIA_DIR, SHARDS_DIR)
 _BLOCK = tarfile.BLOCKSIZE
@@ -385,7 +385,7 @@ class MemberFile(WindowFile):
 
 class _FdReader:
     """Positioned reads of a local file: what :func:`read_tar_index` reads through (an object on
-    a store gives the same two members, see :mod:`bundles._remote`)."""
+    a store gives the same two members, see :mod:`bundles._store`)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -689,7 +689,7 @@ class _Descriptor:
 @runtime_checkable
 class Source(Protocol):
     """What a :class:`~bundles._local.reader.Bundle` reads through: :class:`DirSource` and
-    :class:`PackedSource` here, ``StoreSource`` and ``StorePackedSource`` in :mod:`bundles._remote`.
+    :class:`PackedSource` here, ``StoreSource`` and ``StorePackedSource`` in :mod:`bundles._store`.
 
     Names are bundle-relative (``manifest.json``, ``samples/000000.msgpack.zst``,
     ``media/<hex><suffix>``). ``packed``: members can only be copied out, never linked.

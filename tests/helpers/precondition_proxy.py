@@ -20,7 +20,7 @@ import socket
 import threading
 import urllib.parse
 
-from bundles._remote._probe import PROBE_PREFIX
+from bundles._store.probe import PROBE_PREFIX
 from helpers.store import ACCESS_KEY, SECRET_KEY, serve_loopback
 
 STRIPPED = frozenset({"if-none-match", "if-match"})

@@ -1,6 +1,6 @@
 """The pointer object that publishes a bundle on a store, and where a bundle's objects live.
 
-See :mod:`bundles._remote` for the protocol."""
+See :mod:`bundles._store` for the protocol."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 from bundles._errors import (
     BundleFormatError,
     BundleNotFoundError,
+    ObjectNotFoundError,
     UnsafeBundleError,
 )
 from bundles._format.layout import (
@@ -31,7 +32,8 @@ from bundles._format.layout import (
 )
 from bundles._format.limits import MAX_POINTER_BYTES
 from bundles._local.proof import NotProven, Proof, claims_format, judge_manifest
-from bundles._store import ObjectNotFoundError, Store, StoreURL, get_store, naming, parallel
+from bundles._store.client import Store, get_store, naming, parallel
+from bundles._urls import StoreURL
 
 # Media above this size are uploaded in parts (a create-only put must be a single request, whose
 # body obstore holds in memory); content addressing makes the plain overwrite of a part upload safe.

@@ -1,5 +1,5 @@
 """Verify, then publish: what a store writer proves before it puts the pointer, and what it
-checks after (docs/FORMAT.md §9). Used by :func:`bundles._remote._write.upload_bundle`, which
+checks after (docs/FORMAT.md §9). Used by :func:`bundles._store.write.upload_bundle`, which
 ``write_bundle`` to a URL, ``Location.stage`` and ``rollout-bundle cp`` go through.
 
 **Before the pointer.** The pointer is the commit point: once it is put, the replaced
@@ -14,8 +14,8 @@ size and digest):
 * an object it did *not* put (a medium already present, skipped as "already there"; a medium
   whose create-only put found one: another writer's, or our own retried request) is proven by
   reading its bytes back and hashing them: one GET of the object (windows of
-  :data:`~bundles._remote._pointer.READ_WINDOW` for one over
-  :data:`~bundles._remote._pointer.MULTIPART_THRESHOLD`, never held whole in memory). A
+  :data:`~bundles._store.pointer.READ_WINDOW` for one over
+  :data:`~bundles._store.pointer.MULTIPART_THRESHOLD`, never held whole in memory). A
   missing one is uploaded from the local copy (create-only) and proven again; one with other
   bytes is a refusal, and is left as it is.
 * With ``read_back`` (``cp``, whose copy is "fully verified"), the objects it put are read back
@@ -31,7 +31,7 @@ of the object's bytes and names what is wrong.
 **After the pointer.** A concurrent ``rm U`` or ``gc`` decides from what it listed, and its
 deletes may land after this writer published: media it skipped as "already there", or even its
 new generation (``rm`` deletes every generation under ``U``). So once the pointer is read back as
-ours (:func:`bundles._remote._write._confirm`), the writer lists its generation and its media
+ours (:func:`bundles._store.write._confirm`), the writer lists its generation and its media
 prefix and puts back, from its local copy, every object its manifest lists that is missing (or
 has another size), and looks again, until nothing is missing (:func:`keep_published`). It stops
 without re-putting when the pointer no longer names its generation (a later ``rm`` or
@@ -47,11 +47,17 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles._errors import BundleError, BundleFormatError, BundleVerificationError
+from bundles._errors import (
+    BundleError,
+    BundleFormatError,
+    BundleVerificationError,
+    ObjectNotFoundError,
+    ObjectTooLargeError,
+)
 from bundles._format.layout import DIGEST_PREFIX, STORE_POINTER_NAME
 from bundles._local.faults import fault_point
-from bundles._remote._pointer import MULTIPART_THRESHOLD, READ_WINDOW, _BundlePrefix, _read_pointer
-from bundles._store import ObjectNotFoundError, ObjectTooLargeError, Store, naming, parallel
+from bundles._store.client import Store, naming, parallel
+from bundles._store.pointer import MULTIPART_THRESHOLD, READ_WINDOW, _BundlePrefix, _read_pointer
 
 #: How often an object that keeps vanishing is put back before the writer gives up.
 RESTORE_ROUNDS = 4

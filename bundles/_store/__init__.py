@@ -23,7 +23,7 @@ is the normative description. A bundle at URL ``U`` is:
     put was overtaken (a store that dropped the preconditions after the probe), and it is told it
     lost. The replaced generation is then deleted, manifest first.
 
-Verify, then publish (:mod:`bundles._remote._verify`): before the pointer is put, every object
+Verify, then publish (:mod:`bundles._store.verify`): before the pointer is put, every object
 the manifest lists is proven (what the writer put, by the bytes it hashed and sent; what it
 skipped as already there, by reading it back and hashing it), so a generation that cannot be
 proven is never published; after the pointer, the writer puts back what a racing ``rm`` or
@@ -38,7 +38,7 @@ s3://b/x``: ``U/manifest.json`` with no pointer) is read too.
 Writing. ``Location.stage`` (:mod:`bundles._locations`) writes the bundle into a local scratch
 directory with the local writer (so every check, hash and error of ``write_bundle`` applies
 unchanged; the scratch lies beside the first media root, so media are hard-linked, not copied)
-and then uploads it with :func:`upload_bundle`, concurrently (:data:`~bundles._store.CONCURRENCY` requests in flight).
+and then uploads it with :func:`upload_bundle`, concurrently (:data:`~bundles._store.client.CONCURRENCY` requests in flight).
 
 Reading. :class:`StoreSource` is a source for :class:`bundles._local.reader.Bundle`: the manifest and
 shards are read with single GETs, media lazily with range reads (:class:`RangeFile`), sizes come
@@ -55,7 +55,7 @@ that no live manifest lists, and nothing it cannot prove a writer of ours wrote:
 ``A/.media`` only against every bundle ``A/<name>`` (a prefix inside a pool or a generation is
 refused, :class:`~bundles._errors.GarbagePrefixError`), only when one of their pointers names
 ``../.media``, and not at all while one of them cannot be read; objects of others that look like
-media by name are left and reported. The rule, and why it holds, is in :mod:`bundles._remote._gc`.
+media by name are left and reported. The rule, and why it holds, is in :mod:`bundles._store.gc`.
 A missing bucket is a :class:`~bundles._errors.BucketNotFoundError` naming it, on reads as on
 writes; nothing creates buckets. Stale multipart uploads are not listed by obstore; writers use
 multipart only for media over :data:`MULTIPART_THRESHOLD`, and a bucket lifecycle rule
@@ -66,8 +66,8 @@ from __future__ import annotations
 
 # One module per part of the protocol, importing one way: _pointer <- _read <- _write <- _packed,
 # and _gc on _pointer.
-from bundles._remote._gc import GarbageReport, collect_garbage
-from bundles._remote._packed import (
+from bundles._store.gc import GarbageReport, collect_garbage
+from bundles._store.packed import (
     list_packed_objects,
     object_exists,
     object_size,
@@ -75,15 +75,15 @@ from bundles._remote._packed import (
     remove_packed_object,
     unpack_on_store,
 )
-from bundles._remote._pointer import (
+from bundles._store.pointer import (
     examine_on_store,
     has_bundle_on_store,
     inside_generation,
     list_remote_bundles,
 )
-from bundles._remote._prefix import StorePrefix
-from bundles._remote._read import open_on_store
-from bundles._remote._write import UploadStats, remove_on_store, upload_bundle
+from bundles._store.prefix import StorePrefix
+from bundles._store.read import open_on_store
+from bundles._store.write import UploadStats, remove_on_store, upload_bundle
 
 __all__ = [
     "GarbageReport",

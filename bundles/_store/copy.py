@@ -1,10 +1,10 @@
 """Copying a bundle directory off a store, byte for byte (``rollout-bundle cp URL DIR``).
 
-See :mod:`bundles._remote` for the protocol. The copy is the same bundle: the manifest's bytes
+See :mod:`bundles._store` for the protocol. The copy is the same bundle: the manifest's bytes
 as the pointer names them (size and digest checked), and every shard and medium it lists,
 each checked against its digest as it arrives, written into a staging directory beside the
 destination and committed by the local protocol (FORMAT.md §5), then fully verified where it
-lies. The other direction is :func:`bundles._remote._write.upload_bundle`."""
+lies. The other direction is :func:`bundles._store.write.upload_bundle`."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from bundles._local.commit import commit, create_staging
 from bundles._local.fs import fsync_dir, make_read_only, remove_tree
 from bundles._local.progress import Progress
 from bundles._local.reader import open_local
-from bundles._remote._pointer import READ_WINDOW, _bundle_prefix
-from bundles._store import StoreURL, naming, parallel
+from bundles._store.client import naming, parallel
+from bundles._store.pointer import READ_WINDOW, _bundle_prefix
+from bundles._urls import StoreURL
 
 __all__ = ["download_bundle"]
 

@@ -1,11 +1,11 @@
 """Writing a bundle to a store: upload without rename, verify, then publish its pointer
 (FORMAT.md §9).
 
-See :mod:`bundles._remote` for the protocol. :func:`upload_bundle` uploads the media (skipping
+See :mod:`bundles._store` for the protocol. :func:`upload_bundle` uploads the media (skipping
 those already present with the right size), the shards and the manifest of a new generation,
 then proves every object the manifest lists before it puts the pointer, and after putting it
 puts back what a concurrent ``rm`` or ``gc`` deleted: the rule and its costs are in
-:mod:`bundles._remote._verify` ("verify, then publish")."""
+:mod:`bundles._store.verify` ("verify, then publish")."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ from bundles._local.faults import fault_point
 from bundles._local.progress import Progress
 from bundles._local.proof import DAMAGED_HINT, NotProven, Proof, judge_manifest, removable_names
 from bundles._local.reader import open_local
-from bundles._remote._pointer import (
+from bundles._store.client import Store, get_store, naming, parallel
+from bundles._store.pointer import (
     _PUBLISH_ATTEMPTS,
     MULTIPART_THRESHOLD,
     Pointer,
@@ -52,9 +53,9 @@ from bundles._remote._pointer import (
     examine_prefix,
     inside_generation,
 )
-from bundles._remote._probe import check_preconditions
-from bundles._remote._verify import Listed, keep_published, prove_before_publish
-from bundles._store import Store, StoreURL, get_store, naming, parallel
+from bundles._store.probe import check_preconditions
+from bundles._store.verify import Listed, keep_published, prove_before_publish
+from bundles._urls import StoreURL
 
 
 # -- writing -------------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ def _upload(
 ) -> tuple[list[Listed], list[Listed]]:
     """Put the media that are not there yet, the shards, then the manifest; return every object
     the manifest lists (for the check after publishing) and those this writer did not put
-    itself (to be read back before publishing: :mod:`bundles._remote._verify`)."""
+    itself (to be read back before publishing: :mod:`bundles._store.verify`)."""
     store = place.store
     existing = {m["path"]: m["size"] for m in store.listing(place.media_prefix)}
     todo: list[tuple[str, Path, int]] = []
@@ -407,7 +408,7 @@ def remove_on_store(
     url_text: str, storage_options: Mapping[str, Any] | None = None, *, damaged: bool = False
 ) -> None:
     """Delete the bundle at ``url`` and nothing else (FORMAT.md §9), once proven
-    (:func:`bundles._remote._pointer.examine_prefix`; anything else is refused, nothing deleted):
+    (:func:`bundles._store.pointer.examine_prefix`; anything else is refused, nothing deleted):
     the pointer first (so no reader finds half of it), then the media in ``U/media`` that its
     manifests list (the live generation's and those of the other generations of ours under it),
     then those generations (``U/<generation>/`` holding only ``manifest.json`` and shards), each

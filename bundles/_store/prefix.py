@@ -21,10 +21,10 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bundles._errors import BundleError, BundleNotFoundError
-from bundles._location import classify
-from bundles._remote._probe import check_preconditions
-from bundles._store import ObjectTooLargeError, Store, StoreURL, get_store
+from bundles._errors import BundleError, BundleNotFoundError, ObjectTooLargeError
+from bundles._store.client import Store, get_store
+from bundles._store.probe import check_preconditions
+from bundles._urls import StoreURL, classify
 
 __all__ = ["StorePrefix"]
 
@@ -35,7 +35,7 @@ class StorePrefix:
     """The objects right under one store prefix (``s3://bucket/a/b``), by name.
 
     Args:
-        url: an ``s3://``, ``gs://`` or ``az://`` URL (configured as :mod:`bundles._store` says).
+        url: an ``s3://``, ``gs://`` or ``az://`` URL (configured as :mod:`bundles._store.client` says).
         storage_options: obstore options, as for :func:`bundles.write_bundle`.
     """
 
@@ -78,7 +78,7 @@ class StorePrefix:
 
     def check_preconditions(self) -> None:
         """Ask the store now whether it honours preconditions (once per process and bucket; see
-        :mod:`bundles._remote._probe`): :class:`UnsafeStoreError` when it does not, unless the
+        :mod:`bundles._store.probe`): :class:`UnsafeStoreError` when it does not, unless the
         single-writer opt-in is set. :meth:`put_create` asks before its first put anyway."""
         if not self._checked:
             check_preconditions(self.store, self.url.child("probe"))
@@ -87,7 +87,7 @@ class StorePrefix:
     def put_create(self, name: str, data: bytes | bytearray | memoryview) -> bool:
         """Store ``data`` at ``name`` unless an object is there: True when this call created it,
         False when one was there already (it is left as it was). The first put through a prefix
-        asks the store whether it honours preconditions (:mod:`bundles._remote._probe`); one that
+        asks the store whether it honours preconditions (:mod:`bundles._store.probe`); one that
         does not is refused with :class:`UnsafeStoreError` unless the single-writer opt-in is set."""
         key = self._key(name)
         self.check_preconditions()
@@ -115,7 +115,7 @@ class StorePrefix:
         """Write object ``name`` into the new file ``path`` (created exclusively, never through a
         symlink) and return its size; bounded like :meth:`get`. A large object is read in
         8 MiB ranges, four at once, each written where it belongs before the next are read
-        (:meth:`bundles._store.Store.download_into`): at most 32 MiB of it is held in memory."""
+        (:meth:`bundles._store.client.Store.download_into`): at most 32 MiB of it is held in memory."""
         key = self._key(name)
         url = self.url.child(name)
         try:

@@ -1,7 +1,7 @@
 """The object-store client: URLs, the :class:`Store` interface, its obstore implementation.
 
 A *store* is one bucket (or container) behind a client. :class:`Store` is the interface the
-protocol of :mod:`bundles._remote` is written against: create-only puts (``If-None-Match: *``),
+protocol of :mod:`bundles._store` is written against: create-only puts (``If-None-Match: *``),
 compare-and-swap puts (``If-Match: <etag>``), bounded GETs, range reads, heads, listings,
 deletes. Its methods take keys relative to the bucket and raise only :class:`BundleError`
 subclasses, each naming the object's URL and the operation (below): no caller translates a
@@ -13,7 +13,7 @@ None, :meth:`Store.put_create` False, :meth:`Store.put_swap` False) or the one c
 blocking calls release the GIL, so a few dozen threads keep that many requests in flight) and
 because it exposes the preconditions above. It is an optional dependency (the
 ``rollout-bundles[s3]`` extra) and is imported only when a URL is used. What each scheme means
-(its environment, the class that serves it) is the one table :data:`SCHEMES`; serving another
+(its environment, the class that serves it) is the one table :data:`bundles._urls.SCHEMES`; serving another
 scheme or another client is one :class:`Store` subclass and one row.
 
 Configuration comes the way users' other tools take it: obstore reads the standard environment
@@ -45,33 +45,24 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from bundles._errors import (
-    BucketNotFoundError,
     BundleError,
-    BundleExistsError,
-    BundleIOError,
-    BundleNotFoundError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ObjectTooLargeError,
+    StoreAccessDeniedError,
+    StoreBucketNotFoundError,
+    StoreIOError,
     UnsafeBundleError,
     UnsupportedLocationError,
 )
+from bundles._urls import SCHEMES, STORE_EXTRA, StoreURL
 
 __all__ = [
-    "SCHEMES",
-    "STORE_EXTRA",
-    "STORE_SCHEMES",
-    "ObjectExistsError",
-    "ObjectNotFoundError",
-    "ObjectTooLargeError",
     "ObstoreStore",
     "Store",
-    "StoreAccessDeniedError",
-    "StoreBucketNotFoundError",
-    "StoreFailure",
-    "StoreIOError",
-    "StoreURL",
     "get_store",
     "naming",
     "parallel",
@@ -85,137 +76,7 @@ CONCURRENCY = 32
 # A download into a file (Store.download_into) reads ranges of RANGE_BYTES, WINDOW_RANGES at once.
 RANGE_BYTES = 8 << 20
 WINDOW_RANGES = 4
-# The extra that installs the client of every scheme in SCHEMES.
-STORE_EXTRA = "rollout-bundles[s3]"
-
-_PART_RE = re.compile(r"[^/\x00]+")
-
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Scheme:
-    """What one URL scheme means: the environment its client reads and the class that serves it."""
-
-    name: str
-    #: The environment variables of its client (a change makes a new client: :func:`get_store`).
-    env_prefixes: tuple[str, ...]
-    #: Where its endpoint comes from when ``storage_options`` do not name one.
-    endpoint_env: tuple[str, ...]
-    #: What to set when no credentials are found.
-    credentials: str
-    #: The :class:`Store` subclass that serves it, called as ``store(scheme, bucket, options)``
-    #: (named as a string for the classes of this module, defined below the table).
-    store: str | type[Store] = "ObstoreStore"
-
-    @property
-    def allow_http_env(self) -> str:
-        return self.env_prefixes[0] + "ALLOW_HTTP"
-
-
-#: Every scheme served, and what it means: the one table of schemes (``bundles._location``
-#: reads its names; adding ``gs://`` or another backend is one row and, where obstore does not
-#: serve it, one :class:`Store` subclass).
-SCHEMES: dict[str, Scheme] = {
-    "s3": Scheme(
-        "s3",
-        ("AWS_",),
-        ("AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
-        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-    ),
-    "gs": Scheme(
-        "gs",
-        ("GOOGLE_",),
-        ("GOOGLE_SERVICE_ENDPOINT",),
-        "GOOGLE_SERVICE_ACCOUNT (a service account key file) or GOOGLE_APPLICATION_CREDENTIALS",
-    ),
-    "az": Scheme(
-        "az",
-        ("AZURE_", "AZURITE_"),
-        ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT", "AZURITE_BLOB_STORAGE_URL"),
-        "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY",
-    ),
-}
-STORE_SCHEMES = tuple(SCHEMES)
-
-
-class StoreURL(str):
-    """An object-store URL, ``<scheme>://<bucket>/<key>``: a ``str`` (so it prints and compares
-    as the URL) with the parts a reader needs. Keys never hold empty, ``.`` or ``..`` parts (one
-    trailing ``/`` is dropped: ``s3://b/x/`` is ``s3://b/x``; ``s3://b//x`` is refused)."""
-
-    scheme: str
-    bucket: str
-    key: str
-
-    def __new__(cls, text: str) -> StoreURL:
-        scheme, sep, rest = text.partition("://")
-        scheme = scheme.lower()
-        if not sep or scheme not in STORE_SCHEMES:
-            raise UnsupportedLocationError(f"{text}: not an object-store URL ({', '.join(STORE_SCHEMES)})")
-        bucket, _, raw = rest.partition("/")
-        # One trailing slash names the same prefix (a directory's habit); any other empty part
-        # is a key of its own on S3 ("s3://b//x" is the key "/x", not "x"), so it is refused.
-        key = raw[:-1] if raw.endswith("/") else raw
-        if not bucket or not _PART_RE.fullmatch(bucket):
-            raise BundleError(f"{text}: expected {scheme}://<bucket>/<prefix>, found no bucket")
-        parts = key.split("/") if key or raw else []
-        for part in parts:
-            if part in (".", "..") or not _PART_RE.fullmatch(part):
-                raise BundleError(f"{text}: key parts must not be empty, '.' or '..', found {part!r}")
-        self = super().__new__(cls, f"{scheme}://{bucket}/{key}" if key else f"{scheme}://{bucket}")
-        self.scheme, self.bucket, self.key = scheme, bucket, key
-        return self
-
-    @property
-    def name(self) -> str:
-        return self.key.rsplit("/", 1)[-1] if self.key else self.bucket
-
-    @property
-    def parent(self) -> StoreURL:
-        return StoreURL(f"{self.scheme}://{self.bucket}/{self.key.rpartition('/')[0]}")
-
-    def child(self, rel: str) -> StoreURL:
-        return StoreURL(f"{self}/{rel}")
-
-    def key_of(self, rel: str) -> str:
-        return f"{self.key}/{rel}" if self.key else rel
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (StoreURL, (str(self),))
-
-
-class ObjectTooLargeError(UnsafeBundleError):
-    """An object larger than the cap its reader puts on it (:meth:`Store.get` with ``max_bytes``),
-    refused before its body is read."""
-
-
-class ObjectNotFoundError(BundleNotFoundError):
-    """No object at the key (``<url>: not found``); a missing bucket is a
-    :class:`BucketNotFoundError` instead, never this."""
-
-
-class ObjectExistsError(BundleExistsError):
-    """A create-only put found an object at the key (:meth:`Store.put_new`)."""
-
-
-class StoreFailure(Exception):
-    """Mixed into the errors of a request the store failed (refused, unreachable, no bucket),
-    as opposed to an answer about the object (:class:`ObjectNotFoundError`, :class:`ObjectExistsError`,
-    :class:`ObjectTooLargeError`): a caller that takes "absent" or "unreadable" as a value
-    catches :class:`BundleError` after ``except StoreFailure: raise``."""
-
-
-class StoreIOError(BundleIOError, StoreFailure):
-    """The store failed the request: after the retries, no credentials, a refused endpoint."""
-
-
-class StoreAccessDeniedError(StoreIOError):
-    """The store refused the request's credentials (403, or 401)."""
-
-
-class StoreBucketNotFoundError(BucketNotFoundError, StoreFailure):
-    """The bucket (or container) of the request does not exist."""
 
 
 def _failure(cls: type[BundleError], url: object, what: str, reason: str) -> BundleError:
@@ -264,7 +125,7 @@ def parallel(fn: Callable[[Any], T], items: Iterable[Any]) -> list[T]:
 
 
 class Store(abc.ABC):
-    """One bucket of one store: what the protocol of :mod:`bundles._remote` asks of a client.
+    """One bucket of one store: what the protocol of :mod:`bundles._store` asks of a client.
 
     Keys are relative to the bucket. Every method raises only :class:`BundleError` subclasses,
     naming the object's URL and the operation (module docstring); a subclass translates its
@@ -276,7 +137,7 @@ class Store(abc.ABC):
     #: The endpoint as configured (None: the scheme's default service), for messages and for
     #: caching what the endpoint was found to support.
     endpoint: str | None
-    #: The single-writer opt-in of ``storage_options`` (:mod:`bundles._remote._probe`).
+    #: The single-writer opt-in of ``storage_options`` (:mod:`bundles._store.probe`).
     single_writer: bool
 
     def url_of(self, key: str) -> str:
@@ -387,7 +248,7 @@ _CLIENT_KEYS = frozenset(
     }
 )
 _RETRY_KEYS = frozenset({"max_retries", "retry_timeout"})
-# Options of ours, never passed to obstore: see bundles/_remote/_probe.py.
+# Options of ours, never passed to obstore: see bundles/_store/probe.py.
 _OWN_KEYS = frozenset({"single_writer"})
 
 

@@ -1,6 +1,6 @@
 """Reading a bundle on a store in place: range reads of media and members, concurrent rehydrate.
 
-See :mod:`bundles._remote` for the protocol."""
+See :mod:`bundles._store` for the protocol."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from bundles._errors import (
     BundleIOError,
     BundleNotFoundError,
     BundleVerificationError,
+    ObjectNotFoundError,
     UnsafeBundleError,
 )
 from bundles._format.layout import (
@@ -36,8 +37,9 @@ from bundles._local.atomic import atomic_write
 from bundles._local.progress import Progress
 from bundles._local.reader import Bundle, load_manifest
 from bundles._local.sources import LAYOUT_DIRS, Entry, PackedMembers, WindowFile, read_tar_index
-from bundles._remote._pointer import READ_WINDOW, _bundle_prefix, _BundlePrefix
-from bundles._store import ObjectNotFoundError, Store, StoreURL, get_store, naming, parallel
+from bundles._store.client import Store, get_store, naming, parallel
+from bundles._store.pointer import READ_WINDOW, _bundle_prefix, _BundlePrefix
+from bundles._urls import StoreURL
 
 
 # -- reading -------------------------------------------------------------------------------------

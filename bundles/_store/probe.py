@@ -26,7 +26,7 @@ The answer is cached per process, not on the store (a server may be upgraded or 
 one endpoint, and a marker object left in the bucket would be believed long after that), and for
 :data:`VERDICT_TTL_S` only: a long-running writer asks again now and then. Between two probes a
 store may still start dropping the headers (a proxy reconfigured in front of it); each writer
-therefore reads its pointer back after putting it (``bundles._remote._write._confirm``), which
+therefore reads its pointer back after putting it (``bundles._store.write._confirm``), which
 tells the writer whose put was overtaken that it lost. FORMAT.md §9 says what neither can see.
 """
 
@@ -40,8 +40,8 @@ import time
 import warnings
 
 from bundles._errors import BundleError, UnsafeStoreError, UnsafeStoreWarning, stacklevel_outside_bundles
-from bundles._location import SINGLE_WRITER_ENV
-from bundles._store import Store, StoreURL, naming
+from bundles._store.client import Store, naming
+from bundles._urls import SINGLE_WRITER_ENV, StoreURL
 
 __all__ = ["SINGLE_WRITER_ENV", "check_preconditions", "forget_verdicts"]
 

@@ -1,6 +1,6 @@
 """Packed ``.rbundle`` files on a store: pack to and unpack from a URL.
 
-See :mod:`bundles._remote` for the protocol."""
+See :mod:`bundles._store` for the protocol."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from bundles._errors import (
     BundleExistsError,
     BundleIOError,
     BundleNotFoundError,
+    ObjectExistsError,
 )
 from bundles._format.layout import PACK_SUFFIX
 from bundles._local.commit import scratch_dir
@@ -22,11 +23,12 @@ from bundles._local.faults import fault_point
 from bundles._local.fs import remove_tree
 from bundles._local.pack import pack_local, unpack_local
 from bundles._local.reader import Bundle
-from bundles._remote._pointer import MULTIPART_THRESHOLD, has_bundle_on_store
-from bundles._remote._probe import check_preconditions
-from bundles._remote._read import StorePackedSource
-from bundles._remote._write import _rewrite_message
-from bundles._store import ObjectExistsError, Store, StoreURL, get_store
+from bundles._store.client import Store, get_store
+from bundles._store.pointer import MULTIPART_THRESHOLD, has_bundle_on_store
+from bundles._store.probe import check_preconditions
+from bundles._store.read import StorePackedSource
+from bundles._store.write import _rewrite_message
+from bundles._urls import StoreURL
 
 
 # -- packed files --------------------------------------------------------------------------------

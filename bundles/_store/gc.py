@@ -1,6 +1,6 @@
 """Garbage on a store: unpublished generations and unreferenced media (``rollout-bundle gc``).
 
-See :mod:`bundles._remote` for the protocol and docs/FORMAT.md §9 for the normative rule. gc
+See :mod:`bundles._store` for the protocol and docs/FORMAT.md §9 for the normative rule. gc
 deletes only what it can prove a writer of ours wrote, and never an object that a committed
 bundle lists, whatever prefix it is given:
 
@@ -60,7 +60,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bundles._errors import BundleError, GarbagePrefixError
+from bundles._errors import (
+    BundleError,
+    GarbagePrefixError,
+    ObjectNotFoundError,
+    StoreAccessDeniedError,
+    StoreFailure,
+)
 from bundles._format.layout import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
@@ -74,18 +80,10 @@ from bundles._format.manifest import parse_manifest_bytes
 from bundles._local.faults import fault_point
 from bundles._local.proof import Proof
 from bundles._local.sources import layout_name_ok
-from bundles._remote._pointer import examine_prefix
-from bundles._remote._probe import PROBE_PREFIX
-from bundles._store import (
-    ObjectNotFoundError,
-    Store,
-    StoreAccessDeniedError,
-    StoreFailure,
-    StoreURL,
-    get_store,
-    naming,
-    parallel,
-)
+from bundles._store.client import Store, get_store, naming, parallel
+from bundles._store.pointer import examine_prefix
+from bundles._store.probe import PROBE_PREFIX
+from bundles._urls import StoreURL
 
 #: Why gc left objects that are not garbage of ours (the ``reason`` of :class:`Skipped`).
 NOT_OURS_POOL = "no bundle beside it has a pointer naming '../.media': not a pool gc can prove it wrote"
