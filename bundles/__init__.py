@@ -10,7 +10,7 @@ progress and the CLI kit.
 """
 
 from bundles import _errors
-from bundles._entry import (
+from bundles._api.entry import (
     child_location,
     is_bundle,
     list_bundles,
@@ -20,6 +20,7 @@ from bundles._entry import (
     unpack_bundle,
     write_bundle,
 )
+from bundles._api.location import Location
 from bundles._errors import *  # noqa: F403  (the exception hierarchy, whole)
 from bundles._format.images import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._format.layout import FORMAT_VERSION, PACK_SUFFIX
@@ -29,7 +30,6 @@ from bundles._format.options import LinkMode, OutsidePolicy, Verify
 from bundles._format.records import Record, register_record_type
 from bundles._format.sample import decode_sample, encode_sample, sample_encoder
 from bundles._local.reader import Bundle
-from bundles._locations import Location
 from bundles._store import (
     GarbageReport,
     StorePrefix,

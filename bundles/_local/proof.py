@@ -24,8 +24,8 @@ format itself produces there, and nothing else.
 
 Here are the rule and its results (:class:`Proof`, :class:`NotProven`) and the readers for a
 directory and a manifest's bytes; the store reader is :func:`bundles._store.pointer.examine_prefix`
-and the packed readers are in :mod:`bundles._locations`. Every caller asks through
-:meth:`bundles._locations.Location.examine` (``has_bundle``, ``list_bundles``, ``is_bundle``,
+and the packed readers are in :mod:`bundles._api.location`. Every caller asks through
+:meth:`bundles._api.location.Location.examine` (``has_bundle``, ``list_bundles``, ``is_bundle``,
 ``rm``, ``ls``, ``cp --force`` and ``overwrite=True``).
 
 Cost: one bounded read of the manifest in a directory; one GET of the pointer and one of the

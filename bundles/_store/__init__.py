@@ -35,7 +35,7 @@ without a pointer (a writer that died, or lost a race) is invisible, and ``gc`` 
 it is older than a limit. A bundle copied verbatim onto a store (``aws s3 sync bundle_dir
 s3://b/x``: ``U/manifest.json`` with no pointer) is read too.
 
-Writing. ``Location.stage`` (:mod:`bundles._locations`) writes the bundle into a local scratch
+Writing. ``Location.stage`` (:mod:`bundles._api.location`) writes the bundle into a local scratch
 directory with the local writer (so every check, hash and error of ``write_bundle`` applies
 unchanged; the scratch lies beside the first media root, so media are hard-linked, not copied)
 and then uploads it with :func:`upload_bundle`, concurrently (:data:`~bundles._store.client.CONCURRENCY` requests in flight).

@@ -30,11 +30,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bundles._entry import is_bundle, list_bundles
+from bundles._api.entry import is_bundle, list_bundles
+from bundles._api.location import Location
 from bundles._errors import BundleError
 from bundles._format.layout import STORE_GENERATION_RE, STORE_MEDIA_POOL
 from bundles._format.limits import MAX_FIND_DEPTH
-from bundles._locations import Location
 
 __all__ = ["Listing", "find_bundles"]
 

@@ -1,7 +1,7 @@
 """The public entry points that take a location: write, open, pack, unpack, is there a bundle,
 list the bundles under a root, remove one.
 
-Each builds the :class:`~bundles._locations.Location` its argument names, once
+Each builds the :class:`~bundles._api.location.Location` its argument names, once
 (:meth:`Location.of`, the only reader of a location's text), and delegates to it in one line:
 what a directory, a packed file, a store prefix and a packed object on a store do differently is
 theirs to know, so that code above :mod:`bundles` (checkpoint listings, retention, the
@@ -19,10 +19,10 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bundles._api.location import Location
 from bundles._errors import BundleFormatError
 from bundles._format.options import LinkMode, OutsidePolicy, Verify
 from bundles._local.reader import VERIFY_LEVELS, Bundle
-from bundles._locations import Location
 from bundles._urls import local_path_only
 
 __all__ = [

@@ -3,7 +3,7 @@
 A bundle lives in a local directory, a local packed file (``.rbundle``), a prefix on an object
 store, or a packed object on a store (a URL ending in ``.rbundle``). :meth:`Location.of` is the
 one place that reads a location's text and picks the kind; everything after it (the public entry
-points of :mod:`bundles._entry`, the CLI, trainer_hooks) calls a method of the object it got and
+points of :mod:`bundles._api.entry`, the CLI, trainer_hooks) calls a method of the object it got and
 never asks which kind it holds. What differs between the kinds, where a caller must adapt, is
 said by capabilities, class attributes each kind declares:
 
