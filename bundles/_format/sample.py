@@ -1,6 +1,6 @@
 """One sample in the bundle codec, outside a bundle: for logs that must read back what bundles store.
 
-A bundle's shards are zstd streams of samples encoded by :class:`bundles._format.codec.SampleEncoder`
+A bundle's shards are zstd streams of samples encoded by :class:`bundles._format.encoder.SampleEncoder`
 (docs/FORMAT.md §3). A write-ahead log of samples (``trainer_hooks``' rollout journal) wants the
 very same encoding, record by record, so that what it holds is exactly what a checkpoint bundle
 would hold and is decoded by the same closed set of types. These two functions are that codec's
@@ -25,7 +25,9 @@ from typing import Any, Protocol
 import msgpack
 
 from bundles._errors import BundleFormatError, UnsafeBundleError, UnsupportedValueError
-from bundles._format.codec import Defect, SampleDecoder, SampleEncoder, find_defect, gc_paused
+from bundles._format.codec import gc_paused
+from bundles._format.decoder import Defect, SampleDecoder, find_defect
+from bundles._format.encoder import SampleEncoder
 from bundles._format.layout import MAX_SAMPLE_RAW_BYTES
 from bundles._format.media import MediaRef
 

@@ -17,9 +17,9 @@ A problem found later in a shard (an unlisted reference in its 900th sample, a s
 disagrees with the manifest) is raised when the reader reaches it; the samples yielded before it
 came from verified bytes and are whole.
 
-**Key paths on failure only.** Decoding raises :class:`~bundles._format.codec.Defect` without a key
+**Key paths on failure only.** Decoding raises :class:`~bundles._format.decoder.Defect` without a key
 path; this module then decodes that one sample again leniently and walks it to name the path
-(:func:`~bundles._format.codec.find_defect`).
+(:func:`~bundles._format.decoder.find_defect`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import msgpack
 import zstandard
 
 from bundles._errors import BundleError, BundleFormatError, UnsafeBundleError
-from bundles._format.codec import Defect, SampleDecoder, find_defect
+from bundles._format.decoder import Defect, SampleDecoder, find_defect
 from bundles._format.layout import MAX_SAMPLE_ITEMS, MAX_SAMPLE_RAW_BYTES
 from bundles._format.manifest import ShardEntry
 from bundles._format.media import MediaRef

@@ -39,7 +39,8 @@ from bundles._errors import (
     UnsupportedValueError,
     stacklevel_outside_bundles,
 )
-from bundles._format.codec import SampleEncoder, gc_paused
+from bundles._format.codec import gc_paused
+from bundles._format.encoder import SampleEncoder
 from bundles._format.images import png_bytes
 from bundles._format.layout import (
     DIGEST_PREFIX,
