@@ -158,7 +158,7 @@ def test_open_media_refuses_names_the_bundle_does_not_list(tmp_path):
         pb.open_media("../../etc/passwd")
 
 
-# The member rules are one implementation (bundles._local.sources.read_tar_index): unpack and the
+# The member rules are one implementation (bundles._local.archive.read_tar_index): unpack and the
 # in-place reader refuse the same files with the same message.
 def _tar(path: Path, members: list[tuple[str, bytes, bytes | None]]) -> Path:
     with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:

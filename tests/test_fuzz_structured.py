@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bundles import BundleError, MediaRef, open_bundle, pack_bundle, unpack_bundle, write_bundle
-from bundles._local.sources import read_tar_index
+from bundles._local.archive import read_tar_index
 from bundles.cli import main
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))

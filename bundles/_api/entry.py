@@ -179,7 +179,7 @@ def unpack_bundle(
     """Unpack a packed bundle into the new directory ``out_dir``, fully verify it, commit it.
 
     Every member is checked before anything is written, by the rules the in-place reader applies
-    (:func:`bundles._local.sources.read_tar_index`). ``packed`` may be an object on a store
+    (:func:`bundles._local.archive.read_tar_index`). ``packed`` may be an object on a store
     (``storage_options`` as in :func:`write_bundle`); ``out_dir`` is local.
 
     Raises:

@@ -8,7 +8,7 @@ compression of its own.
 Unpacking trusts nothing: each member must be a regular file or one of the two layout
 directories, with a relative name that matches the layout (no absolute names, no ``..``, no
 links, no devices, no sparse files, no duplicates). Those rules live in one place,
-:func:`bundles._local.sources.read_tar_index`, which the in-place reader uses too, and every header is
+:func:`bundles._local.archive.read_tar_index`, which the in-place reader uses too, and every header is
 checked before a byte is written. The result is fully verified inside a staging directory before
 it is committed with the protocol of :mod:`bundles._local.commit`.
 
@@ -34,12 +34,13 @@ from bundles._errors import (
 )
 from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR, SHARDS_DIR
 from bundles._format.options import Verify
+from bundles._local.archive import PackedSource
 from bundles._local.atomic import atomic_writer
 from bundles._local.commit import commit, create_staging
 from bundles._local.fs import fsync_dir, make_read_only, remove_tree
 from bundles._local.progress import Progress
 from bundles._local.reader import Bundle, load_manifest, open_local
-from bundles._local.sources import DirSource, PackedSource
+from bundles._local.sources import DirSource
 
 _CHUNK = 8 * 1024 * 1024
 

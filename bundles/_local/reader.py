@@ -43,11 +43,12 @@ from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_bytes
 from bundles._format.media import MediaRef
 from bundles._format.options import LinkMode, Verify
 from bundles._format.shards import iter_shard
+from bundles._local.archive import PackedSource
 from bundles._local.atomic import atomic_path
 from bundles._local.commit import is_staging_name
 from bundles._local.fs import check_link_mode, copy_and_hash, ingest, make_read_only
 from bundles._local.progress import Progress
-from bundles._local.sources import LAYOUT_DIRS, DirSource, PackedSource, RemoteSource, Source, describe
+from bundles._local.sources import LAYOUT_DIRS, DirSource, RemoteSource, Source, describe
 from bundles._urls import local_path_only
 
 if TYPE_CHECKING:

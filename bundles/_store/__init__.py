@@ -45,7 +45,7 @@ shards are read with single GETs, media lazily with range reads (:class:`RangeFi
 from one listing of the generation and of the media prefix. A packed ``.rbundle`` object is read
 in place by :class:`StorePackedSource`: its tar headers are fetched by range reads, all at once
 where the packer's deterministic layout predicts them, and checked by the same
-:func:`bundles._local.sources.read_tar_index` as a local packed file.
+:func:`bundles._local.archive.read_tar_index` as a local packed file.
 
 Garbage and reference accounting. Media in a shared pool belong to every bundle whose manifest
 lists them, so nothing deletes them when one bundle goes: :func:`collect_garbage` sweeps, once

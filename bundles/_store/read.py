@@ -33,10 +33,11 @@ from bundles._format.layout import (
 )
 from bundles._format.media import MediaRef
 from bundles._format.options import Verify
+from bundles._local.archive import PackedMembers, WindowFile, read_tar_index
 from bundles._local.atomic import atomic_write
 from bundles._local.progress import Progress
 from bundles._local.reader import Bundle, load_manifest
-from bundles._local.sources import LAYOUT_DIRS, Entry, PackedMembers, WindowFile, read_tar_index
+from bundles._local.sources import LAYOUT_DIRS, Entry
 from bundles._store.client import Store, get_store, naming, parallel
 from bundles._store.pointer import READ_WINDOW, _bundle_prefix, _BundlePrefix
 from bundles._urls import StoreURL
