@@ -3,7 +3,7 @@
 Filesystem primitives (:mod:`.fs`: ingesting media by hardlink, reflink or copy, fsync, renames,
 the one tree deletion), the one atomic file write (:mod:`.atomic`), the commit protocol of a
 bundle directory (:mod:`.commit`: staging beside the destination, the manifest last) and the proof
-that a location holds a bundle (:mod:`.proof`); the writer (:mod:`.writer`) and the reader
+that a location holds a bundle (:mod:`.proof`); the writer (:mod:`.writer`, and :mod:`.ingest`: the media a sample references) and the reader
 (:mod:`.reader`: :class:`~bundles.Bundle`); where a reader's bytes come from (:mod:`.sources`:
 the :class:`~.sources.Source` interface, a directory, and :mod:`.archive`: a packed file); packing
 (:mod:`.pack`). Beside them what the protocol leans on: process identity (:mod:`.proc`), named
