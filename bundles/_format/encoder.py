@@ -172,6 +172,11 @@ class SampleEncoder:
         return tv is str and self._prefixes is not None and not v.startswith(self._prefixes)
 
     def _convert(self, obj: Any, where: str, depth: int) -> Any:
+        """``obj`` as the packer takes it (extensions built, references resolved), its items counted.
+
+        One function on purpose, so it cannot be split: it runs once per container of every
+        sample, and its dict and list loops are inlined (the codec's cost model: no Python call
+        per element, and none more per container than this one)."""
         if depth > MAX_NESTING_DEPTH:
             raise UnsupportedValueError(f"{where}: nesting deeper than {MAX_NESTING_DEPTH} levels")
         t = type(obj)

@@ -48,6 +48,21 @@ DECODABLE_IMAGE_FORMATS = ("PNG", "JPEG")
 _MAGIC = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG"}
 
 
+def _decodable_format(data: bytes, where: str) -> str:
+    """The format ``data``'s magic bytes name, one of :data:`DECODABLE_IMAGE_FORMATS`; any other
+    start is refused."""
+    from bundles._errors import BundleFormatError
+
+    fmt = next((name for magic, name in _MAGIC.items() if bytes(data[: len(magic)]) == magic), None)
+    if fmt is None:
+        head = bytes(data[:8])
+        raise BundleFormatError(
+            f"{where}: not a {' or '.join(DECODABLE_IMAGE_FORMATS)} image (starts with {head!r}); "
+            "no other format is decoded from a bundle"
+        )
+    return fmt
+
+
 def decode_image(
     data: bytes,
     *,
@@ -77,13 +92,7 @@ def decode_image(
         from PIL import Image
     except ImportError:
         raise BundleError(f"{where}: decoding images needs Pillow: pip install pillow") from None
-    fmt = next((name for magic, name in _MAGIC.items() if bytes(data[: len(magic)]) == magic), None)
-    if fmt is None:
-        head = bytes(data[:8])
-        raise BundleFormatError(
-            f"{where}: not a {' or '.join(DECODABLE_IMAGE_FORMATS)} image (starts with {head!r}); "
-            "no other format is decoded from a bundle"
-        )
+    fmt = _decodable_format(data, where)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

@@ -90,24 +90,8 @@ def _objects(
     start = 0  # where the current sample begins in the decompressed stream
     index = first_index
     while True:
-        try:
-            chunk = reader.read(min(FEED_CHUNK, limit + 1 - total))
-        except zstandard.ZstdError as e:
-            raise BundleFormatError(f"{where}: not a valid zstandard stream: {e}") from None
+        chunk = _feed(reader, unpacker, limit, total, where, index)
         total += len(chunk)
-        if total > limit:
-            raise UnsafeBundleError(
-                f"{where}: raw_size: expected {limit} decompressed bytes, found more than {limit}"
-            )
-        try:
-            unpacker.feed(chunk)
-        except msgpack.BufferFull:
-            raise _too_large(where, index) from None
-        except MemoryError:
-            raise BundleError(
-                f"{where}: samples[{index}]: out of memory while buffering it (one sample within the "
-                "format's limits may need up to ~3.5 GiB, docs/FORMAT.md §8)"
-            ) from None
         while True:
             # The collector is paused while a sample is built (see gc_paused; inlined: this runs
             # once per sample).
@@ -147,6 +131,29 @@ def _objects(
         raise UnsafeBundleError(f"{where}: raw_size: expected {limit} decompressed bytes, found {total}")
     if start != total:  # bytes after the last whole sample: msgpack holds a partial one
         raise BundleFormatError(f"{where}: samples[{index}]: truncated: the shard ends inside a sample")
+
+
+def _feed(reader: Any, unpacker: msgpack.Unpacker, limit: int, total: int, where: str, index: int) -> bytes:
+    """The next chunk of decompressed bytes after the ``total`` read so far, fed to ``unpacker``:
+    empty at the stream's end; a byte beyond the shard's raw size ``limit`` is refused."""
+    try:
+        chunk = reader.read(min(FEED_CHUNK, limit + 1 - total))
+    except zstandard.ZstdError as e:
+        raise BundleFormatError(f"{where}: not a valid zstandard stream: {e}") from None
+    if total + len(chunk) > limit:
+        raise UnsafeBundleError(
+            f"{where}: raw_size: expected {limit} decompressed bytes, found more than {limit}"
+        )
+    try:
+        unpacker.feed(chunk)
+    except msgpack.BufferFull:
+        raise _too_large(where, index) from None
+    except MemoryError:
+        raise BundleError(
+            f"{where}: samples[{index}]: out of memory while buffering it (one sample within the "
+            "format's limits may need up to ~3.5 GiB, docs/FORMAT.md §8)"
+        ) from None
+    return chunk
 
 
 def _too_large(where: str, index: int) -> UnsafeBundleError:

@@ -153,6 +153,26 @@ def _write_packed(bundle: Bundle, out: Path, progress: bool | None, *, replace: 
             bar.advance(size)
 
 
+def _extract(source: PackedSource, staging: Path, progress: Progress) -> None:
+    """Every member of ``source`` written into ``staging`` (fsynced, read-only), the progress
+    advanced by each member's size."""
+    with progress as bar:
+        for entry in source.entries():
+            target = staging / entry.name
+            if entry.kind == "dir":
+                target.mkdir(exist_ok=True)
+                continue
+            target.parent.mkdir(exist_ok=True)
+            fin, _ = source.open(entry.name)
+            with fin, open(target, "xb") as fout:
+                while chunk := fin.read(_CHUNK):
+                    fout.write(chunk)
+                fout.flush()
+                os.fsync(fout.fileno())
+            make_read_only(str(target))
+            bar.advance(entry.size)
+
+
 def unpack_local(
     packed: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -177,21 +197,11 @@ def unpack_local(
     try:
         load_manifest(source)  # and the manifest, so that its errors name the packed file
         staging = create_staging(dest)
-        with Progress(f"unpacking {src.name}", total=src.stat().st_size, unit="B", enabled=progress) as bar:
-            for entry in source.entries():
-                target = staging / entry.name
-                if entry.kind == "dir":
-                    target.mkdir(exist_ok=True)
-                    continue
-                target.parent.mkdir(exist_ok=True)
-                fin, _ = source.open(entry.name)
-                with fin, open(target, "xb") as fout:
-                    while chunk := fin.read(_CHUNK):
-                        fout.write(chunk)
-                    fout.flush()
-                    os.fsync(fout.fileno())
-                make_read_only(str(target))
-                bar.advance(entry.size)
+        _extract(
+            source,
+            staging,
+            Progress(f"unpacking {src.name}", total=src.stat().st_size, unit="B", enabled=progress),
+        )
         for sub in (SHARDS_DIR, MEDIA_DIR):
             (staging / sub).mkdir(exist_ok=True)
             fsync_dir(staging / sub)

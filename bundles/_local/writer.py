@@ -270,6 +270,34 @@ def write_local(
         raise BundleIOError.wrap(dest, "write the bundle", e) from e
 
 
+def _manifest_bytes_of(
+    dest: Path, kind: str, meta_clean: dict[str, Any], count: int, shards: _ShardWriter, media: MediaIngester
+) -> bytes:
+    """The manifest of what was written, serialized; refused (nothing committed) when a reader
+    would refuse it for its size."""
+    stored = sorted(media.stored.values(), key=lambda r: (r.digest, r.suffix))
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "created_by": f"rollout-bundles {_package_version()}",
+        "meta": meta_clean,
+        "sample_count": count,
+        "shards": shards.entries,
+        "media": [{"digest": r.digest, "size": r.size, "suffix": r.suffix} for r in stored],
+        "media_references": media.references,
+    }
+    fault_point("write.manifest")
+    raw = manifest_bytes(manifest)
+    if len(raw) > MAX_MANIFEST_BYTES:  # a reader refuses it: never commit what no one can open
+        raise BundleError(
+            f"{dest}: the manifest would be {len(raw)} bytes ({len(stored)} media files, "
+            f"{len(shards.entries)} shards), over the cap of {MAX_MANIFEST_BYTES} (MAX_MANIFEST_BYTES); "
+            "nothing was written: split the samples into several bundles"
+        )
+    return raw
+
+
 def _write(
     dest: Path,
     samples: Iterable[Any],
@@ -306,26 +334,7 @@ def _write(
                 count += 1
                 bar.advance()
             shards.flush()
-        stored = sorted(media.stored.values(), key=lambda r: (r.digest, r.suffix))
-        manifest = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "kind": kind,
-            "created_by": f"rollout-bundles {_package_version()}",
-            "meta": meta_clean,
-            "sample_count": count,
-            "shards": shards.entries,
-            "media": [{"digest": r.digest, "size": r.size, "suffix": r.suffix} for r in stored],
-            "media_references": media.references,
-        }
-        fault_point("write.manifest")
-        raw = manifest_bytes(manifest)
-        if len(raw) > MAX_MANIFEST_BYTES:  # a reader refuses it: never commit what no one can open
-            raise BundleError(
-                f"{dest}: the manifest would be {len(raw)} bytes ({len(stored)} media files, "
-                f"{len(shards.entries)} shards), over the cap of {MAX_MANIFEST_BYTES} (MAX_MANIFEST_BYTES); "
-                "nothing was written: split the samples into several bundles"
-            )
+        raw = _manifest_bytes_of(dest, kind, meta_clean, count, shards, media)
         with open(staging / MANIFEST_NAME, "xb") as f:
             f.write(raw)
         make_read_only(str(staging / MANIFEST_NAME))

@@ -16,14 +16,14 @@ from typing import Any
 
 from bundles._errors import BundleError, BundleExistsError, BundleIOError, BundleVerificationError
 from bundles._format.layout import DIGEST_PREFIX, MANIFEST_NAME, MAX_MANIFEST_BYTES, MEDIA_DIR, SHARDS_DIR
-from bundles._format.manifest import parse_manifest_bytes
+from bundles._format.manifest import Manifest, parse_manifest_bytes
 from bundles._format.options import Verify
 from bundles._local.commit import commit, create_staging
 from bundles._local.fs import fsync_dir, make_read_only, remove_tree
 from bundles._local.progress import Progress
 from bundles._local.reader import open_local
 from bundles._store.client import naming, parallel
-from bundles._store.pointer import READ_WINDOW, _bundle_prefix
+from bundles._store.pointer import READ_WINDOW, _bundle_prefix, _BundlePrefix
 from bundles._urls import StoreURL
 
 __all__ = ["download_bundle"]
@@ -55,6 +55,21 @@ def _fetch(place: Any, rel: str, size: int, digest: str, target: Path, bar: Prog
     make_read_only(str(target))
 
 
+def _pointed_manifest(place: _BundlePrefix, url: StoreURL) -> tuple[bytes, Manifest]:
+    """The manifest's bytes and their parse, checked against the pointer's size and digest (a
+    plain copy, with no pointer, has none to check)."""
+    raw, _ = place.store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
+    pointer = place.pointer
+    if pointer.generation is not None and (
+        len(raw) != pointer.manifest_size
+        or DIGEST_PREFIX + hashlib.sha256(raw).hexdigest() != pointer.manifest_digest
+    ):
+        raise BundleError(
+            f"{url}/{MANIFEST_NAME}: not the manifest the pointer names (size or digest differ)"
+        )
+    return raw, parse_manifest_bytes(raw, f"{url}/{MANIFEST_NAME}")
+
+
 def download_bundle(
     url_text: str,
     out_dir: str | os.PathLike[str],
@@ -78,16 +93,7 @@ def download_bundle(
     if os.path.lexists(dest) and not overwrite:
         raise BundleExistsError(f"{dest}: output exists; pass overwrite=True to replace it")
     place = _bundle_prefix(url, storage_options, "read the pointer")
-    raw, _ = place.store.get(place.key(MANIFEST_NAME), MAX_MANIFEST_BYTES, "manifest cap")
-    pointer = place.pointer
-    if pointer.generation is not None and (
-        len(raw) != pointer.manifest_size
-        or DIGEST_PREFIX + hashlib.sha256(raw).hexdigest() != pointer.manifest_digest
-    ):
-        raise BundleError(
-            f"{url}/{MANIFEST_NAME}: not the manifest the pointer names (size or digest differ)"
-        )
-    manifest = parse_manifest_bytes(raw, f"{url}/{MANIFEST_NAME}")
+    raw, manifest = _pointed_manifest(place, url)
     files = [(e.path, e.size, e.digest) for e in manifest.shards]
     files += [(f"{MEDIA_DIR}/{m.filename}", m.size, m.digest) for m in manifest.media]
     staging = create_staging(dest)

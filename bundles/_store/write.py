@@ -146,12 +146,7 @@ def upload_bundle(
             listed, unproven = _upload(local, root, place, stats, progress, manifest_bytes)
         stats.objects_read_back = len(listed if read_back else unproven)
         prove_before_publish(place, listed if read_back else unproven)
-        pointer = Pointer(
-            stats.generation,
-            len(manifest_bytes),
-            DIGEST_PREFIX + hashlib.sha256(manifest_bytes).hexdigest(),
-            shared_media,
-        )
+        pointer = Pointer(stats.generation, len(manifest_bytes), _digest(manifest_bytes), shared_media)
         fault_point("store.before-publish")
         previous = _publish(place, pointer, overwrite)
     except BaseException as e:
@@ -159,16 +154,24 @@ def upload_bundle(
         if isinstance(e, OSError) and not isinstance(e, BundleError):  # the local disk's
             raise BundleIOError.wrap(url, "upload the bundle", e) from e
         raise
+    _after_publish(place, stats, listed, previous)
+    stats.seconds = time.perf_counter() - started
+    return stats
+
+
+def _after_publish(
+    place: _BundlePrefix, stats: UploadStats, listed: list[Listed], previous: Pointer | None
+) -> None:
+    """Once the pointer names the new generation: put back what a racing ``rm`` or ``gc`` deleted
+    of it, then retire the generation it replaced."""
     try:
         stats.objects_restored = keep_published(place, stats.generation, listed)
     except OSError as e:
         if isinstance(e, BundleError):
             raise
-        raise BundleIOError.wrap(url, "put back the objects of the published bundle", e) from e
+        raise BundleIOError.wrap(place.url, "put back the objects of the published bundle", e) from e
     if previous is not None:
         stats.replaced = _retire(place, previous)
-    stats.seconds = time.perf_counter() - started
-    return stats
 
 
 def _upload(
@@ -178,18 +181,7 @@ def _upload(
     the manifest lists (for the check after publishing) and those this writer did not put
     itself (to be read back before publishing: :mod:`bundles._store.verify`)."""
     store = place.store
-    existing = {m["path"]: m["size"] for m in store.listing(place.media_prefix)}
-    todo: list[tuple[str, Path, int]] = []
-    unproven: list[Listed] = []
-    listed = [Listed(place.key(MANIFEST_NAME), manifest, len(manifest), _digest(manifest))]
-    for ref in local.media:
-        key = f"{place.media_prefix}/{ref.filename}"
-        listed.append(Listed(key, root / MEDIA_DIR / ref.filename, ref.size, ref.digest))
-        if existing.get(key) == ref.size:
-            stats.media_skipped += 1
-            unproven.append(listed[-1])
-            continue
-        todo.append((key, root / MEDIA_DIR / ref.filename, ref.size))
+    listed, unproven, todo = _media_to_put(local, root, place, stats, manifest)
     shards = [(place.key(e["path"]), root / e["path"], e["size"]) for e in local.manifest["shards"]]
     digests = {place.key(e["path"]): e["digest"] for e in local.manifest["shards"]}
     listed += [Listed(key, path, size, digests[key]) for key, path, size in shards]
@@ -238,6 +230,26 @@ def _upload(
     _put_create_same(store, place.key(MANIFEST_NAME), manifest)
     stats.objects = len(todo) + len(shards) + 1
     return listed, unproven
+
+
+def _media_to_put(
+    local: Any, root: Path, place: _BundlePrefix, stats: UploadStats, manifest: bytes
+) -> tuple[list[Listed], list[Listed], list[tuple[str, Path, int]]]:
+    """The manifest and media as the manifest lists them; those of the media already on the store
+    with their size (unproven: read back before publishing); and the media to put."""
+    existing = {m["path"]: m["size"] for m in place.store.listing(place.media_prefix)}
+    todo: list[tuple[str, Path, int]] = []
+    unproven: list[Listed] = []
+    listed = [Listed(place.key(MANIFEST_NAME), manifest, len(manifest), _digest(manifest))]
+    for ref in local.media:
+        key = f"{place.media_prefix}/{ref.filename}"
+        listed.append(Listed(key, root / MEDIA_DIR / ref.filename, ref.size, ref.digest))
+        if existing.get(key) == ref.size:
+            stats.media_skipped += 1
+            unproven.append(listed[-1])
+            continue
+        todo.append((key, root / MEDIA_DIR / ref.filename, ref.size))
+    return listed, unproven, todo
 
 
 def _check_media(place: _BundlePrefix, path: Path, data: bytes | None) -> None:
