@@ -11,8 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from bundles._cli import common as _cli
-from bundles._cli import locations, packing, reading
+from bundles._commands import common, copying, listing, packing, reading, removing
 
 __all__ = ["main", "register"]
 
@@ -39,7 +38,7 @@ def __getattr__(name: str) -> object:
     from bundles._deprecated import moved_to_support
     from bundles._local.progress import Progress
 
-    found = {n: Progress if n == "Progress" else getattr(_cli, n) for n in _MOVED_TO_SUPPORT}
+    found = {n: Progress if n == "Progress" else getattr(common, n) for n in _MOVED_TO_SUPPORT}
     return moved_to_support("bundles.cli", found, name)
 
 
@@ -48,12 +47,14 @@ def register(subparsers: Any) -> None:
     ``rollout-bundle`` parser."""
     reading.register(subparsers)
     packing.register(subparsers)
-    locations.register(subparsers)
+    listing.register(subparsers)
+    copying.register(subparsers)
+    removing.register(subparsers)
 
 
 def main(argv: list[str] | None = None) -> int:
     """A bundles-only entry point (``python -m bundles.cli``); ``rollout-bundle`` adds more."""
-    return _cli.main_with(
+    return common.main_with(
         [register], "Self-contained, verifiable bundles of rollout samples and their media.", argv
     )
 

@@ -43,7 +43,7 @@ What is here, by concern:
 * **The CLI kit.** What every ``rollout-bundle`` subcommand shares: :func:`add_command`,
   :func:`add_json_option`, :func:`add_progress_option`, :func:`build_parser`,
   :func:`run_command`, :func:`main_with`, :class:`CommandError`, :func:`check_output_file`,
-  :func:`int_at_least`, :func:`cli_message` (habits described in :mod:`bundles._cli.common`).
+  :func:`int_at_least`, :func:`cli_message` (habits described in :mod:`bundles._commands.common`).
 * **Codec primitives.** :func:`only_numbers`, the C-speed proof that a list holds only ints,
   floats and bools, which the encoder uses to pack a number list as it is; a client that proves a
   list once (a snapshot's type check) hands its result to the encoder (``number_lists`` of
@@ -64,7 +64,7 @@ change in any release: import it from here, never from a ``bundles._private`` mo
 
 from __future__ import annotations
 
-from bundles._cli.common import (
+from bundles._commands.common import (
     PROG,
     CommandError,
     add_command,

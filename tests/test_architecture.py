@@ -107,7 +107,7 @@ def test_each_trainer_hooks_subpackage_declares_its_surface(package):
 # -- the seams inside bundles: the format, the local half, the store half, one folder each ----------
 #: Each folder of bundles and the folders it may import: the format neither half, the local half
 #: the format, the store half both. Above them the face (``__init__``, ``support``, ``cli``,
-#: ``_api``, ``_cli``) may import any of them.
+#: ``_api``, ``_commands``) may import any of them.
 FOLDERS = {
     "bundles._format": set(),
     "bundles._local": {"bundles._format"},

@@ -134,7 +134,7 @@ def test_ls_on_a_store_lists_the_good_bundles_beside_one_whose_manifest_is_gone(
     assert all(url in found for url in deep) and f"s3://{bucket}/run/good" in found, walked.stderr
     assert not any("/g2" in line or "/.media" in line for line in found), found
     # A key obstore cannot parse (a control character) fails the whole listing page: ls says so
-    # in one escaped line, exit 1 (a limit of the store client, bundles/_cli/find.py).
+    # in one escaped line, exit 1 (a limit of the store client, bundles/_commands/find.py).
     client.put_object(Bucket=bucket, Key="odd/evil\x1b[31mX/bundle.json", Body=b"{}")
     odd = cli("ls", f"s3://{bucket}/odd", env=moto_s3.env)
     (line,) = text(odd.stderr).splitlines()

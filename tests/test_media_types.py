@@ -153,7 +153,7 @@ print(open(row["img"].path, "rb").read(8))
 def test_show_renders_images_and_records(tmp_path):
     Image = pytest.importorskip("PIL.Image")
     from bundles import Record
-    from bundles._cli.show import to_json
+    from bundles._commands.show import to_json
 
     write_bundle(tmp_path / "b", [{"img": Image.new("L", (2, 3)), "r": Record("x.Y", {"a": 1})}])
     bundle = open_bundle(tmp_path / "b")

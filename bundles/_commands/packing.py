@@ -8,8 +8,8 @@ from typing import Any
 
 from bundles._api.entry import open_bundle, pack_bundle, unpack_bundle
 from bundles._api.location import Location
-from bundles._cli import common
-from bundles._cli.output import location_shown, print_json, say
+from bundles._commands import common
+from bundles._commands.output import location_shown, print_json, say
 from bundles._local.progress import human_bytes
 
 

@@ -2,7 +2,7 @@
 
 Samples are matched by position (sample ``i`` of A with sample ``i`` of B), or with ``by`` by
 the value at a key path (``index``), so that a dump with one sample dropped does not read as
-every later sample changed. Values are compared in their :func:`bundles._cli.show.fingerprint`
+every later sample changed. Values are compared in their :func:`bundles._commands.show.fingerprint`
 form: media by content (their ``media/<sha256><suffix>`` path, the same in both bundles
 wherever they sit), arrays, tensors and bytes by dtype, shape and the sha256 of their bytes.
 
@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from bundles._cli.show import fingerprint, select, summarise
+from bundles._commands.show import fingerprint, select, summarise
 from bundles._errors import BundleError
 from bundles._format.codec import key_path
 from bundles._format.layout import MEDIA_DIR

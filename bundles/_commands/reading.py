@@ -8,10 +8,10 @@ import sys
 from typing import Any
 
 from bundles._api.entry import open_bundle
-from bundles._cli import common
-from bundles._cli.diff import DiffKeyError, diff_bundles
-from bundles._cli.output import BUNDLE_HELP, plural, print_json, say
-from bundles._cli.show import dumps_pretty, parse_key_paths, select, to_json
+from bundles._commands import common
+from bundles._commands.diff import DiffKeyError, diff_bundles
+from bundles._commands.output import BUNDLE_HELP, plural, print_json, say
+from bundles._commands.show import dumps_pretty, parse_key_paths, select, to_json
 from bundles._format.layout import MEDIA_DIR
 from bundles._local.progress import human_bytes
 
