@@ -6,6 +6,12 @@ already catch ``FileNotFoundError`` or ``ValueError`` keep working.
 
 Messages name the bundle (or file) path, the key path of the value inside a sample
 (``samples[3].multimodal_inputs.images[1]``), what was expected and what was found.
+
+Every error and warning class of the package lives here, the store client's own included (those
+are not in ``__all__``, which :mod:`bundles` re-exports whole). Beside them what naming a path or
+pointing a warning needs, so that this module imports nothing of the package: the names of
+staging and retired directories (a path inside one is named as the destination it stands for;
+:mod:`bundles._format.layout` re-exports them) and :func:`stacklevel_outside_bundles`.
 """
 
 from __future__ import annotations
