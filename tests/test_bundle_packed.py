@@ -237,3 +237,49 @@ def test_a_member_file_outlives_its_bundle_object_and_refuses_reads_after_close(
         pytest.raises(BundleError, match=r"b\.rbundle/media/.*: cannot read: the bundle was closed"),
     ):
         g.read()
+
+
+def _open_descriptors(name: str) -> int:
+    fds = Path("/proc/self/fd")
+    found = 0
+    for fd in fds.iterdir():
+        try:
+            found += name in os.readlink(fd)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to count descriptors")
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda b: list(b.samples()),
+        lambda b: list(b.samples(indices=[1, 0])),
+        lambda b: next(b.samples()),  # a stream left half read
+        lambda b: b[1],
+    ],
+    ids=["samples", "indices", "half-read", "getitem"],
+)
+def test_a_packed_bundles_descriptor_goes_with_its_last_reference(tmp_path: Path, use) -> None:
+    # A server lets a replaced bundle go by dropping its reference (it cannot close a bundle a
+    # page may still read): the descriptor must close then, not when the garbage collector next
+    # runs. The sample decoder held its own bound methods (a reference cycle holding the
+    # bundle): a run under `serve --follow` kept replaced files open until a collection.
+    import gc
+
+    _, packed, _ = _make(tmp_path)
+    name = packed.name
+    gc.collect()
+    gc.disable()
+    try:
+        bundle = open_bundle(packed, verify="none")
+        assert _open_descriptors(name) == 1
+        use(bundle)
+        del bundle
+        assert _open_descriptors(name) == 0
+        # writing made no cycle either: what a writer holds goes with it
+        write_bundle(tmp_path / "again", [{"index": 0, "t": (1, 2), "response": "x"}])
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

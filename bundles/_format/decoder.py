@@ -100,17 +100,20 @@ class SampleDecoder:
         self._heights: dict[int, int] = {}  # id(container) -> height, for containers taller than 1
         self._items = 0
         self._tuple_depth = 0
-        self.ext: dict[int, Callable[[bytes], Any]] = {
-            EXT_MEDIA_REF: self._media_ref,
-            EXT_PATH_REF: self._path_ref,
-            EXT_TUPLE: self._tuple,
-            EXT_NDARRAY: self._ndarray,
-            EXT_NPSCALAR: self._npscalar,
-            EXT_TENSOR: self._tensor,
-            EXT_RECORD: self._record,
-            EXT_IMAGE: self._image,
-        }
-        self.options: dict[str, Any] = {
+
+    # The extension table and the unpacker's hooks are built per call, never kept on the
+    # decoder: a decoder holding its own bound methods is a reference cycle, and a cycle keeps
+    # what the decoder holds (``open_media``: the bundle, a packed bundle's descriptor) alive
+    # until the garbage collector happens to run, not when the last sample is read.
+    @property
+    def ext(self) -> dict[int, Callable[[bytes], Any]]:
+        """Extension code -> its decoder (bound to this decoder): one entry per extension type."""
+        return {code: getattr(self, fn.__name__) for code, fn in _EXT_HANDLERS.items()}
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of msgpack's unpacking: this decoder's hooks."""
+        return {
             "ext_hook": self._ext_hook,
             "list_hook": self._list_hook,
             "object_hook": self._object_hook,
@@ -177,11 +180,11 @@ class SampleDecoder:
 
     # -- extensions -------------------------------------------------------------------------------
     def _ext_hook(self, code: int, data: bytes) -> Any:
-        handler = self.ext.get(code)
+        handler = _EXT_HANDLERS.get(code)
         try:
             if handler is None:
                 raise Defect(f"unknown msgpack extension type {code}")
-            return handler(data)
+            return handler(self, data)
         except Defect as d:
             if self._lenient and d.locate:
                 return Bad(d.message)
@@ -380,3 +383,16 @@ def find_defect(sample: Any, path: str) -> tuple[str, str] | None:
 
 
 _FOUND = NOTABLE | {Bad, Record}
+
+
+#: Extension code -> the (unbound) method decoding it; see :attr:`SampleDecoder.ext`.
+_EXT_HANDLERS: dict[int, Callable[[SampleDecoder, bytes], Any]] = {
+    EXT_MEDIA_REF: SampleDecoder._media_ref,
+    EXT_PATH_REF: SampleDecoder._path_ref,
+    EXT_TUPLE: SampleDecoder._tuple,
+    EXT_NDARRAY: SampleDecoder._ndarray,
+    EXT_NPSCALAR: SampleDecoder._npscalar,
+    EXT_TENSOR: SampleDecoder._tensor,
+    EXT_RECORD: SampleDecoder._record,
+    EXT_IMAGE: SampleDecoder._image,
+}

@@ -99,23 +99,27 @@ class SampleEncoder:
         self._items = 0
         self._number_lists: Container[int] = ()
         # Extensions by exact type (one dict lookup), then by isinstance for types whose
-        # subclasses count and whose modules are imported lazily: (class getter, handler).
-        self.ext_by_type: dict[type, Callable[[Any, str, int], Any]] = {
-            tuple: self._tuple,
-            MediaRef: self._media_ref,
-            bytearray: self._buffer,
-            memoryview: self._buffer,
-            Record: self._record,
+        # subclasses count and whose modules are imported lazily: (class getter, handler). The
+        # handlers are the class's functions, called with the encoder: an encoder holding its own
+        # bound methods would be a reference cycle, keeping what it holds (the writer's
+        # resolvers and their state) alive until the garbage collector runs.
+        cls_ = type(self)
+        self.ext_by_type: dict[type, Callable[[Any, Any, str, int], Any]] = {
+            tuple: cls_._tuple,
+            MediaRef: cls_._media_ref,
+            bytearray: cls_._buffer,
+            memoryview: cls_._buffer,
+            Record: cls_._record,
         }
         # Classes registered as records when the encoder is made (bundles._format.records).
         for cls in registered_types():
-            self.ext_by_type[cls] = self._record
-        self.ext_by_class: list[tuple[Callable[[], type | None], Callable[[Any, str, int], Any]]] = [
-            (lambda: np.ndarray, self._ndarray),
-            (lambda: np.generic, self._npscalar),
-            (_torch_tensor_class, self._tensor),
-            (pil_image_class, self._pil_image),
-            (lambda: enum.Enum, self._enum_member),
+            self.ext_by_type[cls] = cls_._record
+        self.ext_by_class: list[tuple[Callable[[], type | None], Callable[[Any, Any, str, int], Any]]] = [
+            (lambda: np.ndarray, cls_._ndarray),
+            (lambda: np.generic, cls_._npscalar),
+            (_torch_tensor_class, cls_._tensor),
+            (pil_image_class, cls_._pil_image),
+            (lambda: enum.Enum, cls_._enum_member),
         ]
 
     def encode(self, sample: Any, where: str, number_lists: Container[int] = ()) -> bytes:
@@ -243,7 +247,7 @@ class SampleEncoder:
                     break
             else:
                 raise _unsupported_type(obj, where)
-        return handler(obj, where, depth)
+        return handler(self, obj, where, depth)
 
     # -- extension handlers: (value, key path, depth) -> msgspec.msgpack.Ext ------------------------
     def _tuple(self, obj: tuple[Any, ...], where: str, depth: int) -> msgspec.msgpack.Ext:
