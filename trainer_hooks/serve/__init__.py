@@ -10,7 +10,10 @@ docs/SERVE.md says what is cached where and why SQLite.
 
 The modules, by concern: ``_run`` (finding the bundles), ``_index`` (the index: build and
 queries), ``_media`` (pictures, decoded once, cached by digest), ``_pages`` (page data),
-``_templates`` (Jinja2), ``_app`` (routes, the guard), ``_cli`` (the command).
+``_app`` (routes, the guard), ``_cli`` (the command). A sample is drawn by the presentation
+layer, :mod:`trainer_hooks.pages`, as ``view`` draws it (the one Jinja2 environment, reading
+``templates/`` here by package name, and the one stylesheet, with ``templates/serve.css`` after
+it).
 """
 
 from trainer_hooks.serve._app import CSP, SECURITY_HEADERS, TOKEN_COOKIE, create_app, default_cache_dir

@@ -26,6 +26,7 @@ browser. Beyond loopback, :class:`Guard` asks for the token printed at start (Ju
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import json
 import math
@@ -47,22 +48,20 @@ from typing import Any
 import bundles
 from bundles import BundleError
 from bundles.support import LIMITS, display
+from trainer_hooks import pages
+from trainer_hooks.pages import badge, environment, fmt, package_text, replay_block, reward_spread, size
 from trainer_hooks.serve import _index as ix
 from trainer_hooks.serve._index import Indexer, Query
 from trainer_hooks.serve._media import WIDTHS, Pictures, PixelBudget
 from trainer_hooks.serve._pages import (
     SampleCache,
-    badge,
     building_context,
     compare_context,
-    fmt,
     image_infos,
     sample_context,
-    size,
     trend,
 )
 from trainer_hooks.serve._run import BundleEntry, Run
-from trainer_hooks.view import reward_spread
 
 __all__ = [
     "CSP",
@@ -92,7 +91,7 @@ PROMPT_SAMPLES = 4
 #: Compiled in the background at start, a bundle's first page first (with what it extends and
 #: imports: Jinja2 loads those when a page is rendered, not when it is compiled).
 WARM_TEMPLATES = ("bundle.html.j2", "base.html.j2", "macros.html.j2", "run.html.j2", "sample.html.j2",
-                  "_sample.html.j2", "_images.html.j2", "turn.html.j2", "error.html.j2", "prompt.html.j2")  # fmt: skip
+                  "sample_block.html.j2", "images.html.j2", "turn.html.j2", "error.html.j2", "prompt.html.j2")  # fmt: skip
 FIRST_PAGE_WAIT_S = 1.5  # how long a bundle page waits for an unindexed bundle's first rows
 MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]  # of an error message on a page
 RUN_PAGE = 100  # bundles per run page
@@ -101,6 +100,13 @@ PICK_BUNDLES = 100  # bundles a sample page offers to compare with (the nearest 
 DIFF_WORKERS = 2  # `rollout-bundle diff` processes at once; a compare past them is told to retry
 DIFF_TIMEOUT_S = 300
 DIFF_CACHE_BYTES = 16 * 1024 * 1024  # diff reports kept, by the bytes of their JSON
+
+
+@functools.cache
+def stylesheet() -> bytes:
+    """What ``/static/style.css`` serves: the pages' stylesheet (:func:`trainer_hooks.pages.stylesheet`),
+    then serve's own rules (``templates/serve.css``)."""
+    return (pages.stylesheet() + package_text("trainer_hooks.serve", "serve.css")).encode("utf-8")
 
 
 def default_cache_dir() -> Path:
@@ -299,8 +305,6 @@ class ServeApp:
     """The state behind the routes: the run, its indexer, pictures, a sample cache."""
 
     def __init__(self, config: ServeConfig, run: Run | None = None) -> None:
-        from trainer_hooks.serve._templates import environment
-
         self.config = config
         self.env = environment()
         self.run = run if run is not None else Run(config.root, config.storage_options)
@@ -754,31 +758,6 @@ def _replay_candidates(location: str) -> list[str]:
     return list(dict.fromkeys([f"{location}.replay.json", f"{stem}.replay.json"]))
 
 
-def replay_block(r: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A sample's replay verdicts (guard, token checks, log-prob differences) for ``sample_block``."""
-    if r is None:
-        return {"missing": True, "problems": [], "diff": None}
-    problems = []
-    for p in r.get("problems") or []:
-        if isinstance(p, dict):
-            where = f" (image {p['image']})" if isinstance(p.get("image"), int) else ""
-            problems.append(
-                {
-                    "kind": str(p.get("kind", "problem"))[:40],
-                    "message": str(p.get("message", ""))[:2000] + where,
-                }
-            )
-    diff = r.get("logprob_diff")
-    d = None
-    if isinstance(diff, dict):
-        d = {
-            "max": fmt(diff.get("max_abs")),
-            "mean": fmt(diff.get("mean_abs")),
-            "tokens": fmt(diff.get("tokens")),
-        }
-    return {"missing": False, "problems": problems, "diff": d}
-
-
 def _by_step(points: list[Any]) -> list[Any]:
     return sorted(points, key=lambda p: p[0])
 
@@ -1025,8 +1004,6 @@ def _asset_routes(state: ServeApp) -> list[Any]:
         )
 
     def style(request: Any) -> Any:
-        from trainer_hooks.serve._templates import stylesheet
-
         return Response(stylesheet(), media_type="text/css; charset=utf-8",
                         headers={"cache-control": "private, max-age=3600"})  # fmt: skip
 

@@ -29,7 +29,7 @@ removed and built again; its path, outside ROOT, is never put on a page.
 
 Rows hold what the table shows (status, reward, group, lengths, turns, advantage, a prompt key),
 never a screenshot or a token list; beside them each sample's page-ready view (what
-:func:`trainer_hooks.view.sample_view` keeps, compressed), so a sample page reads no shard. The text search indexes at most :data:`MAX_TEXT` characters
+:func:`trainer_hooks.pages.sample_view` keeps, compressed), so a sample page reads no shard. The text search indexes at most :data:`MAX_TEXT` characters
 of each prompt and response (contentless FTS5: the text is not stored twice).
 
 Connections: a complete index never changes (its name is the bundle's identity and it appears
@@ -71,8 +71,8 @@ from typing import Any
 
 from bundles import BundleError
 from bundles.support import LIMITS, MANIFEST_NAME, SHARDS_DIR, Progress, display
+from trainer_hooks.pages import Image, SampleView, sample_view
 from trainer_hooks.serve._run import BundleEntry, descriptor_limit
-from trainer_hooks.view import Image, SampleView, sample_view
 
 __all__ = [
     "SORTS",
@@ -253,7 +253,7 @@ _VIEW_FIELDS = tuple(f.name for f in dataclasses.fields(SampleView))
 
 
 def view_bytes(view: SampleView) -> bytes | None:
-    """What a sample page shows of a sample (:func:`trainer_hooks.view.sample_view`), stored in
+    """What a sample page shows of a sample (:func:`trainer_hooks.pages.sample_view`), stored in
     the index so that a page never decodes a shard's earlier samples to reach it; None when it
     is too large to keep (the page then reads the sample)."""
     fields = {f: getattr(view, f) for f in _VIEW_FIELDS}
@@ -317,7 +317,7 @@ def _summary(con: sqlite3.Connection) -> dict[str, Any]:
 
 
 def _advantages(con: sqlite3.Connection) -> None:
-    """GRPO advantages per group as :func:`trainer_hooks.view.advantages` computes them."""
+    """GRPO advantages per group as :func:`trainer_hooks.pages.advantages` computes them."""
     con.execute("CREATE TEMP TABLE g AS SELECT grp, avg(reward) m, count(reward) c, sum(reward*reward) sq "
                 "FROM samples WHERE grp IS NOT NULL AND reward IS NOT NULL GROUP BY grp")  # fmt: skip
     rows = con.execute("SELECT grp, m, c, sq FROM g").fetchall()

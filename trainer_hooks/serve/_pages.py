@@ -1,17 +1,16 @@
 """What each page shows, as plain data for ``templates/``: no HTML is written here.
 
-Samples are drawn as ``rollout-bundle view`` draws them: read down by
-:func:`trainer_hooks.view.sample_view`, actions parsed by :func:`trainer_hooks.view.parse_action`
-and drawn by :func:`trainer_hooks.view.overlay`, laid out by view's own macros
-(``turn.html.j2``: the thumbnail with its mark, the large view with the whole action). The one
-difference: a picture is a same-origin JPEG the server makes (``/b/<id>/img/<name>?w=...``),
+Samples are drawn as ``rollout-bundle view`` draws them, by the presentation layer
+(:mod:`trainer_hooks.pages`): read down by :func:`~trainer_hooks.pages.sample_view`, a sample's
+block built by :func:`~trainer_hooks.pages.sample_block` (its actions parsed and drawn over the
+screenshots) and laid out by the same macros (``sample_block.html.j2``, ``turn.html.j2``). The
+one difference: a picture is a same-origin JPEG the server makes (``/b/<id>/img/<name>?w=...``),
 not an inlined ``data:`` URI.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import threading
 import urllib.parse
 from collections import OrderedDict
@@ -19,64 +18,24 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bundles.support import human_bytes
+from trainer_hooks.pages import (
+    SampleView,
+    draw_turn,
+    link_turns,
+    new_turn,
+    px,
+    sample_block,
+    sample_view,
+    short,
+    size,
+)
 from trainer_hooks.serve._index import Indexer, IndexState, positions_of
 from trainer_hooks.serve._media import LARGE, THUMB, ImageInfo, Pictures, PixelBudget
 from trainer_hooks.serve._run import BundleEntry
-from trainer_hooks.view import (
-    SampleView,
-    logprob_strip,
-    overlay,
-    prompt_messages,
-    sample_view,
-    turn_action,
-)
 
-__all__ = [
-    "SampleCache",
-    "badge",
-    "building_context",
-    "compare_context",
-    "fmt",
-    "px",
-    "sample_context",
-    "size",
-    "trend",
-]
+__all__ = ["SampleCache", "building_context", "compare_context", "sample_context", "trend"]
 
-MAX_TEXT = 20_000
 MAX_COMPARE_ROWS = 200  # samples changed, only in A, only in B: each listed up to this many
-STATUS_CLASS = {"completed": "ok", "truncated": "warn", "aborted": "warn", "failed": "bad", "pending": "info"}
-
-
-def px(x: float) -> str:
-    return f"{x:.1f}".rstrip("0").rstrip(".")
-
-
-def fmt(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}" if math.isfinite(v) else repr(v)
-    return str(v)
-
-
-def size(n: int) -> str:
-    return str(human_bytes(n))
-
-
-def badge(status: str | None) -> dict[str, str]:
-    if status is None:
-        return {"cls": "", "text": "no status"}
-    return {"cls": STATUS_CLASS.get(status.lower(), ""), "text": status}
-
-
-def _text(s: str, more: int = 0) -> dict[str, Any]:
-    return {"text": s[:MAX_TEXT], "more": max(0, len(s) - MAX_TEXT) + more}
-
-
-def _pretty(v: Any) -> str:
-    return json.dumps(v, ensure_ascii=False, indent=2, default=str)
 
 
 #: Bytes of sample views the cache keeps, all together (a view is cut to what a page shows, so
@@ -172,59 +131,23 @@ def sample_context(
     turns = []
     for j, img in enumerate(v.images):
         info = infos.get(img.name) if img.name else None
-        turn: dict[str, Any] = {"j": j, "id": f"{uid}v{v.position}-{j}", "ref": None, "href": None, "why": img.shown_as,
-                                "size": None, "large": None, "shapes": [], "mark": None, "name": img.name,
-                                "title": img.shown_as, "vision": None}  # fmt: skip
-        turn["action"], action, turn["action_desc"] = turn_action(v, j)
+        turn, action = new_turn(v, j, uid)
         if info is not None and info.size is not None and img.name:
             w, h = info.size
             tw, th = info.thumb_size(THUMB)
             ref = "m" + img.name.partition(".")[0][:16]
             defs.setdefault(ref, {"id": ref, "w": tw, "h": th, "uri": img_url(img.name, THUMB)})
-            turn.update(ref=ref, w=w, h=h, tw=tw, th=th, scale=px(w / tw), size=f"{w}×{h}")
-            turn["shapes"] = overlay(action, (w, h), v.screen)
-            ring = next((sh for sh in reversed(turn["shapes"]) if sh["t"] == "ring"), None)
-            turn["mark"] = {"cx": ring["cx"], "cy": ring["cy"], "r": px(max(w, h) / 40)} if ring else None
+            draw_turn(turn, v, action, ref, (w, h), (tw, th))
+            turn["size"] = f"{w}×{h}"
             turn["href"] = img_url(img.name, LARGE)
             turn["large"] = {"kind": "link", "href": turn["href"]}
         elif info is not None and info.error:
             turn["why"] = info.error
         turns.append(turn)
-    for k, t in enumerate(turns):
-        t["prev"] = turns[k - 1]["id"] if k > 0 and turns[k - 1]["large"] else None
-        t["next"] = turns[k + 1]["id"] if k + 1 < len(turns) and turns[k + 1]["large"] else None
-    head = [("index", fmt(v.index)), ("group", fmt(v.group_index))]
-    tail = [("reward", fmt(v.reward) if isinstance(v.reward, (int, float)) else _short(v.reward))]
-    if row is not None and row.get("advantage") is not None:
-        tail.append(("advantage", f"{row['advantage']:+.3g}"))
-    tail += [("tokens", fmt(v.tokens)), ("response", fmt(v.response_length))]
-    if v.loss_mask is not None:
-        tail.append(("loss mask", v.loss_mask))
-    if v.logprob_mean is not None:
-        tail.append(("mean log-prob", f"{v.logprob_mean:.4g}"))
-    return {
-        "pos": v.position,
-        "href": href,
-        "head": head,
-        "badge": badge(v.status),
-        "tail": tail,
-        "replay": None,
-        "prompt": prompt_messages(v.prompt),
-        "turns": turns,
-        "more_turns": v.more_turns,
-        "response": _text(v.response, v.more_response) if v.response else None,
-        "strip": logprob_strip(v.logprobs),
-        "metadata": _text(_pretty(v.metadata)) if v.metadata else None,
-        "other": _text(_pretty(v.other)) if v.other else None,
-        "other_count": len(v.other),
-    }
-
-
-def _short(v: Any, limit: int = 60) -> str:
-    if v is None:
-        return "–"
-    text = json.dumps(v, ensure_ascii=False, sort_keys=True, default=str)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    advantage = row.get("advantage") if row is not None else None
+    sample = sample_block(v, link_turns(turns), advantage)
+    sample["href"] = href
+    return sample
 
 
 def trend(title: str, points: list[tuple[int, float]], band: list[tuple[int, float, float]] | None = None,
@@ -298,13 +221,13 @@ def compare_context(report: Mapping[str, Any], a: BundleEntry, b: BundleEntry, i
         lines = [_change(x) for x in c.get("changes") or []] + (
             [f"… and {c['more']} more"] if c.get("more") else []
         )
-        rows.append({"key": _short(c.get("key")), "what": "changed", "cls": "warn", "changes": lines,
+        rows.append({"key": short(c.get("key")), "what": "changed", "cls": "warn", "changes": lines,
                      "a_href": f"/b/{a.id}/s/{i}", "b_href": f"/b/{b.id}/s/{j}", "a_pos": i, "b_pos": j,
                      "both_href": f"/compare/samples?a={a.id}&i={i}&b={b.id}&j={j}"})  # fmt: skip
     for keys, side, found, entry in ((removed, "a", in_a, a), (added, "b", in_b, b)):
         for k in keys:
             p = found.get(k)
-            row: dict[str, Any] = {"key": _short(k), "what": f"only in {side.upper()}", "cls": "bad" if side == "a" else "ok",
+            row: dict[str, Any] = {"key": short(k), "what": f"only in {side.upper()}", "cls": "bad" if side == "a" else "ok",
                    "changes": [], "a_href": None, "b_href": None, "a_pos": None, "b_pos": None, "both_href": None}  # fmt: skip
             if p is not None:
                 row[f"{side}_href"], row[f"{side}_pos"] = f"/b/{entry.id}/s/{p}", p
@@ -322,15 +245,15 @@ def compare_context(report: Mapping[str, Any], a: BundleEntry, b: BundleEntry, i
 
 
 def _media_line(m: Any) -> str:
-    return f"{m.get('path')} ({size(int(m.get('size') or 0))})" if isinstance(m, Mapping) else _short(m)
+    return f"{m.get('path')} ({size(int(m.get('size') or 0))})" if isinstance(m, Mapping) else short(m)
 
 
 def _change(c: Any) -> str:
     if not isinstance(c, Mapping):
-        return _short(c)
+        return short(c)
     if "items_differ" in c:
         return f"{c.get('path')}: {c['items_differ']} of {c.get('length')} items differ, first at [{c.get('first')}]"
-    return f"{c.get('path')}: {_short(c.get('a'), 100)} -> {_short(c.get('b'), 100)}"
+    return f"{c.get('path')}: {short(c.get('a'), 100)} -> {short(c.get('b'), 100)}"
 
 
 def quote(text: str) -> str:

@@ -9,11 +9,13 @@ turn that shows it draws it with ``<use href="#m7">``: a trajectory's samples of
 same screenshots, and inlining per occurrence made a 600-screenshot dump a 32 MiB page instead of
 about 8. No script is needed for that, so the page still runs none.
 
-The work is split by concern: :mod:`~trainer_hooks.view._samples` reads each sample down to what
-the page shows (any legal value, never a crash), :mod:`~trainer_hooks.view._media` reads and
+The work is split by concern: :func:`trainer_hooks.pages.sample_view` reads each sample down to
+what the page shows (any legal value, never a crash), :mod:`~trainer_hooks.view._media` reads and
 decodes each stored screenshot once (PNG/JPEG only, through :func:`bundles.decode_image`),
 :mod:`~trainer_hooks.view._context` turns both into plain data, and Jinja2 templates with
-autoescaping write the HTML (``templates/``), so no string from the bundle is escaped by hand.
+autoescaping write the HTML (``templates/report.html.j2``, drawing each sample with the
+presentation layer's ``sample_block``, through :func:`trainer_hooks.pages.render`), so no string
+from the bundle is escaped by hand.
 
 A thumbnail links to the full-size image by a relative path when the bundle is a directory, so
 the link works while the bundle sits where it was next to the report (move them together); only
@@ -54,12 +56,11 @@ from typing import Any
 import bundles
 from bundles import Bundle, BundleError, BundleIOError, BundleVerificationError, open_bundle
 from bundles.support import MEDIA_DIR, atomic_write
+from trainer_hooks.pages import render, sample_view, stored_media
 from trainer_hooks.replay import REPORT_FORMAT as REPLAY_FORMAT
 from trainer_hooks.replay import ReportError, check_replay_report, check_report_bundle, load_replay_report
 from trainer_hooks.view._context import page_context
-from trainer_hooks.view._jinja import render_page
 from trainer_hooks.view._media import pictures
-from trainer_hooks.view._samples import sample_view, stored_media
 from trainer_hooks.view._search import render_search, search_rows
 
 __all__ = [
@@ -300,7 +301,7 @@ def _write_page(
     context = page_context(b, views, shown, link_base=link_base, replay=report, replay_name=replay_name)
     context["search_href"] = urllib.parse.quote(search_path.name) if search_path else None
     context["pages"] = nav
-    data = render_page(context).encode("utf-8")
+    data = render("report.html.j2", context).encode("utf-8")
     _write(out, data)
     not_shown = [t.error for name in names if (t := shown[name]).error]
     return _PageWritten(context["title"], len(views), context["shown_images"], len(data), not_shown)

@@ -5,7 +5,7 @@ crash the page: a top-level numpy array (an ``advantages`` field), numpy scalars
 ``image_grid_thw`` of strings or with ``inf``, a foreign object whose ``repr`` raises. Values are
 turned into JSON-able summaries (arrays as ``<ndarray float32 [5]>``, long number lists cut),
 never asked for their truth value, and strings are kept as they are: escaping is the template
-engine's job (:mod:`trainer_hooks.view._context`).
+engine's job (the templates of :mod:`trainer_hooks.pages`).
 
 A view costs what a page shows, not what the sample holds (``bundles.support.LIMITS``): the
 response and every string are cut to ``MAX_SHOWN_CHARS`` characters before anything parses them
@@ -29,7 +29,8 @@ import numpy as np
 
 from bundles import Bundle, MediaRef
 from bundles.support import LIMITS, MEDIA_DIR
-from trainer_hooks.view._actions import tool_calls
+from trainer_hooks.pages._actions import tool_calls
+from trainer_hooks.pages._format import finite, num
 
 __all__ = [
     "MEDIA_DIR",
@@ -37,7 +38,6 @@ __all__ = [
     "SampleView",
     "as_list",
     "jsonable",
-    "num",
     "sample_view",
     "short_repr",
     "stored_media",
@@ -160,13 +160,6 @@ def _empty(v: Any) -> bool:
     return v is None or (isinstance(v, (list, tuple, dict, str)) and len(v) == 0)
 
 
-def num(x: Any) -> str:
-    if isinstance(x, float):
-        return f"{x:.4g}"
-    text = str(x)
-    return text if len(text) <= 40 else text[:20] + "…" + f" ({len(text)} digits)"
-
-
 def as_list(v: Any) -> list[Any] | None:
     """A list, tuple, numpy array or tensor as a Python list (None for anything else)."""
     if isinstance(v, (list, tuple)):
@@ -264,8 +257,8 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
     tokens = as_list(sample.get("tokens"))
     mask = as_list(sample.get("loss_mask"))
     logprobs = as_list(sample.get("rollout_log_probs"))
-    numbers = [_finite(x) for x in logprobs] if logprobs is not None else None
-    finite = [x for x in numbers or [] if x is not None]
+    numbers = [finite(x) for x in logprobs] if logprobs is not None else None
+    known = [x for x in numbers or [] if x is not None]
     response = sample.get("response")
     response_text = (
         None
@@ -278,7 +271,7 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
     screen = as_list(screen)
     screen_wh = None
     if screen is not None and len(screen) == 2:
-        w, h = _finite(screen[0]), _finite(screen[1])
+        w, h = finite(screen[0]), finite(screen[1])
         if w and h and w > 0 and h > 0:
             screen_wh = (w, h)
     return SampleView(
@@ -292,7 +285,7 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
         loss_mask=f"{sum(1 for x in mask if x is True or (isinstance(x, (int, float)) and x != 0))}/{len(mask)}"
         if mask is not None
         else None,
-        logprob_mean=sum(finite) / len(finite) if finite else None,
+        logprob_mean=sum(known) / len(known) if known else None,
         prompt=jsonable(sample.get("prompt")),
         response=None if response_text is None else response_text[:MAX_SHOWN_CHARS],
         images=images,
@@ -307,13 +300,3 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
         turns=len(items),
         response_chars=None if response_text is None else len(response_text),
     )
-
-
-def _finite(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    try:
-        f = float(x)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) else None
