@@ -225,10 +225,9 @@ def _stored_name(value: Any, media: str | Mapping[str, str]) -> str | None:
     return media.get(value)
 
 
-def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[str, str]) -> SampleView:
-    """What a page shows of ``sample`` (at ``position`` in its bundle). ``media`` tells which
-    strings name the bundle's stored files: :func:`stored_media` of the bundle (or, as before, the
-    prefix ``"<bundle>/media/"``, which misses a pooled store bundle's media)."""
+def _images(sample: Mapping[str, Any], media: str | Mapping[str, str]) -> tuple[list[Image], int]:
+    """The first ``MAX_SHOWN_TURNS`` screenshots of ``sample`` (each named by its stored file,
+    or saying why it is not one of the bundle's), and how many the sample has."""
     mm = sample.get("multimodal_inputs")
     raw_images = mm.get("images") if isinstance(mm, Mapping) else None
     items = as_list(raw_images)
@@ -252,6 +251,25 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
                 f"not stored in the bundle: {short_repr(img) if not isinstance(img, str) else img[:200]}",
             )
         images.append(Image(name, shown, grids[j] if j < len(grids) else None))
+    return images, len(items)
+
+
+def _screen(metadata: Any) -> tuple[float, float] | None:
+    """``metadata.screen`` (``[w, h]``, the space of the actions' coordinates) when it is two
+    positive finite numbers."""
+    screen = as_list(metadata.get("screen") if isinstance(metadata, Mapping) else None)
+    if screen is not None and len(screen) == 2:
+        w, h = finite(screen[0]), finite(screen[1])
+        if w and h and w > 0 and h > 0:
+            return (w, h)
+    return None
+
+
+def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[str, str]) -> SampleView:
+    """What a page shows of ``sample`` (at ``position`` in its bundle). ``media`` tells which
+    strings name the bundle's stored files: :func:`stored_media` of the bundle (or, as before, the
+    prefix ``"<bundle>/media/"``, which misses a pooled store bundle's media)."""
+    images, turns = _images(sample, media)
     metadata = sample.get("metadata")
     actions = metadata.get("actions") if isinstance(metadata, Mapping) else None
     tokens = as_list(sample.get("tokens"))
@@ -267,13 +285,6 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
         if isinstance(response, str)
         else json.dumps(jsonable(response), ensure_ascii=False, indent=2)
     )
-    screen = metadata.get("screen") if isinstance(metadata, Mapping) else None
-    screen = as_list(screen)
-    screen_wh = None
-    if screen is not None and len(screen) == 2:
-        w, h = finite(screen[0]), finite(screen[1])
-        if w and h and w > 0 and h > 0:
-            screen_wh = (w, h)
     return SampleView(
         position=position,
         index=jsonable(sample.get("index")),
@@ -295,8 +306,8 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
         metadata=None if _empty(metadata) else jsonable(metadata),
         other={cut(str(k)): jsonable(v) for k, v in sample.items() if k not in _SHOWN_KEYS and not _empty(v)},
         logprobs=numbers,
-        screen=screen_wh,
+        screen=_screen(metadata),
         tool_calls=tool_calls(response) if isinstance(response, str) else [],  # reads MAX_SHOWN_CHARS at most
-        turns=len(items),
+        turns=turns,
         response_chars=None if response_text is None else len(response_text),
     )

@@ -161,17 +161,7 @@ def write_html_report(
         BundleError: the bundle cannot be read, a position is out of range, or the replay report
             is not one (:class:`ReportError`).
     """
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise BundleError(f"limit must be at least 1; omit it for every sample (found {limit!r})")
-    if page_size is not None and (
-        not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 0
-    ):
-        raise BundleError(f"page_size must be at least 1, or 0 for one page (found {page_size!r})")
-    out = Path(os.path.abspath(output))
-    if out.is_dir():
-        raise BundleError(f"{out}: is a directory; name the file to write")
-    if not out.parent.is_dir():
-        raise BundleError(f"{output}: directory {out.parent} does not exist")
+    out = _checked_output(output, limit, page_size)
     b, missing = (bundle, []) if isinstance(bundle, Bundle) else _open(bundle)
     report, replay_name = _replay_of(replay, b)
     positions = _shown_positions(b, samples, limit)
@@ -189,16 +179,23 @@ def write_html_report(
     if search_path is not None:
         page = render_search(rows, written[0].title, urllib.parse.quote(out.name))
         _write(search_path, page.encode("utf-8"))
-    return ReportWritten(
-        out,
-        sum(w.samples for w in written),
-        sum(w.images for w in written),
-        sum(w.bytes for w in written),
-        [e for w in written for e in w.not_shown],
-        missing,
-        search_path,
-        paths,
-    )
+    return _summed(out, written, missing, search_path, paths)
+
+
+def _checked_output(output: str | os.PathLike[str], limit: int | None, page_size: int | None) -> Path:
+    """The report's absolute path, once ``limit``, ``page_size`` and ``output`` are checked."""
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise BundleError(f"limit must be at least 1; omit it for every sample (found {limit!r})")
+    if page_size is not None and (
+        not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 0
+    ):
+        raise BundleError(f"page_size must be at least 1, or 0 for one page (found {page_size!r})")
+    out = Path(os.path.abspath(output))
+    if out.is_dir():
+        raise BundleError(f"{out}: is a directory; name the file to write")
+    if not out.parent.is_dir():
+        raise BundleError(f"{output}: directory {out.parent} does not exist")
+    return out
 
 
 def _replay_of(
@@ -236,6 +233,21 @@ class _PageWritten:
     images: int
     bytes: int
     not_shown: list[str]
+
+
+def _summed(out: Path, written: list[_PageWritten], missing: list[str], search: Path | None,
+            paths: list[Path]) -> ReportWritten:  # fmt: skip
+    """What :func:`write_html_report` returns: its pages' counts summed."""
+    return ReportWritten(
+        out,
+        sum(w.samples for w in written),
+        sum(w.images for w in written),
+        sum(w.bytes for w in written),
+        [e for w in written for e in w.not_shown],
+        missing,
+        search,
+        paths,
+    )
 
 
 def _pages_nav(b: Bundle, paths: list[Path], k: int, chunk: list[int], total: int) -> dict[str, Any]:
