@@ -550,7 +550,7 @@ def test_a_bundle_lying_about_a_digest_plants_no_picture_for_another(run: Path, 
 
 
 def test_every_template_escapes_and_none_is_marked_safe() -> None:
-    from trainer_hooks.serve._templates import environment
+    from trainer_hooks.pages import environment
 
     env = environment()
     assert env.autoescape is True
@@ -831,7 +831,7 @@ def test_the_pages_templates_are_compiled_while_the_server_starts(run: Path, tmp
     code = (
         "import sys, time\n"
         "from trainer_hooks.serve import create_app\n"
-        "from trainer_hooks.serve._templates import environment\n"
+        "from trainer_hooks.pages import environment\n"
         "app = create_app(sys.argv[1], cache_dir=sys.argv[2])\n"
         "names = lambda: {key[1] for key in environment().cache.keys()}\n"
         "deadline = time.monotonic() + 20\n"

@@ -213,7 +213,7 @@ def test_a_replay_report_nested_200000_deep_is_the_bundles_note(tmp_path: Path) 
 def test_any_text_a_bundle_holds_renders_as_utf8(text: str) -> None:
     """Lone surrogates, undecodable bytes as surrogateescape, controls: every page value renders
     and encodes (the environment's finalize), and text UTF-8 can encode is left as it is."""
-    from trainer_hooks.serve._templates import environment
+    from trainer_hooks.pages import environment
 
     page = environment().from_string("<p>{{ x }}</p><p title='{{ x }}'>{{ [x] }}</p>").render(x=text)
     page.encode("utf-8")

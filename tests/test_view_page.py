@@ -22,7 +22,7 @@ Image = pytest.importorskip("PIL.Image")
 pytest.importorskip("jinja2")
 
 W, H = 1280, 720
-MAGENTA = (255, 43, 214)  # the page's overlay colour (trainer_hooks.view._graphics.OVERLAY_COLOR)
+MAGENTA = (255, 43, 214)  # the page's overlay colour (trainer_hooks.pages.OVERLAY_COLOR)
 HOSTILE_PROMPT = (
     "<script>document.title='pwned'</script><img src=http://127.0.0.1:9/img.png onerror=\"document.title='x'\">"
     "</style><style>body{background:url(http://127.0.0.1:9/css.png)}</style>"

@@ -98,35 +98,6 @@ def test_hostile_strings_in_every_field_land_escaped(tmp_path: Path) -> None:
     assert missing == [], f"fields not on the page, or not escaped as expected: {missing}"
 
 
-def test_autoescape_is_on_and_no_template_opts_out() -> None:
-    from trainer_hooks.view._jinja import environment
-
-    env = environment()
-    assert env.autoescape is True
-    for path in TEMPLATES.glob("*.j2"):
-        source = path.read_text()
-        for opt_out in ("|safe", "| safe", "autoescape false", "Markup"):
-            assert opt_out not in source, f"{path.name}: {opt_out}"
-
-
-def test_the_escaping_test_catches_a_template_without_autoescape(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same templates rendered with autoescape off put the hostile markup on the page raw:
-    what the first test would then find."""
-    import jinja2
-
-    from trainer_hooks.view import _jinja
-
-    bundle, report, _ = hostile_bundle(tmp_path)
-    unsafe = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=False, undefined=jinja2.StrictUndefined
-    )
-    monkeypatch.setattr(_jinja, "environment", lambda: unsafe)
-    write_html_report(bundle, tmp_path / "unsafe.html", replay=report)
-    assert "<i data-x" in (tmp_path / "unsafe.html").read_text()
-
-
 def test_templates_ship_as_package_data_and_the_view_extra_exists() -> None:
     pyproject = (TEMPLATES.parents[2] / "pyproject.toml").read_text()
     assert '"view/templates/*"' in pyproject  # [tool.setuptools.package-data] trainer_hooks

@@ -8,11 +8,35 @@ from a per-bundle SQLite index), a sample (every turn's screenshot with its acti
 ``view`` draws it), one prompt across training, and two bundles or two samples compared.
 docs/SERVE.md says what is cached where and why SQLite.
 
-The modules, by concern: ``_run`` (finding the bundles), ``_index`` (the index: build and
-queries), ``_media`` (pictures, decoded once, cached by digest), ``_pages`` (page data),
-``_templates`` (Jinja2), ``_app`` (routes, the guard), ``_cli`` (the command).
+The modules, by job, in the order a request passes through them (each once; none calls back
+into one above it):
+
+1. ``_guard``: authentication and headers (:class:`~trainer_hooks.serve._guard.Guard`, ASGI
+   middleware): only ``GET``/``HEAD``, the ``Host`` header, the token beyond loopback, the
+   security headers on every answer;
+2. ``_routes``: the Starlette wiring (:func:`create_app`): the address to its page, an error as
+   a page, the pictures and the stylesheet;
+3. ``_query``: the request's values parsed (a position, the bundle page's filters, sort and
+   keyset page); what does not parse is a 400 page;
+4. ``_pages``: page assembly, one function per page: it asks ``_app`` for its data and builds
+   its parts with ``_parts``;
+5. ``_app``: the state behind the pages (:class:`~trainer_hooks.serve._app.ServeApp`): the run
+   (``_run``: finding the bundles), their indexes (``_index``: build and queries), the pictures
+   (``_media``: decoded once, cached by digest), the samples, the replay reports, the ``diff``
+   pool;
+6. ``_parts``: parts of a page as plain data (a sample, a trend, a comparison); a sample's
+   block, the formats and the template rendering are the presentation layer's,
+   :mod:`trainer_hooks.pages`, shared with ``view`` (the one Jinja2 environment, reading
+   ``templates/`` here by package name, and the one stylesheet, ``templates/serve.css`` after it).
+
+A sample page, for instance: ``Guard`` → the ``/b/{bid}/s/{pos}`` route → ``parse_int`` →
+``_pages.sample_page`` → ``ServeApp`` (its view from the index or the bundle, its row, its
+pictures, its replay verdicts) → ``_parts.sample_context`` → ``trainer_hooks.pages.render``.
+``_cli`` is the command.
 """
 
-from trainer_hooks.serve._app import CSP, SECURITY_HEADERS, TOKEN_COOKIE, create_app, default_cache_dir
+from trainer_hooks.serve._app import default_cache_dir
+from trainer_hooks.serve._guard import CSP, SECURITY_HEADERS, TOKEN_COOKIE
+from trainer_hooks.serve._routes import create_app
 
 __all__ = ["CSP", "SECURITY_HEADERS", "TOKEN_COOKIE", "create_app", "default_cache_dir"]

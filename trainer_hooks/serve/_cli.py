@@ -7,14 +7,16 @@ import ipaddress
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bundles.support import CommandError, add_command, add_progress_option, display
 
 __all__ = ["is_loopback", "register"]
 
 DEFAULT_PORT = 8470
+T = TypeVar("T")
 
 
 def is_loopback(host: str) -> bool:
@@ -27,24 +29,46 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _port(text: str) -> int:
+def _parsed(text: str, convert: Callable[[str], T], expected: str) -> T:
     try:
-        n = int(text)
+        return convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port 0..65535, found {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {expected}, found {text!r}") from None
+
+
+def _port(text: str) -> int:
+    n = _parsed(text, int, "a port 0..65535")
     if not 0 <= n <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port 0..65535, found {n}")
     return n
 
 
 def _seconds(text: str) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, found {text!r}") from None
+    s = _parsed(text, float, "seconds > 0")
     if not 0 < s < 86400:
         raise argparse.ArgumentTypeError(f"expected seconds > 0, found {text!r}")
     return s
+
+
+def _bind(host: str, port: int) -> tuple[socket.socket, int, str]:
+    """A socket listening on ``host``:``port`` (a port 0 gets a free one), the port it got, and
+    the host as an address shows it (``[::1]``). Bound first, so the address printed is the one
+    served."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # without it every answer on a kept-alive connection waits ~40 ms for the peer's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as e:
+        sock.close()
+        raise CommandError(
+            f"--host {host} --port {port}: cannot listen: {e.strerror or e}", status=2
+        ) from None
+    sock.listen(128)
+    shown_host = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
+    return sock, sock.getsockname()[1], shown_host
 
 
 def run_serve(ns: argparse.Namespace) -> int:
@@ -64,27 +88,14 @@ def run_serve(ns: argparse.Namespace) -> int:
         import uvicorn
     except ImportError as e:
         raise CommandError(f"serve needs {e.name}: pip install 'rollout-bundles[serve]'", status=2) from None
-    from trainer_hooks.serve._app import ServeApp, ServeConfig, asgi_app, default_cache_dir, new_token
+    from trainer_hooks.serve._app import ServeApp, ServeConfig, default_cache_dir
+    from trainer_hooks.serve._guard import new_token
+    from trainer_hooks.serve._routes import asgi_app
 
     host = ns.host
     loopback = is_loopback(host)
     token = None if loopback else new_token()
-    # Bind first, so the address printed is the one served (a --port 0 gets a free port).
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
-    # without it every answer on a kept-alive connection waits ~40 ms for the peer's delayed ACK.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host.strip("[]"), ns.port))
-    except OSError as e:
-        sock.close()
-        raise CommandError(
-            f"--host {host} --port {ns.port}: cannot listen: {e.strerror or e}", status=2
-        ) from None
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    shown_host = f"[{host.strip('[]')}]" if family == socket.AF_INET6 else host
+    sock, port, shown_host = _bind(host, ns.port)
     allowed = None
     if loopback:
         allowed = [f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]", shown_host.lower())]

@@ -27,10 +27,8 @@ files' fingerprint (:func:`_fingerprint`) and asked again once they change (a bu
 manifest first and shards later). A complete index that cannot be read (damaged in the cache) is
 removed and built again; its path, outside ROOT, is never put on a page.
 
-Rows hold what the table shows (status, reward, group, lengths, turns, advantage, a prompt key),
-never a screenshot or a token list; beside them each sample's page-ready view (what
-:func:`trainer_hooks.view.sample_view` keeps, compressed), so a sample page reads no shard. The text search indexes at most :data:`MAX_TEXT` characters
-of each prompt and response (contentless FTS5: the text is not stored twice).
+Rows hold what the table shows, and each sample's page-ready view (:mod:`~trainer_hooks.serve._rows`);
+the pages read them through :mod:`~trainer_hooks.serve._lookups`.
 
 Connections: a complete index never changes (its name is the bundle's identity and it appears
 whole, by a rename), so :meth:`Indexer.connect` keeps its read-only connections open between
@@ -51,19 +49,15 @@ thread-safe; ``sqlite3.threadsafety`` >= 1). An index still being built is opene
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
-import hashlib
 import heapq
 import itertools
 import json
 import math
 import os
-import re
 import sqlite3
 import threading
 import time
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,211 +65,20 @@ from typing import Any
 
 from bundles import BundleError
 from bundles.support import LIMITS, MANIFEST_NAME, SHARDS_DIR, Progress, display
+from trainer_hooks.pages import SampleView, sample_view
+from trainer_hooks.serve._rows import BIG, SCHEMA, row_of, view_bytes, view_of
 from trainer_hooks.serve._run import BundleEntry, descriptor_limit
-from trainer_hooks.view import Image, SampleView, sample_view
 
-__all__ = [
-    "SORTS",
-    "IndexState",
-    "Indexer",
-    "Query",
-    "fts_query",
-    "group_rows",
-    "groups_page",
-    "positions_of",
-    "prompt_key",
-    "prompt_rows",
-    "prompt_text",
-    "row_at",
-    "row_of",
-    "statuses",
-]
+__all__ = ["WANTED", "IndexState", "Indexer"]
 
 WANTED = 10  # priorities below this are a page's, built by the second thread at once
 BATCH = 500  # rows per commit while building
 FIRST_BATCH = 50  # the first commit comes sooner: the first page of an unindexed bundle waits for it
-MAX_VIEW_BYTES = 256 * 1024  # a sample's stored view, compressed; a larger one is read from its shard
-MAX_TEXT = 16_000  # characters of a prompt / a response indexed for search
 MAX_IDLE = 256  # open connections kept to complete indexes, in all (one descriptor each) ...
 _LIMIT = descriptor_limit()
 if _LIMIT is not None:
     MAX_IDLE = max(4, min(MAX_IDLE, _LIMIT // 4))  # ... and a quarter of the descriptors at most
-PROMPT_ID_KEYS = ("prompt_id", "dataset_index", "data_index", "task_id")
-#: Sortable columns: URL name -> SQL column.
-SORTS = {"position": "pos", "reward": "reward", "length": "resp_len", "turns": "turns",
-         "advantage": "advantage", "tokens": "tokens"}  # fmt: skip
-_BIG = 1e308  # NULLs sort last, either direction
 MAX_SHOWN_CHARS = LIMITS["MAX_SHOWN_CHARS"]
-
-_SCHEMA = """
-CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
-CREATE TABLE samples (
-  pos INTEGER PRIMARY KEY, idx TEXT, grp TEXT, status TEXT, reward REAL, reward_text TEXT,
-  resp_len INTEGER, tokens INTEGER, turns INTEGER, advantage REAL, prompt_key TEXT,
-  prompt_head TEXT, truncated INTEGER NOT NULL
-);
-CREATE TABLE views (pos INTEGER PRIMARY KEY, data BLOB NOT NULL);
-CREATE VIRTUAL TABLE fts USING fts5(prompt, response, content='', tokenize='unicode61 remove_diacritics 2');
-"""
-
-
-# -- one sample down to its row ---------------------------------------------------------------------
-
-
-def _number(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        item = getattr(v, "item", None)  # a numpy scalar
-        if callable(item) and getattr(v, "shape", None) == ():
-            try:
-                v = item()
-            except Exception:
-                return None
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                return None
-        else:
-            return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) else None
-
-
-def _count(v: Any) -> int | None:
-    if isinstance(v, (list, tuple, str, bytes)):
-        return len(v)
-    shape = getattr(v, "shape", None)
-    if isinstance(shape, tuple) and len(shape) >= 1:
-        try:
-            return int(shape[0])
-        except (TypeError, ValueError):
-            return None
-    return None
-
-
-def _key_text(v: Any) -> str | None:
-    if v is None:
-        return None
-    if isinstance(v, str):
-        return v[:200]
-    n = _number(v)
-    if n is not None and float(n).is_integer() and abs(n) < 2**63:
-        return str(int(n))
-    if n is not None:
-        return repr(n)
-    try:
-        return json.dumps(v, sort_keys=True, default=str)[:200]
-    except (TypeError, ValueError):
-        return None
-
-
-def _status(v: Any) -> str | None:
-    if v is None:
-        return None
-    value = getattr(v, "value", v)
-    return value[:64] if isinstance(value, str) else str(value)[:64]
-
-
-def prompt_text(prompt: Any) -> str:
-    """The prompt's text: a string as it is, chat messages' text contents joined, else JSON."""
-    if prompt is None:
-        return ""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(m, Mapping) for m in prompt):
-        parts = []
-        for m in prompt:
-            content = m.get("content")
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                parts += [
-                    str(c.get("text", ""))
-                    for c in content
-                    if isinstance(c, Mapping) and c.get("type") == "text"
-                ]
-        return "\n".join(parts)
-    try:
-        return json.dumps(prompt, sort_keys=True, default=str)
-    except (TypeError, ValueError):
-        return ""
-
-
-def prompt_key(sample: Mapping[str, Any], text: str) -> str:
-    """The same prompt across bundles: its dataset index / prompt id when the sample records one
-    (``metadata.prompt_id``, ``dataset_index``, ``data_index``, ``task_id``), else a hash of its
-    text."""
-    md = sample.get("metadata")
-    if isinstance(md, Mapping):
-        for k in PROMPT_ID_KEYS:
-            key = _key_text(md.get(k))
-            if key is not None:
-                return f"{k}={key}"
-    return "text:" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:20]
-
-
-def row_of(pos: int, sample: Any) -> tuple[tuple[Any, ...], str, str]:
-    """(the row, the prompt text, the response text) of one sample; any legal value, no crash."""
-    s: Mapping[str, Any] = sample if isinstance(sample, Mapping) else {}
-    md = s.get("metadata")
-    md = md if isinstance(md, Mapping) else {}
-    status = _status(s.get("status"))
-    raw_reward = s.get("reward")
-    reward = _number(raw_reward)
-    if reward is not None:
-        reward_text = f"{reward:.4g}"
-    elif raw_reward is None:
-        reward_text = None
-    else:
-        try:
-            reward_text = json.dumps(raw_reward, sort_keys=True, default=str)[:80]
-        except (TypeError, ValueError):
-            reward_text = type(raw_reward).__name__
-    response = s.get("response")
-    response_text = response if isinstance(response, str) else ""
-    rl = _number(s.get("response_length"))
-    resp_len = (
-        int(rl) if rl is not None and abs(rl) < 2**62 else (len(response_text) if response_text else None)
-    )
-    mm = s.get("multimodal_inputs")
-    images = mm.get("images") if isinstance(mm, Mapping) else None
-    turns = _count(images)
-    if not turns:
-        turns = _count(md.get("actions")) or turns
-    truncated = int((status is not None and status.lower() == "truncated") or md.get("truncated") is True)
-    text = prompt_text(s.get("prompt"))
-    row = (pos, _key_text(s.get("index")), _key_text(s.get("group_index")), status, reward, reward_text,
-           resp_len, _count(s.get("tokens")), turns, None, prompt_key(s, text), text[:160], truncated)  # fmt: skip
-    return row, text[:MAX_TEXT], response_text[:MAX_TEXT]
-
-
-_VIEW_FIELDS = tuple(f.name for f in dataclasses.fields(SampleView))
-
-
-def view_bytes(view: SampleView) -> bytes | None:
-    """What a sample page shows of a sample (:func:`trainer_hooks.view.sample_view`), stored in
-    the index so that a page never decodes a shard's earlier samples to reach it; None when it
-    is too large to keep (the page then reads the sample)."""
-    fields = {f: getattr(view, f) for f in _VIEW_FIELDS}
-    fields["images"] = [(i.name, i.shown_as, i.grid) for i in view.images]
-    data = zlib.compress(json.dumps(fields, default=str, check_circular=False).encode("utf-8"), 1)
-    return data if len(data) <= MAX_VIEW_BYTES else None
-
-
-def view_of(data: bytes) -> SampleView:
-    d = json.loads(zlib.decompress(data))
-    d["images"] = [Image(name, shown_as, grid) for name, shown_as, grid in d["images"]]
-    d["screen"] = tuple(d["screen"]) if d.get("screen") is not None else None
-    return SampleView(**d)
-
-
-def fts_query(text: str) -> str | None:
-    """A search box's words as an FTS5 query: each word a quoted phrase, all required (no FTS5
-    syntax from the URL reaches SQLite: quotes are doubled, operators are words)."""
-    words = re.findall(r"\w+", text)[:16]
-    if not words:
-        return None
-    return " ".join('"' + w.replace('"', '""') + '"' for w in words)
 
 
 # -- the index of one bundle -------------------------------------------------------------------------
@@ -317,7 +120,7 @@ def _summary(con: sqlite3.Connection) -> dict[str, Any]:
 
 
 def _advantages(con: sqlite3.Connection) -> None:
-    """GRPO advantages per group as :func:`trainer_hooks.view.advantages` computes them."""
+    """GRPO advantages per group as :func:`trainer_hooks.pages.advantages` computes them."""
     con.execute("CREATE TEMP TABLE g AS SELECT grp, avg(reward) m, count(reward) c, sum(reward*reward) sq "
                 "FROM samples WHERE grp IS NOT NULL AND reward IS NOT NULL GROUP BY grp")  # fmt: skip
     rows = con.execute("SELECT grp, m, c, sq FROM g").fetchall()
@@ -329,7 +132,19 @@ def _advantages(con: sqlite3.Connection) -> None:
 
 
 def _build(entry: BundleEntry, path: Path, progress: bool | None, finishing: threading.RLock) -> None:
+    """Build ``entry``'s index at ``path``: rows streamed into ``<identity>.building.sqlite``,
+    committed as they come, then completed and renamed (a reader never takes a part for the whole)."""
     tmp = path.with_name(path.name.replace(".sqlite", ".building.sqlite"))
+    con = _start(entry, tmp)
+    try:
+        _fill(con, entry, progress)
+        _complete(con, tmp, path, finishing)
+    finally:
+        con.close()
+
+
+def _start(entry: BundleEntry, tmp: Path) -> sqlite3.Connection:
+    """A new building file for ``entry`` (a dead build's leftovers removed: the lock is ours)."""
     for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm"), Path(f"{tmp}-journal")):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()  # our own leftover (the lock is ours): a dead build starts over
@@ -339,72 +154,81 @@ def _build(entry: BundleEntry, path: Path, progress: bool | None, finishing: thr
     try:
         con.execute("PRAGMA journal_mode = WAL")
         con.execute("PRAGMA synchronous = OFF")  # a cache: a crash rebuilds it
-        con.executescript(_SCHEMA)
-        total = len(entry.bundle)
-        meta = {"identity": entry.identity, "total": str(total), "complete": "0"}
+        con.executescript(SCHEMA)
+        meta = {"identity": entry.identity, "total": str(len(entry.bundle)), "complete": "0"}
         con.executemany("INSERT INTO meta VALUES (?, ?)", meta.items())
         con.commit()
-        rows: list[tuple[Any, ...]] = []
-        texts: list[tuple[int, str, str]] = []
-        views: list[tuple[int, bytes]] = []
-        prefix = entry.media_prefix()
-
-        def flush() -> None:
-            con.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-            con.executemany("INSERT INTO fts(rowid, prompt, response) VALUES (?, ?, ?)", texts)
-            con.executemany("INSERT INTO views VALUES (?, ?)", views)
-            con.commit()
-            rows.clear()
-            texts.clear()
-            views.clear()
-
-        with Progress(f"indexing {entry.rel}", total=total, unit="samples", enabled=progress) as bar:
-            for pos, sample in enumerate(entry.bundle.samples()):
-                row, ptext, rtext = row_of(pos, sample)
-                try:
-                    view = (
-                        view_bytes(sample_view(pos, sample, prefix)) if isinstance(sample, Mapping) else None
-                    )
-                except Exception:  # any value view cannot summarise: the page reads the sample itself
-                    view = None
-                del sample
-                rows.append(row)
-                texts.append((pos, ptext, rtext))
-                if view is not None:
-                    views.append((pos, view))
-                if len(rows) >= (BATCH if pos >= BATCH else FIRST_BATCH):
-                    bar.advance(len(rows))
-                    flush()
-            n_last = len(rows)
-            flush()
-            bar.advance(n_last)
-        _advantages(con)
-        for col in ("reward", "resp_len", "turns", "advantage", "tokens"):
-            con.execute(f"CREATE INDEX s_{col}_a ON samples(ifnull({col}, {_BIG}), pos)")
-            con.execute(f"CREATE INDEX s_{col}_d ON samples(ifnull({col}, -{_BIG}), pos)")
-        for col in ("status", "grp", "prompt_key"):
-            con.execute(f"CREATE INDEX s_{col} ON samples({col}, pos)")
-        con.execute("INSERT INTO fts(fts) VALUES ('optimize')")
-        summary = _summary(con)
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('summary', ?)", (json.dumps(summary),))
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('complete', '1')")
-        con.commit()
-        # Every row into the main file before it is renamed (a row left in the -wal file would be
-        # lost with it): pages of this process read the building file under ``finishing``, so the
-        # checkpoint waits for none of them; another process's reader is waited for.
-        with finishing:
-            for _ in range(600):
-                busy, _, _ = con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                if not busy:
-                    break
-                time.sleep(0.1)
-            else:
-                raise BundleError(f"{tmp}: the index cannot be completed: another reader holds it")
-            con.execute("PRAGMA journal_mode = DELETE")
-            con.close()
-            os.replace(tmp, path)
-    finally:
+    except BaseException:
         con.close()
+        raise
+    return con
+
+
+def _fill(con: sqlite3.Connection, entry: BundleEntry, progress: bool | None) -> None:
+    """Every sample's row, words and view, streamed one shard at a time, committed every
+    :data:`BATCH` rows (the first :data:`FIRST_BATCH` sooner) so that a page shows them."""
+    rows: list[tuple[Any, ...]] = []
+    texts: list[tuple[int, str, str]] = []
+    views: list[tuple[int, bytes]] = []
+    prefix = entry.media_prefix()
+
+    def flush() -> None:
+        con.executemany("INSERT INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        con.executemany("INSERT INTO fts(rowid, prompt, response) VALUES (?, ?, ?)", texts)
+        con.executemany("INSERT INTO views VALUES (?, ?)", views)
+        con.commit()
+        rows.clear()
+        texts.clear()
+        views.clear()
+
+    with Progress(f"indexing {entry.rel}", total=len(entry.bundle), unit="samples", enabled=progress) as bar:
+        for pos, sample in enumerate(entry.bundle.samples()):
+            row, ptext, rtext = row_of(pos, sample)
+            try:
+                view = view_bytes(sample_view(pos, sample, prefix)) if isinstance(sample, Mapping) else None
+            except Exception:  # any value view cannot summarise: the page reads the sample itself
+                view = None
+            del sample
+            rows.append(row)
+            texts.append((pos, ptext, rtext))
+            if view is not None:
+                views.append((pos, view))
+            if len(rows) >= (BATCH if pos >= BATCH else FIRST_BATCH):
+                bar.advance(len(rows))
+                flush()
+        n_last = len(rows)
+        flush()
+        bar.advance(n_last)
+
+
+def _complete(con: sqlite3.Connection, tmp: Path, path: Path, finishing: threading.RLock) -> None:
+    """The advantages, the sort indexes and the summary, then every row into the main file and
+    the file renamed to its final name."""
+    _advantages(con)
+    for col in ("reward", "resp_len", "turns", "advantage", "tokens"):
+        con.execute(f"CREATE INDEX s_{col}_a ON samples(ifnull({col}, {BIG}), pos)")
+        con.execute(f"CREATE INDEX s_{col}_d ON samples(ifnull({col}, -{BIG}), pos)")
+    for col in ("status", "grp", "prompt_key"):
+        con.execute(f"CREATE INDEX s_{col} ON samples({col}, pos)")
+    con.execute("INSERT INTO fts(fts) VALUES ('optimize')")
+    summary = _summary(con)
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('summary', ?)", (json.dumps(summary),))
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('complete', '1')")
+    con.commit()
+    # Every row into the main file before it is renamed (a row left in the -wal file would be
+    # lost with it): pages of this process read the building file under ``finishing``, so the
+    # checkpoint waits for none of them; another process's reader is waited for.
+    with finishing:
+        for _ in range(600):
+            busy, _, _ = con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if not busy:
+                break
+            time.sleep(0.1)
+        else:
+            raise BundleError(f"{tmp}: the index cannot be completed: another reader holds it")
+        con.execute("PRAGMA journal_mode = DELETE")
+        con.close()
+        os.replace(tmp, path)
 
 
 def _fingerprint(entry: BundleEntry) -> Any:
@@ -700,143 +524,3 @@ class Indexer:
         for cons in idle.values():
             for con in cons:
                 con.close()
-
-
-# -- queries --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Query:
-    """What the bundle page asks: filters, a sort, a page (keyset: ``after`` is the last row's
-    sort value and position)."""
-
-    status: str | None = None
-    group: str | None = None
-    prompt: str | None = None  # a prompt key
-    search: str | None = None
-    reward_min: float | None = None
-    reward_max: float | None = None
-    length_min: int | None = None
-    length_max: int | None = None
-    turns_min: int | None = None
-    turns_max: int | None = None
-    truncated: bool | None = None
-    sort: str = "position"
-    desc: bool = False
-    after: tuple[float, int] | None = None
-    limit: int = 50
-
-    def where(self) -> tuple[str, list[Any]]:
-        clauses: list[str] = []
-        args: list[Any] = []
-        if self.status is not None:
-            if self.status == "no status":
-                clauses.append("status IS NULL")
-            else:
-                clauses.append("status = ?")
-                args.append(self.status)
-        if self.group is not None:
-            clauses.append("grp = ?")
-            args.append(self.group)
-        if self.prompt is not None:
-            clauses.append("prompt_key = ?")
-            args.append(self.prompt)
-        for col, lo, hi in (("reward", self.reward_min, self.reward_max), ("resp_len", self.length_min, self.length_max),
-                            ("turns", self.turns_min, self.turns_max)):  # fmt: skip
-            if lo is not None:
-                clauses.append(f"{col} >= ?")
-                args.append(lo)
-            if hi is not None:
-                clauses.append(f"{col} <= ?")
-                args.append(hi)
-        if self.truncated is not None:
-            clauses.append("truncated = ?")
-            args.append(int(self.truncated))
-        fts = fts_query(self.search) if self.search else None
-        if fts is not None:
-            clauses.append("pos IN (SELECT rowid FROM fts WHERE fts MATCH ?)")
-            args.append(fts)
-        return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
-
-    def run(self, con: sqlite3.Connection) -> tuple[list[dict[str, Any]], int, tuple[float, int] | None]:
-        """(rows of this page, rows matching, the cursor of the next page or None)."""
-        where, args = self.where()
-        total = con.execute(f"SELECT count(*) FROM samples{where}", args).fetchone()[0]
-        col = SORTS.get(self.sort, "pos")
-        key = "pos" if col == "pos" else f"ifnull({col}, {-_BIG if self.desc else _BIG})"
-        direction = "DESC" if self.desc else "ASC"
-        page_args = list(args)
-        keyset = ""
-        if self.after is not None:
-            op = "<" if self.desc else ">"
-            keyset = (" AND " if where else " WHERE ") + (
-                f"pos {op} ?" if col == "pos" else f"({key}, pos) {op} (?, ?)"
-            )
-            page_args += [self.after[1]] if col == "pos" else [self.after[0], self.after[1]]
-        sql = (f"SELECT pos, idx, grp, status, reward, reward_text, resp_len, tokens, turns, advantage, prompt_key, "
-               f"prompt_head, truncated, {key} FROM samples{where}{keyset} ORDER BY {key} {direction}, pos {direction} "
-               f"LIMIT ?")  # fmt: skip
-        page_args.append(self.limit + 1)
-        names = ("pos", "idx", "grp", "status", "reward", "reward_text", "resp_len", "tokens", "turns", "advantage",
-                 "prompt_key", "prompt_head", "truncated", "_key")  # fmt: skip
-        rows = [dict(zip(names, r, strict=True)) for r in con.execute(sql, page_args)]
-        nxt = None
-        if len(rows) > self.limit:
-            rows = rows[: self.limit]
-            last = rows[-1]
-            nxt = (float(last["_key"]), int(last["pos"]))
-        return rows, total, nxt
-
-
-def statuses(con: sqlite3.Connection) -> list[tuple[str, int]]:
-    return [(s, n) for s, n in con.execute(
-        "SELECT ifnull(status, 'no status'), count(*) FROM samples GROUP BY 1 ORDER BY 2 DESC LIMIT 50")]  # fmt: skip
-
-
-def group_rows(con: sqlite3.Connection, group: str, limit: int = 64) -> list[dict[str, Any]]:
-    names = ("pos", "status", "reward", "reward_text", "advantage", "resp_len", "turns")
-    return [dict(zip(names, r, strict=True)) for r in con.execute(
-        "SELECT pos, status, reward, reward_text, advantage, resp_len, turns FROM samples WHERE grp = ? ORDER BY pos "
-        "LIMIT ?", (group, limit))]  # fmt: skip
-
-
-def groups_page(con: sqlite3.Connection, offset_after: str | None, limit: int) -> list[dict[str, Any]]:
-    """Groups ordered by name (keyset on the name), with their size and reward spread."""
-    args: list[Any] = []
-    where = "WHERE grp IS NOT NULL"
-    if offset_after is not None:
-        where += " AND grp > ?"
-        args.append(offset_after)
-    args.append(limit)
-    names = ("grp", "n", "mean", "lo", "hi")
-    return [dict(zip(names, r, strict=True)) for r in con.execute(
-        f"SELECT grp, count(*), avg(reward), min(reward), max(reward) FROM samples {where} GROUP BY grp ORDER BY grp "
-        f"LIMIT ?", args)]  # fmt: skip
-
-
-def prompt_rows(con: sqlite3.Connection, key: str, limit: int = 64) -> list[dict[str, Any]]:
-    names = ("pos", "status", "reward", "reward_text", "resp_len", "turns", "prompt_head")
-    return [dict(zip(names, r, strict=True)) for r in con.execute(
-        "SELECT pos, status, reward, reward_text, resp_len, turns, prompt_head FROM samples WHERE prompt_key = ? "
-        "ORDER BY pos LIMIT ?", (key, limit))]  # fmt: skip
-
-
-def row_at(con: sqlite3.Connection, pos: int) -> dict[str, Any] | None:
-    names = ("pos", "idx", "grp", "status", "reward", "reward_text", "resp_len", "tokens", "turns", "advantage",
-             "prompt_key", "prompt_head", "truncated")  # fmt: skip
-    r = con.execute(f"SELECT {', '.join(names)} FROM samples WHERE pos = ?", (pos,)).fetchone()
-    return None if r is None else dict(zip(names, r, strict=True))
-
-
-def positions_of(con: sqlite3.Connection, keys: list[Any]) -> dict[Any, int]:
-    """The positions of the samples whose ``index`` is each of ``keys`` (as ``diff --by index``
-    names them), where the index holds one."""
-    out: dict[Any, int] = {}
-    for key in keys:
-        text = _key_text(key)
-        if text is None:
-            continue
-        r = con.execute("SELECT pos FROM samples WHERE idx = ? ORDER BY pos LIMIT 1", (text,)).fetchone()
-        if r is not None:
-            out[key] = int(r[0])
-    return out

@@ -5,8 +5,8 @@ hostile bundle stored under ``media/<hex>.png`` (HTML, SVG, PostScript, a PNG wi
 after it) reaches the browser only as pixels:
 
 - the name must be a content-addressed media name (:func:`bundles.support.media_name_ok`),
-  listed in the bundle's manifest, with a shown suffix (:func:`trainer_hooks.view.shown_suffix`)
-  and a size under :data:`trainer_hooks.view.MAX_MEDIA_BYTES`; it is read through
+  listed in the bundle's manifest, with a shown suffix (:func:`trainer_hooks.pages.shown_suffix`)
+  and a size under :data:`trainer_hooks.pages.MAX_MEDIA_BYTES`; it is read through
   :meth:`bundles.Bundle.open_media` (a file, a packed member or a store object by range), at
   most its listed size + 1 bytes;
 - its sha256 must be the digest it is listed under: the cache is keyed by digest and shared by
@@ -21,7 +21,7 @@ allocated); a picture past what is left is named on the page ("not drawn"), neve
 that refusal is not cached (another page, with budget left, draws it). At most
 :data:`DECODES_AT_ONCE` pictures are decoded at once, whatever the number of requests. A picture already made is
 read from the cache and costs nothing. A large picture is reduced by an integer factor before its
-transparency is flattened (:func:`trainer_hooks.view.jpeg_bytes`).
+transparency is flattened (:func:`trainer_hooks.pages.jpeg_bytes`).
 
 ``<cache>/thumbs/<hex[:2]>/<hex>.json`` records the image's size, ``<hex>.<width>.jpg`` each
 picture made. A screenshot shared by a checkpoint and a dump (one digest) is decoded and resized
@@ -51,8 +51,8 @@ from typing import Any
 import bundles
 from bundles import BundleError, MediaMissingError
 from bundles.support import LIMITS, atomic_write, display, media_name_ok, read_at_most
+from trainer_hooks.pages import MAX_MEDIA_BYTES, jpeg_bytes, shown_suffix
 from trainer_hooks.serve._run import BundleEntry
-from trainer_hooks.view import MAX_MEDIA_BYTES, jpeg_bytes, shown_suffix
 
 __all__ = ["THUMB", "WIDTHS", "ImageInfo", "Pictures", "PixelBudget"]
 

@@ -1,337 +1,393 @@
-"""What each page shows, as plain data for ``templates/``: no HTML is written here.
+"""Page assembly: one function per page, from the request's parsed values to its HTML.
 
-Samples are drawn as ``rollout-bundle view`` draws them: read down by
-:func:`trainer_hooks.view.sample_view`, actions parsed by :func:`trainer_hooks.view.parse_action`
-and drawn by :func:`trainer_hooks.view.overlay`, laid out by view's own macros
-(``turn.html.j2``: the thumbnail with its mark, the large view with the whole action). The one
-difference: a picture is a same-origin JPEG the server makes (``/b/<id>/img/<name>?w=...``),
-not an inlined ``data:`` URI.
+Each page asks the state (:class:`~trainer_hooks.serve._app.ServeApp`) for its data (the run,
+an index's rows, samples, pictures, a replay report, a ``diff`` report), builds its parts as
+plain data (:mod:`~trainer_hooks.serve._parts`, and a sample's block in
+:mod:`trainer_hooks.pages`) and renders its template through the one environment. What a page
+costs is bounded here, by the page: :data:`RUN_PAGE` bundles, trends from :data:`TREND_BUNDLES`,
+:data:`GROUP_COLUMNS` samples of a group, :data:`PROMPT_SAMPLES` a side, :data:`PICK_BUNDLES` to
+compare with; a page whose bundle is not indexed yet waits :data:`FIRST_PAGE_WAIT_S` for its
+first rows, then says how far the index is and refreshes itself.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import threading
+import os
+import sqlite3
 import urllib.parse
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from bundles.support import human_bytes
-from trainer_hooks.serve._index import Indexer, IndexState, positions_of
-from trainer_hooks.serve._media import LARGE, THUMB, ImageInfo, Pictures, PixelBudget
-from trainer_hooks.serve._run import BundleEntry
-from trainer_hooks.view import (
-    SampleView,
-    logprob_strip,
-    overlay,
-    prompt_messages,
-    sample_view,
-    turn_action,
+from trainer_hooks.pages import badge, fmt, replay_block, reward_spread, size
+from trainer_hooks.serve._app import ServeApp, image_infos
+from trainer_hooks.serve._lookups import group_rows, prompt_rows, row_at, statuses
+from trainer_hooks.serve._lookups import groups_page as groups_after
+from trainer_hooks.serve._media import PixelBudget
+from trainer_hooks.serve._parts import (
+    building_context,
+    compare_context,
+    sample_changes,
+    sample_context,
+    trend,
 )
+from trainer_hooks.serve._query import PAGE, PageError, not_found, parse_int, parse_query
+from trainer_hooks.serve._rows import SORTS, prompt_key, prompt_text
+from trainer_hooks.serve._run import BundleEntry
 
 __all__ = [
-    "SampleCache",
-    "badge",
-    "building_context",
-    "compare_context",
-    "fmt",
-    "px",
-    "sample_context",
-    "size",
-    "trend",
+    "bundle_page",
+    "compare_page",
+    "compare_samples_page",
+    "group_page",
+    "groups_page",
+    "prompt_page",
+    "run_page",
+    "sample_page",
 ]
 
-MAX_TEXT = 20_000
-MAX_COMPARE_ROWS = 200  # samples changed, only in A, only in B: each listed up to this many
-STATUS_CLASS = {"completed": "ok", "truncated": "warn", "aborted": "warn", "failed": "bad", "pending": "info"}
+GROUP_COLUMNS = 16
+PROMPT_SAMPLES = 4
+FIRST_PAGE_WAIT_S = 1.5  # how long a bundle page waits for an unindexed bundle's first rows
+RUN_PAGE = 100  # bundles per run page
+TREND_BUNDLES = 400  # bundles the run page's trends are drawn from (spread evenly over the run)
+PICK_BUNDLES = 100  # bundles a sample page offers to compare with (the nearest by step)
 
 
-def px(x: float) -> str:
-    return f"{x:.1f}".rstrip("0").rstrip(".")
+def img_url(entry: BundleEntry) -> Callable[[str, int], str]:
+    return lambda name, w: f"/b/{entry.id}/img/{urllib.parse.quote(name)}?w={w}"
 
 
-def fmt(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}" if math.isfinite(v) else repr(v)
-    return str(v)
+def crumb(entry: BundleEntry) -> tuple[str, str]:
+    return (f"/b/{entry.id}", entry.rel)
 
 
-def size(n: int) -> str:
-    return str(human_bytes(n))
-
-
-def badge(status: str | None) -> dict[str, str]:
-    if status is None:
-        return {"cls": "", "text": "no status"}
-    return {"cls": STATUS_CLASS.get(status.lower(), ""), "text": status}
-
-
-def _text(s: str, more: int = 0) -> dict[str, Any]:
-    return {"text": s[:MAX_TEXT], "more": max(0, len(s) - MAX_TEXT) + more}
-
-
-def _pretty(v: Any) -> str:
-    return json.dumps(v, ensure_ascii=False, indent=2, default=str)
-
-
-#: Bytes of sample views the cache keeps, all together (a view is cut to what a page shows, so
-#: this holds hundreds of ordinary samples; a view larger than a quarter of it is not kept).
-SAMPLE_CACHE_BYTES = 32 * 1024 * 1024
-
-
-def view_size(v: SampleView) -> int:
-    """About how many bytes ``v`` holds: its JSON text (what the index stores, uncompressed)."""
-    fields = {f: getattr(v, f) for f in ("prompt", "response", "actions", "metadata", "other", "tool_calls")}
-    text = json.dumps(fields, default=str, check_circular=False)
-    return len(text) + 8 * len(v.logprobs or ()) + 200 * len(v.images) + 500
-
-
-class SampleCache:
-    """Samples as their views: from the index when it holds them (no shard read), else read from
-    the bundle; the last few kept (a sample page opened twice reads nothing twice), at most
-    ``capacity`` bytes of views in all (:func:`view_size`), least recently used first out."""
-
-    def __init__(self, indexer: Indexer, capacity: int = SAMPLE_CACHE_BYTES) -> None:
-        self.indexer = indexer
-        self.capacity = capacity
-        self._items: OrderedDict[tuple[str, int], tuple[SampleView, int]] = (
-            OrderedDict()
-        )  # (identity, position)
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    @property
-    def bytes(self) -> int:
-        """Bytes of views kept now."""
-        return self._bytes
-
-    def _keep(self, key: tuple[str, int], v: SampleView) -> None:
-        n = view_size(v)
-        if n > self.capacity // 4:
-            return
-        with self._lock:
-            old = self._items.pop(key, None)
-            self._bytes -= old[1] if old is not None else 0
-            self._items[key] = (v, n)
-            self._bytes += n
-            while self._bytes > self.capacity and self._items:
-                _, (_, dropped) = self._items.popitem(last=False)
-                self._bytes -= dropped
-
-    def get(self, entry: BundleEntry, positions: Sequence[int]) -> dict[int, SampleView]:
-        out: dict[int, SampleView] = {}
-        missing = []
-        with self._lock:
-            for p in positions:
-                kept = self._items.get((entry.identity, p))
-                if kept is None:
-                    missing.append(p)
-                else:
-                    self._items.move_to_end((entry.identity, p))
-                    out[p] = kept[0]
-        if missing:
-            stored = self.indexer.views(entry, missing)
-            out.update(stored)
-            missing = [p for p in missing if p not in stored]
-        if missing:
-            prefix = entry.media_prefix()
-            wanted = sorted(set(missing))
-            for p, s in zip(wanted, entry.bundle.samples(indices=wanted), strict=True):
-                v = sample_view(p, s, prefix)
-                del s
-                out[p] = v
-                self._keep((entry.identity, p), v)
-        return out
-
-
-def image_infos(pictures: Pictures, entry: BundleEntry, views: Sequence[SampleView],
-                budget: PixelBudget | None = None) -> dict[str, ImageInfo]:  # fmt: skip
-    """The pictures of ``views``, decoded within ``budget`` (the page's: pass one page's budget to
-    every call for that page)."""
-    names = list(dict.fromkeys(img.name for v in views for img in v.images if img.name))
-    budget = budget or PixelBudget()
-    with ThreadPoolExecutor(4) as pool:
-        return dict(zip(names, pool.map(lambda n: pictures.info(entry, n, budget), names), strict=True))
-
-
-def sample_context(
-    v: SampleView,
-    infos: Mapping[str, ImageInfo],
-    img_url: Callable[[str, int], str],
-    href: str,
-    row: Mapping[str, Any] | None,
-    defs: dict[str, dict[str, Any]],
-    uid: str = "",
-) -> dict[str, Any]:
-    """One sample as the ``sample_block`` macro draws it; its pictures are added to ``defs``."""
-    turns = []
-    for j, img in enumerate(v.images):
-        info = infos.get(img.name) if img.name else None
-        turn: dict[str, Any] = {"j": j, "id": f"{uid}v{v.position}-{j}", "ref": None, "href": None, "why": img.shown_as,
-                                "size": None, "large": None, "shapes": [], "mark": None, "name": img.name,
-                                "title": img.shown_as, "vision": None}  # fmt: skip
-        turn["action"], action, turn["action_desc"] = turn_action(v, j)
-        if info is not None and info.size is not None and img.name:
-            w, h = info.size
-            tw, th = info.thumb_size(THUMB)
-            ref = "m" + img.name.partition(".")[0][:16]
-            defs.setdefault(ref, {"id": ref, "w": tw, "h": th, "uri": img_url(img.name, THUMB)})
-            turn.update(ref=ref, w=w, h=h, tw=tw, th=th, scale=px(w / tw), size=f"{w}×{h}")
-            turn["shapes"] = overlay(action, (w, h), v.screen)
-            ring = next((sh for sh in reversed(turn["shapes"]) if sh["t"] == "ring"), None)
-            turn["mark"] = {"cx": ring["cx"], "cy": ring["cy"], "r": px(max(w, h) / 40)} if ring else None
-            turn["href"] = img_url(img.name, LARGE)
-            turn["large"] = {"kind": "link", "href": turn["href"]}
-        elif info is not None and info.error:
-            turn["why"] = info.error
-        turns.append(turn)
-    for k, t in enumerate(turns):
-        t["prev"] = turns[k - 1]["id"] if k > 0 and turns[k - 1]["large"] else None
-        t["next"] = turns[k + 1]["id"] if k + 1 < len(turns) and turns[k + 1]["large"] else None
-    head = [("index", fmt(v.index)), ("group", fmt(v.group_index))]
-    tail = [("reward", fmt(v.reward) if isinstance(v.reward, (int, float)) else _short(v.reward))]
-    if row is not None and row.get("advantage") is not None:
-        tail.append(("advantage", f"{row['advantage']:+.3g}"))
-    tail += [("tokens", fmt(v.tokens)), ("response", fmt(v.response_length))]
-    if v.loss_mask is not None:
-        tail.append(("loss mask", v.loss_mask))
-    if v.logprob_mean is not None:
-        tail.append(("mean log-prob", f"{v.logprob_mean:.4g}"))
-    return {
-        "pos": v.position,
-        "href": href,
-        "head": head,
-        "badge": badge(v.status),
-        "tail": tail,
-        "replay": None,
-        "prompt": prompt_messages(v.prompt),
-        "turns": turns,
-        "more_turns": v.more_turns,
-        "response": _text(v.response, v.more_response) if v.response else None,
-        "strip": logprob_strip(v.logprobs),
-        "metadata": _text(_pretty(v.metadata)) if v.metadata else None,
-        "other": _text(_pretty(v.other)) if v.other else None,
-        "other_count": len(v.other),
-    }
-
-
-def _short(v: Any, limit: int = 60) -> str:
-    if v is None:
-        return "–"
-    text = json.dumps(v, ensure_ascii=False, sort_keys=True, default=str)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def trend(title: str, points: list[tuple[int, float]], band: list[tuple[int, float, float]] | None = None,
-          digits: int = 3) -> dict[str, Any] | None:  # fmt: skip
-    """An inline-SVG line chart of ``(step, value)``; ``band`` (step, low, high) shades a spread."""
-    if not points:
+def replay_note(app: ServeApp, entry: BundleEntry) -> str | None:
+    r = app.replay(entry)
+    if r is None:
         return None
-    w, h, pad = 300.0, 120.0, 6.0
-    steps = [s for s, _ in points]
-    values = [v for _, v in points] + [x for _, a, b in band or [] for x in (a, b)]
-    lo, hi = min(values), max(values)
-    if hi == lo:
-        lo, hi = lo - 0.5, hi + 0.5
-    s0, s1 = min(steps), max(steps)
-    span = (s1 - s0) or 1
-
-    def x(s: int) -> float:
-        return w / 2 if s1 == s0 else pad + (w - 2 * pad) * (s - s0) / span
-
-    def y(v: float) -> float:
-        return h - pad - (h - 2 * pad) * (v - lo) / (hi - lo)
-
-    out: dict[str, Any] = {
-        "title": title, "w": int(w), "h": int(h),
-        "points": " ".join(f"{px(x(s))},{px(y(v))}" for s, v in points),
-        "dots": [{"x": px(x(s)), "y": px(y(v)), "step": s, "label": f"{v:.{digits}g}"} for s, v in points],
-        "first": s0, "last": s1, "lo": f"{lo:.{digits}g}", "hi": f"{hi:.{digits}g}", "band": None,
-    }  # fmt: skip
-    if band:
-        upper = [f"{px(x(s))},{px(y(b))}" for s, _, b in band]
-        lower = [f"{px(x(s))},{px(y(a))}" for s, a, _ in reversed(band)]
-        out["band"] = " ".join(upper + lower)
-    return out
+    if r["error"]:
+        return f"replay report beside the bundle not used: {r['error']}"
+    counts = ", ".join(f"{k} {v}" for k, v in r["problems"].items()) or "none"
+    return f"replay report {os.path.basename(r['path'])}: {len(r['by_pos'])} samples replayed; problems: {counts}"
 
 
-def building_context(entry: BundleEntry, st: IndexState, heading: str, what: str) -> dict[str, Any]:
-    """A page that needs its bundle's complete index (a group), while the index builds: how far
-    it is, and a refresh (a meta refresh: no script, which the CSP allows)."""
-    percent = int(100 * st.rows / st.total) if st.total else 100
-    return {"title": heading, "heading": heading, "kind": entry.kind, "name": entry.rel, "percent": percent,
-            "rows": st.rows, "total": st.total, "what": what, "bundle_href": f"/b/{entry.id}", "refresh": 2,
-            "crumbs": [(f"/b/{entry.id}", entry.rel), (None, heading)]}  # fmt: skip
+def entry_stats(app: ServeApp, entry: BundleEntry) -> list[dict[str, str]]:
+    b = entry.bundle
+    return [{"value": str(len(b)), "label": "samples"}, {"value": str(len(b.manifest.media)), "label": "media files"},
+            {"value": size(b.stored_bytes), "label": b.location}]  # fmt: skip
 
 
-def _positions(indexer: Indexer, entry: BundleEntry, by: str, keys: list[Any]) -> dict[Any, int]:
-    """Where the samples named by ``keys`` sit in ``entry``: the keys themselves when matched by
-    position, else looked up in the index (none while it is not built)."""
-    if by == "position":
-        return {k: k for k in keys if isinstance(k, int) and 0 <= k < len(entry.bundle)}
-    if by != "index" or not keys or not indexer.state(entry).complete:
-        return {}
-    with indexer.connect(entry) as con:
-        return positions_of(con, keys)
+def run_page(app: ServeApp, params: Mapping[str, str] | None = None) -> str:
+    """The run: :data:`RUN_PAGE` bundles from ``?from=N`` (an offset into the run's order: an
+    in-memory sorted list), trends from at most :data:`TREND_BUNDLES` bundles spread over the
+    run; what it costs is bounded by the page, not by how many bundles the run holds."""
+    every = app.run.ordered()
+    start = parse_int((params or {}).get("from") or "0", "from")
+    if start and start >= len(every):
+        raise not_found(f"the run holds {len(every)} bundles; there is none from {start}")
+    shown = every[start : start + RUN_PAGE]
+    rows = [_run_row(app, e) for e in shown]
+    step = max(1, -(-len(every) // TREND_BUNDLES))  # at most TREND_BUNDLES of them
+    sampled = every[::step]
+    trends = _trends(app, sampled)
+    pending = sum(1 for r in rows if not r["summary"] and not r["error"])
+    total = sum(e.samples for e in every)
+    stats = [{"value": str(len(every)), "label": "bundles"}, {"value": str(total), "label": "samples"}]
+    name = os.path.basename(app.run.root.rstrip("/")) or app.run.root
+    pages = {"first_href": "/" if start else None, "from": start + 1 if shown else 0, "to": start + len(shown),
+             "next_href": f"/?from={start + RUN_PAGE}" if start + RUN_PAGE < len(every) else None,
+             "prev_href": (f"/?from={max(0, start - RUN_PAGE)}" if start > RUN_PAGE else "/") if start else None,
+             "trend_note": f"trends from {len(sampled)} of {len(every)} bundles, spread over the run"
+             if step > 1 else None}  # fmt: skip
+    listing = f"listing… {app.run.found} found so far" if app.run.listing else None
+    return app.render("run.html.j2", title=name, root=app.run.root, root_name=name, rows=rows, trends=trends,
+                       stats=stats, pending=pending, problems=list(app.run.problems.values())[:RUN_PAGE],
+                       more_problems=max(0, len(app.run.problems) - RUN_PAGE), listing=listing, pages=pages,
+                       follow=bool(app.config.follow),
+                       refresh=5 if pending or listing or app.config.follow else None)  # fmt: skip
 
 
-def compare_context(report: Mapping[str, Any], a: BundleEntry, b: BundleEntry, indexer: Indexer,
-                    note: str | None) -> dict[str, Any]:  # fmt: skip
-    """What ``rollout-bundle diff A B --by index --json`` reported, as the compare page's table:
-    one row per sample changed, removed or added, each with links to the sample on either side
-    and to the two side by side."""
-    by = str(report.get("by") or "position")
-    samples = report.get("samples") or {}
-    media = report.get("media") or {}
-    changed = list(samples.get("changed") or [])[:MAX_COMPARE_ROWS]
-    removed = list(samples.get("removed") or [])[:MAX_COMPARE_ROWS]
-    added = list(samples.get("added") or [])[:MAX_COMPARE_ROWS]
-    in_a, in_b = _positions(indexer, a, by, removed), _positions(indexer, b, by, added)
-    rows: list[dict[str, Any]] = []
-    for c in changed:
-        i, j = c.get("position_a"), c.get("position_b")
-        lines = [_change(x) for x in c.get("changes") or []] + (
-            [f"… and {c['more']} more"] if c.get("more") else []
+def _run_row(app: ServeApp, e: BundleEntry) -> dict[str, Any]:
+    st = app.indexer.state(e)
+    r: dict[str, Any] = {"id": e.id, "href": f"/b/{e.id}", "rel": e.rel, "kind": e.kind,
+                         "step": "–" if e.step is None else e.step, "samples": e.samples,
+                         "size": size(e.stored_bytes), "summary": st.summary, "error": st.error,
+                         "rows": st.rows}  # fmt: skip
+    if st.summary:
+        s = st.summary
+        r.update(reward_mean=fmt(s["reward_mean"], 3), reward_std=fmt(s["reward_std"], 3),
+                 length=fmt(s["length_mean"], 4), turns=fmt(s["turns_mean"], 3),
+                 truncated=f"{s['truncated']}", statuses=[(badge(k), n) for k, n in s["statuses"].items()])  # fmt: skip
+    return r
+
+
+def _trends(app: ServeApp, entries: list[BundleEntry]) -> list[dict[str, Any]]:
+    # One line per kind: a run's checkpoints and its debug dumps are two series, not one.
+    points: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    bands: dict[str, list[tuple[int, float, float]]] = {}
+    for e in entries:
+        s = app.indexer.state(e).summary if e.step is not None else None
+        if not s or e.step is None:
+            continue
+        measures = {"reward": s["reward_mean"], "length": s["length_mean"], "turns": s["turns_mean"],
+                    "truncated": s["truncated"] / s["samples"] if s["samples"] else None}  # fmt: skip
+        for name, value in measures.items():
+            if value is not None:
+                points.setdefault((e.kind, name), []).append((e.step, value))
+        if s["reward_mean"] is not None:
+            sd = s["reward_std"] or 0.0
+            bands.setdefault(e.kind, []).append((e.step, s["reward_mean"] - sd, s["reward_mean"] + sd))
+    kinds = sorted({kind for kind, _ in points})
+    trends = []
+    for kind in kinds:
+        suffix = f" · {kind}" if len(kinds) > 1 else ""
+        for name, title in (("reward", "reward mean ± std"), ("length", "response length (mean)"),
+                            ("turns", "turns (mean)"), ("truncated", "truncated (fraction)")):  # fmt: skip
+            band = _by_step(bands.get(kind, [])) if name == "reward" else None
+            chart = trend(title + suffix, _by_step(points.get((kind, name), [])), band)
+            if chart:
+                trends.append(chart)
+    return trends
+
+
+def bundle_page(app: ServeApp, entry: BundleEntry, params: Mapping[str, str]) -> str:
+    q, shown = parse_query(params)
+    st = app.indexer.want(entry, FIRST_PAGE_WAIT_S)
+    base_href = f"/b/{entry.id}"
+    ctx: dict[str, Any] = {"title": entry.rel, "kind": entry.kind, "step": entry.step, "name": entry.rel,
+                           "location": entry.location, "stats": entry_stats(app, entry), "q": shown,
+                           "sorts": list(SORTS), "self_href": base_href, "groups_href": f"{base_href}/groups",
+                           "crumbs": [(None, entry.rel)], "total": entry.samples, "rows": [], "matching": 0,
+                           "status_options": [], "first_href": None, "next_href": None, "partial": False,
+                           "indexed": st.rows, "state_note": None, "state_error": False,
+                           "filtered": any(v for k, v in shown.items() if k not in ("sort", "order")),
+                           "replay_note": replay_note(app, entry)}  # fmt: skip
+    if st.error:
+        ctx.update(state_note=st.error, state_error=True)
+        return app.render("bundle.html.j2", **ctx)
+    if not st.complete:
+        ctx.update(partial=True, refresh=3,
+                   state_note=f"indexing: {st.rows} of {st.total} samples so far; this page refreshes itself; "
+                   "a group's page waits until the bundle is indexed")  # fmt: skip
+        if st.rows == 0:
+            return app.render("bundle.html.j2", **ctx)
+    with app.indexer.connect(entry) as con:
+        try:
+            rows, matching, nxt = q.run(con)
+        except sqlite3.OperationalError as e:  # a search SQLite refuses (its words are quoted)
+            raise PageError(400, "bad search", f"q: the search cannot be run: {e}") from None
+        ctx["status_options"] = statuses(con)
+    ctx["matching"] = matching
+    for r in rows:
+        r["href"] = f"{base_href}/s/{r['pos']}"
+        r["badge"] = badge(r["status"])
+        r["reward"] = r["reward_text"] or "–"
+        r["advantage"] = "–" if r["advantage"] is None else f"{r['advantage']:+.3g}"
+        r["group_href"] = (
+            None if r["grp"] is None else f"{base_href}/group?g={urllib.parse.quote(r['grp'], safe='')}"
         )
-        rows.append({"key": _short(c.get("key")), "what": "changed", "cls": "warn", "changes": lines,
-                     "a_href": f"/b/{a.id}/s/{i}", "b_href": f"/b/{b.id}/s/{j}", "a_pos": i, "b_pos": j,
-                     "both_href": f"/compare/samples?a={a.id}&i={i}&b={b.id}&j={j}"})  # fmt: skip
-    for keys, side, found, entry in ((removed, "a", in_a, a), (added, "b", in_b, b)):
-        for k in keys:
-            p = found.get(k)
-            row: dict[str, Any] = {"key": _short(k), "what": f"only in {side.upper()}", "cls": "bad" if side == "a" else "ok",
-                   "changes": [], "a_href": None, "b_href": None, "a_pos": None, "b_pos": None, "both_href": None}  # fmt: skip
-            if p is not None:
-                row[f"{side}_href"], row[f"{side}_pos"] = f"/b/{entry.id}/s/{p}", p
-            rows.append(row)
-    counts: dict[str, Any] = {"changed": len(samples.get("changed") or []), "removed": len(samples.get("removed") or []),
-                              "added": len(samples.get("added") or []), "unchanged": samples.get("unchanged")}  # fmt: skip
-    meta = [_change(c) for c in (report.get("meta") or {}).get("changes", [])]
-    kind = report.get("kind")
-    return {"same": bool(report.get("same")), "by": by, "note": note, "rows": rows, "counts": counts,
-            "more": max(0, counts["changed"] + counts["removed"] + counts["added"] - len(rows)),
-            "meta": meta, "kind": f"{kind.get('a')} -> {kind.get('b')}" if isinstance(kind, Mapping) else None,
-            "media_a": [_media_line(m) for m in list(media.get("only_in_a") or [])[:MAX_COMPARE_ROWS]],
-            "media_b": [_media_line(m) for m in list(media.get("only_in_b") or [])[:MAX_COMPARE_ROWS]],
-            "media_common": media.get("common")}  # fmt: skip
+        r["prompt_href"] = f"/prompt?key={urllib.parse.quote(r['prompt_key'], safe='')}"
+        for k in ("idx", "grp", "resp_len", "tokens", "turns"):
+            r[k] = fmt(r[k])
+        r["prompt_head"] = (r["prompt_head"] or "")[:120]
+    ctx["rows"] = rows
+    keep = {k: v for k, v in shown.items() if v not in ("", None)}
+    if q.limit != PAGE:
+        keep["limit"] = str(q.limit)
+    if nxt is not None:
+        ctx["next_href"] = base_href + "?" + urllib.parse.urlencode({**keep, "after": f"{nxt[0]!r}:{nxt[1]}"})
+    if q.after is not None:
+        ctx["first_href"] = base_href + ("?" + urllib.parse.urlencode(keep) if keep else "")
+    return app.render("bundle.html.j2", **ctx)
 
 
-def _media_line(m: Any) -> str:
-    return f"{m.get('path')} ({size(int(m.get('size') or 0))})" if isinstance(m, Mapping) else _short(m)
+def groups_page(app: ServeApp, entry: BundleEntry, params: Mapping[str, str]) -> str:
+    st = app.indexer.want(entry, FIRST_PAGE_WAIT_S)
+    after = params.get("after") or None
+    ctx: dict[str, Any] = {"title": f"{entry.rel} groups", "kind": entry.kind, "name": entry.rel,
+                           "bundle_href": f"/b/{entry.id}", "crumbs": [crumb(entry), (None, "groups")],
+                           "groups": [], "next_href": None, "first_href": None,
+                           "state_note": None if st.complete else st.error or "indexing: groups are shown once "
+                           "the bundle is indexed"}  # fmt: skip
+    if st.complete:
+        with app.indexer.connect(entry) as con:
+            groups = groups_after(con, after, PAGE + 1)
+        for g in groups:
+            g["href"] = f"/b/{entry.id}/group?g={urllib.parse.quote(g['grp'], safe='')}"
+            g["flat"] = g["n"] > 1 and g["lo"] is not None and g["lo"] == g["hi"]
+            g["range"] = "–" if g["lo"] is None else f"{g['lo']:.3g} … {g['hi']:.3g}"
+            g["mean"] = fmt(g["mean"], 3)
+        if len(groups) > PAGE:
+            groups = groups[:PAGE]
+            ctx["next_href"] = f"/b/{entry.id}/groups?" + urllib.parse.urlencode({"after": groups[-1]["grp"]})
+        if after:
+            ctx["first_href"] = f"/b/{entry.id}/groups"
+        ctx["groups"] = groups
+    else:
+        ctx["refresh"] = 3
+    return app.render("groups.html.j2", **ctx)
 
 
-def _change(c: Any) -> str:
-    if not isinstance(c, Mapping):
-        return _short(c)
-    if "items_differ" in c:
-        return f"{c.get('path')}: {c['items_differ']} of {c.get('length')} items differ, first at [{c.get('first')}]"
-    return f"{c.get('path')}: {_short(c.get('a'), 100)} -> {_short(c.get('b'), 100)}"
+def group_page(app: ServeApp, entry: BundleEntry, group: str) -> str:
+    st = app.indexer.want(entry, FIRST_PAGE_WAIT_S)
+    if st.error:
+        raise PageError(502, "cannot index the bundle", st.error)
+    if not st.complete:  # a page that waits and refreshes itself, not a 503
+        return app.render("building.html.j2", **building_context(entry, st, f"group {group}", "the group"))
+    with app.indexer.connect(entry) as con:
+        members = group_rows(con, group, GROUP_COLUMNS + 1)
+        n = con.execute("SELECT count(*) FROM samples WHERE grp = ?", (group,)).fetchone()[0]
+    if not members:
+        raise not_found(f"no sample of {entry.rel} is in group {group[:80]!r}")
+    members = members[:GROUP_COLUMNS]
+    views = app.samples.get(entry, [m["pos"] for m in members])
+    infos = image_infos(app.pictures, entry, list(views.values()))
+    defs: dict[str, dict[str, Any]] = {}
+    columns = [sample_context(views[m["pos"]], infos, img_url(entry), f"/b/{entry.id}/s/{m['pos']}", m, defs)
+               for m in members]  # fmt: skip
+    spread = reward_spread([m["reward"] for m in members if m["reward"] is not None])
+    rows = list(range(max((len(c["turns"]) for c in columns), default=0)))
+    return app.render("group.html.j2", title=f"group {group}", kind=entry.kind, name=entry.rel, group=group,
+                       columns=columns, rows=rows, spread=spread, more=max(0, n - len(columns)),
+                       crumbs=[crumb(entry), (f"/b/{entry.id}/groups", "groups"), (None, group)],
+                       samples_with_turns=columns, defs=list(defs.values()))  # fmt: skip
 
 
-def quote(text: str) -> str:
-    return urllib.parse.quote(text, safe="")
+def sample_page(app: ServeApp, entry: BundleEntry, pos: int) -> str:
+    n = entry.samples
+    if not 0 <= pos < n:
+        raise not_found(f"{entry.rel} holds {n} samples (0..{n - 1}); there is no sample {pos}")
+    view = app.samples.get(entry, [pos])[pos]
+    row = _row(app, entry, pos)
+    infos = image_infos(app.pictures, entry, [view])
+    defs: dict[str, dict[str, Any]] = {}
+    s = sample_context(view, infos, img_url(entry), f"/b/{entry.id}/s/{pos}", row, defs)
+    replay = app.replay(entry)
+    if replay is not None and not replay["error"]:
+        s["replay"] = replay_block(replay["by_pos"].get(pos))
+    group_href = None
+    if row is not None and row.get("grp") is not None:
+        group_href = f"/b/{entry.id}/group?g={urllib.parse.quote(row['grp'], safe='')}"
+    # Not indexed yet: the key from the sample itself (the same rule as the index's).
+    key = (
+        row["prompt_key"]
+        if row is not None
+        else prompt_key({"metadata": view.metadata}, prompt_text(view.prompt))
+    )
+    return app.render("sample.html.j2", title=f"{entry.rel} #{pos}", kind=entry.kind, name=entry.rel, pos=pos,
+                       total=n, sample=s, bid=entry.id, bundle_href=f"/b/{entry.id}", group_href=group_href,
+                       prompt_href=f"/prompt?key={urllib.parse.quote(key, safe='')}",
+                       prev_href=f"/b/{entry.id}/s/{pos - 1}" if pos > 0 else None,
+                       next_href=f"/b/{entry.id}/s/{pos + 1}" if pos + 1 < n else None,
+                       bundles=_nearest(app, entry),
+                       crumbs=[crumb(entry), (None, f"#{pos}")], samples_with_turns=[s],
+                       defs=list(defs.values()))  # fmt: skip
+
+
+def _nearest(app: ServeApp, entry: BundleEntry) -> list[dict[str, str]]:
+    """The bundles a sample page offers to compare with: :data:`PICK_BUNDLES` around ``entry``."""
+    every = app.run.ordered()
+    lo = max(0, min(entry.order - PICK_BUNDLES // 2, len(every) - PICK_BUNDLES))
+    return [{"id": e.id, "rel": e.rel} for e in every[lo : lo + PICK_BUNDLES]]
+
+
+def _row(app: ServeApp, entry: BundleEntry, pos: int) -> dict[str, Any] | None:
+    st = app.indexer.state(entry)
+    if not st.complete and st.rows <= pos:
+        return None
+    with app.indexer.connect(entry) as con:
+        return row_at(con, pos)
+
+
+def prompt_page(app: ServeApp, params: Mapping[str, str]) -> str:
+    key = params.get("key", "")
+    if not key or len(key) > 400:
+        raise PageError(400, "no prompt", "key: expected a prompt key from a bundle page's prompt link")
+    rows, points, pending, head = [], [], 0, key
+    holders: list[tuple[BundleEntry, list[dict[str, Any]]]] = []
+    for e in app.run.ordered():
+        st = app.indexer.state(e)
+        if not st.complete:
+            pending += 0 if st.error else 1
+            if st.rows == 0:
+                continue
+        with app.indexer.connect(e) as con:
+            found = prompt_rows(con, key, 64)
+        if not found:
+            continue
+        head = found[0]["prompt_head"] or head
+        rewards = [f["reward"] for f in found if f["reward"] is not None]
+        mean = math.fsum(rewards) / len(rewards) if rewards else None
+        counts: dict[str, int] = {}
+        for f in found:
+            counts[f["status"] or "no status"] = counts.get(f["status"] or "no status", 0) + 1
+        rows.append({"step": "–" if e.step is None else e.step, "rel": e.rel, "href": f"/b/{e.id}", "n": len(found),
+                     "mean": fmt(mean, 3), "statuses": [(badge(k), v) for k, v in counts.items()],
+                     "samples": [{"pos": f["pos"], "href": f"/b/{e.id}/s/{f['pos']}"} for f in found[:12]]})  # fmt: skip
+        if e.step is not None and mean is not None:
+            points.append((e.step, mean))
+        holders.append((e, found))
+    choices = [
+        {"id": e.id, "label": f"step {e.step} · {e.rel}" if e.step is not None else e.rel} for e, _ in holders
+    ]
+    a_id = params.get("a") or (holders[0][0].id if holders else None)
+    b_id = params.get("b") or (holders[-1][0].id if holders else None)
+    defs: dict[str, dict[str, Any]] = {}
+    budget = PixelBudget()  # both sides' pictures together
+    sides: list[list[dict[str, Any]]] = [[], []]
+    labels = ["", ""]
+    for k, bid in enumerate((a_id, b_id)):
+        match = next(((e, f) for e, f in holders if e.id == bid), None)
+        if match is None:
+            continue
+        e, found = match
+        labels[k] = f"step {e.step} · {e.rel}" if e.step is not None else e.rel
+        chosen = found[:PROMPT_SAMPLES]
+        views = app.samples.get(e, [f["pos"] for f in chosen])
+        infos = image_infos(app.pictures, e, list(views.values()), budget)
+        sides[k] = [sample_context(views[f["pos"]], infos, img_url(e), f"/b/{e.id}/s/{f['pos']}", None, defs,
+                                   uid=f"{'ab'[k]}{e.id[:4]}") for f in chosen]  # fmt: skip
+    return app.render("prompt.html.j2", title="prompt across training", key=key, head=head[:160], rows=rows,
+                       trend=trend("reward of this prompt by step (mean)", _by_step(points)), pending=pending,
+                       choices=choices, a_id=a_id, b_id=b_id, left=sides[0], right=sides[1],
+                       left_label=labels[0], right_label=labels[1], self_href="/prompt",
+                       refresh=5 if pending else None, crumbs=[(None, "prompt")],
+                       samples_with_turns=sides[0] + sides[1], defs=list(defs.values()))  # fmt: skip
+
+
+def compare_page(app: ServeApp, a: BundleEntry, b: BundleEntry) -> str:
+    # Samples matched by their index (`diff --by index`), as a trainer numbers them; by
+    # position only where an index is missing or repeats, and the page says so.
+    report, note = app.diffs.report(a, b, "index"), None
+    if isinstance(report, str) and ("to match samples by" in report or "matching needs a key path" in report):
+        report, note = app.diffs.report(a, b, None), f"matched by position: {report}"
+    if isinstance(report, str):
+        return app.render("compare.html.j2", title="compare", a=a, b=b, error=report, cmp=None,
+                           crumbs=[(None, "compare")])  # fmt: skip
+    cmp = compare_context(report, a, b, app.indexer, note)
+    return app.render("compare.html.j2", title="compare", a=a, b=b, error=None, cmp=cmp,
+                       crumbs=[(None, "compare")])  # fmt: skip
+
+
+def compare_samples_page(app: ServeApp, a: BundleEntry, i: int, b: BundleEntry, j: int) -> str:
+    for e, p in ((a, i), (b, j)):
+        if not 0 <= p < e.samples:
+            raise not_found(f"{e.rel} holds {e.samples} samples; there is no sample {p}")
+    va = app.samples.get(a, [i])[i]
+    vb = app.samples.get(b, [j])[j]
+    defs: dict[str, dict[str, Any]] = {}
+    budget = PixelBudget()  # both samples' pictures together
+    ia = image_infos(app.pictures, a, [va], budget)
+    ib = image_infos(app.pictures, b, [vb], budget)
+    left = sample_context(va, ia, img_url(a), f"/b/{a.id}/s/{i}", _row(app, a, i), defs, uid="l")
+    right = sample_context(vb, ib, img_url(b), f"/b/{b.id}/s/{j}", _row(app, b, j), defs, uid="r")
+    changes = sample_changes(va, vb)
+    return app.render("compare_samples.html.j2", title="compare samples", left=left, right=right,
+                       left_name=a.rel, right_name=b.rel, changes=changes[:50], more=max(0, len(changes) - 50),
+                       crumbs=[(None, "compare samples")], samples_with_turns=[left, right],
+                       defs=list(defs.values()))  # fmt: skip
+
+
+def _by_step(points: list[Any]) -> list[Any]:
+    return sorted(points, key=lambda p: p[0])

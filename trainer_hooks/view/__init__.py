@@ -5,21 +5,41 @@
 status, reward, lengths and screenshots, and, given a replay report, the guard and token-check
 results. See :mod:`trainer_hooks.view._report`.
 
-The pieces a live page needs too are public here, so that ``rollout-bundle serve``
-(:mod:`trainer_hooks.serve`) draws what ``view`` draws rather than a second copy: a sample read
-down to what a page shows (:func:`sample_view`), a turn's action parsed (:func:`parse_action`)
-and drawn over its screenshot (:func:`overlay`), the log-prob strip (:func:`logprob_strip`), a
-prompt as messages (:func:`prompt_messages`), a sample's view rebuilt from its fields (:class:`SampleView`, :class:`Image`), GRPO advantages (:func:`advantages`) and the rule
-of which stored files are shown (:func:`shown_suffix`). The templates themselves
-(``trainer_hooks/view/templates``) are loaded by package name.
+What a page shows of a sample and how it is drawn is the presentation layer's,
+:mod:`trainer_hooks.pages`, which ``rollout-bundle serve`` (:mod:`trainer_hooks.serve`) draws
+with too, so a sample looks the same on a static page and on the server. Its pieces that were
+public here stay re-exported (the same objects): a sample read down to what a page shows
+(:func:`sample_view`, :class:`SampleView`, :class:`Image`), a turn's action parsed
+(:func:`parse_action`, :func:`turn_action`) and drawn over its screenshot (:func:`overlay`,
+:data:`OVERLAY_COLOR`), the log-prob strip (:func:`logprob_strip`), a prompt as messages
+(:func:`prompt_messages`), GRPO advantages and spread (:func:`advantages`,
+:func:`reward_spread`), the rule of which stored files are shown (:func:`shown_suffix`,
+:data:`MAX_MEDIA_BYTES`) and the thumbnail rule (:func:`jpeg_bytes`).
+
+The modules: ``_cli`` (the command), ``_report`` (the pages written, paged), ``_context`` (what the
+report shows, as plain data), ``_media`` (each stored screenshot read once and inlined),
+``_search`` (the search page and its CSP hashes); the templates ``templates/report.html.j2`` and
+``search.html.j2`` (with ``search.css``, ``search.js``), found by name through
+:func:`trainer_hooks.pages.environment`.
 """
 
-from trainer_hooks.view._actions import parse_action
-from trainer_hooks.view._context import advantages, prompt_messages, reward_spread, turn_action
-from trainer_hooks.view._graphics import OVERLAY_COLOR, logprob_strip, overlay
-from trainer_hooks.view._media import MAX_MEDIA_BYTES, jpeg_bytes, shown_suffix
+from trainer_hooks.pages import (
+    MAX_MEDIA_BYTES,
+    OVERLAY_COLOR,
+    Image,
+    SampleView,
+    advantages,
+    jpeg_bytes,
+    logprob_strip,
+    overlay,
+    parse_action,
+    prompt_messages,
+    reward_spread,
+    sample_view,
+    shown_suffix,
+    turn_action,
+)
 from trainer_hooks.view._report import ReportError, ReportWritten, load_replay_report, write_html_report
-from trainer_hooks.view._samples import Image, SampleView, sample_view
 
 __all__ = [
     "MAX_MEDIA_BYTES",

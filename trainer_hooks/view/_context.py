@@ -2,9 +2,12 @@
 
 Its one reason to change is what the page shows. Nothing here writes HTML: :func:`page_context`
 turns the bundle, the samples' views, the stored screenshots' pictures and the replay report into
-dicts and lists of plain strings and numbers; the template lays them out, escaped by the
-environment of :mod:`trainer_hooks.view._jinja`. Pictures come from
-:mod:`trainer_hooks.view._graphics`.
+dicts and lists of plain strings and numbers; the template lays them out, escaped by the one
+environment of :mod:`trainer_hooks.pages`. A sample's block (its turns, its replay verdicts) is
+the presentation layer's (:func:`trainer_hooks.pages.sample_block`), as are the pictures
+(:func:`trainer_hooks.pages.overlay`, histograms, log-prob strips) and every number format; what
+is the report's own here is its header, the replay summary, the filters and sorts, the inlined
+pictures' ids and the GRPO groups side by side.
 
 The Content-Security-Policy in the page's ``<meta>`` forbids every script and every fetch except
 images from ``data:`` URIs and the stored files beside the page (``'self'``).
@@ -13,7 +16,6 @@ images from ``data:`` URIs and the stored files beside the page (``'self'``).
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import urllib.parse
 from collections import Counter
@@ -22,76 +24,40 @@ from typing import Any
 
 import bundles
 from bundles import Bundle
-from bundles.support import human_bytes
-from trainer_hooks.view._actions import parse_action
-from trainer_hooks.view._graphics import OVERLAY_COLOR, bin_of, bins, histogram, logprob_strip, overlay, px
-from trainer_hooks.view._media import Shown, shown_suffix
-from trainer_hooks.view._samples import SampleView, num
+from trainer_hooks.pages import (
+    OVERLAY_COLOR,
+    SampleView,
+    advantages,
+    badge,
+    bin_of,
+    bins,
+    chips,
+    compact,
+    draw_turn,
+    finite,
+    fmt,
+    histogram,
+    link_turns,
+    logprob_strip,
+    new_turn,
+    px,
+    ratio,
+    replay_block,
+    reward_spread,
+    reward_text,
+    sample_block,
+    shown_suffix,
+    size,
+)
+from trainer_hooks.view._media import Shown
 
-__all__ = ["CSP", "page_context", "prompt_messages", "reward_text"]
+__all__ = ["CSP", "page_context"]
 
 CSP = (
     "default-src 'none'; img-src data: 'self'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 )
 INDEX_OPEN_MAX = 60  # samples listed unfolded in the index table
-MAX_TEXT = 20_000  # characters of a prompt or response shown before the rest is cut
 DEFAULT_MERGE_SIZE = 2  # Qwen2-VL: 2x2 patches make one vision token
-STATUS_CLASS = {"completed": "ok", "truncated": "warn", "aborted": "warn", "failed": "bad", "pending": "info"}
-
-
-# -- small formatting helpers (return plain text; the template escapes it) -----------------------------
-
-
-def size(n: Any) -> str:
-    """A byte count from a report or a manifest as ``1.5 MiB``; any other value as text."""
-    if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**80:
-        return str(human_bytes(n))
-    return f"{num(n)} bytes"
-
-
-def ratio(a: Any, b: Any) -> str | None:
-    try:
-        r = float(a) / float(b)
-    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
-        return None
-    return f"{r:.2f}×" if math.isfinite(r) else None
-
-
-def compact(v: Any) -> str:
-    return json.dumps(v, ensure_ascii=False, sort_keys=True, default=str)
-
-
-def pretty(v: Any) -> str:
-    return json.dumps(v, ensure_ascii=False, indent=2, default=str)
-
-
-def dash(v: Any) -> str:
-    return "–" if v is None else num(v) if isinstance(v, (int, float)) else str(v)
-
-
-def reward_text(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return "–" if v is None else compact(v)
-
-
-def text(s: str, more: int = 0) -> dict[str, Any]:
-    """A long text cut at MAX_TEXT characters: ``{"text", "more"}`` (characters left out, with
-    ``more`` already cut by :func:`~trainer_hooks.view.sample_view`)."""
-    return {"text": s[:MAX_TEXT], "more": max(0, len(s) - MAX_TEXT) + more}
-
-
-def badge(status: str | None) -> dict[str, str]:
-    if status is None:
-        return {"cls": "", "text": "no status"}
-    return {"cls": STATUS_CLASS.get(status.lower(), ""), "text": status}
-
-
-def chips(d: Any) -> dict[str, Any]:
-    """A small mapping as ``key value`` chips (nested values as compact JSON), else one code span."""
-    if not isinstance(d, Mapping) or not d:
-        return {"code": compact(d)}
-    return {"chips": [(str(k), v if isinstance(v, str) else compact(v)) for k, v in d.items()]}
 
 
 # -- sections -----------------------------------------------------------------------------------------------
@@ -110,11 +76,11 @@ def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct
     refs, stored = bundle.media_references, len(bundle.media)
     statuses = Counter(v.status or "no status" for v in views)
     rewards = [
-        _reward_number(v.reward)
+        finite(v.reward)
         for v in views
         if isinstance(v.reward, (int, float)) and not isinstance(v.reward, bool)
     ]
-    finite = [r for r in rewards if r is not None]
+    known = [r for r in rewards if r is not None]
     stats = [
         {"value": str(len(views)), "of": str(len(bundle)), "label": "samples shown"},
         {"value": str(stored), "label": "media files stored"},
@@ -123,14 +89,14 @@ def _header(bundle: Bundle, views: list[SampleView], shown_images: int, distinct
         {"value": size(bundle.media_bytes), "label": "media"},
         {"value": size(bundle.stored_bytes), "label": _WHERE_LABEL.get(bundle.location, bundle.location)},
     ]
-    if finite:
-        stats.append({"value": f"{math.fsum(finite) / len(finite):.3g}", "label": "mean reward"})
+    if known:
+        stats.append({"value": f"{math.fsum(known) / len(known):.3g}", "label": "mean reward"})
     stats.append({"value": str(shown_images), "label": f"screenshots shown, {distinct} distinct"})
     processor = meta.get("processor")
     facts: list[dict[str, Any]] = [
-        {"k": "run", "v": {"plain": dash(meta.get("run_uuid"))}},
-        {"k": "rollout id", "v": {"plain": dash(meta.get("rollout_id"))}},
-        {"k": "training dtype", "v": {"plain": dash(meta.get("training_dtype"))}},
+        {"k": "run", "v": {"plain": fmt(meta.get("run_uuid"))}},
+        {"k": "rollout id", "v": {"plain": fmt(meta.get("rollout_id"))}},
+        {"k": "training dtype", "v": {"plain": fmt(meta.get("training_dtype"))}},
         {"k": "processor", "v": chips(processor) if processor else {"muted": "not recorded"}},
         {"k": "statuses", "v": {"badges": [(badge(s), n) for s, n in sorted(statuses.items())]}},
         {"k": "format", "v": {"plain": f"format_version {bundle.manifest.get('format_version')}, "
@@ -165,38 +131,15 @@ def _replay_summary(replay: Mapping[str, Any], name: str) -> dict[str, Any]:
     proc = replay.get("processor") or {}
     return {"facts": [
         {"k": "report", "v": {"plain": name}},
-        {"k": "replayed bundle", "v": {"plain": dash(replay.get("bundle"))}},
-        {"k": "dtype", "v": {"plain": dash(replay.get("dtype"))}},
+        {"k": "replayed bundle", "v": {"plain": fmt(replay.get("bundle"))}},
+        {"k": "dtype", "v": {"plain": fmt(replay.get("dtype"))}},
         {"k": "processor", "v": chips(proc)},
-        {"k": "samples / images", "v": {"plain": f"{dash(s.get('samples'))} / {dash(s.get('images'))}"}},
-        {"k": "vision tokens", "v": {"plain": dash(s.get("vision_tokens"))}},
+        {"k": "samples / images", "v": {"plain": f"{fmt(s.get('samples'))} / {fmt(s.get('images'))}"}},
+        {"k": "vision tokens", "v": {"plain": fmt(s.get("vision_tokens"))}},
         {"k": "tensor bytes", "v": {"plain": cast}},
         {"k": "peak RSS", "v": {"plain": size(s["peak_rss_bytes"]) if s.get("peak_rss_bytes") is not None else "–"}},
-        {"k": "problems", "v": {"problems": [(str(k), dash(n)) for k, n in problems.items()]}},
+        {"k": "problems", "v": {"problems": [(str(k), fmt(n)) for k, n in problems.items()]}},
     ]}  # fmt: skip
-
-
-def prompt_messages(prompt: Any) -> list[dict[str, Any]] | None:
-    """The prompt as messages ``{"role", "text"}`` (role None for a plain string or other value)."""
-    if prompt is None:
-        return None
-    if isinstance(prompt, str):
-        return [{"role": None, **text(prompt)}]
-    if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
-        out = []
-        for m in prompt:
-            content = m.get("content")
-            if isinstance(content, list):
-                body = "\n".join(
-                    str(c.get("text", "")) if isinstance(c, dict) and c.get("type") == "text" else
-                    f"[{c.get('type', 'part')}]" if isinstance(c, dict) else str(c)
-                    for c in content
-                )  # fmt: skip
-            else:
-                body = "" if content is None else content if isinstance(content, str) else compact(content)
-            out.append({"role": str(m["role"]), **text(body)})
-        return out
-    return [{"role": None, **text(pretty(prompt))}]
 
 
 def _vision_tokens(
@@ -207,10 +150,10 @@ def _vision_tokens(
         pv = replayed.get("pixel_values")
         return {
             "replayed": True,
-            "tokens": dash(vt),
-            "placeholders": dash(ph) if isinstance(ph, int) else None,
+            "tokens": fmt(vt),
+            "placeholders": fmt(ph) if isinstance(ph, int) else None,
             "mismatch": isinstance(ph, int) and ph != vt,
-            "pixel_values": f"{dash(pv.get('dtype', ''))} {dash(pv.get('shape'))}"
+            "pixel_values": f"{fmt(pv.get('dtype', ''))} {fmt(pv.get('shape'))}"
             if isinstance(pv, dict) and pv.get("shape") is not None else None,
         }  # fmt: skip
     if grid is not None and merge > 0:
@@ -229,17 +172,10 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
     turns = []
     for j, img in enumerate(v.images):
         s = shown.get(img.name) if img.name else None
-        turn: dict[str, Any] = {"j": j, "id": f"v{v.position}-{j}", "ref": None, "href": None, "why": img.shown_as,
-                                "size": None, "large": None, "shapes": [], "mark": None}  # fmt: skip
-        turn["action"], action, turn["action_desc"] = turn_action(v, j)
+        turn, action = new_turn(v, j)
         if s is not None and s.thumb is not None and s.size and img.name is not None and img.name in refs:
             w, h = s.size
-            turn.update(ref=refs[img.name], w=w, h=h, tw=s.thumb.width, th=s.thumb.height,
-                        scale=px(w / s.thumb.width))  # fmt: skip
-            turn["shapes"] = overlay(action, (w, h), v.screen)
-            # A thumbnail shows only where the pointer went (one ring); the large view has it all.
-            ring = next((sh for sh in reversed(turn["shapes"]) if sh["t"] == "ring"), None)
-            turn["mark"] = {"cx": ring["cx"], "cy": ring["cy"], "r": px(max(w, h) / 40)} if ring else None
+            draw_turn(turn, v, action, refs[img.name], (w, h), (s.thumb.width, s.thumb.height))
             # Only a stored .png/.jpg/.jpeg that decoded is a link target: a browser renders a
             # linked file by its suffix, and .html/.svg/... would run outside this page's CSP.
             if link_base is not None and img.name and s.linkable and shown_suffix(img.name):
@@ -259,32 +195,8 @@ def _turns(v: SampleView, shown: Mapping[str, Shown], refs: Mapping[str, str], l
         if s is not None and s.size:
             turn["size"] = f"{s.size[0]}×{s.size[1]}"
         turn["vision"] = _vision_tokens(img.grid, merge, replay_images.get(j))
-        turn["name"] = img.name
-        turn["title"] = img.shown_as
         turns.append(turn)
-    for k, t in enumerate(turns):
-        t["prev"] = turns[k - 1]["id"] if k > 0 and turns[k - 1]["large"] else None
-        t["next"] = turns[k + 1]["id"] if k + 1 < len(turns) and turns[k + 1]["large"] else None
-    return turns
-
-
-def _replay_block(r: Mapping[str, Any]) -> dict[str, Any]:
-    problems = []
-    for p in r.get("problems") or []:
-        if isinstance(p, dict):
-            where = f" (image {dash(p['image'])})" if p.get("image") is not None else ""
-            problems.append(
-                {"kind": dash(p.get("kind", "problem")), "message": dash(p.get("message", "")) + where}
-            )
-    diff = r.get("logprob_diff")
-    d = None
-    if isinstance(diff, dict):
-        d = {
-            "max": num(diff.get("max_abs")),
-            "mean": num(diff.get("mean_abs")),
-            "tokens": dash(diff.get("tokens")),
-        }
-    return {"problems": problems, "diff": d}
+    return link_turns(turns)
 
 
 def merge_size(bundle: Bundle, replay: Mapping[str, Any] | None) -> int:
@@ -331,8 +243,8 @@ def _filters(
         if edges:
             charts.append(histogram(label, edges, [len(m) for m in members], ids))
 
-    numeric("rw", "reward", {v.position: _reward_number(v.reward) for v in views}, False)
-    numeric("ln", "response length", {v.position: _reward_number(v.response_length) for v in views}, True)
+    numeric("rw", "reward", {v.position: finite(v.reward) for v in views}, False)
+    numeric("ln", "response length", {v.position: finite(v.response_length) for v in views}, True)
     numeric("tn", "turns", {v.position: float(v.turn_count) for v in views}, True)
     if replay_by_pos is not None:
         with_p: list[int] = []
@@ -347,7 +259,7 @@ def _filters(
             problems = [p for p in entry.get("problems") or [] if isinstance(p, dict)]
             (with_p if problems else clean).append(v.position)
             for p in problems:
-                kinds.setdefault(dash(p.get("kind", "problem")), []).append(v.position)
+                kinds.setdefault(fmt(p.get("kind", "problem")), []).append(v.position)
         options = [("with problems", with_p), ("clean", clean), ("not replayed", missing)]
         options += [(f"kind: {k}", sorted(set(m))) for k, m in sorted(kinds.items())[:12]]
         add("rp", "replay", options)
@@ -355,10 +267,10 @@ def _filters(
 
 
 SORTS = [
-    ("reward ↓", lambda v, a: (_reward_number(v.reward) is None, -(_reward_number(v.reward) or 0))),
-    ("reward ↑", lambda v, a: (_reward_number(v.reward) is None, _reward_number(v.reward) or 0)),
+    ("reward ↓", lambda v, a: (finite(v.reward) is None, -(finite(v.reward) or 0))),
+    ("reward ↑", lambda v, a: (finite(v.reward) is None, finite(v.reward) or 0)),
     ("|advantage| ↓", lambda v, a: (a is None, -abs(a or 0))),
-    ("length ↓", lambda v, a: (_reward_number(v.response_length) is None, -(_reward_number(v.response_length) or 0))),
+    ("length ↓", lambda v, a: (finite(v.response_length) is None, -(finite(v.response_length) or 0))),
     ("turns ↓", lambda v, a: (0, -v.turn_count)),
     ("mean log-prob ↑", lambda v, a: (v.logprob_mean is None, v.logprob_mean or 0)),
 ]  # fmt: skip
@@ -390,45 +302,29 @@ def _grpo_groups(views: list[SampleView]) -> tuple[dict[str, list[SampleView]], 
             group_of.setdefault(compact(v.group_index), []).append(v)
     advantage: dict[int, float | None] = {}
     for members in group_of.values():
-        for v, a in zip(members, advantages([_reward_number(m.reward) for m in members]), strict=True):
+        for v, a in zip(members, advantages([finite(m.reward) for m in members]), strict=True):
             advantage[v.position] = a
     return group_of, advantage
 
 
 def _sample(v: SampleView, entry: Mapping[str, Any] | None, advantage: float | None, turns: list[dict[str, Any]],
-            classes: list[str], order: list[int]) -> dict[str, Any]:  # fmt: skip
+            classes: list[str], order: list[int], replay_given: bool) -> dict[str, Any]:  # fmt: skip
     """One sample's section of the page (``entry``: its row of the replay report, if any)."""
-    head = [("index", dash(v.index)), ("group", dash(v.group_index))]
-    tail = [("reward", reward_text(v.reward))]
-    if advantage is not None:
-        tail.append(("advantage", f"{advantage:+.3g}"))
-    tail += [("tokens", dash(v.tokens)), ("response", dash(v.response_length))]
-    if v.loss_mask is not None:
-        tail.append(("loss mask", v.loss_mask))
-    if v.logprob_mean is not None:
-        tail.append(("mean log-prob", f"{v.logprob_mean:.4g}"))
     diff = entry.get("logprob_diff") if entry is not None else None
     recomputed = diff.get("recomputed") if isinstance(diff, dict) else None
     diff_values = None
     if isinstance(recomputed, list) and v.logprobs is not None and len(recomputed) == len(v.logprobs):
-        diff_values = [None if a is None or (fb := _reward_number(b)) is None else a - fb
+        diff_values = [None if a is None or (fb := finite(b)) is None else a - fb
                        for a, b in zip(v.logprobs, recomputed, strict=True)]  # fmt: skip
-    return {
-        "pos": v.position, "classes": classes, "order": order, "head": head, "badge": badge(v.status), "tail": tail,
-        "index_row": [dash(v.index), dash(v.group_index), reward_text(v.reward), dash(v.tokens),
-                      dash(v.response_length), str(v.turn_count)],
-        "problems": None if entry is None else len(entry.get("problems") or []),
-        "replay": None if entry is None else _replay_block(entry),
-        "prompt": prompt_messages(v.prompt),
-        "turns": turns,
-        "more_turns": v.more_turns,
-        "response": text(v.response, v.more_response) if v.response else None,
-        "strip": logprob_strip(v.logprobs),
-        "diff_strip": logprob_strip(diff_values, diff=True) if diff_values else None,
-        "metadata": text(pretty(v.metadata)) if v.metadata else None,
-        "other": text(pretty(v.other)) if v.other else None,
-        "other_count": len(v.other),
-    }  # fmt: skip
+    sample = sample_block(v, turns, advantage)
+    sample.update(
+        classes=classes, order=order, replay=replay_block(entry) if replay_given else None,
+        index_row=[fmt(v.index), fmt(v.group_index), reward_text(v.reward), fmt(v.tokens),
+                   fmt(v.response_length), str(v.turn_count)],
+        problems=None if entry is None else len(entry.get("problems") or []),
+        diff_strip=logprob_strip(diff_values, diff=True) if diff_values else None,
+    )  # fmt: skip
+    return sample
 
 
 def _replay_images(entry: Mapping[str, Any] | None) -> dict[int, Mapping[str, Any]]:
@@ -439,38 +335,12 @@ def _replay_images(entry: Mapping[str, Any] | None) -> dict[int, Mapping[str, An
     return out
 
 
-def turn_action(v: SampleView, j: int) -> tuple[str | None, Any, str | None]:
-    """Turn ``j``'s action: its text (the sample's recorded actions, else its j-th tool call), the
-    parsed action (drawn over the screenshot by ``overlay``) and, unless it is plain text, its
-    description."""
-    text = v.actions[j] if v.actions is not None and j < len(v.actions) else None
-    if text is None and v.actions is None and j < len(v.tool_calls):
-        text = v.tool_calls[j]
-    action = parse_action(text) if text is not None else None
-    return text, action, action.describe() if action is not None and action.kind != "text" else None
-
-
-def reward_spread(rewards: list[float]) -> dict[str, Any] | None:
-    """A GRPO group's reward spread as its page shows it (mean, unbiased std, min, max, and
-    ``flat``: every reward equal, so every advantage is 0); None without rewards."""
-    if not rewards:
-        return None
-    mean = math.fsum(rewards) / len(rewards)
-    std = (
-        math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
-        if len(rewards) > 1
-        else 0.0
-    )
-    return {"mean": f"{mean:.3g}", "std": f"{std:.3g}", "min": f"{min(rewards):.3g}",
-            "max": f"{max(rewards):.3g}", "flat": len(rewards) > 1 and std == 0}  # fmt: skip
-
-
 def _group_block(members: list[SampleView], by_position: Mapping[int, dict[str, Any]]) -> dict[str, Any]:
     """One GRPO group side by side: its samples' columns, row per turn, and its reward spread."""
-    spread = reward_spread([r for r in (_reward_number(m.reward) for m in members) if r is not None])
+    spread = reward_spread([r for r in (finite(m.reward) for m in members) if r is not None])
     columns: list[dict[str, Any]] = [by_position[m.position] for m in members]
     rows = max(len(c["turns"]) for c in columns)
-    return {"label": dash(members[0].group_index), "columns": columns, "rows": list(range(rows)),
+    return {"label": fmt(members[0].group_index), "columns": columns, "rows": list(range(rows)),
             "spread": spread, "n": len(members)}  # fmt: skip
 
 
@@ -498,7 +368,15 @@ def page_context(
     for v in views:
         entry = by_pos.get(v.position) if by_pos is not None else None
         turns = _turns(v, shown, refs, large_refs, link_base, merge, _replay_images(entry))
-        sample = _sample(v, entry, advantage.get(v.position), turns, classes[v.position], ranks[v.position])
+        sample = _sample(
+            v,
+            entry,
+            advantage.get(v.position),
+            turns,
+            classes[v.position],
+            ranks[v.position],
+            replay is not None,
+        )
         samples.append(sample)
         by_position[v.position] = sample
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -520,25 +398,3 @@ def page_context(
         "version": bundles.__version__,
         "stamp": stamp,
     }
-
-
-def _reward_number(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:  # a JSON integer beyond any float
-        return None
-    return f if math.isfinite(f) else None
-
-
-def advantages(rewards: list[float | None]) -> list[float | None]:
-    """GRPO advantages as Miles computes them (``_normalize_rewards_by_rollout``): reward minus
-    the group mean, divided by the group's unbiased standard deviation + 1e-6 when the group has
-    more than one sample and that deviation is not 0 (``--disable-grpo-std-normalization`` off)."""
-    known = [r for r in rewards if r is not None]
-    if not known:
-        return [None] * len(rewards)
-    mean = math.fsum(known) / len(known)
-    std = math.sqrt(math.fsum((r - mean) ** 2 for r in known) / (len(known) - 1)) if len(known) > 1 else 0.0
-    return [None if r is None else (r - mean) / (std + 1e-6) if std > 0 else r - mean for r in rewards]

@@ -5,13 +5,13 @@ A bundle may come from anyone, and its media files are its least trusted part: a
 stored as ``media/<hex>.html`` may hold a valid PNG followed by a ``<script>`` that a browser
 would run if the page linked to it. So:
 
-- Only files whose stored suffix is in :data:`SHOWN_SUFFIXES` are read at all; any other is
-  shown as a named placeholder, never decoded, never linked (a browser decides how to render a
-  linked file by its suffix, so ``.svg``, ``.html``, ``.xhtml``... must never be a link target).
+- Only files whose stored suffix is in :data:`trainer_hooks.pages.SHOWN_SUFFIXES` are read at
+  all (:func:`trainer_hooks.pages.shown_suffix`, which says why); any other is shown as a named
+  placeholder, never decoded, never linked.
 - The bytes are decoded by :func:`bundles.decode_image`, the project's one decoder of untrusted
   images: PNG or JPEG told by magic bytes, the pixel count bounded before anything is allocated.
 - Each distinct stored file (one digest) is read once per page, however many turns, samples or
-  views show it, and its size is bounded (:data:`MAX_MEDIA_BYTES`) before it is read: a packed
+  views show it, and its size is bounded (:data:`trainer_hooks.pages.MAX_MEDIA_BYTES`) before it is read: a packed
   bundle whose one 8 MiB screenshot is referenced 150 times costs one 8 MiB read here. Its
   pictures (a small thumbnail; a large view when the page inlines one) are made in that one
   pass and the bytes are dropped before the next file is read by that worker.
@@ -23,7 +23,6 @@ A file that cannot be shown (missing, unreadable, another format, undecodable, t
 from __future__ import annotations
 
 import base64
-import io
 import os
 import re
 import threading
@@ -35,22 +34,13 @@ from typing import Any
 import bundles
 from bundles import Bundle, BundleError, MediaMissingError
 from bundles.support import Progress, read_at_most
+from trainer_hooks.pages import MAX_MEDIA_BYTES, SHOWN_SUFFIXES, jpeg_bytes, jpeg_size, shown_suffix
 
-__all__ = ["MAX_MEDIA_BYTES", "SHOWN_SUFFIXES", "Picture", "Shown", "pictures", "shown_suffix"]
+__all__ = ["Picture", "Shown", "pictures"]
 
-#: Stored suffixes a page shows and links to: raster formats every browser renders as an image.
-SHOWN_SUFFIXES = (".png", ".jpg", ".jpeg")
-#: Largest stored file read for a picture (a 4K PNG screenshot is 5-25 MiB).
-MAX_MEDIA_BYTES = 64 * 2**20
 THUMB_QUALITY = 72
 LARGE_QUALITY = 80
 WORKERS = max(1, min(4, os.cpu_count() or 1))
-
-
-def shown_suffix(name: str) -> bool:
-    """True when the stored file ``name`` may be decoded and linked: its suffix is a raster
-    image's (case-insensitive), never one a browser renders as a document."""
-    return os.path.splitext(name)[1].lower() in SHOWN_SUFFIXES
 
 
 @dataclass
@@ -73,47 +63,11 @@ class Shown:
     error: str | None = None  # why it is not shown
 
 
-def jpeg_bytes(image: Any, width: int, *, quality: int, optimize: bool, progressive: bool) -> bytes:
-    """A decoded image as JPEG at most ``width`` px wide (and at most 4:1 tall), transparency
-    flattened onto white: the one thumbnail rule of ``view`` and ``serve``."""
-    from PIL import Image
-
-    im = image
-    # A large picture is first reduced by an integer factor (a box filter, in its own mode): the
-    # copies below (flattened, converted, resized) are then made of the reduced pixels, not of a
-    # 9400x9400 RGBA screenshot's 350 MB each. The last step is still LANCZOS to the exact size.
-    factor = int(max(im.width / width, im.height / (4 * width)) // 2)
-    if factor >= 2 and im.mode in ("RGB", "RGBA", "L", "LA"):
-        im = im.reduce(factor)
-    if im.mode in ("RGBA", "LA") or (im.mode == "P" and "transparency" in im.info):
-        rgba = im.convert("RGBA")
-        flat = Image.new("RGB", rgba.size, (255, 255, 255))
-        flat.paste(rgba, mask=rgba.getchannel("A"))
-        im = flat
-    elif im.mode != "RGB":
-        im = im.convert("RGB")
-    scale = min(1.0, width / im.width, 4 * width / im.height)  # a very tall image: at most 4:1
-    if scale < 1.0:
-        size = (max(1, round(im.width * scale)), max(1, round(im.height * scale)))
-        im = im.resize(size, Image.Resampling.LANCZOS, reducing_gap=2.0)
-    out = io.BytesIO()
-    im.save(out, "JPEG", quality=quality, optimize=optimize, progressive=progressive)
-    return out.getvalue()
-
-
 def _jpeg(image: Any, width: int, quality: int, progressive: bool) -> Picture:
     data = jpeg_bytes(image, width, quality=quality, optimize=True, progressive=progressive)
     uri = "data:image/jpeg;base64," + base64.b64encode(data).decode("ascii")
-    w, h = _jpeg_size(image, width)
+    w, h = jpeg_size(image, width)
     return Picture(uri, w, h, len(uri))
-
-
-def _jpeg_size(image: Any, width: int) -> tuple[int, int]:
-    """The size :func:`jpeg_bytes` gives ``image`` at ``width`` (the same scale rule)."""
-    scale = min(1.0, width / image.width, 4 * width / image.height)
-    if scale >= 1.0:
-        return image.width, image.height
-    return max(1, round(image.width * scale)), max(1, round(image.height * scale))
 
 
 def _read(bundle: Bundle, name: str, size: int) -> bytes:

@@ -9,11 +9,13 @@ turn that shows it draws it with ``<use href="#m7">``: a trajectory's samples of
 same screenshots, and inlining per occurrence made a 600-screenshot dump a 32 MiB page instead of
 about 8. No script is needed for that, so the page still runs none.
 
-The work is split by concern: :mod:`~trainer_hooks.view._samples` reads each sample down to what
-the page shows (any legal value, never a crash), :mod:`~trainer_hooks.view._media` reads and
+The work is split by concern: :func:`trainer_hooks.pages.sample_view` reads each sample down to
+what the page shows (any legal value, never a crash), :mod:`~trainer_hooks.view._media` reads and
 decodes each stored screenshot once (PNG/JPEG only, through :func:`bundles.decode_image`),
 :mod:`~trainer_hooks.view._context` turns both into plain data, and Jinja2 templates with
-autoescaping write the HTML (``templates/``), so no string from the bundle is escaped by hand.
+autoescaping write the HTML (``templates/report.html.j2``, drawing each sample with the
+presentation layer's ``sample_block``, through :func:`trainer_hooks.pages.render`), so no string
+from the bundle is escaped by hand.
 
 A thumbnail links to the full-size image by a relative path when the bundle is a directory, so
 the link works while the bundle sits where it was next to the report (move them together); only
@@ -54,12 +56,11 @@ from typing import Any
 import bundles
 from bundles import Bundle, BundleError, BundleIOError, BundleVerificationError, open_bundle
 from bundles.support import MEDIA_DIR, atomic_write
+from trainer_hooks.pages import render, sample_view, stored_media
 from trainer_hooks.replay import REPORT_FORMAT as REPLAY_FORMAT
 from trainer_hooks.replay import ReportError, check_replay_report, check_report_bundle, load_replay_report
 from trainer_hooks.view._context import page_context
-from trainer_hooks.view._jinja import render_page
 from trainer_hooks.view._media import pictures
-from trainer_hooks.view._samples import sample_view, stored_media
 from trainer_hooks.view._search import render_search, search_rows
 
 __all__ = [
@@ -160,17 +161,7 @@ def write_html_report(
         BundleError: the bundle cannot be read, a position is out of range, or the replay report
             is not one (:class:`ReportError`).
     """
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise BundleError(f"limit must be at least 1; omit it for every sample (found {limit!r})")
-    if page_size is not None and (
-        not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 0
-    ):
-        raise BundleError(f"page_size must be at least 1, or 0 for one page (found {page_size!r})")
-    out = Path(os.path.abspath(output))
-    if out.is_dir():
-        raise BundleError(f"{out}: is a directory; name the file to write")
-    if not out.parent.is_dir():
-        raise BundleError(f"{output}: directory {out.parent} does not exist")
+    out = _checked_output(output, limit, page_size)
     b, missing = (bundle, []) if isinstance(bundle, Bundle) else _open(bundle)
     report, replay_name = _replay_of(replay, b)
     positions = _shown_positions(b, samples, limit)
@@ -188,16 +179,23 @@ def write_html_report(
     if search_path is not None:
         page = render_search(rows, written[0].title, urllib.parse.quote(out.name))
         _write(search_path, page.encode("utf-8"))
-    return ReportWritten(
-        out,
-        sum(w.samples for w in written),
-        sum(w.images for w in written),
-        sum(w.bytes for w in written),
-        [e for w in written for e in w.not_shown],
-        missing,
-        search_path,
-        paths,
-    )
+    return _summed(out, written, missing, search_path, paths)
+
+
+def _checked_output(output: str | os.PathLike[str], limit: int | None, page_size: int | None) -> Path:
+    """The report's absolute path, once ``limit``, ``page_size`` and ``output`` are checked."""
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise BundleError(f"limit must be at least 1; omit it for every sample (found {limit!r})")
+    if page_size is not None and (
+        not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 0
+    ):
+        raise BundleError(f"page_size must be at least 1, or 0 for one page (found {page_size!r})")
+    out = Path(os.path.abspath(output))
+    if out.is_dir():
+        raise BundleError(f"{out}: is a directory; name the file to write")
+    if not out.parent.is_dir():
+        raise BundleError(f"{output}: directory {out.parent} does not exist")
+    return out
 
 
 def _replay_of(
@@ -235,6 +233,21 @@ class _PageWritten:
     images: int
     bytes: int
     not_shown: list[str]
+
+
+def _summed(out: Path, written: list[_PageWritten], missing: list[str], search: Path | None,
+            paths: list[Path]) -> ReportWritten:  # fmt: skip
+    """What :func:`write_html_report` returns: its pages' counts summed."""
+    return ReportWritten(
+        out,
+        sum(w.samples for w in written),
+        sum(w.images for w in written),
+        sum(w.bytes for w in written),
+        [e for w in written for e in w.not_shown],
+        missing,
+        search,
+        paths,
+    )
 
 
 def _pages_nav(b: Bundle, paths: list[Path], k: int, chunk: list[int], total: int) -> dict[str, Any]:
@@ -300,7 +313,7 @@ def _write_page(
     context = page_context(b, views, shown, link_base=link_base, replay=report, replay_name=replay_name)
     context["search_href"] = urllib.parse.quote(search_path.name) if search_path else None
     context["pages"] = nav
-    data = render_page(context).encode("utf-8")
+    data = render("report.html.j2", context).encode("utf-8")
     _write(out, data)
     not_shown = [t.error for name in names if (t := shown[name]).error]
     return _PageWritten(context["title"], len(views), context["shown_images"], len(data), not_shown)

@@ -6,9 +6,7 @@ its one script and its one stylesheet by their SHA-256 hashes.
 
 from __future__ import annotations
 
-from trainer_hooks.view._context import prompt_messages, reward_text
-from trainer_hooks.view._jinja import environment
-from trainer_hooks.view._samples import SampleView
+from trainer_hooks.pages import SampleView, prompt_messages, render, reward_text
 
 __all__ = ["render_search", "search_rows"]
 
@@ -35,9 +33,8 @@ def render_search(rows: list[dict[str, str]], title: str, report_href: str) -> s
     import hashlib
     import re
 
-    page = str(environment().get_template("search.html.j2").render(
-        csp=f"default-src 'none'; {_HASH_SLOT}; base-uri 'none'; form-action 'none'",
-        title=title, rows=rows, report_href=report_href))  # fmt: skip
+    page = render("search.html.j2", {"csp": f"default-src 'none'; {_HASH_SLOT}; base-uri 'none'; form-action 'none'",
+                                     "title": title, "rows": rows, "report_href": report_href})  # fmt: skip
 
     def digest(body: str) -> str:
         return (

@@ -5,7 +5,7 @@ crash the page: a top-level numpy array (an ``advantages`` field), numpy scalars
 ``image_grid_thw`` of strings or with ``inf``, a foreign object whose ``repr`` raises. Values are
 turned into JSON-able summaries (arrays as ``<ndarray float32 [5]>``, long number lists cut),
 never asked for their truth value, and strings are kept as they are: escaping is the template
-engine's job (:mod:`trainer_hooks.view._context`).
+engine's job (the templates of :mod:`trainer_hooks.pages`).
 
 A view costs what a page shows, not what the sample holds (``bundles.support.LIMITS``): the
 response and every string are cut to ``MAX_SHOWN_CHARS`` characters before anything parses them
@@ -29,7 +29,8 @@ import numpy as np
 
 from bundles import Bundle, MediaRef
 from bundles.support import LIMITS, MEDIA_DIR
-from trainer_hooks.view._actions import tool_calls
+from trainer_hooks.pages._actions import tool_calls
+from trainer_hooks.pages._format import finite, num
 
 __all__ = [
     "MEDIA_DIR",
@@ -37,7 +38,6 @@ __all__ = [
     "SampleView",
     "as_list",
     "jsonable",
-    "num",
     "sample_view",
     "short_repr",
     "stored_media",
@@ -160,13 +160,6 @@ def _empty(v: Any) -> bool:
     return v is None or (isinstance(v, (list, tuple, dict, str)) and len(v) == 0)
 
 
-def num(x: Any) -> str:
-    if isinstance(x, float):
-        return f"{x:.4g}"
-    text = str(x)
-    return text if len(text) <= 40 else text[:20] + "…" + f" ({len(text)} digits)"
-
-
 def as_list(v: Any) -> list[Any] | None:
     """A list, tuple, numpy array or tensor as a Python list (None for anything else)."""
     if isinstance(v, (list, tuple)):
@@ -232,10 +225,9 @@ def _stored_name(value: Any, media: str | Mapping[str, str]) -> str | None:
     return media.get(value)
 
 
-def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[str, str]) -> SampleView:
-    """What a page shows of ``sample`` (at ``position`` in its bundle). ``media`` tells which
-    strings name the bundle's stored files: :func:`stored_media` of the bundle (or, as before, the
-    prefix ``"<bundle>/media/"``, which misses a pooled store bundle's media)."""
+def _images(sample: Mapping[str, Any], media: str | Mapping[str, str]) -> tuple[list[Image], int]:
+    """The first ``MAX_SHOWN_TURNS`` screenshots of ``sample`` (each named by its stored file,
+    or saying why it is not one of the bundle's), and how many the sample has."""
     mm = sample.get("multimodal_inputs")
     raw_images = mm.get("images") if isinstance(mm, Mapping) else None
     items = as_list(raw_images)
@@ -259,13 +251,32 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
                 f"not stored in the bundle: {short_repr(img) if not isinstance(img, str) else img[:200]}",
             )
         images.append(Image(name, shown, grids[j] if j < len(grids) else None))
+    return images, len(items)
+
+
+def _screen(metadata: Any) -> tuple[float, float] | None:
+    """``metadata.screen`` (``[w, h]``, the space of the actions' coordinates) when it is two
+    positive finite numbers."""
+    screen = as_list(metadata.get("screen") if isinstance(metadata, Mapping) else None)
+    if screen is not None and len(screen) == 2:
+        w, h = finite(screen[0]), finite(screen[1])
+        if w and h and w > 0 and h > 0:
+            return (w, h)
+    return None
+
+
+def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[str, str]) -> SampleView:
+    """What a page shows of ``sample`` (at ``position`` in its bundle). ``media`` tells which
+    strings name the bundle's stored files: :func:`stored_media` of the bundle (or, as before, the
+    prefix ``"<bundle>/media/"``, which misses a pooled store bundle's media)."""
+    images, turns = _images(sample, media)
     metadata = sample.get("metadata")
     actions = metadata.get("actions") if isinstance(metadata, Mapping) else None
     tokens = as_list(sample.get("tokens"))
     mask = as_list(sample.get("loss_mask"))
     logprobs = as_list(sample.get("rollout_log_probs"))
-    numbers = [_finite(x) for x in logprobs] if logprobs is not None else None
-    finite = [x for x in numbers or [] if x is not None]
+    numbers = [finite(x) for x in logprobs] if logprobs is not None else None
+    known = [x for x in numbers or [] if x is not None]
     response = sample.get("response")
     response_text = (
         None
@@ -274,13 +285,6 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
         if isinstance(response, str)
         else json.dumps(jsonable(response), ensure_ascii=False, indent=2)
     )
-    screen = metadata.get("screen") if isinstance(metadata, Mapping) else None
-    screen = as_list(screen)
-    screen_wh = None
-    if screen is not None and len(screen) == 2:
-        w, h = _finite(screen[0]), _finite(screen[1])
-        if w and h and w > 0 and h > 0:
-            screen_wh = (w, h)
     return SampleView(
         position=position,
         index=jsonable(sample.get("index")),
@@ -292,7 +296,7 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
         loss_mask=f"{sum(1 for x in mask if x is True or (isinstance(x, (int, float)) and x != 0))}/{len(mask)}"
         if mask is not None
         else None,
-        logprob_mean=sum(finite) / len(finite) if finite else None,
+        logprob_mean=sum(known) / len(known) if known else None,
         prompt=jsonable(sample.get("prompt")),
         response=None if response_text is None else response_text[:MAX_SHOWN_CHARS],
         images=images,
@@ -302,18 +306,8 @@ def sample_view(position: int, sample: Mapping[str, Any], media: str | Mapping[s
         metadata=None if _empty(metadata) else jsonable(metadata),
         other={cut(str(k)): jsonable(v) for k, v in sample.items() if k not in _SHOWN_KEYS and not _empty(v)},
         logprobs=numbers,
-        screen=screen_wh,
+        screen=_screen(metadata),
         tool_calls=tool_calls(response) if isinstance(response, str) else [],  # reads MAX_SHOWN_CHARS at most
-        turns=len(items),
+        turns=turns,
         response_chars=None if response_text is None else len(response_text),
     )
-
-
-def _finite(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    try:
-        f = float(x)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) else None

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainer_hooks.view._actions import Action
-from trainer_hooks.view._samples import num
+from trainer_hooks.pages._actions import Action
+from trainer_hooks.pages._format import num, px
 
 __all__ = ["OVERLAY_COLOR", "bin_of", "bins", "histogram", "logprob_strip", "overlay", "px"]
 
@@ -65,11 +65,6 @@ def overlay(
     shapes.append({"t": "label", "x": px(lx), "y": px(ly), "fs": px(unit * 2.2), "text": label[:120],
                    "bw": px(len(label[:120]) * unit * 1.36 + unit * 1.5), "bh": px(unit * 3)})  # fmt: skip
     return shapes
-
-
-def px(x: float) -> str:
-    """A coordinate or length with at most one decimal and no trailing zeros."""
-    return f"{x:.1f}".rstrip("0").rstrip(".")
 
 
 def bins(values: list[float], *, max_bins: int = 8, integers: bool = False) -> list[tuple[float, float, str]]:
