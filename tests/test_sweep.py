@@ -368,7 +368,7 @@ def test_a_lease_from_another_pid_namespace_is_judged_by_heartbeat_only(tmp_path
 
 def test_sweep_re_checks_right_before_deleting(tmp_path: Path) -> None:
     """A run that comes alive between the verdict and the deletion is kept (issue 12 row 8)."""
-    from bundles._local.faults import on_fault_point
+    from bundles.support import on_fault_point
 
     _write_lease(tmp_path / "resumed", host="elsewhere.invalid", heartbeat_age=7200)
     leases: list[RunLease] = []
@@ -518,7 +518,7 @@ def test_a_directory_that_cannot_be_removed_is_reported_and_the_sweep_goes_on(
 ) -> None:
     """A run directory that keeps getting new files while it is deleted (something still writes
     there) fails with the path named on its entry; the other directories are still swept."""
-    from bundles._local.faults import on_fault_point
+    from bundles.support import on_fault_point
 
     for name in ("a-busy-run", "b-dead-run"):
         _write_lease(tmp_path / name, host="elsewhere.invalid", heartbeat_age=7200)
