@@ -43,14 +43,9 @@ from trainer_hooks.arguments import (
 )
 from trainer_hooks.checkpoints import (
     CheckpointSaveError,
-    FullyAsyncRolloutFn,
-    GroupBuffer,
     IncompatibleResumeError,
-    ListDataSource,
     RolloutCheckpoint,
     RolloutCheckpointer,
-    RolloutLedger,
-    RolloutWorkerError,
     SnapshotError,
     checkpoint_path,
     list_rollout_checkpoints,
@@ -81,6 +76,13 @@ from trainer_hooks.replay import (
     load_processor,
     replay_bundle,
     training_dtype,
+)
+from trainer_hooks.rollout import (
+    FullyAsyncRolloutFn,
+    GroupBuffer,
+    ListDataSource,
+    RolloutLedger,
+    RolloutWorkerError,
 )
 from trainer_hooks.run_media import (
     LEASE_NAME,

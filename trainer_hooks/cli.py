@@ -26,7 +26,7 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 COMMAND_MODULES: tuple[str, ...] = (
     "bundles.cli",  # inspect, show, diff, verify, pack, unpack, gc, ls, cp, rm
-    "trainer_hooks.checkpoints.journal._cli",  # inspect also shows a rollout journal (no new command)
+    "trainer_hooks.journal._cli",  # inspect also shows a rollout journal (no new command)
     "trainer_hooks.view._cli",  # view BUNDLE -o report.html [--replay REPORT.json]
     "trainer_hooks.run_media._sweep_cli",  # sweep SHARED_MEDIA_DIR [--delete]
     "trainer_hooks.dumps._legacy",  # import-dump OLD.pt -o BUNDLE --trust-pickle

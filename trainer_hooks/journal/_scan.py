@@ -40,7 +40,7 @@ import zstandard
 
 from bundles import BundleError, MediaRef, decode_sample
 from bundles.support import gc_paused, open_regular_file
-from trainer_hooks.checkpoints.journal._format import (
+from trainer_hooks.journal._format import (
     FRAME,
     FRAME_V1,
     LENGTHS,
@@ -63,7 +63,7 @@ from trainer_hooks.checkpoints.journal._format import (
     parse_segment_name,
     record_crc,
 )
-from trainer_hooks.checkpoints.journal._kinds import KINDS
+from trainer_hooks.journal._kinds import KINDS
 
 __all__ = [
     "JournalRecord",
@@ -107,7 +107,7 @@ class _Entry:
 
 
 #: What a message names for a segment file: the file itself (a journal read where it is kept), or
-#: the store object it was unpacked from (a journal read back from a store, :mod:`._store`).
+#: the store object it was unpacked from (a journal read back from a store, :mod:`._store_sink`).
 Origin = Callable[[Path], str]
 
 

@@ -30,11 +30,11 @@ from typing import Any
 
 from bundles import BundleError, is_bundle
 from bundles.support import LIMITS, display, human_bytes
-from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
-from trainer_hooks.checkpoints.journal._format import JOURNAL_DIR, MEDIA_DIR
-from trainer_hooks.checkpoints.journal._open import journal_sink
-from trainer_hooks.checkpoints.journal._scan import scan_journal
-from trainer_hooks.checkpoints.journal._sink import JournalSink
+from trainer_hooks.checkpoints import CHECKPOINT_SUBDIR
+from trainer_hooks.journal._format import JOURNAL_DIR, MEDIA_DIR
+from trainer_hooks.journal._open import journal_sink
+from trainer_hooks.journal._scan import scan_journal
+from trainer_hooks.journal._sink import JournalSink
 
 __all__ = ["journal_state", "register"]
 

@@ -57,7 +57,7 @@ Layout: the format (names, framing, limits, :class:`JournalError`) is
 torn tail named in one line, foreign lineages skipped) is :mod:`._scan`; the media the
 records reference (found, placed, counted) :mod:`._media`; which segment holds what, and
 so what compaction deletes, :mod:`._index`; the journal on an object store (a shipment
-per interval instead of an fsync) :mod:`._store`. This module is the writer: the queue,
+per interval instead of an fsync) :mod:`._store_sink`. This module is the writer: the queue,
 the thread, the segments' bytes and the flush.
 """
 
@@ -79,8 +79,8 @@ import zstandard
 
 from bundles import MediaRef, UnsupportedValueError, sample_encoder
 from bundles.support import fault_point
-from trainer_hooks.checkpoints._snapshot import sample_dict, snapshot_groups
-from trainer_hooks.checkpoints.journal._format import (
+from trainer_hooks.checkpoints import sample_dict, snapshot_groups
+from trainer_hooks.journal._format import (
     DEFAULT_SEGMENT_BYTES,
     MAX_BODY_BYTES,
     MEDIA_DIR,
@@ -91,10 +91,11 @@ from trainer_hooks.checkpoints.journal._format import (
     segment_header,
     segment_name,
 )
-from trainer_hooks.checkpoints.journal._index import SegmentIndex
-from trainer_hooks.checkpoints.journal._kinds import KINDS, MAX_INT, MEDIA, Append, kind_of
-from trainer_hooks.checkpoints.journal._media import JournalMedia
-from trainer_hooks.checkpoints.journal._sink import Batch, FlushStats, JournalSink, LocalFiles
+from trainer_hooks.journal._index import SegmentIndex
+from trainer_hooks.journal._kinds import KINDS, MAX_INT, MEDIA, Append, kind_of
+from trainer_hooks.journal._local_sink import LocalFiles
+from trainer_hooks.journal._media import JournalMedia
+from trainer_hooks.journal._sink import Batch, FlushStats, JournalSink
 
 __all__ = ["FlushStats", "RolloutJournal", "new_lineage"]
 

@@ -1,16 +1,18 @@
 """The rollout journal: every graded sample made durable within a second, off the event loop.
 
 A rollout checkpoint is written only when the trainer saves; the journal covers the time between,
-at ``<save>/rollout/journal/`` (docs/RESUME.md). This package's face is what the ledger
-(:class:`~trainer_hooks.checkpoints.RolloutLedger`), ``rollout-bundle inspect`` and the
-benchmarks use; its modules, one job each:
+at ``<save>/rollout/journal/`` (docs/RESUME.md). It stands on :mod:`trainer_hooks.checkpoints`
+(the snapshots it takes, the ``rollout/`` directory it shares with the checkpoints) and knows
+nothing of who appends: this package's face is what the ledger
+(:class:`~trainer_hooks.rollout.RolloutLedger`), ``rollout-bundle inspect`` and the benchmarks
+use. Its modules, one job each:
 
 * :mod:`._writer`: :class:`RolloutJournal`, the writer (the queue, its thread, the segments'
   bytes, the flush); it never asks where its segments go.
 * :mod:`._sink`: where they go, a :class:`JournalSink` chosen once (:mod:`._open`:
-  :func:`journal_sink`; :func:`run_journal`, the one beside a run's checkpoints):
-  :class:`LocalFiles` (a directory, fsynced in place) or :class:`Shipments` (:mod:`._store`: an
-  object store, one create-only shipment per interval).
+  :func:`journal_sink`; :func:`run_journal`, the one beside a run's checkpoints), one of two:
+* :mod:`._local_sink`: :class:`LocalFiles`, a directory, fsynced in place;
+* :mod:`._store_sink`: :class:`Shipments`, an object store, one create-only shipment per interval.
 * :mod:`._kinds`: the record kinds, each declared once (:data:`KINDS`: its shape, its append,
   its replay).
 * :mod:`._format`: names, framing, limits, :class:`JournalError` (the on-disk format, versions 1
@@ -19,9 +21,12 @@ benchmarks use; its modules, one job each:
 * :mod:`._media`: the media the records reference (found, placed, counted).
 * :mod:`._index`: which segment holds what, and so what compaction deletes.
 * :mod:`._cli`: ``rollout-bundle inspect`` on a journal.
+
+These names were importable from ``trainer_hooks.checkpoints.journal`` before the journal moved
+here, and still are.
 """
 
-from trainer_hooks.checkpoints.journal._format import (
+from trainer_hooks.journal._format import (
     JOURNAL_DIR,
     MEDIA_DIR,
     JournalCorruptError,
@@ -30,9 +35,10 @@ from trainer_hooks.checkpoints.journal._format import (
     is_media_name,
     journal_dir,
 )
-from trainer_hooks.checkpoints.journal._kinds import KINDS, RecordKind
-from trainer_hooks.checkpoints.journal._open import journal_sink, run_journal
-from trainer_hooks.checkpoints.journal._scan import (
+from trainer_hooks.journal._kinds import KINDS, RecordKind
+from trainer_hooks.journal._local_sink import LocalFiles
+from trainer_hooks.journal._open import journal_sink, run_journal
+from trainer_hooks.journal._scan import (
     JournalRecord,
     JournalScan,
     journal_lineages,
@@ -41,14 +47,14 @@ from trainer_hooks.checkpoints.journal._scan import (
     record_where,
     scan_journal,
 )
-from trainer_hooks.checkpoints.journal._sink import FlushStats, JournalSink, LocalFiles
-from trainer_hooks.checkpoints.journal._store import (
+from trainer_hooks.journal._sink import FlushStats, JournalSink
+from trainer_hooks.journal._store_sink import (
     Shipments,
     is_shipment_name,
     listing_backoff,
     shipment_lineage,
 )
-from trainer_hooks.checkpoints.journal._writer import RolloutJournal, new_lineage
+from trainer_hooks.journal._writer import RolloutJournal, new_lineage
 
 __all__ = [
     "JOURNAL_DIR",

@@ -45,10 +45,10 @@ Journal (lossless resume)
 With ``--rollout-journal-interval`` > 0 (default 1.0 s) and ``--save`` set, every prompt group
 handed out, every finished sibling (with ``generate_sample``) or group (with ``generate_group``)
 and every group handed to training is also appended to the rollout journal through one
-:class:`~trainer_hooks.checkpoints._ledger.RolloutLedger` (the same the Miles plugins use), and
+:class:`~trainer_hooks.rollout.RolloutLedger` (the same the Miles plugins use), and
 ``load(step)`` restores the newest checkpoint at or before ``step`` plus the journal after it:
 a crash loses at most the last interval of generation, and groups trained after ``step`` come
-back (see :mod:`trainer_hooks.checkpoints._ledger` and docs/RESUME.md). A data source with
+back (see :mod:`trainer_hooks.rollout._ledger` and docs/RESUME.md). A data source with
 ``state_dict()``/``load_state_dict(state)`` has its cursor saved with the groups.
 
 Trade-off: the worker polls every ``poll_interval`` seconds for free budget instead of being
@@ -68,10 +68,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from bundles import Location
-from trainer_hooks.checkpoints._ledger import LazyGroup, RecoveredGroup, RolloutLedger, materialize
-from trainer_hooks.checkpoints._paths import _require, checkpoint_path
-from trainer_hooks.checkpoints._snapshot import snapshot_groups
-from trainer_hooks.checkpoints._writer import RolloutCheckpointer
+from trainer_hooks.checkpoints import RolloutCheckpointer, saved_checkpoint_path, snapshot_groups
+from trainer_hooks.rollout._ledger import LazyGroup, RecoveredGroup, RolloutLedger, materialize
 
 __all__ = ["FullyAsyncRolloutFn", "GroupBuffer", "ListDataSource", "RolloutWorkerError"]
 
@@ -436,7 +434,7 @@ class FullyAsyncRolloutFn:
         """
         started = time.perf_counter()
         self.checkpointer._raise_failed(wait=False)
-        dest = checkpoint_path(_require(self.args, "save", "--save"), rollout_id)
+        dest = saved_checkpoint_path(self.args, rollout_id)
         # Everything journaled so far (consumption included) is durable before the trainer's
         # checkpoint of this step can be: one fsync, on the caller's thread (never the loop's).
         barrier_s = self.ledger.flush()

@@ -56,10 +56,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bundles import Location
-from trainer_hooks.checkpoints._paths import _require, checkpoint_path
-from trainer_hooks.checkpoints._reader import RolloutCheckpoint
-from trainer_hooks.checkpoints._snapshot import snapshot_groups
-from trainer_hooks.checkpoints._writer import RolloutCheckpointer
+from trainer_hooks.checkpoints import (
+    RolloutCheckpoint,
+    RolloutCheckpointer,
+    saved_checkpoint_path,
+    snapshot_groups,
+)
 
 __all__ = ["RolloutState", "RolloutStateCut"]
 
@@ -237,7 +239,7 @@ class RolloutState:
     def save(self, rollout_id: int, *, in_flight_is_consumed: bool = False) -> Future[Location]:
         """Queue one atomic ``rollout_checkpoint`` bundle of the cut (see :meth:`cut`) on the
         background checkpointer; returns the future of the committed path."""
-        dest = checkpoint_path(_require(self.args, "save", "--save"), rollout_id)
+        dest = saved_checkpoint_path(self.args, rollout_id)
         ledger = self.ledger
         # The journal is durable up to now before the trainer's checkpoint of this step can be.
         barrier_s = ledger.flush() if ledger is not None else 0.0

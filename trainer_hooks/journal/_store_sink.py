@@ -77,7 +77,7 @@ import msgpack
 
 from bundles import BundleError, Location, StoreURL
 from bundles.support import fault_point, remove_tree
-from trainer_hooks.checkpoints.journal._format import (
+from trainer_hooks.journal._format import (
     MAX_META_BYTES,
     MAX_SHIPMENT_BYTES,
     MAX_SHIPMENT_MEDIA,
@@ -95,9 +95,9 @@ from trainer_hooks.checkpoints.journal._format import (
     shipment_name,
     shipment_trailer,
 )
-from trainer_hooks.checkpoints.journal._index import SegmentIndex
-from trainer_hooks.checkpoints.journal._scan import scan_journal
-from trainer_hooks.checkpoints.journal._sink import Adopted, Batch, Freed, JournalSink, sync_mark
+from trainer_hooks.journal._index import SegmentIndex
+from trainer_hooks.journal._scan import scan_journal
+from trainer_hooks.journal._sink import Adopted, Batch, Freed, JournalSink, sync_mark
 
 __all__ = [
     "Shipment",

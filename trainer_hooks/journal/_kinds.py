@@ -39,8 +39,8 @@ from typing import Any, Protocol
 import msgpack
 
 from bundles.support import LIMITS
-from trainer_hooks.checkpoints._snapshot import snapshot_groups
-from trainer_hooks.checkpoints.journal._format import JournalRecord, is_media_name
+from trainer_hooks.checkpoints import snapshot_groups
+from trainer_hooks.journal._format import JournalRecord, is_media_name
 
 __all__ = [
     "AT",

@@ -75,10 +75,15 @@ from bundles.support import (
 )
 from trainer_hooks._sample import register_record_types, resolve_sample_cls
 from trainer_hooks._sample_bundle import run_media_roots
-from trainer_hooks.checkpoints._fingerprint import check_fingerprint, run_fingerprint
-from trainer_hooks.checkpoints._paths import checkpoint_path, list_rollout_checkpoints
-from trainer_hooks.checkpoints._reader import RolloutCheckpoint, read_rollout_checkpoint
-from trainer_hooks.checkpoints.journal import (
+from trainer_hooks.checkpoints import (
+    RolloutCheckpoint,
+    check_fingerprint,
+    checkpoint_path,
+    list_rollout_checkpoints,
+    read_rollout_checkpoint,
+    run_fingerprint,
+)
+from trainer_hooks.journal import (
     KINDS,
     MEDIA_DIR,
     JournalCorruptError,
@@ -739,7 +744,7 @@ class RolloutLedger:
 
     def _journal_for(self, load: Any, ckpt: RolloutCheckpoint | None) -> _Found:
         """The journal to scan: ``<load>/rollout/journal``, or, with ``--load`` on a store, its
-        shipments checked and unpacked into a local staging directory (:mod:`.journal._store`),
+        shipments checked and unpacked into a local staging directory (:mod:`trainer_hooks.journal._store_sink`),
         named in messages by the objects they came in. A store's listing must reach the shipment
         the checkpoint names (``journal.last_shipment``): one that ends before it is asked again,
         then refused (docs/RESUME.md, "What resume must find")."""
