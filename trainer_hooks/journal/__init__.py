@@ -20,12 +20,14 @@ use. Its modules, one job each:
 * :mod:`._scan`: the reader (:func:`scan_journal`; bodies decoded when needed, :func:`record_value`).
 * :mod:`._media`: the media the records reference (found, placed, counted).
 * :mod:`._index`: which segment holds what, and so what compaction deletes.
-* :mod:`._cli`: ``rollout-bundle inspect`` on a journal.
+* :mod:`._cli`: ``rollout-bundle inspect`` on a journal (:func:`inspect_with_journal`, which
+  ``trainer_hooks.cli`` composes with ``bundles``' ``inspect``).
 
 These names were importable from ``trainer_hooks.checkpoints.journal`` before the journal moved
 here, and still are.
 """
 
+from trainer_hooks.journal._cli import INSPECT_DESCRIPTION, inspect_with_journal
 from trainer_hooks.journal._format import (
     JOURNAL_DIR,
     MEDIA_DIR,
@@ -57,6 +59,7 @@ from trainer_hooks.journal._store_sink import (
 from trainer_hooks.journal._writer import RolloutJournal, new_lineage
 
 __all__ = [
+    "INSPECT_DESCRIPTION",
     "JOURNAL_DIR",
     "KINDS",
     "MEDIA_DIR",
@@ -71,6 +74,7 @@ __all__ = [
     "RecordKind",
     "RolloutJournal",
     "Shipments",
+    "inspect_with_journal",
     "is_media_name",
     "is_shipment_name",
     "journal_dir",

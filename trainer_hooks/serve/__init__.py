@@ -14,5 +14,6 @@ queries), ``_media`` (pictures, decoded once, cached by digest), ``_pages`` (pag
 """
 
 from trainer_hooks.serve._app import CSP, SECURITY_HEADERS, TOKEN_COOKIE, create_app, default_cache_dir
+from trainer_hooks.serve._cli import register as register_commands
 
-__all__ = ["CSP", "SECURITY_HEADERS", "TOKEN_COOKIE", "create_app", "default_cache_dir"]
+__all__ = ["CSP", "SECURITY_HEADERS", "TOKEN_COOKIE", "create_app", "default_cache_dir", "register_commands"]

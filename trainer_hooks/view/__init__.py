@@ -15,6 +15,7 @@ of which stored files are shown (:func:`shown_suffix`). The templates themselves
 """
 
 from trainer_hooks.view._actions import parse_action
+from trainer_hooks.view._cli import register as register_commands
 from trainer_hooks.view._context import advantages, prompt_messages, reward_spread, turn_action
 from trainer_hooks.view._graphics import OVERLAY_COLOR, logprob_strip, overlay
 from trainer_hooks.view._media import MAX_MEDIA_BYTES, jpeg_bytes, shown_suffix
@@ -35,6 +36,7 @@ __all__ = [
     "overlay",
     "parse_action",
     "prompt_messages",
+    "register_commands",
     "reward_spread",
     "sample_view",
     "shown_suffix",
