@@ -69,7 +69,9 @@ from typing import Any
 
 from bundles import Location
 from trainer_hooks.checkpoints import RolloutCheckpointer, saved_checkpoint_path, snapshot_groups
-from trainer_hooks.rollout._ledger import LazyGroup, RecoveredGroup, RolloutLedger, materialize
+from trainer_hooks.rollout._lazy import LazyGroup, materialize
+from trainer_hooks.rollout._ledger import RolloutLedger
+from trainer_hooks.rollout._replay import RecoveredGroup
 
 __all__ = ["FullyAsyncRolloutFn", "GroupBuffer", "ListDataSource", "RolloutWorkerError"]
 
