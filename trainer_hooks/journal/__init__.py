@@ -7,8 +7,10 @@ nothing of who appends: this package's face is what the ledger
 (:class:`~trainer_hooks.rollout.RolloutLedger`), ``rollout-bundle inspect`` and the benchmarks
 use. Its modules, one job each:
 
-* :mod:`._writer`: :class:`RolloutJournal`, the writer (the queue, its thread, the segments'
-  bytes, the flush); it never asks where its segments go.
+* :mod:`._writer`: :class:`RolloutJournal`, the writer (the caller's side, the queue, its thread,
+  the barriers, compaction); it never asks where its segments go.
+* :mod:`._segments`: the segments' bytes on the writer's thread (each record encoded, compressed,
+  framed and written; segments started, closed and handed to the sink).
 * :mod:`._sink`: where they go, a :class:`JournalSink` chosen once (:mod:`._open`:
   :func:`journal_sink`; :func:`run_journal`, the one beside a run's checkpoints), one of two:
 * :mod:`._local_sink`: :class:`LocalFiles`, a directory, fsynced in place;
