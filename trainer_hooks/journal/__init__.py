@@ -19,7 +19,9 @@ use. Its modules, one job each:
   its replay).
 * :mod:`._format`: names, framing, limits, :class:`JournalError` (the on-disk format, versions 1
   and 2).
-* :mod:`._scan`: the reader (:func:`scan_journal`; bodies decoded when needed, :func:`record_value`).
+* :mod:`._scan`: the reader (:func:`scan_journal`: segments in seq order, a torn tail told from
+  corruption), over :mod:`._frames` (one segment's header and record frames, each checked);
+  :mod:`._bodies`: a record's body, decoded when needed (:func:`record_value`).
 * :mod:`._media`: the media the records reference (found, placed, counted).
 * :mod:`._index`: which segment holds what, and so what compaction deletes.
 * :mod:`._cli`: ``rollout-bundle inspect`` on a journal (:func:`inspect_with_journal`, which
@@ -29,6 +31,7 @@ These names were importable from ``trainer_hooks.checkpoints.journal`` before th
 here, and still are.
 """
 
+from trainer_hooks.journal._bodies import record_body, record_value, record_where
 from trainer_hooks.journal._cli import INSPECT_DESCRIPTION, inspect_with_journal
 from trainer_hooks.journal._format import (
     JOURNAL_DIR,
@@ -42,15 +45,7 @@ from trainer_hooks.journal._format import (
 from trainer_hooks.journal._kinds import KINDS, RecordKind
 from trainer_hooks.journal._local_sink import LocalFiles
 from trainer_hooks.journal._open import journal_sink, run_journal
-from trainer_hooks.journal._scan import (
-    JournalRecord,
-    JournalScan,
-    journal_lineages,
-    record_body,
-    record_value,
-    record_where,
-    scan_journal,
-)
+from trainer_hooks.journal._scan import JournalRecord, JournalScan, journal_lineages, scan_journal
 from trainer_hooks.journal._sink import FlushStats, JournalSink
 from trainer_hooks.journal._store_sink import (
     Shipments,
