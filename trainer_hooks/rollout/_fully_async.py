@@ -459,22 +459,8 @@ class FullyAsyncRolloutFn:
             )
             it = iter(plain)
             completed = [g if hasattr(g, "load_dicts") else next(it) for g in buffered]
-            # Drained for steps <= rollout_id: in the weights saved now, forgotten. Drained for
-            # later steps: in no saved weights yet and not trained on yet (the contract), so
-            # snapshotted now and saved as completed, ahead of the buffered ones.
-            for gid in [gid for gid, (step, _) in self._consumed.items() if step <= rollout_id]:
-                del self._consumed[gid]
-            later = sorted(self._consumed.items(), key=lambda item: (item[1][0], item[0]))
-            held = [group for _, (_, group) in later]
-            it = iter(
-                snapshot_groups(
-                    [g for g in held if not hasattr(g, "load_dicts")],
-                    where="consumed_groups",
-                    deferred=checks,
-                )
-            )
-            completed[:0] = [g if hasattr(g, "load_dicts") else next(it) for g in held]
-            steps = {gid: step for gid, (step, _) in later}
+            held, steps = _snapshot_held(self._consumed, rollout_id, checks)
+            completed[:0] = held
             extra = self.ledger.checkpoint_meta(
                 pending_gids, [*steps, *self._buffer_gids], self._cursor(), consumed_steps=steps
             )
@@ -554,3 +540,27 @@ class FullyAsyncRolloutFn:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _snapshot_held(
+    consumed: dict[int, tuple[int, Any]], rollout_id: int, checks: list[Callable[[], None]]
+) -> tuple[list[Any], dict[int, int]]:
+    """For :meth:`FullyAsyncRolloutFn.save`, under its lock: of the groups drained for training
+    (``consumed``: group id -> (step, group)), those drained for steps after ``rollout_id``,
+    snapshotted, and the step each was drained for (by group id). Drained for steps <=
+    ``rollout_id``: in the weights saved now, forgotten (removed from ``consumed``). Drained for
+    later steps: in no saved weights yet and not trained on yet (the contract), so snapshotted
+    now and saved as completed, ahead of the buffered ones."""
+    for gid in [gid for gid, (step, _) in consumed.items() if step <= rollout_id]:
+        del consumed[gid]
+    later = sorted(consumed.items(), key=lambda item: (item[1][0], item[0]))
+    held = [group for _, (_, group) in later]
+    it = iter(
+        snapshot_groups(
+            [g for g in held if not hasattr(g, "load_dicts")],
+            where="consumed_groups",
+            deferred=checks,
+        )
+    )
+    snapshots = [g if hasattr(g, "load_dicts") else next(it) for g in held]
+    return snapshots, {gid: step for gid, (step, _) in later}
