@@ -1,5 +1,5 @@
 """The Miles plugins: a data source, a data buffer and a fully-async rollout function that feed
-one :class:`~trainer_hooks.checkpoints.RolloutState` and save it as one bundle.
+one :class:`~trainer_hooks.rollout.RolloutState` and save it as one bundle.
 
 Who reports which event (see the state's module docstring for the events themselves):
 

@@ -269,7 +269,7 @@ class RolloutLedger:
 
     # -- the Miles plugins' RolloutState --------------------------------------------------------------
     def attach(self, state: Any) -> None:
-        """Journal the events of a :class:`~trainer_hooks.checkpoints.RolloutState` (its listener
+        """Journal the events of a :class:`~trainer_hooks.rollout.RolloutState` (its listener
         hook) and give its ``save`` this ledger's barrier, meta and compaction (``state.ledger``)."""
         state.ledger = self
         state.add_listener(self._on_event)

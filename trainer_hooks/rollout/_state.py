@@ -98,7 +98,7 @@ class RolloutState:
         self.lock = threading.RLock()
         self.checkpointer = checkpointer if checkpointer is not None else RolloutCheckpointer(args)
         self._next_gid = 0
-        #: The rollout journal (:class:`~trainer_hooks.checkpoints.RolloutLedger`, attached with
+        #: The rollout journal (:class:`~trainer_hooks.rollout.RolloutLedger`, attached with
         #: ``ledger.attach(state)``): ``save`` then makes the journal durable first, records its
         #: watermark in the bundle and compacts it once the bundle commits.
         self.ledger: Any = None
