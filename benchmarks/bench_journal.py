@@ -52,8 +52,8 @@ from bench_save import ensure_media, machine_description
 
 from bundles import MediaRef, decode_sample
 from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, parse_args
-from trainer_hooks.checkpoints import LazyGroup, journal_dir, scan_journal
-from trainer_hooks.checkpoints.journal import RolloutJournal
+from trainer_hooks.journal import RolloutJournal, journal_dir, scan_journal
+from trainer_hooks.rollout import LazyGroup
 
 VOCAB = 151_643
 

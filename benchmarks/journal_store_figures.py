@@ -37,7 +37,7 @@ from bench_save import ensure_media, machine_description
 
 from bundles.support import remove_tree
 from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, parse_args
-from trainer_hooks.checkpoints.journal import JournalSink, RolloutJournal, run_journal
+from trainer_hooks.journal import JournalSink, RolloutJournal, run_journal
 
 
 def _journal(directory: Path, run_dir: Path, interval: float, url: str | None) -> RolloutJournal:

@@ -95,7 +95,9 @@ def test_the_check_catches_a_private_import(tmp_path, monkeypatch):
     ]
 
 
-@pytest.mark.parametrize("package", ["run_media", "checkpoints", "dumps", "arguments", "replay", "view"])
+@pytest.mark.parametrize(
+    "package", ["run_media", "checkpoints", "journal", "rollout", "dumps", "arguments", "replay", "view"]
+)
 def test_each_trainer_hooks_subpackage_declares_its_surface(package):
     import importlib
 

@@ -18,8 +18,9 @@ from helpers import trainer_args
 
 from bundles import BundleFormatError
 from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, Sample
-from trainer_hooks.checkpoints import RolloutLedger, checkpoint_path, scan_journal
-from trainer_hooks.checkpoints.journal import JournalCorruptError, JournalLimitError, RolloutJournal
+from trainer_hooks.checkpoints import checkpoint_path
+from trainer_hooks.journal import JournalCorruptError, JournalLimitError, RolloutJournal, scan_journal
+from trainer_hooks.rollout import RolloutLedger
 
 
 @pytest.mark.parametrize(

@@ -376,7 +376,7 @@ def test_groups_are_held_for_the_last_two_steps_drained_and_a_save_says_what_it_
     fn = FullyAsyncRolloutFn(args, ListDataSource(prompts(5)), Generator(), max_in_flight=5)
     for step in range(5):
         fn.drain(step=step)
-    with caplog.at_level("WARNING", logger="trainer_hooks.checkpoints._fully_async"):
+    with caplog.at_level("WARNING", logger="trainer_hooks.rollout._fully_async"):
         fut = fn.save(0)
     fn.close()
     assert "groups drained for step 2 were released before this save" in caplog.text

@@ -25,13 +25,7 @@ from trainer_hooks import (
     run_media_dir,
     store_media,
 )
-from trainer_hooks.checkpoints import (
-    JournalCorruptError,
-    JournalError,
-    journal_dir,
-    scan_journal,
-)
-from trainer_hooks.checkpoints.journal import RolloutJournal
+from trainer_hooks.journal import JournalCorruptError, JournalError, RolloutJournal, journal_dir, scan_journal
 from trainer_hooks.testing import png_bytes
 
 # The journal_place fixture: one test per journal sink (a local directory, SeaweedFS).
@@ -420,8 +414,7 @@ def test_inspect_shows_the_journal_state(tmp_path, capsys):
 
 
 def test_a_damaged_fsynced_record_is_refused_when_decoded_naming_it(tmp_path):
-    from trainer_hooks.checkpoints import JournalError
-    from trainer_hooks.checkpoints.journal import record_body
+    from trainer_hooks.journal import JournalError, record_body
 
     args = make_args(tmp_path, "run-a")
     journal = RolloutJournal(journal_dir(args.save), lineage="L", interval=0.05)
@@ -437,7 +430,7 @@ def test_a_damaged_fsynced_record_is_refused_when_decoded_naming_it(tmp_path):
 
 
 def test_a_batch_of_takes_cut_by_a_crash_moves_neither_the_cursor_nor_its_groups(tmp_path):
-    from trainer_hooks.checkpoints import RolloutLedger
+    from trainer_hooks.rollout import RolloutLedger
 
     args = make_args(tmp_path, "run-a")
     journal = RolloutJournal(journal_dir(args.save), lineage="L", interval=0.05)
@@ -473,7 +466,7 @@ def test_a_number_list_the_snapshot_proved_is_not_proved_again_by_the_encoder():
 
 
 def test_the_journal_still_checks_what_the_snapshot_copied_shallowly(tmp_path):
-    from trainer_hooks.checkpoints import JournalError
+    from trainer_hooks.journal import JournalError
 
     journal = RolloutJournal(tmp_path / "journal", lineage="L1", interval=0.05)
     journal.append_sample(0, 0, {"index": 0, "tokens": [*range(100), [1], 2]})  # a list among the ints

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from bundles import encode_sample
 from trainer_hooks import Sample
-from trainer_hooks.checkpoints import RolloutLedger, journal_dir, materialize
-from trainer_hooks.checkpoints.journal import KINDS, JournalCorruptError
+from trainer_hooks.journal import KINDS, JournalCorruptError, journal_dir
+from trainer_hooks.rollout import RolloutLedger, materialize
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(

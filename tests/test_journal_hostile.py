@@ -18,15 +18,8 @@ import pytest
 from helpers import trainer_args
 
 from bundles import BundleError, BundleVerificationError
-from trainer_hooks.checkpoints import (
-    JournalCorruptError,
-    JournalError,
-    RolloutLedger,
-    journal_dir,
-    materialize,
-    scan_journal,
-)
-from trainer_hooks.checkpoints.journal import KINDS
+from trainer_hooks.journal import KINDS, JournalCorruptError, JournalError, journal_dir, scan_journal
+from trainer_hooks.rollout import RolloutLedger, materialize
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "vectors" / "hostile" / "journal"
@@ -157,7 +150,7 @@ RECOVER = """
 import sys
 sys.path.insert(0, {tests!r})
 from helpers import trainer_args
-from trainer_hooks.checkpoints import RolloutLedger
+from trainer_hooks.rollout import RolloutLedger
 from pathlib import Path
 args = trainer_args(Path({tmp!r}), "run-b", "--rollout-journal-interval", "0.05")
 try:

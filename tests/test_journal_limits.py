@@ -1,5 +1,5 @@
 """The rollout journal's limits (issue 36, item 5): one set of bounds, the record kinds' table
-(``trainer_hooks/checkpoints/journal/_kinds.py``, its numbers rows of ``bundles.support.LIMITS``),
+(``trainer_hooks/journal/_kinds.py``, its numbers rows of ``bundles.support.LIMITS``),
 applied by the writer before a record can be durable and by the reader when it scans one.
 
 Parametrised over the table itself: for every kind and every bounded field, the values just past
@@ -21,15 +21,16 @@ import pytest
 from helpers import trainer_args
 
 from bundles.support import LIMITS
-from trainer_hooks.checkpoints import RolloutLedger, journal_dir, scan_journal
-from trainer_hooks.checkpoints.journal import (
+from trainer_hooks.journal import (
     KINDS,
     JournalCorruptError,
     JournalError,
     JournalLimitError,
     RolloutJournal,
+    journal_dir,
+    scan_journal,
 )
-from trainer_hooks.checkpoints.journal._kinds import (
+from trainer_hooks.journal._kinds import (
     AT,
     MEDIA,
     Either,
@@ -42,6 +43,7 @@ from trainer_hooks.checkpoints.journal._kinds import (
     Rule,
     Time,
 )
+from trainer_hooks.rollout import RolloutLedger
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.torch
 
 from helpers.miles_run import install_scripted_engine, make_tokenizer_dir, miles_args, write_prompts  # noqa: E402
 
-from trainer_hooks.checkpoints import journal_dir, scan_journal  # noqa: E402
+from trainer_hooks.journal import journal_dir, scan_journal  # noqa: E402
 
 
 @pytest.fixture(scope="module")

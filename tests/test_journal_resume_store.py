@@ -31,10 +31,11 @@ from obstore.store import S3Store
 from bundles import encode_sample, open_bundle
 from bundles.support import on_fault_point
 from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, Sample, parse_args, store_media
-from trainer_hooks.checkpoints import RolloutLedger, checkpoint_path, materialize
-from trainer_hooks.checkpoints.journal import JournalCorruptError, JournalError
-from trainer_hooks.checkpoints.journal import _store as store_module
-from trainer_hooks.checkpoints.journal._format import shipment_trailer
+from trainer_hooks.checkpoints import checkpoint_path
+from trainer_hooks.journal import JournalCorruptError, JournalError
+from trainer_hooks.journal import _store_sink as store_module
+from trainer_hooks.journal._format import shipment_trailer
+from trainer_hooks.rollout import RolloutLedger, materialize
 from trainer_hooks.testing import png_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,7 +249,7 @@ def test_a_store_journal_ships_before_a_shipment_would_carry_more_media_than_its
     every later resume refused it)."""
     from bundles import MediaRef
     from bundles.support import LIMITS
-    from trainer_hooks.checkpoints.journal import RolloutJournal, journal_sink, scan_journal
+    from trainer_hooks.journal import RolloutJournal, journal_sink, scan_journal
 
     _, bucket, _ = moto
     url = f"s3://{bucket}/many/rollout/journal"

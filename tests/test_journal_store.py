@@ -1,4 +1,4 @@
-"""The rollout journal on an object store (``--save s3://…``; trainer_hooks/checkpoints/journal/_store.py),
+"""The rollout journal on an object store (``--save s3://…``; trainer_hooks/journal/_store_sink.py),
 against moto and s3rver on 127.0.0.1: what a run leaves there, compaction, a second writer of one
 lineage, forged shipments refused before anything is placed, and a store that ignores
 preconditions. The SIGKILL suite on SeaweedFS is in tests/test_journal_crash.py."""
@@ -28,7 +28,7 @@ from trainer_hooks import (
     parse_args,
     store_media,
 )
-from trainer_hooks.checkpoints import JournalCorruptError, JournalError
+from trainer_hooks.journal import JournalCorruptError, JournalError
 from trainer_hooks.testing import png_bytes
 
 GROUPS, SIZE = 8, 2
@@ -314,7 +314,7 @@ def test_a_large_shipment_is_recovered_without_holding_it_in_memory(
     import subprocess
     import sys
 
-    from trainer_hooks.checkpoints.journal._format import shipment_trailer
+    from trainer_hooks.journal._format import shipment_trailer
 
     bucket = _env(monkeypatch, seaweed_s3)
     client = _client(seaweed_s3, bucket)

@@ -31,9 +31,9 @@ from miles.utils.misc import load_function  # noqa: E402
 
 import trainer_hooks  # noqa: E402
 from trainer_hooks.arguments import SETTINGS  # noqa: E402
-from trainer_hooks.checkpoints._fingerprint import accepted_changes  # noqa: E402
-from trainer_hooks.checkpoints._ledger import journal_interval  # noqa: E402
+from trainer_hooks.checkpoints import accepted_changes  # noqa: E402
 from trainer_hooks.miles._settings import miles_option_names  # noqa: E402
+from trainer_hooks.rollout import journal_interval  # noqa: E402
 from trainer_hooks.run_media import run_media_dir  # noqa: E402
 
 DOC = REPO / "docs" / "INTEGRATION.md"
@@ -232,12 +232,14 @@ SET_AFTER_PARSING = {
 
 
 def test_every_setting_the_plugins_read_is_in_miles_parser_or_in_the_table():
-    """Every ``args`` attribute that trainer_hooks.miles, the checkpoints, run media and dumps read
-    is reachable in a stock run: Miles' parser defines it, or it is one of :data:`SETTINGS` (a YAML
-    key, validated)."""
+    """Every ``args`` attribute that trainer_hooks.miles, the checkpoints, the rollout state, the
+    journal, run media and dumps read is reachable in a stock run: Miles' parser defines it, or it
+    is one of :data:`SETTINGS` (a YAML key, validated)."""
     files = [
         *sorted((REPO / "trainer_hooks" / "miles").glob("*.py")),
         *sorted((REPO / "trainer_hooks" / "checkpoints").glob("*.py")),
+        *sorted((REPO / "trainer_hooks" / "rollout").glob("*.py")),
+        *sorted((REPO / "trainer_hooks" / "journal").glob("*.py")),
         *sorted((REPO / "trainer_hooks" / "run_media").glob("*.py")),
         *sorted((REPO / "trainer_hooks" / "dumps").glob("*.py")),
         REPO / "trainer_hooks" / "_sample_bundle.py",

@@ -1,4 +1,4 @@
-"""The rollout state (trainer_hooks.checkpoints.RolloutState) and nested group layouts, without
+"""The rollout state (trainer_hooks.rollout.RolloutState) and nested group layouts, without
 Miles: the events, the cut a save writes, consumption by step, the listener hook, and the
 v2_nested test vector."""
 
@@ -10,7 +10,8 @@ import pytest
 
 import bundles
 from bundles import BundleFormatError
-from trainer_hooks.checkpoints import RolloutState, read_rollout_checkpoint, save_rollout_checkpoint
+from trainer_hooks.checkpoints import read_rollout_checkpoint, save_rollout_checkpoint
+from trainer_hooks.rollout import RolloutState
 
 VECTORS = __import__("pathlib").Path(__file__).resolve().parent / "vectors"
 
@@ -160,7 +161,7 @@ def test_a_resume_from_an_older_checkpoint_keeps_groups_it_held_for_a_later_step
     group 1, trained into step 1's weights, must not come back (load(0) brings it back)."""
     from helpers import trainer_args
 
-    from trainer_hooks.checkpoints import RolloutLedger
+    from trainer_hooks.rollout import RolloutLedger
 
     args = trainer_args(tmp_path, "run-a", batch_size=1)
     state = RolloutState(args)
@@ -186,3 +187,21 @@ def test_a_resume_from_an_older_checkpoint_keeps_groups_it_held_for_a_later_step
 
     assert resume(2, "run-b") == ([], [3])  # steps 0-2 are in the weights: only group 3 is left
     assert resume(0, "run-c") == ([1, 2], [3])
+
+
+def test_the_names_that_moved_out_of_checkpoints_are_still_importable_there():
+    """The rollout state machines moved to ``trainer_hooks.rollout`` and the journal to
+    ``trainer_hooks.journal`` (issue 37): each name importable from ``trainer_hooks.checkpoints``
+    or ``trainer_hooks.checkpoints.journal`` before still is, the very same object."""
+    import importlib
+
+    import trainer_hooks.checkpoints as checkpoints
+    import trainer_hooks.checkpoints.journal as old_journal
+    import trainer_hooks.journal as journal
+
+    assert set(old_journal.MOVED) <= set(journal.__all__)
+    for old in (checkpoints, old_journal):
+        for name, home in old.MOVED.items():
+            assert getattr(old, name) is getattr(importlib.import_module(home), name), name
+    with pytest.raises(AttributeError, match="no attribute 'RolloutJournalz'"):
+        old_journal.RolloutJournalz  # noqa: B018

@@ -18,17 +18,29 @@
   (rebuild with cast), :func:`load_processor`, :func:`build_prefill_scoring_payload`,
   :func:`check_image_tokens`, :func:`replay_bundle` and ``rollout-bundle replay``.
 
-The subpackages are the map of the work, each ``__init__`` its public surface:
-:mod:`trainer_hooks.run_media` (store, lease, sweep, release, teardown order),
-:mod:`trainer_hooks.checkpoints` (snapshot, writer, reader, retention, the fully-async function),
-:mod:`trainer_hooks.dumps` (debug dumps, trajectory sidecar, legacy import),
-:mod:`trainer_hooks.arguments`, :mod:`trainer_hooks.replay` and :mod:`trainer_hooks.view`;
-:mod:`trainer_hooks.miles` (imported on its own; its plugins import Miles when first used) holds
-what a stock Miles run names on its command line (``--data-source-path``,
-``--custom-async-data-buffer-path``, ``--custom-rollout-log-function-path``).
-This module re-exports what users call. ``trainer_hooks`` imports :mod:`bundles`' public API,
-never the reverse. Stand-in rollout manager and
-trainer objects for tests and demos live in :mod:`trainer_hooks.testing`.
+The subpackages are the map of the work, each ``__init__`` its public surface (one line each,
+those below importing only those above them, and :mod:`bundles`' public API):
+
+* :mod:`trainer_hooks.run_media`: a run's media: store, lease, sweep, release, teardown order.
+* :mod:`trainer_hooks.checkpoints`: rollout checkpoints as bundles: snapshot, writer, reader,
+  retention, group layouts, fingerprint.
+* :mod:`trainer_hooks.arguments`: Miles' options and ours, the engines' processor settings.
+* :mod:`trainer_hooks.journal`: the rollout journal between checkpoints: writer, its local and
+  store sinks, record kinds, scan, ``inspect`` on a journal.
+* :mod:`trainer_hooks.dumps`: debug dumps, trajectory sidecar, legacy ``.pt`` import.
+* :mod:`trainer_hooks.rollout`: the rollout state machines: :class:`RolloutLedger` (group ids,
+  journal, recovery), ``RolloutState``, :class:`FullyAsyncRolloutFn`.
+* :mod:`trainer_hooks.replay`: what training would see of a bundle, checked against it.
+* :mod:`trainer_hooks.view`: one HTML page for a bundle (``rollout-bundle view``).
+* :mod:`trainer_hooks.serve`: a run browser over every bundle under a root (``rollout-bundle serve``).
+* :mod:`trainer_hooks.miles` (imported on its own; its plugins import Miles when first used):
+  what a stock Miles run names on its command line (``--data-source-path``,
+  ``--custom-async-data-buffer-path``, ``--custom-rollout-log-function-path``).
+
+This module re-exports what users call; :mod:`trainer_hooks.cli` is ``rollout-bundle`` (each
+package's commands, registered where they live). ``trainer_hooks`` imports :mod:`bundles`' public
+API, never the reverse. Stand-in rollout manager and trainer objects for tests and demos live in
+:mod:`trainer_hooks.testing`.
 """
 
 from trainer_hooks._drivers import DriverReport, train, train_async
@@ -43,14 +55,9 @@ from trainer_hooks.arguments import (
 )
 from trainer_hooks.checkpoints import (
     CheckpointSaveError,
-    FullyAsyncRolloutFn,
-    GroupBuffer,
     IncompatibleResumeError,
-    ListDataSource,
     RolloutCheckpoint,
     RolloutCheckpointer,
-    RolloutLedger,
-    RolloutWorkerError,
     SnapshotError,
     checkpoint_path,
     list_rollout_checkpoints,
@@ -81,6 +88,13 @@ from trainer_hooks.replay import (
     load_processor,
     replay_bundle,
     training_dtype,
+)
+from trainer_hooks.rollout import (
+    FullyAsyncRolloutFn,
+    GroupBuffer,
+    ListDataSource,
+    RolloutLedger,
+    RolloutWorkerError,
 )
 from trainer_hooks.run_media import (
     LEASE_NAME,

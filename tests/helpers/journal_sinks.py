@@ -3,7 +3,7 @@
 A test that takes the ``journal_place`` fixture runs once per sink (``[local]``, ``[seaweedfs]``)
 through the same code: a :class:`JournalPlace` gives the ``--save`` root to pass, the
 environment the store needs (set for the test), the journal's sink as a run opens it
-(:func:`trainer_hooks.checkpoints.journal.run_journal`) and the names the sink keeps. The store
+(:func:`trainer_hooks.journal.run_journal`) and the names the sink keeps. The store
 is started only for the ``[seaweedfs]`` case (the session's ``seaweed_s3`` fixture), and that
 case is skipped where SeaweedFS is not installed. Import the fixture into a test module::
 
@@ -41,7 +41,7 @@ class JournalPlace:
 
     def sink(self, spool: Callable[[], Path] | None = None) -> Any:
         """The journal's sink, as a run with this ``--save`` opens it (a store's spool in tmp)."""
-        from trainer_hooks.checkpoints.journal import run_journal
+        from trainer_hooks.journal import run_journal
 
         def default_spool() -> Path:
             path = self.tmp / f"spool-{uuid.uuid4().hex[:8]}"

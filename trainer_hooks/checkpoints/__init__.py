@@ -29,41 +29,32 @@ Modules, one concern each
 * :mod:`._retention`: ``--keep-rollout-checkpoints``.
 * :mod:`._reader`: resume (rehydrating media into the current run).
 * :mod:`._groups`: group layouts in the meta (flat and nested groups).
-* :mod:`._state`: :class:`RolloutState`, every group's place between data source and training
-  (the events the Miles plugins and the journal follow), saved as one cut.
-* :mod:`._snapshot`: snapshots on the caller's thread (debug dumps use them too).
-* :mod:`.journal`: the rollout journal, a package (append-only segments, background fsync or
-  shipments to a store, scan; its writer, sinks and record kinds are used through its own face,
-  ``trainer_hooks.checkpoints.journal``).
-* :mod:`._ledger`: :class:`RolloutLedger`, group ids + journal + recovery, the one implementation
-  behind :class:`FullyAsyncRolloutFn` and the Miles plugins.
+* :mod:`._snapshot`: snapshots on the caller's thread (the writer, the journal, the rollout state
+  and debug dumps take them).
 * :mod:`._fingerprint`: what a resume must share with the run that saved (fail closed).
-* :mod:`._fully_async`: :class:`FullyAsyncRolloutFn`, the fully-async rollout function whose
-  ``save``/``load`` write and resume these checkpoints.
 * Shared with debug dumps: :mod:`trainer_hooks._sample_bundle` (sample dicts to a bundle, and
   the run's meta).
+
+What moved out, and stays importable here
+-----------------------------------------
+The rollout state machines (:class:`RolloutLedger`, :class:`RolloutState`,
+:class:`FullyAsyncRolloutFn`, ...) are :mod:`trainer_hooks.rollout`, and the rollout journal is
+:mod:`trainer_hooks.journal`; both import this package, never the reverse. Their names that were
+importable from here still are (:data:`MOVED`), each resolved from its new home the first time it
+is asked for (:pep:`562`), so that no module of this package imports them; new code imports them
+from their new home.
 """
+
+from typing import Any
 
 from trainer_hooks.checkpoints._fingerprint import (
     FINGERPRINT_FIELDS,
     IncompatibleResumeError,
+    accepted_changes,
     check_fingerprint,
     run_fingerprint,
 )
-from trainer_hooks.checkpoints._fully_async import (
-    FullyAsyncRolloutFn,
-    GroupBuffer,
-    ListDataSource,
-    RolloutWorkerError,
-)
-from trainer_hooks.checkpoints._ledger import (
-    DEFAULT_JOURNAL_INTERVAL,
-    LazyGroup,
-    RecoveredGroup,
-    RecoveredState,
-    RolloutLedger,
-    materialize,
-)
+from trainer_hooks.checkpoints._moved import moved_name
 from trainer_hooks.checkpoints._paths import (
     CHECKPOINT_KIND,
     CHECKPOINT_PREFIX,
@@ -72,6 +63,7 @@ from trainer_hooks.checkpoints._paths import (
     READABLE_CHECKPOINT_VERSIONS,
     checkpoint_path,
     list_rollout_checkpoints,
+    saved_checkpoint_path,
 )
 from trainer_hooks.checkpoints._reader import (
     RolloutCheckpoint,
@@ -79,62 +71,75 @@ from trainer_hooks.checkpoints._reader import (
     read_rollout_checkpoint,
 )
 from trainer_hooks.checkpoints._retention import apply_retention
-from trainer_hooks.checkpoints._snapshot import SnapshotError, snapshot_groups, snapshot_value
-from trainer_hooks.checkpoints._state import RolloutState, RolloutStateCut
+from trainer_hooks.checkpoints._snapshot import SnapshotError, sample_dict, snapshot_groups, snapshot_value
 from trainer_hooks.checkpoints._writer import (
     CheckpointSaveError,
     RolloutCheckpointer,
     save_rollout_checkpoint,
 )
-from trainer_hooks.checkpoints.journal import (
-    JOURNAL_DIR,
-    JournalCorruptError,
-    JournalError,
-    JournalRecord,
-    JournalScan,
-    journal_dir,
-    scan_journal,
-)
+
+#: The names that moved out of this package (issue 37), by the module that holds them now.
+MOVED: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "DEFAULT_JOURNAL_INTERVAL",
+            "FullyAsyncRolloutFn",
+            "GroupBuffer",
+            "LazyGroup",
+            "ListDataSource",
+            "RecoveredGroup",
+            "RecoveredState",
+            "RolloutLedger",
+            "RolloutState",
+            "RolloutStateCut",
+            "RolloutWorkerError",
+            "materialize",
+        ),
+        "trainer_hooks.rollout",
+    ),
+    **dict.fromkeys(
+        (
+            "JOURNAL_DIR",
+            "JournalCorruptError",
+            "JournalError",
+            "JournalRecord",
+            "JournalScan",
+            "journal_dir",
+            "scan_journal",
+        ),
+        "trainer_hooks.journal",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, MOVED, globals(), name)
+
 
 __all__ = [
     "CHECKPOINT_KIND",
     "CHECKPOINT_PREFIX",
     "CHECKPOINT_SUBDIR",
     "CHECKPOINT_VERSION",
-    "DEFAULT_JOURNAL_INTERVAL",
     "FINGERPRINT_FIELDS",
-    "JOURNAL_DIR",
+    "MOVED",
     "READABLE_CHECKPOINT_VERSIONS",
     "CheckpointSaveError",
-    "FullyAsyncRolloutFn",
-    "GroupBuffer",
     "IncompatibleResumeError",
-    "JournalCorruptError",
-    "JournalError",
-    "JournalRecord",
-    "JournalScan",
-    "LazyGroup",
-    "ListDataSource",
-    "RecoveredGroup",
-    "RecoveredState",
     "RolloutCheckpoint",
     "RolloutCheckpointer",
-    "RolloutLedger",
-    "RolloutState",
-    "RolloutStateCut",
-    "RolloutWorkerError",
     "SnapshotError",
+    "accepted_changes",
     "apply_retention",
     "check_fingerprint",
     "checkpoint_path",
-    "journal_dir",
     "list_rollout_checkpoints",
     "load_rollout_checkpoint",
-    "materialize",
     "read_rollout_checkpoint",
     "run_fingerprint",
+    "sample_dict",
     "save_rollout_checkpoint",
-    "scan_journal",
+    "saved_checkpoint_path",
     "snapshot_groups",
     "snapshot_value",
 ]

@@ -29,7 +29,13 @@ from typing import Any
 from bundles import BundleError
 from trainer_hooks._sample_bundle import processor_settings, training_dtype_name
 
-__all__ = ["FINGERPRINT_FIELDS", "IncompatibleResumeError", "check_fingerprint", "run_fingerprint"]
+__all__ = [
+    "FINGERPRINT_FIELDS",
+    "IncompatibleResumeError",
+    "accepted_changes",
+    "check_fingerprint",
+    "run_fingerprint",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ __all__ = [
     "READABLE_CHECKPOINT_VERSIONS",
     "checkpoint_path",
     "list_rollout_checkpoints",
+    "saved_checkpoint_path",
 ]
 
 CHECKPOINT_KIND = "rollout_checkpoint"
@@ -57,3 +58,9 @@ def _require(args: Namespace, name: str, option: str) -> Any:
     if value is None:
         raise ValueError(f"{option} is not set: expected a checkpoint directory")
     return value
+
+
+def saved_checkpoint_path(args: Namespace, rollout_id: int) -> Location:
+    """Where this run saves the checkpoint of rollout ``rollout_id``: :func:`checkpoint_path` under
+    ``args.save``, refusing a run without ``--save``."""
+    return checkpoint_path(_require(args, "save", "--save"), rollout_id)

@@ -21,6 +21,7 @@ from trainer_hooks.dumps._debug_dump import (
 )
 from trainer_hooks.dumps._export import dump_payload, export_torch_dump
 from trainer_hooks.dumps._legacy import LegacyDumpError, PickleRefusedError, import_legacy_dump
+from trainer_hooks.dumps._legacy import register as register_commands
 from trainer_hooks.dumps._trajectory import save_debug_trajectory_data, strip_messages, trajectory_rows
 from trainer_hooks.dumps._uploads import DumpUploadError, flush_dump_uploads
 
@@ -35,6 +36,7 @@ __all__ = [
     "import_legacy_dump",
     "load_debug_rollout_data",
     "open_debug_dump",
+    "register_commands",
     "save_debug_rollout_data",
     "save_debug_trajectory_data",
     "strip_messages",

@@ -22,7 +22,7 @@ and one more makes each step's debug dump a bundle too (:mod:`trainer_hooks.mile
   manager calls the rollout function's ``save``/``load``; it brings the buffer itself when
   ``--custom-async-data-buffer-path`` is unset, and tracks any data source.
 
-They share one :class:`trainer_hooks.checkpoints.RolloutState` per run (per ``args`` object,
+They share one :class:`trainer_hooks.rollout.RolloutState` per run (per ``args`` object,
 :func:`rollout_state`), whose module docstring gives the events, the consistency rule and the
 journal hook. Resume order: buffered (completed) groups train first, in-flight groups are
 regenerated ahead of recycled ones and of new prompts, and the cursor continues.

@@ -1,5 +1,5 @@
 """The Miles plugins: a data source, a data buffer and a fully-async rollout function that feed
-one :class:`~trainer_hooks.checkpoints.RolloutState` and save it as one bundle.
+one :class:`~trainer_hooks.rollout.RolloutState` and save it as one bundle.
 
 Who reports which event (see the state's module docstring for the events themselves):
 
@@ -39,15 +39,9 @@ from miles.rollout.fully_async_data_buffer import (
 from miles.rollout.fully_async_rollout import FullyAsyncRolloutFn as _MilesFullyAsyncRolloutFn
 
 from bundles import BundleNotFoundError, Location
-from trainer_hooks.checkpoints import (
-    RolloutCheckpoint,
-    RolloutLedger,
-    RolloutState,
-    list_rollout_checkpoints,
-    materialize,
-    read_rollout_checkpoint,
-)
+from trainer_hooks.checkpoints import RolloutCheckpoint, list_rollout_checkpoints, read_rollout_checkpoint
 from trainer_hooks.miles._settings import check_args
+from trainer_hooks.rollout import RolloutLedger, RolloutState, materialize
 from trainer_hooks.run_media import store_media
 
 __all__ = ["BundledDataBuffer", "BundledDataSource", "FullyAsyncRolloutFn", "rollout_state"]

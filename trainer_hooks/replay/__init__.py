@@ -21,6 +21,7 @@ setting before use (docs/RELIABILITY.md, "Untrusted input").
 torch, transformers, PIL and Ray are imported only when used.
 """
 
+from trainer_hooks.replay._cli import register as register_commands
 from trainer_hooks.replay._fingerprint import compare_reports
 from trainer_hooks.replay._guard import convert_samples_to_train_data
 from trainer_hooks.replay._memory import tune_allocator
@@ -69,6 +70,7 @@ __all__ = [
     "get_rollout_data",
     "load_processor",
     "load_replay_report",
+    "register_commands",
     "replay_bundle",
     "sglang_generate_fields",
     "training_dtype",

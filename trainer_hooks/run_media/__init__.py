@@ -36,6 +36,7 @@ from trainer_hooks.run_media._store import (
     run_media_dir,
     store_media,
 )
+from trainer_hooks.run_media._sweep_cli import register as register_commands
 
 __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL_S",
@@ -52,6 +53,7 @@ __all__ = [
     "format_duration",
     "parse_duration",
     "read_lease",
+    "register_commands",
     "release_run_media",
     "run_media_dir",
     "store_media",

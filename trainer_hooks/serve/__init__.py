@@ -36,7 +36,8 @@ pictures, its replay verdicts) → ``_parts.sample_context`` → ``trainer_hooks
 """
 
 from trainer_hooks.serve._app import default_cache_dir
+from trainer_hooks.serve._cli import register as register_commands
 from trainer_hooks.serve._guard import CSP, SECURITY_HEADERS, TOKEN_COOKIE
 from trainer_hooks.serve._routes import create_app
 
-__all__ = ["CSP", "SECURITY_HEADERS", "TOKEN_COOKIE", "create_app", "default_cache_dir"]
+__all__ = ["CSP", "SECURITY_HEADERS", "TOKEN_COOKIE", "create_app", "default_cache_dir", "register_commands"]

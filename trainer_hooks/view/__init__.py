@@ -39,6 +39,7 @@ from trainer_hooks.pages import (
     shown_suffix,
     turn_action,
 )
+from trainer_hooks.view._cli import register as register_commands
 from trainer_hooks.view._report import ReportError, ReportWritten, load_replay_report, write_html_report
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "overlay",
     "parse_action",
     "prompt_messages",
+    "register_commands",
     "reward_spread",
     "sample_view",
     "shown_suffix",

@@ -53,12 +53,14 @@ calls it with the *previous* checkpoint's watermark: one generation of journal i
 trainer that restores the older checkpoint's step can still replay what was consumed after it.
 
 Layout: the format (names, framing, limits, :class:`JournalError`) is
-:mod:`._format`; reading (:func:`scan_journal`: bodies kept compressed and undecoded, a
+:mod:`._format`; a record's bytes (encoded, compressed, framed, written) and the segments they go
+into :mod:`._segments`; reading (:func:`scan_journal`: bodies kept compressed and undecoded, a
 torn tail named in one line, foreign lineages skipped) is :mod:`._scan`; the media the
 records reference (found, placed, counted) :mod:`._media`; which segment holds what, and
 so what compaction deletes, :mod:`._index`; the journal on an object store (a shipment
-per interval instead of an fsync) :mod:`._store`. This module is the writer: the queue,
-the thread, the segments' bytes and the flush.
+per interval instead of an fsync) :mod:`._store_sink`. This module is the writer: what the
+caller's thread does (bounds, snapshot, queue), the writer thread's loop, and the barriers
+(flush, encoded, roll) and compaction.
 """
 
 from __future__ import annotations
@@ -70,31 +72,22 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgpack
-import zstandard
 
-from bundles import MediaRef, UnsupportedValueError, sample_encoder
+from bundles import MediaRef
 from bundles.support import fault_point
-from trainer_hooks.checkpoints._snapshot import sample_dict, snapshot_groups
-from trainer_hooks.checkpoints.journal._format import (
+from trainer_hooks.journal._format import (
     DEFAULT_SEGMENT_BYTES,
-    MAX_BODY_BYTES,
-    MEDIA_DIR,
-    ZSTD_LEVEL,
     JournalError,
     JournalLimitError,
-    frame_record_parts,
-    segment_header,
-    segment_name,
 )
-from trainer_hooks.checkpoints.journal._index import SegmentIndex
-from trainer_hooks.checkpoints.journal._kinds import KINDS, MAX_INT, MEDIA, Append, kind_of
-from trainer_hooks.checkpoints.journal._media import JournalMedia
-from trainer_hooks.checkpoints.journal._sink import Batch, FlushStats, JournalSink, LocalFiles
+from trainer_hooks.journal._index import SegmentIndex
+from trainer_hooks.journal._kinds import KINDS, MAX_INT, Append, kind_of
+from trainer_hooks.journal._local_sink import LocalFiles
+from trainer_hooks.journal._segments import QueuedRecord, SegmentWriter
+from trainer_hooks.journal._sink import Batch, FlushStats, JournalSink
 
 __all__ = ["FlushStats", "RolloutJournal", "new_lineage"]
 
@@ -102,40 +95,6 @@ logger = logging.getLogger(__name__)
 
 #: A record's seq is at most this (the reader's bound, :mod:`._kinds`).
 MAX_SEQ = MAX_INT
-
-
-def write_all(fd: int, parts: tuple[bytes, ...]) -> None:
-    """Write ``parts`` to ``fd`` in order, all of them: one ``os.writev``, resumed where a short
-    write stopped."""
-    views = [memoryview(p) for p in parts if p]
-    while views:
-        n = os.writev(fd, views)
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if n:
-            views[0] = views[0][n:]
-
-
-@dataclass
-class _Item:
-    seq: int
-    kind: str
-    at: float
-    a: Any
-    b: bytes  # the meta's b, encoded (msgpack) on the caller's thread
-    value: Any  # snapshot to encode (None: no body)
-    checks: Sequence[Callable[[], Any]] = field(default_factory=tuple)
-    lent: bool = False  # value is the caller's sample itself, lent until encoded (copy=False)
-
-
-def _run_checks(checks: Iterable[Callable[[], Any]]) -> set[int]:
-    """Run a snapshot's deferred type checks (raising on a bad item); the ids of the lists they
-    proved to hold only numbers, for the encoder's ``number_lists``."""
-    numbers: set[int] = set()
-    for check in checks:
-        numbers.update(check() or ())
-    return numbers
 
 
 class RolloutJournal:
@@ -173,26 +132,20 @@ class RolloutJournal:
         self._sink = sink if isinstance(sink, JournalSink) else LocalFiles(sink)
         self.where = self._sink.where  # what messages name: the journal where it is kept
         self.directory = self._sink.directory
-        self.media_dir = self.directory / MEDIA_DIR
-        self.media_dir.mkdir(parents=True, exist_ok=True)
         self.lineage = lineage
         self.fingerprint = fingerprint
         self.interval = float(interval)
         self.link = link
         self.segment_bytes = segment_bytes
-        self._media = JournalMedia(
-            self.media_dir, media_roots, link=link, store_image=store_image, count=self._count_media
-        )
         self._index = SegmentIndex()  # under _cond: what each segment holds, what compaction frees
         self._next_seq = first_seq
         self._seq_lock = threading.Lock()
         self._media_lock = threading.Lock()  # encoding a record, or compacting (see _drain)
-        self._queue: deque[_Item] = deque()
+        self._queue: deque[QueuedRecord] = deque()
         self._wake = threading.Event()
         self._cond = threading.Condition()
         self._durable_seq = first_seq - 1  # every record with seq <= this is fsynced
         self._last_kept: tuple[int, str] | None = None  # (durable seq, the shipment holding it)
-        self._written_seq = first_seq - 1
         self._encoded_seq = first_seq - 1  # every record with seq <= this is encoded (wait_encoded)
         self._encode_barrier = 0  # a wait_encoded() waits for this seq
         self._barrier = 0  # a flush() asked for records up to this seq to be durable now
@@ -200,34 +153,25 @@ class RolloutJournal:
         self._closing = False
         self._stopped = False  # the writer thread has ended (closed, or failed)
         self._error: BaseException | None = None
-        # segment bookkeeping (writer thread only, except under _cond for stats/compaction)
-        self._fd: int | None = None
-        self._segment: Path | None = None
-        self._segment_size = 0
-        self._new_dir_entries = False
-        self._unsynced_since: float | None = None
-        self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-        self._media_of_item: list[str] = []  # the media names of the record being encoded
-        self._encode = self._encoder(store_image is not None)
-        self._totals: dict[str, Any] = dict.fromkeys(
-            ("records", "bytes", "flushes", "media_linked", "media_copied"), 0
+        # The open segment and its bytes (writer thread only, except under _cond for the index).
+        self._segments = SegmentWriter(
+            self._sink,
+            lineage=lineage,
+            fingerprint=fingerprint,
+            segment_bytes=segment_bytes,
+            first_seq=first_seq,
+            media_roots=media_roots,
+            link=link,
+            store_image=store_image,
+            index=self._index,
+            cond=self._cond,
         )
-        self._totals["writer_cpu_s"] = 0.0
-        self._batch_stats = FlushStats()
+        self.media_dir = self._segments.media.dir
+        self._totals = self._segments.totals
         self.last_flush = FlushStats()
-        self._adopted = False  # the segments already kept are indexed at the first compaction
         self._thread = threading.Thread(target=self._run, name="rollout-journal", daemon=True)
         self._sink.start(self._durable, self._failed)
         self._thread.start()
-
-    def _encoder(self, images: bool) -> Callable[..., bytes]:
-        media = self._media
-        return sample_encoder(
-            resolve_string=lambda v, w: media.string(v, w, self._media_of_item),
-            string_prefixes=media.roots,
-            resolve_ref=lambda r, w: media.ref(r, w, self._media_of_item),
-            store_image=(lambda im, w: media.image(im, w, self._media_of_item)) if images else None,
-        )
 
     # -- caller side (the rollout event loop): snapshot and queue, nothing else ------------------
     def append(self, kind: str, *args: Any, **kwargs: Any) -> int:
@@ -256,7 +200,9 @@ class RolloutJournal:
                     f"{self.where}: {kind} record: seq: {seq}, at most {MAX_SEQ}; nothing was written"
                 )
             self._next_seq += 1
-            self._queue.append(_Item(seq, kind, time.time(), rec.a, b, rec.value, rec.checks, rec.lent))
+            self._queue.append(
+                QueuedRecord(seq, kind, time.time(), rec.a, b, rec.value, rec.checks, rec.lent)
+            )
         self._wake.set()
         return seq
 
@@ -395,11 +341,11 @@ class RolloutJournal:
         committed checkpoint) and the media only they referenced (on a store, the shipments the
         index lets go, :mod:`._index`). Returns (segments, media) deleted. Runs on the caller's
         thread; the active segment is never deleted."""
-        if not self._adopted:
-            self._adopt_existing()  # here, off the rollout's path: a resumed journal can be large
+        if not self._segments.adopted:
+            self._segments.adopt_existing()  # here, off the rollout's path: a resumed journal can be large
         with self._media_lock, self._cond:  # no record is being encoded meanwhile
-            freed = self._sink.free(self._index, upto_seq, self._segment)
-            self._media.forget(freed.forget)  # referenced again: placed (or shipped) again
+            freed = self._sink.free(self._index, upto_seq, self._segments.segment)
+            self._segments.media.forget(freed.forget)  # referenced again: placed (or shipped) again
         self._sink.delete(freed)
         return freed.segments, freed.media
 
@@ -407,7 +353,7 @@ class RolloutJournal:
         """Totals, the last flush's cost and the current backlog (for meta, logs and inspect)."""
         with self._cond:
             now = time.time()
-            oldest = self._queue[0].at if self._queue else self._unsynced_since
+            oldest = self._queue[0].at if self._queue else self._segments.unsynced_since
             return {
                 **self._totals,
                 "durable_seq": self._durable_seq,
@@ -440,59 +386,37 @@ class RolloutJournal:
             ) from self._error
 
     # -- writer thread ---------------------------------------------------------------------------
-    def _adopt_existing(self) -> None:
-        """Index the segments already kept (a resumed lineage's) for compaction; runs at the
-        first compaction, on the checkpoint writer's thread."""
-        self._adopted = True
-
-        def known(path: Path) -> bool:
-            with self._cond:
-                return path in self._index  # written by this journal: indexed as it was written
-
-        for seg in self._sink.existing(self.lineage, known):
-            with self._cond:
-                self._index.adopt(seg.path, seg.first, seg.last, seg.media, seg.carried)
-
-    def _count_media(self, how: str) -> None:
-        if how == "copy":
-            self._batch_stats.media_copied += 1
-            self._totals["media_copied"] += 1
-        else:
-            self._batch_stats.media_linked += 1
-            self._totals["media_linked"] += 1
-
     def _run(self) -> None:
+        segments = self._segments
         next_sync = time.monotonic() + self.interval
         try:
             while True:
                 timeout = max(0.0, next_sync - time.monotonic())
                 if not self._queue:  # a drain cut short by a due fsync goes on at once
-                    self._wake.wait(timeout if self._unsynced_since is not None else None)
+                    self._wake.wait(timeout if segments.unsynced_since is not None else None)
                 self._wake.clear()
                 cpu = time.thread_time()
                 self._drain(next_sync)
                 with self._cond:
                     closing, barrier = self._closing, self._barrier
                 now = time.monotonic()
-                due = self._unsynced_since is not None and now >= next_sync
-                if due or (barrier > self._durable_seq and self._written_seq >= barrier):
-                    self._sync()
+                due = segments.unsynced_since is not None and now >= next_sync
+                if due or (barrier > self._durable_seq and segments.written_seq >= barrier):
+                    segments.sync()
                     next_sync = time.monotonic() + self.interval
-                elif self._unsynced_since is None:
+                elif segments.unsynced_since is None:
                     next_sync = now + self.interval
                 self._totals["writer_cpu_s"] += time.thread_time() - cpu
                 if closing and not self._queue:
-                    if self._unsynced_since is not None:
-                        self._sync()
+                    if segments.unsynced_since is not None:
+                        segments.sync()
                     break
         except BaseException as e:  # surfaced by the next append, flush() or close(); logged once now
             logger.error("%s: the rollout journal's writer failed: %s: %s", self.where, type(e).__name__, e)
             self._failed(e)
         finally:
             self._stopped = True
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            segments.close_fd()
 
     def _drain(self, sync_at: float) -> None:
         """Frame and write the queued records; return early when an fsync is due (a caller that
@@ -503,7 +427,8 @@ class RolloutJournal:
         into a buffer of megabytes first cost a copy of every body, and the kernel's later copy
         of the buffer missed the cache: ~100 us more a 44 kB record, two thirds of it in page
         faults and system time (``benchmarks/bench_journal.py``, docs/PERFORMANCE.md)."""
-        while self._queue and (self._unsynced_since is None or time.monotonic() < sync_at):
+        segments = self._segments
+        while self._queue and (segments.unsynced_since is None or time.monotonic() < sync_at):
             item = self._queue.popleft()
             with self._cond:
                 roll_after = self._roll_after
@@ -512,147 +437,22 @@ class RolloutJournal:
                 with self._cond:
                     if self._roll_after == roll_after:
                         self._roll_after = None
-            if self._fd is None or roll or self._segment_size >= self.segment_bytes or self._media_full():
-                self._start_segment(item.seq)
+            if segments.needs_new_segment(roll):
+                segments.start(item.seq)
             fault_point("journal.append", item.seq)
             # A compaction waits while a record is encoded and indexed: it never frees a media
             # file that the record names (placed before, now referenced only by it).
             with self._media_lock:
-                frame, media = self._frame(item)
+                frame, media = segments.frame(item)
                 fault_point("journal.encoded", item.seq)
-                self._note_segment_record(item.seq, media)
+                segments.note(item.seq, media)
             self._encoded_seq = item.seq
             if self._encode_barrier and item.seq >= self._encode_barrier:
                 with self._cond:
                     if self._encode_barrier and item.seq >= self._encode_barrier:
                         self._encode_barrier = 0  # the waiters not done yet set it again
                         self._cond.notify_all()
-            self._write(frame, item.seq)
-
-    def _media_full(self) -> bool:
-        """Whether the media placed since the last flush reach what one segment may carry (on a
-        store, a shipment's bounds): the next record starts a new segment, shipping this one."""
-        carries = self._sink.carries_media
-        return carries is not None and (
-            len(self._media.new) >= carries[0] or self._media.new_bytes >= carries[1]
-        )
-
-    def _write(self, parts: tuple[bytes, bytes], seq: int) -> None:
-        assert self._fd is not None
-        write_all(self._fd, parts)
-        size = len(parts[0]) + len(parts[1])
-        self._segment_size += size
-        self._batch_stats.bytes += size
-        self._totals["bytes"] += size
-        self._written_seq = seq
-        if self._unsynced_since is None:
-            self._unsynced_since = time.time()
-
-    def _note_segment_record(self, seq: int, media: list[str]) -> None:
-        assert self._segment is not None
-        with self._cond:
-            self._index.note(self._segment, seq, media)
-
-    def _start_segment(self, first_seq: int) -> None:
-        self._close_segment()
-        attempt = 0
-        while True:
-            path = self.directory / segment_name(first_seq, self.lineage, attempt)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-                break
-            except FileExistsError:
-                attempt += 1
-        header = msgpack.packb(
-            {
-                "lineage": self.lineage,
-                "first_seq": first_seq,
-                "created_at": time.time(),
-                "fingerprint": self.fingerprint,
-            }
-        )
-        os.write(fd, segment_header(header))
-        self._fd, self._segment, self._segment_size = fd, path, 0
-        with self._cond:
-            self._index.start(path, first_seq)
-        self._new_dir_entries = True
-
-    def _close_segment(self) -> None:
-        if self._fd is None:
-            return
-        # A segment is durable before the next one gets a record: what survives is a prefix.
-        if self._unsynced_since is not None:
-            self._sync()
-        if self._fd is not None:  # (a sink that ships a segment closes it itself)
-            os.close(self._fd)
-            self._fd = None
-        self._segment = None
-
-    def _frame(self, item: _Item) -> tuple[tuple[bytes, bytes], list[str]]:
-        # The snapshot's deferred type check proves each long number list once; the encoder is
-        # told which, so it does not sum them a second time (a third of the floor's cost).
-        numbers = _run_checks(item.checks)
-        media: list[str] = []
-        self._media_of_item = media
-        body = b""
-        if item.value is not None:
-            where = f"{self.where}: record {item.seq} ({item.kind} {item.a})"
-            if item.lent:
-                body = self._compressor.compress(self._encode_lent(item.value, where))
-            else:
-                body = self._compressor.compress(self._encode(item.value, where, number_lists=numbers))
-        names = sorted(set(media))
-        problem = MEDIA.problem(names, "media")
-        if problem is None and len(body) > MAX_BODY_BYTES:
-            problem = f"body: {len(body)} bytes compressed, at most {MAX_BODY_BYTES}"
-        if problem is not None:  # the journal fails, named: never a record its reader refuses
-            raise JournalLimitError(f"{self.where}: record {item.seq}: {item.kind} record: {problem}")
-        # The meta is msgpack [seq, kind, at, a, b, media]: a 6-item array, b encoded already.
-        pack = msgpack.packb
-        meta = b"".join(
-            (b"\x96", pack(item.seq), pack(item.kind), pack(item.at), pack(item.a), item.b, pack(names))
-        )
-        self._batch_stats.records += 1
-        self._totals["records"] += 1
-        return frame_record_parts(meta, body), media
-
-    def _encode_lent(self, sample: Any, where: str) -> bytes:
-        """A lent sample, read in place (its owner leaves it alone until wait_encoded). The codec
-        takes plain containers only; a sample holding subclasses (an ``OrderedDict``, a
-        namedtuple) is snapshotted here, on this thread, which turns them into plain ones, as a
-        caller-side snapshot would have."""
-        media_before = len(self._media_of_item)
-        try:
-            return self._encode(sample_dict(sample, where), where)
-        except UnsupportedValueError:
-            del self._media_of_item[media_before:]
-            checks: list[Callable[[], Any]] = []
-            (snap,) = snapshot_groups([[sample]], where=where, deferred=checks)
-            return self._encode(snap[0], where, number_lists=_run_checks(checks))
-
-    def _sync(self) -> None:
-        """Make what was written durable: the sink fsyncs it (or ships it) and says when."""
-        started = time.monotonic()
-        fault_point("journal.fsync", self._written_seq)
-        if self._fd is None or self._segment is None:
-            return  # nothing open to make durable (a shipped segment is on its way already)
-        media = self._media.take_new()
-        stats = self._batch_stats
-        stats.oldest_unflushed_age_s = (
-            0.0 if self._unsynced_since is None else time.time() - self._unsynced_since
-        )
-        self._batch_stats = FlushStats()
-        self._unsynced_since = None
-        batch = Batch(
-            self._segment, self._fd, self._written_seq, media, self._new_dir_entries, stats, started
-        )
-        self._new_dir_entries = False
-        with self._cond:  # before it can be durable: compaction reads what a segment carries
-            self._index.carried(self._segment, {os.path.basename(p) for p in media})
-        self._sink.make_durable(batch)
-        self._segment_size += batch.appended
-        if batch.fd is None:  # the sink closed the segment: the next record starts a new one
-            self._fd = None
+            segments.write(frame, item.seq)
 
     def _durable(self, batch: Batch) -> None:
         """The sink made ``batch`` durable (on the writer's thread, or on the sink's own)."""

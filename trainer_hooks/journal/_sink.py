@@ -6,8 +6,9 @@ differ between a disk and an object store:
 
 * **make a segment durable** (:meth:`JournalSink.make_durable`): on a disk, fsync the media
   files placed since the last time, the directories, then the segment, and write a sync mark
-  after it (the segment goes on); on a store, end the segment with its sync mark and put it as one
-  create-only shipment (:mod:`._store`; the next record starts a new segment). A sink tells the
+  after it (the segment goes on: :mod:`._local_sink`); on a store, end the segment with its sync
+  mark and put it as one create-only shipment (:mod:`._store_sink`; the next record starts a new
+  segment). A sink tells the
   writer when the records are durable by calling the ``done`` it was started with (at once, or
   from a thread of its own), and a failure by ``failed``;
 * **delete what compaction frees** (:meth:`JournalSink.free`, under the writer's locks, so that
@@ -22,13 +23,14 @@ differ between a disk and an object store:
 
 :func:`~._open.journal_sink` (and :func:`~._open.run_journal`, the journal beside a run's
 checkpoints) is the one place that decides which sink a location gets; nothing after it asks.
+This module is the interface and what it hands back and forth (:class:`Batch`, :class:`Freed`,
+:class:`Adopted`, :class:`FlushStats`); the two sinks are :class:`~._local_sink.LocalFiles` and
+:class:`~._store_sink.Shipments`.
 """
 
 from __future__ import annotations
 
 import abc
-import contextlib
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,15 +38,8 @@ from pathlib import Path
 
 import msgpack
 
-from bundles.support import fault_point
-from trainer_hooks.checkpoints.journal._format import (
-    MEDIA_DIR,
-    SEGMENT_PREFIX,
-    SEGMENT_SUFFIX,
-    frame_record,
-)
-from trainer_hooks.checkpoints.journal._index import SegmentIndex
-from trainer_hooks.checkpoints.journal._scan import scan_journal
+from trainer_hooks.journal._format import frame_record
+from trainer_hooks.journal._index import SegmentIndex
 
 __all__ = [
     "Adopted",
@@ -52,8 +47,6 @@ __all__ = [
     "FlushStats",
     "Freed",
     "JournalSink",
-    "LocalFiles",
-    "fsync_path",
     "sync_mark",
 ]
 
@@ -116,14 +109,6 @@ def sync_mark(seq: int) -> bytes:
     """The record written after a flush: every record up to ``seq`` is durable (``inspect`` reads
     the unflushed age from it)."""
     return frame_record(msgpack.packb([-1, "sync", time.time(), -1, seq, []]), b"")
-
-
-def fsync_path(path: str, *, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class JournalSink(abc.ABC):
@@ -211,72 +196,3 @@ class JournalSink(abc.ABC):
     @abc.abstractmethod
     def parent(self) -> JournalSink | None:
         """The sink at the location above this one (None: none)."""
-
-
-class LocalFiles(JournalSink):
-    """The journal in a local directory: segments fsynced in place, media in ``media/``."""
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self._directory = Path(directory)
-        self.where = str(self._directory)
-
-    @property
-    def directory(self) -> Path:
-        return self._directory
-
-    def make_durable(self, batch: Batch) -> None:
-        for path in batch.media:
-            fsync_path(path)  # the linked bytes (run media are not fsynced when stored)
-        if batch.media or batch.new_entries:
-            fsync_path(str(self.directory / MEDIA_DIR), directory=True)
-            fsync_path(str(self.directory), directory=True)
-        fsync_started = time.monotonic()
-        if batch.fd is not None:
-            os.fdatasync(batch.fd)
-        batch.stats.fsync_s = time.monotonic() - fsync_started
-        fault_point("journal.synced", batch.seq)
-        if batch.fd is not None:  # after the fsync: a mark never precedes what it says is durable
-            mark = sync_mark(batch.seq)
-            os.write(batch.fd, mark)
-            batch.appended = len(mark)
-        self._done(batch)
-
-    def free(self, index: SegmentIndex, upto: int, active: Path | None) -> Freed:
-        """The covered segments and the media only they referenced, deleted now (under the
-        writer's locks: a record encoded after this places a screenshot it names again)."""
-        segments, names = index.compact_files(upto, active)
-        freed = Freed(len(segments), forget=list(names))
-        for path in segments:
-            fault_point("journal.compact", path)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        for name in names:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.directory / MEDIA_DIR / name)
-                freed.media += 1
-        return freed
-
-    def existing(self, lineage: str, known: Callable[[Path], bool]) -> Iterator[Adopted]:
-        for path in sorted(self.directory.glob(f"{SEGMENT_PREFIX}*-{lineage}-*{SEGMENT_SUFFIX}")):
-            if known(path):
-                continue  # written by this journal: indexed as it was written
-            scan = scan_journal(self.directory, lineage=lineage, decode_bodies=False, only=[path])
-            if scan.records:
-                media = {m for r in scan.records for m in r.media}
-                yield Adopted(path, scan.records[0].seq, scan.records[-1].seq, media)
-
-    def exists(self) -> bool:
-        return self.directory.is_dir()
-
-    def readable(self, staging: Callable[[], Path], *, must_reach: str | None = None, why: str = "") -> Path:
-        return self.directory  # a directory's listing does not lag its writes: nothing to wait for
-
-    @property
-    def name(self) -> str:
-        return self.directory.name
-
-    def child(self, rel: str) -> LocalFiles:
-        return LocalFiles(self.directory / rel)
-
-    def parent(self) -> LocalFiles:
-        return LocalFiles(self.directory.parent)

@@ -1,5 +1,5 @@
 """The rollout journal's on-disk format: names, framing, limits and its errors (see the
-``Records`` section of :mod:`trainer_hooks.checkpoints.journal._writer`, and docs/RESUME.md). Shared by
+``Records`` section of :mod:`trainer_hooks.journal._writer`, and docs/RESUME.md). Shared by
 the writer (:mod:`._writer`) and the reader (:mod:`._scan`), so that both change
 together when the format does.
 
@@ -53,7 +53,7 @@ import msgpack
 
 from bundles import BundleError
 from bundles.support import LIMITS, media_name_ok
-from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
+from trainer_hooks.checkpoints import CHECKPOINT_SUBDIR
 
 __all__ = [
     "JOURNAL_DIR",
@@ -95,7 +95,7 @@ MAX_BODY_RAW_BYTES = LIMITS["MAX_SAMPLE_RAW_BYTES"]
 DEFAULT_SEGMENT_BYTES = 256 << 20
 ZSTD_LEVEL = 1
 
-#: The journal on an object store (:mod:`._store`): one object per flush interval, a
+#: The journal on an object store (:mod:`._store_sink`): one object per flush interval, a
 #: segment and the media its records were first to reference, named after the segment.
 SHIPMENT_SUFFIX = ".rjs"
 SHIPMENT_MAGIC = b"RBJSHIP1\n"
@@ -213,7 +213,7 @@ def frame_record_parts(meta: bytes, body: bytes) -> tuple[bytes, bytes]:
 
 
 def shipment_name(segment: str) -> str:
-    """The store object that carries segment ``segment`` (see :mod:`._store`)."""
+    """The store object that carries segment ``segment`` (see :mod:`._store_sink`)."""
     return segment[: -len(SEGMENT_SUFFIX)] + SHIPMENT_SUFFIX
 
 

@@ -21,7 +21,7 @@ what ``a``, ``b`` and the body mean is the kind's. Each :class:`RecordKind` says
 * ``replay``: what a recovery does with the record (the ledger's replay calls it, in seq order,
   for the records after the checkpoint's watermark; ``replay_covered``: for those it covers
   too); ``names_group``: ``a`` is a group id (a resumed run's next group id goes past it);
-* ``event`` and ``from_event``: the :class:`~trainer_hooks.checkpoints.RolloutState` event that
+* ``event`` and ``from_event``: the :class:`~trainer_hooks.rollout.RolloutState` event that
   appends it (the Miles plugins' path), and the appends an event makes.
 
 A new kind is one entry here and its line in docs/RESUME.md. ``sync`` (the mark a flush writes)
@@ -39,8 +39,8 @@ from typing import Any, Protocol
 import msgpack
 
 from bundles.support import LIMITS
-from trainer_hooks.checkpoints._snapshot import snapshot_groups
-from trainer_hooks.checkpoints.journal._format import JournalRecord, is_media_name
+from trainer_hooks.checkpoints import snapshot_groups
+from trainer_hooks.journal._format import JournalRecord, is_media_name
 
 __all__ = [
     "AT",

@@ -77,7 +77,7 @@ import msgpack
 
 from bundles import BundleError, Location, StoreURL
 from bundles.support import fault_point, remove_tree
-from trainer_hooks.checkpoints.journal._format import (
+from trainer_hooks.journal._format import (
     MAX_META_BYTES,
     MAX_SHIPMENT_BYTES,
     MAX_SHIPMENT_MEDIA,
@@ -95,9 +95,9 @@ from trainer_hooks.checkpoints.journal._format import (
     shipment_name,
     shipment_trailer,
 )
-from trainer_hooks.checkpoints.journal._index import SegmentIndex
-from trainer_hooks.checkpoints.journal._scan import scan_journal
-from trainer_hooks.checkpoints.journal._sink import Adopted, Batch, Freed, JournalSink, sync_mark
+from trainer_hooks.journal._index import SegmentIndex
+from trainer_hooks.journal._scan import scan_journal
+from trainer_hooks.journal._sink import Adopted, Batch, Freed, JournalSink, sync_mark
 
 __all__ = [
     "Shipment",
@@ -403,37 +403,9 @@ def _reaches(names: list[tuple[str, int]], target: tuple[int, str, int]) -> bool
 def unpack_shipment(part: Path, name: str, into: Path, *, where: str) -> Shipment:
     """Check the downloaded shipment ``part`` (object ``name``) and unpack it: its media into
     ``into/media``, then the file itself, cut down to its segment, renamed into ``into``."""
-    tail = len(SHIPMENT_MAGIC) + 2 * U32.size
     with open(part, "r+b") as f:
         size = os.fstat(f.fileno()).st_size
-        f.seek(max(0, size - tail))
-        end = f.read(tail)
-        if len(end) < tail or end[-len(SHIPMENT_MAGIC) :] != SHIPMENT_MAGIC:
-            raise JournalCorruptError(
-                f"{where}: expected a journal shipment (ending in {SHIPMENT_MAGIC!r}), found {end[-16:]!r}"
-            )
-        length = end[: U32.size]
-        (hlen,) = U32.unpack(length)
-        (crc,) = U32.unpack(end[U32.size : 2 * U32.size])
-        if hlen > MAX_META_BYTES or hlen + tail > size:
-            raise JournalCorruptError(
-                f"{where}: shipment header of {hlen} bytes does not fit the object of {size}"
-            )
-        f.seek(size - tail - hlen)
-        raw = f.read(hlen)
-        if zlib.crc32(length, zlib.crc32(raw)) != crc:
-            raise JournalCorruptError(f"{where}: shipment header checksum mismatch: the object was damaged")
-        try:
-            header = msgpack.unpackb(raw, strict_map_key=True)  # bounded: hlen <= MAX_META_BYTES
-        except Exception as e:
-            raise JournalCorruptError(f"{where}: shipment header is not msgpack: {e}") from None
-        seg_len, media = _check_header(header, where)
-        carried = sum(n for _, n in media)
-        if seg_len + carried + hlen + tail != size:
-            raise JournalCorruptError(
-                f"{where}: the header lists {seg_len} segment bytes and {carried} media bytes, "
-                f"the object holds {size - hlen - tail} before its header"
-            )
+        seg_len, media = _read_header(f, size, where)
         # Every media file is checked against its name, and the segment by the scan's own
         # checks, before any is placed. Each media file is copied (_CHUNK bytes at a time, hashed
         # on the way) into a file beside its place, renamed into place once all have checked:
@@ -472,6 +444,42 @@ def unpack_shipment(part: Path, name: str, into: Path, *, where: str) -> Shipmen
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
     return Shipment(name, segment, [n for n, _ in media], size)
+
+
+def _read_header(f: Any, size: int, where: str) -> tuple[int, list[tuple[str, int]]]:
+    """The shipment's header, read from the end of ``f`` (``size`` bytes): its trailer (the magic,
+    the header's length and checksum) checked, then the header's shape and the sizes it lists
+    against the object's: ``(segment bytes, [(media name, bytes), ...])``."""
+    tail = len(SHIPMENT_MAGIC) + 2 * U32.size
+    f.seek(max(0, size - tail))
+    end = f.read(tail)
+    if len(end) < tail or end[-len(SHIPMENT_MAGIC) :] != SHIPMENT_MAGIC:
+        raise JournalCorruptError(
+            f"{where}: expected a journal shipment (ending in {SHIPMENT_MAGIC!r}), found {end[-16:]!r}"
+        )
+    length = end[: U32.size]
+    (hlen,) = U32.unpack(length)
+    (crc,) = U32.unpack(end[U32.size : 2 * U32.size])
+    if hlen > MAX_META_BYTES or hlen + tail > size:
+        raise JournalCorruptError(
+            f"{where}: shipment header of {hlen} bytes does not fit the object of {size}"
+        )
+    f.seek(size - tail - hlen)
+    raw = f.read(hlen)
+    if zlib.crc32(length, zlib.crc32(raw)) != crc:
+        raise JournalCorruptError(f"{where}: shipment header checksum mismatch: the object was damaged")
+    try:
+        header = msgpack.unpackb(raw, strict_map_key=True)  # bounded: hlen <= MAX_META_BYTES
+    except Exception as e:
+        raise JournalCorruptError(f"{where}: shipment header is not msgpack: {e}") from None
+    seg_len, media = _check_header(header, where)
+    carried = sum(n for _, n in media)
+    if seg_len + carried + hlen + tail != size:
+        raise JournalCorruptError(
+            f"{where}: the header lists {seg_len} segment bytes and {carried} media bytes, "
+            f"the object holds {size - hlen - tail} before its header"
+        )
+    return seg_len, media
 
 
 _CHUNK = 1 << 20

@@ -56,10 +56,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bundles import Location
-from trainer_hooks.checkpoints._paths import _require, checkpoint_path
-from trainer_hooks.checkpoints._reader import RolloutCheckpoint
-from trainer_hooks.checkpoints._snapshot import snapshot_groups
-from trainer_hooks.checkpoints._writer import RolloutCheckpointer
+from trainer_hooks.checkpoints import (
+    RolloutCheckpoint,
+    RolloutCheckpointer,
+    saved_checkpoint_path,
+    snapshot_groups,
+)
 
 __all__ = ["RolloutState", "RolloutStateCut"]
 
@@ -96,7 +98,7 @@ class RolloutState:
         self.lock = threading.RLock()
         self.checkpointer = checkpointer if checkpointer is not None else RolloutCheckpointer(args)
         self._next_gid = 0
-        #: The rollout journal (:class:`~trainer_hooks.checkpoints.RolloutLedger`, attached with
+        #: The rollout journal (:class:`~trainer_hooks.rollout.RolloutLedger`, attached with
         #: ``ledger.attach(state)``): ``save`` then makes the journal durable first, records its
         #: watermark in the bundle and compacts it once the bundle commits.
         self.ledger: Any = None
@@ -237,7 +239,7 @@ class RolloutState:
     def save(self, rollout_id: int, *, in_flight_is_consumed: bool = False) -> Future[Location]:
         """Queue one atomic ``rollout_checkpoint`` bundle of the cut (see :meth:`cut`) on the
         background checkpointer; returns the future of the committed path."""
-        dest = checkpoint_path(_require(self.args, "save", "--save"), rollout_id)
+        dest = saved_checkpoint_path(self.args, rollout_id)
         ledger = self.ledger
         # The journal is durable up to now before the trainer's checkpoint of this step can be.
         barrier_s = ledger.flush() if ledger is not None else 0.0

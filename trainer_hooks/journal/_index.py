@@ -8,7 +8,7 @@ record up to ``upto`` lets go:
 * **on a disk**, every segment whose records are all covered, and the media files that only
   those segments referenced (a media file is in one place, ``journal/media``, shared by all);
 * **on a store**, every such shipment whose *carried* media (the files it brought, see
-  :mod:`._store`) no live record references; a covered shipment still carrying a file
+  :mod:`._store_sink`) no live record references; a covered shipment still carrying a file
   that a later record needs is kept, *retired*, until that record is covered too.
 
 Not thread-safe by itself: the journal calls it under its lock.

@@ -45,10 +45,10 @@ Journal (lossless resume)
 With ``--rollout-journal-interval`` > 0 (default 1.0 s) and ``--save`` set, every prompt group
 handed out, every finished sibling (with ``generate_sample``) or group (with ``generate_group``)
 and every group handed to training is also appended to the rollout journal through one
-:class:`~trainer_hooks.checkpoints._ledger.RolloutLedger` (the same the Miles plugins use), and
+:class:`~trainer_hooks.rollout.RolloutLedger` (the same the Miles plugins use), and
 ``load(step)`` restores the newest checkpoint at or before ``step`` plus the journal after it:
 a crash loses at most the last interval of generation, and groups trained after ``step`` come
-back (see :mod:`trainer_hooks.checkpoints._ledger` and docs/RESUME.md). A data source with
+back (see :mod:`trainer_hooks.rollout._ledger` and docs/RESUME.md). A data source with
 ``state_dict()``/``load_state_dict(state)`` has its cursor saved with the groups.
 
 Trade-off: the worker polls every ``poll_interval`` seconds for free budget instead of being
@@ -68,10 +68,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from bundles import Location
-from trainer_hooks.checkpoints._ledger import LazyGroup, RecoveredGroup, RolloutLedger, materialize
-from trainer_hooks.checkpoints._paths import _require, checkpoint_path
-from trainer_hooks.checkpoints._snapshot import snapshot_groups
-from trainer_hooks.checkpoints._writer import RolloutCheckpointer
+from trainer_hooks.checkpoints import RolloutCheckpointer, saved_checkpoint_path, snapshot_groups
+from trainer_hooks.rollout._lazy import LazyGroup, materialize
+from trainer_hooks.rollout._ledger import RolloutLedger
+from trainer_hooks.rollout._replay import RecoveredGroup
 
 __all__ = ["FullyAsyncRolloutFn", "GroupBuffer", "ListDataSource", "RolloutWorkerError"]
 
@@ -436,7 +436,7 @@ class FullyAsyncRolloutFn:
         """
         started = time.perf_counter()
         self.checkpointer._raise_failed(wait=False)
-        dest = checkpoint_path(_require(self.args, "save", "--save"), rollout_id)
+        dest = saved_checkpoint_path(self.args, rollout_id)
         # Everything journaled so far (consumption included) is durable before the trainer's
         # checkpoint of this step can be: one fsync, on the caller's thread (never the loop's).
         barrier_s = self.ledger.flush()
@@ -459,22 +459,8 @@ class FullyAsyncRolloutFn:
             )
             it = iter(plain)
             completed = [g if hasattr(g, "load_dicts") else next(it) for g in buffered]
-            # Drained for steps <= rollout_id: in the weights saved now, forgotten. Drained for
-            # later steps: in no saved weights yet and not trained on yet (the contract), so
-            # snapshotted now and saved as completed, ahead of the buffered ones.
-            for gid in [gid for gid, (step, _) in self._consumed.items() if step <= rollout_id]:
-                del self._consumed[gid]
-            later = sorted(self._consumed.items(), key=lambda item: (item[1][0], item[0]))
-            held = [group for _, (_, group) in later]
-            it = iter(
-                snapshot_groups(
-                    [g for g in held if not hasattr(g, "load_dicts")],
-                    where="consumed_groups",
-                    deferred=checks,
-                )
-            )
-            completed[:0] = [g if hasattr(g, "load_dicts") else next(it) for g in held]
-            steps = {gid: step for gid, (step, _) in later}
+            held, steps = _snapshot_held(self._consumed, rollout_id, checks)
+            completed[:0] = held
             extra = self.ledger.checkpoint_meta(
                 pending_gids, [*steps, *self._buffer_gids], self._cursor(), consumed_steps=steps
             )
@@ -554,3 +540,27 @@ class FullyAsyncRolloutFn:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _snapshot_held(
+    consumed: dict[int, tuple[int, Any]], rollout_id: int, checks: list[Callable[[], None]]
+) -> tuple[list[Any], dict[int, int]]:
+    """For :meth:`FullyAsyncRolloutFn.save`, under its lock: of the groups drained for training
+    (``consumed``: group id -> (step, group)), those drained for steps after ``rollout_id``,
+    snapshotted, and the step each was drained for (by group id). Drained for steps <=
+    ``rollout_id``: in the weights saved now, forgotten (removed from ``consumed``). Drained for
+    later steps: in no saved weights yet and not trained on yet (the contract), so snapshotted
+    now and saved as completed, ahead of the buffered ones."""
+    for gid in [gid for gid, (step, _) in consumed.items() if step <= rollout_id]:
+        del consumed[gid]
+    later = sorted(consumed.items(), key=lambda item: (item[1][0], item[0]))
+    held = [group for _, (_, group) in later]
+    it = iter(
+        snapshot_groups(
+            [g for g in held if not hasattr(g, "load_dicts")],
+            where="consumed_groups",
+            deferred=checks,
+        )
+    )
+    snapshots = [g if hasattr(g, "load_dicts") else next(it) for g in held]
+    return snapshots, {gid: step for gid, (step, _) in later}

@@ -1,7 +1,8 @@
 """``rollout-bundle inspect`` learns the rollout journal (a trainer_hooks addition to a bundles command).
 
-The bundles command knows bundles only; this module (listed in ``trainer_hooks.cli``'s
-``COMMAND_MODULES`` after ``bundles.cli``) wraps its handler, so that:
+The bundles command knows bundles only; :func:`inspect_with_journal` composes its handler with the
+journal's (``trainer_hooks.cli`` builds ``inspect`` so, right where it registers bundles'
+commands, and adds :data:`INSPECT_DESCRIPTION` to its help), so that:
 
 * ``rollout-bundle inspect <save>/rollout/journal`` (or ``<save>``, or ``<save>/rollout``: paths
   that hold a journal but are not bundles) shows the journal's state;
@@ -30,13 +31,20 @@ from typing import Any
 
 from bundles import BundleError, is_bundle
 from bundles.support import LIMITS, display, human_bytes
-from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
-from trainer_hooks.checkpoints.journal._format import JOURNAL_DIR, MEDIA_DIR
-from trainer_hooks.checkpoints.journal._open import journal_sink
-from trainer_hooks.checkpoints.journal._scan import scan_journal
-from trainer_hooks.checkpoints.journal._sink import JournalSink
+from trainer_hooks.checkpoints import CHECKPOINT_SUBDIR
+from trainer_hooks.journal._format import JOURNAL_DIR, MEDIA_DIR
+from trainer_hooks.journal._open import journal_sink
+from trainer_hooks.journal._scan import scan_journal
+from trainer_hooks.journal._sink import JournalSink
 
-__all__ = ["journal_state", "register"]
+__all__ = ["INSPECT_DESCRIPTION", "inspect_with_journal", "journal_state"]
+
+#: What ``inspect``'s description says once it also shows a journal.
+INSPECT_DESCRIPTION = (
+    " Pointed at a rollout journal (<save>/rollout/journal, or a checkpoint directory holding one), "
+    "or at a rollout checkpoint beside one, it also shows the journal: records, bytes, the last fsync "
+    "and the age of the oldest record not yet durable."
+)
 
 
 def _find_journal(text: str, *, beside: bool) -> JournalSink | None:
@@ -124,7 +132,12 @@ def _journal_state(sink: JournalSink) -> dict[str, Any]:
     return state
 
 
-def _wrap(original: Any) -> Any:
+def inspect_with_journal(
+    original: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    """``inspect``'s handler: bundles' handler ``original`` for a bundle, then the journal beside it
+    (or only the journal, for a location that holds one and is no bundle; see the module docstring)."""
+
     def inspect(ns: argparse.Namespace) -> int:
         # The location given is asked first: one that refuses it (a store's credentials, plain
         # http) is then reported about that location by the bundles command, in its words, not
@@ -157,16 +170,3 @@ def _wrap(original: Any) -> Any:
         return status
 
     return inspect
-
-
-def register(subparsers: Any) -> None:
-    """Wrap the ``inspect`` command that ``bundles.cli`` registered (no new subcommand)."""
-    parser = subparsers.choices.get("inspect")
-    if parser is None:
-        return
-    parser.set_defaults(func=_wrap(parser.get_default("func")))
-    parser.description = (parser.description or "") + (
-        " Pointed at a rollout journal (<save>/rollout/journal, or a checkpoint directory holding one), "
-        "or at a rollout checkpoint beside one, it also shows the journal: records, bytes, the last fsync "
-        "and the age of the oldest record not yet durable."
-    )

@@ -1,7 +1,7 @@
 """Which sink a journal gets, decided once, where it is opened.
 
 :func:`journal_sink` reads the location once, as a :class:`bundles.Location`, and picks by its
-capability: a location whose writes upload (an object store) gets :class:`~._store.Shipments`,
+capability: a location whose writes upload (an object store) gets :class:`~._store_sink.Shipments`,
 any other a directory of files, :class:`~._sink.LocalFiles`. Nothing after it asks which kind it
 holds: the writer, the ledger's recovery and ``rollout-bundle inspect`` call the sink.
 """
@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from bundles import Location
-from trainer_hooks.checkpoints._paths import CHECKPOINT_SUBDIR
-from trainer_hooks.checkpoints.journal._format import JOURNAL_DIR
-from trainer_hooks.checkpoints.journal._sink import JournalSink, LocalFiles
-from trainer_hooks.checkpoints.journal._store import Shipments
+from trainer_hooks.checkpoints import CHECKPOINT_SUBDIR
+from trainer_hooks.journal._format import JOURNAL_DIR
+from trainer_hooks.journal._local_sink import LocalFiles
+from trainer_hooks.journal._sink import JournalSink
+from trainer_hooks.journal._store_sink import Shipments
 
 __all__ = ["journal_sink", "run_journal"]
 

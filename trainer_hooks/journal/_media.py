@@ -22,7 +22,7 @@ from typing import Any
 
 from bundles import MediaRef
 from bundles.support import fault_point, place_file
-from trainer_hooks.checkpoints.journal._format import JournalError, is_content_name
+from trainer_hooks.journal._format import JournalError, is_content_name
 
 __all__ = ["JournalMedia"]
 
