@@ -216,13 +216,7 @@ def _replay_one(
         "bytes_after_cast": 0,
         "logprob_diff": None,
     }
-    try:
-        train = _default_convert(args, [sample], {})
-        for _, _, message in guard_violations(train, first_position=position):
-            problems.append({"kind": "guard", "message": message, "image": None})
-    except (ValueError, TypeError, KeyError) as e:
-        problems.append({"kind": "convert", "message": f"sample index {sample.index}: {e}", "image": None})
-
+    problems.extend(_guard_problems(args, sample, position))
     rebuilt: _Rebuilt | None
     try:
         try:
@@ -232,24 +226,11 @@ def _replay_one(
     except (OSError, ValueError, BundleError) as e:
         problems.append({"kind": "rebuild", "message": str(e), "image": None})  # names index and position
         rebuilt = None
-    tokens_per_image: list[tuple[int, int | None]] = []
     finish: Callable[[], None] = _nothing
     if rebuilt is not None:
         before, grid, results = rebuilt
         entry["bytes_before_cast"] = before
-        if grid is not None:
-            # not a list: a payload problem
-            tokens = sample.tokens if isinstance(sample.tokens, (list, tuple)) else []
-            expected, found, token_problems = check_image_tokens(
-                tokens,
-                grid,
-                merge_size=processor.merge_size,
-                image_token_id=processor.image_token_id,
-                sample_index=sample.index,
-            )
-            tokens_per_image = list(zip(expected, found, strict=True))
-            if plan.token_space:
-                problems.extend(token_problems)
+        tokens_per_image = _token_check(sample, grid, processor, problems if plan.token_space else [])
 
         def fill_images() -> None:
             entry["bytes_after_cast"], images = results()
@@ -266,6 +247,39 @@ def _replay_one(
     except (OSError, ValueError, BundleError) as e:
         problems.append({"kind": "payload", "message": str(e), "image": None})
     return entry, payload, finish
+
+
+def _guard_problems(args: Namespace, sample: Sample, position: int) -> list[dict[str, Any]]:
+    """The conversion guard's violations for ``sample`` (``guard``), or the converter's refusal
+    (``convert``)."""
+    try:
+        train = _default_convert(args, [sample], {})
+        return [
+            {"kind": "guard", "message": message, "image": None}
+            for _, _, message in guard_violations(train, first_position=position)
+        ]
+    except (ValueError, TypeError, KeyError) as e:
+        return [{"kind": "convert", "message": f"sample index {sample.index}: {e}", "image": None}]
+
+
+def _token_check(
+    sample: Sample, grid: Any, processor: ReplayProcessor, problems: list[dict[str, Any]]
+) -> list[tuple[int, int | None]]:
+    """Per image: ``(vision tokens the grid gives, placeholders found)``; a mismatch is added to
+    ``problems`` as ``token_count`` (the caller passes a throwaway list outside token space)."""
+    if grid is None:
+        return []
+    # not a list: a payload problem
+    tokens = sample.tokens if isinstance(sample.tokens, (list, tuple)) else []
+    expected, found, token_problems = check_image_tokens(
+        tokens,
+        grid,
+        merge_size=processor.merge_size,
+        image_token_id=processor.image_token_id,
+        sample_index=sample.index,
+    )
+    problems.extend(token_problems)
+    return list(zip(expected, found, strict=True))
 
 
 def _nothing() -> None:
