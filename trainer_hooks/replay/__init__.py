@@ -10,7 +10,10 @@
   payloads, with ``mm_token_expansion_start_len`` in token space.
 * :func:`check_image_tokens`: placeholder counts against ``image_grid_thw``.
 * :func:`replay_bundle`: all of the above over a bundle, with fingerprints, ``expect`` and Ray;
-  ``rollout-bundle replay`` (:mod:`trainer_hooks.replay._cli`).
+  ``rollout-bundle replay`` (:mod:`trainer_hooks.replay._cli`); with ``model`` (``--model DIR``)
+  the trainer's log-probs of each response against ``rollout_log_probs``
+  (:mod:`trainer_hooks.replay._score`), summed up across the bundle
+  (:mod:`trainer_hooks.replay._mismatch`).
 * :func:`load_replay_report`, :func:`check_replay_report`, :func:`check_report_bundle` (a report
   of another bundle is refused: ``view --replay``, ``replay --expect``), :func:`bundle_identity`.
 
