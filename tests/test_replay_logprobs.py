@@ -200,7 +200,7 @@ def test_another_family_and_bad_usage_are_refused_in_one_line(run, reference, tm
     )
     assert len(err.splitlines()) == 1
     assert main(["replay", str(reference), "--max-logprob-diff", "0.1", "--no-progress"]) == 2
-    assert "--max-logprob-diff needs --model" in capsys.readouterr().err
+    assert "--max-logprob-diff needs --model or --engine" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["replay", str(reference), "--model", str(run.model_dir), "--max-logprob-diff", "-1"])
 

@@ -3,7 +3,8 @@
     rollout-bundle replay BUNDLE [--dtype {bf16,fp16,fp32}] [--limit N] [--json]
                           [--report FILE.json] [--payloads-out FILE.jsonl] [--expect FILE.json]
                           [--answers FILE.jsonl] [--mm-process-config JSON] [--ray [ADDRESS]]
-                          [--model DIR [--device cpu|cuda] [--max-logprob-diff X] [--tis-cap C]]
+                          [--model DIR [--device cpu|cuda] | --engine URL] [--max-logprob-diff X]
+                          [--tis-cap C]
 
 Opens the bundle (directory or packed file, fast verification), runs the conversion guard, the
 rebuild with cast, the token-space check and the prefill payload build for each sample, and
@@ -129,7 +130,7 @@ def register(subparsers: Any) -> None:
         "%(prog)s BUNDLE [--dtype {bf16,fp16,fp32}] [--limit N] [--json] [--report FILE.json]\n"
         "       [--payloads-out FILE.jsonl] [--expect FILE.json] [--answers FILE.jsonl]\n"
         "       [--mm-process-config JSON] [--allow-outside-media] [--ray [ADDRESS]]\n"
-        "       [--model DIR [--device {cpu,cuda}] [--max-logprob-diff X] [--tis-cap C]]\n"
+        "       [--model DIR [--device {cpu,cuda}] | --engine URL] [--max-logprob-diff X] [--tis-cap C]\n"
         "       [--progress | --no-progress]"
     )
 
@@ -153,11 +154,17 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         "would be handed, against rollout_log_probs",
     )  # fmt: skip
     p.add_argument(
+        "--engine", metavar="URL",
+        help="a running SGLang server (http://HOST:PORT): post each sample's prefill payload to its "
+        "/generate and fill logprob_diff from its answer, as --model does",
+    )  # fmt: skip
+    p.add_argument(
         "--device", default="cpu", choices=("cpu", "cuda"), help="where --model runs (default cpu)"
     )
     p.add_argument(
         "--max-logprob-diff", type=_positive, default=None, metavar="X",
-        help="with --model: a sample whose mean |log-prob difference| is over X is a violation (exit 1)",
+        help="with --model or --engine: a sample whose mean |log-prob difference| is over X is a "
+        "violation (exit 1)",
     )  # fmt: skip
     p.add_argument(
         "--tis-cap", type=_positive, default=2.0, metavar="C",
@@ -197,7 +204,7 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
     )
     w(f"peak memory    {human_bytes(s['peak_rss_bytes'])} (RSS high-water mark)\n")
     if s.get("logprob"):
-        _print_mismatch(s["logprob"], report.get("model"), w)
+        _print_mismatch(s["logprob"], report, w)
     kinds = s["problems"]
     if not kinds:
         w("problems       none\n")
@@ -211,10 +218,12 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
         w(f"  ... {len(problems) - _SHOWN} more (see --report)\n")
 
 
-def _print_mismatch(m: dict[str, Any], model: dict[str, Any] | None, w: Any) -> None:
+def _print_mismatch(m: dict[str, Any], report: dict[str, Any], w: Any) -> None:
     """The summary's log-prob lines: the distribution of per-sample mean |difference|, k3, TIS."""
     d = m["mean_abs"]
+    model, engine = report.get("model"), report.get("engine")
     source = f" ({model['path']} on {model['device']})" if model else ""
+    source = f" (engine {engine['url']})" if engine else source
     w(f"log-probs      {m['samples']} samples, {m['tokens']} tokens{source}\n")
     w(f"  mean |diff|  mean {d['mean']:.3g}, p50 {d['p50']:.3g}, p99 {d['p99']:.3g}, max {d['max']:.3g}\n")
     if m["tokens"]:
@@ -334,6 +343,7 @@ def _replay_with_progress(
                 progress=progress,
                 allow_outside_media=ns.allow_outside_media,
                 model=ns.model,
+                engine=ns.engine,
                 device=ns.device,
                 max_logprob_diff=ns.max_logprob_diff,
                 tis_cap=ns.tis_cap,

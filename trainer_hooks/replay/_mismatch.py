@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["DEFAULT_TIS_CAP", "mismatch_summary", "sample_mismatch", "turn_runs"]
+__all__ = ["DEFAULT_TIS_CAP", "mismatch_summary", "sample_mismatch", "threshold_problem", "turn_runs"]
 
 #: The importance-ratio cap of the TIS figure (verl's ``tis_imp_ratio_cap`` default).
 DEFAULT_TIS_CAP = 2.0
@@ -125,3 +125,17 @@ def mismatch_summary(entries: Sequence[Mapping[str, Any]], tis_cap: float) -> di
         "tis_clipped_tokens": clipped,
         "tis_clipped_fraction": clipped / tokens if tokens else 0.0,
     }
+
+
+def threshold_problem(where: str, diff: Mapping[str, Any], limit: float | None) -> dict[str, Any] | None:
+    """The ``logprob`` problem of a sample (``where``: its index and position) whose ``mean_abs``
+    is over ``limit``, naming the turn and the first token over it; None when it is not."""
+    if limit is None or diff["mean_abs"] <= limit:
+        return None
+    first = diff.get("first_over") or {}
+    return {"kind": "logprob", "image": None, "message": (
+        f"{where}: the trainer's log-probs differ from the rollout's: mean_abs {diff['mean_abs']:.3g} over "
+        f"--max-logprob-diff {limit:g} (max_abs {diff['max_abs']:.3g}); first token over it: turn "
+        f"{first.get('turn')}, response token {first.get('offset')} (id {first.get('token')}, |diff| "
+        f"{first.get('abs', 0.0):.3g})"
+    )}  # fmt: skip

@@ -43,6 +43,9 @@ class ReplayPlan:
     #: (:mod:`trainer_hooks.replay._score`), run on ``device``; None: no model.
     model: str | None = None
     device: str = "cpu"
+    #: ``--engine``: a running SGLang server whose prefill answers fill each ``logprob_diff``
+    #: (:mod:`trainer_hooks.replay._engine`; asked from the driver, never from Ray tasks).
+    engine: str | None = None
     #: ``--max-logprob-diff``: a sample whose ``mean_abs`` is over it is a ``logprob`` violation.
     max_logprob_diff: float | None = None
     #: The importance-ratio cap of the TIS figure (:mod:`trainer_hooks.replay._mismatch`).

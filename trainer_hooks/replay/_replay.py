@@ -68,6 +68,7 @@ def replay_bundle(
     progress: Callable[[int, int], None] | None = None,
     allow_outside_media: bool = False,
     model: str | os.PathLike[str] | None = None,
+    engine: str | None = None,
     device: str = "cpu",
     max_logprob_diff: float | None = None,
     tis_cap: float = DEFAULT_TIS_CAP,
@@ -95,12 +96,11 @@ def replay_bundle(
             ``device``: each ``logprob_diff`` compares its log-probs of the response, on what
             training would be handed, with ``rollout_log_probs`` (:mod:`._score`, :mod:`._mismatch`;
             ``summary["logprob"]`` sums them up). Not with ``answers``.
+        engine: a running SGLang server's URL: the same, from its prefill answers (:mod:`._engine`).
         max_logprob_diff: a sample whose ``mean_abs`` is over it is a ``logprob`` problem.
         tis_cap / batch_bytes: the TIS figure's ratio cap; the memory of one forward pass.
     """
-    scoring = _scoring(
-        model, device, max_logprob_diff, tis_cap, batch_bytes, with_answers=answers is not None
-    )
+    scoring = _scoring(model, engine, device, max_logprob_diff, tis_cap, batch_bytes, answers is not None)
     if expect is not None:
         check_replay_report(expect, "expect")  # before the work, not after it
     bundle = open_replay_bundle(path)
@@ -116,25 +116,27 @@ def replay_bundle(
 
 def _scoring(
     model: str | os.PathLike[str] | None,
+    engine: str | None,
     device: str,
     max_logprob_diff: float | None,
     tis_cap: float,
     batch_bytes: int,
-    *,
     with_answers: bool,
 ) -> dict[str, Any]:
-    """The :class:`ReplayPlan` fields of ``model`` scoring, checked before any work (a family
+    """The :class:`ReplayPlan` fields of log-prob scoring, checked before any work (a family
     replay cannot score is refused here, in one line naming it)."""
-    if model is not None and with_answers:
-        raise ValueError("--model and --answers both fill logprob_diff: give one of them")
-    if max_logprob_diff is not None and model is None:
-        raise ValueError("--max-logprob-diff needs --model")
+    if sum((model is not None, engine is not None, with_answers)) > 1:
+        raise ValueError("--model, --engine and --answers each fill logprob_diff: give one of them")
+    if max_logprob_diff is not None and model is None and engine is None:
+        raise ValueError("--max-logprob-diff needs --model or --engine")
+    if engine is not None and not engine.startswith(("http://", "https://")):
+        raise ValueError(f"--engine: expected an http:// or https:// URL, found {engine[:200]!r}")
     if not (isinstance(tis_cap, (int, float)) and tis_cap > 0):
         raise ValueError(f"tis_cap: expected a number > 0, found {tis_cap!r}")
     if model is not None:
         model_class_name(os.fspath(model))
     return {
-        "model": os.fspath(model) if model is not None else None, "device": device,
+        "model": os.fspath(model) if model is not None else None, "engine": engine, "device": device,
         "max_logprob_diff": max_logprob_diff, "tis_cap": float(tis_cap), "batch_bytes": int(batch_bytes),
     }  # fmt: skip
 
@@ -170,6 +172,10 @@ def _replay_open_bundle(
     )  # fmt: skip
     if answers is not None:
         _fill_logprob_diffs(bundle, entries, answers)
+    if plan.engine is not None:
+        from trainer_hooks.replay._engine import score_on_engine
+
+        score_on_engine(bundle, plan, entries, plan.engine)
     _note_unrecorded_processor(bundle, processor)
     report = _assemble_report(path, bundle, plan, processor, entries, peak, expect)
     if payloads_out is not None:
@@ -267,4 +273,6 @@ def _assemble_report(
             "device": plan.device,
             "max_logprob_diff": plan.max_logprob_diff,
         }
+    if plan.engine is not None:
+        report["engine"] = {"url": plan.engine, "max_logprob_diff": plan.max_logprob_diff}
     return report

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer_hooks.replay._mismatch import sample_mismatch
+from trainer_hooks.replay._mismatch import sample_mismatch, threshold_problem
 from trainer_hooks.replay._payload import prompt_length, rollout_log_probs
 from trainer_hooks.replay._plan import ReplayPlan
 from trainer_hooks.replay._processor import FAMILIES, _read_json_file
@@ -224,14 +224,8 @@ def make_scorer(plan: ReplayPlan, image_token_id: int) -> LogprobScorer | None:
         response = item.tokens[item.prompt_len :]
         diff = sample_mismatch(values, item.rollout, response, item.loss_mask, limit, plan.tis_cap)
         item.entry["logprob_diff"] = diff
-        if limit is not None and diff["mean_abs"] > limit:
-            first = diff["first_over"] or {}
-            item.entry["problems"].append({"kind": "logprob", "image": None, "message": (
-                f"{_where(item.entry)}: the trainer's log-probs differ from the rollout's: mean_abs "
-                f"{diff['mean_abs']:.3g} over --max-logprob-diff {limit:g} (max_abs {diff['max_abs']:.3g}); "
-                f"first token over it: turn {first.get('turn')}, response token {first.get('offset')} "
-                f"(id {first.get('token')}, |diff| {first.get('abs', 0.0):.3g})"
-            )})  # fmt: skip
+        if (problem := threshold_problem(_where(item.entry), diff, limit)) is not None:
+            item.entry["problems"].append(problem)
 
     def failed(item: ScoreItem, message: str) -> None:
         item.entry["problems"].append(
