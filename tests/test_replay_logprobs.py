@@ -211,3 +211,46 @@ def test_json_carries_the_mismatch_summary(run, reference, capsys):
     assert set(summary) == {"samples", "mean_abs", "tokens", "k3", "tis_cap", "tis_clipped_tokens",
                             "tis_clipped_fraction"}  # fmt: skip
     assert set(summary["mean_abs"]) == {"mean", "p50", "p99", "max"} and summary["tis_cap"] == 2.0
+
+
+# ------------------------------------------------------------------ the figures, on numbers worked by hand
+
+
+def test_a_samples_mismatch_by_turn_with_the_first_token_over_the_threshold():
+    from trainer_hooks.replay._mismatch import sample_mismatch
+
+    rollout = [-1.0, -2.0, 0.0, 0.0, -3.0, -4.0]
+    trainer = [-1.0, -2.5, -9.0, -9.0, -3.0, -3.0]  # the observation (mask 0) is never compared
+    diff = sample_mismatch(trainer, rollout, [11, 12, 13, 14, 15, 16], [1, 1, 0, 0, 1, 1], 0.4, tis_cap=2.0)
+    assert diff["tokens"] == 4 and diff["mean_abs"] == pytest.approx(1.5 / 4) and diff["max_abs"] == 1.0
+    assert diff["turns"] == [
+        {"turn": 0, "start": 0, "tokens": 2, "mean_abs": 0.25, "max_abs": 0.5},
+        {"turn": 1, "start": 4, "tokens": 2, "mean_abs": 0.5, "max_abs": 1.0},
+    ]
+    assert diff["first_over"] == {"offset": 1, "turn": 0, "token": 12, "abs": 0.5}
+    # r = exp(trainer - rollout) per compared token: 1, e^-0.5, 1, e^1; k3 = mean of (r - 1) - log r.
+    import math
+
+    expected = [0.0, math.exp(-0.5) - 1 + 0.5, 0.0, math.e - 1 - 1]
+    assert diff["k3"] == pytest.approx(sum(expected) / 4)
+    assert diff["tis_clipped"] == 1  # e^1 > 2
+    # No loss_mask: the whole response is one turn; no threshold: no first token over it.
+    whole = sample_mismatch([-1.0, -1.0], [-1.0, -1.5], [1, 2], None, None)
+    assert whole["turns"] == [{"turn": 0, "start": 0, "tokens": 2, "mean_abs": 0.25, "max_abs": 0.5}]
+    assert whole["first_over"] is None
+
+
+def test_the_bundles_mismatch_distribution():
+    from trainer_hooks.replay._mismatch import mismatch_summary
+
+    def entry(mean: float, tokens: int, k3: float, clipped: int) -> dict:
+        return {"logprob_diff": {"mean_abs": mean, "max_abs": mean, "tokens": tokens, "k3": k3,
+                                 "tis_clipped": clipped}}  # fmt: skip
+
+    entries = [entry(float(i), 2, 0.1 * i, i % 2) for i in range(1, 102)] + [{"logprob_diff": None}]
+    s = mismatch_summary(entries, 2.0)
+    assert s["samples"] == 101 and s["tokens"] == 202
+    assert s["mean_abs"] == {"mean": 51.0, "p50": 51.0, "p99": 100.0, "max": 101.0}
+    assert s["k3"] == pytest.approx(0.1 * 51.0) and s["tis_clipped_tokens"] == 51
+    assert s["tis_clipped_fraction"] == pytest.approx(51 / 202)
+    assert mismatch_summary([{"logprob_diff": None}], 2.0) is None

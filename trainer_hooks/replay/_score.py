@@ -15,9 +15,9 @@ The log-prob of response token ``k`` is the log-softmax, in float32, of the logi
 before it.
 
 Batches: samples are packed, in order, into one forward pass while the estimated memory stays
-under ``batch_bytes`` (:func:`sample_bytes`: the sequence's activations and the float32 logits of
-the response positions, which alone are kept: ``logits_to_keep``); a sample over the budget runs
-alone. Sequences are left-padded, so every response ends at the last position and one slice of
+under ``batch_bytes`` (:func:`sample_bytes`: the sequence's activations, its attention scores, and
+the float32 logits of the response positions, which alone are kept: ``logits_to_keep``); a sample
+over the budget runs alone. Sequences are left-padded, so every response ends at the last position and one slice of
 the logits covers the batch; the padding is masked (attention and positions), which changes the
 real tokens' log-probs by float rounding only (tested: a batch equals one sample at a time within
 1e-5 in fp32).
@@ -105,11 +105,15 @@ class ScoreItem:
         return len(self.tokens) - self.prompt_len
 
 
-def sample_bytes(item: ScoreItem, hidden: int, vocab: int, element: int) -> int:
-    """Estimated memory of ``item``'s forward pass: ~24 hidden-size activations per token in the
-    model's dtype, the float32 logits and log-softmax of its response positions, its pixels."""
+def sample_bytes(item: ScoreItem, hidden: int, heads: int, vocab: int, element: int) -> int:
+    """Estimated memory of ``item``'s share of a forward pass: ~24 hidden-size activations per
+    token in the model's dtype; the attention scores of a layer, ``heads x len^2`` float32 (an
+    attention that materialises them, as CPU attention with a padding mask does); the float32
+    logits and log-softmax of its response positions; its pixels. The vision tower's attention
+    runs image by image, so it is not counted per sample."""
     pixels = sum(v.numel() * v.element_size() for v in (item.inputs or {}).values() if hasattr(v, "numel"))
-    return len(item.tokens) * hidden * element * 24 + (item.response_len + 1) * vocab * 8 + pixels
+    n = len(item.tokens)
+    return n * hidden * element * 24 + heads * n * n * 4 + (item.response_len + 1) * vocab * 8 + pixels
 
 
 class LogprobScorer:
@@ -130,13 +134,14 @@ class LogprobScorer:
         self.image_token_id = image_token_id
         text = getattr(model.config, "text_config", model.config)
         self._hidden, self._vocab = int(text.hidden_size), int(text.vocab_size)
+        self._heads = int(getattr(text, "num_attention_heads", 1) or 1)
         self._element = next(model.parameters()).element_size()
         self._mm_types = "mm_token_type_ids" in inspect.signature(model.forward).parameters
         self._queue: list[ScoreItem] = []
         self._queued = 0
 
     def add(self, item: ScoreItem) -> None:
-        cost = sample_bytes(item, self._hidden, self._vocab, self._element)
+        cost = sample_bytes(item, self._hidden, self._heads, self._vocab, self._element)
         if self._queue and self._queued + cost > self.batch_bytes:
             self.flush()
         self._queue.append(item)
