@@ -53,3 +53,31 @@ def test_bench_serve_quick_measures_every_figure(tmp_path: Path) -> None:
     ):
         assert re.search(rf"^  {re.escape(kind)} +p50 ", out, re.M), (kind, out)
     assert "Traceback" not in done.stderr
+
+
+def test_bench_replay_logprobs_quick_measures_every_figure(tmp_path: Path) -> None:
+    """benchmarks/bench_replay_logprobs.py --quick (issue 38, item 6): a small random Qwen2-VL, a
+    two-sample dump, `replay --model` against the same forward pass called directly, the rebuild."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("PIL.Image")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_replay_logprobs.py"), "--quick", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for figure in (
+        r"forward pass called directly +[\d.]+ +[\d.]+ +\d+ MiB",
+        r"replay --model, 1 per pass +[\d.]+ +[\d.]+ +\d+ MiB",
+        r"replay --model, batched +[\d.]+",
+        r"  forward +[\d.]+ s +\d+%",
+        r"  rebuild +[\d.]+ s +\d+%",
+        r"replay's forward passes / direct +[\d.]+x CPU time",
+        r"the same, in one process taking turns: [\d.]+x CPU time",
+        r"replay / direct peak RSS +[\d.]+x",
+        r"rebuild's share of the replay +-?\d+% of its CPU time",
+        r"floor: replay <= 1.1x the direct forward pass",
+    ):
+        assert re.search(figure, done.stdout), (figure, done.stdout)
+    assert "Traceback" not in done.stderr

@@ -3,7 +3,8 @@
 * :mod:`._options`: :func:`add_arguments` (usable as Miles' parser hook), :func:`parse_args`,
   :func:`validate_args`; the table of this project's settings :data:`SETTINGS` (whence
   :data:`OWN_OPTIONS`, :func:`add_own_arguments`, :func:`check_settings`,
-  :func:`validate_settings`) and :data:`MILES_OPTIONS`.
+  :func:`validate_settings`) and :data:`MILES_OPTIONS` (from :mod:`._miles_options`, the table
+  of Miles' own definitions).
 * :mod:`._processor`: :class:`RolloutEngineProcessorArgs`, which resolves every engine group's
   image-processor settings and refuses groups that disagree, at launch.
 """

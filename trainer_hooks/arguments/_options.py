@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import re
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from bundles import LinkMode, UnsupportedLocationError, Verify, check_location
 from bundles.support import bounded_repr, local_path_only
+from trainer_hooks.arguments._miles_options import miles_options
 from trainer_hooks.arguments._processor import RolloutEngineProcessorArgs, parse_mm_process_config
 from trainer_hooks.run_media import check_run_id
 
@@ -197,84 +197,10 @@ def _own_options() -> list[tuple[str, dict[str, Any]]]:
     return [(st.flag, dict(st.kwargs)) for st in SETTINGS]
 
 
-# Options Miles defines (itself, through its training backend, or from SGLang's ServerArgs), with
-# Miles' type, default and choices. They are added only where the parser lacks them, at parse time.
-def _miles_options() -> list[tuple[str, dict[str, Any]]]:
-    return [
-        ("--save", dict(type=str, default=None, help="Checkpoint directory.")),
-        ("--load", dict(type=str, default=None, help="Checkpoint directory to resume from.")),
-        (
-            "--save-debug-rollout-data",
-            dict(
-                type=str,
-                default=None,
-                help="Path template with {rollout_id} for dumping each rollout's samples.",
-            ),
-        ),
-        (
-            "--save-debug-trajectory-data",
-            dict(
-                type=str,
-                default=None,
-                help="Path template with {rollout_id} for each rollout's trajectory JSONL (samples with "
-                "metadata['messages']).",
-            ),
-        ),
-        (
-            "--load-debug-rollout-data",
-            dict(
-                type=str,
-                default=None,
-                help="Path template with {rollout_id} to replay dumped samples instead of running engines.",
-            ),
-        ),
-        (
-            "--load-debug-rollout-data-subsample",
-            dict(
-                type=float,
-                default=None,
-                help="Keep this fraction (0 <= r <= 1; 0 keeps every row, as in Miles) of the replayed samples.",
-            ),
-        ),
-        # Miles' FSDP backend defines --fp16 as a BooleanOptionalAction; Megatron's --bf16 is a flag.
-        ("--fp16", dict(action=argparse.BooleanOptionalAction, default=False)),
-        ("--bf16", dict(action="store_true", default=False)),
-        (
-            "--num-rollout",
-            dict(type=int, default=None, help="Number of rollout steps (the reference drivers need it)."),
-        ),
-        ("--start-rollout-id", dict(type=int, default=None, help="The first rollout step (default 0).")),
-        ("--rollout-batch-size", dict(type=int, required=True, help="Prompt groups per rollout step.")),
-        ("--save-interval", dict(type=int, default=None, help="Save a checkpoint every N rollout steps.")),
-        ("--update-weights-interval", dict(type=int, default=1)),
-        (
-            "--sglang-config",
-            dict(
-                type=str,
-                default=None,
-                help="YAML: sglang: [{name, model_path, server_groups: [{worker_type, num_gpus, overrides: {...}}]}].",
-            ),
-        ),
-        # SGLang's ServerArgs definitions (0.5.23: arg_groups/fields/mm.py), as Miles exposes them.
-        (
-            "--sglang-image-processor-backend",
-            dict(type=str, choices=["auto", "torchvision", "pil"], default="auto"),
-        ),
-        ("--sglang-mm-process-config", dict(type=json.loads, default=None, help="JSON object.")),
-        ("--rollout-external-engine-addrs", dict(type=str, nargs="+", default=None, metavar="HOST:PORT")),
-        ("--custom-inference-engine-provider-path", dict(type=str, default=None)),
-        ("--recompute-logprobs-via-prefill", dict(action="store_true", default=False)),
-        (
-            "--reward-key",
-            dict(type=str, default=None, help="Key of the reward value when rewards are dicts."),
-        ),
-    ]
-
-
 #: Options ``add_arguments`` adds at once; the others (:data:`MILES_OPTIONS`) only where absent at parse time.
 OWN_OPTIONS = tuple(flag for flag, _ in _own_options())
 #: Options Miles defines; never added by ``add_arguments`` before Miles has had its turn.
-MILES_OPTIONS = tuple(flag for flag, _ in _miles_options())
+MILES_OPTIONS = tuple(flag for flag, _ in miles_options())
 
 _DEFERRED_MARK = "_trainer_hooks_miles_options_deferred"
 
@@ -296,7 +222,7 @@ def _add_missing(
 def add_miles_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add, with Miles' definitions, the Miles options ``parser`` does not define yet."""
     return _add_missing(
-        parser, _miles_options(), "Miles options used by trainer_hooks (as Miles defines them)"
+        parser, miles_options(), "Miles options used by trainer_hooks (as Miles defines them)"
     )
 
 
@@ -425,27 +351,44 @@ def validate_settings(
         return f"{where}: {name} ({flag})" if where is not None and name in keys else flag
 
     if g("shared_media_dir") is not None:
-        raw = args.shared_media_dir
-        try:  # bundles' rule: a URL is never taken for a local path (s3://b/m is not ./s3:/b/m)
-            local_path_only(raw, "the shared media directory")
-        except UnsupportedLocationError as e:
-            raise ValueError(f"{label('shared_media_dir')}: {e}") from None
-        if not isinstance(raw, (str, os.PathLike)):
-            raise ValueError(f"{label('shared_media_dir')}: expected a path, found {bounded_repr(raw)}")
-        path = os.path.expanduser(os.fspath(raw))
-        if path.startswith("~"):
-            raise ValueError(
-                f"{label('shared_media_dir')} {bounded_repr(path)}: cannot expand '~' (no such user or no "
-                "home directory); give an absolute path"
-            )
-        path = os.path.abspath(path)
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ValueError(f"{label('shared_media_dir')} {path}: expected a directory, found a file")
-        args.shared_media_dir = path
+        args.shared_media_dir = _shared_media_dir(args.shared_media_dir, label("shared_media_dir"))
     if g("run_uuid") is None:
         args.run_uuid = uuid.uuid4().hex
     check_run_id(args.run_uuid, option=label("run_uuid"))
+    _check_retention_and_journal(g, label)
+    for name, choices in (("bundle_link_mode", BUNDLE_LINK_MODES), ("bundle_verify", BUNDLE_VERIFY_MODES)):
+        value = g(name)
+        if value is not None and value not in choices:
+            raise ValueError(
+                f"{label(name)}: expected one of {', '.join(choices)}, found {bounded_repr(value)}"
+            )
+    return args
 
+
+def _shared_media_dir(raw: Any, label: str) -> str:
+    """``--shared-media-dir`` as an absolute local directory path (``~`` expanded); ValueError
+    naming ``label`` for a URL, a non-path, an unexpandable ``~`` or a file."""
+    try:  # bundles' rule: a URL is never taken for a local path (s3://b/m is not ./s3:/b/m)
+        local_path_only(raw, "the shared media directory")
+    except UnsupportedLocationError as e:
+        raise ValueError(f"{label}: {e}") from None
+    if not isinstance(raw, (str, os.PathLike)):
+        raise ValueError(f"{label}: expected a path, found {bounded_repr(raw)}")
+    path = os.path.expanduser(os.fspath(raw))
+    if path.startswith("~"):
+        raise ValueError(
+            f"{label} {bounded_repr(path)}: cannot expand '~' (no such user or no "
+            "home directory); give an absolute path"
+        )
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{label} {path}: expected a directory, found a file")
+    return path
+
+
+def _check_retention_and_journal(g: Callable[..., Any], label: Callable[[str], str]) -> None:
+    """``--keep-rollout-checkpoints``, ``--rollout-journal-interval`` and
+    ``--resume-accept-changes``, read through ``g`` (getattr on the args), named by ``label``."""
     keep = g("keep_rollout_checkpoints")
     if keep is not None and keep < 1:
         raise ValueError(
@@ -458,22 +401,16 @@ def validate_settings(
             f"{label('rollout_journal_interval')}: expected seconds from 0 (disables the journal) to "
             f"{MAX_JOURNAL_INTERVAL_S:g} (a day), found {bounded_repr(interval)}"
         )
-    if g("resume_accept_changes") is not None:
+    accept = g("resume_accept_changes")
+    if accept is not None:
         from trainer_hooks.checkpoints import FINGERPRINT_FIELDS
 
-        unknown = [f for f in _fields(args.resume_accept_changes) if f not in FINGERPRINT_FIELDS]
+        unknown = [f for f in _fields(accept) if f not in FINGERPRINT_FIELDS]
         if unknown:
             raise ValueError(
                 f"{label('resume_accept_changes')}: unknown field(s) {_names(unknown)}; expected some of "
                 f"{', '.join(FINGERPRINT_FIELDS)}"
             )
-    for name, choices in (("bundle_link_mode", BUNDLE_LINK_MODES), ("bundle_verify", BUNDLE_VERIFY_MODES)):
-        value = g(name)
-        if value is not None and value not in choices:
-            raise ValueError(
-                f"{label(name)}: expected one of {', '.join(choices)}, found {bounded_repr(value)}"
-            )
-    return args
 
 
 def validate_args(args: argparse.Namespace) -> argparse.Namespace:

@@ -10,7 +10,11 @@
   payloads, with ``mm_token_expansion_start_len`` in token space.
 * :func:`check_image_tokens`: placeholder counts against ``image_grid_thw``.
 * :func:`replay_bundle`: all of the above over a bundle, with fingerprints, ``expect`` and Ray;
-  ``rollout-bundle replay`` (:mod:`trainer_hooks.replay._cli`).
+  ``rollout-bundle replay`` (:mod:`trainer_hooks.replay._cli`); with ``model`` (``--model DIR``)
+  the trainer's log-probs of each response against ``rollout_log_probs``
+  (:mod:`trainer_hooks.replay._score`), summed up across the bundle
+  (:mod:`trainer_hooks.replay._mismatch`); :func:`load_model`, :class:`LogprobScorer` and
+  :class:`ScoreItem` score a script's own samples the same way.
 * :func:`load_replay_report`, :func:`check_replay_report`, :func:`check_report_bundle` (a report
   of another bundle is refused: ``view --replay``, ``replay --expect``), :func:`bundle_identity`.
 
@@ -50,14 +54,17 @@ from trainer_hooks.replay._report import (
     check_report_bundle,
     load_replay_report,
 )
+from trainer_hooks.replay._score import LogprobScorer, ScoreItem, load_model
 from trainer_hooks.replay._tokens import check_image_tokens
 
 __all__ = [
     "DEFAULT_IMAGE_TOKEN_ID",
     "DTYPE_NAMES",
     "REPORT_FORMAT",
+    "LogprobScorer",
     "ReplayProcessor",
     "ReportError",
+    "ScoreItem",
     "build_prefill_scoring_payload",
     "bundle_identity",
     "check_image_tokens",
@@ -68,6 +75,7 @@ __all__ = [
     "convert_samples_to_train_data",
     "dtype_from_name",
     "get_rollout_data",
+    "load_model",
     "load_processor",
     "load_replay_report",
     "register_commands",

@@ -3,6 +3,8 @@
     rollout-bundle replay BUNDLE [--dtype {bf16,fp16,fp32}] [--limit N] [--json]
                           [--report FILE.json] [--payloads-out FILE.jsonl] [--expect FILE.json]
                           [--answers FILE.jsonl] [--mm-process-config JSON] [--ray [ADDRESS]]
+                          [--model DIR [--device cpu|cuda] | --engine URL] [--max-logprob-diff X]
+                          [--tis-cap C]
 
 Opens the bundle (directory or packed file, fast verification), runs the conversion guard, the
 rebuild with cast, the token-space check and the prefill payload build for each sample, and
@@ -118,6 +120,7 @@ def register(subparsers: Any) -> None:
         help="also read image files that samples name outside the bundle (regular files only); by "
         "default replay reads only the media stored in the bundle, which may come from anyone",
     )  # fmt: skip
+    _add_model_options(p)
     p.add_argument(
         "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
         help="shard samples over Ray tasks (the bundle must be on a filesystem the cluster shares); "
@@ -127,8 +130,46 @@ def register(subparsers: Any) -> None:
         "%(prog)s BUNDLE [--dtype {bf16,fp16,fp32}] [--limit N] [--json] [--report FILE.json]\n"
         "       [--payloads-out FILE.jsonl] [--expect FILE.json] [--answers FILE.jsonl]\n"
         "       [--mm-process-config JSON] [--allow-outside-media] [--ray [ADDRESS]]\n"
+        "       [--model DIR [--device {cpu,cuda}] | --engine URL] [--max-logprob-diff X] [--tis-cap C]\n"
         "       [--progress | --no-progress]"
     )
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, found {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, found {text!r}")
+    return value
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """``--model`` and what goes with it: the trainer's log-probs against the rollout's."""
+    p.add_argument(
+        "--model", metavar="DIR",
+        help="a local model directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL; loaded offline): fill each "
+        "sample's logprob_diff with the model's log-probs of the response, computed on what training "
+        "would be handed, against rollout_log_probs",
+    )  # fmt: skip
+    p.add_argument(
+        "--engine", metavar="URL",
+        help="a running SGLang server (http://HOST:PORT): post each sample's prefill payload to its "
+        "/generate and fill logprob_diff from its answer, as --model does",
+    )  # fmt: skip
+    p.add_argument(
+        "--device", default="cpu", choices=("cpu", "cuda"), help="where --model runs (default cpu)"
+    )
+    p.add_argument(
+        "--max-logprob-diff", type=_positive, default=None, metavar="X",
+        help="with --model or --engine: a sample whose mean |log-prob difference| is over X is a "
+        "violation (exit 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tis-cap", type=_positive, default=2.0, metavar="C",
+        help="the importance-ratio cap of the summary's truncated-importance-sampling figure (default 2)",
+    )  # fmt: skip
 
 
 def _all_problems(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -162,6 +203,8 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
         f"tensor bytes   {human_bytes(before)} from the processor -> {human_bytes(after)} as {report['dtype']}{ratio}\n"
     )
     w(f"peak memory    {human_bytes(s['peak_rss_bytes'])} (RSS high-water mark)\n")
+    if s.get("logprob"):
+        _print_mismatch(s["logprob"], report, w)
     kinds = s["problems"]
     if not kinds:
         w("problems       none\n")
@@ -173,6 +216,21 @@ def _print_summary(report: dict[str, Any], out: TextIO) -> None:
         w(f"  - [{tag}] {p['message']}\n")
     if len(problems) > _SHOWN:
         w(f"  ... {len(problems) - _SHOWN} more (see --report)\n")
+
+
+def _print_mismatch(m: dict[str, Any], report: dict[str, Any], w: Any) -> None:
+    """The summary's log-prob lines: the distribution of per-sample mean |difference|, k3, TIS."""
+    d = m["mean_abs"]
+    model, engine = report.get("model"), report.get("engine")
+    source = f" ({model['path']} on {model['device']})" if model else ""
+    source = f" (engine {engine['url']})" if engine else source
+    w(f"log-probs      {m['samples']} samples, {m['tokens']} tokens{source}\n")
+    w(f"  mean |diff|  mean {d['mean']:.3g}, p50 {d['p50']:.3g}, p99 {d['p99']:.3g}, max {d['max']:.3g}\n")
+    if m["tokens"]:
+        w(f"  k3 KL        {m['k3']:.3g} (rollout || trainer, per token)\n")
+        w(
+            f"  TIS cap {m['tis_cap']:g}  clips {m['tis_clipped_tokens']} tokens ({m['tis_clipped_fraction']:.2%})\n"
+        )
 
 
 def run_replay(ns: argparse.Namespace) -> int:
@@ -284,6 +342,11 @@ def _replay_with_progress(
                 ray_address=ns.ray or None,
                 progress=progress,
                 allow_outside_media=ns.allow_outside_media,
+                model=ns.model,
+                engine=ns.engine,
+                device=ns.device,
+                max_logprob_diff=ns.max_logprob_diff,
+                tis_cap=ns.tis_cap,
             )
     except ReportError as e:  # --expect names a report of another bundle
         raise CommandError(f"--expect {ns.expect}: {str(e).removeprefix('expect: ')}", status=2) from None

@@ -83,58 +83,63 @@ def compare_reports(report: Mapping[str, Any], expected: Mapping[str, Any]) -> l
     new = {_image_key(e, i): i for e in report["samples"] for i in e["images"]}
     old_positions = {e["position"] for e in expected.get("samples", [])}
     for key, img in new.items():
-        position, index, j = key
-        if position not in old_positions:
+        if key[0] not in old_positions:
             continue  # a sample the earlier replay did not cover (another --limit)
         if key not in old:
-            problems.append(
-                {"kind": "fingerprint", "image": j, "position": position,
-                 "message": f"sample index {index}, image {j}: not in the expected report"}
-            )  # fmt: skip
+            problems.append(_problem(key, "not in the expected report"))
             continue
-        changed = []
-        for tensor in ("pixel_values", "image_grid_thw"):
-            a, b = old[key].get(tensor) or {}, img.get(tensor) or {}
-            if tensor == "image_grid_thw" and a.get("values") != b.get("values"):
-                changed.append(f"image_grid_thw {a.get('values')} -> {b.get('values')}")
-                continue  # the values say it all
-            for field in ("shape", "dtype", "sha256"):
-                if a.get(field) != b.get(field):
-                    changed.append(
-                        f"{tensor}.{field} {a.get(field)} -> {b.get(field)}"
-                        if field != "sha256"
-                        else f"{tensor} bytes (sha256 {str(a.get(field))[:12]} -> {str(b.get(field))[:12]})"
-                    )
+        changed = _changed_tensors(old[key], img)
         if changed:
-            problems.append(
-                {"kind": "fingerprint", "image": j, "position": position,
-                 "message": f"sample index {index}, image {j}: rebuilt tensors changed: " + "; ".join(changed)}
-            )  # fmt: skip
+            problems.append(_problem(key, "rebuilt tensors changed: " + "; ".join(changed)))
     new_positions = {e["position"] for e in report["samples"]}
     for key in old:
-        position, index, j = key
-        if position in new_positions and key not in new:
-            problems.append(
-                {"kind": "fingerprint", "image": j, "position": position,
-                 "message": f"sample index {index}, image {j}: in the expected report, missing now"}
-            )  # fmt: skip
-    old_proc, new_proc = expected.get("processor") or {}, report.get("processor") or {}
-    diffs = [
-        f"{k} {old_proc.get(k)!r} -> {new_proc.get(k)!r}"
-        for k in (
-            "min_pixels",
-            "max_pixels",
-            "patch_size",
-            "merge_size",
-            "temporal_patch_size",
-            "transformers",
-            "class",
-        )
-        if old_proc.get(k) != new_proc.get(k)
-    ]
+        if key[0] in new_positions and key not in new:
+            problems.append(_problem(key, "in the expected report, missing now"))
+    diffs = _processor_diffs(expected.get("processor") or {}, report.get("processor") or {})
     if problems and diffs:
         problems.append(
             {"kind": "fingerprint", "image": None, "position": None,
              "message": "processor settings differ from the expected report's: " + "; ".join(diffs)}
         )  # fmt: skip
     return problems
+
+
+def _problem(key: tuple[Any, ...], what: str) -> dict[str, Any]:
+    """A ``fingerprint`` problem of the image ``key`` (position, sample index, image)."""
+    position, index, j = key
+    return {"kind": "fingerprint", "image": j, "position": position,
+            "message": f"sample index {index}, image {j}: {what}"}  # fmt: skip
+
+
+def _changed_tensors(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """What differs between two fingerprint entries of one image, tensor by tensor."""
+    changed = []
+    for tensor in ("pixel_values", "image_grid_thw"):
+        a, b = old.get(tensor) or {}, new.get(tensor) or {}
+        if tensor == "image_grid_thw" and a.get("values") != b.get("values"):
+            changed.append(f"image_grid_thw {a.get('values')} -> {b.get('values')}")
+            continue  # the values say it all
+        for field in ("shape", "dtype", "sha256"):
+            if a.get(field) != b.get(field):
+                changed.append(
+                    f"{tensor}.{field} {a.get(field)} -> {b.get(field)}"
+                    if field != "sha256"
+                    else f"{tensor} bytes (sha256 {str(a.get(field))[:12]} -> {str(b.get(field))[:12]})"
+                )
+    return changed
+
+
+_PROCESSOR_KEYS = (
+    "min_pixels",
+    "max_pixels",
+    "patch_size",
+    "merge_size",
+    "temporal_patch_size",
+    "transformers",
+    "class",
+)
+
+
+def _processor_diffs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The processor settings of two reports that differ (what explains changed fingerprints)."""
+    return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in _PROCESSOR_KEYS if old.get(k) != new.get(k)]

@@ -43,6 +43,9 @@ __all__ = [
     "compare_prefill_logprobs",
     "encode_image",
     "is_token_space",
+    "logprob_diff",
+    "prompt_length",
+    "rollout_log_probs",
     "sample_token_fields",
     "sglang_generate_fields",
 ]
@@ -142,14 +145,7 @@ def build_prefill_scoring_payload(
             both lengths and the sample index; an image that cannot be read or decoded, naming
             the sample index and the image index.
     """
-    tokens, response_length = sample_token_fields(sample, "prefill scoring payload")
-    prompt_len = len(tokens) - response_length
-    if prompt_len <= 0:
-        raise ValueError(
-            f"prefill scoring payload: sample index {getattr(sample, 'index', None)}: needs at least one prompt "
-            f"token, found len(tokens) = {len(tokens)} and response_length = {sample.response_length} "
-            f"(prompt length {prompt_len})"
-        )
+    tokens, prompt_len = prompt_length(sample, "prefill scoring payload")
     payload: dict[str, Any] = {
         "input_ids": tokens,
         "sampling_params": {
@@ -163,17 +159,47 @@ def build_prefill_scoring_payload(
     }
     if (lora_path := _lora_path(args, sample)) is not None:
         payload["lora_path"] = lora_path
-    items = sample_images(sample, f"prefill scoring payload: sample index {getattr(sample, 'index', None)}")
-    if items:
-        where = f"prefill scoring payload: sample index {getattr(sample, 'index', None)}: multimodal_inputs.images"
-        if images:
-            reader = media if media is not None else MediaReader()
-            payload["image_data"] = [
-                encode_image(reader.image(img, f"{where}[{j}]")) for j, img in enumerate(items)
-            ]
-        if is_token_space(args):
-            payload["mm_token_expansion_start_len"] = len(tokens)
+    payload.update(_image_fields(args, sample, len(tokens), media, images))
     return payload
+
+
+def prompt_length(sample: Any, what: str) -> tuple[list[int], int]:
+    """``(tokens, prompt length)`` of ``sample`` (:func:`sample_token_fields`), the prompt at least
+    one token long.
+
+    Raises:
+        ValueError: the prompt length (``len(tokens) - response_length``) is not positive, naming
+            ``what``, both lengths and the sample index.
+    """
+    tokens, response_length = sample_token_fields(sample, what)
+    prompt_len = len(tokens) - response_length
+    if prompt_len <= 0:
+        raise ValueError(
+            f"{what}: sample index {getattr(sample, 'index', None)}: needs at least one prompt "
+            f"token, found len(tokens) = {len(tokens)} and response_length = {sample.response_length} "
+            f"(prompt length {prompt_len})"
+        )
+    return tokens, prompt_len
+
+
+def _image_fields(
+    args: Namespace, sample: Any, n_tokens: int, media: MediaReader | None, images: bool
+) -> dict[str, Any]:
+    """A payload's ``image_data`` (unless ``images`` is False) and, in token space,
+    ``mm_token_expansion_start_len``; nothing for a text-only sample."""
+    items = sample_images(sample, f"prefill scoring payload: sample index {getattr(sample, 'index', None)}")
+    if not items:
+        return {}
+    out: dict[str, Any] = {}
+    where = (
+        f"prefill scoring payload: sample index {getattr(sample, 'index', None)}: multimodal_inputs.images"
+    )
+    if images:
+        reader = media if media is not None else MediaReader()
+        out["image_data"] = [encode_image(reader.image(img, f"{where}[{j}]")) for j, img in enumerate(items)]
+    if is_token_space(args):
+        out["mm_token_expansion_start_len"] = n_tokens
+    return out
 
 
 def compare_prefill_logprobs(sample: Any, response: Mapping[str, Any]) -> dict[str, Any]:
@@ -202,21 +228,31 @@ def compare_prefill_logprobs(sample: Any, response: Mapping[str, Any]) -> dict[s
             f"{where}: the answer's meta_info.input_token_logprobs: expected a list, found {type(items).__name__}"
         )
     tokens, n = sample_token_fields(sample, "logprob comparison")
-    rollout = sample.rollout_log_probs
-    numbers = isinstance(rollout, (list, tuple)) and all(
-        type(v) in (int, float) and math.isfinite(v) for v in rollout
-    )
-    if not numbers or len(rollout) != n:
-        found = len(rollout) if isinstance(rollout, (list, tuple)) else type(rollout).__name__
+    rollout = rollout_log_probs(sample, n, where)
+    recomputed = _response_tail_logprobs(list(items), tokens, n, where)
+    return logprob_diff(recomputed, rollout)
+
+
+def rollout_log_probs(sample: Any, n: int, where: str) -> list[float]:
+    """``sample.rollout_log_probs`` checked: ``n`` finite numbers, else ValueError naming ``where``."""
+    rollout = getattr(sample, "rollout_log_probs", None)
+    if not isinstance(rollout, (list, tuple)):
         raise ValueError(
-            f"{where}: rollout_log_probs: expected {n} finite numbers to compare with, found {found}"
-            + (
-                ""
-                if not isinstance(rollout, (list, tuple)) or len(rollout) != n
-                else " (not all finite numbers)"
-            )
+            f"{where}: rollout_log_probs: expected {n} finite numbers to compare with, found {type(rollout).__name__}"
         )
-    tail = list(items)[-n:] if n else []
+    numbers = all(type(v) in (int, float) and math.isfinite(v) for v in rollout)
+    if not numbers or len(rollout) != n:
+        raise ValueError(
+            f"{where}: rollout_log_probs: expected {n} finite numbers to compare with, found {len(rollout)}"
+            + ("" if len(rollout) != n else " (not all finite numbers)")
+        )
+    return [float(v) for v in rollout]
+
+
+def _response_tail_logprobs(items: list[Any], tokens: list[int], n: int, where: str) -> list[float]:
+    """The engine's log-probs of the last ``n`` tokens, each entry checked to score the response
+    token it should."""
+    tail = items[-n:] if n else []
     for k, item in enumerate(tail):
         if not isinstance(item, (list, tuple)) or len(item) < 2:
             raise ValueError(
@@ -236,13 +272,18 @@ def compare_prefill_logprobs(sample: Any, response: Mapping[str, Any]) -> dict[s
     if not all(type(v) in (int, float) for v in logprobs):
         bad = next(v for v in logprobs if type(v) not in (int, float))
         raise ValueError(f"{where}: the answer's response tail holds a log-prob that is no number: {bad!r}")
-    recomputed = [float(v) for v in logprobs]
-    diffs = [abs(a - float(b)) for a, b in zip(recomputed, rollout, strict=True)]
+    return [float(v) for v in logprobs]
+
+
+def logprob_diff(recomputed: list[float], rollout: list[float]) -> dict[str, Any]:
+    """A sample's ``logprob_diff``: ``max_abs``, ``mean_abs`` of ``|recomputed - rollout|`` over
+    the response tokens, their count and the ``recomputed`` log-probs (what
+    ``rollout-bundle view --replay`` draws as its |Δ| strip)."""
+    diffs = [abs(a - b) for a, b in zip(recomputed, rollout, strict=True)]
     return {
         "max_abs": max(diffs) if diffs else 0.0,
         "mean_abs": sum(diffs) / len(diffs) if diffs else 0.0,
-        "tokens": n,
-        # Per response token (what `rollout-bundle view --replay` draws as its |Δ| strip).
+        "tokens": len(recomputed),
         "recomputed": recomputed,
     }
 

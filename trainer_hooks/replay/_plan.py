@@ -39,6 +39,19 @@ class ReplayPlan:
     token_space: bool
     positions: tuple[int, ...]
     allow_outside_media: bool = False
+    #: ``--model``: a local model directory whose log-probs fill each ``logprob_diff``
+    #: (:mod:`trainer_hooks.replay._score`), run on ``device``; None: no model.
+    model: str | None = None
+    device: str = "cpu"
+    #: ``--engine``: a running SGLang server whose prefill answers fill each ``logprob_diff``
+    #: (:mod:`trainer_hooks.replay._engine`; asked from the driver, never from Ray tasks).
+    engine: str | None = None
+    #: ``--max-logprob-diff``: a sample whose ``mean_abs`` is over it is a ``logprob`` violation.
+    max_logprob_diff: float | None = None
+    #: The importance-ratio cap of the TIS figure (:mod:`trainer_hooks.replay._mismatch`).
+    tis_cap: float = 2.0
+    #: The estimated memory of one forward pass (:data:`~trainer_hooks.replay._score.DEFAULT_BATCH_BYTES`).
+    batch_bytes: int = 1 << 30
 
     def args(self) -> Namespace:
         """A Miles-style args namespace for the converter and the payload builder."""

@@ -406,47 +406,57 @@ def resolve_processor(settings: Mapping[str, Any] | None, where: str = "processo
     if settings is not None and not isinstance(settings, Mapping):
         raise ValueError(f"{where}: expected a mapping (meta['processor']), found {str(settings)[:200]!r}")
     settings = dict(settings or {})
-    notes: list[str] = []
-    disagreements: list[str] = []
     model_path = settings.get("model_path")
     if model_path is not None and not isinstance(model_path, str):
         raise ValueError(f"{where}.model_path: expected a string or null, found {str(model_path)[:200]!r}")
     mm = parse_mm_process_config(settings.get("mm_process_config"), where=f"{where}.mm_process_config")
-    wanted, mm_problems, mm_notes = _image_settings(mm)
+    wanted, disagreements, notes = _image_settings(mm)
     image_where = f"{where}.mm_process_config" + (
         ".image" if mm and isinstance(mm.get("image"), Mapping) else ""
     )
     wanted = check_image_settings(wanted, image_where)
-    disagreements.extend(mm_problems)
-    notes.extend(mm_notes)
+    spec = ProcessorSpec(DEFAULT_FAMILY, {}, "", {}, wanted, mm, None, notes, disagreements)
+    _choose_config(spec, model_path, bool(settings), where)
+    spec.kwargs = _processor_kwargs(spec.config, wanted)
+    check_image_settings(spec.kwargs, f"{where} (recorded settings over {spec.source})")
+    return spec
 
-    local, family = None, DEFAULT_FAMILY
+
+def _choose_config(spec: ProcessorSpec, model_path: str | None, recorded: bool, where: str) -> None:
+    """Fill ``spec``'s family, config, source and model config: the local model directory's
+    (or cached) config when ``model_path`` names one, else the family's shipped hub config, with a
+    note (a model named but not found) or a disagreement (settings ``recorded`` without a model)."""
+    local = None
     if model_path:
         try:  # what model_path names: a local config, else a family known by the model's name
             local = _local_config(model_path)
             if local is None:
-                family = model_family(model_path)
+                spec.family = model_family(model_path)
         except ValueError as e:
             raise ValueError(f"{where}.model_path: {e}") from None
     if local is not None:
-        config, source, model_config = local
-        family = model_family(model_path, model_config=model_config, preprocessor=config)
+        config, spec.source, spec.model_config = local
+        spec.family = model_family(model_path, model_config=spec.model_config, preprocessor=config)
         # Saved configs may write an unset setting as null: the class default applies to it.
-        config = check_image_settings({k: v for k, v in config.items() if v is not None}, source)
-    else:
-        model_config = None
-        if model_path:
-            notes.append(
-                f"model_path {model_path!r}: no local model directory or cached preprocessor_config.json; "
-                f"built from the shipped {FAMILIES[family].hub_model} hub config (the {FAMILIES[family].name} family)"
-            )
-        elif settings:
-            disagreements.append(
-                f"{where}.model_path: not recorded; assumed the {FAMILIES[family].name} family "
-                f"(the shipped {FAMILIES[family].hub_model} hub config)"
-            )
-        config = shipped_preprocessor_config(family)
-        source = f"shipped:{FAMILIES[family].config_file}"
+        spec.config = check_image_settings({k: v for k, v in config.items() if v is not None}, spec.source)
+        return
+    family = FAMILIES[spec.family]
+    if model_path:
+        spec.notes.append(
+            f"model_path {model_path!r}: no local model directory or cached preprocessor_config.json; "
+            f"built from the shipped {family.hub_model} hub config (the {family.name} family)"
+        )
+    elif recorded:
+        spec.disagreements.append(
+            f"{where}.model_path: not recorded; assumed the {family.name} family "
+            f"(the shipped {family.hub_model} hub config)"
+        )
+    spec.config = shipped_preprocessor_config(spec.family)
+    spec.source = f"shipped:{family.config_file}"
+
+
+def _processor_kwargs(config: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The processor class's keyword arguments: ``config`` with the ``wanted`` settings over it."""
     kwargs = {k: v for k, v in config.items() if k not in ("image_processor_type", "processor_class")}
     # Hub configs of transformers 4.x carry both min/max_pixels and size; min/max_pixels win there.
     if "min_pixels" in kwargs or "max_pixels" in kwargs:
@@ -459,13 +469,40 @@ def resolve_processor(settings: Mapping[str, Any] | None, where: str = "processo
         if "longest_edge" in size:
             kwargs.setdefault("max_pixels", size["longest_edge"])
     kwargs.update(wanted)
-    check_image_settings(kwargs, f"{where} (recorded settings over {source})")
-    return ProcessorSpec(family, config, source, kwargs, wanted, mm, model_config, notes, disagreements)
+    return kwargs
 
 
 def _model_image_token_id(model_config: Mapping[str, Any] | None) -> int | None:
     value = (model_config or {}).get("image_token_id")
     return value if type(value) is int and value >= 0 else None
+
+
+def _unhonoured(spec: ProcessorSpec, built: Mapping[str, Any]) -> list[str]:
+    """The settings (recorded, or of the config) that the built processor does not use."""
+    out = []
+    for key, value in spec.wanted.items():
+        if built.get(key) != value:
+            out.append(
+                f"mm_process_config {key}: recorded {value!r}, but the built processor uses {built.get(key)!r}"
+            )
+    config = spec.config
+    for key in ("min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size"):
+        if key in config and key not in spec.wanted and built.get(key) != config[key]:
+            out.append(
+                f"{spec.source} {key}: the config says {config[key]!r}, the built processor uses {built[key]!r}"
+            )
+    return out
+
+
+def _image_token(settings: Mapping[str, Any], spec: ProcessorSpec) -> tuple[Any, str]:
+    """The placeholder id and where it came from: recorded, the model's config.json, the default."""
+    token_id = settings.get("image_token_id")
+    if token_id is not None:
+        return token_id, "recorded"
+    token_id = _model_image_token_id(spec.model_config)
+    if token_id is not None:
+        return token_id, "model config.json"
+    return DEFAULT_IMAGE_TOKEN_ID, f"default ({FAMILIES[spec.family].name} <|image_pad|>)"
 
 
 def load_processor(settings: Mapping[str, Any] | None = None) -> ReplayProcessor:
@@ -497,33 +534,14 @@ def load_processor(settings: Mapping[str, Any] | None = None) -> ReplayProcessor
 
     built = _read_back(proc)
     disagreements = spec.disagreements
-    for key, value in spec.wanted.items():
-        if built.get(key) != value:
-            disagreements.append(
-                f"mm_process_config {key}: recorded {value!r}, but the built processor uses {built.get(key)!r}"
-            )
-    config = spec.config
-    for key in ("min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size"):
-        if key in config and key not in spec.wanted and built.get(key) != config[key]:
-            disagreements.append(
-                f"{spec.source} {key}: the config says {config[key]!r}, the built processor uses {built[key]!r}"
-            )
+    disagreements.extend(_unhonoured(spec, built))
     recorded_backend = settings.get("image_processor_backend")
     if recorded_backend not in (None, backend):
         disagreements.append(
             f"image_processor_backend: recorded {str(recorded_backend)[:80]!r}, built the {backend!r} backend "
             f"({cls.__name__}); pixel values can differ in the last bits"
         )
-    token_id = settings.get("image_token_id")
-    token_source = "recorded"
-    if token_id is None:
-        token_id = _model_image_token_id(spec.model_config)
-        token_source = "model config.json"
-    if token_id is None:
-        token_id, token_source = (
-            DEFAULT_IMAGE_TOKEN_ID,
-            f"default ({FAMILIES[spec.family].name} <|image_pad|>)",
-        )
+    token_id, token_source = _image_token(settings, spec)
     import transformers
 
     used = {

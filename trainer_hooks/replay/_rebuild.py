@@ -156,43 +156,54 @@ def compute_multimodal_train_inputs(
         One dict per sample (processor outputs except ``input_ids``/``attention_mask``), or None
         for a sample without images.
     """
-    import torch
-
     reader = media if media is not None else MediaReader()
     out: list[dict[str, Any] | None] = []
     for position, sample in enumerate(samples, first_position):
         index = getattr(sample, "index", None) if not isinstance(sample, Mapping) else sample.get("index")
         where = f"sample index {index} (position {position})"
         images = sample_images(sample, where)
-        if not images:
-            out.append(None)
-            if on_sample is not None:
-                on_sample(position, None, 0)
-            continue
-        parts: dict[str, list[Any]] = {}
-        before = 0
-        for raw in processed_batches(images, processor, reader, where, per_image=per_image):
-            for key in list(raw):
-                # pop: the float32 original must be gone before the next image is processed
-                value = raw.pop(key)
-                if isinstance(value, torch.Tensor):
-                    before += value.numel() * value.element_size()
-                parts.setdefault(key, []).append(_cast(value, dtype))
-                del value
-        cast: dict[str, Any] = {}
-        for key, values in parts.items():
-            if len(values) == 1:
-                cast[key] = values[0]
-            elif all(isinstance(v, torch.Tensor) for v in values):
-                cast[key] = torch.cat(values, dim=0)
-            else:
-                cast[key] = values
-        del parts
-        release_freed_memory()  # the float32 buffers just freed must not stay resident
+        cast, before = None, 0
+        if images:
+            cast, before = _rebuild_images(images, processor, dtype, reader, where, per_image)
         out.append(cast)
         if on_sample is not None:
             on_sample(position, cast, before)
     return out
+
+
+def _rebuild_images(
+    images: Sequence[Any],
+    processor: Callable[..., Any],
+    dtype: Any,
+    reader: MediaReader,
+    where: str,
+    per_image: bool,
+) -> tuple[dict[str, Any], int]:
+    """One sample's processor outputs, each floating tensor cast as it leaves the processor and
+    the parts concatenated in image order; and the bytes the processor returned before the cast."""
+    import torch
+
+    parts: dict[str, list[Any]] = {}
+    before = 0
+    for raw in processed_batches(images, processor, reader, where, per_image=per_image):
+        for key in list(raw):
+            # pop: the float32 original must be gone before the next image is processed
+            value = raw.pop(key)
+            if isinstance(value, torch.Tensor):
+                before += value.numel() * value.element_size()
+            parts.setdefault(key, []).append(_cast(value, dtype))
+            del value
+    cast: dict[str, Any] = {}
+    for key, values in parts.items():
+        if len(values) == 1:
+            cast[key] = values[0]
+        elif all(isinstance(v, torch.Tensor) for v in values):
+            cast[key] = torch.cat(values, dim=0)
+        else:
+            cast[key] = values
+    del parts
+    release_freed_memory()  # the float32 buffers just freed must not stay resident
+    return cast, before
 
 
 def get_rollout_data(

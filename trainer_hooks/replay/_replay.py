@@ -2,8 +2,9 @@
 
 Opens the bundle (a packed file read in place), plans (:mod:`._plan`: dtype, processor settings,
 positions, all recorded values checked), runs the per-sample work locally or as Ray tasks
-(:mod:`._run`, :mod:`._ray`), compares with an earlier report (:mod:`._fingerprint`), fills
-log-prob differences from engine answers, summarizes, and writes ``--payloads-out`` atomically
+(:mod:`._run`, :mod:`._ray`; with a model, :mod:`._score` scores each sample's response),
+compares with an earlier report (:mod:`._fingerprint`), fills log-prob differences from engine
+answers, summarizes (the mismatch across the bundle: :mod:`._mismatch`), and writes ``--payloads-out`` atomically
 (:mod:`._report`). The report's format is in :mod:`trainer_hooks.replay._report`.
 """
 
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from bundles import Bundle, child_location
 from trainer_hooks._sample import Sample
 from trainer_hooks.replay._fingerprint import compare_reports
+from trainer_hooks.replay._mismatch import DEFAULT_TIS_CAP, mismatch_summary
 from trainer_hooks.replay._payload import compare_prefill_logprobs
 from trainer_hooks.replay._plan import ReplayPlan, first_trainable, open_replay_bundle, plan_replay
 from trainer_hooks.replay._processor import FAMILIES, ReplayProcessor, load_processor
@@ -28,6 +31,7 @@ from trainer_hooks.replay._report import (
     write_json_lines,
 )
 from trainer_hooks.replay._run import peak_rss_bytes, replay_positions, summarize
+from trainer_hooks.replay._score import DEFAULT_BATCH_BYTES, model_class_name
 
 __all__ = ["replay_bundle"]
 
@@ -63,6 +67,12 @@ def replay_bundle(
     num_tasks: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     allow_outside_media: bool = False,
+    model: str | os.PathLike[str] | None = None,
+    engine: str | None = None,
+    device: str = "cpu",
+    max_logprob_diff: float | None = None,
+    tis_cap: float = DEFAULT_TIS_CAP,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
 ) -> dict[str, Any]:
     """Replay ``path`` (a bundle directory or packed file) and return the report (see module doc).
 
@@ -82,7 +92,15 @@ def replay_bundle(
         allow_outside_media: also read image files that samples name outside the bundle (regular
             files only). Default: only the bundle's own stored media are read; any other path is
             a ``rebuild`` problem, and nothing outside the bundle reaches the report or payloads.
+        model / device: a local model directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL; offline) run on
+            ``device``: each ``logprob_diff`` compares its log-probs of the response, on what
+            training would be handed, with ``rollout_log_probs`` (:mod:`._score`, :mod:`._mismatch`;
+            ``summary["logprob"]`` sums them up). Not with ``answers``.
+        engine: a running SGLang server's URL: the same, from its prefill answers (:mod:`._engine`).
+        max_logprob_diff: a sample whose ``mean_abs`` is over it is a ``logprob`` problem.
+        tis_cap / batch_bytes: the TIS figure's ratio cap; the memory of one forward pass.
     """
+    scoring = _scoring(model, engine, device, max_logprob_diff, tis_cap, batch_bytes, answers is not None)
     if expect is not None:
         check_replay_report(expect, "expect")  # before the work, not after it
     bundle = open_replay_bundle(path)
@@ -90,10 +108,37 @@ def replay_bundle(
         return _replay_open_bundle(
             path, bundle, dtype=dtype, limit=limit, mm_process_config=mm_process_config, expect=expect,
             payloads_out=payloads_out, answers=answers, ray_address=ray_address, use_ray=use_ray,
-            num_tasks=num_tasks, progress=progress, allow_outside_media=allow_outside_media,
+            num_tasks=num_tasks, progress=progress, allow_outside_media=allow_outside_media, scoring=scoring,
         )  # fmt: skip
     finally:
         bundle.close()
+
+
+def _scoring(
+    model: str | os.PathLike[str] | None,
+    engine: str | None,
+    device: str,
+    max_logprob_diff: float | None,
+    tis_cap: float,
+    batch_bytes: int,
+    with_answers: bool,
+) -> dict[str, Any]:
+    """The :class:`ReplayPlan` fields of log-prob scoring, checked before any work (a family
+    replay cannot score is refused here, in one line naming it)."""
+    if sum((model is not None, engine is not None, with_answers)) > 1:
+        raise ValueError("--model, --engine and --answers each fill logprob_diff: give one of them")
+    if max_logprob_diff is not None and model is None and engine is None:
+        raise ValueError("--max-logprob-diff needs --model or --engine")
+    if engine is not None and not engine.startswith(("http://", "https://")):
+        raise ValueError(f"--engine: expected an http:// or https:// URL, found {engine[:200]!r}")
+    if not (isinstance(tis_cap, (int, float)) and tis_cap > 0):
+        raise ValueError(f"tis_cap: expected a number > 0, found {tis_cap!r}")
+    if model is not None:
+        model_class_name(os.fspath(model))
+    return {
+        "model": os.fspath(model) if model is not None else None, "engine": engine, "device": device,
+        "max_logprob_diff": max_logprob_diff, "tis_cap": float(tis_cap), "batch_bytes": int(batch_bytes),
+    }  # fmt: skip
 
 
 def _replay_open_bundle(
@@ -111,6 +156,7 @@ def _replay_open_bundle(
     num_tasks: int | None,
     progress: Callable[[int, int], None] | None,
     allow_outside_media: bool,
+    scoring: Mapping[str, Any],
 ) -> dict[str, Any]:
     if expect is not None:
         check_report_bundle(expect, bundle, "expect")  # before the work, not after it
@@ -118,6 +164,7 @@ def _replay_open_bundle(
         bundle, dtype=dtype, limit=limit, mm_process_config=mm_process_config,
         allow_outside_media=allow_outside_media,
     )  # fmt: skip
+    plan = replace(plan, **scoring)
     processor = load_processor(plan.processor_settings)
     entries, payloads, peak = _replay_samples(
         plan, bundle, processor, with_payloads=payloads_out is not None, ray_address=ray_address,
@@ -125,6 +172,10 @@ def _replay_open_bundle(
     )  # fmt: skip
     if answers is not None:
         _fill_logprob_diffs(bundle, entries, answers)
+    if plan.engine is not None:
+        from trainer_hooks.replay._engine import score_on_engine
+
+        score_on_engine(bundle, plan, entries, plan.engine)
     _note_unrecorded_processor(bundle, processor)
     report = _assemble_report(path, bundle, plan, processor, entries, peak, expect)
     if payloads_out is not None:
@@ -213,4 +264,15 @@ def _assemble_report(
         report["expect"] = {"bundle": expect.get("bundle"), "changed": changed}
         extra.extend(changed)
     report["summary"] = summarize(entries, peak, extra)
+    mismatch = mismatch_summary(entries, plan.tis_cap)
+    if mismatch is not None:
+        report["summary"]["logprob"] = mismatch
+    if plan.model is not None:
+        report["model"] = {
+            "path": plan.model,
+            "device": plan.device,
+            "max_logprob_diff": plan.max_logprob_diff,
+        }
+    if plan.engine is not None:
+        report["engine"] = {"url": plan.engine, "max_logprob_diff": plan.max_logprob_diff}
     return report

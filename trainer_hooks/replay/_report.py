@@ -12,13 +12,19 @@ Report (``rollout-bundle replay --report FILE.json``; read by ``rollout-bundle v
                               "pixel_values": {"shape", "dtype", "sha256"},
                               "image_grid_thw": {"shape", "dtype", "sha256", "values"}}],
                   "bytes_before_cast", "bytes_after_cast",
-                  "logprob_diff": null | {"max_abs", "mean_abs", "tokens", "recomputed"}}]}
+                  "logprob_diff": null | {"max_abs", "mean_abs", "tokens", "recomputed"}
+                                  (with --model also "first_over", "turns", "k3", "tis_clipped")}],
+     "model": {"path", "device", "max_logprob_diff"} (with --model)}
+
+``summary["logprob"]`` (when any ``logprob_diff`` is filled): ``{"samples", "tokens", "mean_abs":
+{"mean", "p50", "p99", "max"}, "k3", "tis_cap", "tis_clipped_tokens", "tis_clipped_fraction"}``
+(:mod:`trainer_hooks.replay._mismatch`).
 
 Problem kinds: ``guard`` (media references and dense tensors both shipped), ``convert`` (the
 converter refused the sample), ``rebuild`` (an image could not be loaded or processed),
 ``token_count`` (placeholder count differs from the processor's), ``payload`` (no prefill
 payload can be built), ``logprob`` (with engine answers: an answer that does not line up with the
-response), ``processor`` (a recorded setting was not honoured, or none was recorded),
+response; with ``--model``: a sample over ``--max-logprob-diff``, or inputs the model refused), ``processor`` (a recorded setting was not honoured, or none was recorded),
 ``fingerprint`` (with ``expect``: rebuilt tensors differ from an earlier replay).
 
 A report read back comes from a file anyone may have edited: :func:`check_replay_report` checks
@@ -30,7 +36,9 @@ Replay's modules, imports pointing one way: ``_report`` (this: report I/O) <- ``
 replay, with what) <- ``_run`` (the per-sample work, local) <- ``_ray`` (the same work as Ray
 tasks) <- ``_replay`` (:func:`~trainer_hooks.replay._replay.replay_bundle`: plan, run, compare,
 summarize); ``_fingerprint`` (tensor fingerprints, comparing two reports) is used by ``_run`` and
-``_replay`` and imports only ``_report``.
+``_replay`` and imports only ``_report``; ``_score`` (the model's log-probs, batched) sits between
+``_plan`` and ``_run`` and uses ``_mismatch`` (per-sample and bundle figures, importing nothing
+of replay), which ``_replay`` also uses for the summary.
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ concatenation). The price is memory, bounded: one image's float32 output in flig
 reusable cast buffer (see :mod:`trainer_hooks.replay._overlap`). A sample is finished (its
 ``images`` filled in, ``on_sample`` called) when the next one has started. A processor whose
 outputs are not per-image rows gets the trainer's own rebuild, on this thread.
+
+With a model (``replay --model``, :mod:`trainer_hooks.replay._score`) every sample gets the
+trainer's own rebuild, on this thread, because the model needs the cast tensors themselves: they
+are queued with the sample's tokens and scored in batches; a sample some check has already refused
+(``rebuild``, ``token_count``, ``payload``, ``convert``) is not scored. Each process loads its
+model once (a Ray task: one model per task).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from trainer_hooks.replay._rebuild import (
     processed_batches,
     sample_images,
 )
+from trainer_hooks.replay._score import LogprobScorer, make_scorer, score_item
 from trainer_hooks.replay._tokens import check_image_tokens
 
 __all__ = ["peak_rss_bytes", "replay_positions", "summarize"]
@@ -78,6 +85,7 @@ def replay_positions(
     dtype = dtype_from_name(plan.dtype)
     args = plan.args()
     media = MediaReader(bundle, allow_outside=plan.allow_outside_media)
+    scorer = make_scorer(plan, processor.image_token_id)  # None without --model
     entries: list[dict[str, Any]] = []
     payloads: list[dict[str, Any]] = []
     # A sample is finished (its fingerprints filled in) once the next one's work has started.
@@ -86,7 +94,7 @@ def replay_positions(
         # Only the shards holding these positions are read (a Ray task reads its own part).
         for position, sample in zip(wanted, bundle.samples(Sample, indices=wanted), strict=True):
             entry, payload, finish = _replay_one(
-                position, sample, processor, dtype, args, plan, media, with_payloads, worker
+                position, sample, processor, dtype, args, plan, media, with_payloads, worker, scorer
             )
             entries.append(entry)
             if with_payloads and payload is not None:
@@ -94,6 +102,8 @@ def replay_positions(
             if pending is not None:
                 _finish(pending, on_sample)
             pending = (position, finish)
+        if scorer is not None:
+            scorer.flush()  # the last batch: its entries are filled before the last sample finishes
         if pending is not None:
             _finish(pending, on_sample)
     return entries, payloads, peak_rss_bytes()
@@ -175,9 +185,15 @@ def _rebuild_overlapped(
 
 
 def _rebuild_sequential(
-    position: int, sample: Sample, processor: ReplayProcessor, dtype: Any, media: MediaReader
+    position: int,
+    sample: Sample,
+    processor: ReplayProcessor,
+    dtype: Any,
+    media: MediaReader,
+    kept: list[dict[str, Any]] | None = None,
 ) -> _Rebuilt | None:
-    """The rebuild as the trainer does it, for the outputs :func:`_rebuild_overlapped` refuses."""
+    """The rebuild as the trainer does it, for the outputs :func:`_rebuild_overlapped` refuses,
+    and for a replay that scores with a model (the rebuilt tensors appended to ``kept``)."""
     before = [0]
     rebuilt = compute_multimodal_train_inputs(
         [sample],
@@ -189,6 +205,8 @@ def _rebuild_sequential(
     )[0]
     if rebuilt is None:
         return None
+    if kept is not None:
+        kept.append(rebuilt)
     after, images = tensor_bytes(rebuilt), fingerprints(rebuilt)
     return before[0], rebuilt.get("image_grid_thw"), lambda: (after, images)
 
@@ -203,6 +221,7 @@ def _replay_one(
     media: MediaReader,
     with_payload: bool,
     worker: PixelWorker,
+    scorer: LogprobScorer | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None, Callable[[], None]]:
     """Everything but the fingerprints, which ``finish()`` fills in once the worker has them."""
     problems: list[dict[str, Any]] = []
@@ -216,40 +235,24 @@ def _replay_one(
         "bytes_after_cast": 0,
         "logprob_diff": None,
     }
-    try:
-        train = _default_convert(args, [sample], {})
-        for _, _, message in guard_violations(train, first_position=position):
-            problems.append({"kind": "guard", "message": message, "image": None})
-    except (ValueError, TypeError, KeyError) as e:
-        problems.append({"kind": "convert", "message": f"sample index {sample.index}: {e}", "image": None})
-
+    problems.extend(_guard_problems(args, sample, position))
     rebuilt: _Rebuilt | None
+    kept: list[dict[str, Any]] | None = [] if scorer is not None else None
     try:
         try:
+            if kept is not None:  # the scorer needs the tensors themselves: the trainer's rebuild
+                raise _Sequential
             rebuilt = _rebuild_overlapped(position, sample, processor, dtype, media, worker)
         except _Sequential:
-            rebuilt = _rebuild_sequential(position, sample, processor, dtype, media)
+            rebuilt = _rebuild_sequential(position, sample, processor, dtype, media, kept)
     except (OSError, ValueError, BundleError) as e:
         problems.append({"kind": "rebuild", "message": str(e), "image": None})  # names index and position
         rebuilt = None
-    tokens_per_image: list[tuple[int, int | None]] = []
     finish: Callable[[], None] = _nothing
     if rebuilt is not None:
         before, grid, results = rebuilt
         entry["bytes_before_cast"] = before
-        if grid is not None:
-            # not a list: a payload problem
-            tokens = sample.tokens if isinstance(sample.tokens, (list, tuple)) else []
-            expected, found, token_problems = check_image_tokens(
-                tokens,
-                grid,
-                merge_size=processor.merge_size,
-                image_token_id=processor.image_token_id,
-                sample_index=sample.index,
-            )
-            tokens_per_image = list(zip(expected, found, strict=True))
-            if plan.token_space:
-                problems.extend(token_problems)
+        tokens_per_image = _token_check(sample, grid, processor, problems if plan.token_space else [])
 
         def fill_images() -> None:
             entry["bytes_after_cast"], images = results()
@@ -265,7 +268,42 @@ def _replay_one(
         payload = build_prefill_scoring_payload(args, sample, {}, media=media, images=with_payload)
     except (OSError, ValueError, BundleError) as e:
         problems.append({"kind": "payload", "message": str(e), "image": None})
+    if scorer is not None and (item := score_item(sample, entry, kept[0] if kept else None)) is not None:
+        scorer.add(item)
     return entry, payload, finish
+
+
+def _guard_problems(args: Namespace, sample: Sample, position: int) -> list[dict[str, Any]]:
+    """The conversion guard's violations for ``sample`` (``guard``), or the converter's refusal
+    (``convert``)."""
+    try:
+        train = _default_convert(args, [sample], {})
+        return [
+            {"kind": "guard", "message": message, "image": None}
+            for _, _, message in guard_violations(train, first_position=position)
+        ]
+    except (ValueError, TypeError, KeyError) as e:
+        return [{"kind": "convert", "message": f"sample index {sample.index}: {e}", "image": None}]
+
+
+def _token_check(
+    sample: Sample, grid: Any, processor: ReplayProcessor, problems: list[dict[str, Any]]
+) -> list[tuple[int, int | None]]:
+    """Per image: ``(vision tokens the grid gives, placeholders found)``; a mismatch is added to
+    ``problems`` as ``token_count`` (the caller passes a throwaway list outside token space)."""
+    if grid is None:
+        return []
+    # not a list: a payload problem
+    tokens = sample.tokens if isinstance(sample.tokens, (list, tuple)) else []
+    expected, found, token_problems = check_image_tokens(
+        tokens,
+        grid,
+        merge_size=processor.merge_size,
+        image_token_id=processor.image_token_id,
+        sample_index=sample.index,
+    )
+    problems.extend(token_problems)
+    return list(zip(expected, found, strict=True))
 
 
 def _nothing() -> None:

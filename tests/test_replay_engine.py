@@ -1,0 +1,169 @@
+"""``rollout-bundle replay --engine URL``: each sample's prefill payload posted to a running SGLang
+server's ``/generate``, its answer compared with ``rollout_log_probs`` (issue 38, item 5).
+
+SGLang cannot run on these machines (it needs a GPU): the client is tested against a loopback HTTP
+server that answers in SGLang's documented ``/generate`` response shape (``meta_info.
+input_token_logprobs``: ``[logprob, token_id, text]`` from ``logprob_start_len`` on, the first
+log-prob None) with the log-probs the test gives it, and records what it was sent. The command
+that checks the client against a real SGLang serving a small Qwen2-VL on a GPU machine is in
+docs/TRAINER_HOOKS.md ("replay --engine").
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("PIL.Image")
+
+from helpers.replay import make_dump
+
+from bundles import open_bundle
+from trainer_hooks import Sample, replay_bundle
+from trainer_hooks.cli import main
+from trainer_hooks.replay import sglang_generate_fields
+
+pytestmark = [pytest.mark.torch, pytest.mark.processor]
+
+
+class FakeSGLang:
+    """A loopback ``/generate`` that answers prefill payloads as SGLang does. ``logprobs`` maps a
+    sample's tokens to its response log-probs; ``shift`` adds to one sample's; ``fail`` answers
+    HTTP 500 for one. Every request body is kept in ``received``."""
+
+    def __init__(self) -> None:
+        self.logprobs: dict[tuple[int, ...], list[float]] = {}
+        self.shift: dict[tuple[int, ...], float] = {}
+        self.fail: set[tuple[int, ...]] = set()
+        self.received: list[dict[str, Any]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.received.append(body)
+                status, answer = fake.answer(self.path, body)
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def answer(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        ids = tuple(body["input_ids"])
+        if path != "/generate" or ids in self.fail:
+            return 500, {"error": {"message": "Internal server error"}}
+        start = body["logprob_start_len"]
+        response = self.logprobs[ids]
+        scored = list(ids[start:])
+        tail = [v + self.shift.get(ids, 0.0) for v in response]
+        values = [None] + [-1.0] * (len(scored) - 1 - len(tail)) + tail
+        return 200, {
+            "text": "",
+            "meta_info": {
+                "id": "0", "prompt_tokens": len(ids), "completion_tokens": 0, "finish_reason": {"type": "length"},
+                "input_token_logprobs": [[v, t, None] for v, t in zip(values, scored, strict=True)],
+                "output_token_logprobs": [],
+            },
+        }  # fmt: skip
+
+
+@pytest.fixture
+def engine() -> Iterator[FakeSGLang]:
+    fake = FakeSGLang()
+    thread = threading.Thread(target=fake.server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield fake
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+
+
+def _teach(engine: FakeSGLang, dump: Path) -> list[Sample]:
+    with open_bundle(dump) as bundle:
+        samples = list(bundle.samples(Sample))
+    for s in samples:
+        engine.logprobs[tuple(s.tokens)] = list(s.rollout_log_probs)
+    return samples
+
+
+def test_the_engines_answers_fill_logprob_diff_and_the_payloads_are_sglangs(tmp_path, engine, capsys):
+    dump = make_dump(tmp_path, 3)
+    samples = _teach(engine, dump)
+    report = tmp_path / "replay.json"
+    assert main(["replay", str(dump), "--engine", engine.url, "--max-logprob-diff", "0.01",
+                 "--report", str(report), "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"log-probs      3 samples, 12 tokens (engine {engine.url})" in out
+    doc = json.loads(report.read_text())
+    for entry, sample in zip(doc["samples"], samples, strict=True):
+        diff = entry["logprob_diff"]
+        assert (
+            diff["mean_abs"] == 0.0
+            and diff["recomputed"] == sample.rollout_log_probs
+            and diff["first_over"] is None
+        )
+    assert doc["engine"] == {"url": engine.url, "max_logprob_diff": 0.01}
+    assert len(engine.received) == 3
+    fields = sglang_generate_fields()
+    for body, sample in zip(engine.received, samples, strict=True):
+        assert set(body) <= fields and body["input_ids"] == sample.tokens and body["return_logprob"] is True
+        assert body["mm_token_expansion_start_len"] == len(sample.tokens)  # token space
+        assert len(body["image_data"]) == 2 and all(
+            u.startswith("data:image/png;base64,") for u in body["image_data"]
+        )
+
+
+def test_an_answer_over_the_threshold_or_an_http_error_names_the_sample(tmp_path, engine):
+    dump = make_dump(tmp_path, 3)
+    samples = _teach(engine, dump)
+    engine.shift[tuple(samples[1].tokens)] = 0.5
+    engine.fail.add(tuple(samples[2].tokens))
+    report = replay_bundle(dump, engine=engine.url, max_logprob_diff=0.01)
+    problems = {e["index"]: [p["message"] for p in e["problems"]] for e in report["samples"]}
+    assert problems[10] == []
+    ((over,),) = [problems[11]]
+    assert (
+        over.startswith("sample index 11 (position 1): the trainer's log-probs differ")
+        and "mean_abs 0.5 " in over
+    )
+    assert "first token over it: turn 0, response token 0" in over
+    ((failed,),) = [problems[12]]
+    assert failed.startswith("sample index 12 (position 2): the engine answered HTTP 500")
+    assert report["summary"]["problems"] == {"logprob": 2}
+    assert (
+        report["summary"]["logprob"]["samples"] == 2
+        and report["summary"]["logprob"]["mean_abs"]["max"] == 0.5
+    )
+
+
+def test_an_engine_that_cannot_be_reached_or_bad_usage_is_exit_2(tmp_path, capsys):
+    dump = make_dump(tmp_path, 1)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["replay", str(dump), "--engine", f"http://127.0.0.1:{port}", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--engine http://127.0.0.1:{port}: cannot reach the engine" in err
+    assert main(["replay", str(dump), "--engine", "127.0.0.1:30000", "--no-progress"]) == 2
+    assert "--engine: expected an http:// or https:// URL" in capsys.readouterr().err
+    assert main(["replay", str(dump), "--engine", "http://x", "--answers", str(dump / "none.jsonl"),
+                 "--no-progress"]) == 2  # fmt: skip
+    assert capsys.readouterr().err  # --answers unreadable or both: exit 2 either way

@@ -1,0 +1,259 @@
+"""The trainer's log-probs of a bundle's responses: :class:`LogprobScorer` (``replay --model``).
+
+The model is loaded with transformers from a local directory only (``local_files_only``: nothing
+is downloaded), for the families the processor check knows (:data:`MODEL_CLASSES`: Qwen2-VL,
+Qwen2.5-VL, Qwen3-VL, read from the directory's ``config.json`` ``model_type``); another family
+is refused in one line naming it. It runs in the replay's dtype (the training dtype, or
+``--dtype``) on ``--device``.
+
+What it is handed is exactly what training would be: the sample's ``tokens``, its rebuilt and cast
+``pixel_values`` and ``image_grid_thw`` (:func:`~trainer_hooks.replay._rebuild.
+compute_multimodal_train_inputs`), and ``mm_token_type_ids`` (1 where a token is the image
+placeholder), from which the model computes its M-RoPE positions as it does for its own
+processor's output (transformers 5 needs them; 4.x reads the placeholders from ``input_ids``).
+The log-prob of response token ``k`` is the log-softmax, in float32, of the logits one position
+before it.
+
+Batches: samples are packed, in order, into one forward pass while the estimated memory stays
+under ``batch_bytes`` (:func:`sample_bytes`: the sequence's activations, its attention scores, and
+the float32 logits of the response positions, which alone are kept: ``logits_to_keep``); a sample
+over the budget runs alone. Sequences are left-padded, so every response ends at the last position and one slice of
+the logits covers the batch; the padding is masked (attention and positions), which changes the
+real tokens' log-probs by float rounding only (tested: a batch equals one sample at a time within
+1e-5 in fp32).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainer_hooks.replay._mismatch import sample_mismatch, threshold_problem
+from trainer_hooks.replay._payload import prompt_length, rollout_log_probs
+from trainer_hooks.replay._plan import ReplayPlan
+from trainer_hooks.replay._processor import FAMILIES, _read_json_file
+
+__all__ = [
+    "DEFAULT_BATCH_BYTES",
+    "MODEL_CLASSES",
+    "LogprobScorer",
+    "ScoreItem",
+    "load_model",
+    "make_scorer",
+    "model_class_name",
+    "score_item",
+]
+
+#: The transformers class of each ``config.json`` ``model_type`` replay can score with.
+MODEL_CLASSES = {
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+}
+#: The memory one forward pass may use, estimated (:func:`sample_bytes`).
+DEFAULT_BATCH_BYTES = 1 << 30
+_KNOWN = ", ".join(f.name for f in FAMILIES.values())
+
+
+def model_class_name(model_dir: str) -> str:
+    """The transformers class for the model in ``model_dir`` (its ``config.json`` ``model_type``).
+
+    Raises:
+        ValueError: not a directory, no ``config.json``, or a family replay cannot score, in one
+            line naming the directory and the ``model_type``.
+    """
+    if not os.path.isdir(model_dir):
+        raise ValueError(f"--model {model_dir}: not a model directory (transformers' save_pretrained layout)")
+    config = _read_json_file(os.path.join(model_dir, "config.json"))
+    if config is None:
+        raise ValueError(f"--model {model_dir}: no config.json")
+    model_type = config.get("model_type")
+    if model_type not in MODEL_CLASSES:
+        raise ValueError(
+            f"--model {model_dir}: config.json model_type {str(model_type)[:80]!r} is not a family replay "
+            f"can score ({_KNOWN})"
+        )
+    return MODEL_CLASSES[model_type]
+
+
+def load_model(model_dir: str, device: str, dtype: Any) -> Any:
+    """The model in ``model_dir`` (offline), in ``dtype`` on ``device``, in eval mode."""
+    import transformers
+
+    cls = getattr(transformers, model_class_name(model_dir))
+    model = cls.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+    return model.to(device).eval()
+
+
+@dataclass
+class ScoreItem:
+    """One sample to score: its report entry, tokens, prompt length and rebuilt vision inputs."""
+
+    entry: dict[str, Any]
+    tokens: list[int]
+    prompt_len: int
+    inputs: Mapping[str, Any] | None
+    rollout: list[float]
+    loss_mask: Any
+
+    @property
+    def response_len(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+def sample_bytes(item: ScoreItem, hidden: int, heads: int, vocab: int, element: int) -> int:
+    """Estimated memory of ``item``'s share of a forward pass: ~24 hidden-size activations per
+    token in the model's dtype; the attention scores of a layer, ``heads x len^2`` float32 (an
+    attention that materialises them, as CPU attention with a padding mask does); the float32
+    logits and log-softmax of its response positions; its pixels. The vision tower's attention
+    runs image by image, so it is not counted per sample."""
+    pixels = sum(v.numel() * v.element_size() for v in (item.inputs or {}).values() if hasattr(v, "numel"))
+    n = len(item.tokens)
+    return n * hidden * element * 24 + heads * n * n * 4 + (item.response_len + 1) * vocab * 8 + pixels
+
+
+class LogprobScorer:
+    """Scores samples in batches with one loaded model; :meth:`add` queues, :meth:`flush` runs.
+
+    ``on_scored(item, logprobs)`` is called for each sample with its response tokens'
+    log-probs (a list of floats), or ``on_failed(item, message)`` when the model refused the
+    batch's inputs (e.g. placeholders that do not match the image features)."""
+
+    def __init__(
+        self, model: Any, device: str, batch_bytes: int, on_scored: Any, on_failed: Any, image_token_id: int
+    ) -> None:
+        self.model = model
+        self.device = device
+        self.batch_bytes = batch_bytes
+        self.on_scored = on_scored
+        self.on_failed = on_failed
+        self.image_token_id = image_token_id
+        text = getattr(model.config, "text_config", model.config)
+        self._hidden, self._vocab = int(text.hidden_size), int(text.vocab_size)
+        self._heads = int(getattr(text, "num_attention_heads", 1) or 1)
+        self._element = next(model.parameters()).element_size()
+        self._mm_types = "mm_token_type_ids" in inspect.signature(model.forward).parameters
+        self._queue: list[ScoreItem] = []
+        self._queued = 0
+
+    def add(self, item: ScoreItem) -> None:
+        cost = sample_bytes(item, self._hidden, self._heads, self._vocab, self._element)
+        if self._queue and self._queued + cost > self.batch_bytes:
+            self.flush()
+        self._queue.append(item)
+        self._queued += cost
+
+    def flush(self) -> None:
+        batch, self._queue, self._queued = self._queue, [], 0
+        if not batch:
+            return
+        try:
+            logprobs = self._forward(batch)
+        except (ValueError, RuntimeError, IndexError) as e:
+            if len(batch) > 1:  # name the sample: one at a time
+                for item in batch:
+                    self._queue = [item]
+                    self.flush()
+                return
+            self.on_failed(batch[0], f"the model refused the inputs: {str(e)[:300]}")
+            return
+        for item, values in zip(batch, logprobs, strict=True):
+            self.on_scored(item, values)
+
+    def _forward(self, batch: Sequence[ScoreItem]) -> list[list[float]]:
+        """One forward pass over ``batch`` (left-padded); each sample's response log-probs."""
+        import torch
+
+        kwargs = _batch_inputs(batch, self.image_token_id, self._mm_types, self.device)
+        keep = max(item.response_len for item in batch) + 1
+        with torch.inference_mode():
+            logits = self.model(**kwargs, logits_to_keep=keep, use_cache=False).logits
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        ids = kwargs["input_ids"]
+        out = []
+        for row, item in enumerate(batch):
+            n = item.response_len
+            # Position p's logits predict token p + 1: the response's logits end one before the last.
+            rows = logp[row, keep - n - 1 : keep - 1]
+            targets = ids[row, ids.shape[1] - n :]
+            out.append(rows.gather(-1, targets.unsqueeze(-1)).squeeze(-1).tolist())
+        return out
+
+
+def _batch_inputs(
+    batch: Sequence[ScoreItem], image_token_id: int, mm_types: bool, device: str
+) -> dict[str, Any]:
+    """The model's keyword arguments for ``batch``: left-padded ``input_ids`` and
+    ``attention_mask``, ``mm_token_type_ids`` where the model takes them, and the samples'
+    ``pixel_values`` and ``image_grid_thw`` concatenated in order."""
+    import torch
+
+    length = max(len(item.tokens) for item in batch)
+    ids = torch.zeros(len(batch), length, dtype=torch.long)
+    mask = torch.zeros(len(batch), length, dtype=torch.long)
+    for row, item in enumerate(batch):
+        ids[row, length - len(item.tokens) :] = torch.tensor(item.tokens, dtype=torch.long)
+        mask[row, length - len(item.tokens) :] = 1
+    kwargs: dict[str, Any] = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+    if mm_types:
+        kwargs["mm_token_type_ids"] = (ids == image_token_id).to(torch.int32).to(device)
+    with_images = [item.inputs for item in batch if item.inputs]
+    if with_images:
+        for key in ("pixel_values", "image_grid_thw"):
+            parts = [inputs[key] for inputs in with_images]
+            kwargs[key] = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)).to(device)
+    return kwargs
+
+
+def _where(entry: Mapping[str, Any]) -> str:
+    return f"sample index {entry['index']} (position {entry['position']})"
+
+
+def make_scorer(plan: ReplayPlan, image_token_id: int) -> LogprobScorer | None:
+    """The scorer of ``plan`` (None without ``plan.model``): its model loaded once (per Ray task,
+    one model per worker); each scored sample's ``logprob_diff`` filled in its entry, a
+    ``logprob`` problem added when its ``mean_abs`` is over ``plan.max_logprob_diff`` or the model
+    refused its inputs."""
+    if plan.model is None:
+        return None
+    from trainer_hooks.replay._rebuild import dtype_from_name
+
+    model = load_model(plan.model, plan.device, dtype_from_name(plan.dtype))
+    limit = plan.max_logprob_diff
+
+    def scored(item: ScoreItem, values: list[float]) -> None:
+        response = item.tokens[item.prompt_len :]
+        diff = sample_mismatch(values, item.rollout, response, item.loss_mask, limit, plan.tis_cap)
+        item.entry["logprob_diff"] = diff
+        if (problem := threshold_problem(_where(item.entry), diff, limit)) is not None:
+            item.entry["problems"].append(problem)
+
+    def failed(item: ScoreItem, message: str) -> None:
+        item.entry["problems"].append(
+            {"kind": "logprob", "message": f"{_where(item.entry)}: {message}", "image": None}
+        )
+
+    return LogprobScorer(model, plan.device, plan.batch_bytes, scored, failed, image_token_id)
+
+
+#: Problems after which a sample is not scored: the check that owns them has named it.
+_NOT_SCORED = frozenset({"rebuild", "token_count", "payload", "convert"})
+
+
+def score_item(sample: Any, entry: dict[str, Any], inputs: Mapping[str, Any] | None) -> ScoreItem | None:
+    """``sample`` as a :class:`ScoreItem`, or None (nothing to score) when an earlier check named
+    a problem that makes its inputs wrong, or when it has no usable ``rollout_log_probs`` (a
+    ``logprob`` problem naming it)."""
+    if any(p["kind"] in _NOT_SCORED for p in entry["problems"]):
+        return None
+    try:
+        tokens, prompt_len = prompt_length(sample, "logprob comparison")
+        rollout = rollout_log_probs(sample, len(tokens) - prompt_len, _where(entry))
+    except ValueError as e:
+        entry["problems"].append({"kind": "logprob", "message": str(e), "image": None})
+        return None
+    return ScoreItem(entry, tokens, prompt_len, inputs, rollout, getattr(sample, "loss_mask", None))
