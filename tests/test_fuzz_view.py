@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from bundles import BundleError, MediaRef, UnsupportedValueError, write_bundle
-from trainer_hooks.view import write_html_report
 from trainer_hooks.pages import Action, parse_action
+from trainer_hooks.view import write_html_report
 
 Image = pytest.importorskip("PIL.Image")
 pytest.importorskip("jinja2")
