@@ -12,11 +12,11 @@ journal, or at a checkpoint beside one, it also shows the journal. ``bundles`` k
 journals; the journal adds no command of its own.
 
 What every subcommand shares (the error prefix ``rollout-bundle CMD: error: ...``, exit statuses,
-``--json``, ``--progress/--no-progress``, ``--version``) lives in :mod:`bundles._cli`.
+``--json``, ``--progress/--no-progress``, ``--version``) lives in :mod:`bundles._commands.common`.
 
 Exit status: 0 on success, 1 for the bundle's problem (missing, unreadable, corrupt, or failing
 the command's check), 2 for the caller's (usage, values, options, outputs); the rule in full is in
-README.md's "Command line" and :mod:`bundles._cli`, and ``tests/test_cli_exit_codes.py`` runs
+README.md's "Command line" and :mod:`bundles._commands.common`, and ``tests/test_cli_exit_codes.py`` runs
 every subcommand against it.
 """
 

@@ -2,8 +2,8 @@
 
 A command module exposes ``register(subparsers)``, which calls :func:`add_command` once per
 subcommand it owns. The entry point (:mod:`trainer_hooks.cli`, or :mod:`bundles.cli` for the
-bundle commands alone) lists the command modules and builds one parser from them with
-:func:`build_parser`; :func:`run_command` then runs the chosen subcommand.
+bundle commands alone) imports each package's register function by name and builds one parser
+from them with :func:`build_parser`; :func:`run_command` then runs the chosen subcommand.
 
 The habits every subcommand follows, enforced here rather than in each command:
 

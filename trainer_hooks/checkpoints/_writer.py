@@ -11,7 +11,7 @@ Save protocol (:class:`RolloutCheckpointer`)
    caller's thread.
 3. A single worker thread (so saves commit in call order) runs the snapshot's deferred checks,
    encodes images, calls :func:`bundles.write_bundle` (staging directory, fsync, rename: the
-   commit protocol of :mod:`bundles._commit`) and only then applies retention
+   commit protocol of :mod:`bundles._local.commit`) and only then applies retention
    (:mod:`trainer_hooks.checkpoints._retention`).
 4. ``flush()`` waits for every queued save and raises the first failure. Drivers run it from the
    disposer *before* ``release_run_media``: a background save may still be linking media out of

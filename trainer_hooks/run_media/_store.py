@@ -29,7 +29,7 @@ Protocol
   marker or a lease naming it, and one leased by another live run (a second launch with the same
   run id, refused at its start, must not delete the first run's media at its teardown), and it
   deletes nothing in those cases. The deletion goes through directory file descriptors
-  and never follows a symlink (``bundles._fs.remove_tree``), so a subdirectory swapped for a
+  and never follows a symlink (``bundles.support.remove_tree``), so a subdirectory swapped for a
   symlink while it runs cannot redirect it outside the run directory.
 
 Trade-offs
