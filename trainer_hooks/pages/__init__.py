@@ -14,7 +14,7 @@ of these is changed in one place:
   :data:`OVERLAY_COLOR`), histograms, log-prob strips;
 - which stored files are shown and the thumbnail rule (``_media``: :func:`shown_suffix`,
   :func:`jpeg_bytes`);
-- a sample's block (``_sample``: :func:`sample_block`, its turns, :func:`prompt_messages`) and
+- a sample's block (``_blocks``: :func:`sample_block`, its turns, :func:`prompt_messages`) and
   its replay verdicts (:func:`replay_block`);
 - the one Jinja2 environment (``_jinja``: :func:`environment`, :func:`render`), reading the
   templates of this package, of ``view`` and of ``serve`` through their packages, and the one
@@ -46,7 +46,7 @@ from trainer_hooks.pages._format import (
 from trainer_hooks.pages._graphics import OVERLAY_COLOR, bin_of, bins, histogram, logprob_strip, overlay
 from trainer_hooks.pages._jinja import environment, package_text, render, stylesheet
 from trainer_hooks.pages._media import MAX_MEDIA_BYTES, SHOWN_SUFFIXES, jpeg_bytes, jpeg_size, shown_suffix
-from trainer_hooks.pages._sample import (
+from trainer_hooks.pages._blocks import (
     advantages,
     draw_turn,
     link_turns,
