@@ -216,3 +216,40 @@ def test_the_test_import_check_catches_two_packages_privates(tmp_path):
     two = tmp_path / "test_two.py"
     two.write_text("import bundles._reader\nfrom trainer_hooks.view._report import y\n")
     assert mixed_private_imports([one, two]) == ["test_two.py: bundles, trainer_hooks.view"]
+
+
+# -- names that say what each is ------------------------------------------------------------------
+def one_letter_apart(a: str, b: str) -> bool:
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b, strict=True)) == 1
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
+
+
+def look_alike_modules(root: Path) -> list[str]:
+    """Pairs of modules (or subpackages) of one folder whose names, leading underscores aside,
+    differ by one letter: ``_location``/``_locations``, ``cli``/``_cli``, ``_sample``/``_samples``."""
+    found = []
+    for folder in sorted({root, *(p.parent for p in root.rglob("__init__.py"))}):
+        names = sorted(p.stem for p in folder.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file())
+        found += [
+            f"{folder.relative_to(root.parent)}: {a} ~ {b}"
+            for i, a in enumerate(names)
+            for b in names[i + 1 :]
+            if a.lstrip("_") == b.lstrip("_") or one_letter_apart(a.lstrip("_"), b.lstrip("_"))
+        ]
+    return found
+
+
+def test_no_two_modules_of_a_folder_differ_by_one_letter():
+    assert [f for pkg in PACKAGES for f in look_alike_modules(ROOT / pkg)] == []
+
+
+def test_the_look_alike_check_catches_a_pair(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    for name in ("__init__", "cli", "_cli", "_location", "_locations", "_codec", "_sample_codec", "_reader"):
+        (pkg / f"{name}.py").write_text("")
+    assert look_alike_modules(pkg) == ["pkg: _cli ~ cli", "pkg: _location ~ _locations"]
