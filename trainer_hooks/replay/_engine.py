@@ -28,12 +28,12 @@ from trainer_hooks.replay._media import MediaReader
 from trainer_hooks.replay._mismatch import sample_mismatch, threshold_problem
 from trainer_hooks.replay._payload import build_prefill_scoring_payload, compare_prefill_logprobs
 from trainer_hooks.replay._plan import ReplayPlan
+from trainer_hooks.replay._score import NOT_SCORED
 
 __all__ = ["MAX_ANSWER_BYTES", "post_generate", "score_on_engine"]
 
 #: The largest answer read from the engine (a prefill answer is a few hundred bytes a token).
 MAX_ANSWER_BYTES = 64 << 20
-_NOT_SCORED = frozenset({"rebuild", "token_count", "payload", "convert"})
 
 
 class _Unreachable(Exception):
@@ -76,7 +76,7 @@ def score_on_engine(bundle: Bundle, plan: ReplayPlan, entries: list[dict[str, An
     """
     media = MediaReader(bundle, allow_outside=plan.allow_outside_media)
     args = plan.args()
-    todo = [e for e in entries if not any(p["kind"] in _NOT_SCORED for p in e["problems"])]
+    todo = [e for e in entries if not any(p["kind"] in NOT_SCORED for p in e["problems"])]
     positions = [e["position"] for e in todo]
     for entry, sample in zip(todo, bundle.samples(Sample, indices=positions), strict=True):
         where = f"sample index {entry['index']} (position {entry['position']})"

@@ -39,6 +39,7 @@ from trainer_hooks.replay._processor import FAMILIES, _read_json_file
 __all__ = [
     "DEFAULT_BATCH_BYTES",
     "MODEL_CLASSES",
+    "NOT_SCORED",
     "LogprobScorer",
     "ScoreItem",
     "load_model",
@@ -240,15 +241,16 @@ def make_scorer(plan: ReplayPlan, image_token_id: int) -> LogprobScorer | None:
     return LogprobScorer(model, plan.device, plan.batch_bytes, scored, failed, image_token_id)
 
 
-#: Problems after which a sample is not scored: the check that owns them has named it.
-_NOT_SCORED = frozenset({"rebuild", "token_count", "payload", "convert"})
+#: Problems after which a sample is not scored (by the model or the engine): the check that owns
+#: them has named it, and its inputs are known to be wrong.
+NOT_SCORED = frozenset({"rebuild", "token_count", "payload", "convert"})
 
 
 def score_item(sample: Any, entry: dict[str, Any], inputs: Mapping[str, Any] | None) -> ScoreItem | None:
     """``sample`` as a :class:`ScoreItem`, or None (nothing to score) when an earlier check named
     a problem that makes its inputs wrong, or when it has no usable ``rollout_log_probs`` (a
     ``logprob`` problem naming it)."""
-    if any(p["kind"] in _NOT_SCORED for p in entry["problems"]):
+    if any(p["kind"] in NOT_SCORED for p in entry["problems"]):
         return None
     try:
         tokens, prompt_len = prompt_length(sample, "logprob comparison")
