@@ -205,3 +205,16 @@ def test_the_names_that_moved_out_of_checkpoints_are_still_importable_there():
             assert getattr(old, name) is getattr(importlib.import_module(home), name), name
     with pytest.raises(AttributeError, match="no attribute 'RolloutJournalz'"):
         old_journal.RolloutJournalz  # noqa: B018
+
+
+@pytest.mark.parametrize("old", ["trainer_hooks.checkpoints", "trainer_hooks.checkpoints.journal"])
+def test_import_star_of_the_old_homes_still_brings_the_moved_names(old):
+    # ``from trainer_hooks.checkpoints.journal import *`` brought 27 names before the journal moved;
+    # a star import goes through the module's __getattr__ for what __all__ lists.
+    import importlib
+
+    module = importlib.import_module(old)
+    namespace: dict[str, object] = {}
+    exec(f"from {old} import *", namespace)
+    assert set(module.MOVED) <= set(namespace)
+    assert set(module.MOVED) <= set(dir(module))

@@ -7,11 +7,15 @@ extension type (see ``_layout.EXT_*`` and docs/FORMAT.md §3):
   references by digest. The writer decides which strings are references through a callback, so
   this module knows nothing about files.
 * tuples, numpy arrays and scalars of numeric or bool dtype, and torch tensors of the dtypes in
-  ``_layout.TORCH_DTYPES`` (bfloat16 included) round-trip exactly. torch is imported only when
+  ``layout.TORCH_DTYPES`` (bfloat16 included) round-trip exactly. torch is imported only when
   a tensor is met.
 
-Extensions are dispatched through tables (:attr:`SampleEncoder.ext_by_type`,
-:attr:`SampleEncoder.ext_by_class`, :attr:`SampleDecoder.ext`), so a new one is a new entry.
+Extensions are dispatched through tables of the classes' own functions, called with the encoder
+or decoder (:attr:`SampleEncoder.ext_by_type`, :attr:`SampleEncoder.ext_by_class`, and
+``decoder._EXT_HANDLERS`` by extension code), so a new one is a new entry in each direction. The
+tables hold no bound method: a codec holding its own bound methods is a reference cycle, and a
+cycle keeps what the codec holds (the writer's resolvers; the reader's ``open_media``, hence a
+packed bundle's descriptor) alive until the garbage collector runs.
 
 This module holds what both directions share (the pause of the collector, the proof that a list
 holds only numbers, key paths, the types that need a closer look); :mod:`.encoder` and

@@ -142,4 +142,10 @@ __all__ = [
     "saved_checkpoint_path",
     "snapshot_groups",
     "snapshot_value",
+    # the names that moved stay in ``import *`` too (resolved on first use by __getattr__)
+    *MOVED,
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(MOVED))

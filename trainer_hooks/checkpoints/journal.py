@@ -46,7 +46,11 @@ MOVED: dict[str, str] = dict.fromkeys(
     "trainer_hooks.journal",
 )
 
-__all__ = ["MOVED"]
+__all__ = ["MOVED", *MOVED]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(MOVED))
 
 
 def __getattr__(name: str) -> Any:
