@@ -112,7 +112,8 @@ def test_each_trainer_hooks_subpackage_declares_its_surface(package):
 #: ``_api``, ``_commands``) may import any of them.
 FOLDERS = {
     "bundles._format": set(),
-    "bundles._local": {"bundles._format"},
+    "bundles._dataset": {"bundles._format"},
+    "bundles._local": {"bundles._format", "bundles._dataset"},
     "bundles._store": {"bundles._format", "bundles._local"},
 }
 #: What the folders may import at the top of bundles: only what lies below all three.
