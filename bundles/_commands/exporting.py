@@ -79,7 +79,7 @@ def _batches(bundle: Any, fmt: str, with_images: bool, columns: list[str] | None
     import pyarrow.compute as pc
 
     media = with_images or fmt == "sft"
-    need = ["bundle_id", "position", "step", "reward", "status", "prompt", "response", "turns", "images"]
+    need = ["bundle_id", "position", "reward", "status", "prompt", "response", "turns", "images"]
     read = None if columns is None else list(dict.fromkeys([*columns, "reward"]))
     if fmt == "sft":
         read = need

@@ -43,7 +43,6 @@ def sft_schema() -> Any:
         [
             ("bundle_id", pa.string()),
             ("position", pa.int64()),
-            ("step", pa.int64()),
             ("reward", pa.float64()),
             ("convention", pa.string()),
             ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", content)]))),
@@ -126,7 +125,7 @@ def sft_rows(
             messages = _by_response(batch["prompt"][i], batch["response"][i], len(images))
         seen[convention] += 1
         for name, value in (("bundle_id", batch["bundle_id"][i]), ("position", batch["position"][i]),
-                            ("step", batch["step"][i]), ("reward", reward), ("convention", convention),
+                            ("reward", reward), ("convention", convention),
                             ("messages", messages), ("images", images)):  # fmt: skip
             out[name].append(value)
     return out
