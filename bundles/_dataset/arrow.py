@@ -29,6 +29,7 @@ it reads a bundle through the reader's public methods.
 
 from __future__ import annotations
 
+import array
 import base64
 import hashlib
 import json
@@ -161,17 +162,22 @@ def _float(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+_TYPECODES = {"int32": "i", "int8": "b", "float": "d"}
+
+
 def _numbers(v: Any, kind: str) -> list[Any] | None:
-    """``v`` as a list for an ``int32``/``int8``/``float32`` column, or None when it does not fit."""
+    """``v`` as a list for an ``int32``/``int8``/``float32`` column, or None when it does not fit.
+
+    Checked at C speed by :mod:`array` (a value of another type or out of range raises; a bool
+    is its int), so a sample's 10^5 tokens cost no Python call each."""
     items = _as_list(v)
     if items is None:
         return None
-    if kind == "float":
-        ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in items)
-        return [float(x) for x in items] if ok else None
-    bits = 31 if kind == "int32" else 7
-    out = [_int(x, bits) if not isinstance(x, bool) else int(x) for x in items]
-    return None if any(x is None for x in out) else out
+    try:
+        checked = array.array(_TYPECODES[kind], items)
+    except (TypeError, OverflowError, ValueError):
+        return None
+    return checked.tolist()
 
 
 def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = None) -> Any:
