@@ -122,3 +122,22 @@ def test_an_image_whose_bytes_are_not_its_digest_is_refused_naming_it(
     with bundles.open_bundle(copy) as b, pytest.raises(bundles.BundleVerificationError) as e:
         _images(b)
     assert f"{copy}/media/{name}: expected {len(data)} bytes of digest sha256:{name[:-4]}" in str(e.value)
+
+
+def test_a_sample_referencing_one_image_past_the_budget_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    shot = media / "big.bin"
+    shot.write_bytes(os.urandom(1 << 20))  # 1 MiB, referenced 300 times: 300 MiB > 256 MiB
+    bundles.write_bundle(tmp_path / "b", [{"multimodal_inputs": {"images": [str(shot)] * 300}}],
+                         media_roots=[media])  # fmt: skip
+    with bundles.open_bundle(tmp_path / "b") as b:
+        assert [len(r["turns"]) for x in b.to_arrow() for r in x.to_pylist()] == [
+            300
+        ]  # no images asked: fine
+        with pytest.raises(bundles.BundleError) as e:
+            _images(b)
+    assert str(e.value) == (
+        f"{tmp_path / 'b'}: sample 0: multimodal_inputs.images: expected at most 268435456 bytes of "
+        "screenshots (MAX_EXPORT_SAMPLE_IMAGE_BYTES), found more (300 references)"
+    )

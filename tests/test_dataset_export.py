@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.dataset_run import PER_STEP, STEPS, make_run
+from helpers.dataset_run import PER_STEP, STEPS, make_run, sample
 
 import bundles
 
@@ -183,3 +183,22 @@ def test_out_on_seaweedfs_publishes_each_part_in_one_put(run: dict[str, Any], we
     assert sum(rewards) / len(rewards) == pytest.approx(sum(run["avg"].values()) / len(STEPS))
     again = cli(str(run["run"]), "-o", url, "--kind", "rollout")
     assert again.returncode == 0 and "skipped 3 already exported" in again.stdout
+
+
+def test_root_on_seaweedfs_exports_to_a_local_directory(
+    run: dict[str, Any], weed: Any, tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    root = f"s3://{weed.current}/runs/r1"
+    samples = [sample(1, i, run["media"]) for i in range(PER_STEP)]  # the same samples as fully_async_1
+    bundles.write_bundle(f"{root}/rollout/fully_async_1", samples, media_roots=[run["media"]], kind="rollout",
+                         meta={"rollout_id": 1})  # fmt: skip
+    done = cli(root, "-o", str(tmp_path / "out"), "--with-images")
+    assert done.returncode == 0 and "exported 1 bundle (5 rows)" in done.stdout, done.stderr
+    (part,) = (tmp_path / "out" / "kind=rollout" / "step=1").glob("*.parquet")
+    rows = pq.read_table(part).to_pylist()
+    with bundles.open_bundle(run["run"] / "rollout" / "fully_async_1") as b:
+        want = [r for x in b.to_arrow(media=True) for r in x.to_pylist()]
+    assert [r["images"] for r in rows] == [r["images"] for r in want]
+    assert [r["reward"] for r in rows] == [r["reward"] for r in want]
