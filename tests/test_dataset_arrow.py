@@ -141,3 +141,13 @@ def test_a_sample_referencing_one_image_past_the_budget_is_refused_before_it_is_
         f"{tmp_path / 'b'}: sample 0: multimodal_inputs.images: expected at most 268435456 bytes of "
         "screenshots (MAX_EXPORT_SAMPLE_IMAGE_BYTES), found more (300 references)"
     )
+
+
+def test_a_bundle_path_that_is_not_utf8_is_written_as_its_escape(tmp_path: Path) -> None:
+    """A name's undecodable byte (a lone surrogate in Python) cannot be Arrow text: it is escaped.
+    (The writer refuses surrogates in samples, and a shard's strings are UTF-8 by the format.)"""
+    where = tmp_path / os.fsdecode(b"b\xff")
+    bundles.write_bundle(where, [{"response": "ok"}])
+    with bundles.open_bundle(where) as b:
+        (row,) = [r for x in b.to_arrow() for r in x.to_pylist()]
+    assert row["bundle"] == f"{tmp_path}/b\\udcff" and row["response"] == "ok"

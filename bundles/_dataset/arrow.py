@@ -211,13 +211,25 @@ def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = Non
     return {"repr": repr(v)[:1000]}
 
 
-def _text(v: Any) -> tuple[str | None, bool]:
-    """A text column's value, and whether it held ``v`` whole (else ``v`` goes to extra too)."""
+def _utf8(text: str) -> str:
+    """``text`` as Arrow can hold it: a lone surrogate (legal in a Python string, and in a JSON or
+    msgpack one) is written as its escape ``\\udXXX``, every other character as it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _dumps(v: Any, stored: Mapping[str, MediaRef] | None = None) -> str:
+    return _utf8(json.dumps(jsonable(v, 0, stored), ensure_ascii=False))
+
+
+def _text(v: Any) -> str | None:
+    """A text column's value: a string as it is, anything else as JSON text."""
     if v is None:
-        return None, True
-    if isinstance(v, str):
-        return v, True
-    return json.dumps(jsonable(v), ensure_ascii=False), True
+        return None
+    return _utf8(v) if isinstance(v, str) else _dumps(v)
 
 
 class _Row:
@@ -251,13 +263,11 @@ class _Row:
         self._put(s, "reward", float(reward) if number or (scalar and _float(reward.item())) else None)
         status = s.get("status")
         status = getattr(status, "value", status)
-        self._put(s, "status", status if isinstance(status, str) else None)
+        self._put(s, "status", _utf8(status) if isinstance(status, str) else None)
         for key in ("prompt", "response"):
-            self.values[key] = _text(s.get(key))[0]
+            self.values[key] = _text(s.get(key))
         metadata = s.get("metadata")
-        self.values["metadata"] = (
-            None if metadata is None else json.dumps(jsonable(metadata), ensure_ascii=False)
-        )
+        self.values["metadata"] = None if metadata is None else _dumps(metadata)
         self._put(s, "tokens", _numbers(s.get("tokens"), "int32"))
         self._put(s, "rollout_log_probs", _numbers(s.get("rollout_log_probs"), "float"))
         self._put(s, "loss_mask", _numbers(s.get("loss_mask"), "int8"))
@@ -276,7 +286,7 @@ class _Row:
         n = max(len(refs), len(actions))
         self.values["turns"] = [
             {
-                "action": _text(actions[j])[0] if j < len(actions) else None,
+                "action": _text(actions[j]) if j < len(actions) else None,
                 "media": refs[j].digest if j < len(refs) and refs[j] is not None else None,  # type: ignore[union-attr]
             }
             for j in range(n)
@@ -352,6 +362,15 @@ def _images(bundle: Any, row: _Row, position: int) -> tuple[list[dict[str, Any]]
     return out, total
 
 
+def _record_batch(pa: Any, batch: _Batch, sch: Any, bundle: Any, last: int) -> Any:
+    try:
+        return pa.RecordBatch.from_pydict(batch.data, schema=sch)
+    except (pa.ArrowException, ValueError, TypeError) as e:  # a value no check above foresaw
+        raise BundleError(
+            f"{bundle.path}: samples {last + 1 - batch.rows}..{last}: cannot be made Arrow columns: {e}"
+        ) from None
+
+
 def to_arrow(
     bundle: Any, columns: Sequence[str] | None = None, batch_rows: int = 1024, media: bool = False
 ) -> Iterator[Any]:
@@ -364,8 +383,8 @@ def to_arrow(
     names = list(sch.names)
     head = {
         "bundle_id": identity(bundle),
-        "bundle": str(bundle.path),
-        "kind": bundle.kind,
+        "bundle": _utf8(str(bundle.path)),
+        "kind": _utf8(bundle.kind),
         "step": step_of(bundle),
     }
     stored = _stored(bundle)
@@ -375,9 +394,7 @@ def to_arrow(
         values = {**head, "position": position, **row.values}
         if "extra" in names:
             try:
-                values["extra"] = (
-                    json.dumps(jsonable(row.extra, 0, stored), ensure_ascii=False) if row.extra else None
-                )
+                values["extra"] = _dumps(row.extra, stored) if row.extra else None
             except BundleError as e:
                 raise BundleError(f"{bundle.path}: sample {position}: extra: {e}") from None
         if "images" in names:
@@ -385,7 +402,7 @@ def to_arrow(
             batch.image_bytes += size
         batch.add(values)
         if batch.rows >= batch_rows or batch.image_bytes >= BATCH_IMAGE_BYTES:
-            yield pa.RecordBatch.from_pydict(batch.data, schema=sch)
+            yield _record_batch(pa, batch, sch, bundle, position)
             batch = _Batch(names)
     if batch.rows:
-        yield pa.RecordBatch.from_pydict(batch.data, schema=sch)
+        yield _record_batch(pa, batch, sch, bundle, position)
