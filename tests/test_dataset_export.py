@@ -202,3 +202,10 @@ def test_root_on_seaweedfs_exports_to_a_local_directory(
         want = [r for x in b.to_arrow(media=True) for r in x.to_pylist()]
     assert [r["images"] for r in rows] == [r["images"] for r in want]
     assert [r["reward"] for r in rows] == [r["reward"] for r in want]
+
+
+def test_an_unknown_column_is_refused_before_anything_is_read(run: dict[str, Any], tmp_path: Path) -> None:
+    done = cli(str(run["run"]), "-o", str(tmp_path / "x"), "--columns", "reward,rewrd")
+    assert done.returncode == 1 and not (tmp_path / "x").exists()
+    assert "export: --columns: expected names among bundle_id, bundle, kind" in done.stderr
+    assert "found ['rewrd']" in done.stderr

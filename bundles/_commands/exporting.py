@@ -36,7 +36,7 @@ from bundles._api.location import Location
 from bundles._commands import common
 from bundles._commands.find import find_bundles
 from bundles._commands.output import location_shown, plural
-from bundles._dataset import Conventions, identity, sft_rows, sft_schema, step_of
+from bundles._dataset import COLUMNS, Conventions, identity, sft_rows, sft_schema, step_of
 from bundles._errors import BundleError
 from bundles._format.limits import MAX_FIND_DEPTH
 from bundles._local.atomic import atomic_writer
@@ -78,7 +78,7 @@ def _batches(bundle: Any, fmt: str, with_images: bool, columns: list[str] | None
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    media = with_images or fmt == "sft"
+    media = with_images or fmt == "sft" or "images" in (columns or ())
     need = ["bundle_id", "position", "reward", "status", "prompt", "response", "turns", "images"]
     read = None if columns is None else list(dict.fromkeys([*columns, "reward"]))
     if fmt == "sft":
@@ -220,6 +220,9 @@ def export_run(
     directory or a store prefix); see the module's docstring. Never raises for one bundle."""
     if fmt not in FORMATS:
         raise BundleError(f"export: --format: expected one of {', '.join(FORMATS)}, found {fmt!r}")
+    unknown = [c for c in columns or () if c not in COLUMNS]
+    if unknown:
+        raise BundleError(f"export: --columns: expected names among {', '.join(COLUMNS)}, found {unknown!r}")
     found = find_bundles(root, depth=MAX_FIND_DEPTH, storage_options=storage_options)
     report = ExportReport(problems=list(found.problems))
     target = _Out(out, storage_options)
