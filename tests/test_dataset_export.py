@@ -209,3 +209,23 @@ def test_an_unknown_column_is_refused_before_anything_is_read(run: dict[str, Any
     assert done.returncode == 1 and not (tmp_path / "x").exists()
     assert "export: --columns: expected names among bundle_id, bundle, kind" in done.stderr
     assert "found ['rewrd']" in done.stderr
+
+
+def test_a_bundle_failing_mid_part_leaves_no_part_and_the_others_are_exported(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    import shutil
+
+    root = tmp_path / "run"
+    shutil.copytree(run["run"] / "rollout", root)
+    with bundles.open_bundle(root / "fully_async_1") as b:
+        name = b.media[-1].filename  # read while its part's temporary file is open
+    victim = root / "fully_async_1" / "media" / name
+    os.chmod(victim, 0o644)
+    victim.write_bytes(victim.read_bytes()[:-1] + b"\0")
+    out = tmp_path / "out"
+    done = cli(str(root), "-o", str(out), "--with-images")
+    assert done.returncode == 1 and "exported 2 bundles (10 rows)" in done.stdout
+    assert f"not exported: {root / 'fully_async_1'}" in done.stderr and name in done.stderr
+    assert sorted(p.parent.name for p in out.rglob("*.parquet")) == ["step=0", "step=2"]
+    assert sorted(p.name for p in out.rglob("*") if p.is_file() and p.suffix != ".parquet") == []
