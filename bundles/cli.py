@@ -1,5 +1,5 @@
 """The bundle subcommands of ``rollout-bundle``: inspect, show, diff, verify, pack, unpack, ls, cp,
-rm and gc.
+rm, gc and export.
 
 :func:`register` adds them to a ``rollout-bundle`` parser (see :mod:`bundles.support` for the
 CLI kit every subcommand shares); the ``rollout-bundle`` entry point (:mod:`trainer_hooks.cli`) adds the
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from bundles._commands import common, copying, listing, packing, reading, removing
+from bundles._commands import common, copying, exporting, listing, packing, reading, removing
 
 __all__ = ["main", "register"]
 
@@ -43,13 +43,14 @@ def __getattr__(name: str) -> object:
 
 
 def register(subparsers: Any) -> None:
-    """Add the bundle subcommands (inspect, show, diff, verify, pack, unpack, ls, cp, rm, gc) to a
+    """Add the bundle subcommands (inspect, show, diff, verify, pack, unpack, ls, cp, rm, gc, export) to a
     ``rollout-bundle`` parser."""
     reading.register(subparsers)
     packing.register(subparsers)
     listing.register(subparsers)
     copying.register(subparsers)
     removing.register(subparsers)
+    exporting.register(subparsers)
 
 
 def main(argv: list[str] | None = None) -> int:

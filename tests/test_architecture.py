@@ -107,12 +107,14 @@ def test_each_trainer_hooks_subpackage_declares_its_surface(package):
 
 
 # -- the seams inside bundles: the format, the local half, the store half, one folder each ----------
-#: Each folder of bundles and the folders it may import: the format neither half, the local half
-#: the format, the store half both. Above them the face (``__init__``, ``support``, ``cli``,
+#: Each folder of bundles and the folders it may import: the format neither half, the dataset
+#: conversion (``_dataset``, which ``Bundle.to_arrow`` delegates to) the format only, the local half
+#: the format and the dataset conversion, the store half the format and the local half. Above them the face (``__init__``, ``support``, ``cli``,
 #: ``_api``, ``_commands``) may import any of them.
 FOLDERS = {
     "bundles._format": set(),
-    "bundles._local": {"bundles._format"},
+    "bundles._dataset": {"bundles._format"},
+    "bundles._local": {"bundles._format", "bundles._dataset"},
     "bundles._store": {"bundles._format", "bundles._local"},
 }
 #: What the folders may import at the top of bundles: only what lies below all three.

@@ -81,3 +81,21 @@ def test_bench_replay_logprobs_quick_measures_every_figure(tmp_path: Path) -> No
     ):
         assert re.search(figure, done.stdout), (figure, done.stdout)
     assert "Traceback" not in done.stderr
+
+
+def test_bench_export_quick_measures_every_figure(tmp_path: Path) -> None:
+    """benchmarks/bench_export.py --quick (issue 39, item 6): two small runs exported in child
+    processes, each against pyarrow writing the same columns from memory; every figure printed."""
+    pytest.importorskip("pyarrow", reason="export needs the [data] extra (pyarrow)")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_export.py"), "--quick", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for n in (1000, 4000):
+        assert re.search(rf"^ +{n} +1 +[\d.]+ +[\d.]+ +\d+ MB +[\d.]+ +\d+%$", done.stdout, re.M), done.stdout
+    assert re.search(
+        r"cost per sample 1000 -> 4000: [\d.]+x; peak RSS \d+ -> \d+ MB \([\d.]+x\)", done.stdout
+    )
+    assert "Traceback" not in done.stderr

@@ -105,6 +105,8 @@ ROWS = [
     Row("unpack", 2, lambda f: ["unpack", str(f.packed), "-o", f.out("exists")], "pass --force"),
     Row("ls", 1, lambda f: ["ls", str(f.tmp / "nothing")], "does not exist"),
     Row("ls", 2, lambda f: ["ls"], "the following arguments are required: ROOT"),
+    Row("export", 1, lambda f: ["export", str(f.tmp / "nothing"), "-o", f.out("x")], "does not exist"),
+    Row("export", 2, lambda f: ["export", str(f.tmp)], "the following arguments are required: -o/--output"),
     Row("cp", 1, lambda f: ["cp", str(f.tmp / "nothing"), f.out("c.rbundle")], "nothing"),
     Row("cp", 2, lambda f: ["cp", str(f.good), f.out("copy")], "cp copies a bundle between"),
     Row("rm", 1, lambda f: ["rm", str(f.tmp / "nothing")], "no bundle here"),

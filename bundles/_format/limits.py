@@ -21,6 +21,7 @@ __all__ = [
     "MAX_CONSUMED_GROUPS",
     "MAX_CURSOR_BYTES",
     "MAX_DECODE_PIXELS",
+    "MAX_EXPORT_SAMPLE_IMAGE_BYTES",
     "MAX_FIND_DEPTH",
     "MAX_GROUP_ID",
     "MAX_GROUP_SIZE",
@@ -96,6 +97,9 @@ MAX_SHOWN_PATH_CHARS = 4096
 #: Directory (or prefix) levels ``ls -r`` and serve's run listing look below a root
 #: (``run/ckpt/rollout/fully_async_3`` is 3 below ``run/``).
 MAX_FIND_DEPTH = 4
+#: Bytes of screenshots one sample's row holds when exported with its images (``to_arrow(media=True)``,
+#: ``export --with-images``): a sample may reference one stored file any number of times.
+MAX_EXPORT_SAMPLE_IMAGE_BYTES = 256 * 1024 * 1024
 
 # -- the rollout journal (enforced by trainer_hooks' writer and reader alike) ---------------------
 #: A data source's cursor recorded in a take, encoded, in bytes.

@@ -22,7 +22,7 @@ import hashlib
 import itertools
 import operator
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, overload
@@ -359,6 +359,18 @@ class Bundle:
             for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, open_media):
                 yield sample
                 index += 1
+
+    def to_arrow(
+        self, columns: Sequence[str] | None = None, batch_rows: int = 1024, media: bool = False
+    ) -> Iterator[Any]:
+        """Yield the samples as ``pyarrow.RecordBatch``es (needs the ``rollout-bundles[data]``
+        extra), shard by shard: memory holds one shard and one batch of ``batch_rows`` samples.
+        ``columns`` picks columns of the schema in docs/DATASET.md; ``media=True`` adds ``images``,
+        each screenshot's bytes read in place and checked against its digest. See
+        :mod:`bundles._dataset.arrow`."""
+        from bundles._dataset.arrow import to_arrow
+
+        return to_arrow(self, columns, batch_rows, media)
 
     def rehydrate(
         self,

@@ -1,0 +1,280 @@
+"""``export``: every bundle under a root as a Hive-partitioned Parquet (or JSON lines, or SFT) dataset.
+
+Layout (docs/DATASET.md): ``OUT/kind=<kind>/step=<step>/part-<id>.parquet``, one part per bundle,
+``<id>`` the first 32 hex digits of the bundle's identity (:func:`bundles._dataset.identity`),
+``<kind>`` percent-encoded as Hive does, ``<step>`` the bundle's step (``__HIVE_DEFAULT_PARTITION__``
+when it has none). The partition columns ``kind`` and ``step`` are in the path, not in the file
+(DuckDB, polars and pyarrow add them back from the path; a column in both would be read twice).
+
+Protocol: bundles are found as ``ls -r`` finds them (:func:`bundles._commands.find.find_bundles`,
+one rule of what is a bundle). For each, its part's name is computed from its manifest; a part
+that exists is a bundle already exported (same identity) and is skipped unread. Otherwise its
+batches are streamed (``Bundle.to_arrow``: one shard and one batch in memory) into a Parquet
+writer over a temporary file, and published in one step: locally by
+``bundles.support.atomic_writer`` (rename over the name), on a store by one create-only put of
+the finished file (a part another export published meanwhile is left as it is). A reader never
+sees half a part, and a killed export leaves no part to skip by mistake. Trade-off: on a store the
+finished part is read into memory for its put (a part is one bundle's rows, compressed).
+
+One bundle's defect (damaged, unreadable) is one line on stderr and exit status 1; the others are
+exported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from bundles._api.entry import open_bundle
+from bundles._api.location import Location
+from bundles._commands import common
+from bundles._commands.find import find_bundles
+from bundles._commands.output import location_shown, plural
+from bundles._dataset import COLUMNS, Conventions, identity, sft_rows, sft_schema, step_of
+from bundles._errors import BundleError
+from bundles._format.limits import MAX_FIND_DEPTH
+from bundles._local.atomic import atomic_writer
+from bundles._local.progress import Progress
+from bundles._urls import StoreURL
+
+__all__ = ["ExportReport", "export_run", "register"]
+
+FORMATS = ("parquet", "jsonl", "sft")
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+_PARTITION = ("kind", "step")
+
+
+@dataclass
+class ExportReport:
+    """What :func:`export_run` did: parts written, bundles skipped (already exported, or filtered
+    out by kind), rows written, the SFT conventions read, and ``(where, message)`` problems."""
+
+    written: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    filtered: int = 0
+    rows: int = 0
+    conventions: Conventions = field(default_factory=Conventions)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+
+def part_name(bundle: Any, fmt: str) -> str:
+    """The part's path under OUT: ``kind=<kind>/step=<step>/part-<id>.<ext>``."""
+    step = step_of(bundle)
+    kind = urllib.parse.quote(bundle.kind, safe="")
+    ext = "jsonl" if fmt == "jsonl" else "parquet"
+    return f"kind={kind}/step={HIVE_NULL if step is None else step}/part-{identity(bundle)[:32]}.{ext}"
+
+
+def _batches(bundle: Any, fmt: str, with_images: bool, columns: list[str] | None,
+             min_reward: float | None, conventions: Conventions) -> Iterator[Any]:  # fmt: skip
+    """The bundle's batches as the part holds them: filtered by reward, the columns asked for,
+    the partition columns dropped (Parquet) or SFT rows."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    media = with_images or fmt == "sft" or "images" in (columns or ())
+    need = ["bundle_id", "position", "reward", "status", "prompt", "response", "turns", "images"]
+    read = None if columns is None else list(dict.fromkeys([*columns, "reward"]))
+    if fmt == "sft":
+        read = need
+    for batch in bundle.to_arrow(columns=read, media=media):
+        if fmt == "sft":
+            rows = sft_rows(batch.to_pydict(), min_reward, conventions)
+            yield pa.RecordBatch.from_pydict(rows, schema=sft_schema())
+            continue
+        if min_reward is not None:
+            reward = batch.column("reward")
+            batch = batch.filter(pc.fill_null(pc.greater_equal(reward, min_reward), False))
+        keep = [n for n in batch.schema.names if (columns is None or n in columns)]
+        if fmt == "parquet":
+            keep = [n for n in keep if n not in _PARTITION]
+        yield batch.select(keep)
+
+
+def _write_parquet(f: BinaryIO, batches: Iterator[Any], schema: Any) -> int:
+    import pyarrow.parquet as pq
+
+    rows = 0
+    writer = None
+    for batch in batches:
+        if writer is None:
+            writer = pq.ParquetWriter(f, batch.schema, compression="zstd")
+        writer.write_batch(batch)
+        rows += batch.num_rows
+    if writer is None:  # no row: an empty part, so that the bundle counts as exported
+        writer = pq.ParquetWriter(f, schema, compression="zstd")
+    writer.close()
+    return rows
+
+
+def _write_jsonl(f: BinaryIO, batches: Iterator[Any]) -> int:
+    import base64
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, bytes):
+            return base64.b64encode(v).decode("ascii")
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        return v
+
+    rows = 0
+    for batch in batches:
+        for row in batch.to_pylist():
+            f.write(json.dumps(plain(row), ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
+            rows += 1
+    return rows
+
+
+def _write_part(f: BinaryIO, bundle: Any, fmt: str, opts: dict[str, Any], report: ExportReport) -> int:
+    batches = _batches(
+        bundle, fmt, opts["with_images"], opts["columns"], opts["min_reward"], report.conventions
+    )
+    if fmt == "jsonl":
+        return _write_jsonl(f, batches)
+    import pyarrow as pa
+
+    schema = sft_schema() if fmt == "sft" else pa.schema([])
+    return _write_parquet(f, batches, schema)
+
+
+class _Out:
+    """Where parts go: a local directory or a store prefix; ``exists`` and ``publish`` one part."""
+
+    def __init__(self, out: str, storage_options: Mapping[str, Any] | None) -> None:
+        self.out = out
+        self.store = None
+        if Location.of(out, storage_options).uploads:
+            from bundles._store.client import get_store
+
+            self.url = StoreURL(out)
+            self.store = get_store(self.url, storage_options)
+
+    def where(self, rel: str) -> str:
+        return str(self.url.child(rel)) if self.store is not None else os.path.join(self.out, rel)
+
+    def exists(self, rel: str) -> bool:
+        if self.store is not None:
+            return self.store.head(StoreURL(self.where(rel)).key) is not None
+        return os.path.exists(self.where(rel))
+
+    def publish(self, rel: str, write: Any) -> bool:
+        """Write a part with ``write(f)`` and publish it whole; False when another export
+        published it first (a store's create-only put found it)."""
+        if self.store is None:
+            path = self.where(rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with atomic_writer(path, durable=True) as f:
+                write(f)
+            return True
+        with tempfile.TemporaryDirectory(prefix=".export-") as tmp:
+            part = os.path.join(tmp, "part")
+            with open(part, "wb") as f:
+                write(f)
+            with open(part, "rb") as f:
+                data = f.read()
+        return bool(self.store.put_create(StoreURL(self.where(rel)).key, data))
+
+
+def _export_one(location: str, out: _Out, fmt: str, opts: dict[str, Any], report: ExportReport) -> None:
+    with open_bundle(location, storage_options=opts["storage_options"]) as bundle:
+        if opts["kind"] is not None and bundle.kind != opts["kind"]:
+            report.filtered += 1
+            return
+        rel = part_name(bundle, fmt)
+        if out.exists(rel):
+            report.skipped.append(location)
+            return
+        rows = [0]
+
+        def write(f: BinaryIO) -> None:
+            rows[0] = _write_part(f, bundle, fmt, opts, report)
+
+        if out.publish(rel, write):
+            report.written.append(out.where(rel))
+            report.rows += rows[0]
+        else:
+            report.skipped.append(location)
+
+
+def export_run(
+    root: str,
+    out: str,
+    *,
+    fmt: str = "parquet",
+    with_images: bool = False,
+    kind: str | None = None,
+    min_reward: float | None = None,
+    columns: list[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+) -> ExportReport:
+    """Export every bundle under ``root`` (a run directory or a store prefix) to ``out`` (a
+    directory or a store prefix); see the module's docstring. Never raises for one bundle."""
+    if fmt not in FORMATS:
+        raise BundleError(f"export: --format: expected one of {', '.join(FORMATS)}, found {fmt!r}")
+    unknown = [c for c in columns or () if c not in COLUMNS]
+    if unknown:
+        raise BundleError(f"export: --columns: expected names among {', '.join(COLUMNS)}, found {unknown!r}")
+    found = find_bundles(root, depth=MAX_FIND_DEPTH, storage_options=storage_options)
+    report = ExportReport(problems=list(found.problems))
+    target = _Out(out, storage_options)
+    opts = {"with_images": with_images, "kind": kind, "min_reward": min_reward, "columns": columns,
+            "storage_options": storage_options}  # fmt: skip
+    with Progress(f"export {root}", total=len(found.bundles), unit=" bundles", enabled=progress) as bar:
+        for location in found.bundles:
+            try:
+                _export_one(location, target, fmt, opts, report)
+            except (BundleError, OSError) as e:  # one bundle's defect is a line, not the export's failure
+                report.problems.append((location, str(e)))
+            bar.advance(1)
+    return report
+
+
+def _export(ns: argparse.Namespace) -> int:
+    if not Location.of(ns.root).uploads and not os.path.isdir(ns.root):
+        what = "does not exist" if not os.path.lexists(ns.root) else "is not a directory"
+        raise common.CommandError(
+            f"{os.path.abspath(ns.root)}: {what}; export reads the bundles under a directory"
+        )
+    columns = [c for part in ns.columns for c in part.split(",") if c] if ns.columns else None
+    report = export_run(ns.root, ns.output, fmt=ns.format, with_images=ns.with_images, kind=ns.kind,
+                        min_reward=ns.min_reward, columns=columns, progress=ns.progress)  # fmt: skip
+    print(
+        f"exported {plural(len(report.written), 'bundle')} ({plural(report.rows, 'row')}) to "
+        f"{location_shown(ns.output)}; skipped {len(report.skipped)} already exported"
+        + (f", {report.filtered} of another kind" if report.filtered else "")
+    )
+    if ns.format == "sft":
+        turns, plain = report.conventions["turns"], report.conventions["prompt-response"]
+        print(f"sft: {turns} trajectories read by turns (metadata.actions and screenshots), "
+              f"{plain} by prompt/response (one user message, one assistant message)")  # fmt: skip
+    for where, message in report.problems:
+        said = message if message.startswith(where) else f"{where}: {message}"
+        common.warn("export", f"not exported: {said}")
+    return 1 if report.problems else 0
+
+
+def register(subparsers: Any) -> None:
+    p = common.add_command(
+        subparsers, "export", "export every bundle under a root as a Parquet dataset", _export,
+        description="Export every bundle under ROOT (a run directory or a store prefix) into a "
+        "Hive-partitioned dataset OUT/kind=K/step=S/part-ID.parquet (docs/DATASET.md); a bundle "
+        "already exported is skipped.",
+    )  # fmt: skip
+    p.add_argument("root", help="a run directory or a store prefix holding bundles")
+    p.add_argument("-o", "--output", required=True, help="the dataset's directory or store prefix")
+    p.add_argument("--format", choices=FORMATS, default="parquet",
+                   help="parquet (default), jsonl, or sft: successful trajectories as TRL's vision SFT takes them")  # fmt: skip
+    p.add_argument("--with-images", action="store_true", help="add the screenshots (images column)")
+    p.add_argument("--kind", help="only bundles of this kind")
+    p.add_argument("--min-reward", type=float, help="only samples with a reward at least this")
+    p.add_argument("--columns", action="append", help="only these columns (comma-separated)")
+    common.add_progress_option(p)

@@ -1,0 +1,408 @@
+"""A bundle's samples as Arrow record batches: the schema of docs/DATASET.md and the conversion.
+
+:func:`to_arrow` (``Bundle.to_arrow``) streams: it reads the bundle shard by shard through
+``Bundle.samples`` (one compressed shard and one sample decoded at a time) and yields a
+``pyarrow.RecordBatch`` every ``batch_rows`` samples, or sooner when the batch's screenshots reach
+:data:`BATCH_IMAGE_BYTES`; memory holds one shard and one batch, whatever the bundle's size.
+
+Mapping (DATASET.md is the spec, :data:`SCHEMA_VERSION` its version): the fields a trainer's
+``Sample`` has become typed columns (``tokens`` ``list<int32>``, ``rollout_log_probs``
+``list<float32>``, ``loss_mask`` ``list<int8>``, a numeric ``reward`` ``float64``); a field whose
+value does not fit its column (a dict reward, a token id past int32, a string where a list is
+expected) is null there and kept, with every field no column names, in the ``extra`` column
+(JSON text): nothing is dropped. numpy arrays and torch tensors become lists (in ``extra``,
+``{"dtype", "shape", "data"}``), never pickles; a sample that is not a dict is all nulls and its
+value in ``extra`` under ``"sample"``.
+
+Screenshots (``media=True``): ``images`` holds the sample's stored screenshots in turn order,
+each the ``{bytes, path}`` struct ``datasets.Image()`` decodes, ``path`` = ``media/<digest><suffix>``.
+The bytes are read in place (``Bundle.open_media``: a directory, a packed file's member, a store
+object), at most the manifest's size plus one, and hashed: a file whose digest is not its name is
+a :class:`BundleVerificationError`, never exported. A screenshot the bundle does not store (a
+path outside it) is no image, its turn's ``media`` null. A sample's screenshots together are
+bounded by ``MAX_EXPORT_SAMPLE_IMAGE_BYTES`` (a sample may reference one stored file a million
+times).
+
+This module imports only the format (``bundles._format``): the local reader delegates to it, and
+it reads a bundle through the reader's public methods.
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import hashlib
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from bundles._errors import BundleError, BundleVerificationError
+from bundles._format.layout import MEDIA_DIR
+from bundles._format.limits import MAX_EXPORT_SAMPLE_IMAGE_BYTES
+from bundles._format.media import MediaRef
+
+__all__ = [
+    "BATCH_IMAGE_BYTES",
+    "COLUMNS",
+    "SCHEMA_VERSION",
+    "identity",
+    "schema",
+    "step_of",
+    "to_arrow",
+]
+
+#: The version of the columns below (docs/DATASET.md): a change a reader must know of bumps it.
+SCHEMA_VERSION = 1
+#: A batch is cut early once its screenshots reach this many bytes.
+BATCH_IMAGE_BYTES = 64 * 1024 * 1024
+
+#: The columns, in order; ``images`` only with ``media=True``.
+COLUMNS = (
+    "bundle_id", "bundle", "kind", "step", "position", "index", "group_index", "prompt", "response",
+    "reward", "status", "response_length", "tokens", "rollout_log_probs", "loss_mask", "turns",
+    "metadata", "extra", "images",
+)  # fmt: skip
+#: Sample fields that have a column of their own (every other field goes to ``extra``).
+_TYPED = {"index", "group_index", "prompt", "response", "reward", "status", "response_length",
+          "tokens", "rollout_log_probs", "loss_mask", "metadata"}  # fmt: skip
+
+
+def _pa() -> Any:
+    try:
+        import pyarrow
+    except ImportError:
+        raise BundleError(
+            "to_arrow: pyarrow is not installed: expected the rollout-bundles[data] extra "
+            "(pip install 'rollout-bundles[data]')"
+        ) from None
+    return pyarrow
+
+
+def schema(media: bool = False, columns: Sequence[str] | None = None) -> Any:
+    """The ``pyarrow.Schema`` of :func:`to_arrow`'s batches (DATASET.md), its version in the
+    schema's metadata (``rollout_bundles.schema_version``)."""
+    pa = _pa()
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    types = {
+        "bundle_id": pa.string(), "bundle": pa.string(), "kind": pa.string(), "step": pa.int64(),
+        "position": pa.int64(), "index": pa.int64(), "group_index": pa.int64(),
+        "prompt": pa.string(), "response": pa.string(), "reward": pa.float64(), "status": pa.string(),
+        "response_length": pa.int64(), "tokens": pa.list_(pa.int32()),
+        "rollout_log_probs": pa.list_(pa.float32()), "loss_mask": pa.list_(pa.int8()),
+        "turns": pa.list_(pa.struct([("action", pa.string()), ("media", pa.string())])),
+        "metadata": pa.string(), "extra": pa.string(), "images": pa.list_(image),
+    }  # fmt: skip
+    names = _columns(columns, media)
+    return pa.schema(
+        [(n, types[n]) for n in names],
+        metadata={"rollout_bundles.schema_version": str(SCHEMA_VERSION)},
+    )
+
+
+def _columns(columns: Sequence[str] | None, media: bool) -> list[str]:
+    if columns is None:
+        return [c for c in COLUMNS if c != "images" or media]
+    unknown = [c for c in columns if c not in COLUMNS]
+    if unknown:
+        raise BundleError(f"to_arrow: columns: expected names among {', '.join(COLUMNS)}, found {unknown!r}")
+    if "images" in columns and not media:
+        raise BundleError("to_arrow: columns: 'images' needs media=True")
+    return list(dict.fromkeys(columns))
+
+
+def identity(bundle: Any) -> str:
+    """A bundle's identity (the ``bundle_id`` column; what export skips by): the sha256 of its
+    manifest's kind, meta, format version, sample and media counts and every shard's digest. Two
+    copies of one bundle (a directory, its packed file, on a store) share it."""
+    m = bundle.manifest
+    head = {"kind": m.kind, "meta": m.meta, "samples": m.sample_count, "media": len(m.media),
+            "format_version": m.format_version, "shards": [s.digest for s in m.shards]}  # fmt: skip
+    text = json.dumps(head, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(f"dataset-v{SCHEMA_VERSION}\n{text}".encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _int(v: Any, bits: int = 63) -> int | None:
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        return None
+    try:
+        k = v.__index__()
+    except Exception:  # a foreign object's __index__ is not ours to trust
+        return None
+    return k if -(2**bits) <= k < 2**bits else None
+
+
+def step_of(bundle: Any) -> int | None:
+    """The bundle's step: its meta's ``rollout_id``, ``step`` or ``global_step`` (the first that is a
+    non-negative int), else ``meta.metadata.step``; None when none is."""
+    meta = bundle.meta
+    nested = meta.get("metadata")
+    candidates = [meta.get(k) for k in ("rollout_id", "step", "global_step")]
+    candidates.append(nested.get("step") if isinstance(nested, Mapping) else None)
+    for v in candidates:
+        k = _int(v)
+        if k is not None and k >= 0:
+            return k
+    return None
+
+
+def _as_list(v: Any) -> list[Any] | None:
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    if hasattr(v, "shape") and callable(getattr(v, "tolist", None)):
+        try:
+            out = v.tolist()
+        except Exception:  # a tensor on a device, a foreign array type: kept in extra
+            return None
+        return out if isinstance(out, list) else None
+    return None
+
+
+def _float(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_TYPECODES = {"int32": "i", "int8": "b", "float": "d"}
+
+
+def _numbers(v: Any, kind: str) -> list[Any] | None:
+    """``v`` as a list for an ``int32``/``int8``/``float32`` column, or None when it does not fit.
+
+    Checked at C speed by :mod:`array` (a value of another type or out of range raises; a bool
+    is its int), so a sample's 10^5 tokens cost no Python call each."""
+    items = _as_list(v)
+    if items is None:
+        return None
+    try:
+        checked = array.array(_TYPECODES[kind], items)
+    except (TypeError, OverflowError, ValueError):
+        return None
+    return checked.tolist()
+
+
+def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = None) -> Any:
+    """``v`` as JSON (``extra``, ``metadata``): arrays as ``{"dtype", "shape", "data"}``, bytes as
+    ``{"base64"}``, a media reference (or a path ``stored`` names) as its ``media/<name>``,
+    non-finite floats as their text."""
+    if depth > 64:
+        raise BundleError("nested deeper than 64 levels")
+    if isinstance(v, str) and stored and v in stored:
+        return f"{MEDIA_DIR}/{stored[v].filename}"
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else repr(v)
+    if isinstance(v, Mapping):
+        return {str(k): jsonable(x, depth + 1, stored) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x, depth + 1, stored) for x in v]
+    if isinstance(v, MediaRef):
+        return f"{MEDIA_DIR}/{v.filename}"
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return {"base64": base64.b64encode(bytes(v)).decode("ascii")}
+    if hasattr(v, "dtype") and hasattr(v, "shape"):
+        data = _as_list(v)
+        if data is None and hasattr(v, "item"):
+            return jsonable(v.item(), depth + 1)  # a numpy scalar
+        return {"dtype": str(v.dtype).removeprefix("torch."), "shape": [int(d) for d in v.shape],
+                "data": jsonable(data, depth + 1)}  # fmt: skip
+    if hasattr(v, "value") and isinstance(getattr(v, "value", None), (str, int)):
+        return v.value  # an enum (a Sample's Status)
+    return {"repr": repr(v)[:1000]}
+
+
+def _utf8(text: str) -> str:
+    """``text`` as Arrow can hold it: a lone surrogate (legal in a Python string, and in a JSON or
+    msgpack one) is written as its escape ``\\udXXX``, every other character as it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _dumps(v: Any, stored: Mapping[str, MediaRef] | None = None) -> str:
+    return _utf8(json.dumps(jsonable(v, 0, stored), ensure_ascii=False))
+
+
+def _text(v: Any) -> str | None:
+    """A text column's value: a string as it is, anything else as JSON text."""
+    if v is None:
+        return None
+    return _utf8(v) if isinstance(v, str) else _dumps(v)
+
+
+class _Row:
+    """One sample read into the columns; what does not fit a column goes to ``extra``."""
+
+    def __init__(self, sample: Any, stored: Mapping[str, MediaRef]) -> None:
+        self.values: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}
+        self.images: list[MediaRef] = []
+        if not isinstance(sample, Mapping):
+            self.extra["sample"] = sample
+            self.values["turns"] = []
+            return
+        for k, v in sample.items():
+            if k not in _TYPED:
+                self.extra[str(k)] = v
+        self._typed(sample)
+        self._turns(sample, stored)
+
+    def _put(self, sample: Mapping[str, Any], key: str, value: Any) -> None:
+        self.values[key] = value
+        if value is None and sample.get(key) is not None:
+            self.extra[key] = sample[key]  # did not fit its column: kept whole
+
+    def _typed(self, s: Mapping[str, Any]) -> None:
+        for key in ("index", "group_index", "response_length"):
+            self._put(s, key, _int(s.get(key)))
+        reward: Any = s.get("reward")
+        number = isinstance(reward, (int, float)) and not isinstance(reward, bool)
+        scalar = hasattr(reward, "dtype") and getattr(reward, "shape", None) == () and hasattr(reward, "item")
+        self._put(s, "reward", float(reward) if number or (scalar and _float(reward.item())) else None)
+        status = s.get("status")
+        status = getattr(status, "value", status)
+        self._put(s, "status", _utf8(status) if isinstance(status, str) else None)
+        for key in ("prompt", "response"):
+            self.values[key] = _text(s.get(key))
+        metadata = s.get("metadata")
+        self.values["metadata"] = None if metadata is None else _dumps(metadata)
+        self._put(s, "tokens", _numbers(s.get("tokens"), "int32"))
+        self._put(s, "rollout_log_probs", _numbers(s.get("rollout_log_probs"), "float"))
+        self._put(s, "loss_mask", _numbers(s.get("loss_mask"), "int8"))
+
+    def _turns(self, s: Mapping[str, Any], stored: Mapping[str, MediaRef]) -> None:
+        mm = s.get("multimodal_inputs")
+        raw = mm.get("images") if isinstance(mm, Mapping) else None
+        items = _as_list(raw)
+        if items is None:
+            items = [] if raw is None else [raw]
+        refs: list[MediaRef | None] = [_stored_ref(x, stored) for x in items]
+        self.images = [r for r in refs if r is not None]
+        md = s.get("metadata")
+        actions = _as_list(md.get("actions")) if isinstance(md, Mapping) else None
+        actions = actions or []
+        n = max(len(refs), len(actions))
+        self.values["turns"] = [
+            {
+                "action": _text(actions[j]) if j < len(actions) else None,
+                "media": refs[j].digest if j < len(refs) and refs[j] is not None else None,  # type: ignore[union-attr]
+            }
+            for j in range(n)
+        ]
+
+
+def _stored_ref(item: Any, stored: Mapping[str, MediaRef]) -> MediaRef | None:
+    """The bundle's stored file an image of a sample names (a MediaRef, a path string, an image
+    opened on the stored file), or None for anything the bundle does not store."""
+    if isinstance(item, MediaRef):
+        return stored.get(item.filename)
+    name = item if isinstance(item, str) else getattr(item, "filename", None)
+    if not isinstance(name, str):
+        return None
+    return stored.get(name)
+
+
+def _stored(bundle: Any) -> dict[str, MediaRef]:
+    """Every name a sample may call a stored file by (its path as the reader resolves it, its
+    stored name) -> its reference."""
+    out: dict[str, MediaRef] = {}
+    for ref in bundle.media:
+        out[ref.filename] = ref
+        if ref.path is not None:
+            out[str(ref.path)] = ref
+    return out
+
+
+def _read_image(bundle: Any, ref: MediaRef) -> bytes:
+    """The stored file's bytes, read in place and checked against its digest."""
+    where = f"{bundle.path}/{MEDIA_DIR}/{ref.filename}"
+    with bundle.open_media(ref) as f:
+        data = f.read(ref.size + 1)
+    found = "sha256:" + hashlib.sha256(data).hexdigest()
+    if len(data) != ref.size or found != ref.digest:
+        raise BundleVerificationError(
+            bundle.path,
+            [f"{where}: expected {ref.size} bytes of digest {ref.digest}, found {len(data)} of {found}"],
+        )
+    return data
+
+
+class _Batch:
+    """Columns being filled, cut into a RecordBatch."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.data: dict[str, list[Any]] = {n: [] for n in names}
+        self.rows = 0
+        self.image_bytes = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        for n in self.names:
+            self.data[n].append(row.get(n))
+        self.rows += 1
+
+
+def _images(bundle: Any, row: _Row, position: int) -> tuple[list[dict[str, Any]], int]:
+    cache: dict[str, bytes] = {}
+    total = 0
+    out = []
+    for ref in row.images:
+        total += ref.size
+        if total > MAX_EXPORT_SAMPLE_IMAGE_BYTES:
+            raise BundleError(
+                f"{bundle.path}: sample {position}: multimodal_inputs.images: expected at most "
+                f"{MAX_EXPORT_SAMPLE_IMAGE_BYTES} bytes of screenshots (MAX_EXPORT_SAMPLE_IMAGE_BYTES), "
+                f"found more ({len(row.images)} references)"
+            )
+        if ref.filename not in cache:
+            cache[ref.filename] = _read_image(bundle, ref)
+        out.append({"bytes": cache[ref.filename], "path": f"{MEDIA_DIR}/{ref.filename}"})
+    return out, total
+
+
+def _record_batch(pa: Any, batch: _Batch, sch: Any, bundle: Any, last: int) -> Any:
+    try:
+        return pa.RecordBatch.from_pydict(batch.data, schema=sch)
+    except (pa.ArrowException, ValueError, TypeError) as e:  # a value no check above foresaw
+        raise BundleError(
+            f"{bundle.path}: samples {last + 1 - batch.rows}..{last}: cannot be made Arrow columns: {e}"
+        ) from None
+
+
+def to_arrow(
+    bundle: Any, columns: Sequence[str] | None = None, batch_rows: int = 1024, media: bool = False
+) -> Iterator[Any]:
+    """Yield ``bundle``'s samples as ``pyarrow.RecordBatch``es of :func:`schema` (see the module's
+    docstring); ``columns`` picks and orders the columns."""
+    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
+        raise BundleError(f"{bundle.path}: to_arrow: batch_rows: expected an int >= 1, found {batch_rows!r}")
+    pa = _pa()
+    sch = schema(media, columns)
+    names = list(sch.names)
+    head = {
+        "bundle_id": identity(bundle),
+        "bundle": _utf8(str(bundle.path)),
+        "kind": _utf8(bundle.kind),
+        "step": step_of(bundle),
+    }
+    stored = _stored(bundle)
+    batch = _Batch(names)
+    for position, sample in enumerate(bundle.samples()):
+        row = _Row(sample, stored)
+        values = {**head, "position": position, **row.values}
+        if "extra" in names:
+            try:
+                values["extra"] = _dumps(row.extra, stored) if row.extra else None
+            except BundleError as e:
+                raise BundleError(f"{bundle.path}: sample {position}: extra: {e}") from None
+        if "images" in names:
+            values["images"], size = _images(bundle, row, position)
+            batch.image_bytes += size
+        batch.add(values)
+        if batch.rows >= batch_rows or batch.image_bytes >= BATCH_IMAGE_BYTES:
+            yield _record_batch(pa, batch, sch, bundle, position)
+            batch = _Batch(names)
+    if batch.rows:
+        yield _record_batch(pa, batch, sch, bundle, position)

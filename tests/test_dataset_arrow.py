@@ -1,0 +1,153 @@
+"""Bundle.to_arrow: the schema of docs/DATASET.md, streamed, every field kept, screenshots read in
+place (directory and packed file) and checked against their digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.dataset_run import PER_STEP, make_run
+
+import bundles
+
+pa = pytest.importorskip("pyarrow")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return make_run(tmp_path_factory.mktemp("dataset-arrow"))
+
+
+def _step(run: dict[str, Any], step: int) -> Path:
+    return run["run"] / "rollout" / f"fully_async_{step}"
+
+
+def test_rows_follow_the_documented_schema_and_keep_every_other_field(run: dict[str, Any]) -> None:
+    with bundles.open_bundle(_step(run, 1)) as b:
+        batches = list(b.to_arrow(batch_rows=2))
+        samples = list(b.samples())
+    assert [x.num_rows for x in batches] == [2, 2, 1]  # batch_rows at a time, the last one short
+    assert batches[0].schema.metadata[b"rollout_bundles.schema_version"] == b"1"
+    types = {f.name: str(f.type) for f in batches[0].schema}
+    assert types["tokens"] == "list<item: int32>"
+    assert types["rollout_log_probs"] == "list<item: float>"
+    assert types["loss_mask"] == "list<item: int8>"
+    assert "images" not in types
+    rows = [r for x in batches for r in x.to_pylist()]
+    r = rows[2]
+    assert r["kind"] == "rollout" and r["step"] == 1 and r["position"] == 2 and r["index"] == 102
+    assert (r["group_index"], r["reward"], r["status"]) == (1, 0.3, "completed")
+    assert r["tokens"] == [151644, 872, 9709] and r["loss_mask"] == [0, 1, 1]
+    assert r["rollout_log_probs"] == [-0.25, -0.5, -0.125]
+    assert json.loads(r["metadata"])["actions"] == ["click(2, 0)", "click(2, 1)"]
+    digests = [t["media"] for t in r["turns"]]
+    assert [t["action"] for t in r["turns"]] == ["click(2, 0)", "click(2, 1)"]
+    stored = {ref.filename: ref.digest for ref in bundles.open_bundle(_step(run, 1)).media}
+    shots = [os.path.basename(p) for p in samples[2]["multimodal_inputs"]["images"]]
+    assert digests == [stored[name] for name in shots]
+    extra = json.loads(r["extra"])
+    # numpy arrays as lists with dtype and shape, never pickles; media paths relative to the bundle
+    assert extra["advantages"] == {"dtype": "float32", "shape": [3], "data": [0.0, 3.0, 6.0]}
+    assert extra["multimodal_inputs"]["images"] == [f"media/{n}" for n in shots]
+    assert "label" in extra and extra["label"] is None
+    assert rows[3]["status"] == "truncated" and rows[3]["turns"] == [{"action": None, "media": stored[
+        os.path.basename(samples[3]["multimodal_inputs"]["images"][0])]}]  # fmt: skip
+    ident = {x["bundle_id"] for x in rows}
+    assert len(ident) == 1 and len(ident.pop()) == 64
+
+
+def test_a_sample_lacking_fields_or_holding_odd_ones_exports_with_nulls_and_extra(
+    run: dict[str, Any],
+) -> None:
+    with bundles.open_bundle(run["run"] / "debug" / "rollout_9.bundle") as b:
+        empty, odd = [r for x in b.to_arrow() for r in x.to_pylist()]
+    assert empty["reward"] is None and empty["tokens"] is None and empty["extra"] is None
+    assert empty["turns"] == [] and empty["step"] == 9
+    # a dict reward and a token id past int32 do not fit their columns: null there, kept in extra
+    assert odd["reward"] is None and odd["tokens"] is None and odd["status"] == "completed"
+    assert json.loads(odd["extra"]) == {"reward": {"score": 1.0}, "tokens": [2**40]}
+
+
+def test_columns_pick_and_order_and_unknown_ones_are_named(run: dict[str, Any]) -> None:
+    with bundles.open_bundle(_step(run, 0)) as b:
+        (batch,) = list(b.to_arrow(columns=["reward", "position"]))
+        assert batch.schema.names == ["reward", "position"] and batch.num_rows == PER_STEP
+        with pytest.raises(bundles.BundleError, match=r"columns: expected names among .*found \['rewrd'\]"):
+            next(b.to_arrow(columns=["rewrd"]))
+        with pytest.raises(bundles.BundleError, match="'images' needs media=True"):
+            next(b.to_arrow(columns=["images"]))
+        with pytest.raises(bundles.BundleError, match="batch_rows: expected an int >= 1, found 0"):
+            next(b.to_arrow(batch_rows=0))
+
+
+def _images(b: bundles.Bundle) -> list[list[dict[str, Any]]]:
+    return [r["images"] for x in b.to_arrow(columns=["images"], media=True) for r in x.to_pylist()]
+
+
+def test_images_are_read_in_place_from_a_directory_and_a_packed_file(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    packed = tmp_path / "b.rbundle"
+    bundles.pack_bundle(_step(run, 2), packed)
+    with bundles.open_bundle(_step(run, 2)) as b:
+        samples = list(b.samples())
+        from_dir = _images(b)
+    with bundles.open_bundle(packed) as p:
+        assert _images(p) == from_dir
+    for s, images in zip(samples, from_dir, strict=True):
+        files = s["multimodal_inputs"]["images"]
+        assert [i["path"] for i in images] == [f"media/{os.path.basename(f)}" for f in files]
+        assert [i["bytes"] for i in images] == [Path(f).read_bytes() for f in files]
+        for i in images:
+            assert i["path"] == f"media/{hashlib.sha256(i['bytes']).hexdigest()}.png"
+
+
+def test_an_image_whose_bytes_are_not_its_digest_is_refused_naming_it(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(_step(run, 0), copy)
+    with bundles.open_bundle(copy) as b:
+        name = b.media[0].filename
+    victim = copy / "media" / name
+    os.chmod(victim, 0o644)
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    with bundles.open_bundle(copy) as b, pytest.raises(bundles.BundleVerificationError) as e:
+        _images(b)
+    assert f"{copy}/media/{name}: expected {len(data)} bytes of digest sha256:{name[:-4]}" in str(e.value)
+
+
+def test_a_sample_referencing_one_image_past_the_budget_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    shot = media / "big.bin"
+    shot.write_bytes(os.urandom(1 << 20))  # 1 MiB, referenced 300 times: 300 MiB > 256 MiB
+    bundles.write_bundle(tmp_path / "b", [{"multimodal_inputs": {"images": [str(shot)] * 300}}],
+                         media_roots=[media])  # fmt: skip
+    with bundles.open_bundle(tmp_path / "b") as b:
+        assert [len(r["turns"]) for x in b.to_arrow() for r in x.to_pylist()] == [
+            300
+        ]  # no images asked: fine
+        with pytest.raises(bundles.BundleError) as e:
+            _images(b)
+    assert str(e.value) == (
+        f"{tmp_path / 'b'}: sample 0: multimodal_inputs.images: expected at most 268435456 bytes of "
+        "screenshots (MAX_EXPORT_SAMPLE_IMAGE_BYTES), found more (300 references)"
+    )
+
+
+def test_a_bundle_path_that_is_not_utf8_is_written_as_its_escape(tmp_path: Path) -> None:
+    """A name's undecodable byte (a lone surrogate in Python) cannot be Arrow text: it is escaped.
+    (The writer refuses surrogates in samples, and a shard's strings are UTF-8 by the format.)"""
+    where = tmp_path / os.fsdecode(b"b\xff")
+    bundles.write_bundle(where, [{"response": "ok"}])
+    with bundles.open_bundle(where) as b:
+        (row,) = [r for x in b.to_arrow() for r in x.to_pylist()]
+    assert row["bundle"] == f"{tmp_path}/b\\udcff" and row["response"] == "ok"

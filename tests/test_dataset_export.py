@@ -1,0 +1,231 @@
+"""rollout-bundle export, read by the field's tools unchanged: DuckDB, polars, HF datasets (the
+screenshots decoded to the same pixels), TRL's vision-SFT layout loaded with datasets; a bundle
+exported once is skipped; OUT on SeaweedFS; ROOT holding a packed bundle."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.dataset_run import PER_STEP, STEPS, make_run, sample
+
+import bundles
+
+pytest.importorskip("pyarrow")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "bundles.cli", "export", *args],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return make_run(tmp_path_factory.mktemp("dataset-export"))
+
+
+@pytest.fixture(scope="module")
+def exported(run: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("out") / "ds"
+    out.mkdir()
+    (out / "NOTES.txt").write_text("mine")  # a user's file in OUT
+    done = cli(str(run["run"]), "-o", str(out), "--with-images")
+    assert done.returncode == 0, done.stderr
+    return {**run, "out": out, "stdout": done.stdout}
+
+
+def test_parts_are_hive_partitioned_one_per_bundle_and_a_second_export_skips_them(
+    exported: dict[str, Any],
+) -> None:
+    out = exported["out"]
+    parts = sorted(str(p.relative_to(out)) for p in out.rglob("*.parquet"))
+    assert [p.rsplit("/", 1)[0] for p in parts] == [
+        "kind=debug_dump/step=9", *[f"kind=rollout/step={s}" for s in STEPS]]  # fmt: skip
+    assert all(p.rsplit("/", 1)[1].startswith("part-") for p in parts)
+    assert "exported 4 bundles (17 rows)" in exported["stdout"]
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*.parquet")}
+    again = cli(str(exported["run"]), "-o", str(out), "--with-images")
+    assert again.returncode == 0 and "exported 0 bundles (0 rows)" in again.stdout
+    assert "skipped 4 already exported" in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*.parquet")} == before
+    assert (out / "NOTES.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.rglob("*") if p.is_file() and p.suffix != ".parquet") == ["NOTES.txt"]
+
+
+def test_duckdb_reads_the_mean_reward_per_step_the_bundles_hold(exported: dict[str, Any]) -> None:
+    duckdb = pytest.importorskip("duckdb")
+    rows = duckdb.sql(
+        f"SELECT step, avg(reward) AS r, count(*) AS n FROM read_parquet('{exported['out']}/**/*.parquet', "
+        "hive_partitioning = true) WHERE kind = 'rollout' GROUP BY step ORDER BY step"
+    ).fetchall()
+    assert [(s, n) for s, _, n in rows] == [(s, PER_STEP) for s in STEPS]
+    for step, mean, _ in rows:
+        with bundles.open_bundle(exported["run"] / "rollout" / f"fully_async_{step}") as b:
+            own = [s["reward"] for s in b.samples()]
+        assert mean == pytest.approx(sum(own) / len(own)) == pytest.approx(exported["avg"][step])
+
+
+def test_polars_scans_the_dataset_with_its_partitions(exported: dict[str, Any]) -> None:
+    pl = pytest.importorskip("polars")
+    lf = pl.scan_parquet(f"{exported['out']}/**/*.parquet", hive_partitioning=True)
+    counts = dict(lf.group_by("kind").agg(pl.len()).collect().iter_rows())
+    assert counts == exported["count"]
+    done = lf.filter((pl.col("status") == "completed") & (pl.col("step") == 2)).select("index").collect()
+    assert sorted(done["index"].to_list()) == [200, 201, 202, 204]
+
+
+def test_hf_datasets_decodes_the_screenshots_to_the_same_pixels(
+    exported: dict[str, Any], tmp_path: Path
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+
+    files = str(exported["out"] / "kind=rollout" / "step=1" / "*.parquet")
+    ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(tmp_path))
+    ds = ds.cast_column("images", datasets.List(datasets.Image()))
+    with bundles.open_bundle(exported["run"] / "rollout" / "fully_async_1") as b:
+        samples = {s["index"]: s for s in b.samples()}
+    assert len(ds) == PER_STEP
+    for row in ds:
+        shots = samples[row["index"]]["multimodal_inputs"]["images"]
+        assert len(row["images"]) == len(shots)
+        for got, path in zip(row["images"], shots, strict=True):
+            with Image.open(path) as want:
+                assert got.size == want.size and got.convert("RGB").tobytes() == want.convert("RGB").tobytes()
+
+
+def test_sft_rows_load_as_trl_documents_them(run: dict[str, Any], tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    out = tmp_path / "sft"
+    done = cli(str(run["run"]), "-o", str(out), "--format", "sft", "--kind", "rollout")
+    assert done.returncode == 0, done.stderr
+    # successful: completed and a reward above 0 (sample 3 is truncated, step 0's sample 0 earns 0)
+    assert (
+        "sft: 8 trajectories read by turns (metadata.actions and screenshots), 3 by prompt/response"
+        in done.stdout
+    )
+    ds = datasets.load_dataset("parquet", data_files=str(out / "**" / "*.parquet"), split="train",
+                               cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    ds = ds.cast_column("images", datasets.List(datasets.Image()))
+    assert len(ds) == 11
+    for row in ds:
+        roles = [m["role"] for m in row["messages"]]
+        placeholders = sum(c["type"] == "image" for m in row["messages"] for c in m["content"])
+        assert placeholders == len(row["images"]) >= 1  # one placeholder per picture, in order
+        assert roles[0] == "user" and roles[-1] in ("assistant", "user")
+        assert all(c["type"] in ("image", "text") for m in row["messages"] for c in m["content"])
+        if row["convention"] == "turns":
+            assert roles == ["user", "assistant", "user", "assistant"]
+            assert [m["content"][0]["text"] for m in row["messages"][1::2]] == [
+                f"click({row['position']}, {j})" for j in range(2)]  # fmt: skip
+        else:
+            assert roles == ["user", "assistant"]
+            assert row["messages"][1]["content"] == [{"type": "text", "text": f"done {row['position']}"}]
+
+
+def test_kind_min_reward_and_columns_filter_what_is_written(run: dict[str, Any], tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "f"
+    done = cli(str(run["run"]), "-o", str(out), "--kind", "rollout", "--min-reward", "0.4",
+               "--columns", "index,reward", "--format", "parquet")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "1 of another kind" in done.stdout
+    table = pq.read_table(out, partitioning="hive")
+    assert sorted(table.column_names) == ["index", "kind", "reward", "step"]
+    assert min(table.column("reward").to_pylist()) >= 0.4
+    assert sorted(table.column("index").to_pylist()) == [4, 103, 104, 202, 203, 204]
+
+
+def test_a_packed_bundle_under_root_exports_like_its_directory(run: dict[str, Any], tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "packed-run"
+    root.mkdir()
+    bundles.pack_bundle(run["run"] / "rollout" / "fully_async_2", root / "fully_async_2.rbundle")
+    done = cli(str(root), "-o", str(tmp_path / "p"), "--with-images", "--format", "jsonl")
+    assert done.returncode == 0 and "exported 1 bundle (5 rows)" in done.stdout, done.stderr
+    (part,) = (tmp_path / "p").rglob("*.jsonl")
+    assert part.parent.name == "step=2" and len(part.read_text().splitlines()) == PER_STEP
+    out = tmp_path / "q"
+    assert cli(str(root), "-o", str(out), "--with-images").returncode == 0
+    (got,) = list(out.rglob("*.parquet"))
+    with bundles.open_bundle(run["run"] / "rollout" / "fully_async_2") as b:
+        want = [r for x in b.to_arrow(media=True) for r in x.to_pylist()]
+    rows = pq.read_table(got).to_pylist()
+    assert [r["images"] for r in rows] == [r["images"] for r in want]
+    assert {r["bundle_id"] for r in rows} == {r["bundle_id"] for r in want}  # one identity, either copy
+
+
+def test_out_on_seaweedfs_publishes_each_part_in_one_put(run: dict[str, Any], weed: Any) -> None:
+    import pyarrow.parquet as pq
+
+    url = f"s3://{weed.current}/datasets/run1"
+    import obstore
+
+    obstore.put(weed.client(), "datasets/run1/README", b"mine")
+    done = cli(str(run["run"]), "-o", url, "--kind", "rollout")
+    assert done.returncode == 0 and "exported 3 bundles (15 rows)" in done.stdout, done.stderr
+    objects = weed.contents("datasets/run1/")
+    parts = sorted(k for k in objects if k.endswith(".parquet"))
+    assert [k.split("/")[2:4] for k in parts] == [["kind=rollout", f"step={s}"] for s in STEPS]
+    assert objects["datasets/run1/README"] == b"mine"
+    rewards = sorted(
+        r for k in parts for r in pq.read_table(io.BytesIO(objects[k])).column("reward").to_pylist()
+    )
+    assert sum(rewards) / len(rewards) == pytest.approx(sum(run["avg"].values()) / len(STEPS))
+    again = cli(str(run["run"]), "-o", url, "--kind", "rollout")
+    assert again.returncode == 0 and "skipped 3 already exported" in again.stdout
+
+
+def test_root_on_seaweedfs_exports_to_a_local_directory(
+    run: dict[str, Any], weed: Any, tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    root = f"s3://{weed.current}/runs/r1"
+    samples = [sample(1, i, run["media"]) for i in range(PER_STEP)]  # the same samples as fully_async_1
+    bundles.write_bundle(f"{root}/rollout/fully_async_1", samples, media_roots=[run["media"]], kind="rollout",
+                         meta={"rollout_id": 1})  # fmt: skip
+    done = cli(root, "-o", str(tmp_path / "out"), "--with-images")
+    assert done.returncode == 0 and "exported 1 bundle (5 rows)" in done.stdout, done.stderr
+    (part,) = (tmp_path / "out" / "kind=rollout" / "step=1").glob("*.parquet")
+    rows = pq.read_table(part).to_pylist()
+    with bundles.open_bundle(run["run"] / "rollout" / "fully_async_1") as b:
+        want = [r for x in b.to_arrow(media=True) for r in x.to_pylist()]
+    assert [r["images"] for r in rows] == [r["images"] for r in want]
+    assert [r["reward"] for r in rows] == [r["reward"] for r in want]
+
+
+def test_an_unknown_column_is_refused_before_anything_is_read(run: dict[str, Any], tmp_path: Path) -> None:
+    done = cli(str(run["run"]), "-o", str(tmp_path / "x"), "--columns", "reward,rewrd")
+    assert done.returncode == 1 and not (tmp_path / "x").exists()
+    assert "export: --columns: expected names among bundle_id, bundle, kind" in done.stderr
+    assert "found ['rewrd']" in done.stderr
+
+
+def test_a_bundle_failing_mid_part_leaves_no_part_and_the_others_are_exported(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    import shutil
+
+    root = tmp_path / "run"
+    shutil.copytree(run["run"] / "rollout", root)
+    with bundles.open_bundle(root / "fully_async_1") as b:
+        name = b.media[-1].filename  # read while its part's temporary file is open
+    victim = root / "fully_async_1" / "media" / name
+    os.chmod(victim, 0o644)
+    victim.write_bytes(victim.read_bytes()[:-1] + b"\0")
+    out = tmp_path / "out"
+    done = cli(str(root), "-o", str(out), "--with-images")
+    assert done.returncode == 1 and "exported 2 bundles (10 rows)" in done.stdout
+    assert f"not exported: {root / 'fully_async_1'}" in done.stderr and name in done.stderr
+    assert sorted(p.parent.name for p in out.rglob("*.parquet")) == ["step=0", "step=2"]
+    assert sorted(p.name for p in out.rglob("*") if p.is_file() and p.suffix != ".parquet") == []
