@@ -519,6 +519,61 @@ def test_replay_verdicts_beside_a_bundle_are_shown_on_its_pages(run: Path, tmp_p
         assert "Replay" not in client.get(f"/b/{e2.id}/s/0").text
 
 
+def test_the_replays_log_prob_mismatch_sorts_a_bundle_and_draws_the_runs_trend(
+    run: Path, tmp_path: Path
+) -> None:
+    """Reports with log-prob differences beside steps 1 and 3 (none beside 2), written as replay
+    --model writes them with known numbers (issue 38, item 3)."""
+    from helpers.logprob_reports import logprob_report
+
+    # Step 1: samples 0..5 compared, sample p shifted by 0.01 (p + 1) a token, sample 4's token 3 by 0.6.
+    shifts = {p: [0.01 * (p + 1)] * 10 for p in range(6)}
+    shifts[4][3] = 0.6
+    one = logprob_report(run / "ckpt" / "rollout" / "fully_async_1", shifts)
+    three = logprob_report(run / "ckpt" / "rollout" / "fully_async_3", {p: [0.03] * 10 for p in range(12)})
+    for step, report in ((1, one), (3, three)):
+        Path(f"{run / 'ckpt' / 'rollout' / f'fully_async_{step}'}.replay.json").write_text(json.dumps(report))
+    app = create_app(run, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        indexed(app)
+        e1, e2 = entry_by_step(app, 1), entry_by_step(app, 2)
+        page = html.unescape(assert_page(client.get(f"/b/{e1.id}")))
+        m = one["summary"]["logprob"]["mean_abs"]
+        assert (
+            f"log-prob mismatch: mean_abs over 6 samples: mean {m['mean']:.4g} · p50 {m['p50']:.4g}" in page
+        )
+        assert '<option value="mismatch"' in page and f'href="/b/{e1.id}?sort=mismatch&order=desc"' in page
+        # Sorted by mean_abs, furthest first (sample 4: (9 x 0.05 + 0.6) / 10), those not compared last.
+        ranked = html.unescape(assert_page(client.get(f"/b/{e1.id}", params={"sort": "mismatch", "order": "desc",
+                                                                             "limit": 4})))  # fmt: skip
+        assert re.findall(rf'<a href="/b/{e1.id}/s/(\d+)">', ranked) == ["4", "5", "3", "2"]
+        assert '<td class="num">0.06</td>' in ranked and '<td class="num">0.105</td>' in ranked
+        nxt = re.search(r'<a href="([^"]+)">next page', ranked)
+        assert nxt is not None
+        rest = assert_page(client.get(html.unescape(nxt.group(1)).replace("limit=4", "limit=50")))
+        assert re.findall(rf'<a href="/b/{e1.id}/s/(\d+)">', rest) == ["1", "0", *map(str, range(11, 5, -1))]
+        # Without a report beside it, the bundle offers no such sort and refuses it by name.
+        assert '<option value="mismatch"' not in assert_page(client.get(f"/b/{e2.id}"))
+        refused = html.unescape(assert_page(client.get(f"/b/{e2.id}", params={"sort": "mismatch"}), 400))
+        assert "sort: mismatch needs a replay report beside the bundle" in refused
+        # The sample: its strips against the recorded log-probs, the first token over 0.2 marked.
+        sample = html.unescape(assert_page(client.get(f"/b/{e1.id}/s/4")))
+        assert "first token over the threshold: turn 0, response token 3 (id 17), |diff| 0.6" in sample
+        assert sample.count('<i class="over" style="left:35.000%"') == 3
+        assert "k3 <b>" in sample and "TIS clipped <b>0</b> tokens" in sample
+        # The run page: the mismatch across steps, from the two reports (step 2 has none).
+        run_page = html.unescape(assert_page(client.get("/")))
+        fig = run_page.split("log-prob mismatch: mean |Δ| of the samples (band p50…p99)", 1)[1].split(
+            "</figure>"
+        )[0]
+        assert re.findall(r"<title>step (\d+): ([^<]+)</title>", fig) == [
+            ("1", f"{m['mean']:.3g}"),
+            ("3", "0.03"),
+        ]
+        assert '<polygon class="band"' in fig
+        assert "log-prob mismatch: k3 KL estimate" in run_page
+
+
 # -- safety ---------------------------------------------------------------------------------------------
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import bundles
 from bundles import BundleError
 from bundles.support import display
-from trainer_hooks.pages import SampleView, environment, sample_view
+from trainer_hooks.pages import SampleView, environment, finite, logprob_summary, sample_view
 from trainer_hooks.serve._index import WANTED, Indexer
 from trainer_hooks.serve._media import ImageInfo, Pictures, PixelBudget
 from trainer_hooks.serve._query import PageError, not_found
@@ -313,9 +313,24 @@ class ServeApp:
                     "path": candidate, "error": None,
                     "by_pos": {s["position"]: s for s in report["samples"]},
                     "problems": summary.get("problems") if isinstance(summary.get("problems"), dict) else {},
+                    "logprob": logprob_summary(report),
                 }  # fmt: skip
+                entry.extra["mismatch"] = _mismatch_figures(report)
                 break
         return entry.extra["replay"]
+
+    def mismatch(self, entry: BundleEntry) -> dict[str, float] | None:
+        """The bundle's log-prob mismatch figures (:func:`_mismatch_figures`) from the replay
+        report beside it, for the run page's trend; None without one. The figures are kept when
+        the bundle (and its report's samples) are let go, so a run page reads each report once;
+        a report not there yet is looked for again (two ``stat`` calls) on the next page."""
+        if "mismatch" not in entry.extra:
+            if not any(os.path.isfile(c) for c in _replay_candidates(entry.location)):
+                return None
+            entry.extra["mismatch"] = None  # unless the report is of this bundle and read
+            self.replay(entry)
+        figures: dict[str, float] | None = entry.extra["mismatch"]
+        return figures
 
     def image(self, entry: BundleEntry, name: str, width: int) -> bytes:
         out = self.pictures.jpeg(entry, name, width)
@@ -329,3 +344,15 @@ def _replay_candidates(location: str) -> list[str]:
     # file the name without its extension (``run_3.rbundle`` -> ``run_3.replay.json``).
     stem = posixpath.splitext(location)[0]
     return list(dict.fromkeys([f"{location}.replay.json", f"{stem}.replay.json"]))
+
+
+def _mismatch_figures(report: dict[str, Any]) -> dict[str, float] | None:
+    """What the run page's trend draws of a report's ``summary.logprob``: the mean, p50, p99 and
+    max of the samples' ``mean_abs`` and the k3 estimate, each a finite number or left out."""
+    summary = report.get("summary")
+    s = summary.get("logprob") if isinstance(summary, dict) else None
+    if not isinstance(s, dict):
+        return None
+    dist: dict[str, Any] = s["mean_abs"] if isinstance(s.get("mean_abs"), dict) else {}
+    figures = {k: finite(dist.get(k)) for k in ("mean", "p50", "p99", "max")} | {"k3": finite(s.get("k3"))}
+    return {k: v for k, v in figures.items() if v is not None} or None
