@@ -479,3 +479,34 @@ def test_the_replays_recomputed_log_probs_are_drawn_against_the_recorded_sorted_
     )
     assert sorted(rows) == sorted((str(order[p]), str(p)) for p in range(4))
     assert re.search(r'<a href="#s2">2</a>.*?<td class="num">0\.095</td></tr>', text)
+
+
+def test_the_mismatch_sort_and_the_first_token_over_are_drawn_in_headless_chromium(tmp_path: Path) -> None:
+    """In a real Chromium: the sort "log-prob mismatch ↓" (a label clicked, no script of the page's)
+    orders the samples and the index table's rows furthest first, and the mark of the first token
+    over the threshold sits over that token's pixel of each strip (issue 38, item 3)."""
+    if find_chromium() is None:
+        if os.environ.get("CI"):
+            pytest.fail(INSTALL_HINT + " (.ci/run installs it)")
+        pytest.skip(INSTALL_HINT)
+    _, out, _ = mismatch_dump(tmp_path)
+    check = """(() => {
+        const byTop = els => els.sort((a, b) => a.getBoundingClientRect().top - b.getBoundingClientRect().top);
+        const strips = Array.from(document.querySelectorAll('#s2 .mismatch-strips .bar'));
+        return {samples: byTop(Array.from(document.querySelectorAll('section.sample'))).map(s => s.id),
+            rows: byTop(Array.from(document.querySelectorAll('table.index tbody tr'))).map(r => r.querySelector('a').textContent),
+            marks: strips.map(b => { const r = b.getBoundingClientRect(), m = b.querySelector('i.over').getBoundingClientRect();
+                                     return (m.left + m.width / 2 - r.left) / r.width; }),
+            scripts: document.scripts.length};
+    })()"""
+    result = render(
+        out.as_uri(),
+        check,
+        tmp_path / "r.png",
+        actions=["document.querySelector('label[for=sort-7]').click()"],
+    )
+    assert result.errors == []
+    v = result.value
+    assert v["samples"] == ["s2", "s0", "s3", "s1"] and v["rows"] == ["2", "0", "3", "1"]
+    assert len(v["marks"]) == 3 and all(abs(x - 0.55) < 0.02 for x in v["marks"]), v["marks"]
+    assert v["scripts"] == 0
