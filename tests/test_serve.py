@@ -574,6 +574,68 @@ def test_the_replays_log_prob_mismatch_sorts_a_bundle_and_draws_the_runs_trend(
         assert "log-prob mismatch: k3 KL estimate" in run_page
 
 
+def test_two_runs_side_by_side_on_the_same_prompts(run: Path, tmp_path: Path) -> None:
+    """``serve RUN_A RUN_B`` (issue 39, item 5): per step the same prompts' reward and success in
+    each run, the prompts whose outcome differs most, one prompt's trajectories from both."""
+    other = tmp_path / "runb"
+    media = tmp_path / "runb-media"
+    shots = _shots(media, 4, seed=50)
+    written: dict[str, dict[int, list[dict[str, Any]]]] = {"run": {}, "runb": {}}
+    for step in (1, 2, 3):
+        written["run"][step] = make_samples(shots, 12, step)  # what make_run wrote for the run fixture
+        samples = make_samples(shots, 12, step)
+        for smp in samples:  # run B solves task 0 always and task 1 never
+            smp["reward"] = {0: 1.0, 1: 0.0}.get(smp["group_index"], smp["reward"])
+        written["runb"][step] = samples
+        write_bundle(other / "ckpt" / "rollout" / f"fully_async_{step}", samples, media_roots=[media],
+                     kind="rollout_checkpoint", meta={"rollout_id": step})  # fmt: skip
+    app = create_app(run, cache_dir=tmp_path / "cache", more_roots=[other])
+    with TestClient(app) as client:
+        indexed(app)
+        for r in app.state.serve.runs[1:]:
+            for e in r.ordered():
+                app.state.serve.indexer.want(e)
+        state = app.state.serve
+        wait_until(
+            lambda: all(state.indexer.state(e).complete for _, e in state.entries()), "both runs indexed"
+        )
+        assert 'href="/runs"' in assert_page(client.get("/"))
+        page = html.unescape(assert_page(client.get("/runs")))
+        rows = re.findall(r'<tr><td class="num">(\d+)</td>((?:<td class="num">[^<]*</td>){6})</tr>', page)
+        assert [int(step) for step, _ in rows] == [1, 2, 3]
+        for step, cells in rows:
+            shown = re.findall(r'<td class="num">([^<]*)</td>', cells)
+            expected = []
+            for name in ("run", "runb"):
+                rewards = [smp["reward"] for smp in written[name][int(step)]]
+                success = sum(1 for x in rewards if x > 0) / len(rewards)
+                expected += [f"{sum(rewards) / len(rewards):.3g}", f"{success:.0%}", str(len(rewards))]
+            assert shown == expected, (step, shown, expected)
+
+        # The prompts whose success differs most over the three steps, furthest first (ties by text).
+        def rate(name: str, g: int) -> float:
+            rewards = [
+                smp["reward"] for st in (1, 2, 3) for smp in written[name][st] if smp["group_index"] == g
+            ]
+            return sum(1 for x in rewards if x > 0) / len(rewards)
+
+        spreads = sorted(((abs(rate("run", g) - rate("runb", g)), g) for g in range(3)), key=lambda x: -x[0])
+        listed = re.findall(r'<tr><td class="num">(\d+%)</td><td class="num">(\d+%)</td><td class="num">(\d+%)</td>'
+                            r'<td class="head"><a href="([^"]+)">task (\d+):', page)  # fmt: skip
+        assert [int(g) for *_, g in listed] == [g for _, g in spreads]
+        spread, a_rate, b_rate, href, g = listed[0]
+        assert (spread, a_rate, b_rate) == (f"{spreads[0][0]:.0%}", f"{rate('run', int(g)):.0%}",
+                                            f"{rate('runb', int(g)):.0%}")  # fmt: skip
+        # That prompt: the latest step of each run, side by side, each bundle named with its run.
+        side = html.unescape(assert_page(client.get(html.unescape(href))))
+        assert "<h3>step 3 · run · ckpt/rollout/fully_async_3</h3>" in side
+        assert "<h3>step 3 · runb · ckpt/rollout/fully_async_3</h3>" in side
+        assert side.count('<section class="card sample') == 2 * 4  # a task's four samples a side
+        # A bundle of the second run is served by its id like the first run's.
+        b_id = re.search(r"b=([0-9a-f]{16})", html.unescape(href)).group(1)
+        assert "fully_async_3" in assert_page(client.get(f"/b/{b_id}"))
+
+
 # -- safety ---------------------------------------------------------------------------------------------
 
 

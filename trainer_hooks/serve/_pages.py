@@ -105,7 +105,7 @@ def run_page(app: ServeApp, params: Mapping[str, str] | None = None) -> str:
     return app.render("run.html.j2", title=name, root=app.run.root, root_name=name, rows=rows, trends=trends,
                        stats=stats, pending=pending, problems=list(app.run.problems.values())[:RUN_PAGE],
                        more_problems=max(0, len(app.run.problems) - RUN_PAGE), listing=listing, pages=pages,
-                       follow=bool(app.config.follow),
+                       follow=bool(app.config.follow), runs_href="/runs" if len(app.runs) > 1 else None,
                        refresh=5 if pending or listing or app.config.follow else None)  # fmt: skip
 
 
@@ -352,7 +352,10 @@ def prompt_page(app: ServeApp, params: Mapping[str, str]) -> str:
         raise PageError(400, "no prompt", "key: expected a prompt key from a bundle page's prompt link")
     rows, points, pending, head = [], [], 0, key
     holders: list[tuple[BundleEntry, list[dict[str, Any]]]] = []
-    for e in app.run.ordered():
+    many = len(app.runs) > 1  # runs side by side: each bundle named with its run
+    names: dict[str, str] = {}
+    for run, e in app.entries():
+        names[e.id] = f"{os.path.basename(run.root.rstrip('/')) or run.root} · {e.rel}" if many else e.rel
         st = app.indexer.state(e)
         if not st.complete:
             pending += 0 if st.error else 1
@@ -368,14 +371,15 @@ def prompt_page(app: ServeApp, params: Mapping[str, str]) -> str:
         counts: dict[str, int] = {}
         for f in found:
             counts[f["status"] or "no status"] = counts.get(f["status"] or "no status", 0) + 1
-        rows.append({"step": "–" if e.step is None else e.step, "rel": e.rel, "href": f"/b/{e.id}", "n": len(found),
+        rows.append({"step": "–" if e.step is None else e.step, "rel": names[e.id], "href": f"/b/{e.id}", "n": len(found),
                      "mean": fmt(mean, 3), "statuses": [(badge(k), v) for k, v in counts.items()],
                      "samples": [{"pos": f["pos"], "href": f"/b/{e.id}/s/{f['pos']}"} for f in found[:12]]})  # fmt: skip
-        if e.step is not None and mean is not None:
+        if e.step is not None and mean is not None and not many:
             points.append((e.step, mean))
         holders.append((e, found))
     choices = [
-        {"id": e.id, "label": f"step {e.step} · {e.rel}" if e.step is not None else e.rel} for e, _ in holders
+        {"id": e.id, "label": f"step {e.step} · {names[e.id]}" if e.step is not None else names[e.id]}
+        for e, _ in holders
     ]
     a_id = params.get("a") or (holders[0][0].id if holders else None)
     b_id = params.get("b") or (holders[-1][0].id if holders else None)
@@ -388,7 +392,7 @@ def prompt_page(app: ServeApp, params: Mapping[str, str]) -> str:
         if match is None:
             continue
         e, found = match
-        labels[k] = f"step {e.step} · {e.rel}" if e.step is not None else e.rel
+        labels[k] = f"step {e.step} · {names[e.id]}" if e.step is not None else names[e.id]
         chosen = found[:PROMPT_SAMPLES]
         views = app.samples.get(e, [f["pos"] for f in chosen])
         infos = image_infos(app.pictures, e, list(views.values()), budget)
