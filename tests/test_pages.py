@@ -69,11 +69,13 @@ def test_the_templates_ship_as_package_data() -> None:
 
 
 def test_a_replay_block_names_each_problem_bounded_and_says_what_is_missing() -> None:
-    assert pages.replay_block(None) == {"missing": True, "problems": [], "diff": None}
+    assert pages.replay_block(None) == {"missing": True, "problems": [], "diff": None, "strips": None}
     block = pages.replay_block({
         "problems": [{"kind": "k" * 100, "message": "m" * 5000, "image": 2}, "not a problem"],
         "logprob_diff": {"max_abs": 0.25, "mean_abs": None, "tokens": 10},
     })  # fmt: skip
     (p,) = block["problems"]
     assert p["kind"] == "k" * 40 and p["message"] == "m" * 2000 + " (image 2)"
-    assert block["diff"] == {"max": "0.25", "mean": "–", "tokens": "10"} and not block["missing"]
+    assert block["diff"] == {"max": "0.25", "mean": "–", "tokens": "10", "k3": None, "tis_clipped": None,
+                             "first_over": None, "turns": [], "more_turns": 0}  # fmt: skip
+    assert not block["missing"] and block["strips"] is None  # no recomputed log-probs: nothing to draw

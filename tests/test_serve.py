@@ -519,6 +519,123 @@ def test_replay_verdicts_beside_a_bundle_are_shown_on_its_pages(run: Path, tmp_p
         assert "Replay" not in client.get(f"/b/{e2.id}/s/0").text
 
 
+def test_the_replays_log_prob_mismatch_sorts_a_bundle_and_draws_the_runs_trend(
+    run: Path, tmp_path: Path
+) -> None:
+    """Reports with log-prob differences beside steps 1 and 3 (none beside 2), written as replay
+    --model writes them with known numbers (issue 38, item 3)."""
+    from helpers.logprob_reports import logprob_report
+
+    # Step 1: samples 0..5 compared, sample p shifted by 0.01 (p + 1) a token, sample 4's token 3 by 0.6.
+    shifts = {p: [0.01 * (p + 1)] * 10 for p in range(6)}
+    shifts[4][3] = 0.6
+    one = logprob_report(run / "ckpt" / "rollout" / "fully_async_1", shifts)
+    three = logprob_report(run / "ckpt" / "rollout" / "fully_async_3", {p: [0.03] * 10 for p in range(12)})
+    for step, report in ((1, one), (3, three)):
+        Path(f"{run / 'ckpt' / 'rollout' / f'fully_async_{step}'}.replay.json").write_text(json.dumps(report))
+    app = create_app(run, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        indexed(app)
+        e1, e2 = entry_by_step(app, 1), entry_by_step(app, 2)
+        page = html.unescape(assert_page(client.get(f"/b/{e1.id}")))
+        m = one["summary"]["logprob"]["mean_abs"]
+        assert (
+            f"log-prob mismatch: mean_abs over 6 samples: mean {m['mean']:.4g} · p50 {m['p50']:.4g}" in page
+        )
+        assert '<option value="mismatch"' in page and f'href="/b/{e1.id}?sort=mismatch&order=desc"' in page
+        # Sorted by mean_abs, furthest first (sample 4: (9 x 0.05 + 0.6) / 10), those not compared last.
+        ranked = html.unescape(assert_page(client.get(f"/b/{e1.id}", params={"sort": "mismatch", "order": "desc",
+                                                                             "limit": 4})))  # fmt: skip
+        assert re.findall(rf'<a href="/b/{e1.id}/s/(\d+)">', ranked) == ["4", "5", "3", "2"]
+        assert '<td class="num">0.06</td>' in ranked and '<td class="num">0.105</td>' in ranked
+        nxt = re.search(r'<a href="([^"]+)">next page', ranked)
+        assert nxt is not None
+        rest = assert_page(client.get(html.unescape(nxt.group(1)).replace("limit=4", "limit=50")))
+        assert re.findall(rf'<a href="/b/{e1.id}/s/(\d+)">', rest) == ["1", "0", *map(str, range(11, 5, -1))]
+        # Without a report beside it, the bundle offers no such sort and refuses it by name.
+        assert '<option value="mismatch"' not in assert_page(client.get(f"/b/{e2.id}"))
+        refused = html.unescape(assert_page(client.get(f"/b/{e2.id}", params={"sort": "mismatch"}), 400))
+        assert "sort: mismatch needs a replay report beside the bundle" in refused
+        # The sample: its strips against the recorded log-probs, the first token over 0.2 marked.
+        sample = html.unescape(assert_page(client.get(f"/b/{e1.id}/s/4")))
+        assert "first token over the threshold: turn 0, response token 3 (id 17), |diff| 0.6" in sample
+        assert sample.count('<i class="over" style="left:35.000%"') == 3
+        assert "k3 <b>" in sample and "TIS clipped <b>0</b> tokens" in sample
+        # The run page: the mismatch across steps, from the two reports (step 2 has none).
+        run_page = html.unescape(assert_page(client.get("/")))
+        fig = run_page.split("log-prob mismatch: mean |Δ| of the samples (band p50…p99)", 1)[1].split(
+            "</figure>"
+        )[0]
+        assert re.findall(r"<title>step (\d+): ([^<]+)</title>", fig) == [
+            ("1", f"{m['mean']:.3g}"),
+            ("3", "0.03"),
+        ]
+        assert '<polygon class="band"' in fig
+        assert "log-prob mismatch: k3 KL estimate" in run_page
+
+
+def test_two_runs_side_by_side_on_the_same_prompts(run: Path, tmp_path: Path) -> None:
+    """``serve RUN_A RUN_B`` (issue 39, item 5): per step the same prompts' reward and success in
+    each run, the prompts whose outcome differs most, one prompt's trajectories from both."""
+    other = tmp_path / "runb"
+    media = tmp_path / "runb-media"
+    shots = _shots(media, 4, seed=50)
+    written: dict[str, dict[int, list[dict[str, Any]]]] = {"run": {}, "runb": {}}
+    for step in (1, 2, 3):
+        written["run"][step] = make_samples(shots, 12, step)  # what make_run wrote for the run fixture
+        samples = make_samples(shots, 12, step)
+        for smp in samples:  # run B solves task 0 always and task 1 never
+            smp["reward"] = {0: 1.0, 1: 0.0}.get(smp["group_index"], smp["reward"])
+        written["runb"][step] = samples
+        write_bundle(other / "ckpt" / "rollout" / f"fully_async_{step}", samples, media_roots=[media],
+                     kind="rollout_checkpoint", meta={"rollout_id": step})  # fmt: skip
+    app = create_app(run, cache_dir=tmp_path / "cache", more_roots=[other])
+    with TestClient(app) as client:
+        indexed(app)
+        for r in app.state.serve.runs[1:]:
+            for e in r.ordered():
+                app.state.serve.indexer.want(e)
+        state = app.state.serve
+        wait_until(
+            lambda: all(state.indexer.state(e).complete for _, e in state.entries()), "both runs indexed"
+        )
+        assert 'href="/runs"' in assert_page(client.get("/"))
+        page = html.unescape(assert_page(client.get("/runs")))
+        rows = re.findall(r'<tr><td class="num">(\d+)</td>((?:<td class="num">[^<]*</td>){6})</tr>', page)
+        assert [int(step) for step, _ in rows] == [1, 2, 3]
+        for step, cells in rows:
+            shown = re.findall(r'<td class="num">([^<]*)</td>', cells)
+            expected = []
+            for name in ("run", "runb"):
+                rewards = [smp["reward"] for smp in written[name][int(step)]]
+                success = sum(1 for x in rewards if x > 0) / len(rewards)
+                expected += [f"{sum(rewards) / len(rewards):.3g}", f"{success:.0%}", str(len(rewards))]
+            assert shown == expected, (step, shown, expected)
+
+        # The prompts whose success differs most over the three steps, furthest first (ties by text).
+        def rate(name: str, g: int) -> float:
+            rewards = [
+                smp["reward"] for st in (1, 2, 3) for smp in written[name][st] if smp["group_index"] == g
+            ]
+            return sum(1 for x in rewards if x > 0) / len(rewards)
+
+        spreads = sorted(((abs(rate("run", g) - rate("runb", g)), g) for g in range(3)), key=lambda x: -x[0])
+        listed = re.findall(r'<tr><td class="num">(\d+%)</td><td class="num">(\d+%)</td><td class="num">(\d+%)</td>'
+                            r'<td class="head"><a href="([^"]+)">task (\d+):', page)  # fmt: skip
+        assert [int(g) for *_, g in listed] == [g for _, g in spreads]
+        spread, a_rate, b_rate, href, g = listed[0]
+        assert (spread, a_rate, b_rate) == (f"{spreads[0][0]:.0%}", f"{rate('run', int(g)):.0%}",
+                                            f"{rate('runb', int(g)):.0%}")  # fmt: skip
+        # That prompt: the latest step of each run, side by side, each bundle named with its run.
+        side = html.unescape(assert_page(client.get(html.unescape(href))))
+        assert "<h3>step 3 · run · ckpt/rollout/fully_async_3</h3>" in side
+        assert "<h3>step 3 · runb · ckpt/rollout/fully_async_3</h3>" in side
+        assert side.count('<section class="card sample') == 2 * 4  # a task's four samples a side
+        # A bundle of the second run is served by its id like the first run's.
+        b_id = re.search(r"b=([0-9a-f]{16})", html.unescape(href)).group(1)
+        assert "fully_async_3" in assert_page(client.get(f"/b/{b_id}"))
+
+
 # -- safety ---------------------------------------------------------------------------------------------
 
 

@@ -409,3 +409,104 @@ def test_a_page_of_a_paged_report_renders_in_headless_chromium(tmp_path: Path) -
         and v["next"] == [(tmp_path / "r-3.html").as_uri()] * 2
     )
     assert len(v["drawn"]) == 3 and all(w > 150 for w in v["drawn"]) and v["scripts"] == 0
+
+
+# -- the replay's log-prob mismatch (issue 38, item 3) ----------------------------------------------------
+
+RECORDED = [-0.1 - 0.01 * k for k in range(10)]
+#: Per sample, the replay's recomputed log-probs minus the recorded ones: sample 2 is the furthest
+#: (its token 5 over the 0.2 threshold), then 0, then 3; sample 1 was not compared.
+SHIFTS = {0: [0.01] * 10, 2: [0.05] * 5 + [0.5] + [0.05] * 4, 3: [-0.002] * 10}
+
+
+def mismatch_dump(tmp_path: Path) -> tuple[Path, Path, dict[str, Any]]:
+    from helpers.logprob_reports import logprob_report
+
+    samples = [{"index": i, "prompt": f"task {i}", "response": "done", "reward": float(i % 2), "status": "completed",
+                "tokens": list(range(30)), "response_length": 10, "rollout_log_probs": RECORDED}
+               for i in range(4)]  # fmt: skip
+    bundle = Path(write_bundle(tmp_path / "dump", samples))
+    report = logprob_report(bundle, SHIFTS)
+    (tmp_path / "replay.json").write_text(json.dumps(report))
+    out = tmp_path / "r.html"
+    assert (
+        main(["view", str(bundle), "-o", str(out), "--replay", str(tmp_path / "replay.json"), "--no-search"])
+        == 0
+    )
+    return bundle, out, report
+
+
+def section(text: str, pos: int) -> str:
+    return text.split(f'id="s{pos}"', 1)[1].split("</section>", 1)[0]
+
+
+def test_the_replays_recomputed_log_probs_are_drawn_against_the_recorded_sorted_and_summed(
+    tmp_path: Path,
+) -> None:
+    _, out, report = mismatch_dump(tmp_path)
+    text = html.unescape(out.read_text())
+    # The bundle's figures, from the report's summary.logprob, in the report's replay summary.
+    s = report["summary"]["logprob"]
+    m = s["mean_abs"]
+    assert (f"mean_abs over 3 samples: mean {m['mean']:.4g} · p50 {m['p50']:.4g} · p99 {m['p99']:.4g} · max "
+            f"{m['max']:.4g}; k3 {s['k3']:.4g}; TIS at cap 2 clips 0.00% of 30 tokens") in text  # fmt: skip
+    # Sample 2: its figures, the first token over the threshold, three strips with the token marked.
+    two = section(text, 2)
+    assert "mean <b>0.095</b> over <b>10</b> tokens" in two and "max <b>0.5</b>" in two
+    assert "first token over the threshold: turn 0, response token 5 (id 25), |diff| 0.5" in two
+    assert two.count('<i class="over" style="left:55.000%"') == 3  # token 5 of 10: the 6th pixel's middle
+    for alt in ("log-probs the rollout recorded", "log-probs the replay recomputed", "|difference| between"):
+        assert alt in two, alt
+    strips = re.findall(r'<img src="data:image/png;base64,([^"]+)" alt="per-token ([^"]+)"', two)
+    diff_png = next(b for b, alt in strips if alt.startswith("|difference|"))
+    strip = Image.open(io.BytesIO(base64.b64decode(diff_png))).convert("RGB")
+    pixels = [strip.getpixel((k, 0)) for k in range(strip.width)]
+    assert len(pixels) == 10 and pixels[5] == (200, 30, 30)  # |0.5|: full red
+    tenth = (249.5, 232.5, 232.5)  # |0.05|: a tenth of the way from white to red
+    assert all(abs(c - t) <= 1 for k, p in enumerate(pixels) if k != 5 for c, t in zip(p, tenth, strict=True))
+    assert "no log-prob comparison" in section(text, 1) and "mismatch-strips" not in section(text, 1)
+    assert "first token over" not in section(text, 0)  # 0.01 everywhere: none over 0.2
+    # The sort "log-prob mismatch ↓": the 7th, furthest first, not compared last; the index table's column.
+    sorts = re.findall(r'<label class="chip" for="sort-(\d+)">([^<]+)</label>', text)
+    assert ("7", "log-prob mismatch ↓") in sorts
+    order = {
+        p: int(re.findall(r"--o7:(\d+);", text.split(f'id="s{p}"', 1)[1].split(">", 1)[0])[0])
+        for p in range(4)
+    }
+    assert sorted(order, key=order.__getitem__) == [2, 0, 3, 1]
+    rows = re.findall(
+        r'<tr class="fsel [^"]*" style="[^"]*--o7:(\d+);"><td class="num"><a href="#s(\d+)">', text
+    )
+    assert sorted(rows) == sorted((str(order[p]), str(p)) for p in range(4))
+    assert re.search(r'<a href="#s2">2</a>.*?<td class="num">0\.095</td></tr>', text)
+
+
+def test_the_mismatch_sort_and_the_first_token_over_are_drawn_in_headless_chromium(tmp_path: Path) -> None:
+    """In a real Chromium: the sort "log-prob mismatch ↓" (a label clicked, no script of the page's)
+    orders the samples and the index table's rows furthest first, and the mark of the first token
+    over the threshold sits over that token's pixel of each strip (issue 38, item 3)."""
+    if find_chromium() is None:
+        if os.environ.get("CI"):
+            pytest.fail(INSTALL_HINT + " (.ci/run installs it)")
+        pytest.skip(INSTALL_HINT)
+    _, out, _ = mismatch_dump(tmp_path)
+    check = """(() => {
+        const byTop = els => els.sort((a, b) => a.getBoundingClientRect().top - b.getBoundingClientRect().top);
+        const strips = Array.from(document.querySelectorAll('#s2 .mismatch-strips .bar'));
+        return {samples: byTop(Array.from(document.querySelectorAll('section.sample'))).map(s => s.id),
+            rows: byTop(Array.from(document.querySelectorAll('table.index tbody tr'))).map(r => r.querySelector('a').textContent),
+            marks: strips.map(b => { const r = b.getBoundingClientRect(), m = b.querySelector('i.over').getBoundingClientRect();
+                                     return (m.left + m.width / 2 - r.left) / r.width; }),
+            scripts: document.scripts.length};
+    })()"""
+    result = render(
+        out.as_uri(),
+        check,
+        tmp_path / "r.png",
+        actions=["document.querySelector('label[for=sort-7]').click()"],
+    )
+    assert result.errors == []
+    v = result.value
+    assert v["samples"] == ["s2", "s0", "s3", "s1"] and v["rows"] == ["2", "0", "3", "1"]
+    assert len(v["marks"]) == 3 and all(abs(x - 0.55) < 0.02 for x in v["marks"]), v["marks"]
+    assert v["scripts"] == 0

@@ -76,13 +76,19 @@ def hostile_bundle(tmp_path: Path) -> tuple[Path, dict[str, Any], int]:
         "processor": {mark(next(n)): mark(next(n))},
         "summary": {"samples": mark(next(n)), "images": mark(next(n)), "vision_tokens": mark(next(n)),
                     "bytes_before_cast": mark(next(n)), "bytes_after_cast": 1,
-                    "problems": {mark(next(n)): mark(next(n))}},
+                    "problems": {mark(next(n)): mark(next(n))},
+                    "logprob": {"samples": mark(next(n)), "k3": mark(next(n)), "tis_cap": mark(next(n)),
+                                "tokens": mark(next(n)), "mean_abs": {q: mark(next(n)) for q in ("mean", "p50", "p99", "max")}}},
         "samples": [{
             "position": 0,
             "problems": [{"kind": mark(next(n)), "message": mark(next(n)), "image": mark(next(n))}],
             "images": [{"image": 0, "vision_tokens": 4, "placeholder_tokens": 5,
                         "pixel_values": {"dtype": mark(next(n)), "shape": mark(next(n))}}],
-            "logprob_diff": {"max_abs": mark(next(n)), "mean_abs": mark(next(n)), "tokens": mark(next(n))},
+            "logprob_diff": {"max_abs": mark(next(n)), "mean_abs": mark(next(n)), "tokens": mark(next(n)),
+                             "k3": mark(next(n)), "tis_clipped": mark(next(n)),
+                             "first_over": {"turn": mark(next(n)), "offset": mark(next(n)), "token": mark(next(n))},
+                             "turns": [{"turn": mark(next(n)), "start": mark(next(n)), "tokens": mark(next(n)),
+                                        "mean_abs": mark(next(n)), "max_abs": mark(next(n))}, {"turn": 1}]},
         }],
     }  # fmt: skip
     return bundle, report, next(n)

@@ -11,11 +11,13 @@ of these is changed in one place:
 - a sample read down to what a page shows (:func:`sample_view`, :class:`SampleView`; ``_samples``)
   and a turn's action parsed (:func:`parse_action`; ``_actions``);
 - how it is drawn (``_graphics``): the action over its screenshot (:func:`overlay`,
-  :data:`OVERLAY_COLOR`), histograms, log-prob strips;
+  :data:`OVERLAY_COLOR`), histograms, log-prob strips (:func:`logprob_strip`), and a replay's
+  recomputed log-probs against the recorded ones (:func:`mismatch_strips`);
 - which stored files are shown and the thumbnail rule (``_media``: :func:`shown_suffix`,
   :func:`jpeg_bytes`);
 - a sample's block (``_blocks``: :func:`sample_block`, its turns, :func:`prompt_messages`) and
-  its replay verdicts (:func:`replay_block`);
+  its replay verdicts (:func:`replay_block`), the key both pages sort samples by mismatch with
+  (:func:`mismatch_of`) and a report's bundle-wide mismatch line (:func:`logprob_summary`);
 - the one Jinja2 environment (``_jinja``: :func:`environment`, :func:`render`), reading the
   templates of this package, of ``view`` and of ``serve`` through their packages, and the one
   stylesheet (:func:`stylesheet`: ``templates/style.css`` and the overlay colours).
@@ -26,6 +28,19 @@ pages follow. Everything here returns plain text, numbers and dicts, which the t
 """
 
 from trainer_hooks.pages._actions import Action, parse_action
+from trainer_hooks.pages._blocks import (
+    advantages,
+    draw_turn,
+    link_turns,
+    logprob_summary,
+    mismatch_of,
+    new_turn,
+    prompt_messages,
+    replay_block,
+    reward_spread,
+    sample_block,
+    turn_action,
+)
 from trainer_hooks.pages._format import (
     MAX_TEXT,
     STATUS_CLASS,
@@ -43,20 +58,17 @@ from trainer_hooks.pages._format import (
     size,
     text,
 )
-from trainer_hooks.pages._graphics import OVERLAY_COLOR, bin_of, bins, histogram, logprob_strip, overlay
+from trainer_hooks.pages._graphics import (
+    OVERLAY_COLOR,
+    bin_of,
+    bins,
+    histogram,
+    logprob_strip,
+    mismatch_strips,
+    overlay,
+)
 from trainer_hooks.pages._jinja import environment, package_text, render, stylesheet
 from trainer_hooks.pages._media import MAX_MEDIA_BYTES, SHOWN_SUFFIXES, jpeg_bytes, jpeg_size, shown_suffix
-from trainer_hooks.pages._blocks import (
-    advantages,
-    draw_turn,
-    link_turns,
-    new_turn,
-    prompt_messages,
-    replay_block,
-    reward_spread,
-    sample_block,
-    turn_action,
-)
 from trainer_hooks.pages._samples import Image, SampleView, sample_view, stored_media
 
 __all__ = [
@@ -83,6 +95,9 @@ __all__ = [
     "jpeg_size",
     "link_turns",
     "logprob_strip",
+    "logprob_summary",
+    "mismatch_of",
+    "mismatch_strips",
     "new_turn",
     "num",
     "overlay",

@@ -17,14 +17,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainer_hooks.pages._actions import parse_action
-from trainer_hooks.pages._format import badge, compact, fmt, pretty, px, reward_text, text
-from trainer_hooks.pages._graphics import logprob_strip, overlay
-from trainer_hooks.pages._samples import SampleView
+from trainer_hooks.pages._format import badge, compact, finite, fmt, num, pretty, px, reward_text, text
+from trainer_hooks.pages._graphics import logprob_strip, mismatch_strips, overlay
+from trainer_hooks.pages._samples import MAX_SHOWN_TURNS, SampleView
 
 __all__ = [
     "advantages",
     "draw_turn",
     "link_turns",
+    "logprob_summary",
+    "mismatch_of",
     "new_turn",
     "prompt_messages",
     "replay_block",
@@ -105,7 +107,7 @@ def link_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def sample_block(v: SampleView, turns: list[dict[str, Any]], advantage: float | None) -> dict[str, Any]:
     """What ``sample_block`` draws of ``v`` (its turns built by the caller); ``replay``,
-    ``diff_strip``, ``href``, ``classes`` and ``order`` are the caller's to fill in."""
+    ``href``, ``classes`` and ``order`` are the caller's to fill in."""
     head = [("index", fmt(v.index)), ("group", fmt(v.group_index))]
     tail = [("reward", reward_text(v.reward))]
     if advantage is not None:
@@ -123,18 +125,20 @@ def sample_block(v: SampleView, turns: list[dict[str, Any]], advantage: float | 
         "more_turns": v.more_turns,
         "response": text(v.response, v.more_response) if v.response else None,
         "strip": logprob_strip(v.logprobs),
-        "diff_strip": None,
         "metadata": text(pretty(v.metadata)) if v.metadata else None,
         "other": text(pretty(v.other)) if v.other else None,
         "other_count": len(v.other),
     }  # fmt: skip
 
 
-def replay_block(r: Mapping[str, Any] | None) -> dict[str, Any]:
+def replay_block(r: Mapping[str, Any] | None, recorded: list[float | None] | None = None) -> dict[str, Any]:
     """A sample's replay verdicts (its row of a replay report; None: not in the report) as
-    ``sample_block`` draws them: each problem's kind and message, and the log-prob differences."""
+    ``sample_block`` draws them: each problem's kind and message, the log-prob differences
+    (``diff``: the figures, the first token over the threshold, one line per turn up to
+    ``MAX_SHOWN_TURNS``) and, given the sample's ``recorded`` log-probs, the strips of both against
+    each other (:func:`~trainer_hooks.pages._graphics.mismatch_strips`)."""
     if r is None:
-        return {"missing": True, "problems": [], "diff": None}
+        return {"missing": True, "problems": [], "diff": None, "strips": None}
     problems = []
     for p in r.get("problems") or []:
         if isinstance(p, dict):
@@ -144,14 +148,52 @@ def replay_block(r: Mapping[str, Any] | None) -> dict[str, Any]:
                 {"kind": kind[:MAX_PROBLEM_KIND], "message": message[:MAX_PROBLEM_MESSAGE] + where}
             )
     diff = r.get("logprob_diff")
-    d = None
+    d: dict[str, Any] | None = None
+    strips = None
     if isinstance(diff, dict):
-        d = {
-            "max": fmt(diff.get("max_abs")),
-            "mean": fmt(diff.get("mean_abs")),
-            "tokens": fmt(diff.get("tokens")),
-        }
-    return {"missing": False, "problems": problems, "diff": d}
+        d = {"max": fmt(diff.get("max_abs")), "mean": fmt(diff.get("mean_abs")), "tokens": fmt(diff.get("tokens")),
+             "k3": None if diff.get("k3") is None else fmt(diff.get("k3")),
+             "tis_clipped": None if diff.get("tis_clipped") is None else fmt(diff.get("tis_clipped")),
+             "first_over": _first_over(diff.get("first_over")), "turns": [], "more_turns": 0}  # fmt: skip
+        turns: list[Any] = diff["turns"] if isinstance(diff.get("turns"), list) else []
+        d["turns"] = [{"turn": fmt(t.get("turn")), "start": fmt(t.get("start")), "tokens": fmt(t.get("tokens")),
+                       "mean": fmt(t.get("mean_abs")), "max": fmt(t.get("max_abs"))}
+                      for t in turns[:MAX_SHOWN_TURNS] if isinstance(t, dict)]  # fmt: skip
+        d["more_turns"] = max(0, len(turns) - MAX_SHOWN_TURNS)
+        strips = mismatch_strips(recorded, diff.get("recomputed"), diff.get("first_over"))
+    return {"missing": False, "problems": problems, "diff": d, "strips": strips}
+
+
+def _first_over(first: Any) -> str | None:
+    """The first token over the replay's threshold, as a line: None when there is none."""
+    if not isinstance(first, dict):
+        return None
+    shown = {k: "–" if first.get(k) is None else num(first.get(k)) for k in ("turn", "offset", "token")}
+    return (f"turn {shown['turn']}, response token {shown['offset']} (id {shown['token']}), "
+            f"|diff| {fmt(finite(first.get('abs')))}")  # fmt: skip
+
+
+def mismatch_of(r: Mapping[str, Any] | None) -> float | None:
+    """How far a sample's recomputed log-probs are from its recorded ones (its report row's
+    ``logprob_diff.mean_abs``), the key both pages sort by; None when not compared."""
+    diff = r.get("logprob_diff") if r is not None else None
+    return finite(diff.get("mean_abs")) if isinstance(diff, dict) else None
+
+
+def logprob_summary(report: Mapping[str, Any]) -> str | None:
+    """The bundle's mismatch across its samples (a replay report's ``summary.logprob``) as one
+    line: the distribution of the samples' ``mean_abs``, the k3 KL estimate, and the share of
+    tokens a truncated importance-sampling correction clips; None when the report has none."""
+    summary = report.get("summary")
+    s = summary.get("logprob") if isinstance(summary, dict) else None
+    if not isinstance(s, dict):
+        return None
+    dist: dict[str, Any] = s["mean_abs"] if isinstance(s.get("mean_abs"), dict) else {}
+    share = finite(s.get("tis_clipped_fraction"))
+    return (f"mean_abs over {fmt(s.get('samples'))} samples: mean {fmt(dist.get('mean'))} · p50 "
+            f"{fmt(dist.get('p50'))} · p99 {fmt(dist.get('p99'))} · max {fmt(dist.get('max'))}; k3 "
+            f"{fmt(s.get('k3'))}; TIS at cap {fmt(s.get('tis_cap'))} clips "
+            f"{'–' if share is None else f'{share:.2%}'} of {fmt(s.get('tokens'))} tokens")  # fmt: skip
 
 
 def reward_spread(rewards: list[float]) -> dict[str, Any] | None:

@@ -10,12 +10,26 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bundles.support import LIMITS
 from trainer_hooks.pages._actions import Action
-from trainer_hooks.pages._format import num, px
+from trainer_hooks.pages._format import finite, num, px
 
-__all__ = ["OVERLAY_COLOR", "bin_of", "bins", "histogram", "logprob_strip", "overlay", "px"]
+__all__ = [
+    "OVERLAY_COLOR",
+    "bin_of",
+    "bins",
+    "histogram",
+    "logprob_strip",
+    "mismatch_strips",
+    "overlay",
+    "px",
+]
 
 OVERLAY_COLOR = "#ff2bd6"  # drawn over screenshots; tests look for it
+STRIP_PIXELS = 2048  # pixels of a log-prob strip at most: beyond, one pixel is the mean of a run of tokens
+#: Tokens of one sample a strip reads: the response's text is cut at this many characters on a page
+#: (a token is at least one), so no strip reads further than the text it stands beside.
+MAX_STRIP_TOKENS = LIMITS["MAX_SHOWN_CHARS"]
 
 
 def overlay(
@@ -127,7 +141,7 @@ def logprob_strip(values: list[float | None] | None, *, diff: bool = False) -> d
     from PIL import Image
 
     n = len(values)
-    width = min(n, 2048)
+    width = min(n, STRIP_PIXELS)
     pixels = []
     for k in range(width):
         chunk = [v for v in values[k * n // width : (k + 1) * n // width] if v is not None]
@@ -163,3 +177,45 @@ def _logprob_color(v: float) -> tuple[int, int, int]:
 
 def _diff_color(v: float) -> tuple[int, int, int]:
     return _mix((255, 255, 255), (200, 30, 30), abs(v) / 0.5)
+
+
+def mismatch_strips(
+    recorded: list[float | None] | None, recomputed: Any, first_over: Any
+) -> dict[str, Any] | None:
+    """A sample's recorded log-probs against the replay's (``logprob_diff.recomputed`` of a replay
+    report: one per response token), as three strips drawn one above the other on the same token
+    scale: the recorded ones, the recomputed ones and their |difference|; ``mark`` is where the
+    first token over the replay's threshold (``first_over``) sits on them, in percent of the width.
+
+    Both lists are read to :data:`MAX_STRIP_TOKENS` at most (``cut``: the tokens left out). None
+    when there is nothing to draw; ``note`` says why two lists of different lengths are not
+    compared token by token. Every value comes from a file anyone may have written: a non-number
+    is drawn grey, an offset out of range draws no mark."""
+    if not isinstance(recomputed, list) or not recomputed:
+        return None
+    n = len(recomputed)
+    cap = min(n, MAX_STRIP_TOKENS)
+    theirs = [finite(x) for x in recomputed[:cap]]
+    out: dict[str, Any] = {"tokens": n, "cut": n - cap, "recomputed": logprob_strip(theirs), "recorded": None,
+                           "diff": None, "mark": None, "note": None}  # fmt: skip
+    if recorded is None:
+        out["note"] = "the sample records no rollout_log_probs: nothing to compare the replay's with"
+        return out
+    if len(recorded) != n:
+        out["note"] = (
+            f"the replay recomputed {n} log-probs, the sample records {len(recorded)}: not compared token by token"
+        )
+        return out
+    ours = recorded[:cap]
+    out["recorded"] = logprob_strip(ours)
+    diffs = [None if a is None or b is None else abs(a - b) for a, b in zip(ours, theirs, strict=True)]
+    out["diff"] = logprob_strip(diffs, diff=True)
+    offset = first_over.get("offset") if isinstance(first_over, dict) else None
+    if type(offset) is int and 0 <= offset < cap:
+        width = min(cap, STRIP_PIXELS)
+        # The pixel whose run of tokens holds it: pixel k draws tokens k*cap//width .. (k+1)*cap//width.
+        pixel = ((offset + 1) * width + cap - 1) // cap - 1
+        shown = {k: "–" if (x := first_over.get(k)) is None else num(x) for k in ("turn", "token")}
+        out["mark"] = {"left": f"{(pixel + 0.5) * 100 / width:.3f}", "offset": offset, **shown,
+                       "abs": num(finite(first_over.get("abs")) or 0.0)}  # fmt: skip
+    return out

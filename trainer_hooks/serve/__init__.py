@@ -5,7 +5,8 @@ bundle, or a store URL); the CLI (:mod:`trainer_hooks.serve._cli`) runs it under
 127.0.0.1 unless ``--host`` widens it, with a token then. What it shows: the run (every bundle,
 trends across steps), a bundle's samples (filtered, sorted, searched and paged on the server
 from a per-bundle SQLite index), a sample (every turn's screenshot with its action drawn as
-``view`` draws it), one prompt across training, and two bundles or two samples compared.
+``view`` draws it), one prompt across training, and two bundles or two samples compared. Given
+two roots or more (``serve RUN_A RUN_B``), ``/runs`` compares the runs on the prompts they share.
 docs/SERVE.md says what is cached where and why SQLite.
 
 The modules, by job, in the order a request passes through them (each once; none calls back
@@ -19,7 +20,7 @@ into one above it):
 3. ``_query``: the request's values parsed (a position, the bundle page's filters, sort and
    keyset page); what does not parse is a 400 page;
 4. ``_pages``: page assembly, one function per page: it asks ``_app`` for its data and builds
-   its parts with ``_parts``;
+   its parts with ``_parts``; ``_versus``, the runs side by side (``/runs``), the same way;
 5. ``_app``: the state behind the pages (:class:`~trainer_hooks.serve._app.ServeApp`): the run
    (``_run``: finding the bundles), their indexes (``_index``: build and queries), the pictures
    (``_media``: decoded once, cached by digest), the samples, the replay reports, the ``diff``

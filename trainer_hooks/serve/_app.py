@@ -14,6 +14,7 @@ data and it never asks them anything.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import posixpath
@@ -30,7 +31,7 @@ from typing import Any
 import bundles
 from bundles import BundleError
 from bundles.support import display
-from trainer_hooks.pages import SampleView, environment, sample_view
+from trainer_hooks.pages import SampleView, environment, finite, logprob_summary, sample_view
 from trainer_hooks.serve._index import WANTED, Indexer
 from trainer_hooks.serve._media import ImageInfo, Pictures, PixelBudget
 from trainer_hooks.serve._query import PageError, not_found
@@ -210,20 +211,23 @@ def image_infos(pictures: Pictures, entry: BundleEntry, views: Sequence[SampleVi
 class ServeApp:
     """The state behind the routes: the run, its indexer, pictures, a sample cache."""
 
-    def __init__(self, config: ServeConfig, run: Run | None = None) -> None:
+    def __init__(self, config: ServeConfig, run: Run | None = None, others: Sequence[Run] = ()) -> None:
         self.config = config
         self.env = environment()
         self.run = run if run is not None else Run(config.root, config.storage_options)
+        #: Every run served: ``run`` (the one ``/`` shows) first, then the others ``/runs`` compares it with.
+        self.runs = [self.run, *others]
         config.cache_dir.mkdir(parents=True, exist_ok=True)
         self.indexer = Indexer(config.cache_dir, progress=config.progress)
         self.pictures = Pictures(config.cache_dir)
         self.samples = SampleCache(self.indexer)
-        self.run.listeners.append(lambda e: self.indexer.add(e, priority=WANTED + e.order))
-        for e in self.run.ordered():
-            self.indexer.add(e, priority=WANTED + e.order)
         self._stop = threading.Event()
-        if not self.run.listed.is_set() and not self.run.listing:  # the CLI's: listed while serving
-            self.run.list_in_background(then=self._listed)
+        for r in self.runs:
+            r.listeners.append(lambda e: self.indexer.add(e, priority=WANTED + e.order))
+            for e in r.ordered():
+                self.indexer.add(e, priority=WANTED + e.order)
+            if not r.listed.is_set() and not r.listing:  # the CLI's: listed while serving
+                r.list_in_background(then=functools.partial(self._listed, r))
         self.diffs = DiffPool(DIFF_WORKERS)
         # Compiling a page's templates costs ~50 ms, once: done while the server starts and the
         # browser opens, not on the first page. The lock keeps a page from compiling a template
@@ -238,18 +242,17 @@ class ServeApp:
     def _follow(self) -> None:
         assert self.config.follow
         while not self._stop.wait(self.config.follow):
-            try:
-                self.run.refresh()
-            except Exception as e:  # a listing that failed (a store's hiccup): tried again next time
-                print(
-                    f"rollout-bundle serve: warning: listing {self.config.root} failed: {e}", file=sys.stderr
-                )
+            for r in self.runs:
+                try:
+                    r.refresh()
+                except Exception as e:  # a listing that failed (a store's hiccup): tried again next time
+                    print(f"rollout-bundle serve: warning: listing {r.root} failed: {e}", file=sys.stderr)
 
-    def _listed(self) -> None:
+    def _listed(self, run: Run) -> None:
         """Said on the terminal once the first listing is done (the server listened before it)."""
-        print(f"rollout-bundle serve: {len(self.run.entries)} bundle(s) under {display(self.run.root)}",
+        print(f"rollout-bundle serve: {len(run.entries)} bundle(s) under {display(run.root)}",
               file=sys.stderr)  # fmt: skip
-        for problem in list(self.run.problems.values()):
+        for problem in list(run.problems.values()):
             print(
                 f"rollout-bundle serve: warning: not served: {display(problem, limit=2000)}", file=sys.stderr
             )
@@ -264,7 +267,8 @@ class ServeApp:
     def close(self) -> None:
         self._stop.set()
         self.indexer.close()
-        self.run.close()
+        for r in self.runs:
+            r.close()
 
     # -- helpers --------------------------------------------------------------------------------------
     def render(self, template: str, **context: Any) -> str:
@@ -283,10 +287,18 @@ class ServeApp:
                            message=message).encode("utf-8")  # fmt: skip
 
     def entry(self, bid: str) -> BundleEntry:
-        e = self.run.get(bid)
+        e = next((e for r in self.runs if (e := r.get(bid)) is not None), None)
         if e is None:
             raise not_found("no bundle of this run has that id")
         return e
+
+    def run_of(self, entry: BundleEntry) -> Run:
+        """The served run that lists ``entry`` (the first, for an entry no run lists any more)."""
+        return next((r for r in self.runs if r.get(entry.id) is entry), self.run)
+
+    def entries(self) -> list[tuple[Run, BundleEntry]]:
+        """Every bundle of every run served, each run's in its order."""
+        return [(r, e) for r in self.runs for e in r.ordered()]
 
     def replay(self, entry: BundleEntry) -> dict[str, Any] | None:
         """The replay report lying beside a local bundle (``<bundle>.replay.json``, made by
@@ -297,7 +309,7 @@ class ServeApp:
                 if (
                     not os.path.isfile(candidate)
                     or os.path.islink(candidate)
-                    or not self.run.inside(candidate)
+                    or not self.run_of(entry).inside(candidate)
                 ):
                     continue
                 from trainer_hooks.replay import check_report_bundle, load_replay_report
@@ -313,9 +325,24 @@ class ServeApp:
                     "path": candidate, "error": None,
                     "by_pos": {s["position"]: s for s in report["samples"]},
                     "problems": summary.get("problems") if isinstance(summary.get("problems"), dict) else {},
+                    "logprob": logprob_summary(report),
                 }  # fmt: skip
+                entry.extra["mismatch"] = _mismatch_figures(report)
                 break
         return entry.extra["replay"]
+
+    def mismatch(self, entry: BundleEntry) -> dict[str, float] | None:
+        """The bundle's log-prob mismatch figures (:func:`_mismatch_figures`) from the replay
+        report beside it, for the run page's trend; None without one. The figures are kept when
+        the bundle (and its report's samples) are let go, so a run page reads each report once;
+        a report not there yet is looked for again (two ``stat`` calls) on the next page."""
+        if "mismatch" not in entry.extra:
+            if not any(os.path.isfile(c) for c in _replay_candidates(entry.location)):
+                return None
+            entry.extra["mismatch"] = None  # unless the report is of this bundle and read
+            self.replay(entry)
+        figures: dict[str, float] | None = entry.extra["mismatch"]
+        return figures
 
     def image(self, entry: BundleEntry, name: str, width: int) -> bytes:
         out = self.pictures.jpeg(entry, name, width)
@@ -329,3 +356,15 @@ def _replay_candidates(location: str) -> list[str]:
     # file the name without its extension (``run_3.rbundle`` -> ``run_3.replay.json``).
     stem = posixpath.splitext(location)[0]
     return list(dict.fromkeys([f"{location}.replay.json", f"{stem}.replay.json"]))
+
+
+def _mismatch_figures(report: dict[str, Any]) -> dict[str, float] | None:
+    """What the run page's trend draws of a report's ``summary.logprob``: the mean, p50, p99 and
+    max of the samples' ``mean_abs`` and the k3 estimate, each a finite number or left out."""
+    summary = report.get("summary")
+    s = summary.get("logprob") if isinstance(summary, dict) else None
+    if not isinstance(s, dict):
+        return None
+    dist: dict[str, Any] = s["mean_abs"] if isinstance(s.get("mean_abs"), dict) else {}
+    figures = {k: finite(dist.get(k)) for k in ("mean", "p50", "p99", "max")} | {"k3": finite(s.get("k3"))}
+    return {k: v for k, v in figures.items() if v is not None} or None

@@ -78,9 +78,10 @@ def run_serve(ns: argparse.Namespace) -> int:
 
     # A local ROOT that names nothing is refused before a missing extra, a socket or a cache
     # directory; what is under it (and a store URL) is listed once the server listens.
-    if "://" not in ns.root and not os.path.exists(ns.root) and not ns.follow:
-        raise CommandError(f"{display(ns.root)}: no such directory or bundle, and no bundle under it")
-    run = Run(ns.root, list_now=False)
+    for root in ns.root:
+        if "://" not in root and not os.path.exists(root) and not ns.follow:
+            raise CommandError(f"{display(root)}: no such directory or bundle, and no bundle under it")
+    run, *others = [Run(root, list_now=False) for root in ns.root]
     try:
         import jinja2  # noqa: F401
         import PIL  # noqa: F401
@@ -102,7 +103,7 @@ def run_serve(ns: argparse.Namespace) -> int:
     cache_dir = Path(ns.cache_dir) if ns.cache_dir else default_cache_dir()
     config = ServeConfig(run.root, cache_dir, token=token, follow=ns.follow_interval if ns.follow else None,
                          progress=ns.progress, allowed_hosts=allowed)  # fmt: skip
-    app = asgi_app(ServeApp(config, run))
+    app = asgi_app(ServeApp(config, run, others))
     url = f"http://{shown_host}:{port}/"
     print(f"rollout-bundle serve: listing {display(run.root)}; indexes and thumbnails in {display(str(cache_dir))}",
           file=sys.stderr)  # fmt: skip
@@ -137,8 +138,11 @@ def register(subparsers: Any) -> None:
         "for a token it prints once. Pages run no script.",
     )
     p.add_argument(
-        "root", metavar="ROOT", help="a run directory, a bundle (directory or packed file) or a store URL"
-    )
+        "root", metavar="ROOT", nargs="+",
+        help="a run directory, a bundle (directory or packed file) or a store URL; two or more runs are "
+        "compared on /runs (the same prompts' reward and success per step, the prompts whose outcome "
+        "differs most, one prompt's trajectories from both side by side)",
+    )  # fmt: skip
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, metavar="N",
                    help=f"port to listen on (default {DEFAULT_PORT}; 0: a free one)")  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", metavar="H",

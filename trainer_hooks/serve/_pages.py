@@ -19,9 +19,9 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainer_hooks.pages import badge, fmt, replay_block, reward_spread, size
+from trainer_hooks.pages import badge, fmt, mismatch_of, replay_block, reward_spread, size
 from trainer_hooks.serve._app import ServeApp, image_infos
-from trainer_hooks.serve._lookups import group_rows, prompt_rows, row_at, statuses
+from trainer_hooks.serve._lookups import Query, group_rows, prompt_rows, row_at, statuses
 from trainer_hooks.serve._lookups import groups_page as groups_after
 from trainer_hooks.serve._media import PixelBudget
 from trainer_hooks.serve._parts import (
@@ -32,7 +32,7 @@ from trainer_hooks.serve._parts import (
     trend,
 )
 from trainer_hooks.serve._query import PAGE, PageError, not_found, parse_int, parse_query
-from trainer_hooks.serve._rows import SORTS, prompt_key, prompt_text
+from trainer_hooks.serve._rows import REPORT_SORTS, SORTS, prompt_key, prompt_text
 from trainer_hooks.serve._run import BundleEntry
 
 __all__ = [
@@ -69,7 +69,8 @@ def replay_note(app: ServeApp, entry: BundleEntry) -> str | None:
     if r["error"]:
         return f"replay report beside the bundle not used: {r['error']}"
     counts = ", ".join(f"{k} {v}" for k, v in r["problems"].items()) or "none"
-    return f"replay report {os.path.basename(r['path'])}: {len(r['by_pos'])} samples replayed; problems: {counts}"
+    line = f"replay report {os.path.basename(r['path'])}: {len(r['by_pos'])} samples replayed; problems: {counts}"
+    return line + (f"; log-prob mismatch: {r['logprob']}" if r.get("logprob") else "")
 
 
 def entry_stats(app: ServeApp, entry: BundleEntry) -> list[dict[str, str]]:
@@ -104,7 +105,7 @@ def run_page(app: ServeApp, params: Mapping[str, str] | None = None) -> str:
     return app.render("run.html.j2", title=name, root=app.run.root, root_name=name, rows=rows, trends=trends,
                        stats=stats, pending=pending, problems=list(app.run.problems.values())[:RUN_PAGE],
                        more_problems=max(0, len(app.run.problems) - RUN_PAGE), listing=listing, pages=pages,
-                       follow=bool(app.config.follow),
+                       follow=bool(app.config.follow), runs_href="/runs" if len(app.runs) > 1 else None,
                        refresh=5 if pending or listing or app.config.follow else None)  # fmt: skip
 
 
@@ -127,6 +128,8 @@ def _trends(app: ServeApp, entries: list[BundleEntry]) -> list[dict[str, Any]]:
     points: dict[tuple[str, str], list[tuple[int, float]]] = {}
     bands: dict[str, list[tuple[int, float, float]]] = {}
     for e in entries:
+        if e.step is not None:
+            _mismatch_points(app, e, e.step, points, bands)
         s = app.indexer.state(e).summary if e.step is not None else None
         if not s or e.step is None:
             continue
@@ -143,21 +146,47 @@ def _trends(app: ServeApp, entries: list[BundleEntry]) -> list[dict[str, Any]]:
     for kind in kinds:
         suffix = f" · {kind}" if len(kinds) > 1 else ""
         for name, title in (("reward", "reward mean ± std"), ("length", "response length (mean)"),
-                            ("turns", "turns (mean)"), ("truncated", "truncated (fraction)")):  # fmt: skip
-            band = _by_step(bands.get(kind, [])) if name == "reward" else None
+                            ("turns", "turns (mean)"), ("truncated", "truncated (fraction)"),
+                            ("mismatch", "log-prob mismatch: mean |Δ| of the samples (band p50…p99)"),
+                            ("k3", "log-prob mismatch: k3 KL estimate")):  # fmt: skip
+            band = _by_step(bands.get(kind if name == "reward" else f"{kind}/{name}", [])) or None
             chart = trend(title + suffix, _by_step(points.get((kind, name), [])), band)
             if chart:
                 trends.append(chart)
     return trends
 
 
+def _mismatch_points(app: ServeApp, e: BundleEntry, step: int, points: dict[tuple[str, str], list[tuple[int, float]]],
+                     bands: dict[str, list[tuple[int, float, float]]]) -> None:  # fmt: skip
+    """The bundle's log-prob mismatch at its step (from the replay report beside it, when there is
+    one): the mean of its samples' ``mean_abs`` in a p50…p99 band, and the k3 estimate."""
+    m = app.mismatch(e)
+    if m is None:
+        return
+    if "mean" in m:
+        points.setdefault((e.kind, "mismatch"), []).append((step, m["mean"]))
+        bands.setdefault(f"{e.kind}/mismatch", []).append(
+            (step, m.get("p50", m["mean"]), m.get("p99", m["mean"]))
+        )
+    if "k3" in m:
+        points.setdefault((e.kind, "k3"), []).append((step, m["k3"]))
+
+
 def bundle_page(app: ServeApp, entry: BundleEntry, params: Mapping[str, str]) -> str:
     q, shown = parse_query(params)
+    replay = app.replay(entry)
+    by_pos = replay["by_pos"] if replay is not None and not replay["error"] else None
+    if q.sort in REPORT_SORTS and by_pos is None:
+        raise PageError(400, "bad sort", f"sort: {q.sort} needs a replay report beside the bundle "
+                        f"(rollout-bundle replay {entry.rel} --report); there is none")  # fmt: skip
     st = app.indexer.want(entry, FIRST_PAGE_WAIT_S)
     base_href = f"/b/{entry.id}"
+    sorts = [k for k in SORTS if by_pos is not None or k not in REPORT_SORTS]
     ctx: dict[str, Any] = {"title": entry.rel, "kind": entry.kind, "step": entry.step, "name": entry.rel,
                            "location": entry.location, "stats": entry_stats(app, entry), "q": shown,
-                           "sorts": list(SORTS), "self_href": base_href, "groups_href": f"{base_href}/groups",
+                           "sorts": sorts, "self_href": base_href, "replayed": by_pos is not None,
+                           "groups_href": f"{base_href}/groups",
+                           "mismatch_href": f"{base_href}?sort=mismatch&order=desc" if by_pos is not None else None,
                            "crumbs": [(None, entry.rel)], "total": entry.samples, "rows": [], "matching": 0,
                            "status_options": [], "first_href": None, "next_href": None, "partial": False,
                            "indexed": st.rows, "state_note": None, "state_error": False,
@@ -172,25 +201,9 @@ def bundle_page(app: ServeApp, entry: BundleEntry, params: Mapping[str, str]) ->
                    "a group's page waits until the bundle is indexed")  # fmt: skip
         if st.rows == 0:
             return app.render("bundle.html.j2", **ctx)
-    with app.indexer.connect(entry) as con:
-        try:
-            rows, matching, nxt = q.run(con)
-        except sqlite3.OperationalError as e:  # a search SQLite refuses (its words are quoted)
-            raise PageError(400, "bad search", f"q: the search cannot be run: {e}") from None
-        ctx["status_options"] = statuses(con)
-    ctx["matching"] = matching
+    rows, ctx["matching"], nxt, ctx["status_options"] = _query(app, entry, q, by_pos)
     for r in rows:
-        r["href"] = f"{base_href}/s/{r['pos']}"
-        r["badge"] = badge(r["status"])
-        r["reward"] = r["reward_text"] or "–"
-        r["advantage"] = "–" if r["advantage"] is None else f"{r['advantage']:+.3g}"
-        r["group_href"] = (
-            None if r["grp"] is None else f"{base_href}/group?g={urllib.parse.quote(r['grp'], safe='')}"
-        )
-        r["prompt_href"] = f"/prompt?key={urllib.parse.quote(r['prompt_key'], safe='')}"
-        for k in ("idx", "grp", "resp_len", "tokens", "turns"):
-            r[k] = fmt(r[k])
-        r["prompt_head"] = (r["prompt_head"] or "")[:120]
+        _table_row(r, base_href, by_pos)
     ctx["rows"] = rows
     keep = {k: v for k, v in shown.items() if v not in ("", None)}
     if q.limit != PAGE:
@@ -200,6 +213,39 @@ def bundle_page(app: ServeApp, entry: BundleEntry, params: Mapping[str, str]) ->
     if q.after is not None:
         ctx["first_href"] = base_href + ("?" + urllib.parse.urlencode(keep) if keep else "")
     return app.render("bundle.html.j2", **ctx)
+
+
+def _query(app: ServeApp, entry: BundleEntry, q: Query, by_pos: Mapping[int, Any] | None) -> tuple[Any, ...]:
+    """The bundle page's rows, how many match, the next page's cursor, and the statuses."""
+    with app.indexer.connect(entry) as con:
+        # The replay report's figure as SQL sees it (SORTS["mismatch"]), on this connection;
+        # taken off again before the pooled connection goes back, so it keeps no report alive.
+        con.create_function(
+            "mismatch", 1, lambda pos: mismatch_of((by_pos or {}).get(pos)), deterministic=True
+        )
+        try:
+            rows, matching, nxt = q.run(con)
+            return rows, matching, nxt, statuses(con)
+        except sqlite3.OperationalError as e:  # a search SQLite refuses (its words are quoted)
+            raise PageError(400, "bad search", f"q: the search cannot be run: {e}") from None
+        finally:
+            con.create_function("mismatch", 1, None)
+
+
+def _table_row(r: dict[str, Any], base_href: str, by_pos: Mapping[int, Any] | None) -> None:
+    """One row of the bundle page's table, its values as the page shows them."""
+    r["href"] = f"{base_href}/s/{r['pos']}"
+    r["badge"] = badge(r["status"])
+    r["reward"] = r["reward_text"] or "–"
+    r["advantage"] = "–" if r["advantage"] is None else f"{r['advantage']:+.3g}"
+    r["group_href"] = (
+        None if r["grp"] is None else f"{base_href}/group?g={urllib.parse.quote(r['grp'], safe='')}"
+    )
+    r["prompt_href"] = f"/prompt?key={urllib.parse.quote(r['prompt_key'], safe='')}"
+    for k in ("idx", "grp", "resp_len", "tokens", "turns"):
+        r[k] = fmt(r[k])
+    r["prompt_head"] = (r["prompt_head"] or "")[:120]
+    r["mismatch"] = fmt(mismatch_of(by_pos.get(r["pos"]))) if by_pos is not None else None
 
 
 def groups_page(app: ServeApp, entry: BundleEntry, params: Mapping[str, str]) -> str:
@@ -265,7 +311,7 @@ def sample_page(app: ServeApp, entry: BundleEntry, pos: int) -> str:
     s = sample_context(view, infos, img_url(entry), f"/b/{entry.id}/s/{pos}", row, defs)
     replay = app.replay(entry)
     if replay is not None and not replay["error"]:
-        s["replay"] = replay_block(replay["by_pos"].get(pos))
+        s["replay"] = replay_block(replay["by_pos"].get(pos), view.logprobs)
     group_href = None
     if row is not None and row.get("grp") is not None:
         group_href = f"/b/{entry.id}/group?g={urllib.parse.quote(row['grp'], safe='')}"
@@ -306,7 +352,10 @@ def prompt_page(app: ServeApp, params: Mapping[str, str]) -> str:
         raise PageError(400, "no prompt", "key: expected a prompt key from a bundle page's prompt link")
     rows, points, pending, head = [], [], 0, key
     holders: list[tuple[BundleEntry, list[dict[str, Any]]]] = []
-    for e in app.run.ordered():
+    many = len(app.runs) > 1  # runs side by side: each bundle named with its run
+    names: dict[str, str] = {}
+    for run, e in app.entries():
+        names[e.id] = f"{os.path.basename(run.root.rstrip('/')) or run.root} · {e.rel}" if many else e.rel
         st = app.indexer.state(e)
         if not st.complete:
             pending += 0 if st.error else 1
@@ -322,14 +371,15 @@ def prompt_page(app: ServeApp, params: Mapping[str, str]) -> str:
         counts: dict[str, int] = {}
         for f in found:
             counts[f["status"] or "no status"] = counts.get(f["status"] or "no status", 0) + 1
-        rows.append({"step": "–" if e.step is None else e.step, "rel": e.rel, "href": f"/b/{e.id}", "n": len(found),
+        rows.append({"step": "–" if e.step is None else e.step, "rel": names[e.id], "href": f"/b/{e.id}", "n": len(found),
                      "mean": fmt(mean, 3), "statuses": [(badge(k), v) for k, v in counts.items()],
                      "samples": [{"pos": f["pos"], "href": f"/b/{e.id}/s/{f['pos']}"} for f in found[:12]]})  # fmt: skip
-        if e.step is not None and mean is not None:
+        if e.step is not None and mean is not None and not many:
             points.append((e.step, mean))
         holders.append((e, found))
     choices = [
-        {"id": e.id, "label": f"step {e.step} · {e.rel}" if e.step is not None else e.rel} for e, _ in holders
+        {"id": e.id, "label": f"step {e.step} · {names[e.id]}" if e.step is not None else names[e.id]}
+        for e, _ in holders
     ]
     a_id = params.get("a") or (holders[0][0].id if holders else None)
     b_id = params.get("b") or (holders[-1][0].id if holders else None)
@@ -342,7 +392,7 @@ def prompt_page(app: ServeApp, params: Mapping[str, str]) -> str:
         if match is None:
             continue
         e, found = match
-        labels[k] = f"step {e.step} · {e.rel}" if e.step is not None else e.rel
+        labels[k] = f"step {e.step} · {names[e.id]}" if e.step is not None else names[e.id]
         chosen = found[:PROMPT_SAMPLES]
         views = app.samples.get(e, [f["pos"] for f in chosen])
         infos = image_infos(app.pictures, e, list(views.values()), budget)

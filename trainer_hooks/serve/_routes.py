@@ -29,7 +29,7 @@ import contextlib
 import functools
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from trainer_hooks.serve._guard import Guard
 from trainer_hooks.serve._media import WIDTHS
 from trainer_hooks.serve._query import PageError, parse_int
 from trainer_hooks.serve._run import BundleEntry, Run
+from trainer_hooks.serve._versus import runs_page
 
 __all__ = ["asgi_app", "create_app", "stylesheet"]
 
@@ -66,11 +67,13 @@ def create_app(
     storage_options: dict[str, Any] | None = None,
     allowed_hosts: list[str] | None = None,
     list_in_background: bool = False,
+    more_roots: Sequence[str | os.PathLike[str]] = (),
 ) -> Any:
     """The ASGI application serving the run (or bundle) at ``root``, read-only.
 
     Args:
         root: a run directory, a bundle (directory or packed file), or a store URL.
+        more_roots: other runs, compared with ``root``'s on ``/runs`` (their bundles' pages too).
         cache_dir: where indexes and thumbnails are kept (default ``~/.cache/rollout-bundles/serve``).
         token: when set, every request must carry it (``?token=`` once, then a cookie).
         follow: list ``root`` again every ``follow`` seconds, adding bundles committed since.
@@ -92,7 +95,8 @@ def create_app(
                          token=token, follow=follow, progress=progress, storage_options=storage_options,
                          allowed_hosts=allowed_hosts)  # fmt: skip
     run = Run(config.root, storage_options, list_now=not list_in_background)
-    return asgi_app(ServeApp(config, run))
+    others = [Run(str(os.fspath(r)), storage_options, list_now=not list_in_background) for r in more_roots]
+    return asgi_app(ServeApp(config, run, others))
 
 
 def asgi_app(state: ServeApp) -> Any:
@@ -184,6 +188,7 @@ def _page_routes(state: ServeApp) -> list[Any]:
         ("/b/{bid}/group", group),
         ("/b/{bid}/s/{pos}", sample),
         ("/prompt", lambda request: _pages.prompt_page(state, request.query_params)),
+        ("/runs", lambda request: runs_page(state, _pages.TREND_BUNDLES)),
         ("/compare", compare),
         ("/compare/samples", compare_samples),
     ]

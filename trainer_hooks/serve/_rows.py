@@ -23,6 +23,7 @@ from trainer_hooks.pages import Image, SampleView, finite
 
 __all__ = [
     "BIG",
+    "REPORT_SORTS",
     "SCHEMA",
     "SORTS",
     "fts_query",
@@ -37,9 +38,13 @@ __all__ = [
 MAX_VIEW_BYTES = 256 * 1024  # a sample's stored view, compressed; a larger one is read from its shard
 MAX_TEXT = 16_000  # characters of a prompt / a response indexed for search
 PROMPT_ID_KEYS = ("prompt_id", "dataset_index", "data_index", "task_id")
-#: Sortable columns: URL name -> SQL column.
+#: Sortable columns: URL name -> SQL column. ``mismatch`` is not in the index: it is the function
+#: the bundle page registers on its connection, reading the replay report beside the bundle
+#: (each sample's ``logprob_diff.mean_abs``; NULL without one), offered only when there is one.
 SORTS = {"position": "pos", "reward": "reward", "length": "resp_len", "turns": "turns",
-         "advantage": "advantage", "tokens": "tokens"}  # fmt: skip
+         "advantage": "advantage", "tokens": "tokens", "mismatch": "mismatch(pos)"}  # fmt: skip
+#: The sorts that need a replay report beside the bundle.
+REPORT_SORTS = ("mismatch",)
 BIG = 1e308  # NULLs sort last, either direction
 
 SCHEMA = """

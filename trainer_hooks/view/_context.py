@@ -38,7 +38,8 @@ from trainer_hooks.pages import (
     fmt,
     histogram,
     link_turns,
-    logprob_strip,
+    logprob_summary,
+    mismatch_of,
     new_turn,
     px,
     ratio,
@@ -139,6 +140,7 @@ def _replay_summary(replay: Mapping[str, Any], name: str) -> dict[str, Any]:
         {"k": "tensor bytes", "v": {"plain": cast}},
         {"k": "peak RSS", "v": {"plain": size(s["peak_rss_bytes"]) if s.get("peak_rss_bytes") is not None else "–"}},
         {"k": "problems", "v": {"problems": [(str(k), fmt(n)) for k, n in problems.items()]}},
+        {"k": "log-prob mismatch", "v": {"plain": logprob_summary(replay) or "–"}},
     ]}  # fmt: skip
 
 
@@ -274,6 +276,8 @@ SORTS = [
     ("turns ↓", lambda v, a: (0, -v.turn_count)),
     ("mean log-prob ↑", lambda v, a: (v.logprob_mean is None, v.logprob_mean or 0)),
 ]  # fmt: skip
+#: With a replay report: the samples furthest from the trainer's log-probs first (not compared: last).
+MISMATCH_SORT = "log-prob mismatch ↓"
 
 
 def _pictures(views: list[SampleView], shown: Mapping[str, Shown]) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, str]]:  # fmt: skip
@@ -310,19 +314,13 @@ def _grpo_groups(views: list[SampleView]) -> tuple[dict[str, list[SampleView]], 
 def _sample(v: SampleView, entry: Mapping[str, Any] | None, advantage: float | None, turns: list[dict[str, Any]],
             classes: list[str], order: list[int], replay_given: bool) -> dict[str, Any]:  # fmt: skip
     """One sample's section of the page (``entry``: its row of the replay report, if any)."""
-    diff = entry.get("logprob_diff") if entry is not None else None
-    recomputed = diff.get("recomputed") if isinstance(diff, dict) else None
-    diff_values = None
-    if isinstance(recomputed, list) and v.logprobs is not None and len(recomputed) == len(v.logprobs):
-        diff_values = [None if a is None or (fb := finite(b)) is None else a - fb
-                       for a, b in zip(v.logprobs, recomputed, strict=True)]  # fmt: skip
     sample = sample_block(v, turns, advantage)
     sample.update(
-        classes=classes, order=order, replay=replay_block(entry) if replay_given else None,
+        classes=classes, order=order, replay=replay_block(entry, v.logprobs) if replay_given else None,
         index_row=[fmt(v.index), fmt(v.group_index), reward_text(v.reward), fmt(v.tokens),
                    fmt(v.response_length), str(v.turn_count)],
         problems=None if entry is None else len(entry.get("problems") or []),
-        diff_strip=logprob_strip(diff_values, diff=True) if diff_values else None,
+        mismatch=fmt(mismatch_of(entry)),
     )  # fmt: skip
     return sample
 
@@ -360,8 +358,14 @@ def page_context(
     by_pos = {s["position"]: s for s in replay["samples"]} if replay is not None else None
     group_of, advantage = _grpo_groups(views)
     filters, charts, classes = _filters(views, by_pos)
+    sorts = list(SORTS)
+    if by_pos is not None:
+        mismatch = {v.position: mismatch_of(by_pos.get(v.position)) for v in views}
+        sorts.append(
+            (MISMATCH_SORT, lambda v, a: (mismatch[v.position] is None, -(mismatch[v.position] or 0)))
+        )
     ranks: dict[int, list[int]] = {v.position: [] for v in views}
-    for _, key in SORTS:
+    for _, key in sorts:
         for rank, v in enumerate(sorted(views, key=lambda v: key(v, advantage.get(v.position)))):
             ranks[v.position].append(rank)
     samples, by_position = [], {}
@@ -390,7 +394,7 @@ def page_context(
         "groups": [_group_block(members, by_position) for members in group_of.values()],
         "filters": filters,
         "charts": charts,
-        "sorts": [label for label, _ in SORTS],
+        "sorts": [label for label, _ in sorts],
         "index_open": len(samples) <= INDEX_OPEN_MAX,
         "defs": defs,
         "shown_images": shown_images,
