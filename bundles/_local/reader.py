@@ -18,7 +18,7 @@ members are checked by the rules ``unpack_bundle`` applies before anything is re
 from __future__ import annotations
 
 import bisect
-import hashlib
+import io
 import itertools
 import operator
 import os
@@ -42,7 +42,7 @@ from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR
 from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_bytes
 from bundles._format.media import MediaRef
 from bundles._format.options import LinkMode, Verify
-from bundles._format.shards import iter_shard
+from bundles._format.shards import Rehashed, ShardData, digest_problem, iter_shard
 from bundles._local.archive import PackedSource
 from bundles._local.atomic import atomic_path
 from bundles._local.commit import is_staging_name
@@ -269,15 +269,17 @@ class Bundle:
             )
 
     # -- reading ---------------------------------------------------------------------------------
-    def _read_shard(self, entry: ShardEntry) -> bytes:
+    def _read_shard(self, entry: ShardEntry) -> tuple[BinaryIO | None, ShardData]:
         try:
             return self._read_shard_unchecked(entry)
         except (BundleVerificationError, UnsafeBundleError, BundleFormatError):
             self._check_not_replaced()
             raise
 
-    def _read_shard_unchecked(self, entry: ShardEntry) -> bytes:
-        """The shard's compressed bytes, read once and checked against their digest."""
+    def _read_shard_unchecked(self, entry: ShardEntry) -> tuple[BinaryIO | None, ShardData]:
+        """The shard checked against its digest: its open file and a function reading it again
+        for the decoder (a local shard, never held in memory), or its compressed bytes, read once
+        (a store's: one GET). See :mod:`bundles._format.shards`."""
         path = self._source.where(entry.path)
         try:
             f, size = self._source.open(entry.path)
@@ -285,18 +287,29 @@ class Bundle:
             raise BundleVerificationError(
                 self.path, [f"{path}: listed in the manifest but missing"]
             ) from None
-        with f:
+        try:
             if size != entry.size:
                 raise BundleVerificationError(
                     self.path, [f"{path}: size: expected {entry.size} bytes, found {size}"]
                 )
-            data = read_at_most(f, entry.size + 1)
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        if digest != entry.digest:
-            raise BundleVerificationError(
-                self.path, [f"{path}: digest: expected {entry.digest}, found {digest}"]
-            )
-        return data  # verified compressed bytes: bundles._format.shards decodes them as a stream
+            if isinstance(self._source, RemoteSource):
+                with f:
+                    data = read_at_most(f, entry.size + 1)
+                problem = digest_problem(io.BytesIO(data), entry, path)
+            else:
+                problem = digest_problem(f, entry, path)
+            if problem:
+                raise BundleVerificationError(self.path, [problem])
+        except BaseException:
+            f.close()
+            raise
+        if isinstance(self._source, RemoteSource):
+            return None, data
+
+        def changed(message: str) -> BundleVerificationError:
+            return BundleVerificationError(self.path, [message])
+
+        return f, lambda: Rehashed(f, entry, path, changed)
 
     def samples(self, sample_cls: Any = None, *, indices: Iterable[int] | None = None) -> Iterator[Any]:
         """Yield every sample, with references resolved to files inside the bundle.
@@ -343,8 +356,8 @@ class Bundle:
         self, media: dict[str, MediaRef], shards: list[ShardEntry] | None = None, first_index: int = 0
     ) -> Iterator[dict[Any, Any]]:
         """The samples of ``shards`` (default: all), streamed one at a time from each shard after
-        its digest is checked (see :mod:`bundles._format.shards`): memory holds one compressed shard and
-        one sample, whatever the bundle's size."""
+        its digest is checked (see :mod:`bundles._format.shards`): memory holds a chunk of the shard
+        (a store's whole compressed shard) and one sample, whatever the bundle's size."""
         index = first_index
         # Images read in place open their stored file when their pixels are needed: a packed
         # bundle's by member range (the paths of its own media name members, not files; each
@@ -355,10 +368,14 @@ class Bundle:
         # media are files again.
         open_media = self._open_image if media is self._media else None
         for entry in self.manifest.shards if shards is None else shards:
-            data = self._read_shard(entry)
-            for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, open_media):
-                yield sample
-                index += 1
+            f, data = self._read_shard(entry)
+            try:
+                for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, open_media):
+                    yield sample
+                    index += 1
+            finally:
+                if f is not None:
+                    f.close()
 
     def rehydrate(
         self,
