@@ -28,7 +28,9 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 TOKENS = 3000
 CACHE_VERSION = 1  # bump when the samples change, so a stale cache is not reused
@@ -53,7 +55,7 @@ def screenshot(path: Path) -> None:
     )
 
 
-def make_samples(n: int, image: str):  # type: ignore[no-untyped-def]
+def make_samples(n: int, image: str) -> Iterator[dict[str, Any]]:
     import numpy as np  # here: the children measure the readers' memory, not numpy's
 
     rng = np.random.default_rng(39)

@@ -373,6 +373,13 @@ class Bundle:
                 for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, open_media):
                     yield sample
                     index += 1
+            except BundleFormatError:
+                if f is not None:  # a defect in the bytes checked, or a file changed since?
+                    problem = digest_problem(f, entry, self._source.where(entry.path))
+                    if problem:
+                        message = f"{problem} (the file changed while it was read)"
+                        raise BundleVerificationError(self.path, [message]) from None
+                raise
             finally:
                 if f is not None:
                     f.close()
