@@ -36,8 +36,8 @@ TOKENS = 3000
 CACHE_VERSION = 1  # bump when the samples change, so a stale cache is not reused
 
 
-def screenshot(path: Path) -> None:
-    """A small real PNG (64x40 RGB, a gradient): one file every sample references."""
+def png(label: int | None = None) -> bytes:
+    """A small real PNG (64x40 RGB, a gradient); with ``label`` a text chunk makes it distinct."""
     w, h = 64, 40
     rows = b"".join(
         b"\x00" + bytes(v for x in range(w) for v in (x * 4 % 256, y * 6 % 256, 128)) for y in range(h)
@@ -47,19 +47,30 @@ def screenshot(path: Path) -> None:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    path.write_bytes(
+    text = b"" if label is None else chunk(b"tEXt", b"Comment\x00step %d" % label)
+    return (
         b"\x89PNG\r\n\x1a\n"
         + chunk(b"IHDR", ihdr)
+        + text
         + chunk(b"IDAT", zlib.compress(rows))
         + chunk(b"IEND", b"")
     )
 
 
-def make_samples(n: int, image: str) -> Iterator[dict[str, Any]]:
+def make_samples(n: int, media: Path, distinct: bool) -> Iterator[dict[str, Any]]:
+    """N samples; their screenshots one shared file, or (``distinct``) one file each."""
     import numpy as np  # here: the children measure the readers' memory, not numpy's
 
+    shared = media / "screen.png"
+    if not shared.exists():
+        shared.write_bytes(png())
     rng = np.random.default_rng(39)
     for i in range(n):
+        image = shared
+        if distinct:
+            image = media / f"screen-{i}.png"
+            if not image.exists():
+                image.write_bytes(png(i))
         yield {
             "index": i,
             "group_index": i // 8,
@@ -69,23 +80,21 @@ def make_samples(n: int, image: str) -> Iterator[dict[str, Any]]:
             "response_length": 40,
             "reward": float(i % 2),
             "status": "completed",
-            "multimodal_inputs": {"images": [image]},
+            "multimodal_inputs": {"images": [str(image)]},
         }
 
 
-def ensure_bundle(root: Path, n: int) -> Path:
+def ensure_bundle(root: Path, n: int, distinct: bool) -> Path:
     import bundles
 
-    dest = root / f"v{CACHE_VERSION}-n{n}.bundle"
+    dest = root / f"v{CACHE_VERSION}-n{n}{'-distinct' if distinct else ''}.bundle"
     if (dest / "manifest.json").exists():
         return dest
     media = root / "media"
     media.mkdir(parents=True, exist_ok=True)
-    image = media / "screen.png"
-    if not image.exists():
-        screenshot(image)
     t = time.perf_counter()
-    bundles.write_bundle(dest, make_samples(n, str(image)), media_roots=[media], link="copy", overwrite=True)
+    samples = make_samples(n, media, distinct)
+    bundles.write_bundle(dest, samples, media_roots=[media], link="auto", overwrite=True)
     print(f"  wrote {n:,} samples in {time.perf_counter() - t:.1f} s: {dest}", flush=True)
     return dest
 
@@ -128,6 +137,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[2000, 10000, 100000])
     ap.add_argument("--dir", type=Path, default=Path("bench-out"))
     ap.add_argument("--quick", action="store_true", help="N = 200 and 2,000 (a smoke test)")
+    ap.add_argument(
+        "--distinct-media", action="store_true", help="one screenshot file per sample instead of one for all"
+    )
     ap.add_argument("--child", nargs=2, metavar=("OP", "PATH"), help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.child:
@@ -136,8 +148,9 @@ def main() -> None:
     sizes = sorted([200, 2000] if ns.quick else ns.n)
     root = ns.dir / "readers-scale"
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"samples of {TOKENS:,} tokens and one small screenshot (one file for all)")
-    paths = {n: ensure_bundle(root, n) for n in sizes}
+    shared = "one file each" if ns.distinct_media else "one file for all"
+    print(f"samples of {TOKENS:,} tokens and one small screenshot ({shared})")
+    paths = {n: ensure_bundle(root, n, ns.distinct_media) for n in sizes}
     for op, label in (("iterate", "open + iterate"), ("verify", "verify --full")):
         base: dict[str, float] | None = None
         for n in sizes:
