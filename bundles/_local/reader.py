@@ -23,7 +23,6 @@ import itertools
 import operator
 import os
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
@@ -48,7 +47,8 @@ from bundles._local.atomic import atomic_path
 from bundles._local.commit import is_staging_name
 from bundles._local.fs import check_link_mode, copy_and_hash, ingest, make_read_only
 from bundles._local.progress import Progress
-from bundles._local.sources import LAYOUT_DIRS, DirSource, RemoteSource, Source, describe
+from bundles._local.sources import DirSource, RemoteSource, Source
+from bundles._local.verifying import digest_problems, listing_problems
 from bundles._urls import local_path_only
 
 if TYPE_CHECKING:
@@ -219,18 +219,19 @@ class Bundle:
             expected[e.path] = e.size
         for ref in self._media.values():
             expected[f"{MEDIA_DIR}/{ref.filename}"] = ref.size
-        problems, found = _listing_problems(self._source, str(self.path), expected)
-        # Only files that passed the listing checks are hashed: one problem per file.
-        jobs: list[tuple[str, str, int]] = [
-            (e.path, e.digest, e.size) for e in self.manifest.shards if e.path in found
-        ]
-        if full:
-            jobs += [
-                (f"{MEDIA_DIR}/{r.filename}", r.digest, r.size)
-                for r in self._media.values()
-                if f"{MEDIA_DIR}/{r.filename}" in found
-            ]
-        return problems + _digest_problems(self._source, jobs, f"verifying {self.path.name}", progress)
+        problems, found = listing_problems(self._source, str(self.path), expected)
+        del expected  # O(media) names, no longer needed while hashing
+
+        # Only files that passed the listing checks are hashed: one problem per file. Generated
+        # as the hashing goes, never listed whole (see bundles._local.verifying).
+        def jobs() -> Iterator[tuple[str, str, int]]:
+            yield from ((e.path, e.digest, e.size) for e in self.manifest.shards if e.path in found)
+            for r in self._media.values() if full else ():
+                if f"{MEDIA_DIR}/{r.filename}" in found:
+                    yield f"{MEDIA_DIR}/{r.filename}", r.digest, r.size
+
+        label = f"verifying {self.path.name}"
+        return problems + digest_problems(self._source, jobs, label, progress)
 
     def verify(self, full: bool | str = True, progress: bool | None = None) -> None:
         """Raise :class:`BundleVerificationError` listing every bad file; return None when sound.
@@ -521,65 +522,3 @@ def open_local(path: str | os.PathLike[str], level: Verify) -> Bundle:
             continue  # an overwrite swapped the directory between reading the manifest and checking
         return bundle
     raise AssertionError("unreachable")
-
-
-def _listing_problems(src: Source, path: str, expected: dict[str, int]) -> tuple[list[str], set[str]]:
-    """What a bundle's listing shows wrong against ``expected`` (name -> size, -1 for any size),
-    and the names listed as regular files of the right size (the ones worth hashing)."""
-    problems: list[str] = []
-    found: set[str] = set()  # listed files present as regular files of the right size
-    reported: set[str] = set()
-    unlistable: set[str] = set()  # directories whose files are unknown (not missing)
-    for entry in src.entries():
-        rel = entry.name
-        if entry.kind == "unlistable":
-            shown = path if rel == "." else src.where(rel)
-            problems.append(f"{shown}: cannot list the directory: {entry.error}")
-            unlistable.add(rel)
-            continue
-        if entry.kind == "dir":
-            if rel not in LAYOUT_DIRS:
-                problems.append(f"{src.where(rel)}: unexpected directory")
-            continue
-        if entry.kind != "file":
-            problems.append(f"{src.where(rel)}: expected a regular file, found {describe(entry.kind)}")
-            reported.add(rel)
-            continue
-        if rel not in expected:
-            problems.append(f"{src.where(rel)}: file is not listed in the manifest")
-            continue
-        if expected[rel] >= 0 and entry.size != expected[rel]:
-            problems.append(f"{src.where(rel)}: size: expected {expected[rel]} bytes, found {entry.size}")
-            reported.add(rel)
-            continue
-        found.add(rel)
-    for rel in sorted(set(expected) - found - reported):
-        if "." in unlistable or os.path.dirname(rel) in unlistable:
-            continue  # not missing: its directory could not be listed (reported above)
-        problems.append(f"{src.where(rel)}: listed in the manifest but missing")
-    return problems, found
-
-
-def _digest_problems(
-    src: Source, jobs: list[tuple[str, str, int]], label: str, progress: bool | None
-) -> list[str]:
-    """Each file of ``jobs`` (name, digest, size) hashed, a few at once: the ones that differ or
-    cannot be read, one message each."""
-    total = sum(size for _, _, size in jobs)
-    with Progress(label, total=total, unit="B", enabled=progress) as bar:
-
-        def check(job: tuple[str, str, int]) -> str | None:
-            rel, digest, size = job
-            try:
-                hexdigest, _ = src.hash(rel)
-            except (OSError, BundleError) as e:
-                return f"{src.where(rel)}: cannot read: {e}"
-            finally:
-                bar.advance(size)
-            if "sha256:" + hexdigest != digest:
-                return f"{src.where(rel)}: digest: expected {digest}, found sha256:{hexdigest}"
-            return None
-
-        workers = min(4, os.cpu_count() or 1, max(1, len(jobs)))
-        with ThreadPoolExecutor(workers) as pool:
-            return [p for p in pool.map(check, jobs) if p is not None]
