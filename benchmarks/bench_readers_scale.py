@@ -85,22 +85,36 @@ def make_samples(n: int, media: Path, distinct: bool) -> Iterator[dict[str, Any]
 
 
 def ensure_bundle(root: Path, n: int, distinct: bool) -> Path:
-    import bundles
-
+    """The cached bundle of ``n`` samples, written in a subprocess when missing: a child's peak
+    RSS counts its parent's at the fork (Linux keeps ``ru_maxrss`` across ``exec``), so the
+    parent that spawns the measured children never imports ``bundles`` or writes anything."""
     dest = root / f"v{CACHE_VERSION}-n{n}{'-distinct' if distinct else ''}.bundle"
     if (dest / "manifest.json").exists():
         return dest
-    media = root / "media"
-    media.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    samples = make_samples(n, media, distinct)
-    bundles.write_bundle(dest, samples, media_roots=[media], link="auto", overwrite=True)
+    subprocess.run(
+        [sys.executable, __file__, "--child", "write", f"{dest}:{n}:{int(distinct)}"],
+        check=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
     print(f"  wrote {n:,} samples in {time.perf_counter() - t:.1f} s: {dest}", flush=True)
     return dest
 
 
+def write(spec: str) -> None:
+    import bundles
+
+    dest, n, distinct = spec.rsplit(":", 2)
+    media = Path(dest).parent / "media"
+    media.mkdir(parents=True, exist_ok=True)
+    samples = make_samples(int(n), media, distinct == "1")
+    bundles.write_bundle(dest, samples, media_roots=[media], link="auto", overwrite=True)
+
+
 # -- the child: one operation, its own peak RSS ---------------------------------------------------
 def child(op: str, path: str) -> None:
+    if op == "write":
+        write(path)
+        return
     import bundles
 
     t = time.perf_counter()
