@@ -1,23 +1,25 @@
 """Reading one sample shard as a stream: verified bytes in, one sample at a time out.
 
-**Verify first.** The caller reads a shard's compressed bytes once into memory and checks them
-against the manifest's digest before this module sees them: the bytes decoded are the bytes
-verified, and no sample of a damaged or tampered shard is ever yielded. (Hashing while decoding
-would save nothing measurable, sha256 runs at ~1.4 GB/s against msgpack's ~100 MB/s of samples,
-and would hand out samples before the damage is known.)
+**Verify first.** No sample is decoded before the shard's compressed bytes have been checked
+against the manifest's digest: no sample of a damaged or tampered shard is ever yielded.
+(Hashing only while decoding would hand out samples before the damage is known.) A shard on an
+object store is read once into memory, one GET, and checked; the bytes decoded are the bytes
+verified.
 
-**Local shards: verified by a first pass, decoded from a second.** A shard in a directory or a
-packed file is not held in memory at all: the reader hashes it in chunks of :data:`HASH_CHUNK`
+**A local shard: verified by a first pass, decoded from a second.** A shard in a directory or a
+packed file is never held in memory: the reader hashes it in chunks of :data:`HASH_CHUNK`
 (:func:`digest_problem`) and, when it matches, decodes it from the same open file read again from
 its start (:class:`Rehashed`), hashing it once more on the way; bytes that differ from the ones
-verified (the file rewritten between the passes) raise at the shard's end. So memory holds one
-chunk, never the compressed shard (up to ~50 MB: issue 39, item 6), at the price of reading the
-file twice (from the page cache: sha256 at ~1.4 GB/s, ~2 % of decoding). A shard on an object
-store is one GET held in memory instead (a second pass would fetch it twice).
+verified (the file rewritten between the passes) raise :class:`BundleVerificationError` at the
+shard's end, or when a decoding error makes the reader hash the file again. Samples yielded
+before that came from the bytes read then, each whole. So memory holds a chunk, never the
+compressed shard (~50 MB at the writer's shard size; before issue 39, item 6 the reader held it,
+and its peak grew with the bundle until its first shard was full), at the price of reading the
+file twice, from the page cache (sha256 runs at ~1.4 GB/s against msgpack's ~100 MB/s of samples).
 
 **Then stream.** The bytes are decompressed in chunks of :data:`FEED_CHUNK` into a streaming
-msgpack ``Unpacker`` and samples come out one by one, so memory holds the compressed shard, one
-chunk and one sample, never the decompressed shard: a small shard that declares (or really holds)
+msgpack ``Unpacker`` and samples come out one by one, so memory holds (a store's compressed
+shard and) one chunk and one sample, never the decompressed shard: a small shard that declares (or really holds)
 gigabytes costs no more than its largest sample. Checked on the way: the decompressed total never
 passes the shard's ``raw_size`` (a zstd bomb stops there) and equals it at the end; one sample
 holds at most ``MAX_SAMPLE_RAW_BYTES`` bytes and ``MAX_SAMPLE_ITEMS`` items (docs/FORMAT.md §8).
