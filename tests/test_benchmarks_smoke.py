@@ -99,3 +99,19 @@ def test_bench_export_quick_measures_every_figure(tmp_path: Path) -> None:
         r"cost per sample 1000 -> 4000: [\d.]+x; peak RSS \d+ -> \d+ MB \([\d.]+x\)", done.stdout
     )
     assert "Traceback" not in done.stderr
+
+
+def test_bench_readers_scale_quick_measures_every_figure(tmp_path: Path) -> None:
+    """benchmarks/bench_readers_scale.py --quick (issue 39, item 6): bundles of 200 and 2,000
+    samples, open + iterate and verify --full each in a fresh subprocess, with the ratios."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_readers_scale.py"), "--quick", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for label in ("open \\+ iterate", "verify --full"):
+        for n in ("200", "2,000"):
+            line = rf"^{label} +N= +{n}  peak RSS +[\d.]+ MB \([\d.]+x\) +[\d.]+ us/sample \([\d.]+x\)$"
+            assert re.search(line, done.stdout, re.M), (line, done.stdout)
+    assert "Traceback" not in done.stderr

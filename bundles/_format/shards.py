@@ -1,14 +1,25 @@
 """Reading one sample shard as a stream: verified bytes in, one sample at a time out.
 
-**Verify first.** The caller reads a shard's compressed bytes once into memory and checks them
-against the manifest's digest before this module sees them: the bytes decoded are the bytes
-verified, and no sample of a damaged or tampered shard is ever yielded. (Hashing while decoding
-would save nothing measurable, sha256 runs at ~1.4 GB/s against msgpack's ~100 MB/s of samples,
-and would hand out samples before the damage is known.)
+**Verify first.** No sample is decoded before the shard's compressed bytes have been checked
+against the manifest's digest: no sample of a damaged or tampered shard is ever yielded.
+(Hashing only while decoding would hand out samples before the damage is known.) A shard on an
+object store is read once into memory, one GET, and checked; the bytes decoded are the bytes
+verified.
+
+**A local shard: verified by a first pass, decoded from a second.** A shard in a directory or a
+packed file is never held in memory: the reader hashes it in chunks of :data:`HASH_CHUNK`
+(:func:`digest_problem`) and, when it matches, decodes it from the same open file read again from
+its start (:class:`Rehashed`), hashing it once more on the way; bytes that differ from the ones
+verified (the file rewritten between the passes) raise :class:`BundleVerificationError` at the
+shard's end, or when a decoding error makes the reader hash the file again. Samples yielded
+before that came from the bytes read then, each whole. So memory holds a chunk, never the
+compressed shard (~50 MB at the writer's shard size; before issue 39, item 6 the reader held it,
+and its peak grew with the bundle until its first shard was full), at the price of reading the
+file twice, from the page cache (sha256 runs at ~1.4 GB/s against msgpack's ~100 MB/s of samples).
 
 **Then stream.** The bytes are decompressed in chunks of :data:`FEED_CHUNK` into a streaming
-msgpack ``Unpacker`` and samples come out one by one, so memory holds the compressed shard, one
-chunk and one sample, never the decompressed shard: a small shard that declares (or really holds)
+msgpack ``Unpacker`` and samples come out one by one, so memory holds (a store's compressed
+shard and) one chunk and one sample, never the decompressed shard: a small shard that declares (or really holds)
 gigabytes costs no more than its largest sample. Checked on the way: the decompressed total never
 passes the shard's ``raw_size`` (a zstd bomb stops there) and equals it at the end; one sample
 holds at most ``MAX_SAMPLE_RAW_BYTES`` bytes and ``MAX_SAMPLE_ITEMS`` items (docs/FORMAT.md §8).
@@ -25,6 +36,7 @@ path; this module then decodes that one sample again leniently and walks it to n
 from __future__ import annotations
 
 import gc
+import hashlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
@@ -40,17 +52,73 @@ from bundles._format.media import MediaRef
 # Decompressed bytes fed to msgpack at a time: large enough that the per-chunk Python work is
 # noise, small enough to stay in cache.
 FEED_CHUNK = 1 << 20
+#: Compressed bytes of a local shard read (and hashed) at a time.
+HASH_CHUNK = 1 << 20
+
+#: A shard's verified compressed bytes, or a function giving them again as a fresh stream from
+#: their start (a :class:`Rehashed` local file); :func:`iter_shard` takes either.
+ShardData = bytes | Callable[[], Any]
+
+
+def digest_problem(f: BinaryIO, entry: ShardEntry, where: str) -> str | None:
+    """The first pass over a local shard: ``f`` hashed from its start in chunks (at most one
+    byte past ``entry.size``: a file that grew differs), the problem in words or None."""
+    digest, _ = _hash_from_start(f, entry.size)
+    if digest != entry.digest:
+        return f"{where}: digest: expected {entry.digest}, found {digest}"
+    return None
+
+
+def _hash_from_start(f: BinaryIO, size: int) -> tuple[str, int]:
+    f.seek(0)
+    h = hashlib.sha256()
+    total = 0
+    while total <= size:
+        chunk = f.read(min(HASH_CHUNK, size + 1 - total))
+        if not chunk:
+            break
+        h.update(chunk)
+        total += len(chunk)
+    return "sha256:" + h.hexdigest(), total
+
+
+class Rehashed:
+    """The second pass over a local shard: ``f`` read again from its start for the decoder and
+    hashed on the way; at its end (or one byte past ``entry.size``) the digest must be the one
+    the first pass verified, else ``changed(message)`` is raised (the file was rewritten
+    between the passes; the samples yielded before came from the bytes read then)."""
+
+    def __init__(self, f: BinaryIO, entry: ShardEntry, where: str, changed: Callable[[str], Exception]):
+        f.seek(0)
+        self._f, self._entry, self._where, self._changed = f, entry, where, changed
+        self._hash = hashlib.sha256()
+        self._total = 0
+
+    def read(self, n: int = -1) -> bytes:
+        left = self._entry.size + 1 - self._total
+        chunk = self._f.read(min(HASH_CHUNK if n < 0 else n, left)) if left > 0 else b""
+        self._hash.update(chunk)
+        self._total += len(chunk)
+        if not chunk or self._total > self._entry.size:
+            digest = "sha256:" + self._hash.hexdigest()
+            if digest != self._entry.digest or self._total != self._entry.size:
+                raise self._changed(
+                    f"{self._where}: digest: expected {self._entry.digest}, found {digest} "
+                    "(the file changed while it was read)"
+                )
+        return chunk
 
 
 def iter_shard(
-    data: bytes,
+    data: ShardData,
     entry: ShardEntry,
     where: str,
     media: Mapping[str, MediaRef],
     first_index: int,
     open_media: Callable[[str], BinaryIO] | None = None,
 ) -> Iterator[dict[Any, Any]]:
-    """Yield the samples of one shard from its verified compressed bytes ``data``.
+    """Yield the samples of one shard from its verified compressed bytes ``data`` (the bytes, or
+    a function giving a fresh stream of them, see :data:`ShardData`).
 
     ``entry`` is the shard's manifest entry (its ``samples`` and ``raw_size``), ``where`` names
     the file in errors, ``media`` maps stored file names to their MediaRefs (with ``path``) and
@@ -78,14 +146,15 @@ def iter_shard(
 
 
 def _objects(
-    data: bytes, limit: int, where: str, decoder: SampleDecoder, first_index: int, skip: int = 0
+    data: ShardData, limit: int, where: str, decoder: SampleDecoder, first_index: int, skip: int = 0
 ) -> Iterator[Any]:
     """The decoded msgpack objects of a shard, one at a time; the first ``skip`` are skipped
     without being built."""
     # The buffer holds the unfinished sample's bytes that msgpack has not consumed yet (at most
     # the sample limit, see below) plus one chunk.
     unpacker = decoder.unpacker(MAX_SAMPLE_RAW_BYTES + 2 * FEED_CHUNK)
-    reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
+    stream = data if isinstance(data, bytes) else data()
+    reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True, closefd=False)
     total = 0  # decompressed bytes so far
     start = 0  # where the current sample begins in the decompressed stream
     index = first_index
@@ -173,7 +242,7 @@ def _malformed(where: str, index: int, e: Exception) -> BundleFormatError:
 
 def _located(
     defect: Defect,
-    data: bytes,
+    data: ShardData,
     entry: ShardEntry,
     where: str,
     media: Mapping[str, MediaRef],

@@ -18,12 +18,11 @@ members are checked by the rules ``unpack_bundle`` applies before anything is re
 from __future__ import annotations
 
 import bisect
-import hashlib
+import io
 import itertools
 import operator
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
@@ -42,13 +41,14 @@ from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR
 from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_bytes
 from bundles._format.media import MediaRef
 from bundles._format.options import LinkMode, Verify
-from bundles._format.shards import iter_shard
+from bundles._format.shards import Rehashed, ShardData, digest_problem, iter_shard
 from bundles._local.archive import PackedSource
 from bundles._local.atomic import atomic_path
 from bundles._local.commit import is_staging_name
 from bundles._local.fs import check_link_mode, copy_and_hash, ingest, make_read_only
 from bundles._local.progress import Progress
-from bundles._local.sources import LAYOUT_DIRS, DirSource, RemoteSource, Source, describe
+from bundles._local.sources import DirSource, RemoteSource, Source
+from bundles._local.verifying import digest_problems, listing_problems
 from bundles._urls import local_path_only
 
 if TYPE_CHECKING:
@@ -219,18 +219,19 @@ class Bundle:
             expected[e.path] = e.size
         for ref in self._media.values():
             expected[f"{MEDIA_DIR}/{ref.filename}"] = ref.size
-        problems, found = _listing_problems(self._source, str(self.path), expected)
-        # Only files that passed the listing checks are hashed: one problem per file.
-        jobs: list[tuple[str, str, int]] = [
-            (e.path, e.digest, e.size) for e in self.manifest.shards if e.path in found
-        ]
-        if full:
-            jobs += [
-                (f"{MEDIA_DIR}/{r.filename}", r.digest, r.size)
-                for r in self._media.values()
-                if f"{MEDIA_DIR}/{r.filename}" in found
-            ]
-        return problems + _digest_problems(self._source, jobs, f"verifying {self.path.name}", progress)
+        problems, found = listing_problems(self._source, str(self.path), expected)
+        del expected  # O(media) names, no longer needed while hashing
+
+        # Only files that passed the listing checks are hashed: one problem per file. Generated
+        # as the hashing goes, never listed whole (see bundles._local.verifying).
+        def jobs() -> Iterator[tuple[str, str, int]]:
+            yield from ((e.path, e.digest, e.size) for e in self.manifest.shards if e.path in found)
+            for r in self._media.values() if full else ():
+                if f"{MEDIA_DIR}/{r.filename}" in found:
+                    yield f"{MEDIA_DIR}/{r.filename}", r.digest, r.size
+
+        label = f"verifying {self.path.name}"
+        return problems + digest_problems(self._source, jobs, label, progress)
 
     def verify(self, full: bool | str = True, progress: bool | None = None) -> None:
         """Raise :class:`BundleVerificationError` listing every bad file; return None when sound.
@@ -269,15 +270,17 @@ class Bundle:
             )
 
     # -- reading ---------------------------------------------------------------------------------
-    def _read_shard(self, entry: ShardEntry) -> bytes:
+    def _read_shard(self, entry: ShardEntry) -> tuple[BinaryIO | None, ShardData]:
         try:
             return self._read_shard_unchecked(entry)
         except (BundleVerificationError, UnsafeBundleError, BundleFormatError):
             self._check_not_replaced()
             raise
 
-    def _read_shard_unchecked(self, entry: ShardEntry) -> bytes:
-        """The shard's compressed bytes, read once and checked against their digest."""
+    def _read_shard_unchecked(self, entry: ShardEntry) -> tuple[BinaryIO | None, ShardData]:
+        """The shard checked against its digest: its open file and a function reading it again
+        for the decoder (a local shard, never held in memory), or its compressed bytes, read once
+        (a store's: one GET). See :mod:`bundles._format.shards`."""
         path = self._source.where(entry.path)
         try:
             f, size = self._source.open(entry.path)
@@ -285,18 +288,29 @@ class Bundle:
             raise BundleVerificationError(
                 self.path, [f"{path}: listed in the manifest but missing"]
             ) from None
-        with f:
+        try:
             if size != entry.size:
                 raise BundleVerificationError(
                     self.path, [f"{path}: size: expected {entry.size} bytes, found {size}"]
                 )
-            data = read_at_most(f, entry.size + 1)
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        if digest != entry.digest:
-            raise BundleVerificationError(
-                self.path, [f"{path}: digest: expected {entry.digest}, found {digest}"]
-            )
-        return data  # verified compressed bytes: bundles._format.shards decodes them as a stream
+            if isinstance(self._source, RemoteSource):
+                with f:
+                    data = read_at_most(f, entry.size + 1)
+                problem = digest_problem(io.BytesIO(data), entry, path)
+            else:
+                problem = digest_problem(f, entry, path)
+            if problem:
+                raise BundleVerificationError(self.path, [problem])
+        except BaseException:
+            f.close()
+            raise
+        if isinstance(self._source, RemoteSource):
+            return None, data
+
+        def changed(message: str) -> BundleVerificationError:
+            return BundleVerificationError(self.path, [message])
+
+        return f, lambda: Rehashed(f, entry, path, changed)
 
     def samples(self, sample_cls: Any = None, *, indices: Iterable[int] | None = None) -> Iterator[Any]:
         """Yield every sample, with references resolved to files inside the bundle.
@@ -343,8 +357,8 @@ class Bundle:
         self, media: dict[str, MediaRef], shards: list[ShardEntry] | None = None, first_index: int = 0
     ) -> Iterator[dict[Any, Any]]:
         """The samples of ``shards`` (default: all), streamed one at a time from each shard after
-        its digest is checked (see :mod:`bundles._format.shards`): memory holds one compressed shard and
-        one sample, whatever the bundle's size."""
+        its digest is checked (see :mod:`bundles._format.shards`): memory holds a chunk of the shard
+        (a store's whole compressed shard) and one sample, whatever the bundle's size."""
         index = first_index
         # Images read in place open their stored file when their pixels are needed: a packed
         # bundle's by member range (the paths of its own media name members, not files; each
@@ -355,10 +369,21 @@ class Bundle:
         # media are files again.
         open_media = self._open_image if media is self._media else None
         for entry in self.manifest.shards if shards is None else shards:
-            data = self._read_shard(entry)
-            for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, open_media):
-                yield sample
-                index += 1
+            f, data = self._read_shard(entry)
+            try:
+                for sample in iter_shard(data, entry, f"{self.path}/{entry.path}", media, index, open_media):
+                    yield sample
+                    index += 1
+            except BundleFormatError:
+                if f is not None:  # a defect in the bytes checked, or a file changed since?
+                    problem = digest_problem(f, entry, self._source.where(entry.path))
+                    if problem:
+                        message = f"{problem} (the file changed while it was read)"
+                        raise BundleVerificationError(self.path, [message]) from None
+                raise
+            finally:
+                if f is not None:
+                    f.close()
 
     def to_arrow(
         self, columns: Sequence[str] | None = None, batch_rows: int = 1024, media: bool = False
@@ -509,65 +534,3 @@ def open_local(path: str | os.PathLike[str], level: Verify) -> Bundle:
             continue  # an overwrite swapped the directory between reading the manifest and checking
         return bundle
     raise AssertionError("unreachable")
-
-
-def _listing_problems(src: Source, path: str, expected: dict[str, int]) -> tuple[list[str], set[str]]:
-    """What a bundle's listing shows wrong against ``expected`` (name -> size, -1 for any size),
-    and the names listed as regular files of the right size (the ones worth hashing)."""
-    problems: list[str] = []
-    found: set[str] = set()  # listed files present as regular files of the right size
-    reported: set[str] = set()
-    unlistable: set[str] = set()  # directories whose files are unknown (not missing)
-    for entry in src.entries():
-        rel = entry.name
-        if entry.kind == "unlistable":
-            shown = path if rel == "." else src.where(rel)
-            problems.append(f"{shown}: cannot list the directory: {entry.error}")
-            unlistable.add(rel)
-            continue
-        if entry.kind == "dir":
-            if rel not in LAYOUT_DIRS:
-                problems.append(f"{src.where(rel)}: unexpected directory")
-            continue
-        if entry.kind != "file":
-            problems.append(f"{src.where(rel)}: expected a regular file, found {describe(entry.kind)}")
-            reported.add(rel)
-            continue
-        if rel not in expected:
-            problems.append(f"{src.where(rel)}: file is not listed in the manifest")
-            continue
-        if expected[rel] >= 0 and entry.size != expected[rel]:
-            problems.append(f"{src.where(rel)}: size: expected {expected[rel]} bytes, found {entry.size}")
-            reported.add(rel)
-            continue
-        found.add(rel)
-    for rel in sorted(set(expected) - found - reported):
-        if "." in unlistable or os.path.dirname(rel) in unlistable:
-            continue  # not missing: its directory could not be listed (reported above)
-        problems.append(f"{src.where(rel)}: listed in the manifest but missing")
-    return problems, found
-
-
-def _digest_problems(
-    src: Source, jobs: list[tuple[str, str, int]], label: str, progress: bool | None
-) -> list[str]:
-    """Each file of ``jobs`` (name, digest, size) hashed, a few at once: the ones that differ or
-    cannot be read, one message each."""
-    total = sum(size for _, _, size in jobs)
-    with Progress(label, total=total, unit="B", enabled=progress) as bar:
-
-        def check(job: tuple[str, str, int]) -> str | None:
-            rel, digest, size = job
-            try:
-                hexdigest, _ = src.hash(rel)
-            except (OSError, BundleError) as e:
-                return f"{src.where(rel)}: cannot read: {e}"
-            finally:
-                bar.advance(size)
-            if "sha256:" + hexdigest != digest:
-                return f"{src.where(rel)}: digest: expected {digest}, found sha256:{hexdigest}"
-            return None
-
-        workers = min(4, os.cpu_count() or 1, max(1, len(jobs)))
-        with ThreadPoolExecutor(workers) as pool:
-            return [p for p in pool.map(check, jobs) if p is not None]

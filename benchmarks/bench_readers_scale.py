@@ -1,0 +1,183 @@
+"""The readers at scale: peak RSS and time per sample against the number of samples (not a test).
+
+    python benchmarks/bench_readers_scale.py [--n 2000 10000 100000] [--dir bench-out] [--quick]
+
+Bundles of N samples (3,000 tokens each as a list of ints, a reward, a status, a prompt and a
+response of a few words, one small screenshot: the same file for every sample, so dedup by
+digest keeps the media one file) are written once with ``write_bundle`` (shards as the writer
+cuts them, ~64 MiB of samples each) and cached under ``<dir>/readers-scale/`` by N. Then, each in a
+fresh subprocess (so every figure is that process's own peak):
+
+* ``open + iterate``: ``open_bundle(verify="none")`` and every sample of ``samples()``;
+* ``verify --full``: ``rollout-bundle verify --full`` through the CLI's ``main``.
+
+Each line prints the child's peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) and its
+time per sample, and the ratios against the smallest N: issue 39, item 6 asks both ratios to stay
+<= 1.2x from 2,000 to 100,000 samples. ``--quick`` runs N = 200 and 2,000 (the smoke test's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+TOKENS = 3000
+CACHE_VERSION = 1  # bump when the samples change, so a stale cache is not reused
+
+
+def png(label: int | None = None) -> bytes:
+    """A small real PNG (64x40 RGB, a gradient); with ``label`` a text chunk makes it distinct."""
+    w, h = 64, 40
+    rows = b"".join(
+        b"\x00" + bytes(v for x in range(w) for v in (x * 4 % 256, y * 6 % 256, 128)) for y in range(h)
+    )
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    text = b"" if label is None else chunk(b"tEXt", b"Comment\x00step %d" % label)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + text
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def make_samples(n: int, media: Path, distinct: bool) -> Iterator[dict[str, Any]]:
+    """N samples; their screenshots one shared file, or (``distinct``) one file each."""
+    import numpy as np  # here: the children measure the readers' memory, not numpy's
+
+    shared = media / "screen.png"
+    if not shared.exists():
+        shared.write_bytes(png())
+    rng = np.random.default_rng(39)
+    for i in range(n):
+        image = shared
+        if distinct:
+            image = media / f"screen-{i}.png"
+            if not image.exists():
+                image.write_bytes(png(i))
+        yield {
+            "index": i,
+            "group_index": i // 8,
+            "prompt": f"Open the settings and turn on dark mode ({i % 97})",
+            "response": "click(120, 48)",
+            "tokens": rng.integers(0, 151_000, TOKENS, dtype=np.int64).tolist(),
+            "response_length": 40,
+            "reward": float(i % 2),
+            "status": "completed",
+            "multimodal_inputs": {"images": [str(image)]},
+        }
+
+
+def ensure_bundle(root: Path, n: int, distinct: bool) -> Path:
+    """The cached bundle of ``n`` samples, written in a subprocess when missing: a child's peak
+    RSS counts its parent's at the fork (Linux keeps ``ru_maxrss`` across ``exec``), so the
+    parent that spawns the measured children never imports ``bundles`` or writes anything."""
+    dest = root / f"v{CACHE_VERSION}-n{n}{'-distinct' if distinct else ''}.bundle"
+    if (dest / "manifest.json").exists():
+        return dest
+    t = time.perf_counter()
+    subprocess.run(
+        [sys.executable, __file__, "--child", "write", f"{dest}:{n}:{int(distinct)}"],
+        check=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    print(f"  wrote {n:,} samples in {time.perf_counter() - t:.1f} s: {dest}", flush=True)
+    return dest
+
+
+def write(spec: str) -> None:
+    import bundles
+
+    dest, n, distinct = spec.rsplit(":", 2)
+    media = Path(dest).parent / "media"
+    media.mkdir(parents=True, exist_ok=True)
+    samples = make_samples(int(n), media, distinct == "1")
+    bundles.write_bundle(dest, samples, media_roots=[media], link="auto", overwrite=True)
+
+
+# -- the child: one operation, its own peak RSS ---------------------------------------------------
+def child(op: str, path: str) -> None:
+    if op == "write":
+        write(path)
+        return
+    import bundles
+
+    t = time.perf_counter()
+    if op == "iterate":
+        with bundles.open_bundle(path, verify="none") as b:
+            count = sum(1 for _ in b.samples())
+    else:
+        from bundles.cli import main
+
+        with open(os.devnull, "w") as null:
+            sys.stdout = null
+            rc = main(["verify", "--full", path])
+            sys.stdout = sys.__stdout__
+        if rc != 0:
+            raise SystemExit(f"verify --full {path}: exit {rc}")
+        with bundles.open_bundle(path, verify="none") as b:
+            count = len(b)
+    seconds = time.perf_counter() - t
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"samples": count, "seconds": seconds, "peak_mb": peak_kib / 1024}))
+
+
+def measure(op: str, path: Path) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", op, str(path)],
+        capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, nargs="+", default=[2000, 10000, 100000])
+    ap.add_argument("--dir", type=Path, default=Path("bench-out"))
+    ap.add_argument("--quick", action="store_true", help="N = 200 and 2,000 (a smoke test)")
+    ap.add_argument(
+        "--distinct-media", action="store_true", help="one screenshot file per sample instead of one for all"
+    )
+    ap.add_argument("--child", nargs=2, metavar=("OP", "PATH"), help=argparse.SUPPRESS)
+    ns = ap.parse_args()
+    if ns.child:
+        child(*ns.child)
+        return
+    sizes = sorted([200, 2000] if ns.quick else ns.n)
+    root = ns.dir / "readers-scale"
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    shared = "one file each" if ns.distinct_media else "one file for all"
+    print(f"samples of {TOKENS:,} tokens and one small screenshot ({shared})")
+    paths = {n: ensure_bundle(root, n, ns.distinct_media) for n in sizes}
+    for op, label in (("iterate", "open + iterate"), ("verify", "verify --full")):
+        base: dict[str, float] | None = None
+        for n in sizes:
+            r = measure(op, paths[n])
+            per = r["seconds"] / n * 1e6
+            if base is None:
+                base = {"per": per, "peak": r["peak_mb"]}
+            print(
+                f"{label:<15} N={n:>7,}  peak RSS {r['peak_mb']:7.1f} MB ({r['peak_mb'] / base['peak']:.2f}x)"
+                f"  {per:8.1f} us/sample ({per / base['per']:.2f}x)",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
