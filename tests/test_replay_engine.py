@@ -290,3 +290,19 @@ def test_a_slow_engine_is_cut_at_the_requests_deadline(engine):
         stop.set()
         server.shutdown()
         server.server_close()
+
+
+def test_a_nan_from_the_engine_is_a_problem_and_the_reports_stay_strict_json(tmp_path, engine, capsys):
+    dump = make_dump(tmp_path, 2)
+    samples = _teach(engine, dump)
+    engine.shift[tuple(samples[1].tokens)] = float("nan")  # the fake writes NaN, as Python's json does
+    report = tmp_path / "replay.json"
+    assert main(["replay", str(dump), "--engine", engine.url, "--report", str(report), "--json",
+                 "--no-progress"]) == 1  # fmt: skip
+    json.loads(capsys.readouterr().out, parse_constant=pytest.fail)
+    doc = json.loads(report.read_text(), parse_constant=pytest.fail)
+    ((problem,),) = [doc["samples"][1]["problems"]]
+    assert problem["message"].startswith("sample index 11 (position 1): ")
+    assert problem["message"].endswith(
+        "the answer's log-prob of response token 0 is not a finite number: nan"
+    )

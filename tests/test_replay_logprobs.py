@@ -208,8 +208,8 @@ def test_another_family_and_bad_usage_are_refused_in_one_line(run, reference, tm
 def test_json_carries_the_mismatch_summary(run, reference, capsys):
     assert main(["replay", str(reference), "--model", str(run.model_dir), "--json", "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out)["logprob"]
-    assert set(summary) == {"samples", "mean_abs", "tokens", "k3", "tis_cap", "tis_clipped_tokens",
-                            "tis_clipped_fraction"}  # fmt: skip
+    assert set(summary) == {"samples", "mean_abs", "tokens", "non_finite_tokens", "k3", "tis_cap",
+                            "tis_clipped_tokens", "tis_clipped_fraction"}  # fmt: skip
     assert set(summary["mean_abs"]) == {"mean", "p50", "p99", "max"} and summary["tis_cap"] == 2.0
 
 
@@ -254,3 +254,27 @@ def test_the_bundles_mismatch_distribution():
     assert s["k3"] == pytest.approx(0.1 * 51.0) and s["tis_clipped_tokens"] == 51
     assert s["tis_clipped_fraction"] == pytest.approx(51 / 202)
     assert mismatch_summary([{"logprob_diff": None}], 2.0) is None
+
+
+def test_a_nan_log_prob_flags_its_token_and_the_report_stays_strict_json(tmp_path):
+    """An fp16 overflow's NaN must not vanish from max (it did: max_abs 0.0, no first_over, k3 NaN)."""
+    from trainer_hooks.replay._mismatch import mismatch_summary, sample_mismatch, threshold_problem
+    from trainer_hooks.replay._report import write_report
+
+    nan = float("nan")
+    diff = sample_mismatch([-1.0, nan, -3.0], [-1.0, -2.0, -3.0], [7, 8, 9], None, None)
+    assert diff["max_abs"] == float("inf") and diff["mean_abs"] == float("inf") and diff["non_finite"] == 1
+    assert diff["first_over"] == {"offset": 1, "turn": 0, "token": 8, "abs": float("inf")}
+    assert diff["k3"] == 0.0 and diff["recomputed"] == [-1.0, None, -3.0]
+    problem = threshold_problem("sample index 3 (position 0)", diff, None)
+    assert problem is not None and problem["message"] == (
+        "sample index 3 (position 0): the trainer's log-prob of 1 response token(s) is not a finite number "
+        "(NaN or inf: an overflow?); first: turn 0, response token 1 (id 8)"
+    )
+    clean = sample_mismatch([-1.0], [-1.0], [7], None, None)
+    summary = mismatch_summary([{"logprob_diff": diff}, {"logprob_diff": clean}], 2.0)
+    assert summary["mean_abs"]["max"] == float("inf") and summary["non_finite_tokens"] == 1
+    assert summary["mean_abs"]["p50"] == float("inf")  # not NaN (inf - inf)
+    write_report({"samples": [{"logprob_diff": diff}], "summary": {"logprob": summary}}, tmp_path / "r.json")
+    doc = json.loads((tmp_path / "r.json").read_text(), parse_constant=pytest.fail)
+    assert doc["samples"][0]["logprob_diff"]["max_abs"] is None and doc["summary"]["logprob"]["k3"] == 0.0
