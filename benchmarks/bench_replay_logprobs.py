@@ -247,7 +247,12 @@ def child_replay(ns: argparse.Namespace) -> dict:
     clock = _Clock()
     clock.wrap(LogprobScorer, "_forward", "forward")
     t, cpu = time.perf_counter(), time.process_time()
-    report = replay_bundle(ns.dump, model=ns.model, batch_bytes=1 << 30 if ns.batched else 1)
+    # One sample a pass: a budget one sample fits (its row and up to 64 MiB of pixels) and two do not
+    # (a sample over the budget alone is refused, not run).
+    from trainer_hooks.replay._score import row_bytes
+
+    one = row_bytes(2948, 33, 64, 4, 151936, 4) + (64 << 20)
+    report = replay_bundle(ns.dump, model=ns.model, batch_bytes=1 << 30 if ns.batched else one)
     seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
     assert report["summary"]["problems"] == {}, report["summary"]
     forward, forward_cpu = clock.spent["forward"]

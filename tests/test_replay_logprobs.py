@@ -12,6 +12,7 @@ the sample. The model, the rollout and the reference dump are built once for the
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import subprocess
@@ -172,9 +173,24 @@ def test_the_fp16_path_where_bf16_was_recorded_is_over_the_threshold(run):
         )
 
 
+def _item(tokens: list[int], response: int):
+    from trainer_hooks.replay._score import ScoreItem
+
+    return ScoreItem(
+        {"index": 0, "position": 0, "problems": []}, tokens, len(tokens) - response, None, [], None
+    )
+
+
 def test_batches_equal_one_sample_at_a_time(run, reference):
+    from trainer_hooks.replay._score import batch_bytes
+
     together = replay_bundle(reference, model=str(run.model_dir))
-    alone = replay_bundle(reference, model=str(run.model_dir), batch_bytes=1, limit=2)
+    # A budget each sample fits alone (its pixels: at most 3 small screenshots, < 4 MiB) and no two do.
+    dims = (64, 4, 151936, 4)  # helpers.reference_run's model, fp32
+    items = [_item(s.tokens, s.response_length) for s in run.samples[:2]]  # limit=2
+    budget = max(batch_bytes([i], *dims) for i in items) + (4 << 20)
+    assert all(batch_bytes([a, b], *dims) > budget for a, b in itertools.pairwise(items))
+    alone = replay_bundle(reference, model=str(run.model_dir), batch_bytes=budget, limit=2)
     for a, b in zip(alone["samples"], together["samples"], strict=False):
         assert a["logprob_diff"]["recomputed"] == pytest.approx(b["logprob_diff"]["recomputed"], abs=1e-5)
     assert len(alone["samples"]) == 2  # --limit with --model
@@ -278,3 +294,42 @@ def test_a_nan_log_prob_flags_its_token_and_the_report_stays_strict_json(tmp_pat
     write_report({"samples": [{"logprob_diff": diff}], "summary": {"logprob": summary}}, tmp_path / "r.json")
     doc = json.loads((tmp_path / "r.json").read_text(), parse_constant=pytest.fail)
     assert doc["samples"][0]["logprob_diff"]["max_abs"] is None and doc["summary"]["logprob"]["k3"] == 0.0
+
+
+def test_a_batch_is_costed_as_its_padded_shape_not_the_sum_of_its_samples():
+    """One 3000-token sample and five of 300 (Qwen2-VL-2B's dimensions, bf16): each sample's own
+    cost sums to under 1 GiB, but left-padded the batch is six rows of 3000 tokens, each keeping the
+    longest response's logits: over 3 GiB. The scorer packs on the padded cost (it summed before)."""
+    from trainer_hooks.replay._score import batch_bytes
+
+    dims = (1536, 12, 151936, 2)
+    items = [_item([1] * 3000, 20)] + [_item([1] * 300, 20) for _ in range(5)]
+    own = sum(batch_bytes([i], *dims) for i in items)
+    assert own < 1 << 30  # what the old estimate packed into a 1 GiB budget
+    padded = batch_bytes(items, *dims)
+    assert padded == 6 * (3000 * 1536 * 2 * 24 + 12 * 3000 * 3000 * 4 + 21 * 151936 * 8)
+    assert padded > 3 << 30
+
+
+def test_a_sample_too_long_or_over_the_budget_alone_is_refused_not_run(run):
+    from trainer_hooks.replay._score import LogprobScorer, load_model
+
+    model = load_model(str(run.model_dir), "cpu", torch.float32)
+    scored, failed = [], []
+
+    def scorer(budget: int) -> LogprobScorer:
+        return LogprobScorer(
+            model, "cpu", budget, lambda i, v: scored.append(i), lambda i, m: failed.append(m), PAD
+        )
+
+    long = _item([1] * 5000, 10)  # max_position_embeddings 4096
+    scorer(1 << 40).add(long)
+    big = _item([1] * 2000, 10)
+    small = scorer(1 << 20)
+    small.add(big)
+    small.flush()
+    assert scored == [] and failed == [
+        "5000 tokens, over the model's max_position_embeddings 4096: not scored",
+        "2000 tokens need an estimated 0.0835 GiB for one forward pass, over the budget of 0.000977 GiB "
+        "(batch_bytes): not scored",
+    ]
