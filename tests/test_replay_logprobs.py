@@ -333,3 +333,22 @@ def test_a_sample_too_long_or_over_the_budget_alone_is_refused_not_run(run):
         "2000 tokens need an estimated 0.0835 GiB for one forward pass, over the budget of 0.000977 GiB "
         "(batch_bytes): not scored",
     ]
+
+
+def test_a_model_that_cannot_load_or_a_missing_cuda_is_exit_2_in_one_line(run, reference, tmp_path, capsys):
+    import shutil
+
+    if not torch.cuda.is_available():  # this machine: CPU-only torch
+        assert main(["replay", str(reference), "--model", str(run.model_dir), "--device", "cuda",
+                     "--no-progress"]) == 2  # fmt: skip
+        err = capsys.readouterr().err.strip()
+        assert (
+            "--device cuda: this torch" in err and "sees no CUDA device" in err and len(err.splitlines()) == 1
+        )
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(run.model_dir, corrupt)
+    (weights,) = corrupt.glob("*.safetensors")
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert main(["replay", str(reference), "--model", str(corrupt), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--model {corrupt}: cannot load: " in err and len(err.splitlines()) == 1, err

@@ -86,12 +86,25 @@ def model_class_name(model_dir: str) -> str:
 
 
 def load_model(model_dir: str, device: str, dtype: Any) -> Any:
-    """The model in ``model_dir`` (offline), in ``dtype`` on ``device``, in eval mode."""
+    """The model in ``model_dir`` (offline), in ``dtype`` on ``device``, in eval mode.
+
+    Raises:
+        ValueError: (exit 2, the caller's arguments) ``--device cuda`` where torch has no CUDA, or
+            a model transformers cannot load (missing or corrupt weights, a config it refuses), in
+            one line naming the directory.
+    """
+    import torch
     import transformers
 
     cls = getattr(transformers, model_class_name(model_dir))
-    model = cls.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
-    return model.to(device).eval()
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device")
+    try:
+        model = cls.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+        return model.to(device).eval()
+    except Exception as e:  # OSError, RuntimeError, SafetensorError, ValueError...: the caller's --model
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"--model {model_dir}: cannot load: {type(e).__name__}: {first[:300]}") from None
 
 
 @dataclass
