@@ -247,11 +247,10 @@ def child_replay(ns: argparse.Namespace) -> dict:
     clock = _Clock()
     clock.wrap(LogprobScorer, "_forward", "forward")
     t, cpu = time.perf_counter(), time.process_time()
-    # One sample a pass: a budget one sample fits (its row and up to 64 MiB of pixels) and two do not
-    # (a sample over the budget alone is refused, not run).
-    from trainer_hooks.replay._score import row_bytes
-
-    one = row_bytes(2948, 33, 64, 4, 151936, 4) + (64 << 20)
+    # One sample a pass: a budget one sample fits and two do not (a sample over the budget alone is
+    # refused, not run): the scorer's estimate of one row (2,948 tokens, 33 logits kept; hidden 64,
+    # 4 heads, fp32; activations + attention scores + logits) and up to 64 MiB of pixels.
+    one = 2948 * 64 * 4 * 24 + 4 * 2948 * 2948 * 4 + 33 * 151936 * 8 + (64 << 20)
     report = replay_bundle(ns.dump, model=ns.model, batch_bytes=1 << 30 if ns.batched else one)
     seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
     assert report["summary"]["problems"] == {}, report["summary"]
