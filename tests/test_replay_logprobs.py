@@ -311,7 +311,7 @@ def test_a_batch_is_costed_as_its_padded_shape_not_the_sum_of_its_samples():
     assert padded > 3 << 30
 
 
-def test_a_sample_too_long_or_over_the_budget_alone_is_refused_not_run(run):
+def test_a_sample_too_long_over_the_budget_alone_or_off_the_vocabulary_is_refused_not_run(run):
     from trainer_hooks.replay._score import LogprobScorer, load_model
 
     model = load_model(str(run.model_dir), "cpu", torch.float32)
@@ -328,10 +328,20 @@ def test_a_sample_too_long_or_over_the_budget_alone_is_refused_not_run(run):
     small = scorer(1 << 20)
     small.add(big)
     small.flush()
+    scorer(1 << 40).add(_item([1, 2, 151936, 3], 2))  # vocab_size 151936
+    scorer(1 << 40).add(_item([1, -1, 3], 1))
+    broken = _item([1, 2, 3], 1)
+    broken.inputs = {"pixel_values": torch.zeros(4, 1176)}  # no image_grid_thw: a KeyError in the scorer
+    lone = scorer(1 << 40)
+    lone.add(broken)
+    lone.flush()
     assert scored == [] and failed == [
         "5000 tokens, over the model's max_position_embeddings 4096: not scored",
         "2000 tokens need an estimated 0.0835 GiB for one forward pass, over the budget of 0.000977 GiB "
         "(batch_bytes): not scored",
+        "tokens[2] = 151936 is not a token id of the model (vocab_size 151936): not scored",
+        "tokens[1] = -1 is not a token id of the model (vocab_size 151936): not scored",
+        "the model refused the inputs: 'image_grid_thw'",
     ]
 
 

@@ -96,7 +96,10 @@ def load_model(model_dir: str, device: str, dtype: Any) -> Any:
     import torch
     import transformers
 
-    cls = getattr(transformers, model_class_name(model_dir))
+    name = model_class_name(model_dir)
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        raise ValueError(f"--model {model_dir}: this transformers ({transformers.__version__}) has no {name}")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device")
     try:
@@ -155,7 +158,8 @@ class LogprobScorer:
     log-probs (a list of floats), or ``on_failed(item, message)`` when the model refused the
     batch's inputs (e.g. placeholders that do not match the image features), or when the sample
     is refused before any forward pass: longer than the model's ``max_position_embeddings``, or
-    over ``batch_bytes`` alone (a bundle may come from anyone: 2^24 tokens is not run)."""
+    over ``batch_bytes`` alone (a bundle may come from anyone: 2^24 tokens is not run), or holding
+    a token id outside the model's vocabulary."""
 
     def __init__(
         self, model: Any, device: str, batch_bytes: int, on_scored: Any, on_failed: Any, image_token_id: int
@@ -177,6 +181,12 @@ class LogprobScorer:
     def refusal(self, item: ScoreItem) -> str | None:
         """Why ``item`` is not run at all (see the class doc), or None."""
         n = len(item.tokens)
+        bad = next((k for k, t in enumerate(item.tokens) if not 0 <= t < self._vocab), None)
+        if bad is not None:  # on CUDA an out-of-range embedding index poisons the whole context
+            return (
+                f"tokens[{bad}] = {item.tokens[bad]} is not a token id of the model (vocab_size "
+                f"{self._vocab}): not scored"
+            )
         if isinstance(self._positions, int) and n > self._positions:
             return f"{n} tokens, over the model's max_position_embeddings {self._positions}: not scored"
         alone = batch_bytes([item], *self._dims)
@@ -201,7 +211,7 @@ class LogprobScorer:
             return
         try:
             logprobs = self._forward(batch)
-        except (ValueError, RuntimeError, IndexError) as e:
+        except (ValueError, RuntimeError, IndexError, TypeError, KeyError) as e:
             if len(batch) > 1:  # name the sample: one at a time
                 for item in batch:
                     self._queue = [item]
