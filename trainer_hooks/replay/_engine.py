@@ -78,9 +78,10 @@ def _exchange(
 
     def expire() -> None:  # unblocks any read or write in progress: the deadline is over it all
         cut.set()
-        if conn.sock is not None:
+        sock = conn.sock  # read once: the requesting thread may close it meanwhile
+        if sock is not None:
             with contextlib.suppress(OSError):
-                conn.sock.shutdown(2)
+                sock.shutdown(2)
 
     timer = threading.Timer(deadline_s, expire)
     timer.daemon = True
