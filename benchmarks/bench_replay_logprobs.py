@@ -247,7 +247,18 @@ def child_replay(ns: argparse.Namespace) -> dict:
     clock = _Clock()
     clock.wrap(LogprobScorer, "_forward", "forward")
     t, cpu = time.perf_counter(), time.process_time()
-    report = replay_bundle(ns.dump, model=ns.model, batch_bytes=1 << 30 if ns.batched else 1)
+    # One sample a pass: a budget one sample fits and two do not (a sample over the budget alone is
+    # refused, not run). The samples are alike: the scorer's estimate of one row (hidden 64, 4 heads,
+    # fp32: activations + attention scores + kept logits) and room for pixels under one more row.
+    from bundles import open_bundle
+    from trainer_hooks import Sample
+
+    with open_bundle(ns.dump) as bundle:
+        first = next(iter(bundle.samples(Sample)))
+    n, keep = len(first.tokens), first.response_length + 1
+    row = n * 64 * 4 * 24 + 4 * n * n * 4 + keep * 151936 * 8
+    one = row + min(row - 1, 64 << 20)
+    report = replay_bundle(ns.dump, model=ns.model, batch_bytes=1 << 30 if ns.batched else one)
     seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
     assert report["summary"]["problems"] == {}, report["summary"]
     forward, forward_cpu = clock.spent["forward"]

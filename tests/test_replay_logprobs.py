@@ -12,6 +12,7 @@ the sample. The model, the rollout and the reference dump are built once for the
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import subprocess
@@ -172,9 +173,24 @@ def test_the_fp16_path_where_bf16_was_recorded_is_over_the_threshold(run):
         )
 
 
+def _item(tokens: list[int], response: int):
+    from trainer_hooks.replay._score import ScoreItem
+
+    return ScoreItem(
+        {"index": 0, "position": 0, "problems": []}, tokens, len(tokens) - response, None, [], None
+    )
+
+
 def test_batches_equal_one_sample_at_a_time(run, reference):
+    from trainer_hooks.replay._score import batch_bytes
+
     together = replay_bundle(reference, model=str(run.model_dir))
-    alone = replay_bundle(reference, model=str(run.model_dir), batch_bytes=1, limit=2)
+    # A budget each sample fits alone (its pixels: at most 3 small screenshots, < 4 MiB) and no two do.
+    dims = (64, 4, 151936, 4)  # helpers.reference_run's model, fp32
+    items = [_item(s.tokens, s.response_length) for s in run.samples[:2]]  # limit=2
+    budget = max(batch_bytes([i], *dims) for i in items) + (4 << 20)
+    assert all(batch_bytes([a, b], *dims) > budget for a, b in itertools.pairwise(items))
+    alone = replay_bundle(reference, model=str(run.model_dir), batch_bytes=budget, limit=2)
     for a, b in zip(alone["samples"], together["samples"], strict=False):
         assert a["logprob_diff"]["recomputed"] == pytest.approx(b["logprob_diff"]["recomputed"], abs=1e-5)
     assert len(alone["samples"]) == 2  # --limit with --model
@@ -208,8 +224,8 @@ def test_another_family_and_bad_usage_are_refused_in_one_line(run, reference, tm
 def test_json_carries_the_mismatch_summary(run, reference, capsys):
     assert main(["replay", str(reference), "--model", str(run.model_dir), "--json", "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out)["logprob"]
-    assert set(summary) == {"samples", "mean_abs", "tokens", "k3", "tis_cap", "tis_clipped_tokens",
-                            "tis_clipped_fraction"}  # fmt: skip
+    assert set(summary) == {"samples", "mean_abs", "tokens", "non_finite_tokens", "k3", "tis_cap",
+                            "tis_clipped_tokens", "tis_clipped_fraction"}  # fmt: skip
     assert set(summary["mean_abs"]) == {"mean", "p50", "p99", "max"} and summary["tis_cap"] == 2.0
 
 
@@ -254,3 +270,95 @@ def test_the_bundles_mismatch_distribution():
     assert s["k3"] == pytest.approx(0.1 * 51.0) and s["tis_clipped_tokens"] == 51
     assert s["tis_clipped_fraction"] == pytest.approx(51 / 202)
     assert mismatch_summary([{"logprob_diff": None}], 2.0) is None
+
+
+def test_a_nan_log_prob_flags_its_token_and_the_report_stays_strict_json(tmp_path):
+    """An fp16 overflow's NaN must not vanish from max (it did: max_abs 0.0, no first_over, k3 NaN)."""
+    from trainer_hooks.replay._mismatch import mismatch_summary, sample_mismatch, threshold_problem
+    from trainer_hooks.replay._report import write_report
+
+    nan = float("nan")
+    diff = sample_mismatch([-1.0, nan, -3.0], [-1.0, -2.0, -3.0], [7, 8, 9], None, None)
+    assert diff["max_abs"] == float("inf") and diff["mean_abs"] == float("inf") and diff["non_finite"] == 1
+    assert diff["first_over"] == {"offset": 1, "turn": 0, "token": 8, "abs": float("inf")}
+    assert diff["k3"] == 0.0 and diff["recomputed"] == [-1.0, None, -3.0]
+    problem = threshold_problem("sample index 3 (position 0)", diff, None)
+    assert problem is not None and problem["message"] == (
+        "sample index 3 (position 0): the trainer's log-prob of 1 response token(s) is not a finite number "
+        "(NaN or inf: an overflow?); first: turn 0, response token 1 (id 8)"
+    )
+    clean = sample_mismatch([-1.0], [-1.0], [7], None, None)
+    summary = mismatch_summary([{"logprob_diff": diff}, {"logprob_diff": clean}], 2.0)
+    assert summary["mean_abs"]["max"] == float("inf") and summary["non_finite_tokens"] == 1
+    assert summary["mean_abs"]["p50"] == float("inf")  # not NaN (inf - inf)
+    write_report({"samples": [{"logprob_diff": diff}], "summary": {"logprob": summary}}, tmp_path / "r.json")
+    doc = json.loads((tmp_path / "r.json").read_text(), parse_constant=pytest.fail)
+    assert doc["samples"][0]["logprob_diff"]["max_abs"] is None and doc["summary"]["logprob"]["k3"] == 0.0
+
+
+def test_a_batch_is_costed_as_its_padded_shape_not_the_sum_of_its_samples():
+    """One 3000-token sample and five of 300 (Qwen2-VL-2B's dimensions, bf16): each sample's own
+    cost sums to under 1 GiB, but left-padded the batch is six rows of 3000 tokens, each keeping the
+    longest response's logits: over 3 GiB. The scorer packs on the padded cost (it summed before)."""
+    from trainer_hooks.replay._score import batch_bytes
+
+    dims = (1536, 12, 151936, 2)
+    items = [_item([1] * 3000, 20)] + [_item([1] * 300, 20) for _ in range(5)]
+    own = sum(batch_bytes([i], *dims) for i in items)
+    assert own < 1 << 30  # what the old estimate packed into a 1 GiB budget
+    padded = batch_bytes(items, *dims)
+    assert padded == 6 * (3000 * 1536 * 2 * 24 + 12 * 3000 * 3000 * 4 + 21 * 151936 * 8)
+    assert padded > 3 << 30
+
+
+def test_a_sample_too_long_over_the_budget_alone_or_off_the_vocabulary_is_refused_not_run(run):
+    from trainer_hooks.replay._score import LogprobScorer, load_model
+
+    model = load_model(str(run.model_dir), "cpu", torch.float32)
+    scored, failed = [], []
+
+    def scorer(budget: int) -> LogprobScorer:
+        return LogprobScorer(
+            model, "cpu", budget, lambda i, v: scored.append(i), lambda i, m: failed.append(m), PAD
+        )
+
+    long = _item([1] * 5000, 10)  # max_position_embeddings 4096
+    scorer(1 << 40).add(long)
+    big = _item([1] * 2000, 10)
+    small = scorer(1 << 20)
+    small.add(big)
+    small.flush()
+    scorer(1 << 40).add(_item([1, 2, 151936, 3], 2))  # vocab_size 151936
+    scorer(1 << 40).add(_item([1, -1, 3], 1))
+    broken = _item([1, 2, 3], 1)
+    broken.inputs = {"pixel_values": torch.zeros(4, 1176)}  # no image_grid_thw: a KeyError in the scorer
+    lone = scorer(1 << 40)
+    lone.add(broken)
+    lone.flush()
+    assert scored == [] and failed == [
+        "5000 tokens, over the model's max_position_embeddings 4096: not scored",
+        "2000 tokens need an estimated 0.0835 GiB for one forward pass, over the budget of 0.000977 GiB "
+        "(batch_bytes): not scored",
+        "tokens[2] = 151936 is not a token id of the model (vocab_size 151936): not scored",
+        "tokens[1] = -1 is not a token id of the model (vocab_size 151936): not scored",
+        "the model refused the inputs: 'image_grid_thw'",
+    ]
+
+
+def test_a_model_that_cannot_load_or_a_missing_cuda_is_exit_2_in_one_line(run, reference, tmp_path, capsys):
+    import shutil
+
+    if not torch.cuda.is_available():  # this machine: CPU-only torch
+        assert main(["replay", str(reference), "--model", str(run.model_dir), "--device", "cuda",
+                     "--no-progress"]) == 2  # fmt: skip
+        err = capsys.readouterr().err.strip()
+        assert (
+            "--device cuda: this torch" in err and "sees no CUDA device" in err and len(err.splitlines()) == 1
+        )
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(run.model_dir, corrupt)
+    (weights,) = corrupt.glob("*.safetensors")
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert main(["replay", str(reference), "--model", str(corrupt), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--model {corrupt}: cannot load: " in err and len(err.splitlines()) == 1, err

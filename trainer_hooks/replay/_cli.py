@@ -358,9 +358,13 @@ def _replay_with_progress(
 
 def _print_outcome(ns: argparse.Namespace, report: dict[str, Any]) -> None:
     if ns.json:
+        from trainer_hooks.replay._report import strict_json
+
         print(
             json.dumps(
-                {"bundle": report["bundle"], "dtype": report["dtype"], **report["summary"]}, sort_keys=True
+                strict_json({"bundle": report["bundle"], "dtype": report["dtype"], **report["summary"]}),
+                sort_keys=True,
+                allow_nan=False,
             )
         )
     else:

@@ -59,7 +59,7 @@ def sample_mismatch(
     over the compared tokens, ``tis_clipped`` how many of them have a ratio over ``tis_cap``."""
     n = len(recomputed)
     runs = turn_runs(loss_mask, n)
-    diffs = [abs(float(a) - float(b)) for a, b in zip(recomputed, rollout, strict=True)]
+    diffs = [_abs_diff(a, b) for a, b in zip(recomputed, rollout, strict=True)]
     compared = [k for start, end in runs for k in range(start, end)]
     turns = []
     first_over = None
@@ -69,22 +69,36 @@ def sample_mismatch(
             {"turn": turn, "start": start, "tokens": len(part), "mean_abs": sum(part) / len(part),
              "max_abs": max(part)}
         )  # fmt: skip
-        if first_over is None and threshold is not None:
-            over = next((k for k in range(start, end) if diffs[k] > threshold), None)
+        if first_over is None:
+            over = next((k for k in range(start, end) if _over(diffs[k], threshold)), None)
             if over is not None:
                 first_over = {"offset": over, "turn": turn, "token": int(response_tokens[over]),
                               "abs": diffs[over]}  # fmt: skip
-    log_ratios = [_log_ratio(recomputed[k], rollout[k]) for k in compared]
+    finite = [k for k in compared if math.isfinite(diffs[k])]
+    log_ratios = [_log_ratio(recomputed[k], rollout[k]) for k in finite]
     return {
         "max_abs": max((diffs[k] for k in compared), default=0.0),
         "mean_abs": sum(diffs[k] for k in compared) / len(compared) if compared else 0.0,
         "tokens": len(compared),
-        "recomputed": [float(v) for v in recomputed],
+        "non_finite": len(compared) - len(finite),
+        "recomputed": [float(v) if math.isfinite(float(v)) else None for v in recomputed],
         "first_over": first_over,
         "turns": turns,
         "k3": sum(math.exp(x) - 1.0 - x for x in log_ratios) / len(log_ratios) if log_ratios else 0.0,
         "tis_clipped": sum(1 for x in log_ratios if math.exp(x) > tis_cap),
     }
+
+
+def _abs_diff(trainer: float, rollout: float) -> float:
+    """``|trainer - rollout|``, ``inf`` when either is not finite (a NaN from an fp16 overflow must
+    flag the token, not vanish from ``max`` and ``>`` as NaN does)."""
+    d = abs(float(trainer) - float(rollout))
+    return d if math.isfinite(d) else math.inf
+
+
+def _over(diff: float, threshold: float | None) -> bool:
+    """Whether a token's difference is over ``threshold``; a non-finite one always is."""
+    return diff == math.inf or (threshold is not None and diff > threshold)
 
 
 def _log_ratio(trainer: float, rollout: float) -> float:
@@ -96,8 +110,8 @@ def _quantile(sorted_values: Sequence[float], q: float) -> float:
     """The ``q`` quantile of ``sorted_values`` by linear interpolation (numpy's default)."""
     pos = (len(sorted_values) - 1) * q
     low = math.floor(pos)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
+    a, b = sorted_values[low], sorted_values[min(low + 1, len(sorted_values) - 1)]
+    return a if a == b or pos == low else a + (b - a) * (pos - low)  # inf - inf would be NaN
 
 
 def mismatch_summary(entries: Sequence[Mapping[str, Any]], tis_cap: float) -> dict[str, Any] | None:
@@ -120,6 +134,7 @@ def mismatch_summary(entries: Sequence[Mapping[str, Any]], tis_cap: float) -> di
             "max": means[-1],
         },
         "tokens": tokens,
+        "non_finite_tokens": sum(int(d.get("non_finite", 0)) for d in scored),
         "k3": sum(float(d["k3"]) * int(d["tokens"]) for d in weighted) / tokens if tokens else 0.0,
         "tis_cap": tis_cap,
         "tis_clipped_tokens": clipped,
@@ -130,9 +145,15 @@ def mismatch_summary(entries: Sequence[Mapping[str, Any]], tis_cap: float) -> di
 def threshold_problem(where: str, diff: Mapping[str, Any], limit: float | None) -> dict[str, Any] | None:
     """The ``logprob`` problem of a sample (``where``: its index and position) whose ``mean_abs``
     is over ``limit``, naming the turn and the first token over it; None when it is not."""
+    first = diff.get("first_over") or {}
+    if diff.get("non_finite"):
+        return {"kind": "logprob", "image": None, "message": (
+            f"{where}: the trainer's log-prob of {diff['non_finite']} response token(s) is not a finite "
+            f"number (NaN or inf: an overflow?); first: turn {first.get('turn')}, response token "
+            f"{first.get('offset')} (id {first.get('token')})"
+        )}  # fmt: skip
     if limit is None or diff["mean_abs"] <= limit:
         return None
-    first = diff.get("first_over") or {}
     return {"kind": "logprob", "image": None, "message": (
         f"{where}: the trainer's log-probs differ from the rollout's: mean_abs {diff['mean_abs']:.3g} over "
         f"--max-logprob-diff {limit:g} (max_abs {diff['max_abs']:.3g}); first token over it: turn "

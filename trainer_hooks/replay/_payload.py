@@ -272,6 +272,11 @@ def _response_tail_logprobs(items: list[Any], tokens: list[int], n: int, where: 
     if not all(type(v) in (int, float) for v in logprobs):
         bad = next(v for v in logprobs if type(v) not in (int, float))
         raise ValueError(f"{where}: the answer's response tail holds a log-prob that is no number: {bad!r}")
+    if not all(math.isfinite(v) for v in logprobs):
+        k = next(k for k, v in enumerate(logprobs) if not math.isfinite(v))
+        raise ValueError(
+            f"{where}: the answer's log-prob of response token {k} is not a finite number: {logprobs[k]!r}"
+        )
     return [float(v) for v in logprobs]
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import reprlib
 from collections.abc import Iterable, Mapping
@@ -61,6 +62,7 @@ __all__ = [
     "check_replay_report",
     "check_report_bundle",
     "load_replay_report",
+    "strict_json",
     "write_json_lines",
     "write_report",
 ]
@@ -201,10 +203,22 @@ def check_report_bundle(
             opened.close()
 
 
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float (a flagged ``inf`` log-prob difference) as None, so
+    that it is written as strict JSON (no ``NaN``/``Infinity``, which most parsers refuse)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def write_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write ``report`` as JSON to ``path`` atomically (a reader sees the old file or the new one)."""
+    """Write ``report`` as strict JSON to ``path`` atomically (a reader sees the old file or the new one)."""
     with atomic_writer(path, text=True) as f:
-        json.dump(report, f, indent=1)
+        json.dump(strict_json(report), f, indent=1, allow_nan=False)
         f.write("\n")
 
 

@@ -15,9 +15,11 @@ The log-prob of response token ``k`` is the log-softmax, in float32, of the logi
 before it.
 
 Batches: samples are packed, in order, into one forward pass while the estimated memory stays
-under ``batch_bytes`` (:func:`sample_bytes`: the sequence's activations, its attention scores, and
-the float32 logits of the response positions, which alone are kept: ``logits_to_keep``); a sample
-over the budget runs alone. Sequences are left-padded, so every response ends at the last position and one slice of
+under ``batch_bytes`` (:func:`batch_bytes`: every row padded to the longest sample, each with its
+activations, its attention scores, and the float32 logits of the longest response's positions,
+which alone are kept: ``logits_to_keep``). A sample over the budget alone, or longer than the
+model's ``max_position_embeddings``, is refused (a ``logprob`` problem naming it), never run:
+a bundle may come from anyone. Sequences are left-padded, so every response ends at the last position and one slice of
 the logits covers the batch; the padding is masked (attention and positions), which changes the
 real tokens' log-probs by float rounding only (tested: a batch equals one sample at a time within
 1e-5 in fp32).
@@ -42,9 +44,11 @@ __all__ = [
     "NOT_SCORED",
     "LogprobScorer",
     "ScoreItem",
+    "batch_bytes",
     "load_model",
     "make_scorer",
     "model_class_name",
+    "row_bytes",
     "score_item",
 ]
 
@@ -55,7 +59,7 @@ MODEL_CLASSES = {
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
 }
-#: The memory one forward pass may use, estimated (:func:`sample_bytes`).
+#: The memory one forward pass may use, estimated (:func:`batch_bytes`).
 DEFAULT_BATCH_BYTES = 1 << 30
 _KNOWN = ", ".join(f.name for f in FAMILIES.values())
 
@@ -82,12 +86,28 @@ def model_class_name(model_dir: str) -> str:
 
 
 def load_model(model_dir: str, device: str, dtype: Any) -> Any:
-    """The model in ``model_dir`` (offline), in ``dtype`` on ``device``, in eval mode."""
+    """The model in ``model_dir`` (offline), in ``dtype`` on ``device``, in eval mode.
+
+    Raises:
+        ValueError: (exit 2, the caller's arguments) ``--device cuda`` where torch has no CUDA, or
+            a model transformers cannot load (missing or corrupt weights, a config it refuses), in
+            one line naming the directory.
+    """
+    import torch
     import transformers
 
-    cls = getattr(transformers, model_class_name(model_dir))
-    model = cls.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
-    return model.to(device).eval()
+    name = model_class_name(model_dir)
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        raise ValueError(f"--model {model_dir}: this transformers ({transformers.__version__}) has no {name}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device")
+    try:
+        model = cls.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
+        return model.to(device).eval()
+    except Exception as e:  # OSError, RuntimeError, SafetensorError, ValueError...: the caller's --model
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"--model {model_dir}: cannot load: {type(e).__name__}: {first[:300]}") from None
 
 
 @dataclass
@@ -106,15 +126,29 @@ class ScoreItem:
         return len(self.tokens) - self.prompt_len
 
 
-def sample_bytes(item: ScoreItem, hidden: int, heads: int, vocab: int, element: int) -> int:
-    """Estimated memory of ``item``'s share of a forward pass: ~24 hidden-size activations per
-    token in the model's dtype; the attention scores of a layer, ``heads x len^2`` float32 (an
-    attention that materialises them, as CPU attention with a padding mask does); the float32
-    logits and log-softmax of its response positions; its pixels. The vision tower's attention
-    runs image by image, so it is not counted per sample."""
-    pixels = sum(v.numel() * v.element_size() for v in (item.inputs or {}).values() if hasattr(v, "numel"))
-    n = len(item.tokens)
-    return n * hidden * element * 24 + heads * n * n * 4 + (item.response_len + 1) * vocab * 8 + pixels
+def row_bytes(length: int, keep: int, hidden: int, heads: int, vocab: int, element: int) -> int:
+    """Estimated memory of one row of a forward pass, ``length`` tokens long, keeping the logits of
+    ``keep`` positions: ~24 hidden-size activations per token in the model's dtype; the attention
+    scores of a layer, ``heads x length^2`` float32 (an attention that materialises them, as CPU
+    attention with a padding mask does); the float32 logits and log-softmax of the kept positions."""
+    return length * hidden * element * 24 + heads * length * length * 4 + keep * vocab * 8
+
+
+def _pixel_bytes(item: ScoreItem) -> int:
+    return sum(v.numel() * v.element_size() for v in (item.inputs or {}).values() if hasattr(v, "numel"))
+
+
+def batch_bytes(items: Sequence[ScoreItem], hidden: int, heads: int, vocab: int, element: int) -> int:
+    """Estimated memory of one left-padded forward pass over ``items``: every row is as long as the
+    longest sample and keeps the logits of the longest response (``len x cost(L_max, keep_max)``,
+    not the sum of each sample's own cost: one long sample among short ones pads them all), plus
+    the samples' pixels. The vision tower's attention runs image by image: not counted per row."""
+    if not items:
+        return 0
+    length = max(len(item.tokens) for item in items)
+    keep = max(item.response_len for item in items) + 1
+    pixels = sum(_pixel_bytes(item) for item in items)
+    return len(items) * row_bytes(length, keep, hidden, heads, vocab, element) + pixels
 
 
 class LogprobScorer:
@@ -122,7 +156,10 @@ class LogprobScorer:
 
     ``on_scored(item, logprobs)`` is called for each sample with its response tokens'
     log-probs (a list of floats), or ``on_failed(item, message)`` when the model refused the
-    batch's inputs (e.g. placeholders that do not match the image features)."""
+    batch's inputs (e.g. placeholders that do not match the image features), or when the sample
+    is refused before any forward pass: longer than the model's ``max_position_embeddings``, or
+    over ``batch_bytes`` alone (a bundle may come from anyone: 2^24 tokens is not run), or holding
+    a token id outside the model's vocabulary."""
 
     def __init__(
         self, model: Any, device: str, batch_bytes: int, on_scored: Any, on_failed: Any, image_token_id: int
@@ -134,27 +171,47 @@ class LogprobScorer:
         self.on_failed = on_failed
         self.image_token_id = image_token_id
         text = getattr(model.config, "text_config", model.config)
-        self._hidden, self._vocab = int(text.hidden_size), int(text.vocab_size)
-        self._heads = int(getattr(text, "num_attention_heads", 1) or 1)
-        self._element = next(model.parameters()).element_size()
+        self._dims = (int(text.hidden_size), int(getattr(text, "num_attention_heads", 1) or 1),
+                      int(text.vocab_size), next(model.parameters()).element_size())  # fmt: skip
+        self._vocab = self._dims[2]
+        self._positions = getattr(text, "max_position_embeddings", None)
         self._mm_types = "mm_token_type_ids" in inspect.signature(model.forward).parameters
         self._queue: list[ScoreItem] = []
-        self._queued = 0
+
+    def refusal(self, item: ScoreItem) -> str | None:
+        """Why ``item`` is not run at all (see the class doc), or None."""
+        n = len(item.tokens)
+        bad = next((k for k, t in enumerate(item.tokens) if not 0 <= t < self._vocab), None)
+        if bad is not None:  # on CUDA an out-of-range embedding index poisons the whole context
+            return (
+                f"tokens[{bad}] = {item.tokens[bad]} is not a token id of the model (vocab_size "
+                f"{self._vocab}): not scored"
+            )
+        if isinstance(self._positions, int) and n > self._positions:
+            return f"{n} tokens, over the model's max_position_embeddings {self._positions}: not scored"
+        alone = batch_bytes([item], *self._dims)
+        if alone > self.batch_bytes:
+            return (
+                f"{n} tokens need an estimated {alone / (1 << 30):.3g} GiB for one forward pass, over the "
+                f"budget of {self.batch_bytes / (1 << 30):.3g} GiB (batch_bytes): not scored"
+            )
+        return None
 
     def add(self, item: ScoreItem) -> None:
-        cost = sample_bytes(item, self._hidden, self._heads, self._vocab, self._element)
-        if self._queue and self._queued + cost > self.batch_bytes:
+        if (reason := self.refusal(item)) is not None:
+            self.on_failed(item, reason)
+            return
+        if self._queue and batch_bytes([*self._queue, item], *self._dims) > self.batch_bytes:
             self.flush()
         self._queue.append(item)
-        self._queued += cost
 
     def flush(self) -> None:
-        batch, self._queue, self._queued = self._queue, [], 0
+        batch, self._queue = self._queue, []
         if not batch:
             return
         try:
             logprobs = self._forward(batch)
-        except (ValueError, RuntimeError, IndexError) as e:
+        except (ValueError, RuntimeError, IndexError, TypeError, KeyError) as e:
             if len(batch) > 1:  # name the sample: one at a time
                 for item in batch:
                     self._queue = [item]
