@@ -149,3 +149,19 @@ def test_an_unknown_column_or_an_empty_root_is_refused_naming_it(
         bundles.BundleError, match=f"read_bundles: {tmp_path}: expected bundles under it, found none"
     ):
         bundles.read_bundles(tmp_path)
+
+
+def test_to_arrow_reads_only_the_shards_asked_with_their_positions_in_the_bundle(run: dict[str, Any]) -> None:
+    from bundles._dataset.arrow import to_arrow
+
+    with bundles.open_bundle(run["run"] / "rollout" / "fully_async_1") as b:
+        every = [r for x in to_arrow(b, media=True) for r in x.to_pylist()]
+        second = [r for x in to_arrow(b, media=True, shards=[1]) for r in x.to_pylist()]
+        both = [r for x in to_arrow(b, media=True, shards=[1, 0]) for r in x.to_pylist()]
+        assert [r["position"] for r in second] == [2, 3] and second == every[2:]
+        assert both == every
+        with pytest.raises(
+            bundles.BundleError,
+            match=r"fully_async_1: to_arrow: shards: expected numbers 0\.\.1, found \[2\]",
+        ):
+            next(to_arrow(b, shards=[0, 2]))
