@@ -122,6 +122,21 @@ def test_a_run_on_seaweedfs_filtered_and_written_back_with_its_images(
     assert all(r["bundle"].startswith(root) for r in rows)
 
 
+def test_a_packed_bundle_is_read_in_place_one_task_per_shard(
+    run: dict[str, Any], ray_local: Any, tmp_path: Path
+) -> None:
+    src = run["run"] / "rollout" / "fully_async_2"
+    bundles.pack_bundle(src, tmp_path / "packed" / "fully_async_2.rbundle")
+    done = bundles.read_bundles(tmp_path / "packed", media=True).materialize()
+    assert done.num_blocks() == 2
+    rows = sorted(done.take_all(), key=lambda r: r["position"])
+    want = [r for r in run["want"] if r["step"] == 2]
+    assert [(r["position"], r["reward"], r["images"], r["bundle_id"]) for r in rows] == [
+        (r["position"], r["reward"], r["images"], r["bundle_id"]) for r in want
+    ]
+    assert all(r["bundle"].endswith("fully_async_2.rbundle") for r in rows)
+
+
 def test_screenshots_are_read_only_when_a_column_asks_for_them(
     run: dict[str, Any], ray_local: Any, tmp_path: Path
 ) -> None:
