@@ -137,6 +137,18 @@ def test_a_packed_bundle_is_read_in_place_one_task_per_shard(
     assert all(r["bundle"].endswith("fully_async_2.rbundle") for r in rows)
 
 
+def test_a_bundle_replaced_after_the_listing_fails_its_tasks_naming_it(
+    run: dict[str, Any], ray_local: Any, tmp_path: Path
+) -> None:
+    where = tmp_path / "r" / "fully_async_5"
+    _write(where, 5, run["media"])
+    ds = bundles.read_bundles(tmp_path / "r", columns=["position", "reward"])  # listed now, read later
+    _write(where, 6, run["media"], overwrite=True)  # another step's samples in its place
+    with pytest.raises(Exception) as raised:
+        ds.materialize()
+    assert f"{where}: changed since read_bundles listed it: bundle_id expected" in str(raised.value)
+
+
 def test_screenshots_are_read_only_when_a_column_asks_for_them(
     run: dict[str, Any], ray_local: Any, tmp_path: Path
 ) -> None:
