@@ -172,6 +172,8 @@ def test_an_unknown_column_or_an_empty_root_is_refused_naming_it(
 ) -> None:
     with pytest.raises(bundles.BundleError, match=r"columns: expected names among .* found \['rewrd'\]"):
         bundles.read_bundles(run["run"], columns=["reward", "rewrd"])
+    with pytest.raises(bundles.BundleError, match=r"read_bundles: batch_rows: expected an int >= 1, found 0"):
+        bundles.read_bundles(run["run"], batch_rows=0)
     with pytest.raises(
         bundles.BundleError, match=f"read_bundles: {tmp_path}: expected bundles under it, found none"
     ):

@@ -160,6 +160,8 @@ def read_bundles(
     if columns is not None and "images" in columns:
         media = True
     arrow_schema(media, columns)  # an unknown column is refused before anything is listed
+    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
+        raise BundleError(f"read_bundles: batch_rows: expected an int >= 1, found {batch_rows!r}")
     tasks = shard_tasks(root, storage_options=storage_options, depth=depth)
     if not tasks:
         raise BundleError(f"read_bundles: {root}: expected bundles under it, found none")
