@@ -3,6 +3,7 @@
 A bundle is a directory: a manifest, msgpack+zstandard sample shards, and every referenced
 media file stored once by content digest; or the same on an object store (``s3://``, ``gs://``,
 ``az://`` with the ``rollout-bundles[s3]`` extra). See docs/FORMAT.md for the format.
+:func:`read_bundles` reads a run's bundles as a ``ray.data.Dataset`` (ray imported when called).
 
 This module is the format API. Tools built on bundles (trainer_hooks, the CLI) also use
 :mod:`bundles.support`: the atomic write, the tree deletion, process identity, fault points,
@@ -21,6 +22,7 @@ from bundles._api.entry import (
     write_bundle,
 )
 from bundles._api.location import Location
+from bundles._commands.datasets import read_bundles
 from bundles._errors import *  # noqa: F403  (the exception hierarchy, whole)
 from bundles._format.images import DECODABLE_IMAGE_FORMATS, MAX_DECODE_PIXELS, decode_image
 from bundles._format.layout import FORMAT_VERSION, PACK_SUFFIX
@@ -73,6 +75,7 @@ __all__ = [
     "list_remote_bundles",
     "open_bundle",
     "pack_bundle",
+    "read_bundles",
     "register_record_type",
     "remove_bundle",
     "sample_encoder",

@@ -7,7 +7,8 @@ bundle commands print. One module per command group, each with a ``register(subp
 ``unpack``), :mod:`.listing` (``ls``), :mod:`.copying` (``cp``), :mod:`.removing` (``rm``,
 ``gc``); :func:`bundles.cli.register` calls them in that order (the order of ``--help``). What
 the commands compute lives beside them: samples as readable JSON (:mod:`.show`), the differences
-of two bundles (:mod:`.diff`), the bundles under a root (:mod:`.find`). A new command is a
+of two bundles (:mod:`.diff`), the bundles under a root (:mod:`.find`), a run as a Ray Data
+dataset (:mod:`.datasets`, :func:`bundles.read_bundles`). A new command is a
 function and its registration in the module of its group, or a new module listed in
 :func:`bundles.cli.register`.
 """

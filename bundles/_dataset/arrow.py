@@ -371,11 +371,37 @@ def _record_batch(pa: Any, batch: _Batch, sch: Any, bundle: Any, last: int) -> A
         ) from None
 
 
+def _selected(bundle: Any, shards: Sequence[int] | None) -> Iterator[tuple[int, Any]]:
+    """The samples of the shards ``shards`` names (all by default), each with its position:
+    a selection is read through ``samples(indices=...)``, each shard streamed once (its wanted
+    samples held until the shard is read: one decoded shard, bounded by ``MAX_SHARD_RAW_BYTES``)."""
+    if shards is None:
+        return enumerate(bundle.samples())
+    entries = bundle.manifest.shards
+    picked = sorted(set(shards))
+    bad = [k for k in picked if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(entries)]
+    if bad:
+        raise BundleError(
+            f"{bundle.path}: to_arrow: shards: expected numbers 0..{len(entries) - 1}, found {bad!r}"
+        )
+    starts = [0]
+    for e in entries:
+        starts.append(starts[-1] + e.samples)
+    indices = [i for k in picked for i in range(starts[k], starts[k + 1])]
+    return zip(indices, bundle.samples(indices=indices), strict=True)
+
+
 def to_arrow(
-    bundle: Any, columns: Sequence[str] | None = None, batch_rows: int = 1024, media: bool = False
+    bundle: Any,
+    columns: Sequence[str] | None = None,
+    batch_rows: int = 1024,
+    media: bool = False,
+    shards: Sequence[int] | None = None,
 ) -> Iterator[Any]:
     """Yield ``bundle``'s samples as ``pyarrow.RecordBatch``es of :func:`schema` (see the module's
-    docstring); ``columns`` picks and orders the columns."""
+    docstring); ``columns`` picks and orders the columns; ``shards`` (numbers of the manifest's
+    shards) reads only those, ``position`` still the sample's index in the bundle (a Ray Data read
+    task reads one shard: :func:`bundles.read_bundles`)."""
     if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
         raise BundleError(f"{bundle.path}: to_arrow: batch_rows: expected an int >= 1, found {batch_rows!r}")
     pa = _pa()
@@ -389,7 +415,7 @@ def to_arrow(
     }
     stored = _stored(bundle)
     batch = _Batch(names)
-    for position, sample in enumerate(bundle.samples()):
+    for position, sample in _selected(bundle, shards):
         row = _Row(sample, stored)
         values = {**head, "position": position, **row.values}
         if "extra" in names:

@@ -34,6 +34,7 @@ __all__ = [
     "MAX_NESTING_DEPTH",
     "MAX_PAGE_PIXELS",
     "MAX_POINTER_BYTES",
+    "MAX_READ_TASKS",
     "MAX_RECORD_BODY_BYTES",
     "MAX_RECORD_MEDIA",
     "MAX_RECORD_META_BYTES",
@@ -100,6 +101,9 @@ MAX_FIND_DEPTH = 4
 #: Bytes of screenshots one sample's row holds when exported with its images (``to_arrow(media=True)``,
 #: ``export --with-images``): a sample may reference one stored file any number of times.
 MAX_EXPORT_SAMPLE_IMAGE_BYTES = 256 * 1024 * 1024
+#: Read tasks ``read_bundles`` makes, one per shard of the run's bundles (each task's descriptor is
+#: held by the driver and by Ray's plan).
+MAX_READ_TASKS = 1_000_000
 
 # -- the rollout journal (enforced by trainer_hooks' writer and reader alike) ---------------------
 #: A data source's cursor recorded in a take, encoded, in bytes.
