@@ -157,35 +157,6 @@ def test_the_local_half_of_bundles_never_imports_the_store_half():
     )
 
 
-def test_bundles_has_no_import_circle():
-    graph = _bundles_graph()
-    modules = set(graph)
-    # A package's __init__ hands names on; a submodule importing its own package is not a circle.
-    edges = {
-        m: {d for d in deps if d in modules and d != m and not m.startswith(d + ".")}
-        for m, deps in graph.items()
-    }
-    state: dict[str, int] = {}
-    stack: list[str] = []
-    circles: list[str] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        stack.append(m)
-        for d in sorted(edges[m]):
-            if state.get(d) == 1:
-                circles.append(" -> ".join([*stack[stack.index(d) :], d]))
-            elif d not in state:
-                visit(d)
-        stack.pop()
-        state[m] = 2
-
-    for m in sorted(edges):
-        if m not in state:
-            visit(m)
-    assert circles == [], "import circles in bundles:\n" + "\n".join(circles)
-
-
 # The questions "which kind of location is this?" that trainer_hooks may ask: only while it
 # validates its arguments. Elsewhere it holds a bundles.Location (chosen once, by
 # Location.of) and calls it; where it must adapt it reads a capability (``uploads``,
