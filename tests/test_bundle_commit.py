@@ -121,6 +121,27 @@ def test_readers_see_old_or_new_bundle_at_every_instant_during_overwrite(tmp_pat
     assert len(seen) > 1
 
 
+def test_a_reader_that_opened_the_directory_just_before_an_overwrite_reads_the_new_bundle(tmp_path):
+    # An overwrite swaps whole directories (RENAME_EXCHANGE), then empties the one swapped out:
+    # a reader that had opened the directory an instant before found its manifest gone and said
+    # "not a bundle: manifest.json is missing" (CI, under load). The swap is made to land exactly
+    # there, through the fault point after the reader opens the directory.
+    from bundles.support import on_fault_point
+
+    dest = write_bundle(tmp_path / "b", [{"v": 0}])
+    fired: list[str] = []
+
+    def overwrite_now(root, rel):
+        if not fired and rel == "manifest.json" and Path(root) == Path(dest):
+            fired.append(rel)
+            write_bundle(dest, [{"v": 1}], overwrite=True)
+
+    with on_fault_point("read.root-opened", overwrite_now):
+        bundle = open_bundle(dest, verify="fast")
+    assert fired == ["manifest.json"]
+    assert [s["v"] for s in bundle.samples()] == [1]
+
+
 def test_a_bundle_replaced_while_open_says_so_on_every_read(tmp_path):
     dest = write_bundle(tmp_path / "b", [{"v": 0, "pad": b"x" * 1000}])
     replaced_while_open = 0

@@ -502,6 +502,15 @@ def _built(
     return build()
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The directory at ``path`` now (device and inode), or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def open_local(path: str | os.PathLike[str], level: Verify) -> Bundle:
     """:func:`bundles.open_bundle` for a local path: a bundle directory, or a packed file read in
     place (its members checked by the unpack rules before anything is read)."""
@@ -523,7 +532,17 @@ def open_local(path: str | os.PathLike[str], level: Verify) -> Bundle:
         return bundle
     attempts = 10
     for attempt in range(attempts):
-        bundle = Bundle(DirSource(resolved), parse_manifest(resolved))
+        before = _identity(resolved)
+        try:
+            manifest = parse_manifest(resolved)
+        except BundleNotFoundError:
+            # An overwrite swaps whole directories and then empties the one swapped out: a
+            # reader that opened the directory just before the swap finds its manifest gone.
+            # Another directory at the path now is that swap, not a missing bundle: look again.
+            if attempt == attempts - 1 or _identity(resolved) in (before, None):
+                raise
+            continue
+        bundle = Bundle(DirSource(resolved), manifest)
         if level is Verify.NONE:
             return bundle
         try:

@@ -33,6 +33,7 @@ from bundles._format.layout import (
     SUFFIX_RE,
 )
 from bundles._format.media import sha256_stream
+from bundles._local.faults import fault_point
 
 if TYPE_CHECKING:
     from bundles._format.media import MediaRef
@@ -111,6 +112,7 @@ def _open_below(root: str | os.PathLike[str], rel: str) -> int:
     if not parts or ".." in parts:
         raise UnsafeBundleError(f"{root}/{rel}: not a path below {root}")
     fd = os.open(root, _DIR_FLAGS)
+    fault_point("read.root-opened", root, rel)  # an overwrite may swap the directory now
     try:
         for k, part in enumerate(parts[:-1]):
             try:
