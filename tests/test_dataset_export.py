@@ -229,3 +229,17 @@ def test_a_bundle_failing_mid_part_leaves_no_part_and_the_others_are_exported(
     assert f"not exported: {root / 'fully_async_1'}" in done.stderr and name in done.stderr
     assert sorted(p.parent.name for p in out.rglob("*.parquet")) == ["step=0", "step=2"]
     assert sorted(p.name for p in out.rglob("*") if p.is_file() and p.suffix != ".parquet") == []
+
+
+def test_a_nan_or_infinite_reward_is_never_an_sft_success(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "nan-run"
+    rows = [{"index": i, "prompt": "p", "response": f"r{i}", "status": "completed", "reward": r}
+            for i, r in enumerate([float("nan"), float("inf"), 0.5, float("-inf")])]  # fmt: skip
+    bundles.write_bundle(root / "b", rows, kind="rollout", meta={"rollout_id": 1})
+    for extra in ([], ["--min-reward", "0.1"]):
+        out = tmp_path / f"sft{len(extra)}"
+        done = cli(str(root), "-o", str(out), "--format", "sft", *extra)
+        assert done.returncode == 0, done.stderr
+        assert pq.read_table(out, partitioning="hive").column("position").to_pylist() == [2]
