@@ -243,3 +243,21 @@ def test_a_nan_or_infinite_reward_is_never_an_sft_success(tmp_path: Path) -> Non
         done = cli(str(root), "-o", str(out), "--format", "sft", *extra)
         assert done.returncode == 0, done.stderr
         assert pq.read_table(out, partitioning="hive").column("position").to_pylist() == [2]
+
+
+def test_jsonl_parts_are_strict_json_with_non_finite_floats_null(tmp_path: Path) -> None:
+    import json
+
+    pl = pytest.importorskip("polars")
+    root = tmp_path / "inf-run"
+    rows = [{"index": i, "status": "completed", "reward": r, "rollout_log_probs": [r, -0.5]}
+            for i, r in enumerate([float("nan"), float("inf"), 0.5])]  # fmt: skip
+    bundles.write_bundle(root / "b", rows, kind="rollout", meta={"rollout_id": 1})
+    done = cli(str(root), "-o", str(tmp_path / "j"), "--format", "jsonl")
+    assert done.returncode == 0, done.stderr
+    (part,) = (tmp_path / "j").rglob("*.jsonl")
+    for line in part.read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in {part}"))
+    got = pl.read_ndjson(part)
+    assert got["reward"].to_list() == [None, None, 0.5]
+    assert got["rollout_log_probs"].to_list() == [[None, -0.5], [None, -0.5], [0.5, -0.5]]

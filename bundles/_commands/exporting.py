@@ -114,9 +114,15 @@ def _write_parquet(f: BinaryIO, batches: Iterator[Any], schema: Any) -> int:
 
 
 def _write_jsonl(f: BinaryIO, batches: Iterator[Any]) -> int:
+    """One JSON object per row. JSON has no NaN or infinity: a non-finite float of a typed column
+    is null (text would turn the column's type into string for polars and DuckDB; the Parquet
+    part keeps the value, and ``extra`` already holds its own as text)."""
     import base64
+    import math
 
     def plain(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
         if isinstance(v, bytes):
             return base64.b64encode(v).decode("ascii")
         if isinstance(v, dict):
@@ -128,7 +134,7 @@ def _write_jsonl(f: BinaryIO, batches: Iterator[Any]) -> int:
     rows = 0
     for batch in batches:
         for row in batch.to_pylist():
-            f.write(json.dumps(plain(row), ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
+            f.write(json.dumps(plain(row), ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass") + b"\n")
             rows += 1
     return rows
 
