@@ -134,7 +134,10 @@ def _write_jsonl(f: BinaryIO, batches: Iterator[Any]) -> int:
     rows = 0
     for batch in batches:
         for row in batch.to_pylist():
-            f.write(json.dumps(plain(row), ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass") + b"\n")
+            f.write(
+                json.dumps(plain(row), ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass")
+                + b"\n"
+            )
             rows += 1
     return rows
 
