@@ -166,7 +166,8 @@ _TYPECODES = {"int32": "i", "int8": "b", "float": "d"}
 
 
 def _numbers(v: Any, kind: str) -> list[Any] | None:
-    """``v`` as a list for an ``int32``/``int8``/``float32`` column, or None when it does not fit.
+    """``v`` as a list for an ``int32``/``int8``/``float32`` column, or None when it does not fit
+    (a finite float beyond float32's range too: float32 would make it +-inf).
 
     Checked at C speed by :mod:`array` (a value of another type or out of range raises; a bool
     is its int), so a sample's 10^5 tokens cost no Python call each."""
@@ -177,7 +178,17 @@ def _numbers(v: Any, kind: str) -> list[Any] | None:
         checked = array.array(_TYPECODES[kind], items)
     except (TypeError, OverflowError, ValueError):
         return None
+    if kind == "float" and _beyond_float32(checked):
+        return None
     return checked.tolist()
+
+
+def _beyond_float32(values: array.array[float]) -> bool:
+    """Whether a finite value of ``values`` is outside float32's range (float32 would make it
+    +-inf, silently): counted at C speed, the infinities float32 gives against those given."""
+    inf = math.inf
+    narrow = array.array("f", values)
+    return narrow.count(inf) + narrow.count(-inf) != values.count(inf) + values.count(-inf)
 
 
 def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = None) -> Any:
