@@ -164,3 +164,12 @@ def test_a_log_prob_beyond_float32_is_kept_in_extra_never_written_infinite(tmp_p
     assert big["rollout_log_probs"] is None
     assert json.loads(big["extra"]) == {"rollout_log_probs": [-0.5, -1e300]}
     assert edge["rollout_log_probs"][:2] == [float("-inf"), pytest.approx(-3e38)] and edge["extra"] is None
+
+
+def test_keys_1_and_str_1_are_both_kept_as_pairs(tmp_path: Path) -> None:
+    rows = [{"metadata": {1: "int", "1": "str"}, 2: "top int", "2": "top str"}]
+    bundles.write_bundle(tmp_path / "b", rows)
+    with bundles.open_bundle(tmp_path / "b") as b:
+        (row,) = [r for x in b.to_arrow() for r in x.to_pylist()]
+    assert json.loads(row["metadata"]) == [[1, "int"], ["1", "str"]]
+    assert json.loads(row["extra"]) == [[2, "top int"], ["2", "top str"]]
