@@ -261,3 +261,21 @@ def test_jsonl_parts_are_strict_json_with_non_finite_floats_null(tmp_path: Path)
     got = pl.read_ndjson(part)
     assert got["reward"].to_list() == [None, None, 0.5]
     assert got["rollout_log_probs"].to_list() == [[None, -0.5], [None, -0.5], [0.5, -0.5]]
+
+
+def test_another_format_or_options_into_the_same_out_is_not_taken_as_exported(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    root, out = run["run"] / "rollout", tmp_path / "same"
+    assert cli(str(root), "-o", str(out)).returncode == 0
+    done = cli(str(root), "-o", str(out), "--format", "sft")
+    assert done.returncode == 0 and "exported 3 bundles (11 rows)" in done.stdout, done.stdout
+    assert "skipped 0 already exported" in done.stdout
+    parts = sorted(out.rglob("*.parquet"))
+    assert len(parts) == 6 and len({p.name.rsplit("-", 1)[1] for p in parts}) == 2
+    sft = [p for p in parts if "messages" in pq.read_schema(p).names]
+    assert len(sft) == 3 and sum(pq.read_metadata(p).num_rows for p in sft) == 11
+    again = cli(str(root), "-o", str(out), "--format", "sft")
+    assert "exported 0 bundles" in again.stdout and "skipped 3 already exported" in again.stdout

@@ -1,15 +1,16 @@
 """``export``: every bundle under a root as a Hive-partitioned Parquet (or JSON lines, or SFT) dataset.
 
-Layout (docs/DATASET.md): ``OUT/kind=<kind>/step=<step>/part-<id>.parquet``, one part per bundle,
-``<id>`` the first 32 hex digits of the bundle's identity (:func:`bundles._dataset.identity`),
-``<kind>`` percent-encoded as Hive does, ``<step>`` the bundle's step (``__HIVE_DEFAULT_PARTITION__``
-when it has none). The partition columns ``kind`` and ``step`` are in the path, not in the file
+Layout (docs/DATASET.md): ``OUT/kind=<kind>/step=<step>/part-<id>-<options>.parquet``, one part
+per bundle, ``<id>`` the first 32 hex digits of the bundle's identity
+(:func:`bundles._dataset.identity`), ``<options>`` 8 hex digits of the export's format and options
+(:func:`options_digest`), ``<kind>`` percent-encoded as Hive does, ``<step>`` the bundle's step
+(``__HIVE_DEFAULT_PARTITION__`` when it has none). The partition columns ``kind`` and ``step`` are in the path, not in the file
 (DuckDB, polars and pyarrow add them back from the path; a column in both would be read twice).
 
 Protocol: bundles are found as ``ls -r`` finds them (:func:`bundles._commands.find.find_bundles`,
 one rule of what is a bundle). For each, its part's name is computed from its manifest; a part
-that exists is a bundle already exported (same identity) and is skipped unread. Otherwise its
-batches are streamed (``Bundle.to_arrow``: one shard and one batch in memory) into a Parquet
+that exists is a bundle already exported (same identity, same format and options) and is skipped
+unread. Otherwise its batches are streamed (``Bundle.to_arrow``: one shard and one batch in memory) into a Parquet
 writer over a temporary file, and published in one step: locally by
 ``bundles.support.atomic_writer`` (rename over the name), on a store by one create-only put of
 the finished file (a part another export published meanwhile is left as it is). A reader never
@@ -23,6 +24,7 @@ exported.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import tempfile
@@ -36,7 +38,7 @@ from bundles._api.location import Location
 from bundles._commands import common
 from bundles._commands.find import find_bundles
 from bundles._commands.output import location_shown, plural
-from bundles._dataset import COLUMNS, Conventions, identity, sft_rows, sft_schema, step_of
+from bundles._dataset import COLUMNS, SCHEMA_VERSION, Conventions, identity, sft_rows, sft_schema, step_of
 from bundles._errors import BundleError
 from bundles._format.limits import MAX_FIND_DEPTH
 from bundles._local.atomic import atomic_writer
@@ -63,12 +65,23 @@ class ExportReport:
     problems: list[tuple[str, str]] = field(default_factory=list)
 
 
-def part_name(bundle: Any, fmt: str) -> str:
-    """The part's path under OUT: ``kind=<kind>/step=<step>/part-<id>.<ext>``."""
+def options_digest(fmt: str, opts: Mapping[str, Any]) -> str:
+    """8 hex digits of what a part's content depends on besides the bundle: the format, the
+    columns, ``min_reward``, ``with_images`` and ``SCHEMA_VERSION``. In the part's name, so that
+    another export's parts (``--format sft`` beside parquet ones) never count as this one's."""
+    what = {"format": fmt, "columns": opts["columns"], "min_reward": opts["min_reward"],
+            "with_images": bool(opts["with_images"]), "schema_version": SCHEMA_VERSION}  # fmt: skip
+    text = json.dumps(what, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+
+
+def part_name(bundle: Any, fmt: str, opts: Mapping[str, Any]) -> str:
+    """The part's path under OUT: ``kind=<kind>/step=<step>/part-<id>-<options>.<ext>``."""
     step = step_of(bundle)
     kind = urllib.parse.quote(bundle.kind, safe="")
     ext = "jsonl" if fmt == "jsonl" else "parquet"
-    return f"kind={kind}/step={HIVE_NULL if step is None else step}/part-{identity(bundle)[:32]}.{ext}"
+    name = f"part-{identity(bundle)[:32]}-{options_digest(fmt, opts)}.{ext}"
+    return f"kind={kind}/step={HIVE_NULL if step is None else step}/{name}"
 
 
 def _batches(bundle: Any, fmt: str, with_images: bool, columns: list[str] | None,
@@ -197,7 +210,7 @@ def _export_one(location: str, out: _Out, fmt: str, opts: dict[str, Any], report
         if opts["kind"] is not None and bundle.kind != opts["kind"]:
             report.filtered += 1
             return
-        rel = part_name(bundle, fmt)
+        rel = part_name(bundle, fmt, opts)
         if out.exists(rel):
             report.skipped.append(location)
             return
@@ -275,8 +288,8 @@ def register(subparsers: Any) -> None:
     p = common.add_command(
         subparsers, "export", "export every bundle under a root as a Parquet dataset", _export,
         description="Export every bundle under ROOT (a run directory or a store prefix) into a "
-        "Hive-partitioned dataset OUT/kind=K/step=S/part-ID.parquet (docs/DATASET.md); a bundle "
-        "already exported is skipped.",
+        "Hive-partitioned dataset OUT/kind=K/step=S/part-ID-OPTIONS.parquet (docs/DATASET.md); a "
+        "bundle already exported with the same format and options is skipped.",
     )  # fmt: skip
     p.add_argument("root", help="a run directory or a store prefix holding bundles")
     p.add_argument("-o", "--output", required=True, help="the dataset's directory or store prefix")
