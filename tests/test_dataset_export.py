@@ -279,3 +279,19 @@ def test_another_format_or_options_into_the_same_out_is_not_taken_as_exported(
     assert len(sft) == 3 and sum(pq.read_metadata(p).num_rows for p in sft) == 11
     again = cli(str(root), "-o", str(out), "--format", "sft")
     assert "exported 0 bundles" in again.stdout and "skipped 3 already exported" in again.stdout
+
+
+def test_a_part_over_the_limit_is_refused_before_its_put_naming_bundle_and_size(
+    run: dict[str, Any], weed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bundles._commands import exporting
+
+    monkeypatch.setattr(exporting, "MAX_EXPORT_PART_BYTES", 1000)  # the images make a part ~10 kB
+    url = f"s3://{weed.current}/datasets/big"
+    where = str(run["run"] / "rollout" / "fully_async_0")
+    report = exporting.export_run(where, url, with_images=True, progress=False)
+    ((location, message),) = report.problems
+    assert location == where and report.written == []
+    assert message.startswith(f"{where}: its part kind=rollout/step=0/part-")
+    assert "bytes: expected at most MAX_EXPORT_PART_BYTES = 1000" in message
+    assert not [k for k in weed.contents("datasets/big/") if k.endswith(".parquet")]

@@ -15,7 +15,9 @@ writer over a temporary file, and published in one step: locally by
 ``bundles.support.atomic_writer`` (rename over the name), on a store by one create-only put of
 the finished file (a part another export published meanwhile is left as it is). A reader never
 sees half a part, and a killed export leaves no part to skip by mistake. Trade-off: on a store the
-finished part is read into memory for its put (a part is one bundle's rows, compressed).
+finished part is read into memory for its put (a part is one bundle's rows, compressed), so a part
+over ``MAX_EXPORT_PART_BYTES`` (4 GiB; FORMAT.md §8) is refused, naming the bundle and the size,
+before it is read: that bundle's problem line.
 
 One bundle's defect (damaged, unreadable) is one line on stderr and exit status 1; the others are
 exported.
@@ -40,7 +42,7 @@ from bundles._commands.find import find_bundles
 from bundles._commands.output import location_shown, plural
 from bundles._dataset import COLUMNS, SCHEMA_VERSION, Conventions, identity, sft_rows, sft_schema, step_of
 from bundles._errors import BundleError
-from bundles._format.limits import MAX_FIND_DEPTH
+from bundles._format.limits import MAX_EXPORT_PART_BYTES, MAX_FIND_DEPTH
 from bundles._local.atomic import atomic_writer
 from bundles._local.progress import Progress
 from bundles._urls import StoreURL
@@ -187,9 +189,10 @@ class _Out:
             return self.store.head(StoreURL(self.where(rel)).key) is not None
         return os.path.exists(self.where(rel))
 
-    def publish(self, rel: str, write: Any) -> bool:
+    def publish(self, rel: str, write: Any, location: str) -> bool:
         """Write a part with ``write(f)`` and publish it whole; False when another export
-        published it first (a store's create-only put found it)."""
+        published it first (a store's create-only put found it). On a store the finished part is
+        read into memory for its put: one over ``MAX_EXPORT_PART_BYTES`` is refused, unread."""
         if self.store is None:
             path = self.where(rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -200,8 +203,14 @@ class _Out:
             part = os.path.join(tmp, "part")
             with open(part, "wb") as f:
                 write(f)
+            size = os.path.getsize(part)
+            if size > MAX_EXPORT_PART_BYTES:
+                raise BundleError(
+                    f"{location}: its part {rel} holds {size} bytes: expected at most "
+                    f"MAX_EXPORT_PART_BYTES = {MAX_EXPORT_PART_BYTES} to publish it to a store in one put"
+                )
             with open(part, "rb") as f:
-                data = f.read()
+                data = f.read(size)
         return bool(self.store.put_create(StoreURL(self.where(rel)).key, data))
 
 
@@ -219,7 +228,7 @@ def _export_one(location: str, out: _Out, fmt: str, opts: dict[str, Any], report
         def write(f: BinaryIO) -> None:
             rows[0] = _write_part(f, bundle, fmt, opts, report)
 
-        if out.publish(rel, write):
+        if out.publish(rel, write, location):
             report.written.append(out.where(rel))
             report.rows += rows[0]
         else:
