@@ -151,3 +151,25 @@ def test_a_bundle_path_that_is_not_utf8_is_written_as_its_escape(tmp_path: Path)
     with bundles.open_bundle(where) as b:
         (row,) = [r for x in b.to_arrow() for r in x.to_pylist()]
     assert row["bundle"] == f"{tmp_path}/b\\udcff" and row["response"] == "ok"
+
+
+def test_a_log_prob_beyond_float32_is_kept_in_extra_never_written_infinite(tmp_path: Path) -> None:
+    rows = [
+        {"rollout_log_probs": [-0.5, -1e300]},
+        {"rollout_log_probs": [float("-inf"), -3e38, float("nan")]},
+    ]
+    bundles.write_bundle(tmp_path / "b", rows)
+    with bundles.open_bundle(tmp_path / "b") as b:
+        big, edge = [r for x in b.to_arrow() for r in x.to_pylist()]
+    assert big["rollout_log_probs"] is None
+    assert json.loads(big["extra"]) == {"rollout_log_probs": [-0.5, -1e300]}
+    assert edge["rollout_log_probs"][:2] == [float("-inf"), pytest.approx(-3e38)] and edge["extra"] is None
+
+
+def test_keys_1_and_str_1_are_both_kept_as_pairs(tmp_path: Path) -> None:
+    rows = [{"metadata": {1: "int", "1": "str"}, 2: "top int", "2": "top str"}]
+    bundles.write_bundle(tmp_path / "b", rows)
+    with bundles.open_bundle(tmp_path / "b") as b:
+        (row,) = [r for x in b.to_arrow() for r in x.to_pylist()]
+    assert json.loads(row["metadata"]) == [[1, "int"], ["1", "str"]]
+    assert json.loads(row["extra"]) == [[2, "top int"], ["2", "top str"]]

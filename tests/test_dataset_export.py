@@ -229,3 +229,69 @@ def test_a_bundle_failing_mid_part_leaves_no_part_and_the_others_are_exported(
     assert f"not exported: {root / 'fully_async_1'}" in done.stderr and name in done.stderr
     assert sorted(p.parent.name for p in out.rglob("*.parquet")) == ["step=0", "step=2"]
     assert sorted(p.name for p in out.rglob("*") if p.is_file() and p.suffix != ".parquet") == []
+
+
+def test_a_nan_or_infinite_reward_is_never_an_sft_success(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "nan-run"
+    rows = [{"index": i, "prompt": "p", "response": f"r{i}", "status": "completed", "reward": r}
+            for i, r in enumerate([float("nan"), float("inf"), 0.5, float("-inf")])]  # fmt: skip
+    bundles.write_bundle(root / "b", rows, kind="rollout", meta={"rollout_id": 1})
+    for extra in ([], ["--min-reward", "0.1"]):
+        out = tmp_path / f"sft{len(extra)}"
+        done = cli(str(root), "-o", str(out), "--format", "sft", *extra)
+        assert done.returncode == 0, done.stderr
+        assert pq.read_table(out, partitioning="hive").column("position").to_pylist() == [2]
+
+
+def test_jsonl_parts_are_strict_json_with_non_finite_floats_null(tmp_path: Path) -> None:
+    import json
+
+    pl = pytest.importorskip("polars")
+    root = tmp_path / "inf-run"
+    rows = [{"index": i, "status": "completed", "reward": r, "rollout_log_probs": [r, -0.5]}
+            for i, r in enumerate([float("nan"), float("inf"), 0.5])]  # fmt: skip
+    bundles.write_bundle(root / "b", rows, kind="rollout", meta={"rollout_id": 1})
+    done = cli(str(root), "-o", str(tmp_path / "j"), "--format", "jsonl")
+    assert done.returncode == 0, done.stderr
+    (part,) = (tmp_path / "j").rglob("*.jsonl")
+    for line in part.read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in {part}"))
+    got = pl.read_ndjson(part)
+    assert got["reward"].to_list() == [None, None, 0.5]
+    assert got["rollout_log_probs"].to_list() == [[None, -0.5], [None, -0.5], [0.5, -0.5]]
+
+
+def test_another_format_or_options_into_the_same_out_is_not_taken_as_exported(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    root, out = run["run"] / "rollout", tmp_path / "same"
+    assert cli(str(root), "-o", str(out)).returncode == 0
+    done = cli(str(root), "-o", str(out), "--format", "sft")
+    assert done.returncode == 0 and "exported 3 bundles (11 rows)" in done.stdout, done.stdout
+    assert "skipped 0 already exported" in done.stdout
+    parts = sorted(out.rglob("*.parquet"))
+    assert len(parts) == 6 and len({p.name.rsplit("-", 1)[1] for p in parts}) == 2
+    sft = [p for p in parts if "messages" in pq.read_schema(p).names]
+    assert len(sft) == 3 and sum(pq.read_metadata(p).num_rows for p in sft) == 11
+    again = cli(str(root), "-o", str(out), "--format", "sft")
+    assert "exported 0 bundles" in again.stdout and "skipped 3 already exported" in again.stdout
+
+
+def test_a_part_over_the_limit_is_refused_before_its_put_naming_bundle_and_size(
+    run: dict[str, Any], weed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bundles._commands import exporting
+
+    monkeypatch.setattr(exporting, "MAX_EXPORT_PART_BYTES", 1000)  # the images make a part ~10 kB
+    url = f"s3://{weed.current}/datasets/big"
+    where = str(run["run"] / "rollout" / "fully_async_0")
+    report = exporting.export_run(where, url, with_images=True, progress=False)
+    ((location, message),) = report.problems
+    assert location == where and report.written == []
+    assert message.startswith(f"{where}: its part kind=rollout/step=0/part-")
+    assert "bytes: expected at most MAX_EXPORT_PART_BYTES = 1000" in message
+    assert not [k for k in weed.contents("datasets/big/") if k.endswith(".parquet")]

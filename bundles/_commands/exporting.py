@@ -1,20 +1,23 @@
 """``export``: every bundle under a root as a Hive-partitioned Parquet (or JSON lines, or SFT) dataset.
 
-Layout (docs/DATASET.md): ``OUT/kind=<kind>/step=<step>/part-<id>.parquet``, one part per bundle,
-``<id>`` the first 32 hex digits of the bundle's identity (:func:`bundles._dataset.identity`),
-``<kind>`` percent-encoded as Hive does, ``<step>`` the bundle's step (``__HIVE_DEFAULT_PARTITION__``
-when it has none). The partition columns ``kind`` and ``step`` are in the path, not in the file
+Layout (docs/DATASET.md): ``OUT/kind=<kind>/step=<step>/part-<id>-<options>.parquet``, one part
+per bundle, ``<id>`` the first 32 hex digits of the bundle's identity
+(:func:`bundles._dataset.identity`), ``<options>`` 8 hex digits of the export's format and options
+(:func:`options_digest`), ``<kind>`` percent-encoded as Hive does, ``<step>`` the bundle's step
+(``__HIVE_DEFAULT_PARTITION__`` when it has none). The partition columns ``kind`` and ``step`` are in the path, not in the file
 (DuckDB, polars and pyarrow add them back from the path; a column in both would be read twice).
 
 Protocol: bundles are found as ``ls -r`` finds them (:func:`bundles._commands.find.find_bundles`,
 one rule of what is a bundle). For each, its part's name is computed from its manifest; a part
-that exists is a bundle already exported (same identity) and is skipped unread. Otherwise its
-batches are streamed (``Bundle.to_arrow``: one shard and one batch in memory) into a Parquet
+that exists is a bundle already exported (same identity, same format and options) and is skipped
+unread. Otherwise its batches are streamed (``Bundle.to_arrow``: one shard and one batch in memory) into a Parquet
 writer over a temporary file, and published in one step: locally by
 ``bundles.support.atomic_writer`` (rename over the name), on a store by one create-only put of
 the finished file (a part another export published meanwhile is left as it is). A reader never
 sees half a part, and a killed export leaves no part to skip by mistake. Trade-off: on a store the
-finished part is read into memory for its put (a part is one bundle's rows, compressed).
+finished part is read into memory for its put (a part is one bundle's rows, compressed), so a part
+over ``MAX_EXPORT_PART_BYTES`` (4 GiB; FORMAT.md §8) is refused, naming the bundle and the size,
+before it is read: that bundle's problem line.
 
 One bundle's defect (damaged, unreadable) is one line on stderr and exit status 1; the others are
 exported.
@@ -23,6 +26,7 @@ exported.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import tempfile
@@ -36,9 +40,9 @@ from bundles._api.location import Location
 from bundles._commands import common
 from bundles._commands.find import find_bundles
 from bundles._commands.output import location_shown, plural
-from bundles._dataset import COLUMNS, Conventions, identity, sft_rows, sft_schema, step_of
+from bundles._dataset import COLUMNS, SCHEMA_VERSION, Conventions, identity, sft_rows, sft_schema, step_of
 from bundles._errors import BundleError
-from bundles._format.limits import MAX_FIND_DEPTH
+from bundles._format.limits import MAX_EXPORT_PART_BYTES, MAX_FIND_DEPTH
 from bundles._local.atomic import atomic_writer
 from bundles._local.progress import Progress
 from bundles._urls import StoreURL
@@ -63,12 +67,23 @@ class ExportReport:
     problems: list[tuple[str, str]] = field(default_factory=list)
 
 
-def part_name(bundle: Any, fmt: str) -> str:
-    """The part's path under OUT: ``kind=<kind>/step=<step>/part-<id>.<ext>``."""
+def options_digest(fmt: str, opts: Mapping[str, Any]) -> str:
+    """8 hex digits of what a part's content depends on besides the bundle: the format, the
+    columns, ``min_reward``, ``with_images`` and ``SCHEMA_VERSION``. In the part's name, so that
+    another export's parts (``--format sft`` beside parquet ones) never count as this one's."""
+    what = {"format": fmt, "columns": opts["columns"], "min_reward": opts["min_reward"],
+            "with_images": bool(opts["with_images"]), "schema_version": SCHEMA_VERSION}  # fmt: skip
+    text = json.dumps(what, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+
+
+def part_name(bundle: Any, fmt: str, opts: Mapping[str, Any]) -> str:
+    """The part's path under OUT: ``kind=<kind>/step=<step>/part-<id>-<options>.<ext>``."""
     step = step_of(bundle)
     kind = urllib.parse.quote(bundle.kind, safe="")
     ext = "jsonl" if fmt == "jsonl" else "parquet"
-    return f"kind={kind}/step={HIVE_NULL if step is None else step}/part-{identity(bundle)[:32]}.{ext}"
+    name = f"part-{identity(bundle)[:32]}-{options_digest(fmt, opts)}.{ext}"
+    return f"kind={kind}/step={HIVE_NULL if step is None else step}/{name}"
 
 
 def _batches(bundle: Any, fmt: str, with_images: bool, columns: list[str] | None,
@@ -114,9 +129,15 @@ def _write_parquet(f: BinaryIO, batches: Iterator[Any], schema: Any) -> int:
 
 
 def _write_jsonl(f: BinaryIO, batches: Iterator[Any]) -> int:
+    """One JSON object per row. JSON has no NaN or infinity: a non-finite float of a typed column
+    is null (text would turn the column's type into string for polars and DuckDB; the Parquet
+    part keeps the value, and ``extra`` already holds its own as text)."""
     import base64
+    import math
 
     def plain(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
         if isinstance(v, bytes):
             return base64.b64encode(v).decode("ascii")
         if isinstance(v, dict):
@@ -128,7 +149,10 @@ def _write_jsonl(f: BinaryIO, batches: Iterator[Any]) -> int:
     rows = 0
     for batch in batches:
         for row in batch.to_pylist():
-            f.write(json.dumps(plain(row), ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
+            f.write(
+                json.dumps(plain(row), ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass")
+                + b"\n"
+            )
             rows += 1
     return rows
 
@@ -165,9 +189,10 @@ class _Out:
             return self.store.head(StoreURL(self.where(rel)).key) is not None
         return os.path.exists(self.where(rel))
 
-    def publish(self, rel: str, write: Any) -> bool:
+    def publish(self, rel: str, write: Any, location: str) -> bool:
         """Write a part with ``write(f)`` and publish it whole; False when another export
-        published it first (a store's create-only put found it)."""
+        published it first (a store's create-only put found it). On a store the finished part is
+        read into memory for its put: one over ``MAX_EXPORT_PART_BYTES`` is refused, unread."""
         if self.store is None:
             path = self.where(rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -178,8 +203,14 @@ class _Out:
             part = os.path.join(tmp, "part")
             with open(part, "wb") as f:
                 write(f)
+            size = os.path.getsize(part)
+            if size > MAX_EXPORT_PART_BYTES:
+                raise BundleError(
+                    f"{location}: its part {rel} holds {size} bytes: expected at most "
+                    f"MAX_EXPORT_PART_BYTES = {MAX_EXPORT_PART_BYTES} to publish it to a store in one put"
+                )
             with open(part, "rb") as f:
-                data = f.read()
+                data = f.read(size)
         return bool(self.store.put_create(StoreURL(self.where(rel)).key, data))
 
 
@@ -188,7 +219,7 @@ def _export_one(location: str, out: _Out, fmt: str, opts: dict[str, Any], report
         if opts["kind"] is not None and bundle.kind != opts["kind"]:
             report.filtered += 1
             return
-        rel = part_name(bundle, fmt)
+        rel = part_name(bundle, fmt, opts)
         if out.exists(rel):
             report.skipped.append(location)
             return
@@ -197,7 +228,7 @@ def _export_one(location: str, out: _Out, fmt: str, opts: dict[str, Any], report
         def write(f: BinaryIO) -> None:
             rows[0] = _write_part(f, bundle, fmt, opts, report)
 
-        if out.publish(rel, write):
+        if out.publish(rel, write, location):
             report.written.append(out.where(rel))
             report.rows += rows[0]
         else:
@@ -266,8 +297,8 @@ def register(subparsers: Any) -> None:
     p = common.add_command(
         subparsers, "export", "export every bundle under a root as a Parquet dataset", _export,
         description="Export every bundle under ROOT (a run directory or a store prefix) into a "
-        "Hive-partitioned dataset OUT/kind=K/step=S/part-ID.parquet (docs/DATASET.md); a bundle "
-        "already exported is skipped.",
+        "Hive-partitioned dataset OUT/kind=K/step=S/part-ID-OPTIONS.parquet (docs/DATASET.md); a "
+        "bundle already exported with the same format and options is skipped.",
     )  # fmt: skip
     p.add_argument("root", help="a run directory or a store prefix holding bundles")
     p.add_argument("-o", "--output", required=True, help="the dataset's directory or store prefix")

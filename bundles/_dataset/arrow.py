@@ -166,7 +166,8 @@ _TYPECODES = {"int32": "i", "int8": "b", "float": "d"}
 
 
 def _numbers(v: Any, kind: str) -> list[Any] | None:
-    """``v`` as a list for an ``int32``/``int8``/``float32`` column, or None when it does not fit.
+    """``v`` as a list for an ``int32``/``int8``/``float32`` column, or None when it does not fit
+    (a finite float beyond float32's range too: float32 would make it +-inf).
 
     Checked at C speed by :mod:`array` (a value of another type or out of range raises; a bool
     is its int), so a sample's 10^5 tokens cost no Python call each."""
@@ -177,13 +178,24 @@ def _numbers(v: Any, kind: str) -> list[Any] | None:
         checked = array.array(_TYPECODES[kind], items)
     except (TypeError, OverflowError, ValueError):
         return None
+    if kind == "float" and _beyond_float32(checked):
+        return None
     return checked.tolist()
+
+
+def _beyond_float32(values: array.array[float]) -> bool:
+    """Whether a finite value of ``values`` is outside float32's range (float32 would make it
+    +-inf, silently): counted at C speed, the infinities float32 gives against those given."""
+    inf = math.inf
+    narrow = array.array("f", values)
+    return narrow.count(inf) + narrow.count(-inf) != values.count(inf) + values.count(-inf)
 
 
 def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = None) -> Any:
     """``v`` as JSON (``extra``, ``metadata``): arrays as ``{"dtype", "shape", "data"}``, bytes as
     ``{"base64"}``, a media reference (or a path ``stored`` names) as its ``media/<name>``,
-    non-finite floats as their text."""
+    non-finite floats as their text, a mapping with a key that is not a string as
+    ``[[key, value], ...]`` pairs (both keys of ``{1: .., "1": ..}`` kept)."""
     if depth > 64:
         raise BundleError("nested deeper than 64 levels")
     if isinstance(v, str) and stored and v in stored:
@@ -193,7 +205,11 @@ def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = Non
     if isinstance(v, float):
         return v if math.isfinite(v) else repr(v)
     if isinstance(v, Mapping):
-        return {str(k): jsonable(x, depth + 1, stored) for k, x in v.items()}
+        if all(isinstance(k, str) for k in v):
+            return {k: jsonable(x, depth + 1, stored) for k, x in v.items()}
+        # a key that is not a string (1 beside "1", None, a tuple): [key, value] pairs, never
+        # str(key), which would merge 1 and "1" and lose a value
+        return [[jsonable(k, depth + 1, stored), jsonable(x, depth + 1, stored)] for k, x in v.items()]
     if isinstance(v, (list, tuple)):
         return [jsonable(x, depth + 1, stored) for x in v]
     if isinstance(v, MediaRef):
@@ -237,7 +253,7 @@ class _Row:
 
     def __init__(self, sample: Any, stored: Mapping[str, MediaRef]) -> None:
         self.values: dict[str, Any] = {}
-        self.extra: dict[str, Any] = {}
+        self.extra: dict[Any, Any] = {}
         self.images: list[MediaRef] = []
         if not isinstance(sample, Mapping):
             self.extra["sample"] = sample
@@ -245,7 +261,7 @@ class _Row:
             return
         for k, v in sample.items():
             if k not in _TYPED:
-                self.extra[str(k)] = v
+                self.extra[k] = v  # a key that is not a string: extra is [key, value] pairs
         self._typed(sample)
         self._turns(sample, stored)
 

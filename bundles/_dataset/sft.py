@@ -6,8 +6,8 @@ TRL's ``SFTTrainer`` with a vision model reads rows of ``messages`` (a list of
 order of the placeholders): the layout of ``HuggingFaceH4/llava-instruct-mix-vsft`` in TRL's
 documentation. :func:`sft_rows` turns a batch of :mod:`bundles._dataset.arrow` rows into it.
 
-Which rows: successful trajectories, status ``completed`` and a reward above 0 (or at least
-``min_reward`` when given).
+Which rows: successful trajectories, status ``completed`` and a finite reward above 0 (or at
+least ``min_reward`` when given); a NaN or infinite reward is never a success.
 
 Which convention the turns are read by, one per row, counted in :class:`Conventions` so that the
 export can say which it read:
@@ -24,6 +24,7 @@ export can say which it read:
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from typing import Any
 
@@ -112,9 +113,9 @@ def sft_rows(
     out: dict[str, list[Any]] = {n: [] for n in sft_schema().names}
     for i in range(len(batch["position"])):
         reward = batch["reward"][i]
-        if batch["status"][i] != "completed" or reward is None:
-            continue
-        if (reward < min_reward) if min_reward is not None else (reward <= 0):
+        if batch["status"][i] != "completed" or reward is None or not math.isfinite(reward):
+            continue  # a NaN compares False both ways: it must never pass as a success
+        if not ((reward >= min_reward) if min_reward is not None else (reward > 0)):
             continue
         images = batch["images"][i] or []
         actions = [t["action"] for t in batch["turns"][i] or [] if t["action"] is not None]

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_CONSUMED_GROUPS",
     "MAX_CURSOR_BYTES",
     "MAX_DECODE_PIXELS",
+    "MAX_EXPORT_PART_BYTES",
     "MAX_EXPORT_SAMPLE_IMAGE_BYTES",
     "MAX_FIND_DEPTH",
     "MAX_GROUP_ID",
@@ -101,6 +102,8 @@ MAX_FIND_DEPTH = 4
 #: Bytes of screenshots one sample's row holds when exported with its images (``to_arrow(media=True)``,
 #: ``export --with-images``): a sample may reference one stored file any number of times.
 MAX_EXPORT_SAMPLE_IMAGE_BYTES = 256 * 1024 * 1024
+#: Bytes of one exported part published to a store: it is read into memory for its single put.
+MAX_EXPORT_PART_BYTES = 4 * 1024**3
 #: Read tasks ``read_bundles`` makes, one per shard of the run's bundles (each task's descriptor is
 #: held by the driver and by Ray's plan).
 MAX_READ_TASKS = 1_000_000

@@ -322,7 +322,9 @@ class Bundle:
 
         With ``indices``, yield those samples in that order, reading only the shards that hold
         them (each once when the indices ascend). An index out of range raises
-        :class:`BundleIndexError` before anything is read.
+        :class:`BundleIndexError` before anything is read. A local shard is verified as it
+        streams: its samples reach the caller before its end, where a shard changed while read
+        raises :class:`BundleVerificationError` (docs/DATASET.md §1).
         """
         if indices is None:
             return _built(self._samples(self._media), sample_cls, self.path)
@@ -391,8 +393,10 @@ class Bundle:
         """Yield the samples as ``pyarrow.RecordBatch``es (needs the ``rollout-bundles[data]``
         extra), shard by shard: memory holds one shard and one batch of ``batch_rows`` samples.
         ``columns`` picks columns of the schema in docs/DATASET.md; ``media=True`` adds ``images``,
-        each screenshot's bytes read in place and checked against its digest. See
-        :mod:`bundles._dataset.arrow`."""
+        each screenshot's bytes read in place and checked against its digest. A local shard is
+        verified as it streams: rows of a shard reach the caller before its end, where a shard
+        changed while read raises :class:`BundleVerificationError`; ``export`` publishes a part
+        only after the whole bundle passed. See :mod:`bundles._dataset.arrow`."""
         from bundles._dataset.arrow import to_arrow
 
         return to_arrow(self, columns, batch_rows, media)
