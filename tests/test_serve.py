@@ -589,6 +589,12 @@ def test_two_runs_side_by_side_on_the_same_prompts(run: Path, tmp_path: Path) ->
         written["runb"][step] = samples
         write_bundle(other / "ckpt" / "rollout" / f"fully_async_{step}", samples, media_roots=[media],
                      kind="rollout_checkpoint", meta={"rollout_id": step})  # fmt: skip
+    # An eval bundle at step 2 (every reward 0): another kind, never summed into the rollouts' step 2.
+    evals = make_samples(shots, 12, 2)
+    for smp in evals:
+        smp["reward"] = 0.0
+    write_bundle(other / "ckpt" / "eval" / "eval_2", evals, media_roots=[media], kind="eval",
+                 meta={"rollout_id": 2})  # fmt: skip
     app = create_app(run, cache_dir=tmp_path / "cache", more_roots=[other])
     with TestClient(app) as client:
         indexed(app)
@@ -601,6 +607,9 @@ def test_two_runs_side_by_side_on_the_same_prompts(run: Path, tmp_path: Path) ->
         )
         assert 'href="/runs"' in assert_page(client.get("/"))
         page = html.unescape(assert_page(client.get("/runs")))
+        # The rollout kind (most bundles) is compared by default, and the page says so and links eval.
+        assert '<div class="v">rollout_checkpoint</div><div class="k">kind of bundle compared</div>' in page
+        assert 'compare instead: <a href="/runs?kind=eval">eval</a> (1)' in page
         rows = re.findall(r'<tr><td class="num">(\d+)</td>((?:<td class="num">[^<]*</td>){6})</tr>', page)
         assert [int(step) for step, _ in rows] == [1, 2, 3]
         for step, cells in rows:
@@ -634,6 +643,94 @@ def test_two_runs_side_by_side_on_the_same_prompts(run: Path, tmp_path: Path) ->
         # A bundle of the second run is served by its id like the first run's.
         b_id = re.search(r"b=([0-9a-f]{16})", html.unescape(href)).group(1)
         assert "fully_async_3" in assert_page(client.get(f"/b/{b_id}"))
+        # ?kind=eval compares the eval bundles: run B's step 2 alone (run A holds none, so no prompt is shared).
+        evals_page = html.unescape(assert_page(client.get("/runs?kind=eval")))
+        assert '<div class="v">eval</div><div class="k">kind of bundle compared</div>' in evals_page
+        assert re.findall(r'<tr><td class="num">(\d+)</td>', evals_page) == ["2"]
+        assert "no prompt every run holds" in evals_page
+        unknown = html.unescape(assert_page(client.get("/runs?kind=nope")))
+        assert "no bundle of kind nope with a step: comparing rollout_checkpoint" in unknown
+
+
+def _entry(name: str, step: int) -> Any:
+    from trainer_hooks.serve._run import BundleEntry
+
+    return BundleEntry(id=name, location=name, rel=name, kind="rollout_checkpoint", samples=0, stored_bytes=0,
+                       identity=name, step=step)  # fmt: skip
+
+
+def test_runs_side_by_side_figures_are_one_pass_and_count_distinct_prompts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The prompts that differ are found from each run's totals (prompts x runs, never walking the
+    steps again), the totals are the sums over the steps, and left-out prompts count once each."""
+    from trainer_hooks.serve import _versus
+
+    steps, per_step, prompts = 400, 25, 1000  # 10,000 rows a run; each prompt at 10 steps
+    runs = []
+    for r in range(2):
+        f = _versus._RunFigures(f"run{r}")
+        for s in range(steps):
+            rows = [
+                (f"p{(s * per_step + i) % prompts}", 2, float(r + i % 3), (r + i) % 3)
+                for i in range(per_step)
+            ]
+            f.add(_entry(f"r{r}s{s}", s), [(*row[:3], min(row[3], 2), f"task {row[0]}") for row in rows])
+        runs.append(f)
+    for f in runs:  # the totals are the per-step tallies summed, in the same pass
+        for key in ("p0", "p517", "p999"):
+            over = [t[key] for t in f.by_step.values() if key in t]
+            assert (f.totals[key].n, f.totals[key].success) == (
+                sum(t.n for t in over),
+                sum(t.success for t in over),
+            )
+            assert f.latest[key].step == max(s for s, t in f.by_step.items() if key in t)
+
+    class Counting(dict):  # type: ignore[type-arg]
+        gets = 0
+
+        def get(self, *a: Any) -> Any:
+            Counting.gets += 1
+            return super().get(*a)
+
+    class Untouchable(dict):  # type: ignore[type-arg]
+        def __getattribute__(self, name: str) -> Any:
+            raise AssertionError(f"_differing walked the steps ({name})")
+
+    expected = {k: [f.totals[k].success / f.totals[k].n for f in runs] for k in runs[0].heads}
+    for f in runs:
+        f.totals, f.by_step = Counting(f.totals), Untouchable()
+    listed = _versus._differing(runs, set(runs[0].heads))
+    assert Counting.gets == len(expected) * len(runs)  # prompts x runs look-ups, no step walked
+    spreads = sorted((abs(a - b) for a, b in expected.values()), reverse=True)[: _versus.SHOWN_PROMPTS]
+    assert [p["spread"] for p in listed] == [f"{x:.0%}" for x in spreads]
+
+    monkeypatch.setattr(_versus, "MAX_PROMPTS", 3)
+    f = _versus._RunFigures("small")
+    for s in (1, 2):  # the same five prompts at two steps: two prompts beyond the three kept
+        f.add(_entry(f"s{s}", s), [(f"k{i}", 1, 1.0, 1, "") for i in range(5)])
+    assert (sorted(f.heads), sorted(f.left_out)) == (["k0", "k1", "k2"], ["k3", "k4"])
+
+
+def test_runs_side_by_side_cache_rereads_only_when_its_sources_move() -> None:
+    """A run's figures are read once while the bundles and their indexes' build state hold; a
+    moved signature (an index completed) reads them again; the cache holds CACHE_RUNS runs."""
+    from trainer_hooks.serve import _versus
+
+    cache, reads = _versus._Cache(), []
+
+    def read() -> Any:
+        reads.append(1)
+        return _versus._RunFigures(f"read {len(reads)}")
+
+    first = cache.get("run", (("b1", False),), read)
+    assert cache.get("run", (("b1", False),), read) is first and len(reads) == 1
+    assert cache.get("run", (("b1", True),), read).name == "read 2"
+    for i in range(_versus.CACHE_RUNS):
+        cache.get(f"other{i}", (), read)
+    assert (
+        cache.get("run", (("b1", True),), read).name == f"read {_versus.CACHE_RUNS + 3}"
+    )  # evicted, re-read
 
 
 # -- safety ---------------------------------------------------------------------------------------------

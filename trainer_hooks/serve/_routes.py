@@ -188,7 +188,7 @@ def _page_routes(state: ServeApp) -> list[Any]:
         ("/b/{bid}/group", group),
         ("/b/{bid}/s/{pos}", sample),
         ("/prompt", lambda request: _pages.prompt_page(state, request.query_params)),
-        ("/runs", lambda request: runs_page(state, _pages.TREND_BUNDLES)),
+        ("/runs", lambda request: runs_page(state, _pages.TREND_BUNDLES, request.query_params)),
         ("/compare", compare),
         ("/compare/samples", compare_samples),
     ]
