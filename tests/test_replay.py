@@ -431,7 +431,7 @@ def test_answers_fill_logprob_diff_and_misaligned_answers_fail(tmp_path, capsys)
     from trainer_hooks.view import write_html_report
 
     html = write_html_report(dump, tmp_path / "view.html", replay=report_path).path.read_text()
-    assert html.count("per-token difference to the replay") == 2
+    assert html.count("per-token |difference| between recorded and recomputed log-probs") == 2
     # An answer scoring other tokens (e.g. a different tokenisation) is a violation.
     path.write_text(
         json.dumps(answers[0]) + "\n" + json.dumps(sglang_answer(payloads[1], rollout, shift=1)) + "\n"
