@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Print one line per tox env from the JUnit XML files pytest wrote: passed, failed, skipped;
-then one line per env and skip reason: how many tests were skipped, and why.
+then one line per env and skip reason: how many tests were skipped, and why; then, last, every
+test that failed or errored, with the first line of its message.
 
 ``make test`` runs this after tox, whatever tox's exit status, so the counts are the last thing
-on the screen. Usage: ``test_summary.py DIR`` (tox.ini writes ``{work_dir}/junit/<env>.xml``).
+on the screen, and the failures the very last (a CI system that keeps only the tail of the log
+still shows which test failed and why). Usage: ``test_summary.py DIR`` (tox.ini writes ``{work_dir}/junit/<env>.xml``).
 Exit status 0 unless DIR holds no report at all. Standard library only.
 
 Skip reasons come from each ``<skipped>`` element: its ``message`` for a skipped test, the reason
@@ -52,6 +54,20 @@ def skip_reasons(path: Path) -> Counter[str]:
     return Counter(skip_reason(s) for s in ET.parse(path).getroot().iter("skipped"))
 
 
+def failures(path: Path) -> list[str]:
+    """``module.Class::test: first line of the message`` (JUnit's classname and name) for each
+    test of one report that failed or errored, at most 300 characters a line."""
+    out = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        for bad in [*case.findall("failure"), *case.findall("error")]:
+            name = f"{case.get('classname') or '?'}::{case.get('name') or '?'}"
+            lines = (bad.get("message") or bad.text or "").strip().splitlines()
+            first = " ".join(lines[0].split()) if lines else "(no message)"
+            kind = "error" if bad.tag == "error" else "failed"
+            out.append(f"{kind} {name}: {first}"[:300])
+    return out
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -62,10 +78,12 @@ def main(argv: list[str]) -> int:
         return 1
     rows = [("ENV", "PASSED", "FAILED", "ERRORS", "SKIPPED", "TIME")]
     skips: list[str] = []
+    failed: list[str] = []
     for path in reports:
         try:
             c = counts(path)
             reasons = skip_reasons(path)
+            failed += [f"  {path.stem}: {f}" for f in failures(path)]
         except (ET.ParseError, OSError) as e:
             rows.append((path.stem, "-", "-", "-", "-", f"unreadable: {e}"))
             continue
@@ -93,6 +111,9 @@ def main(argv: list[str]) -> int:
     if skips:
         print("skipped, by reason:")
         print("\n".join(skips))
+    if failed:
+        print("failed:")
+        print("\n".join(failed))
     return 0
 
 

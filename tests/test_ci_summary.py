@@ -15,7 +15,7 @@ REPO = Path(__file__).parents[1]
 SUMMARY = REPO / ".ci" / "test_summary.py"
 
 
-def test_summary_prints_each_envs_pass_fail_skip_counts(tmp_path):
+def test_summary_prints_each_envs_counts_skip_reasons_and_last_the_failures(tmp_path):
     (tmp_path / "test_x.py").write_text(
         "import pytest\n"
         "def test_a(): pass\n"
@@ -58,6 +58,9 @@ def test_summary_prints_each_envs_pass_fail_skip_counts(tmp_path):
         "skipped, by reason:",
         "  py310: 1 skipped: no browser",
         "  py311-full: 1 skipped: no browser",
+        "failed:",
+        "  py310: failed test_x::test_c: assert False",
+        "  py311-full: failed test_x::test_c: assert False",
     ]
     r = subprocess.run(
         [sys.executable, str(SUMMARY), str(tmp_path / "none")], capture_output=True, text=True, check=False
@@ -87,7 +90,7 @@ def test_without_a_miles_checkout_the_miles_tests_skip_and_the_summary_says_why_
     tests = [
         "tests/test_miles_convert.py",
         "tests/test_miles_dumps.py",
-        "tests/test_ci_summary.py::test_summary_prints_each_envs_pass_fail_skip_counts",
+        "tests/test_ci_summary.py::test_summary_prints_each_envs_counts_skip_reasons_and_last_the_failures",
     ]
     r = _pytest_junit(junit / "py311-full.xml", env, *tests)
     assert r.returncode == 0, r.stdout[-3000:]

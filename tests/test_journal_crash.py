@@ -16,8 +16,17 @@ trial:
 
 * every sample of the dataset was trained exactly once in the surviving lineage (the steps of a
   killed run after its restored step are dropped: their weights are gone);
-* no sample graded more than ``interval + 0.5`` s before a kill was generated again;
+* no sample whose journal record had reached the journal when the kill came (read back right
+  after the kill: the segments on disk, or the shipments on the store) was generated again: what
+  the journal holds is never lost, and nothing else is asked (how much it holds at a kill depends
+  on how soon the writer ran, which a loaded machine decides, so no bound here is in seconds);
+* the journal is not idle: across the trials, samples graded by killed runs came back from it
+  (a journal that never held anything would lose everything and pass the check above);
 * every trained sample's media verify (its digest), and the run finished.
+
+How old the oldest lost sample was at its kill is printed (``worst loss``), for the record: it
+is ``--rollout-journal-interval`` plus the writer's delay, up to a second on a quiet machine and
+more on one running five test environments at once, as CI does.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import json
 import os
 import random
 import signal
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -162,6 +172,27 @@ def read_step(d: Path) -> int | None:
     return int(f.read_text()) if f.exists() else None
 
 
+def journal_held(save: str) -> set[int]:
+    """The sample indices whose records the journal of ``save`` holds now (right after a kill):
+    a sample record (group id, sibling), or a group record with its siblings in its body. The
+    data source hands groups out in order and nothing is recycled here, so group id ``g`` is the
+    dataset's group ``g``, whose samples are ``g * SIZE + sibling``."""
+    from trainer_hooks.journal import run_journal, scan_journal
+
+    sink = run_journal(save)
+    if not sink.exists():
+        return set()
+    with tempfile.TemporaryDirectory(prefix="journal-crash-held-") as tmp:
+        scan = scan_journal(sink.readable(lambda: Path(tmp)), decode_bodies=False)
+    held: set[int] = set()
+    for rec in scan.records:
+        if rec.kind == "sample":
+            held.add(rec.a * SIZE + int(rec.b))
+        elif rec.kind == "group" and rec.b is not None:
+            held.update(rec.a * SIZE + i for i in range(int(rec.b)))
+    return held
+
+
 def check_trial(d: Path, attempts: list[dict[str, Any]], label: str) -> dict[str, float]:
     events = [json.loads(line) for line in (d / "events.log").read_text().splitlines() if line]
     by = lambda kind: [e for e in events if e["kind"] == kind]  # noqa: E731
@@ -179,23 +210,35 @@ def check_trial(d: Path, attempts: list[dict[str, Any]], label: str) -> dict[str
         )
     assert sorted(lineage) == list(range(GROUPS * SIZE)), f"{label}: not exactly once: {sorted(lineage)}"
     worst = 0.0
+    recovered = 0
     for a in attempts[:-1]:
         later = {e["index"] for e in by("graded") if e["attempt"] > a["attempt"]}
-        for e in by("graded"):
-            if e["attempt"] == a["attempt"] and e["index"] in later:
-                age = a["t_kill"] - e["t"]
-                worst = max(worst, age)
-                assert age <= INTERVAL + 0.5, (
-                    f"{label}: sample {e['index']} graded {age:.3f}s before the kill was generated again"
+        held = a["journal_held"]
+        graded = [e for e in by("graded") if e["attempt"] == a["attempt"]]
+        for e in graded:
+            if e["index"] in later:
+                worst = max(worst, a["t_kill"] - e["t"])
+                assert e["index"] not in held, (
+                    f"{label}: sample {e['index']} was in the journal when attempt {a['attempt']} was killed "
+                    f"(graded {a['t_kill'] - e['t']:.3f}s before), and was generated again"
                 )
-    return {"worst_lost_age_s": worst}
+        # Came back from the journal: graded, held at the kill, and not trained before the kill
+        # in the steps the successor kept (those came back from the checkpoint, not the journal).
+        kept = {
+            i
+            for e in by("trained")
+            if e["attempt"] == a["attempt"] and e["step"] <= a["restored_after"]
+            for i in e["indices"]
+        }
+        recovered += len({e["index"] for e in graded} & held - kept - later)
+    return {"worst_lost_age_s": worst, "recovered": recovered}
 
 
-def test_sigkill_at_seeded_points_loses_at_most_an_interval_and_trains_every_prompt_once(tmp_path):
+def test_sigkill_at_seeded_points_loses_nothing_the_journal_held_and_trains_every_prompt_once(tmp_path):
     run_suite(tmp_path, ForkServer(tmp_path, CHILD, trial_timeout=TRIAL_TIMEOUT_S), schedule(SEED, POINTS))
 
 
-def test_on_an_object_store_sigkill_at_seeded_points_loses_at_most_an_interval(tmp_path, seaweed_s3):
+def test_on_an_object_store_sigkill_at_seeded_points_loses_nothing_the_journal_held(tmp_path, seaweed_s3, monkeypatch):
     """The same runs with ``--save``/``--load s3://...`` on SeaweedFS, through a loopback proxy
     that injects the store's own failures: the shipments' puts dropped mid-body, answered 503,
     or answered and the answer lost (the client's retry then finds its own object), before a
@@ -203,6 +246,8 @@ def test_on_an_object_store_sigkill_at_seeded_points_loses_at_most_an_interval(t
     from helpers.store import FaultProxy
 
     bucket = seaweed_s3.bucket()
+    for k, v in seaweed_s3.env.items():  # the test reads each killed run's shipments directly
+        monkeypatch.setenv(k, v)
     proxy = FaultProxy(seaweed_s3.endpoint)
     env = {**seaweed_s3.env, "AWS_ENDPOINT_URL": proxy.endpoint}
     points = schedule(SEED, POINTS, STORE_JOURNAL_POINTS, STORE_RESUME_POINTS)
@@ -245,6 +290,7 @@ def run_suite(
     killed = 0
     unreached: list[str] = []
     worst = 0.0
+    recovered = 0
     try:
         for i, point in enumerate(points):
             d = tmp_path / f"trial{i}"
@@ -276,6 +322,7 @@ def run_suite(
                 if res["status"] == -signal.SIGKILL:
                     killed += 1
                     entry["restored_after"] = read_step(d) if read_step(d) is not None else -1
+                    entry["journal_held"] = journal_held(base.get("save") or str(d / "ckpt"))
                     continue
                 if res["status"] != 0:
                     raise AssertionError(
@@ -284,7 +331,9 @@ def run_suite(
                 if attempt == 0:
                     unreached.append(str(point))
                 break  # the point was not reached: this run finished
-            worst = max(worst, check_trial(d, attempts, label)["worst_lost_age_s"])
+            result = check_trial(d, attempts, label)
+            worst = max(worst, result["worst_lost_age_s"])
+            recovered += result["recovered"]
     finally:
         err = server.close()
     # A point can pass unreached on a loaded machine (a timed kill after a run that finished, a
@@ -293,6 +342,8 @@ def run_suite(
     assert len(unreached) <= len(points) // 2, (
         f"{len(unreached)} of {len(points)} points never reached: {unreached}: {err[-2000:]}"
     )
+    assert recovered > 0, f"no sample graded by a killed run came back from the journal in {len(points)} trials"
     print(
-        f"\n{len(points)} seeded points ({len(unreached)} not reached), {killed} SIGKILLs; worst loss {worst:.3f}s (bound {INTERVAL + 0.5}s)"
+        f"\n{len(points)} seeded points ({len(unreached)} not reached), {killed} SIGKILLs; {recovered} samples "
+        f"came back from the journal; worst loss {worst:.3f}s after graded (interval {INTERVAL}s)"
     )
