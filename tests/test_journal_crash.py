@@ -238,7 +238,9 @@ def test_sigkill_at_seeded_points_loses_nothing_the_journal_held_and_trains_ever
     run_suite(tmp_path, ForkServer(tmp_path, CHILD, trial_timeout=TRIAL_TIMEOUT_S), schedule(SEED, POINTS))
 
 
-def test_on_an_object_store_sigkill_at_seeded_points_loses_nothing_the_journal_held(tmp_path, seaweed_s3, monkeypatch):
+def test_on_an_object_store_sigkill_at_seeded_points_loses_nothing_the_journal_held(
+    tmp_path, seaweed_s3, monkeypatch
+):
     """The same runs with ``--save``/``--load s3://...`` on SeaweedFS, through a loopback proxy
     that injects the store's own failures: the shipments' puts dropped mid-body, answered 503,
     or answered and the answer lost (the client's retry then finds its own object), before a
@@ -342,7 +344,9 @@ def run_suite(
     assert len(unreached) <= len(points) // 2, (
         f"{len(unreached)} of {len(points)} points never reached: {unreached}: {err[-2000:]}"
     )
-    assert recovered > 0, f"no sample graded by a killed run came back from the journal in {len(points)} trials"
+    assert recovered > 0, (
+        f"no sample graded by a killed run came back from the journal in {len(points)} trials"
+    )
     print(
         f"\n{len(points)} seeded points ({len(unreached)} not reached), {killed} SIGKILLs; {recovered} samples "
         f"came back from the journal; worst loss {worst:.3f}s after graded (interval {INTERVAL}s)"
