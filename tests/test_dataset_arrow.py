@@ -3,6 +3,7 @@ place (directory and packed file) and checked against their digest."""
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import os
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from helpers.dataset_run import PER_STEP, make_run
 
 import bundles
@@ -173,3 +176,38 @@ def test_keys_1_and_str_1_are_both_kept_as_pairs(tmp_path: Path) -> None:
         (row,) = [r for x in b.to_arrow() for r in x.to_pylist()]
     assert json.loads(row["metadata"]) == [[1, "int"], ["1", "str"]]
     assert json.loads(row["extra"]) == [[2, "top int"], ["2", "top str"]]
+
+
+_NUMBER_LIST = st.one_of(
+    st.none(),
+    st.text(max_size=3),
+    st.lists(st.integers(-(2**31), 2**31 - 1), max_size=6),
+    st.lists(st.integers(-(2**40), 2**40), max_size=3),  # past int32: null, kept in extra
+    st.lists(st.floats(allow_nan=False, width=32), max_size=4),
+    st.lists(st.booleans(), max_size=3),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.fixed_dictionaries({"tokens": _NUMBER_LIST, "rollout_log_probs": _NUMBER_LIST}), max_size=7),
+       batch_rows=st.integers(1, 4))  # fmt: skip
+def test_number_columns_match_each_rows_own_values_in_any_batch(
+    tmp_path: Path, rows: list[dict[str, Any]], batch_rows: int
+) -> None:
+    """The number columns are built from the rows' bytes (offsets, values, nulls): whatever mix of
+    fitting, empty, missing and misfit values a batch holds, each row reads back its own."""
+    where = tmp_path / f"b{len(list(tmp_path.iterdir()))}"
+    bundles.write_bundle(where, rows)
+    with bundles.open_bundle(where) as b:
+        got = [r for x in b.to_arrow(batch_rows=batch_rows) for r in x.to_pylist()]
+    assert len(got) == len(rows)
+    for row, want in zip(got, rows, strict=True):
+        extra = json.loads(row["extra"]) if row["extra"] else {}
+        tokens = want["tokens"]
+        fits = isinstance(tokens, list) and all(type(t) in (int, bool) and -(2**31) <= t < 2**31 for t in tokens)
+        assert row["tokens"] == ([int(t) for t in tokens] if fits else None)
+        assert ("tokens" in extra) == (not fits and tokens is not None)
+        lps = want["rollout_log_probs"]
+        fits = isinstance(lps, list)
+        assert row["rollout_log_probs"] == (array.array("f", lps).tolist() if fits else None)  # float32
+        assert ("rollout_log_probs" in extra) == (not fits and lps is not None)

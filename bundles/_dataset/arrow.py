@@ -162,33 +162,36 @@ def _float(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-_TYPECODES = {"int32": "i", "int8": "b", "float": "d"}
+#: The number columns: their ``array`` typecode (C int, signed char and float: 32, 8 and 32 bits
+#: on every platform CPython supports) and their Arrow type's name.
+_NUMBER_COLUMNS = {"tokens": "i", "rollout_log_probs": "f", "loss_mask": "b"}
 
 
-def _numbers(v: Any, kind: str) -> list[Any] | None:
-    """``v`` as a list for an ``int32``/``int8``/``float32`` column, or None when it does not fit
-    (a finite float beyond float32's range too: float32 would make it +-inf).
+def _numbers(v: Any, code: str) -> array.array[Any] | None:
+    """``v`` as the ``array`` of its column's C type (``code``: ``i`` int32, ``b`` int8, ``f``
+    float32), or None when it does not fit: a value that is not a number, an int out of range, or
+    a finite float beyond float32's (float32 would make it +-inf).
 
-    Checked at C speed by :mod:`array` (a value of another type or out of range raises; a bool
-    is its int), so a sample's 10^5 tokens cost no Python call each."""
-    items = _as_list(v)
+    Checked and converted at C speed by :mod:`array` (a value of another type or out of range
+    raises; a bool is its int), so a sample's 10^5 tokens cost no Python call each; the batch's
+    column is then these arrays' bytes, handed to Arrow without another pass (:class:`_Flat`)."""
+    items = v if type(v) is list else _as_list(v)
     if items is None:
         return None
     try:
-        checked = array.array(_TYPECODES[kind], items)
+        checked = array.array(code, items)
     except (TypeError, OverflowError, ValueError):
         return None
-    if kind == "float" and _beyond_float32(checked):
+    if code == "f" and _beyond_float32(checked, items):
         return None
-    return checked.tolist()
+    return checked
 
 
-def _beyond_float32(values: array.array[float]) -> bool:
-    """Whether a finite value of ``values`` is outside float32's range (float32 would make it
-    +-inf, silently): counted at C speed, the infinities float32 gives against those given."""
+def _beyond_float32(narrow: array.array[float], items: list[Any]) -> bool:
+    """Whether a finite value of ``items`` became +-inf in ``narrow`` (its float32 copy): the
+    infinities counted at C speed on both sides."""
     inf = math.inf
-    narrow = array.array("f", values)
-    return narrow.count(inf) + narrow.count(-inf) != values.count(inf) + values.count(-inf)
+    return narrow.count(inf) + narrow.count(-inf) != items.count(inf) + items.count(-inf)
 
 
 def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = None) -> Any:
@@ -284,9 +287,8 @@ class _Row:
             self.values[key] = _text(s.get(key))
         metadata = s.get("metadata")
         self.values["metadata"] = None if metadata is None else _dumps(metadata)
-        self._put(s, "tokens", _numbers(s.get("tokens"), "int32"))
-        self._put(s, "rollout_log_probs", _numbers(s.get("rollout_log_probs"), "float"))
-        self._put(s, "loss_mask", _numbers(s.get("loss_mask"), "int8"))
+        for key, code in _NUMBER_COLUMNS.items():
+            self._put(s, key, _numbers(s.get(key), code))
 
     def _turns(self, s: Mapping[str, Any], stored: Mapping[str, MediaRef]) -> None:
         mm = s.get("multimodal_inputs")
@@ -345,19 +347,54 @@ def _read_image(bundle: Any, ref: MediaRef) -> bytes:
     return data
 
 
+class _Flat:
+    """A number column being filled: every row's values in one ``array`` and the rows' offsets
+    into it, handed to Arrow as buffers (no Python object per value)."""
+
+    def __init__(self, code: str) -> None:
+        self.values: array.array[Any] = array.array(code)
+        self.offsets = array.array("i", [0])
+        self.nulls: list[bool] = []
+
+    def add(self, v: array.array[Any] | None) -> None:
+        if v is not None:
+            self.values += v
+        self.offsets.append(len(self.values))
+        self.nulls.append(v is None)
+
+    def arrow(self, pa: Any, typ: Any) -> Any:
+        n = len(self.nulls)
+        offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(self.offsets)])
+        values = pa.Array.from_buffers(typ.value_type, len(self.values), [None, pa.py_buffer(self.values)])
+        mask = pa.array(self.nulls, pa.bool_()) if any(self.nulls) else None
+        return pa.ListArray.from_arrays(offsets, values, type=typ, mask=mask)
+
+
+#: A batch is cut early once its number columns hold this many values (Arrow's list offsets are
+#: 32-bit; a sample may hold up to MAX_SAMPLE_ITEMS).
+_BATCH_VALUES = 2**30
+
+
 class _Batch:
     """Columns being filled, cut into a RecordBatch."""
 
     def __init__(self, names: list[str]) -> None:
         self.names = names
-        self.data: dict[str, list[Any]] = {n: [] for n in names}
+        self.data: dict[str, list[Any]] = {n: [] for n in names if n not in _NUMBER_COLUMNS}
+        self.flat = {n: _Flat(_NUMBER_COLUMNS[n]) for n in names if n in _NUMBER_COLUMNS}
         self.rows = 0
         self.image_bytes = 0
 
     def add(self, row: dict[str, Any]) -> None:
-        for n in self.names:
-            self.data[n].append(row.get(n))
+        for n, column in self.data.items():
+            column.append(row.get(n))
+        for n, flat in self.flat.items():
+            flat.add(row.get(n))
         self.rows += 1
+
+    @property
+    def full_of_values(self) -> bool:
+        return any(len(f.values) >= _BATCH_VALUES for f in self.flat.values())
 
 
 def _images(bundle: Any, row: _Row, position: int) -> tuple[list[dict[str, Any]], int]:
@@ -380,7 +417,11 @@ def _images(bundle: Any, row: _Row, position: int) -> tuple[list[dict[str, Any]]
 
 def _record_batch(pa: Any, batch: _Batch, sch: Any, bundle: Any, last: int) -> Any:
     try:
-        return pa.RecordBatch.from_pydict(batch.data, schema=sch)
+        arrays = [
+            batch.flat[f.name].arrow(pa, f.type) if f.name in batch.flat else pa.array(batch.data[f.name], f.type)
+            for f in sch
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=sch)
     except (pa.ArrowException, ValueError, TypeError) as e:  # a value no check above foresaw
         raise BundleError(
             f"{bundle.path}: samples {last + 1 - batch.rows}..{last}: cannot be made Arrow columns: {e}"
@@ -443,7 +484,7 @@ def to_arrow(
             values["images"], size = _images(bundle, row, position)
             batch.image_bytes += size
         batch.add(values)
-        if batch.rows >= batch_rows or batch.image_bytes >= BATCH_IMAGE_BYTES:
+        if batch.rows >= batch_rows or batch.image_bytes >= BATCH_IMAGE_BYTES or batch.full_of_values:
             yield _record_batch(pa, batch, sch, bundle, position)
             batch = _Batch(names)
     if batch.rows:
