@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.dataset_run import PER_STEP, make_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from helpers.dataset_run import PER_STEP, make_run
 
 import bundles
 
@@ -204,7 +204,9 @@ def test_number_columns_match_each_rows_own_values_in_any_batch(
     for row, want in zip(got, rows, strict=True):
         extra = json.loads(row["extra"]) if row["extra"] else {}
         tokens = want["tokens"]
-        fits = isinstance(tokens, list) and all(type(t) in (int, bool) and -(2**31) <= t < 2**31 for t in tokens)
+        fits = isinstance(tokens, list) and all(
+            type(t) in (int, bool) and -(2**31) <= t < 2**31 for t in tokens
+        )
         assert row["tokens"] == ([int(t) for t in tokens] if fits else None)
         assert ("tokens" in extra) == (not fits and tokens is not None)
         lps = want["rollout_log_probs"]

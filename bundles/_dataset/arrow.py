@@ -418,7 +418,9 @@ def _images(bundle: Any, row: _Row, position: int) -> tuple[list[dict[str, Any]]
 def _record_batch(pa: Any, batch: _Batch, sch: Any, bundle: Any, last: int) -> Any:
     try:
         arrays = [
-            batch.flat[f.name].arrow(pa, f.type) if f.name in batch.flat else pa.array(batch.data[f.name], f.type)
+            batch.flat[f.name].arrow(pa, f.type)
+            if f.name in batch.flat
+            else pa.array(batch.data[f.name], f.type)
             for f in sch
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=sch)
