@@ -295,3 +295,44 @@ def test_a_part_over_the_limit_is_refused_before_its_put_naming_bundle_and_size(
     assert message.startswith(f"{where}: its part kind=rollout/step=0/part-")
     assert "bytes: expected at most MAX_EXPORT_PART_BYTES = 1000" in message
     assert not [k for k in weed.contents("datasets/big/") if k.endswith(".parquet")]
+
+
+def test_workers_export_what_one_process_exports_and_report_it_in_the_same_order(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    """``jobs=2`` (two spawned workers, a bundle each at a time) against ``jobs=1``: the same parts
+    with the same rows, the same report (written in the order the bundles were found, the damaged
+    bundle's problem named), and a second export by workers skips every part."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from bundles._commands.exporting import export_run
+
+    root = tmp_path / "run"
+    shutil.copytree(run["run"], root)
+    damaged = root / "rollout" / "fully_async_1"
+    shard = next((damaged / "samples").iterdir())
+    os.chmod(shard, 0o644)
+    shard.write_bytes(b"\0" * shard.stat().st_size)
+    reports = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"out{jobs}"
+        reports[jobs] = export_run(str(root), str(out), jobs=jobs, progress=False)
+    one, two = reports[1], reports[2]
+    rel = lambda paths, jobs: [os.path.relpath(p, tmp_path / f"out{jobs}") for p in paths]  # noqa: E731
+    assert rel(two.written, 2) == rel(one.written, 1) and len(one.written) == 3
+    assert (two.rows, two.skipped, two.filtered) == (one.rows, one.skipped, one.filtered) == (12, [], 0)
+    assert [w for w, _ in two.problems] == [w for w, _ in one.problems] == [str(damaged)]
+    assert two.problems[0][1] == one.problems[0][1] and "samples" in one.problems[0][1]
+    for a, b in zip(one.written, two.written, strict=True):
+        assert pq.read_table(a).equals(pq.read_table(b))
+    again = export_run(str(root), str(tmp_path / "out2"), jobs=2, progress=False)
+    assert again.written == [] and len(again.skipped) == 3
+    assert [w for w, _ in again.problems] == [str(damaged)]
+
+
+def test_jobs_below_one_is_refused(run: dict[str, Any], tmp_path: Path) -> None:
+    done = cli(str(run["run"]), "-o", str(tmp_path / "x"), "--jobs", "0")
+    assert done.returncode == 2 and "--jobs: expected an int >= 1, found '0'" in done.stderr
+    assert not (tmp_path / "x").exists()
