@@ -5,8 +5,10 @@ For each run size (samples in all, ``--sizes``; 5,000 samples a bundle, so 1,000
 metadata with two actions, two small screenshots each from a pool of 64 PNGs), then measured in
 fresh child processes:
 
-* ``export``: ``export_run(run, out)`` (what ``rollout-bundle export`` calls): wall time, cost per
-  sample, the child's peak RSS;
+* ``export``: ``export_run(run, out, jobs=J)`` (what ``rollout-bundle export`` calls) for each
+  ``--jobs`` J (1: in the child itself; more: that many spawned workers, a bundle each): wall
+  time, cost per sample, the peak RSS of the largest process, and ``all RSS``, an upper bound of
+  the export's memory (the child's peak plus each worker's at its peak at once);
 * ``floor``: the same columns written by pyarrow from memory (the export's own parts read back into
   one table first, outside the timing): ``pyarrow.parquet.write_table`` of it, zstd.
 
@@ -34,11 +36,11 @@ PER_BUNDLE = 5000
 
 CHILD = r"""
 import json, resource, sys, time
-mode, run, out = sys.argv[1:4]
+mode, run, out, jobs = sys.argv[1:5]
 if mode == "export":
     from bundles._commands.exporting import export_run
     t = time.perf_counter()
-    report = export_run(run, out, progress=False)
+    report = export_run(run, out, progress=False, jobs=int(jobs))
     dt = time.perf_counter() - t
     assert not report.problems, report.problems
     rows = report.rows
@@ -50,7 +52,8 @@ else:
     pq.write_table(table, run, compression="zstd")
     dt = time.perf_counter() - t
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"seconds": dt, "rows": rows, "peak_mb": peak}))
+worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(json.dumps({"seconds": dt, "rows": rows, "peak_mb": peak, "worker_peak_mb": worker}))
 """
 
 
@@ -84,9 +87,9 @@ def write_run(run: Path, samples: int) -> int:
     return n_bundles
 
 
-def child(mode: str, a: str, b: str) -> dict[str, float]:
+def child(mode: str, a: str, b: str, jobs: int = 1) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", CHILD, mode, a, b], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", CHILD, mode, a, b, str(jobs)], capture_output=True, text=True,
                           env=env, check=False)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(done.stderr[-3000:])
@@ -97,29 +100,40 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="10000,100000,1000000", help="samples in all, comma-separated")
     p.add_argument("--quick", action="store_true", help="1,000 and 4,000 samples (a smoke run)")
+    p.add_argument("--jobs", default="1,2", help="export's worker processes to measure, comma-separated")
     p.add_argument("--dir", help="where the runs are written (default: a temporary directory)")
     ns = p.parse_args(argv)
     sizes = [1000, 4000] if ns.quick else [int(s) for s in ns.sizes.split(",")]
+    jobs_list = [int(j) for j in ns.jobs.split(",")]
     base = Path(ns.dir or tempfile.mkdtemp(prefix="bench-export-"))
-    rows = []
-    print(f"{'samples':>9} {'bundles':>7} {'export s':>9} {'us/sample':>9} {'peak RSS':>9} "
-          f"{'floor s':>8} {'vs floor':>8}")  # fmt: skip
+    rows: dict[int, list[tuple[int, dict[str, float]]]] = {j: [] for j in jobs_list}
+    print(f"{'samples':>9} {'bundles':>7} {'jobs':>4} {'export s':>9} {'us/sample':>9} {'peak RSS':>9} "
+          f"{'all RSS':>8} {'floor s':>8} {'vs floor':>8}")  # fmt: skip
     for n in sizes:
         run = base / f"run-{n}" / "run"
         n_bundles = write_run(run, n) if not run.exists() else len(list(run.iterdir()))
-        out = base / f"out-{n}"
-        shutil.rmtree(out, ignore_errors=True)
-        exp = child("export", str(run), str(out))
-        assert exp["rows"] == n, (exp, n)
-        floor = child("floor", str(base / f"floor-{n}.parquet"), str(out))
-        share = floor["seconds"] / exp["seconds"]
-        rows.append((n, exp))
-        print(f"{n:>9} {n_bundles:>7} {exp['seconds']:>9.2f} {exp['seconds'] / n * 1e6:>9.1f} "
-              f"{exp['peak_mb']:>6.0f} MB {floor['seconds']:>8.2f} {share:>7.0%}")  # fmt: skip
-    (n0, e0), (n1, e1) = rows[0], rows[-1]
-    cost = (e1["seconds"] / n1) / (e0["seconds"] / n0)
-    print(f"cost per sample {n0} -> {n1}: {cost:.2f}x; peak RSS {e0['peak_mb']:.0f} -> {e1['peak_mb']:.0f} MB "
-          f"({e1['peak_mb'] / e0['peak_mb']:.2f}x)")  # fmt: skip
+        floor = None
+        for jobs in jobs_list:
+            out = base / f"out-{n}-{jobs}"
+            shutil.rmtree(out, ignore_errors=True)
+            exp = child("export", str(run), str(out), jobs)
+            assert exp["rows"] == n, (exp, n)
+            if floor is None:  # the same columns, whichever export wrote them
+                floor = child("floor", str(base / f"floor-{n}.parquet"), str(out))
+            share = floor["seconds"] / exp["seconds"]
+            workers = min(jobs, n_bundles)
+            # every process at its own peak at once: an upper bound of the export's memory
+            all_rss = exp["peak_mb"] + (workers * exp["worker_peak_mb"] if workers > 1 else 0)
+            rows[jobs].append((n, exp))
+            print(f"{n:>9} {n_bundles:>7} {jobs:>4} {exp['seconds']:>9.2f} {exp['seconds'] / n * 1e6:>9.1f} "
+                  f"{max(exp['peak_mb'], exp['worker_peak_mb']):>6.0f} MB {all_rss:>5.0f} MB "
+                  f"{floor['seconds']:>8.2f} {share:>7.0%}")  # fmt: skip
+    for jobs, measured in rows.items():
+        (n0, e0), (n1, e1) = measured[0], measured[-1]
+        cost = (e1["seconds"] / n1) / (e0["seconds"] / n0)
+        p0, p1 = (max(e["peak_mb"], e["worker_peak_mb"]) for e in (e0, e1))
+        print(f"jobs {jobs}: cost per sample {n0} -> {n1}: {cost:.2f}x; peak RSS a process {p0:.0f} -> "
+              f"{p1:.0f} MB ({p1 / p0:.2f}x)")  # fmt: skip
     if not ns.dir:
         shutil.rmtree(base, ignore_errors=True)
     return 0

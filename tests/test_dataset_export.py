@@ -336,3 +336,33 @@ def test_jobs_below_one_is_refused(run: dict[str, Any], tmp_path: Path) -> None:
     done = cli(str(run["run"]), "-o", str(tmp_path / "x"), "--jobs", "0")
     assert done.returncode == 2 and "--jobs: expected an int >= 1, found '0'" in done.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_worker_killed_mid_part_fails_the_export_by_name_and_the_next_export_finishes(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    """A worker SIGKILLed with its part written but not yet published (a real kill point, armed
+    in every worker by the environment): the export fails naming the bundles in flight, no half
+    part is left to be skipped by mistake, and the next export publishes every part."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "NOTES.txt").write_text("mine")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ROLLOUT_BUNDLES_KILL_AT": "export.written@1"}
+    done = subprocess.run([sys.executable, "-m", "bundles.cli", "export", str(run["run"]), "-o", str(out),
+                           "--jobs", "2"], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "a worker process died (killed, or out of memory) while exporting one of" in done.stderr
+    assert str(run["run"] / "rollout") in done.stderr and "Traceback" not in done.stderr
+    assert list(out.rglob("*.parquet")) == []  # each worker was killed before its first publish
+    again = cli(str(run["run"]), "-o", str(out), "--jobs", "2")
+    assert again.returncode == 0, again.stderr
+    assert "exported 4 bundles (17 rows)" in again.stdout
+    parts = list(out.rglob("*.parquet"))
+    assert len(parts) == 4 and sum(pq.read_metadata(p).num_rows for p in parts) == 17
+    assert (out / "NOTES.txt").read_text() == "mine"
+    leftovers = [
+        p for p in out.rglob("*") if p.is_file() and p.suffix != ".parquet" and p.name != "NOTES.txt"
+    ]
+    assert leftovers == []

@@ -55,6 +55,7 @@ from bundles._dataset import COLUMNS, SCHEMA_VERSION, Conventions, identity, sft
 from bundles._errors import BundleError
 from bundles._format.limits import MAX_EXPORT_PART_BYTES, MAX_FIND_DEPTH
 from bundles._local.atomic import atomic_writer
+from bundles._local.faults import fault_point
 from bundles._local.progress import Progress
 from bundles._urls import StoreURL
 
@@ -209,11 +210,13 @@ class _Out:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with atomic_writer(path, durable=True) as f:
                 write(f)
+                fault_point("export.written", rel)
             return True
         with tempfile.TemporaryDirectory(prefix=".export-") as tmp:
             part = os.path.join(tmp, "part")
             with open(part, "wb") as f:
                 write(f)
+            fault_point("export.written", rel)
             size = os.path.getsize(part)
             if size > MAX_EXPORT_PART_BYTES:
                 raise BundleError(
@@ -304,7 +307,16 @@ def _export_parallel(
         while pending:
             done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for future in done:
-                results[pending.pop(future)] = future.result()
+                try:
+                    results[pending[future]] = future.result()
+                except cf.process.BrokenProcessPool:
+                    busy = sorted({locations[i] for i in pending.values()})
+                    raise BundleError(
+                        f"export: a worker process died (killed, or out of memory) while exporting one of "
+                        f"{', '.join(busy)}: the parts published so far are whole and kept; export again to "
+                        "finish (what was published is skipped)"
+                    ) from None
+                del pending[future]
                 bar.advance(1)
                 for i, location in queue:
                     pending[pool.submit(_export_alone, location, out, fmt, opts)] = i
