@@ -16,7 +16,7 @@ It prints per size: samples, bundles, export seconds, microseconds a sample, pea
 seconds and the export's throughput as a share of the floor's; and across sizes the growth of the
 cost per sample and of the peak RSS (smallest to largest). The issue's bars: RSS at most 500 MB
 whatever the size, cost per sample growing at most 1.2x, throughput at least 50 % of the floor.
-``--quick`` (1,000 and 4,000 samples) is the smoke run of tests/test_benchmarks_smoke.py.
+``--quick`` (1,000 and 6,000 samples: one bundle and two) is the smoke run of tests/test_benchmarks_smoke.py.
 """
 
 from __future__ import annotations
@@ -99,11 +99,11 @@ def child(mode: str, a: str, b: str, jobs: int = 1) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="10000,100000,1000000", help="samples in all, comma-separated")
-    p.add_argument("--quick", action="store_true", help="1,000 and 4,000 samples (a smoke run)")
+    p.add_argument("--quick", action="store_true", help="1,000 and 6,000 samples (a smoke run)")
     p.add_argument("--jobs", default="1,2", help="export's worker processes to measure, comma-separated")
     p.add_argument("--dir", help="where the runs are written (default: a temporary directory)")
     ns = p.parse_args(argv)
-    sizes = [1000, 4000] if ns.quick else [int(s) for s in ns.sizes.split(",")]
+    sizes = [1000, 6000] if ns.quick else [int(s) for s in ns.sizes.split(",")]
     jobs_list = [int(j) for j in ns.jobs.split(",")]
     base = Path(ns.dir or tempfile.mkdtemp(prefix="bench-export-"))
     rows: dict[int, list[tuple[int, dict[str, float]]]] = {j: [] for j in jobs_list}

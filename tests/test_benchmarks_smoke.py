@@ -93,11 +93,15 @@ def test_bench_export_quick_measures_every_figure(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for n in (1000, 4000):
-        assert re.search(rf"^ +{n} +1 +[\d.]+ +[\d.]+ +\d+ MB +[\d.]+ +\d+%$", done.stdout, re.M), done.stdout
-    assert re.search(
-        r"cost per sample 1000 -> 4000: [\d.]+x; peak RSS \d+ -> \d+ MB \([\d.]+x\)", done.stdout
-    )
+    for n, bundles_ in ((1000, 1), (6000, 2)):
+        for jobs in (1, 2):
+            line = rf"^ +{n} +{bundles_} +{jobs} +[\d.]+ +[\d.]+ +\d+ MB +\d+ MB +[\d.]+ +\d+%$"
+            assert re.search(line, done.stdout, re.M), done.stdout
+    for jobs in (1, 2):
+        assert re.search(
+            rf"jobs {jobs}: cost per sample 1000 -> 6000: [\d.]+x; peak RSS a process \d+ -> \d+ MB \([\d.]+x\)",
+            done.stdout,
+        ), done.stdout
     assert "Traceback" not in done.stderr
 
 
