@@ -201,9 +201,18 @@ def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = Non
     ``[[key, value], ...]`` pairs (both keys of ``{1: .., "1": ..}`` kept)."""
     if depth > 64:
         raise BundleError("nested deeper than 64 levels")
+    t = type(v)
+    if t is str:  # the common types first, by identity (their subclasses take the long way)
+        return f"{MEDIA_DIR}/{stored[v].filename}" if stored and v in stored else v
+    if t is int or t is bool or v is None:
+        return v
+    if t is dict and all(type(k) is str for k in v):
+        return {k: jsonable(x, depth + 1, stored) for k, x in v.items()}
+    if t is list:
+        return [jsonable(x, depth + 1, stored) for x in v]
     if isinstance(v, str) and stored and v in stored:
         return f"{MEDIA_DIR}/{stored[v].filename}"
-    if v is None or isinstance(v, (bool, int, str)):
+    if isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
         return v if math.isfinite(v) else repr(v)
@@ -233,6 +242,8 @@ def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = Non
 def _utf8(text: str) -> str:
     """``text`` as Arrow can hold it: a lone surrogate (legal in a Python string, and in a JSON or
     msgpack one) is written as its escape ``\\udXXX``, every other character as it is."""
+    if text.isascii():  # most text: checked in C without encoding it
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -240,8 +251,12 @@ def _utf8(text: str) -> str:
     return text
 
 
+#: jsonable's output is plain JSON values without cycles: no check for them on each call.
+_JSON = json.JSONEncoder(ensure_ascii=False, check_circular=False)
+
+
 def _dumps(v: Any, stored: Mapping[str, MediaRef] | None = None) -> str:
-    return _utf8(json.dumps(jsonable(v, 0, stored), ensure_ascii=False))
+    return _utf8(_JSON.encode(jsonable(v, 0, stored)))
 
 
 def _text(v: Any) -> str | None:
