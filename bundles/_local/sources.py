@@ -112,8 +112,8 @@ def _open_below(root: str | os.PathLike[str], rel: str) -> int:
     if not parts or ".." in parts:
         raise UnsafeBundleError(f"{root}/{rel}: not a path below {root}")
     fd = os.open(root, _DIR_FLAGS)
-    fault_point("read.root-opened", root, rel)  # an overwrite may swap the directory now
     try:
+        fault_point("read.root-opened", root, rel)  # an overwrite may swap the directory now
         for k, part in enumerate(parts[:-1]):
             try:
                 nxt = os.open(part, _DIR_FLAGS | getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)
