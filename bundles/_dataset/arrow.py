@@ -191,7 +191,8 @@ def _beyond_float32(narrow: array.array[float], items: list[Any]) -> bool:
     """Whether a finite value of ``items`` became +-inf in ``narrow`` (its float32 copy): the
     infinities counted at C speed on both sides."""
     inf = math.inf
-    return narrow.count(inf) + narrow.count(-inf) != items.count(inf) + items.count(-inf)
+    narrowed = narrow.count(inf) + narrow.count(-inf)
+    return narrowed != 0 and narrowed != items.count(inf) + items.count(-inf)
 
 
 def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = None) -> Any:
