@@ -574,6 +574,38 @@ def test_the_replays_log_prob_mismatch_sorts_a_bundle_and_draws_the_runs_trend(
         assert "log-prob mismatch: k3 KL estimate" in run_page
 
 
+def test_the_runs_mismatch_trend_reads_reports_within_a_page_budget_then_the_rest(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run page reads at most TREND_REPORT_BYTES of replay reports for its trend: a report past
+    it is left for the next load (said on the page), whose trend then has both steps."""
+    from helpers.logprob_reports import logprob_report
+
+    from trainer_hooks.serve import _pages
+
+    paths = {}
+    for step, shift in ((1, 0.01), (3, 0.03)):
+        target = run / "ckpt" / "rollout" / f"fully_async_{step}"
+        report = logprob_report(target, {p: [shift] * 10 for p in range(6)})
+        paths[step] = Path(f"{target}.replay.json")
+        paths[step].write_text(json.dumps(report))
+    # Every report there (another test's beside step 2 too, read first) fits, but for step 3's last byte.
+    every = sum(p.stat().st_size for p in (run / "ckpt" / "rollout").glob("*.replay.json"))
+    monkeypatch.setattr(_pages, "TREND_REPORT_BYTES", every - 1)
+    app = create_app(run, cache_dir=tmp_path / "cache")
+    with TestClient(app) as client:
+        indexed(app)
+        title = "log-prob mismatch: mean |Δ| of the samples (band p50…p99)"
+        first = html.unescape(assert_page(client.get("/")))
+        fig = first.split(title, 1)[1].split("</figure>")[0]
+        assert re.findall(r"<title>step (\d+): ", fig) == ["1"]
+        assert "the log-prob mismatch of 1 more bundles is read on the next loads" in first
+        second = html.unescape(assert_page(client.get("/")))
+        fig = second.split(title, 1)[1].split("</figure>")[0]
+        assert re.findall(r"<title>step (\d+): ", fig) == ["1", "3"]
+        assert "more bundles is read on the next loads" not in second
+
+
 def test_two_runs_side_by_side_on_the_same_prompts(run: Path, tmp_path: Path) -> None:
     """``serve RUN_A RUN_B`` (issue 39, item 5): per step the same prompts' reward and success in
     each run, the prompts whose outcome differs most, one prompt's trajectories from both."""

@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import posixpath
+import stat
 import subprocess
 import sys
 import threading
@@ -331,14 +332,24 @@ class ServeApp:
                 break
         return entry.extra["replay"]
 
-    def mismatch(self, entry: BundleEntry) -> dict[str, float] | None:
+    def mismatch(self, entry: BundleEntry, budget: dict[str, int] | None = None) -> dict[str, float] | None:
         """The bundle's log-prob mismatch figures (:func:`_mismatch_figures`) from the replay
         report beside it, for the run page's trend; None without one. The figures are kept when
         the bundle (and its report's samples) are let go, so a run page reads each report once;
-        a report not there yet is looked for again (two ``stat`` calls) on the next page."""
+        a report not there yet is looked for again (two ``stat`` calls) on the next page. With a
+        ``budget`` (``{"bytes", "deferred"}``: the page's), a report larger than the bytes left
+        is not read now (counted in ``deferred``), and one read takes its size from them."""
         if "mismatch" not in entry.extra:
-            if not any(os.path.isfile(c) for c in _replay_candidates(entry.location)):
+            size = next(
+                (n for n in map(_file_size, _replay_candidates(entry.location)) if n is not None), None
+            )
+            if size is None:
                 return None
+            if budget is not None:
+                if size > budget["bytes"]:
+                    budget["deferred"] += 1
+                    return None
+                budget["bytes"] -= size
             entry.extra["mismatch"] = None  # unless the report is of this bundle and read
             self.replay(entry)
         figures: dict[str, float] | None = entry.extra["mismatch"]
@@ -349,6 +360,15 @@ class ServeApp:
         if isinstance(out, str):
             raise not_found(out)
         return out
+
+
+def _file_size(path: str) -> int | None:
+    """The size of the regular file at ``path`` (not followed if a symlink), None otherwise."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def _replay_candidates(location: str) -> list[str]:

@@ -51,6 +51,9 @@ PROMPT_SAMPLES = 4
 FIRST_PAGE_WAIT_S = 1.5  # how long a bundle page waits for an unindexed bundle's first rows
 RUN_PAGE = 100  # bundles per run page
 TREND_BUNDLES = 400  # bundles the run page's trends are drawn from (spread evenly over the run)
+#: Replay-report bytes one run page reads for its log-prob mismatch trend (a report is up to
+#: MAX_REPORT_BYTES; the figures read are kept, so the next load reads the next reports).
+TREND_REPORT_BYTES = 64 * 1024 * 1024
 PICK_BUNDLES = 100  # bundles a sample page offers to compare with (the nearest by step)
 
 
@@ -91,7 +94,8 @@ def run_page(app: ServeApp, params: Mapping[str, str] | None = None) -> str:
     rows = [_run_row(app, e) for e in shown]
     step = max(1, -(-len(every) // TREND_BUNDLES))  # at most TREND_BUNDLES of them
     sampled = every[::step]
-    trends = _trends(app, sampled)
+    budget = {"bytes": TREND_REPORT_BYTES, "deferred": 0}
+    trends = _trends(app, sampled, budget)
     pending = sum(1 for r in rows if not r["summary"] and not r["error"])
     total = sum(e.samples for e in every)
     stats = [{"value": str(len(every)), "label": "bundles"}, {"value": str(total), "label": "samples"}]
@@ -99,8 +103,7 @@ def run_page(app: ServeApp, params: Mapping[str, str] | None = None) -> str:
     pages = {"first_href": "/" if start else None, "from": start + 1 if shown else 0, "to": start + len(shown),
              "next_href": f"/?from={start + RUN_PAGE}" if start + RUN_PAGE < len(every) else None,
              "prev_href": (f"/?from={max(0, start - RUN_PAGE)}" if start > RUN_PAGE else "/") if start else None,
-             "trend_note": f"trends from {len(sampled)} of {len(every)} bundles, spread over the run"
-             if step > 1 else None}  # fmt: skip
+             "trend_note": _trend_note(len(sampled), len(every), budget["deferred"])}  # fmt: skip
     listing = f"listing… {app.run.found} found so far" if app.run.listing else None
     return app.render("run.html.j2", title=name, root=app.run.root, root_name=name, rows=rows, trends=trends,
                        stats=stats, pending=pending, problems=list(app.run.problems.values())[:RUN_PAGE],
@@ -123,13 +126,21 @@ def _run_row(app: ServeApp, e: BundleEntry) -> dict[str, Any]:
     return r
 
 
-def _trends(app: ServeApp, entries: list[BundleEntry]) -> list[dict[str, Any]]:
+def _trend_note(sampled: int, every: int, deferred: int) -> str | None:
+    notes = [f"trends from {sampled} of {every} bundles, spread over the run"] if sampled < every else []
+    if deferred:
+        notes.append(f"the log-prob mismatch of {deferred} more bundles is read on the next loads "
+                     f"(replay reports read at most {TREND_REPORT_BYTES >> 20} MiB a page)")  # fmt: skip
+    return "; ".join(notes) or None
+
+
+def _trends(app: ServeApp, entries: list[BundleEntry], budget: dict[str, int]) -> list[dict[str, Any]]:
     # One line per kind: a run's checkpoints and its debug dumps are two series, not one.
     points: dict[tuple[str, str], list[tuple[int, float]]] = {}
     bands: dict[str, list[tuple[int, float, float]]] = {}
     for e in entries:
         if e.step is not None:
-            _mismatch_points(app, e, e.step, points, bands)
+            _mismatch_points(app, e, e.step, points, bands, budget)
         s = app.indexer.state(e).summary if e.step is not None else None
         if not s or e.step is None:
             continue
@@ -157,10 +168,11 @@ def _trends(app: ServeApp, entries: list[BundleEntry]) -> list[dict[str, Any]]:
 
 
 def _mismatch_points(app: ServeApp, e: BundleEntry, step: int, points: dict[tuple[str, str], list[tuple[int, float]]],
-                     bands: dict[str, list[tuple[int, float, float]]]) -> None:  # fmt: skip
+                     bands: dict[str, list[tuple[int, float, float]]], budget: dict[str, int]) -> None:  # fmt: skip
     """The bundle's log-prob mismatch at its step (from the replay report beside it, when there is
-    one): the mean of its samples' ``mean_abs`` in a p50…p99 band, and the k3 estimate."""
-    m = app.mismatch(e)
+    one): the mean of its samples' ``mean_abs`` in a p50…p99 band, and the k3 estimate. A report
+    not read yet is read only while the page's ``budget`` of report bytes lasts."""
+    m = app.mismatch(e, budget)
     if m is None:
         return
     if "mean" in m:
