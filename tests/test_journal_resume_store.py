@@ -12,7 +12,6 @@ back (from the resume's own retry, at its fault point) for the one that catches 
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import os
 import subprocess
@@ -26,17 +25,17 @@ pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not inst
 
 import obstore
 import zstandard
+from helpers.small_run import grader, prompt_groups
 from obstore.store import S3Store
 
 from bundles import encode_sample, open_bundle
 from bundles.support import on_fault_point
-from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, Sample, parse_args, store_media
+from trainer_hooks import FullyAsyncRolloutFn, ListDataSource, Sample, parse_args
 from trainer_hooks.checkpoints import checkpoint_path
 from trainer_hooks.journal import JournalCorruptError, JournalError
 from trainer_hooks.journal import _store_sink as store_module
 from trainer_hooks.journal._format import shipment_trailer
 from trainer_hooks.rollout import RolloutLedger, materialize
-from trainer_hooks.testing import png_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(
@@ -154,19 +153,10 @@ def test_inspect_names_a_gap_in_a_store_journal_by_its_shipment(moto, tmp_path):
 
 # -- item 6: resume knows what it must find -------------------------------------------------------
 def _groups() -> list[list[Sample]]:
-    return [
-        [Sample(group_index=g, index=g * SIZE + i, prompt=f"p{g}") for i in range(SIZE)]
-        for g in range(GROUPS)
-    ]
+    return prompt_groups(GROUPS, SIZE)
 
 
-async def _gen(args: Any, s: Sample) -> Sample:
-    await asyncio.sleep(0.001)
-    s.multimodal_inputs = {"images": [store_media(args, png_bytes(8, 8, (s.index, 17, 99)))]}
-    s.tokens = [*range(20), s.index]
-    s.reward = float(s.index)
-    s.status = Sample.Status.COMPLETED
-    return s
+_gen = grader(20)
 
 
 def _run_and_cut_the_listing(

@@ -5,7 +5,6 @@ preconditions. The SIGKILL suite on SeaweedFS is in tests/test_journal_crash.py.
 
 from __future__ import annotations
 
-import asyncio
 import struct
 import zlib
 from pathlib import Path
@@ -17,6 +16,7 @@ pytest.importorskip("obstore", reason="obstore (rollout-bundles[s3]) is not inst
 
 import msgpack
 import obstore
+from helpers.small_run import grader, prompt_groups
 from obstore.store import S3Store
 
 from bundles import UnsafeStoreError
@@ -26,10 +26,8 @@ from trainer_hooks import (
     RolloutWorkerError,
     Sample,
     parse_args,
-    store_media,
 )
 from trainer_hooks.journal import JournalCorruptError, JournalError
-from trainer_hooks.testing import png_bytes
 
 GROUPS, SIZE = 8, 2
 
@@ -75,19 +73,10 @@ def _args(tmp_path: Path, url: str, run: str, interval: str = "0.05") -> Any:
 
 
 def _groups() -> list[list[Sample]]:
-    return [
-        [Sample(group_index=g, index=g * SIZE + i, prompt=f"p{g}") for i in range(SIZE)]
-        for g in range(GROUPS)
-    ]
+    return prompt_groups(GROUPS, SIZE)
 
 
-async def _gen(args: Any, s: Sample) -> Sample:
-    await asyncio.sleep(0.001)
-    s.multimodal_inputs = {"images": [store_media(args, png_bytes(8, 8, (s.index, 17, 99)))]}
-    s.tokens = [*range(50), s.index]
-    s.reward = float(s.index)
-    s.status = Sample.Status.COMPLETED
-    return s
+_gen = grader(50)
 
 
 def _crashed_run(
