@@ -16,7 +16,8 @@ It prints per size: samples, bundles, export seconds, microseconds a sample, pea
 seconds and the export's throughput as a share of the floor's; and across sizes the growth of the
 cost per sample and of the peak RSS (smallest to largest). The issue's bars: RSS at most 500 MB
 whatever the size, cost per sample growing at most 1.2x, throughput at least 50 % of the floor.
-``--quick`` (1,000 and 6,000 samples: one bundle and two) is the smoke run of tests/test_benchmarks_smoke.py.
+``--quick`` (2,000 and 6,000 samples, 1,000 a bundle: two bundles and six) is the smoke run of
+tests/test_benchmarks_smoke.py.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ print(json.dumps({"seconds": dt, "rows": rows, "peak_mb": peak, "worker_peak_mb"
 """
 
 
-def write_run(run: Path, samples: int) -> int:
+def write_run(run: Path, samples: int, per_bundle: int = PER_BUNDLE) -> int:
     import bundles
     from trainer_hooks.testing import png_bytes
 
@@ -69,13 +70,13 @@ def write_run(run: Path, samples: int) -> int:
         path = media / f"shot{k}.png"
         path.write_bytes(data)
         pool.append(str(path))
-    n_bundles = max(1, -(-samples // PER_BUNDLE))
+    n_bundles = max(1, -(-samples // per_bundle))
     for b in range(n_bundles):
-        count = min(PER_BUNDLE, samples - b * PER_BUNDLE)
+        count = min(per_bundle, samples - b * per_bundle)
 
         def gen(b: int = b, count: int = count):  # type: ignore[no-untyped-def]
             for i in range(count):
-                j = b * PER_BUNDLE + i
+                j = b * per_bundle + i
                 yield {"index": j, "group_index": j // 8, "prompt": f"task {j % 97}", "response": "done",
                        "reward": (j % 10) / 10, "status": "completed", "response_length": 100,
                        "tokens": list(range(j % 1000, j % 1000 + 300)), "rollout_log_probs": [-0.5] * 100,
@@ -99,11 +100,13 @@ def child(mode: str, a: str, b: str, jobs: int = 1) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="10000,100000,1000000", help="samples in all, comma-separated")
-    p.add_argument("--quick", action="store_true", help="1,000 and 6,000 samples (a smoke run)")
+    p.add_argument(
+        "--quick", action="store_true", help="2,000 and 6,000 samples, 1,000 a bundle (a smoke run)"
+    )
     p.add_argument("--jobs", default="1,2", help="export's worker processes to measure, comma-separated")
     p.add_argument("--dir", help="where the runs are written (default: a temporary directory)")
     ns = p.parse_args(argv)
-    sizes = [1000, 6000] if ns.quick else [int(s) for s in ns.sizes.split(",")]
+    sizes = [2000, 6000] if ns.quick else [int(s) for s in ns.sizes.split(",")]
     jobs_list = [int(j) for j in ns.jobs.split(",")]
     base = Path(ns.dir or tempfile.mkdtemp(prefix="bench-export-"))
     rows: dict[int, list[tuple[int, dict[str, float]]]] = {j: [] for j in jobs_list}
@@ -111,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{'all RSS':>8} {'floor s':>8} {'vs floor':>8}")  # fmt: skip
     for n in sizes:
         run = base / f"run-{n}" / "run"
-        n_bundles = write_run(run, n) if not run.exists() else len(list(run.iterdir()))
+        n_bundles = (
+            write_run(run, n, 1000 if ns.quick else PER_BUNDLE)
+            if not run.exists()
+            else len(list(run.iterdir()))
+        )
         floor = None
         for jobs in jobs_list:
             out = base / f"out-{n}-{jobs}"

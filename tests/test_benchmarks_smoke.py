@@ -90,13 +90,13 @@ def test_bench_export_quick_measures_every_figure(tmp_path: Path) -> None:
     processes, each against pyarrow writing the same columns from memory; every figure printed."""
     pytest.importorskip("pyarrow", reason="export needs the [data] extra (pyarrow)")
     out = quick("bench_export.py", tmp_path)
-    for n, bundles_ in ((1000, 1), (6000, 2)):
+    for n, bundles_ in ((2000, 2), (6000, 6)):
         for jobs in (1, 2):
             line = rf"^ +{n} +{bundles_} +{jobs} +[\d.]+ +[\d.]+ +\d+ MB +\d+ MB +[\d.]+ +\d+%$"
             assert re.search(line, out, re.M), out
     for jobs in (1, 2):
         assert re.search(
-            rf"jobs {jobs}: cost per sample 1000 -> 6000: [\d.]+x; peak RSS a process \d+ -> \d+ MB \([\d.]+x\)",
+            rf"jobs {jobs}: cost per sample 2000 -> 6000: [\d.]+x; peak RSS a process \d+ -> \d+ MB \([\d.]+x\)",
             out,
         ), out
 

@@ -311,6 +311,8 @@ def test_workers_export_what_one_process_exports_and_report_it_in_the_same_order
 
     root = tmp_path / "run"
     shutil.copytree(run["run"], root)
+    # A second copy of fully_async_2 (its packed file): one part, the copy found second skipped.
+    bundles.pack_bundle(root / "rollout" / "fully_async_2", root / "rollout" / "fully_async_2.rbundle")
     damaged = root / "rollout" / "fully_async_1"
     shard = next((damaged / "samples").iterdir())
     os.chmod(shard, 0o644)
@@ -322,13 +324,14 @@ def test_workers_export_what_one_process_exports_and_report_it_in_the_same_order
     one, two = reports[1], reports[2]
     rel = lambda paths, jobs: [os.path.relpath(p, tmp_path / f"out{jobs}") for p in paths]  # noqa: E731
     assert rel(two.written, 2) == rel(one.written, 1) and len(one.written) == 3
-    assert (two.rows, two.skipped, two.filtered) == (one.rows, one.skipped, one.filtered) == (12, [], 0)
+    copy = [str(root / "rollout" / "fully_async_2.rbundle")]
+    assert (two.rows, two.skipped, two.filtered) == (one.rows, one.skipped, one.filtered) == (12, copy, 0)
     assert [w for w, _ in two.problems] == [w for w, _ in one.problems] == [str(damaged)]
     assert two.problems[0][1] == one.problems[0][1] and "samples" in one.problems[0][1]
     for a, b in zip(one.written, two.written, strict=True):
         assert pq.read_table(a).equals(pq.read_table(b))
     again = export_run(str(root), str(tmp_path / "out2"), jobs=2, progress=False)
-    assert again.written == [] and len(again.skipped) == 3
+    assert again.written == [] and len(again.skipped) == 4
     assert [w for w, _ in again.problems] == [str(damaged)]
 
 
@@ -366,3 +369,12 @@ def test_a_worker_killed_mid_part_fails_the_export_by_name_and_the_next_export_f
         p for p in out.rglob("*") if p.is_file() and p.suffix != ".parquet" and p.name != "NOTES.txt"
     ]
     assert leftovers == []
+
+
+def test_a_destination_that_cannot_be_is_one_error_whatever_the_jobs(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    for jobs in ("1", "2"):
+        done = cli(str(run["run"]), "-o", "s3:///no-bucket/x", "--jobs", jobs)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert "s3:///no-bucket/x" in done.stderr and "bucket" in done.stderr

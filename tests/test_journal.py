@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import digest_of, trainer_args
+from helpers.waiting import wait_until
 
 from bundles import BundleNotFoundError, MediaRef, decode_sample, encode_sample, open_bundle
 from bundles.support import on_fault_point
@@ -110,6 +111,28 @@ def test_codec_round_trip_through_the_public_functions(tmp_path):
         decode_sample(data[:-2], {ref.filename: ref})
     with pytest.raises(Exception, match="img"):  # an unknown reference names its key path
         decode_sample(data, {})
+
+
+def test_records_become_durable_on_their_own_with_no_barrier(tmp_path):
+    """The writer makes what is appended durable by itself, every interval: no ``flush()``, no
+    checkpoint, no ``close()`` (a writer that wrote only at barriers would lose every record
+    since the last checkpoint at a crash, and the crash tests could not tell). Records appended
+    in three bursts: each burst is read back from the segment on disk, by another reader, before
+    the next is appended."""
+    args = make_args(tmp_path, "run-a")
+    journal = RolloutJournal(journal_dir(args.save), lineage="L1", interval=0.05)
+    try:
+        for burst in range(3):
+            for k in range(4):
+                journal.append_take(burst * 4 + k, [{"index": burst * 4 + k, "prompt": "p"}], {"offset": k})
+            last = journal.last_seq
+            wait_until(lambda last=last: journal.stats()["durable_seq"] >= last, f"seq {last} durable", 60)
+            on_disk = scan_journal(journal_dir(args.save), decode_bodies=False)
+            assert [r.seq for r in on_disk.records] == list(range(1, last + 1))
+            assert on_disk.synced_seq >= last
+        assert journal.stats()["flushes"] >= 3
+    finally:
+        journal.close()
 
 
 def test_records_are_durable_after_flush_and_media_are_linked_at_append_time(tmp_path):

@@ -23,15 +23,18 @@ One bundle's defect (damaged, unreadable) is one line on stderr and exit status 
 exported.
 
 Parallelism (``--jobs``, ``jobs=``): the bundles are exported by that many worker processes,
-one bundle a task (a part is one bundle's, so workers never share a file). A sample is decoded and
+one bundle a task (a part is one bundle's; two copies of one bundle under ROOT, a directory and
+its packed file, may both write their part, the same bytes, each published whole, and the copy
+found second is reported skipped, as with one process). A sample is decoded and
 turned into columns in Python, which holds one core; the Parquet writing is C. On two cores two
 workers export a run in a little over half the time (docs/PERFORMANCE.md, "Export to Parquet").
 Workers are started with ``spawn`` (a fork of a process holding threads, an event loop or a store
 client is unsafe); each imports bundles and pyarrow once (about half a second) and holds one shard
 and one batch, about 200 MB with the interpreter, so memory is ``jobs`` times that. ``jobs=1``
-(the function's default) exports in the calling process; the command's default is the CPUs this
-process may use, at most 4, and never more workers than bundles to export. The report is the same
-whatever ``jobs`` is: merged in the order the bundles were found.
+(the function's default) exports in the calling process; the command's default
+(:func:`default_jobs`) is the CPUs this process may use (its affinity, within its cgroup's CPU
+quota), at most 4, with at least two bundles a worker. The report is the same whatever ``jobs``
+is: merged in the order the bundles were found.
 """
 
 from __future__ import annotations
@@ -269,22 +272,44 @@ def _out_of(out: str, storage_options: Mapping[str, Any] | None) -> _Out:
     return _OUTS[out]
 
 
-def _merge(report: ExportReport, part: ExportReport) -> None:
-    report.written += part.written
+def _merge(report: ExportReport, part: ExportReport, location: str, seen: set[str]) -> None:
+    """Add one worker's report (``seen``: the parts written so far). Two copies of one bundle
+    under the root (a directory and its packed file) have one part: the copy merged second counts
+    as skipped, as it does with ``jobs=1`` (where the part exists by then), though both wrote it."""
+    if part.written and seen.issuperset(part.written):
+        report.skipped.append(location)
+    else:
+        seen.update(part.written)
+        report.written += part.written
+        report.rows += part.rows
     report.skipped += part.skipped
     report.filtered += part.filtered
-    report.rows += part.rows
     report.conventions.update(part.conventions)
     report.problems += part.problems
 
 
-def default_jobs() -> int:
-    """The command's ``--jobs`` default: the CPUs this process may use, at most 4."""
+def _cpus() -> int:
+    """The CPUs this process may use: its affinity, within its cgroup's CPU quota (a container
+    limited to one CPU on a 64-core host sees 64 in its affinity)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, 4))
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):  # cgroup v1, no limit, or not Linux
+        pass
+    return max(1, cpus)
+
+
+def default_jobs(bundles: int) -> int:
+    """The command's ``--jobs`` default for ``bundles`` bundles: the CPUs this process may use,
+    at most 4, and at least two bundles a worker (a worker's start, ~0.5 s of imports, is not
+    worth one small bundle)."""
+    return max(1, min(_cpus(), 4, bundles // 2))
 
 
 def _export_parallel(
@@ -297,30 +322,31 @@ def _export_parallel(
 
     results: list[ExportReport | None] = [None] * len(locations)
     pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
-    try:
-        pending: dict[cf.Future[ExportReport], int] = {}
-        queue = iter(enumerate(locations))
+    pending: dict[cf.Future[ExportReport], int] = {}
+    queue = iter(enumerate(locations))
+
+    def submit() -> None:
         for i, location in queue:
             pending[pool.submit(_export_alone, location, out, fmt, opts)] = i
-            if len(pending) >= 2 * jobs:
-                break
+            return
+
+    try:
+        while len(pending) < 2 * jobs and len(pending) < len(locations):
+            submit()
         while pending:
             done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
             for future in done:
-                try:
-                    results[pending[future]] = future.result()
-                except cf.process.BrokenProcessPool:
-                    busy = sorted({locations[i] for i in pending.values()})
-                    raise BundleError(
-                        f"export: a worker process died (killed, or out of memory) while exporting one of "
-                        f"{', '.join(busy)}: the parts published so far are whole and kept; export again to "
-                        "finish (what was published is skipped)"
-                    ) from None
-                del pending[future]
+                results[pending.pop(future)] = future.result()
                 bar.advance(1)
-                for i, location in queue:
-                    pending[pool.submit(_export_alone, location, out, fmt, opts)] = i
-                    break
+                submit()
+    except cf.BrokenExecutor:
+        pool.shutdown(wait=True, cancel_futures=True)
+        busy = sorted({locations[i] for i in pending.values()})
+        raise BundleError(
+            f"export: a worker process died (killed, or out of memory) while exporting one of these "
+            f"bundles (running or queued): {', '.join(busy)}; the parts published so far are whole and "
+            "kept: export again to finish (what was published is skipped)"
+        ) from None
     except BaseException:
         pool.shutdown(wait=True, cancel_futures=True)
         raise
@@ -339,29 +365,31 @@ def export_run(
     columns: list[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
-    jobs: int = 1,
+    jobs: int | None = 1,
 ) -> ExportReport:
     """Export every bundle under ``root`` (a run directory or a store prefix) to ``out`` (a
     directory or a store prefix); see the module's docstring. ``jobs``: worker processes (1:
-    this process). Never raises for one bundle."""
+    this process; None: :func:`default_jobs`). Never raises for one bundle."""
     if fmt not in FORMATS:
         raise BundleError(f"export: --format: expected one of {', '.join(FORMATS)}, found {fmt!r}")
     unknown = [c for c in columns or () if c not in COLUMNS]
     if unknown:
         raise BundleError(f"export: --columns: expected names among {', '.join(COLUMNS)}, found {unknown!r}")
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise BundleError(f"export: --jobs: expected an int >= 1, found {jobs!r}")
+    target = _Out(out, storage_options)  # a destination that cannot be is one error, not one a bundle
     found = find_bundles(root, depth=MAX_FIND_DEPTH, storage_options=storage_options)
     report = ExportReport(problems=list(found.problems))
     opts = {"with_images": with_images, "kind": kind, "min_reward": min_reward, "columns": columns,
             "storage_options": storage_options}  # fmt: skip
-    workers = min(jobs, len(found.bundles))
+    workers = min(default_jobs(len(found.bundles)) if jobs is None else jobs, len(found.bundles))
     with Progress(f"export {root}", total=len(found.bundles), unit=" bundles", enabled=progress) as bar:
         if workers > 1:
-            for part in _export_parallel(found.bundles, out, fmt, opts, workers, bar):
-                _merge(report, part)
+            parts = _export_parallel(found.bundles, out, fmt, opts, workers, bar)
+            seen: set[str] = set()
+            for location, part in zip(found.bundles, parts, strict=True):
+                _merge(report, part, location, seen)
             return report
-        target = _Out(out, storage_options)
         for location in found.bundles:
             try:
                 _export_one(location, target, fmt, opts, report)
@@ -380,7 +408,7 @@ def _export(ns: argparse.Namespace) -> int:
     columns = [c for part in ns.columns for c in part.split(",") if c] if ns.columns else None
     report = export_run(ns.root, ns.output, fmt=ns.format, with_images=ns.with_images, kind=ns.kind,
                         min_reward=ns.min_reward, columns=columns, progress=ns.progress,
-                        jobs=default_jobs() if ns.jobs is None else ns.jobs)  # fmt: skip
+                        jobs=ns.jobs)  # fmt: skip
     print(
         f"exported {plural(len(report.written), 'bundle')} ({plural(report.rows, 'row')}) to "
         f"{location_shown(ns.output)}; skipped {len(report.skipped)} already exported"
@@ -422,5 +450,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--min-reward", type=float, help="only samples with a reward at least this")
     p.add_argument("--columns", action="append", help="only these columns (comma-separated)")
     p.add_argument("--jobs", type=_jobs, help="worker processes, one bundle each at a time (default: the "
-                   "CPUs this process may use, at most 4; 1: none, the bundles one after another here)")  # fmt: skip
+                   "CPUs this process may use, at most 4, at least two bundles a worker; 1: none, the "
+                   "bundles one after another here)")  # fmt: skip
     common.add_progress_option(p)
