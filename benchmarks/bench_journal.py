@@ -10,6 +10,10 @@ filesystem (``--dir``).
 
 Figures, each beside its floor:
 
+* **Durability latency.** Seconds from an append to the journal holding the record durably with
+  no barrier (what a crash may lose), one small record at a time: p50 and max against
+  ``--interval``.
+
 * **Durable throughput.** The journal: ``append_sample`` for ``--n`` samples from one thread as fast
   as it can, then ``flush()`` (everything fsynced); samples per second from the first append to
   the flush. Floor: one thread doing only msgpack (plain ``packb``) + zstd level 1 + ``write`` of the
@@ -312,6 +316,26 @@ def _recover_once(
     return t_load, t_first, decoded, t_decode
 
 
+def durability_latency(directory: Path, interval: float, records: int) -> list[float]:
+    """Seconds from each append to the journal holding it durably, with no barrier (no flush, no
+    checkpoint): what a crash may lose. One small record at a time, the next once the last is
+    durable, polled every 0.5 ms."""
+    shutil.rmtree(directory, ignore_errors=True)
+    journal = RolloutJournal(journal_dir(directory), lineage="latency", interval=interval)
+    out = []
+    try:
+        for k in range(records):
+            seq = journal.append_take(k, [{"index": k, "prompt": "p"}], {"offset": k})
+            t = time.perf_counter()
+            while journal.stats()["durable_seq"] < seq:
+                time.sleep(0.0005)
+            out.append(time.perf_counter() - t)
+    finally:
+        journal.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    return sorted(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -334,6 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{ns.n} samples: 11k tokens, 1k log-probs, 2 of {ns.pool} 1080p screenshots; fsync every {ns.interval} s"
     )
 
+    records = max(10, min(100, int(5 / ns.interval)))
+    lat = durability_latency(bench_dir / "journal-latency", ns.interval, records)
+    print(
+        f"durability latency (append -> durable, no barrier), {records} records: p50 {1e3 * lat[len(lat) // 2]:.0f} ms, "
+        f"max {1e3 * lat[-1]:.0f} ms (interval {ns.interval} s: a crash loses about what is younger)",
+        flush=True,
+    )
     for arrays in (False, True):
         samples = make_samples(ns.n, images, arrays=arrays)
         kind = "int32 arrays" if arrays else "list of int"
