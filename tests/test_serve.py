@@ -30,6 +30,7 @@ import pytest
 from helpers import noise_png, put_media, wait_until
 
 from bundles import is_bundle, pack_bundle, remove_bundle, write_bundle
+from bundles.support import LIMITS
 from trainer_hooks.view import OVERLAY_COLOR, advantages
 
 pytest.importorskip("starlette", reason="serve needs the [serve] extra (starlette)")
@@ -574,11 +575,13 @@ def test_the_replays_log_prob_mismatch_sorts_a_bundle_and_draws_the_runs_trend(
         assert "log-prob mismatch: k3 KL estimate" in run_page
 
 
+@pytest.mark.parametrize("limit", ["bytes", "reads"])
 def test_the_runs_mismatch_trend_reads_reports_within_a_page_budget_then_the_rest(
-    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: str
 ) -> None:
-    """A run page reads at most TREND_REPORT_BYTES of replay reports for its trend: a report past
-    it is left for the next load (said on the page), whose trend then has both steps."""
+    """A run page load reads at most TREND_REPORT_BYTES, and TREND_REPORT_READS reports, for its
+    trend: a report past either is left for the next load (said on the page), whose trend then
+    has both steps; a file over MAX_REPORT_BYTES is never read nor promised."""
     from helpers.logprob_reports import logprob_report
 
     from trainer_hooks.serve import _pages
@@ -589,9 +592,13 @@ def test_the_runs_mismatch_trend_reads_reports_within_a_page_budget_then_the_res
         report = logprob_report(target, {p: [shift] * 10 for p in range(6)})
         paths[step] = Path(f"{target}.replay.json")
         paths[step].write_text(json.dumps(report))
-    # Every report there (another test's beside step 2 too, read first) fits, but for step 3's last byte.
-    every = sum(p.stat().st_size for p in (run / "ckpt" / "rollout").glob("*.replay.json"))
-    monkeypatch.setattr(_pages, "TREND_REPORT_BYTES", every - 1)
+    big = run / "ckpt" / "rollout" / "fully_async_2.replay.json"
+    with open(big, "wb") as f:  # sparse: a report over MAX_REPORT_BYTES, refused unread
+        f.truncate(LIMITS["MAX_REPORT_BYTES"] + 1)
+    if limit == "bytes":  # step 1's report fits (each read is charged its size + 1), step 3's does not
+        monkeypatch.setattr(_pages, "TREND_REPORT_BYTES", paths[1].stat().st_size + paths[3].stat().st_size)
+    else:
+        monkeypatch.setattr(_pages, "TREND_REPORT_READS", 1)
     app = create_app(run, cache_dir=tmp_path / "cache")
     with TestClient(app) as client:
         indexed(app)
@@ -599,11 +606,11 @@ def test_the_runs_mismatch_trend_reads_reports_within_a_page_budget_then_the_res
         first = html.unescape(assert_page(client.get("/")))
         fig = first.split(title, 1)[1].split("</figure>")[0]
         assert re.findall(r"<title>step (\d+): ", fig) == ["1"]
-        assert "the log-prob mismatch of 1 more bundles is read on the next loads" in first
+        assert "the log-prob mismatch of 1 more bundle is read on the next loads" in first
         second = html.unescape(assert_page(client.get("/")))
         fig = second.split(title, 1)[1].split("</figure>")[0]
         assert re.findall(r"<title>step (\d+): ", fig) == ["1", "3"]
-        assert "more bundles is read on the next loads" not in second
+        assert "read on the next loads" not in second
 
 
 def test_two_runs_side_by_side_on_the_same_prompts(run: Path, tmp_path: Path) -> None:

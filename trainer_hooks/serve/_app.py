@@ -31,7 +31,7 @@ from typing import Any
 
 import bundles
 from bundles import BundleError
-from bundles.support import display
+from bundles.support import LIMITS, display
 from trainer_hooks.pages import SampleView, environment, finite, logprob_summary, sample_view
 from trainer_hooks.serve._index import WANTED, Indexer
 from trainer_hooks.serve._media import ImageInfo, Pictures, PixelBudget
@@ -336,20 +336,31 @@ class ServeApp:
         """The bundle's log-prob mismatch figures (:func:`_mismatch_figures`) from the replay
         report beside it, for the run page's trend; None without one. The figures are kept when
         the bundle (and its report's samples) are let go, so a run page reads each report once;
-        a report not there yet is looked for again (two ``stat`` calls) on the next page. With a
-        ``budget`` (``{"bytes", "deferred"}``: the page's), a report larger than the bytes left
-        is not read now (counted in ``deferred``), and one read takes its size from them."""
+        a report not there yet is looked for again (two ``stat`` calls) on the next page.
+
+        With a ``budget`` (``{"bytes", "reads", "deferred"}``: the page's), a report is read only
+        while the page has a read left (each read also opens the bundle to check the report is
+        of it) and bytes for it: its size, at most ``MAX_REPORT_BYTES`` + 1 (what the reader
+        reads); otherwise it is counted in ``deferred`` for a later load. A report the bundle
+        page already read costs nothing; a file over ``MAX_REPORT_BYTES`` is refused unread (no
+        point, and never deferred)."""
+        if "mismatch" not in entry.extra and "replay" in entry.extra:
+            entry.extra["mismatch"] = None  # read (by the bundle page) and refused
         if "mismatch" not in entry.extra:
             size = next(
                 (n for n in map(_file_size, _replay_candidates(entry.location)) if n is not None), None
             )
             if size is None:
                 return None
+            if size > LIMITS["MAX_REPORT_BYTES"]:
+                entry.extra["mismatch"] = None  # the reader would refuse it: no point
+                return None
             if budget is not None:
-                if size > budget["bytes"]:
+                if size > budget["bytes"] or budget["reads"] <= 0:
                     budget["deferred"] += 1
                     return None
-                budget["bytes"] -= size
+                budget["bytes"] -= size + 1
+                budget["reads"] -= 1
             entry.extra["mismatch"] = None  # unless the report is of this bundle and read
             self.replay(entry)
         figures: dict[str, float] | None = entry.extra["mismatch"]

@@ -51,9 +51,11 @@ PROMPT_SAMPLES = 4
 FIRST_PAGE_WAIT_S = 1.5  # how long a bundle page waits for an unindexed bundle's first rows
 RUN_PAGE = 100  # bundles per run page
 TREND_BUNDLES = 400  # bundles the run page's trends are drawn from (spread evenly over the run)
-#: Replay-report bytes one run page reads for its log-prob mismatch trend (a report is up to
-#: MAX_REPORT_BYTES; the figures read are kept, so the next load reads the next reports).
+#: Replay-report bytes, and reports, one run page load reads for its log-prob mismatch trend (a
+#: report is up to MAX_REPORT_BYTES, and each read opens its bundle to check the report is of
+#: it); the figures read are kept, so the next load reads the next reports.
 TREND_REPORT_BYTES = 64 * 1024 * 1024
+TREND_REPORT_READS = 40
 PICK_BUNDLES = 100  # bundles a sample page offers to compare with (the nearest by step)
 
 
@@ -94,7 +96,7 @@ def run_page(app: ServeApp, params: Mapping[str, str] | None = None) -> str:
     rows = [_run_row(app, e) for e in shown]
     step = max(1, -(-len(every) // TREND_BUNDLES))  # at most TREND_BUNDLES of them
     sampled = every[::step]
-    budget = {"bytes": TREND_REPORT_BYTES, "deferred": 0}
+    budget = {"bytes": TREND_REPORT_BYTES, "reads": TREND_REPORT_READS, "deferred": 0}
     trends = _trends(app, sampled, budget)
     pending = sum(1 for r in rows if not r["summary"] and not r["error"])
     total = sum(e.samples for e in every)
@@ -129,8 +131,9 @@ def _run_row(app: ServeApp, e: BundleEntry) -> dict[str, Any]:
 def _trend_note(sampled: int, every: int, deferred: int) -> str | None:
     notes = [f"trends from {sampled} of {every} bundles, spread over the run"] if sampled < every else []
     if deferred:
-        notes.append(f"the log-prob mismatch of {deferred} more bundles is read on the next loads "
-                     f"(replay reports read at most {TREND_REPORT_BYTES >> 20} MiB a page)")  # fmt: skip
+        more = "1 more bundle is" if deferred == 1 else f"{deferred} more bundles are"
+        notes.append(f"the log-prob mismatch of {more} read on the next loads (at most "
+                     f"{TREND_REPORT_READS} replay reports, {TREND_REPORT_BYTES >> 20} MiB, a load)")  # fmt: skip
     return "; ".join(notes) or None
 
 
