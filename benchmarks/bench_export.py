@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'samples':>9} {'bundles':>7} {'jobs':>4} {'export s':>9} {'us/sample':>9} {'peak RSS':>9} "
           f"{'all RSS':>8} {'floor s':>8} {'vs floor':>8}")  # fmt: skip
     for n in sizes:
-        run = base / f"run-{n}" / "run"
+        run = base / f"run-{n}-{1000 if ns.quick else PER_BUNDLE}" / "run"
         n_bundles = (
             write_run(run, n, 1000 if ns.quick else PER_BUNDLE)
             if not run.exists()

@@ -330,6 +330,11 @@ def test_workers_export_what_one_process_exports_and_report_it_in_the_same_order
     assert two.problems[0][1] == one.problems[0][1] and "samples" in one.problems[0][1]
     for a, b in zip(one.written, two.written, strict=True):
         assert pq.read_table(a).equals(pq.read_table(b))
+    sft = {
+        j: export_run(str(root), str(tmp_path / f"sft{j}"), fmt="sft", jobs=j, progress=False) for j in (1, 2)
+    }
+    assert sft[2].conventions == sft[1].conventions and sum(sft[1].conventions.values()) == sft[1].rows
+    assert sft[2].skipped == sft[1].skipped == copy
     again = export_run(str(root), str(tmp_path / "out2"), jobs=2, progress=False)
     assert again.written == [] and len(again.skipped) == 4
     assert [w for w, _ in again.problems] == [str(damaged)]
@@ -374,7 +379,15 @@ def test_a_worker_killed_mid_part_fails_the_export_by_name_and_the_next_export_f
 def test_a_destination_that_cannot_be_is_one_error_whatever_the_jobs(
     run: dict[str, Any], tmp_path: Path
 ) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
     for jobs in ("1", "2"):
         done = cli(str(run["run"]), "-o", "s3:///no-bucket/x", "--jobs", jobs)
         assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
         assert "s3:///no-bucket/x" in done.stderr and "bucket" in done.stderr
+        done = cli(str(run["run"]), "-o", str(a_file / "out"), "--jobs", jobs)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        done = cli(str(run["run"]), "-o", str(a_file), "--jobs", jobs)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert f"-o {a_file}: expected a directory (or none yet), found a file" in done.stderr
+    assert a_file.read_text() == "mine"

@@ -33,8 +33,8 @@ passes a writer many times slower (a writer sleeping 0.8 s before each drain pas
 median-of-trials bound). The worst loss of all trials is printed; that the writer writes on its
 own, without a barrier, is tests/test_journal.py's
 ``test_records_become_durable_on_their_own_with_no_barrier``; the latency itself is
-benchmarks/bench_journal.py's "durability latency" (2026-12-06, quiet: p50 50 ms, max 52 ms at a
-0.05 s interval; 1,001 ms at the default 1 s).
+benchmarks/bench_journal.py's "durability latency" (2026-12-06, quiet, each append just after a
+sync, the worst case: p50 50 ms, max 52 ms at a 0.05 s interval; 1,001 ms at the default 1 s).
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ Workers are started with ``spawn`` (a fork of a process holding threads, an even
 client is unsafe); each imports bundles and pyarrow once (about half a second) and holds one shard
 and one batch, about 200 MB with the interpreter, so memory is ``jobs`` times that. ``jobs=1``
 (the function's default) exports in the calling process; the command's default
-(:func:`default_jobs`) is the CPUs this process may use (its affinity, within its cgroup's CPU
-quota), at most 4, with at least two bundles a worker. The report is the same whatever ``jobs``
+(:func:`default_jobs`) is the CPUs this process may use (its affinity, within a container's
+cgroup v2 CPU quota), at most 4, with at least two bundles a worker. The report is the same whatever ``jobs``
 is: merged in the order the bundles were found.
 """
 
@@ -190,7 +190,14 @@ class _Out:
     def __init__(self, out: str, storage_options: Mapping[str, Any] | None) -> None:
         self.out = out
         self.store = None
-        if Location.of(out, storage_options).uploads:
+        if not Location.of(out, storage_options).uploads:
+            if os.path.lexists(out) and not os.path.isdir(out):
+                raise BundleError(f"export: -o {out}: expected a directory (or none yet), found a file")
+            try:
+                os.makedirs(out, exist_ok=True)
+            except OSError as e:
+                raise BundleError(f"export: -o {out}: cannot make the directory: {e.strerror}") from None
+        else:
             from bundles._store.client import get_store
 
             self.url = StoreURL(out)
@@ -275,22 +282,25 @@ def _out_of(out: str, storage_options: Mapping[str, Any] | None) -> _Out:
 def _merge(report: ExportReport, part: ExportReport, location: str, seen: set[str]) -> None:
     """Add one worker's report (``seen``: the parts written so far). Two copies of one bundle
     under the root (a directory and its packed file) have one part: the copy merged second counts
-    as skipped, as it does with ``jobs=1`` (where the part exists by then), though both wrote it."""
+    as skipped, as it does with ``jobs=1`` (where the part exists by then), though both wrote it
+    (its rows and SFT conventions not counted twice). On a store, where the create-only put of
+    the copy found second may win, the copy named skipped may be the other one."""
     if part.written and seen.issuperset(part.written):
         report.skipped.append(location)
     else:
         seen.update(part.written)
         report.written += part.written
         report.rows += part.rows
+        report.conventions.update(part.conventions)
     report.skipped += part.skipped
     report.filtered += part.filtered
-    report.conventions.update(part.conventions)
     report.problems += part.problems
 
 
 def _cpus() -> int:
-    """The CPUs this process may use: its affinity, within its cgroup's CPU quota (a container
-    limited to one CPU on a 64-core host sees 64 in its affinity)."""
+    """The CPUs this process may use: its affinity, within a cgroup v2 CPU quota as a container
+    sees it (``/sys/fs/cgroup/cpu.max``: a container limited to one CPU on a 64-core host sees 64
+    in its affinity). A cgroup v1 quota, or a parent's, is not read."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
@@ -300,7 +310,7 @@ def _cpus() -> int:
             quota, period = f.read().split()[:2]
         if quota != "max":
             cpus = min(cpus, max(1, -(-int(quota) // int(period))))
-    except (OSError, ValueError):  # cgroup v1, no limit, or not Linux
+    except (OSError, ValueError, ArithmeticError):  # cgroup v1, no limit, or not Linux
         pass
     return max(1, cpus)
 
@@ -369,7 +379,9 @@ def export_run(
 ) -> ExportReport:
     """Export every bundle under ``root`` (a run directory or a store prefix) to ``out`` (a
     directory or a store prefix); see the module's docstring. ``jobs``: worker processes (1:
-    this process; None: :func:`default_jobs`). Never raises for one bundle."""
+    this process; None: :func:`default_jobs`). Never raises for one bundle. Workers are spawned:
+    a script calling this with ``jobs`` > 1 needs the ``if __name__ == "__main__":`` guard that
+    :mod:`multiprocessing` asks of it, or its workers die starting."""
     if fmt not in FORMATS:
         raise BundleError(f"export: --format: expected one of {', '.join(FORMATS)}, found {fmt!r}")
     unknown = [c for c in columns or () if c not in COLUMNS]

@@ -28,7 +28,7 @@ def prompt_groups(groups: int, size: int) -> list[list[Sample]]:
 def grader(tokens: int) -> Callable[[Any, Sample], Awaitable[Sample]]:
     async def generate(args: Any, s: Sample) -> Sample:
         await asyncio.sleep(0.001)
-        s.multimodal_inputs = {"images": [store_media(args, png_bytes(8, 8, (s.index, 17, 99)))]}
+        s.multimodal_inputs = {"images": [store_media(args, png_bytes(8, 8, (s.index % 256, 17, 99)))]}
         s.tokens = [*range(tokens), s.index]
         s.reward = float(s.index)
         s.status = Sample.Status.COMPLETED
