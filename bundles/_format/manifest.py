@@ -49,6 +49,7 @@ __all__ = [
     "nesting_depth_exceeds",
     "parse_format_version",
     "parse_manifest_bytes",
+    "parse_manifest_read",
 ]
 
 
@@ -162,13 +163,12 @@ _SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignor
 
 def decode_manifest_json(raw: bytes, where: object) -> Any:
     """The JSON value in ``raw``, refusing what FORMAT.md §2 refuses (see the module docstring)."""
-    return _decoded(raw, where, None)
+    return _decoded(_manifest_text(raw, where), where, None)
 
 
-def _decoded(raw: bytes, where: object, media: _MediaSink | None) -> Any:
-    """The JSON value in ``raw``; with ``media``, a top-level object's ``media`` array is handed
+def _decoded(text: str, where: object, media: _MediaSink | None) -> Any:
+    """The JSON value in ``text``; with ``media``, a top-level object's ``media`` array is handed
     to it an entry at a time (:func:`_members`) and stands as ``media`` in the result."""
-    text = _manifest_text(raw, where)
     try:
         start = _WS.match(text).end()  # type: ignore[union-attr]
         if media is None or not text.startswith("{", start):
@@ -270,8 +270,19 @@ def _digest_field(ent: dict[str, Any], field: str, where: object) -> None:
 def parse_manifest_bytes(raw: bytes, where: object) -> Manifest:
     """Validate the manifest bytes ``raw`` (read from ``where``, which messages name); the one
     place a manifest is parsed."""
+    return _parse(_manifest_text(raw, where), where)
+
+
+def parse_manifest_read(read: Callable[[], bytes], where: object) -> Manifest:
+    """:func:`parse_manifest_bytes` of what ``read()`` returns, the bytes let go once decoded to
+    text: the parse holds the text and the media table, not the bytes as well (a manifest of
+    100,000 screenshots is ~11 MB of either)."""
+    return _parse(_manifest_text(read(), where), where)
+
+
+def _parse(text: str, where: object) -> Manifest:
     sink = _MediaSink(where)
-    manifest = _decoded(raw, where, sink)
+    manifest = _decoded(text, where, sink)
     if not isinstance(manifest, dict):
         raise BundleFormatError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
     kind = _check_top_fields(manifest, where)

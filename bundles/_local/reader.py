@@ -38,7 +38,7 @@ from bundles._errors import (
     UnsafeBundleError,
 )
 from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR
-from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_bytes
+from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_read
 from bundles._format.media import MediaRef
 from bundles._format.options import LinkMode, Verify
 from bundles._format.shards import Rehashed, ShardData, digest_problem, iter_shard
@@ -73,7 +73,7 @@ def read_at_most(f: BinaryIO, n: int) -> bytes:
 
 def load_manifest(source: Source) -> Manifest:
     """Read and validate the manifest of ``source`` (size capped before it is parsed)."""
-    return parse_manifest_bytes(source.read_manifest(), source.where(MANIFEST_NAME))
+    return parse_manifest_read(source.read_manifest, source.where(MANIFEST_NAME))
 
 
 def parse_manifest(path: Path) -> Manifest:
@@ -253,7 +253,7 @@ class Bundle:
         if self._source.packed:
             return
         try:
-            current = parse_manifest_bytes(self._source.reread_manifest(), self._source.where(MANIFEST_NAME))
+            current = parse_manifest_read(self._source.reread_manifest, self._source.where(MANIFEST_NAME))
         except BundleError:
             current = None
         if current != self.manifest:
