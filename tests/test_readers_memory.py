@@ -95,3 +95,106 @@ def test_a_shard_rewritten_between_its_check_and_its_decoding_is_refused_naming_
                 pass
     assert f"{shard}: digest: expected sha256:" in str(e.value)
     assert "(the file changed while it was read)" in str(e.value)
+
+
+# Open a bundle and iterate it with tracemalloc on; print the bytes held once it is open and the
+# peak of the whole (open + iterate + verify's listing).
+MEDIA_CHILD = """
+import sys, tracemalloc
+import bundles
+tracemalloc.start()
+b = bundles.open_bundle(sys.argv[1], verify="none")
+held = tracemalloc.get_traced_memory()[0]
+count = sum(1 for _ in b.samples())
+problems = b.problems(full=False)
+peak = tracemalloc.get_traced_memory()[1]
+tracemalloc.stop()
+b.close()
+print(count, len(b.media), len(problems), held, peak)
+"""
+
+
+def _with_screenshots(root: Path, n: int) -> Path:
+    """A bundle of ``n`` small samples, each with its own screenshot file (a few bytes apart)."""
+    media = root / f"media-{n}"
+    media.mkdir()
+    samples = []
+    for i in range(n):
+        image = media / f"screen-{i}.png"
+        image.write_bytes(b"\x89PNG\r\n\x1a\n" + i.to_bytes(4, "big"))
+        samples.append({"index": i, "images": [str(image)]})
+    return Path(str(bundles.write_bundle(root / f"b{n}", samples, media_roots=[media])))
+
+
+@pytest.fixture(scope="module")
+def distinct_media(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    root = tmp_path_factory.mktemp("readers-media")
+    return {n: _with_screenshots(root, n) for n in (500, 5_000)}
+
+
+def test_an_open_bundle_holds_under_100_bytes_a_distinct_media_file(distinct_media: dict[int, Path]) -> None:
+    figures = {}
+    for n, path in distinct_media.items():
+        done = subprocess.run(
+            [sys.executable, "-c", MEDIA_CHILD, str(path)],
+            capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        count, files, problems, held, peak = map(int, done.stdout.split())
+        assert (count, files, problems) == (n, n, 0)
+        figures[n] = (held, peak)
+    files = 5_000 - 500
+    held_per_file = (figures[5_000][0] - figures[500][0]) / files
+    peak_per_file = (figures[5_000][1] - figures[500][1]) / files
+    manifest_per_file = os.stat(distinct_media[5_000] / "manifest.json").st_size / 5_000
+    shown = json.dumps({"figures": figures, "held": held_per_file, "peak": peak_per_file})
+    # Held: the media table's columns (32 + 8 + 4 bytes an entry); before, ~1 KB of dicts,
+    # strings, MediaEntry and MediaRef objects an entry.
+    assert held_per_file <= 100, shown
+    # At the peak: the manifest's bytes and its text while the text is decoded (2 x ~113 bytes
+    # an entry), and the table; no parsed object per entry (a dict alone is ~180 bytes).
+    assert peak_per_file <= 2 * manifest_per_file + 100, shown
+
+
+def _rewrite_manifest(path: Path, change: Any) -> None:
+    manifest = json.loads((path / "manifest.json").read_bytes())
+    change(manifest)
+    os.chmod(path / "manifest.json", 0o644)
+    (path / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
+
+
+def test_an_unsorted_media_list_reads_and_verifies_and_a_repeat_anywhere_is_refused(tmp_path: Path) -> None:
+    path = _with_screenshots(tmp_path, 40)
+    with bundles.open_bundle(path) as b:
+        before = [(s["index"], s["images"]) for s in b]
+    _rewrite_manifest(path, lambda m: m["media"].reverse())  # another writer's order
+    with bundles.open_bundle(path) as b:
+        assert [(s["index"], s["images"]) for s in b] == before
+        assert b.problems(full=True) == []
+        names = [r.filename for r in b.media]
+        assert names == sorted(names, reverse=True)
+        assert all(b.manifest.media.find(name) == i for i, name in enumerate(names))
+        assert b.manifest.media.find(names[0].upper()) == -1
+    (path / "media" / names[3]).unlink()
+    with bundles.open_bundle(path, verify="none") as b:
+        assert b.problems(full=False) == [f"{path}/media/{names[3]}: listed in the manifest but missing"]
+
+    def repeat(m: dict[str, Any]) -> None:
+        m["media"].insert(30, dict(m["media"][5]))
+
+    _rewrite_manifest(path, repeat)
+    with pytest.raises(bundles.BundleFormatError) as e:
+        bundles.open_bundle(path, verify="none")
+    assert f"{path}/manifest.json: media[30]: sha256:{names[5][:64]}.png is listed twice" in str(e.value)
+
+
+def test_media_entries_keep_fields_they_do_not_define_and_dump_as_read(tmp_path: Path) -> None:
+    path = _with_screenshots(tmp_path, 3)
+    _rewrite_manifest(path, lambda m: m["media"][1].update(note={"x": [1, 2]}))
+    raw = json.loads((path / "manifest.json").read_bytes())
+    with bundles.open_bundle(path) as b:
+        assert json.loads(json.dumps(b.manifest)) == raw
+        assert b.manifest["media"] == raw["media"]
+        assert [m.digest for m in b.manifest.media] == [m["digest"] for m in raw["media"]]
+        assert len(list(b)) == 3

@@ -75,6 +75,12 @@ def _torch_dtype(name: str) -> Any:
     return _TORCH_DTYPE_OBJECTS.get(name)
 
 
+#: References resolved per decoder before its cache starts over: the references a shard repeats
+#: resolve once (a binary search of the manifest's media table and a ``MediaRef`` each), while a
+#: shard of distinct screenshots (one a sample) holds no more than this many (~600 bytes each).
+REF_CACHE = 1024
+
+
 class SampleDecoder:
     """Decodes the samples of one shard; references resolve to the files listed in ``media``.
 
@@ -204,6 +210,8 @@ class SampleDecoder:
             raise Defect(
                 f"references {ref.digest}{ref.suffix} ({ref.size} bytes), which the manifest does not list"
             )
+        if len(self._refs) >= REF_CACHE:  # distinct references: one a sample's screenshot, say
+            self._refs.clear()
         self._refs[(code, data)] = found
         return found
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bundles._errors import BundleFormatError, UnsafeBundleError
+from bundles._errors import BundleError, BundleFormatError, UnsafeBundleError
 from bundles._format.layout import (
     DIGEST_RE,
     FORMAT_NAME,
@@ -36,7 +38,8 @@ from bundles._format.layout import (
     SUFFIX_RE,
     SUPPORTED_FORMAT_VERSIONS,
 )
-from bundles._format.limits import MAX_MEDIA_BYTES
+from bundles._format.limits import MAX_MEDIA_BYTES, MAX_MEDIA_COUNT
+from bundles._format.mediatable import MediaEntry, MediaTable
 
 __all__ = [
     "Manifest",
@@ -46,6 +49,7 @@ __all__ = [
     "nesting_depth_exceeds",
     "parse_format_version",
     "parse_manifest_bytes",
+    "parse_manifest_read",
 ]
 
 
@@ -60,20 +64,6 @@ class ShardEntry:
     digest: str  #: ``sha256:<hex>`` of the compressed bytes
 
 
-@dataclass(frozen=True)
-class MediaEntry:
-    """One entry of ``manifest["media"]`` (FORMAT.md §2), validated."""
-
-    digest: str  #: ``sha256:<hex>``
-    size: int
-    suffix: str  #: e.g. ``.png``; may be empty
-
-    @property
-    def filename(self) -> str:
-        """The stored name, ``<hex><suffix>``, under ``media/``."""
-        return self.digest[7:] + self.suffix
-
-
 class Manifest(dict[str, Any]):
     """A validated manifest: the stored JSON object, with typed fields as attributes.
 
@@ -86,7 +76,8 @@ class Manifest(dict[str, Any]):
     meta: dict[str, Any]
     sample_count: int
     shards: tuple[ShardEntry, ...]
-    media: tuple[MediaEntry, ...]
+    #: the entries as columns (:class:`MediaTable`, a ``Sequence[MediaEntry]``), also ``self["media"]``
+    media: MediaTable
     #: ``"rollout-bundles <version>"`` of the writer, when recorded
     created_by: str | None
     #: how many media references the samples hold, when recorded
@@ -96,6 +87,11 @@ class Manifest(dict[str, Any]):
     def parse(cls, raw: bytes, where: object) -> Manifest:
         """Validate the manifest bytes ``raw`` (read from ``where``, which messages name)."""
         return parse_manifest_bytes(raw, where)
+
+    def items(self) -> Any:
+        """The items, ``media`` as the stored list of objects: ``json.dumps`` of a dict subclass
+        takes its items from here, so the manifest dumps as the JSON it was read from."""
+        return [(k, v.as_json() if isinstance(v, MediaTable) else v) for k, v in super().items()]
 
 
 def parse_format_version(manifest: dict[str, Any], where: object) -> int:
@@ -143,8 +139,8 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def decode_manifest_json(raw: bytes, where: object) -> Any:
-    """The JSON value in ``raw``, refusing what FORMAT.md §2 refuses (see the module docstring)."""
+def _manifest_text(raw: bytes, where: object) -> str:
+    """``raw`` as text: UTF-8 without a byte order mark (see the module docstring)."""
     if raw.startswith(b"\xef\xbb\xbf"):
         raise BundleFormatError(
             f"{where}: starts with a byte order mark; the manifest must be UTF-8 without one"
@@ -154,18 +150,104 @@ def decode_manifest_json(raw: bytes, where: object) -> Any:
             f"{where}: not UTF-8 (a NUL byte or a UTF-16/32 byte order mark); the manifest must be UTF-8 JSON"
         )
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BundleFormatError(f"{where}: not UTF-8: {e}") from None
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_WS = re.compile(r"[ \t\n\r]*")
+#: The decoder's scanner: one JSON value at an index of a text, and the index past it.
+_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
+def decode_manifest_json(raw: bytes, where: object) -> Any:
+    """The JSON value in ``raw``, refusing what FORMAT.md §2 refuses (see the module docstring)."""
+    return _decoded(_manifest_text(raw, where), where, None)
+
+
+def _decoded(text: str, where: object, media: _MediaSink | None) -> Any:
+    """The JSON value in ``text``; with ``media``, a top-level object's ``media`` array is handed
+    to it an entry at a time (:func:`_members`) and stands as ``media`` in the result."""
     try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        start = _WS.match(text).end()  # type: ignore[union-attr]
+        if media is None or not text.startswith("{", start):
+            value = _DECODER.decode(text)
+            if nesting_depth_exceeds(value, MAX_NESTING_DEPTH):
+                raise RecursionError
+            return value
+        return _members(text, start + 1, where, media)
     except RecursionError:
         raise BundleFormatError(f"{where}: nested deeper than {MAX_NESTING_DEPTH} levels") from None
+    except StopIteration as e:  # the scanner found no value where one must be
+        raise BundleFormatError(
+            f"{where}: not valid JSON: {_error('Expecting value', text, e.value)}"
+        ) from None
     except ValueError as e:  # json.JSONDecodeError, a huge int, a non-finite number
         raise BundleFormatError(f"{where}: not valid JSON: {e}") from None
-    if nesting_depth_exceeds(value, MAX_NESTING_DEPTH):
-        raise BundleFormatError(f"{where}: nested deeper than {MAX_NESTING_DEPTH} levels")
-    return value
+
+
+def _error(message: str, text: str, at: int) -> json.JSONDecodeError:
+    return json.JSONDecodeError(message, text, at)
+
+
+def _members(text: str, i: int, where: object, media: _MediaSink) -> dict[str, Any]:
+    """The top-level object whose ``{`` ends before ``i``, decoded member by member with the
+    ``json`` module's own scanner (the grammar, escapes, numbers and errors are ``json.loads``'s,
+    a repeated key keeps its last value as there): the ``media`` array is scanned an entry at a
+    time into ``media``, so that no list of parsed entries exists at any moment (issue 39, item
+    6). Nesting is checked per value, counting the levels above it."""
+    scan, ws, out = _SCAN, _WS.match, {}
+    i = ws(text, i).end()  # type: ignore[union-attr]
+    if text.startswith("}", i):
+        i += 1
+    else:
+        while True:
+            if not text.startswith('"', i):
+                raise _error("Expecting property name enclosed in double quotes", text, i)
+            key, i = scan(text, i)
+            i = ws(text, i).end()  # type: ignore[union-attr]
+            if not text.startswith(":", i):
+                raise _error("Expecting ':' delimiter", text, i)
+            i = ws(text, i + 1).end()  # type: ignore[union-attr]
+            if key == "media" and text.startswith("[", i):
+                i = _entries(text, i + 1, media)
+                out[key] = media
+            else:
+                out[key], i = scan(text, i)
+                if nesting_depth_exceeds(out[key], MAX_NESTING_DEPTH - 1):
+                    raise RecursionError
+            i = ws(text, i).end()  # type: ignore[union-attr]
+            if text.startswith("}", i):
+                i += 1
+                break
+            if not text.startswith(",", i):
+                raise _error("Expecting ',' delimiter", text, i)
+            i = ws(text, i + 1).end()  # type: ignore[union-attr]
+    end = ws(text, i).end()  # type: ignore[union-attr]
+    if end != len(text):
+        raise _error("Extra data", text, end)
+    return out
+
+
+def _entries(text: str, i: int, media: _MediaSink) -> int:
+    """Scan the array whose ``[`` ends before ``i`` into ``media``; return the index past its ``]``."""
+    scan, ws = _SCAN, _WS.match
+    media.start()
+    i = ws(text, i).end()  # type: ignore[union-attr]
+    if text.startswith("]", i):
+        return i + 1
+    while True:
+        value, i = scan(text, i)
+        if nesting_depth_exceeds(value, MAX_NESTING_DEPTH - 2):  # the object, the array above
+            raise RecursionError
+        media.add(value)
+        i = ws(text, i).end()  # type: ignore[union-attr]
+        if text.startswith("]", i):
+            return i + 1
+        if not text.startswith(",", i):
+            raise _error("Expecting ',' delimiter", text, i)
+        i = ws(text, i + 1).end()  # type: ignore[union-attr]
 
 
 def _int_field(ent: dict[str, Any], key: str, field: str, where: object) -> int:
@@ -188,12 +270,25 @@ def _digest_field(ent: dict[str, Any], field: str, where: object) -> None:
 def parse_manifest_bytes(raw: bytes, where: object) -> Manifest:
     """Validate the manifest bytes ``raw`` (read from ``where``, which messages name); the one
     place a manifest is parsed."""
-    manifest = decode_manifest_json(raw, where)
+    return _parse(_manifest_text(raw, where), where)
+
+
+def parse_manifest_read(read: Callable[[], bytes], where: object) -> Manifest:
+    """:func:`parse_manifest_bytes` of what ``read()`` returns, the bytes let go once decoded to
+    text: the parse holds the text and the media table, not the bytes as well (a manifest of
+    100,000 screenshots is ~11 MB of either)."""
+    return _parse(_manifest_text(read(), where), where)
+
+
+def _parse(text: str, where: object) -> Manifest:
+    sink = _MediaSink(where)
+    manifest = _decoded(text, where, sink)
     if not isinstance(manifest, dict):
         raise BundleFormatError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
     kind = _check_top_fields(manifest, where)
     shards = _parse_shards(manifest, where)
-    media = _parse_media(manifest, where)
+    media = sink.finish(manifest["media"])
+    manifest["media"] = media
     out = Manifest(manifest)
     out.format_version = manifest["format_version"]
     out.kind = kind
@@ -285,28 +380,70 @@ def _parse_shard(ent: Any, i: int, where: object) -> ShardEntry:
     return ShardEntry(p, samples, size, raw_size, ent["digest"])
 
 
-def _parse_media(manifest: dict[str, Any], where: object) -> tuple[MediaEntry, ...]:
-    """The validated ``media`` list, each stored name listed once."""
-    media = manifest["media"]
-    if not isinstance(media, list):
-        raise BundleFormatError(f"{where}: media: expected a list, found {type(media).__name__}")
-    seen: set[str] = set()
-    entries: list[MediaEntry] = []
-    for i, ent in enumerate(media):
-        field = f"media[{i}]"
+class _MediaSink:
+    """The ``media`` entries as the parser scans them: each validated (FORMAT.md §2: an object,
+    the digest's shape, the suffix, a size in bounds, the pair listed once, at most
+    MAX_MEDIA_COUNT of them) and added to a :class:`MediaTable`. The first problem is kept, not
+    raised, until :meth:`finish`: the top-level fields, checked after the scan, are reported
+    first, as when the manifest was parsed whole."""
+
+    def __init__(self, where: object) -> None:
+        self.where = where
+        self.start()
+
+    def start(self) -> None:  # a repeated ``media`` key: the last one counts, as in json.loads
+        self.table = MediaTable()
+        self.count = 0
+        self.error: BundleError | None = None
+        self.previous: tuple[bytes, str] | None = None
+        self.ordered = True
+
+    def add(self, ent: Any) -> None:
+        i, self.count = self.count, self.count + 1
+        if self.error is None:
+            try:
+                self._add(ent, i)
+            except BundleError as e:
+                self.error = e
+
+    def _add(self, ent: Any, i: int) -> None:
+        where, field = self.where, f"media[{i}]"
+        if i >= MAX_MEDIA_COUNT:  # before an entry more is held
+            raise UnsafeBundleError(f"{where}: media: more than MAX_MEDIA_COUNT, {MAX_MEDIA_COUNT}, entries")
         if not isinstance(ent, dict):
             raise BundleFormatError(f"{where}: {field}: expected an object, found {type(ent).__name__}")
         _digest_field(ent, field, where)
         suffix = ent.get("suffix")
         if not isinstance(suffix, str) or not SUFFIX_RE.fullmatch(suffix):
             raise UnsafeBundleError(f"{where}: {field}.suffix: expected e.g. '.png', found {_short(suffix)}")
-        entry = MediaEntry(ent["digest"], _int_field(ent, "size", field, where), suffix)
-        if entry.size > MAX_MEDIA_BYTES:  # before any reader sizes a buffer or a loop from it
+        size = _int_field(ent, "size", field, where)
+        if size > MAX_MEDIA_BYTES:  # before any reader sizes a buffer or a loop from it
             raise UnsafeBundleError(
-                f"{where}: {field}.size: {entry.size} exceeds MAX_MEDIA_BYTES, the cap of {MAX_MEDIA_BYTES} bytes"
+                f"{where}: {field}.size: {size} exceeds MAX_MEDIA_BYTES, the cap of {MAX_MEDIA_BYTES} bytes"
             )
-        if entry.filename in seen:
-            raise BundleFormatError(f"{where}: {field}: {ent['digest']}{suffix} is listed twice")
-        seen.add(entry.filename)
-        entries.append(entry)
-    return tuple(entries)
+        key = (bytes.fromhex(ent["digest"][7:]), suffix)
+        if self.previous is not None and key <= self.previous:
+            if key == self.previous:  # listed in order, a repeat follows its first
+                raise BundleFormatError(f"{where}: {field}: {ent['digest']}{suffix} is listed twice")
+            self.ordered = False  # not as FORMAT.md §2 sorts it: repeats are looked for at the end
+        extra = None if len(ent) == 3 else {k: v for k, v in ent.items() if k not in _MEDIA_KEYS}
+        self.table.append(key[0], size, suffix, extra)
+        self.previous = key
+
+    def finish(self, value: Any) -> MediaTable:
+        """The validated table, ``value`` being what the manifest holds as ``media``."""
+        if value is not self:
+            raise BundleFormatError(f"{self.where}: media: expected a list, found {type(value).__name__}")
+        if not self.ordered:
+            repeat = self.table.first_duplicate()  # before any error kept: it comes later
+            if repeat is not None:
+                table = self.table
+                raise BundleFormatError(
+                    f"{self.where}: media[{repeat}]: {table.digest(repeat)}{table.suffix(repeat)} is listed twice"
+                )
+        if self.error is not None:
+            raise self.error
+        return self.table.seal()
+
+
+_MEDIA_KEYS = frozenset(("digest", "size", "suffix"))

@@ -22,7 +22,7 @@ import io
 import itertools
 import operator
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, overload
 
@@ -38,7 +38,7 @@ from bundles._errors import (
     UnsafeBundleError,
 )
 from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR
-from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_bytes
+from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_read
 from bundles._format.media import MediaRef
 from bundles._format.options import LinkMode, Verify
 from bundles._format.shards import Rehashed, ShardData, digest_problem, iter_shard
@@ -48,7 +48,8 @@ from bundles._local.commit import is_staging_name
 from bundles._local.fs import check_link_mode, copy_and_hash, ingest, make_read_only
 from bundles._local.progress import Progress
 from bundles._local.sources import DirSource, RemoteSource, Source
-from bundles._local.verifying import digest_problems, listing_problems
+from bundles._local.stored import MediaRefs, StoredMedia
+from bundles._local.verifying import Expected, digest_problems, listing_problems
 from bundles._urls import local_path_only
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def read_at_most(f: BinaryIO, n: int) -> bytes:
 
 def load_manifest(source: Source) -> Manifest:
     """Read and validate the manifest of ``source`` (size capped before it is parsed)."""
-    return parse_manifest_bytes(source.read_manifest(), source.where(MANIFEST_NAME))
+    return parse_manifest_read(source.read_manifest, source.where(MANIFEST_NAME))
 
 
 def parse_manifest(path: Path) -> Manifest:
@@ -92,10 +93,8 @@ class Bundle:
         self.path = source.path
         #: The validated manifest (:class:`Manifest`: the stored JSON object, fields typed).
         self.manifest = manifest
-        self._media: dict[str, MediaRef] = {}
-        for e in manifest.media:
-            ref = MediaRef(e.digest, e.size, e.suffix)
-            self._media[ref.filename] = ref.with_path(source.media_path(f"{MEDIA_DIR}/{ref.filename}"))
+        # Stored name -> MediaRef, each made when asked for (no object per file: issue 39, item 6).
+        self._media = StoredMedia(manifest.media, source)
 
     def __repr__(self) -> str:
         return (
@@ -164,18 +163,20 @@ class Bundle:
         return self.manifest.meta
 
     @property
-    def media(self) -> list[MediaRef]:
-        """Every stored media file, with ``path`` set inside the bundle.
+    def media(self) -> MediaRefs:
+        """Every stored media file, with ``path`` set inside the bundle: a read-only sequence in
+        the manifest's order whose ``MediaRef``s are made as they are read (see
+        :mod:`bundles._local.stored`).
 
         For a packed bundle ``path`` is ``<packed file>/media/<name>``: it names the member and
         cannot be opened as a file; read it with :meth:`open_media`, or :meth:`rehydrate` the
         bundle to get files.
         """
-        return list(self._media.values())
+        return MediaRefs(self._media)
 
     @property
     def media_bytes(self) -> int:
-        return sum(r.size for r in self._media.values())
+        return self.manifest.media.total_size()
 
     @property
     def media_references(self) -> int:
@@ -214,21 +215,13 @@ class Bundle:
     # -- verification ----------------------------------------------------------------------------
     def problems(self, full: bool = True, progress: bool | None = False) -> list[str]:
         """Every problem found, as messages naming the file and field; empty when sound."""
-        expected: dict[str, int] = {MANIFEST_NAME: -1}
-        for e in self.manifest.shards:
-            expected[e.path] = e.size
-        for ref in self._media.values():
-            expected[f"{MEDIA_DIR}/{ref.filename}"] = ref.size
-        problems, found = listing_problems(self._source, str(self.path), expected)
-        del expected  # O(media) names, no longer needed while hashing
+        expected = Expected(self.manifest.shards, self.manifest.media)
+        problems, shown = listing_problems(self._source, str(self.path), expected)
 
         # Only files that passed the listing checks are hashed: one problem per file. Generated
         # as the hashing goes, never listed whole (see bundles._local.verifying).
         def jobs() -> Iterator[tuple[str, str, int]]:
-            yield from ((e.path, e.digest, e.size) for e in self.manifest.shards if e.path in found)
-            for r in self._media.values() if full else ():
-                if f"{MEDIA_DIR}/{r.filename}" in found:
-                    yield f"{MEDIA_DIR}/{r.filename}", r.digest, r.size
+            return expected.jobs(shown, full)
 
         label = f"verifying {self.path.name}"
         return problems + digest_problems(self._source, jobs, label, progress)
@@ -260,7 +253,7 @@ class Bundle:
         if self._source.packed:
             return
         try:
-            current = parse_manifest_bytes(self._source.reread_manifest(), self._source.where(MANIFEST_NAME))
+            current = parse_manifest_read(self._source.reread_manifest, self._source.where(MANIFEST_NAME))
         except BundleError:
             current = None
         if current != self.manifest:
@@ -356,7 +349,7 @@ class Bundle:
                 yield found[i]
 
     def _samples(
-        self, media: dict[str, MediaRef], shards: list[ShardEntry] | None = None, first_index: int = 0
+        self, media: Mapping[str, MediaRef], shards: list[ShardEntry] | None = None, first_index: int = 0
     ) -> Iterator[dict[Any, Any]]:
         """The samples of ``shards`` (default: all), streamed one at a time from each shard after
         its digest is checked (see :mod:`bundles._format.shards`): memory holds a chunk of the shard

@@ -4,66 +4,138 @@
 member index, a store's listing) and compares it with the names and sizes the manifest expects;
 :func:`digest_problems` hashes the files that passed, a few at once (hashlib releases the GIL).
 
-**Memory.** What verifying holds grows with the number of stored *files*, never with the number
-of samples: the expected names and sizes and the names found (one string each, O(shards +
-distinct media): a listing cannot be compared with a manifest without them). The hashing jobs are
-generated as they are taken and at most :data:`IN_FLIGHT` per worker are submitted ahead: before
-issue 39, item 6, ``ThreadPoolExecutor.map`` submitted one future per file at once (a future, its
-condition and its lock, ~1 KB each: ~12 MB at 10,000 distinct screenshots, ~120 MB at 100,000).
+**Memory.** Verifying holds one byte per stored file beyond what the open bundle holds, never a
+Python object per file or per sample (issue 39, item 6). :class:`Expected` numbers the files the
+manifest lists (``manifest.json``, the shards, then the media) and looks a listed name up without
+a set of names: a shard by a dict of its few paths, a media file by the binary search of its
+manifest's :class:`~bundles._format.mediatable.MediaTable`. What the listing shows of each file is
+one byte of a ``bytearray`` by that number (found, or reported), from which the missing files
+(in name order) and the files to hash are read. Before, the expected names and sizes and the
+names found were held as strings (~300 bytes a file). The hashing jobs are generated as they are
+taken and at most :data:`IN_FLIGHT` per worker are submitted ahead: ``ThreadPoolExecutor.map``
+submitted one future per file at once (a future, its condition and its lock, ~1 KB each).
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from bundles._errors import BundleError
+from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR
+from bundles._format.manifest import ShardEntry
+from bundles._format.mediatable import MediaTable
 from bundles._local.progress import Progress
 from bundles._local.sources import LAYOUT_DIRS, Source, describe
 
-__all__ = ["IN_FLIGHT", "digest_problems", "listing_problems"]
+__all__ = ["IN_FLIGHT", "Expected", "digest_problems", "listing_problems"]
 
 #: Hashing jobs submitted ahead per worker: enough that none waits, few enough to stay small.
 IN_FLIGHT = 4
+FOUND, REPORTED = 1, 2  # what the listing showed of an expected file (0: nothing)
+_MEDIA_PREFIX = MEDIA_DIR + "/"
 
 
-def listing_problems(src: Source, path: str, expected: dict[str, int]) -> tuple[list[str], set[str]]:
-    """What a bundle's listing shows wrong against ``expected`` (name -> size, -1 for any size),
-    and the names listed as regular files of the right size (the ones worth hashing)."""
+class Expected:
+    """The files a manifest lists, numbered: 0 ``manifest.json``, 1.. the shards, then the media
+    (see the module docstring)."""
+
+    def __init__(self, shards: Sequence[ShardEntry], media: MediaTable) -> None:
+        self.shards, self.media = shards, media
+        self._shards = {e.path: k for k, e in enumerate(shards, start=1)}
+        self._first_media = 1 + len(shards)
+        self.count = self._first_media + len(media)
+
+    def index(self, rel: str) -> int:
+        """The number of the listed file ``rel``; -1 when the manifest does not list it."""
+        if rel == MANIFEST_NAME:
+            return 0
+        k = self._shards.get(rel)
+        if k is not None:
+            return k
+        if rel.startswith(_MEDIA_PREFIX):
+            j = self.media.find(rel[len(_MEDIA_PREFIX) :])
+            return -1 if j < 0 else self._first_media + j
+        return -1
+
+    def size(self, k: int) -> int:
+        """File ``k``'s size as the manifest says it; -1 for any (the manifest's own)."""
+        if k == 0:
+            return -1
+        if k < self._first_media:
+            return self.shards[k - 1].size
+        return self.media.size(k - self._first_media)
+
+    def name(self, k: int) -> str:
+        if k == 0:
+            return MANIFEST_NAME
+        if k < self._first_media:
+            return self.shards[k - 1].path
+        return _MEDIA_PREFIX + self.media.filename(k - self._first_media)
+
+    def in_name_order(self) -> Iterator[int]:
+        """Every number, in the order of the names as strings (``manifest.json`` < ``media/`` <
+        ``samples/``; the media table's (digest, suffix) order is its names' order)."""
+        yield 0
+        yield from (self._first_media + j for j in self.media.sorted_indices())
+        yield from range(1, self._first_media)
+
+    def jobs(self, shown: bytearray, media: bool) -> Iterator[tuple[str, str, int]]:
+        """(name, digest, size) of each file ``shown`` FOUND: the shards, and with ``media`` the
+        media files, in the manifest's order."""
+        for k, e in enumerate(self.shards, start=1):
+            if shown[k] == FOUND:
+                yield e.path, e.digest, e.size
+        table, first = self.media, self._first_media
+        for j in range(len(table)) if media else ():
+            if shown[first + j] == FOUND:
+                yield _MEDIA_PREFIX + table.filename(j), table.digest(j), table.size(j)
+
+
+def listing_problems(src: Source, path: str, expected: Expected) -> tuple[list[str], bytearray]:
+    """What a bundle's listing shows wrong against ``expected``, and what it showed of each
+    expected file by its number: FOUND for a regular file of the right size (the ones worth
+    hashing), REPORTED for one with a problem, 0 for none listed."""
     problems: list[str] = []
-    found: set[str] = set()  # listed files present as regular files of the right size
-    reported: set[str] = set()
+    shown = bytearray(expected.count)
     unlistable: set[str] = set()  # directories whose files are unknown (not missing)
     for entry in src.entries():
         rel = entry.name
         if entry.kind == "unlistable":
-            shown = path if rel == "." else src.where(rel)
-            problems.append(f"{shown}: cannot list the directory: {entry.error}")
+            at = path if rel == "." else src.where(rel)
+            problems.append(f"{at}: cannot list the directory: {entry.error}")
             unlistable.add(rel)
             continue
         if entry.kind == "dir":
             if rel not in LAYOUT_DIRS:
                 problems.append(f"{src.where(rel)}: unexpected directory")
             continue
+        k = expected.index(rel)
         if entry.kind != "file":
             problems.append(f"{src.where(rel)}: expected a regular file, found {describe(entry.kind)}")
-            reported.add(rel)
+            if k >= 0 and not shown[k]:
+                shown[k] = REPORTED
             continue
-        if rel not in expected:
+        if k < 0:
             problems.append(f"{src.where(rel)}: file is not listed in the manifest")
             continue
-        if expected[rel] >= 0 and entry.size != expected[rel]:
-            problems.append(f"{src.where(rel)}: size: expected {expected[rel]} bytes, found {entry.size}")
-            reported.add(rel)
+        size = expected.size(k)
+        if size >= 0 and entry.size != size:
+            problems.append(f"{src.where(rel)}: size: expected {size} bytes, found {entry.size}")
+            if not shown[k]:
+                shown[k] = REPORTED
             continue
-        found.add(rel)
-    for rel in sorted(set(expected) - found - reported):
+        shown[k] = FOUND  # a name listed twice (a packed file's members) is hashed if once found
+    for k in expected.in_name_order():
+        if shown[k]:
+            continue
+        rel = expected.name(k)
         if "." in unlistable or os.path.dirname(rel) in unlistable:
             continue  # not missing: its directory could not be listed (reported above)
         problems.append(f"{src.where(rel)}: listed in the manifest but missing")
-    return problems, found
+    return problems, shown
 
 
 def digest_problems(
