@@ -12,6 +12,9 @@ The result is a :class:`Manifest`: the JSON object as stored (it *is* a ``dict``
 its fields also as typed, named attributes (``manifest.kind``, ``manifest.shards[0].digest``),
 set once here from the validated values. Code in this project reads the attributes; the item
 access is for compatibility with callers that treated the manifest as the dict it used to be.
+One item differs from the stored JSON: ``media`` is a :class:`~bundles._format.mediatable.MediaTable`
+(the entries as columns, ~44 bytes a file, parsed an entry at a time), which ``json.dumps``
+still writes as the stored list (:meth:`Manifest.items`).
 """
 
 from __future__ import annotations
