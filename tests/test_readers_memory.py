@@ -198,3 +198,42 @@ def test_media_entries_keep_fields_they_do_not_define_and_dump_as_read(tmp_path:
         assert b.manifest["media"] == raw["media"]
         assert [m.digest for m in b.manifest.media] == [m["digest"] for m in raw["media"]]
         assert len(list(b)) == 3
+
+
+@pytest.mark.parametrize("unsorted", [False, True])
+def test_one_digest_listed_with_many_suffixes_is_found_in_log_steps(tmp_path: Path, unsorted: bool) -> None:
+    """A hostile manifest may list one digest with thousands of suffixes (each a distinct stored
+    name): a lookup must still be a binary search over (digest, suffix), not a walk over the
+    digest's entries. Counted in key comparisons, not time."""
+    from bundles._format.manifest import parse_manifest_bytes
+
+    path = _with_screenshots(tmp_path, 1)
+    raw = json.loads((path / "manifest.json").read_bytes())
+    digest = raw["media"][0]["digest"]
+    media = [{"digest": digest, "size": 1, "suffix": f".s{k:05d}"} for k in range(20_000)]
+    if unsorted:
+        media.reverse()
+    raw["media"] = media
+    table = parse_manifest_bytes(json.dumps(raw).encode(), path / "manifest.json").media
+
+    def lines_run(name: str) -> tuple[int, int]:
+        """find(name) and how many lines of Python it ran (a walk over the digest's entries
+        runs tens of thousands; a binary search a few hundred at most)."""
+        count = [0]
+
+        def tracer(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line":
+                count[0] += 1
+            return tracer
+
+        sys.settrace(tracer)
+        try:
+            found = table.find(name)
+        finally:
+            sys.settrace(None)
+        return found, count[0]
+
+    for k in (0, 19_999, 12_345):
+        i, lines = lines_run(f"{digest[7:]}.s{k:05d}")
+        assert table.suffix(i) == f".s{k:05d}" and lines < 1_000, lines
+    assert table.find(f"{digest[7:]}.s99999") == -1

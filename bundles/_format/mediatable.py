@@ -167,22 +167,20 @@ class MediaTable(Sequence[MediaEntry]):
             return -1
         if len(key) != DIGEST_BYTES or key.hex() != hexpart:  # bytes.fromhex takes upper case, spaces
             return -1
-        suffix, digests, order, n = name[64:], self._digests, self._order, len(self._sizes)
+        # The search compares the whole (digest, suffix) key, the table's order: one digest
+        # listed with many suffixes (a hostile manifest may list 500,000) costs log2(n) steps too.
+        target, order, n = (key, name[64:]), self._order, len(self._sizes)
         lo, hi = 0, n
         while lo < hi:
             mid = (lo + hi) // 2
-            j = mid if order is None else order[mid]
-            if digests[j * DIGEST_BYTES : (j + 1) * DIGEST_BYTES] < key:
+            if self.key(mid if order is None else order[mid]) < target:
                 lo = mid + 1
             else:
                 hi = mid
-        while lo < n:  # the entries of this digest, one per suffix
+        if lo < n:
             j = lo if order is None else order[lo]
-            if digests[j * DIGEST_BYTES : (j + 1) * DIGEST_BYTES] != key:
-                break
-            if self._suffixes[self._ids[j]] == suffix:
+            if self.key(j) == target:
                 return j
-            lo += 1
         return -1
 
     def as_json(self) -> list[dict[str, Any]]:
