@@ -153,8 +153,10 @@ def test_an_open_bundle_holds_under_100_bytes_a_distinct_media_file(distinct_med
     # strings, MediaEntry and MediaRef objects an entry.
     assert held_per_file <= 100, shown
     # At the peak: the manifest's bytes and its text while the text is decoded (2 x ~113 bytes
-    # an entry), and the table; no parsed object per entry (a dict alone is ~180 bytes).
-    assert peak_per_file <= 2 * manifest_per_file + 100, shown
+    # an entry), and the table; no parsed object per entry. Measured 215 bytes an entry on
+    # Python 3.11 and 430 on 3.13 (its json scanner's own buffers); the parser before held
+    # ~1,200 (dicts, strings, MediaEntry and MediaRef objects an entry).
+    assert peak_per_file <= 5 * manifest_per_file, shown
 
 
 def _rewrite_manifest(path: Path, change: Any) -> None:
