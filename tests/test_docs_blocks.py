@@ -236,21 +236,21 @@ def documented_weed(argv: list[str], tmp: Path, exports: list[str]) -> Iterator[
     and the ports it leaves to the defaults); yields the environment the block's ``export`` lines
     set, pointed at it, once it answers."""
     import boto3
-    from helpers.store import free_port, stop_process_group, weed_binary
+    from helpers.store import stop_process_group, weed_binary, weed_ports
 
     weed = weed_binary()
     assert weed is not None
-    ports = {k: free_port() for k in ("s3", "master", "volume", "filer", "admin", "debug")}
+    ports = weed_ports()
     work = Path(tempfile.mkdtemp(prefix="weed-", dir=tmp))
     argv = [weed, *[f"-dir={work}/data" if a.startswith("-dir=") else a for a in argv[1:]]]
-    argv += [f"-{k}.port={p}" for k, p in ports.items()]
+    argv += [f"-{k}={p}" for k, p in ports.items()]
     argv += ["-admin.ui=false", "-webdav=false", "-master.volumeSizeLimitMB=32"]
     argv += ["-s3.port.iceberg=0", "-s3.port.lance=0"]  # fixed ports otherwise (8181, 9101)
     env: dict[str, str] = {}
     for line in exports:
         for pair in shlex.split(line.split("  #", 1)[0])[1:]:
             k, v = pair.split("=", 1)
-            env[k] = v.replace(":8333", f":{ports['s3']}")
+            env[k] = v.replace(":8333", f":{ports['s3.port']}")
     log = open(work / "weed.log", "wb")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         argv,

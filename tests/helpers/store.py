@@ -164,8 +164,45 @@ def weed_binary() -> str | None:
     return shutil.which("weed") or (beside if os.access(beside, os.X_OK) else None)
 
 
+def _weed_argv(weed: str, work: str, config: str, ports: dict[str, int]) -> list[str]:
+    return [
+        weed,
+        "mini",
+        f"-dir={work}/data",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-s3.config={config}",
+        "-s3.autoCreateBucket=false",
+        "-admin.ui=false",
+        "-webdav=false",
+        "-master.volumeSizeLimitMB=32",
+        # Off: they listen on fixed ports (8181, 9101), so a second server (a parallel tox env) would die.
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-master.telemetry=false",
+        # Every port named, the gRPC ones too: left to themselves they are the HTTP port + 10000,
+        # which nobody checked was free (a Ray worker or another env's server may hold it).
+        *(f"-{name}={port}" for name, port in ports.items()),
+    ]
+
+
+def weed_ports() -> dict[str, int]:
+    """Distinct free ports for every listener of ``weed mini``, keyed by flag name."""
+    names = ["s3.port", "master.port", "volume.port", "filer.port", "admin.port", "debug.port"]
+    names += [f"{n}.grpc" for n in names if n != "debug.port"]
+    ports: dict[str, int] = {}
+    while len(ports) < len(names):
+        port = free_port()
+        if port not in ports.values():
+            ports[names[len(ports)]] = port
+    return ports
+
+
 @contextlib.contextmanager
-def seaweed_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
+def seaweed_server(timeout_s: float = 60.0, attempts: int = 3) -> Iterator[S3Server]:
+    """SeaweedFS on loopback. A port found free can be taken by another process before the server
+    binds it (five test environments share this machine), so a server that exits while starting
+    is started again on fresh ports, ``attempts`` times; the last failure quotes its log."""
     weed = weed_binary()
     if weed is None:
         raise FileNotFoundError("weed")
@@ -184,50 +221,53 @@ def seaweed_server(timeout_s: float = 60.0) -> Iterator[S3Server]:
             },
             f,
         )
-    ports = {k: free_port() for k in ("s3", "master", "volume", "filer", "admin", "debug")}
-    argv = [
-        weed,
-        "mini",
-        f"-dir={work}/data",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
-        f"-s3.port={ports['s3']}",
-        f"-s3.config={config}",
-        "-s3.autoCreateBucket=false",
-        "-admin.ui=false",
-        "-webdav=false",
-        f"-admin.port={ports['admin']}",
-        f"-debug.port={ports['debug']}",
-        f"-master.port={ports['master']}",
-        f"-volume.port={ports['volume']}",
-        f"-filer.port={ports['filer']}",
-        "-master.volumeSizeLimitMB=32",
-        # Off: they listen on fixed ports (8181, 9101), so a second server (a parallel tox env) would die.
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-    ]
-    log = open(os.path.join(work, "weed.log"), "wb")  # noqa: SIM115 (closed in the finally below)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=work, start_new_session=True)
-    endpoint = f"http://127.0.0.1:{ports['s3']}"
+    proc: subprocess.Popen[Any] | None = None
+    log = None
     try:
-        client = _boto(endpoint)
-        deadline = time.monotonic() + timeout_s
-        probe = f"probe-{secrets.token_hex(4)}"
-        while True:  # up when a bucket can be made and written to
-            if proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited with {proc.returncode}: see {work}/weed.log")
-            try:
-                client.create_bucket(Bucket=probe)
-                client.put_object(Bucket=probe, Key="x", Body=b"x")
+        for attempt in range(attempts):
+            ports = weed_ports()
+            shutil.rmtree(os.path.join(work, "data"), ignore_errors=True)
+            log_path = os.path.join(work, f"weed-{attempt}.log")
+            log = open(log_path, "wb")  # noqa: SIM115 (closed below or in the finally)
+            proc = subprocess.Popen(
+                _weed_argv(weed, work, config, ports),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=work,
+                start_new_session=True,
+            )
+            endpoint = f"http://127.0.0.1:{ports['s3.port']}"
+            client = _boto(endpoint)
+            deadline = time.monotonic() + timeout_s
+            probe = f"probe-{secrets.token_hex(4)}"
+            up = False
+            while not up:  # up when a bucket can be made and written to
+                if proc.poll() is not None:
+                    break
+                try:
+                    client.create_bucket(Bucket=probe)
+                    client.put_object(Bucket=probe, Key="x", Body=b"x")
+                    up = True
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.3)
+            if up:
                 break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
+            log.close()
+            if attempt == attempts - 1:
+                with open(log_path, "rb") as f:
+                    tail = f.read()[-3000:].decode("utf-8", "replace")
+                raise RuntimeError(
+                    f"weed mini exited with {proc.returncode} on each of {attempts} starts; "
+                    f"the last log ends:\n{tail}"
+                )
         yield S3Server("seaweedfs", endpoint, lambda b: client.create_bucket(Bucket=b))
     finally:
-        stop_process_group(proc)
-        log.close()
+        if proc is not None:
+            stop_process_group(proc)
+        if log is not None:
+            log.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
