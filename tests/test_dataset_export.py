@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -302,7 +303,8 @@ def test_workers_export_what_one_process_exports_and_report_it_in_the_same_order
 ) -> None:
     """``jobs=2`` (two spawned workers, a bundle each at a time) against ``jobs=1``: the same parts
     with the same rows, the same report (written in the order the bundles were found, the damaged
-    bundle's problem named), and a second export by workers skips every part."""
+    bundle's problem named; of two copies of one bundle, either may be the part, and the report
+    names the other skipped), and a second export by workers skips every part."""
     import shutil
 
     import pyarrow.parquet as pq
@@ -324,20 +326,78 @@ def test_workers_export_what_one_process_exports_and_report_it_in_the_same_order
     one, two = reports[1], reports[2]
     rel = lambda paths, jobs: [os.path.relpath(p, tmp_path / f"out{jobs}") for p in paths]  # noqa: E731
     assert rel(two.written, 2) == rel(one.written, 1) and len(one.written) == 3
-    copy = [str(root / "rollout" / "fully_async_2.rbundle")]
-    assert (two.rows, two.skipped, two.filtered) == (one.rows, one.skipped, one.filtered) == (12, copy, 0)
+    copies = [str(root / "rollout" / "fully_async_2"), str(root / "rollout" / "fully_async_2.rbundle")]
+    assert (one.rows, one.skipped, one.filtered) == (12, copies[1:], 0)  # one process: the copy found first
+    # Workers may export both copies at once: the one finished first is the part, the other skipped.
+    assert (two.rows, two.filtered) == (12, 0) and len(two.skipped) == 1 and two.skipped[0] in copies
     assert [w for w, _ in two.problems] == [w for w, _ in one.problems] == [str(damaged)]
     assert two.problems[0][1] == one.problems[0][1] and "samples" in one.problems[0][1]
     for a, b in zip(one.written, two.written, strict=True):
-        assert pq.read_table(a).equals(pq.read_table(b))
+        ta, tb = pq.read_table(a), pq.read_table(b)
+        assert ta.drop_columns(["bundle"]).equals(tb.drop_columns(["bundle"]))
+        if "step=2" in a:  # the part of the copy the report does not name skipped
+            (winner,) = set(tb.column("bundle").to_pylist())
+            assert winner in copies and winner not in two.skipped
+        else:
+            assert ta.equals(tb)
     sft = {
         j: export_run(str(root), str(tmp_path / f"sft{j}"), fmt="sft", jobs=j, progress=False) for j in (1, 2)
     }
     assert sft[2].conventions == sft[1].conventions and sum(sft[1].conventions.values()) == sft[1].rows
-    assert sft[2].skipped == sft[1].skipped == copy
+    assert sft[1].skipped == copies[1:] and len(sft[2].skipped) == 1 and sft[2].skipped[0] in copies
     again = export_run(str(root), str(tmp_path / "out2"), jobs=2, progress=False)
     assert again.written == [] and len(again.skipped) == 4
     assert [w for w, _ in again.problems] == [str(damaged)]
+
+
+def test_a_copy_that_finishes_second_publishes_nothing_and_counts_nothing(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    """Two copies of one bundle exported at once (workers, or two exports): the part is
+    published create-only, so the copy that finishes second replaces nothing, is reported
+    skipped, and counts no rows and no SFT conventions (the race made to happen: the second
+    export runs whole while the first holds its finished, unpublished part)."""
+    import pyarrow.parquet as pq
+
+    from bundles._commands.exporting import export_run
+
+    first = tmp_path / "first"
+    shutil.copytree(run["run"] / "rollout" / "fully_async_2", first)
+    second = tmp_path / "second.rbundle"
+    bundles.pack_bundle(first, second)
+    out = tmp_path / "out"
+    inner: list[Any] = []
+
+    def meanwhile(rel: str) -> None:
+        if not inner:  # the first export's pass; the second's own pass finds it set
+            inner.append(None)
+            inner[0] = export_run(str(second), str(out), fmt="sft", progress=False)
+
+    with bundles.support.on_fault_point("export.written", meanwhile):
+        outer = export_run(str(first), str(out), fmt="sft", progress=False)
+    (won,) = inner
+    assert len(won.written) == 1 and won.rows > 0 and sum(won.conventions.values()) == won.rows
+    assert (outer.written, outer.skipped, outer.rows, outer.problems) == ([], [str(first)], 0, [])
+    assert sum(outer.conventions.values()) == 0
+    (part,) = out.rglob("*.parquet")
+    assert str(part) == won.written[0]
+    assert pq.read_table(part).num_rows == won.rows
+    assert not [p for p in out.rglob("*") if p.is_file() and p != part]  # no scratch left
+
+
+def test_a_packed_bundle_given_as_the_root_is_exported_and_another_file_is_a_problem(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    packed = tmp_path / "one.rbundle"
+    bundles.pack_bundle(run["run"] / "rollout" / "fully_async_0", packed)
+    done = cli(str(packed), "-o", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert "exported 1 bundle" in done.stdout and len(list((tmp_path / "out").rglob("*.parquet"))) == 1
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    done = cli(str(notes), "-o", str(tmp_path / "out2"))
+    assert done.returncode == 1 and f"{notes}: not a bundle, nor a directory to look into" in done.stderr
+    assert notes.read_text() == "mine"
 
 
 def test_jobs_below_one_is_refused(run: dict[str, Any], tmp_path: Path) -> None:

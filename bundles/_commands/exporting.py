@@ -23,9 +23,12 @@ One bundle's defect (damaged, unreadable) is one line on stderr and exit status 
 exported.
 
 Parallelism (``--jobs``, ``jobs=``): the bundles are exported by that many worker processes,
-one bundle a task (a part is one bundle's; two copies of one bundle under ROOT, a directory and
-its packed file, may both write their part, the same bytes, each published whole, and the copy
-found second is reported skipped, as with one process). A sample is decoded and
+one bundle a task. A part is one bundle's: two copies of one bundle under ROOT (a directory and
+its packed file) have one part, published create-only (locally a rename that never replaces, on a
+store a create-only put), so exactly one copy's part lands and the other copy is reported
+skipped. With one process that is the copy found first; with workers two copies may be exported
+at once and the one finished first wins: its rows are the same, its ``bundle`` column (where the
+rows were read from) names it. A sample is decoded and
 turned into columns in Python, which holds one core; the Parquet writing is C. On two cores two
 workers export a run in a little over half the time (docs/PERFORMANCE.md, "Export to Parquet").
 Workers are started with ``spawn`` (a fork of a process holding threads, an event loop or a store
@@ -172,10 +175,8 @@ def _write_jsonl(f: BinaryIO, batches: Iterator[Any]) -> int:
     return rows
 
 
-def _write_part(f: BinaryIO, bundle: Any, fmt: str, opts: dict[str, Any], report: ExportReport) -> int:
-    batches = _batches(
-        bundle, fmt, opts["with_images"], opts["columns"], opts["min_reward"], report.conventions
-    )
+def _write_part(f: BinaryIO, bundle: Any, fmt: str, opts: dict[str, Any], conventions: Conventions) -> int:
+    batches = _batches(bundle, fmt, opts["with_images"], opts["columns"], opts["min_reward"], conventions)
     if fmt == "jsonl":
         return _write_jsonl(f, batches)
     import pyarrow as pa
@@ -212,15 +213,19 @@ class _Out:
         return os.path.exists(self.where(rel))
 
     def publish(self, rel: str, write: Any, location: str) -> bool:
-        """Write a part with ``write(f)`` and publish it whole; False when another export
-        published it first (a store's create-only put found it). On a store the finished part is
-        read into memory for its put: one over ``MAX_EXPORT_PART_BYTES`` is refused, unread."""
+        """Write a part with ``write(f)`` and publish it whole, never over one that is there;
+        False when another export (or another copy of the bundle, in another worker) published
+        it first. On a store the finished part is read into memory for its put: one over
+        ``MAX_EXPORT_PART_BYTES`` is refused, unread."""
         if self.store is None:
             path = self.where(rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with atomic_writer(path, durable=True) as f:
-                write(f)
-                fault_point("export.written", rel)
+            try:
+                with atomic_writer(path, durable=True, replace=False) as f:
+                    write(f)
+                    fault_point("export.written", rel)
+            except FileExistsError:
+                return False
             return True
         with tempfile.TemporaryDirectory(prefix=".export-") as tmp:
             part = os.path.join(tmp, "part")
@@ -248,13 +253,15 @@ def _export_one(location: str, out: _Out, fmt: str, opts: dict[str, Any], report
             report.skipped.append(location)
             return
         rows = [0]
+        conventions = Conventions()  # counted once the part is published, not by a copy that lost
 
         def write(f: BinaryIO) -> None:
-            rows[0] = _write_part(f, bundle, fmt, opts, report)
+            rows[0] = _write_part(f, bundle, fmt, opts, conventions)
 
         if out.publish(rel, write, location):
             report.written.append(out.where(rel))
             report.rows += rows[0]
+            report.conventions.update(conventions)
         else:
             report.skipped.append(location)
 
@@ -279,19 +286,12 @@ def _out_of(out: str, storage_options: Mapping[str, Any] | None) -> _Out:
     return _OUTS[out]
 
 
-def _merge(report: ExportReport, part: ExportReport, location: str, seen: set[str]) -> None:
-    """Add one worker's report (``seen``: the parts written so far). Two copies of one bundle
-    under the root (a directory and its packed file) have one part: the copy merged second counts
-    as skipped, as it does with ``jobs=1`` (where the part exists by then), though both wrote it
-    (its rows and SFT conventions not counted twice). On a store, where the create-only put of
-    the copy found second may win, the copy named skipped may be the other one."""
-    if part.written and seen.issuperset(part.written):
-        report.skipped.append(location)
-    else:
-        seen.update(part.written)
-        report.written += part.written
-        report.rows += part.rows
-        report.conventions.update(part.conventions)
+def _merge(report: ExportReport, part: ExportReport) -> None:
+    """Add one worker's report. Of two copies of one bundle under the root only one published
+    its part (create-only): the other's report says skipped."""
+    report.written += part.written
+    report.rows += part.rows
+    report.conventions.update(part.conventions)
     report.skipped += part.skipped
     report.filtered += part.filtered
     report.problems += part.problems
@@ -398,9 +398,8 @@ def export_run(
     with Progress(f"export {root}", total=len(found.bundles), unit=" bundles", enabled=progress) as bar:
         if workers > 1:
             parts = _export_parallel(found.bundles, out, fmt, opts, workers, bar)
-            seen: set[str] = set()
-            for location, part in zip(found.bundles, parts, strict=True):
-                _merge(report, part, location, seen)
+            for part in parts:
+                _merge(report, part)
             return report
         for location in found.bundles:
             try:
@@ -412,10 +411,10 @@ def export_run(
 
 
 def _export(ns: argparse.Namespace) -> int:
-    if not Location.of(ns.root).uploads and not os.path.isdir(ns.root):
-        what = "does not exist" if not os.path.lexists(ns.root) else "is not a directory"
+    if not Location.of(ns.root).uploads and not os.path.lexists(ns.root):
         raise common.CommandError(
-            f"{os.path.abspath(ns.root)}: {what}; export reads the bundles under a directory"
+            f"{os.path.abspath(ns.root)}: does not exist; export reads the bundles under a directory "
+            "(or one packed bundle)"
         )
     columns = [c for part in ns.columns for c in part.split(",") if c] if ns.columns else None
     report = export_run(ns.root, ns.output, fmt=ns.format, with_images=ns.with_images, kind=ns.kind,

@@ -139,11 +139,15 @@ def find_bundles(
         raise BundleError(f"find_bundles: depth: expected 0..{MAX_FIND_DEPTH}, found {depth!r}")
     at = Location.of(root, storage_options)
     found = Listing()
-    _walk(at, depth, found, storage_options)
+    a_file = not at.uploads and os.path.lexists(at) and not os.path.isdir(at)
+    if not a_file:  # a packed bundle is not looked into: it is asked about as itself, below
+        _walk(at, depth, found, storage_options)
     if not found.bundles and not found.problems:
         try:
             if is_bundle(at, storage_options):
                 found.bundles = [str(at)]  # `ls BUNDLE` names the bundle, as ls FILE names the file
+            elif a_file:
+                found.problems.append((str(at), "not a bundle, nor a directory to look into"))
         except (BundleError, OSError, ValueError) as e:
             found.problems.append((str(at), _reason(e)))
     found.bundles = sorted(set(found.bundles))
