@@ -199,7 +199,9 @@ def sized_manifest(meta: dict[str, Any], media: list[dict[str, Any]], **more: An
     ).encode()  # fmt: skip
 
 
-ENTRIES = [{"digest": "sha256:" + f"{k:02x}" * 32, "size": 1000 + k, "suffix": ".png"} for k in range(6)]
+ENTRIES: list[dict[str, Any]] = [
+    {"digest": "sha256:" + f"{k:02x}" * 32, "size": 1000 + k, "suffix": ".png"} for k in range(6)
+]
 
 
 def test_an_entry_across_every_window_boundary_parses_read_once() -> None:
@@ -257,3 +259,24 @@ def test_a_byte_order_mark_a_nul_and_utf16_are_refused_as_whole() -> None:
             with window(size), pytest.raises(BundleFormatError) as refused:
                 parse_manifest_file(io.BytesIO(bad), WHERE)
             assert str(refused.value) == message
+
+
+def test_media_tables_compare_equal_exactly_when_their_lists_are() -> None:
+    """A reader compares the manifest it opened with the one there now (a replaced bundle, or
+    a damaged one?): equal exactly when the stored lists are, compared by columns."""
+    a = parse_manifest_bytes(sized_manifest({}, ENTRIES), WHERE)
+    assert a == parse_manifest_bytes(sized_manifest({}, ENTRIES), WHERE)
+    changed = [
+        [dict(e, size=e["size"] + 1) if k == 4 else e for k, e in enumerate(ENTRIES)],
+        [dict(e, suffix=".jpg") if k == 2 else e for k, e in enumerate(ENTRIES)],
+        [dict(e, digest="sha256:" + "ee" * 32) if k == 4 else e for k, e in enumerate(ENTRIES)],
+        [dict(e, note=1) if k == 1 else e for k, e in enumerate(ENTRIES)],
+        ENTRIES[:5],
+        [ENTRIES[1], ENTRIES[0], *ENTRIES[2:]],
+    ]
+    for media in changed:
+        b = parse_manifest_bytes(sized_manifest({}, media), WHERE)
+        assert a.media != b.media and a != b and b.media == media and (a.media == b.media) is False
+    jpg = [[dict(e, suffix=".jpg") if k == j else e for k, e in enumerate(ENTRIES)] for j in (1, 2)]
+    one, two = (parse_manifest_bytes(sized_manifest({}, media), WHERE).media for media in jpg)
+    assert one != two  # the same suffixes, met in the same order, on other entries
