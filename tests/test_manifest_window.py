@@ -1,11 +1,12 @@
 """The manifest parsed through a window (``bundles._format.manifest``, issue 39, item 6): the same
 manifests and the same refusals, with the same messages, as the parse of the whole text.
 
-The window is made a few bytes wide here (``WINDOW_BYTES``), so that every entry, number, escape
-and multibyte character of a small manifest meets its boundary somewhere; the reference is the
-same parse with a window wider than the manifest (the whole text at once), and, independently,
-``json.loads``. A manifest that parses must be read once (a second read means the window gave
-up and the whole text decided: a window that always gave up would pass every comparison).
+The window (``bundles._format.textwindow.WINDOW_BYTES``) is made a few bytes wide here, so that
+every entry, number, escape and multibyte character of a small manifest meets its boundary
+somewhere; the reference is the same parse with a window wider than the manifest (the whole text
+at once), and, independently, ``json.loads``. A manifest that parses must be read once (a
+second read means the window gave up and the whole text decided: a window that always gave up
+would pass every comparison).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from bundles import BundleError, BundleFormatError, UnsafeBundleError
 from bundles._format import manifest as manifest_module
+from bundles._format import textwindow
 from bundles._format.manifest import parse_manifest_bytes, parse_manifest_file
 
 WHERE = "b/manifest.json"
@@ -29,12 +31,12 @@ WHERE = "b/manifest.json"
 
 @contextmanager
 def window(size: int) -> Iterator[None]:
-    saved = manifest_module.WINDOW_BYTES
-    manifest_module.WINDOW_BYTES = size
+    saved = textwindow.WINDOW_BYTES
+    textwindow.WINDOW_BYTES = size
     try:
         yield
     finally:
-        manifest_module.WINDOW_BYTES = saved
+        textwindow.WINDOW_BYTES = saved
 
 
 class CountingFile(io.BytesIO):

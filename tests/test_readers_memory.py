@@ -104,8 +104,8 @@ def test_a_shard_rewritten_between_its_check_and_its_decoding_is_refused_naming_
 MEDIA_CHILD = """
 import sys, tracemalloc
 import bundles
-from bundles._format import manifest
-manifest.WINDOW_BYTES = 16384
+from bundles._format import textwindow
+textwindow.WINDOW_BYTES = 16384
 tracemalloc.start()
 b = bundles.open_bundle(sys.argv[1], verify="none")
 held, opened = tracemalloc.get_traced_memory()

@@ -15,19 +15,24 @@ access is for compatibility with callers that treated the manifest as the dict i
 One item differs from the stored JSON: ``media`` is a :class:`~bundles._format.mediatable.MediaTable`
 (the entries as columns, ~44 bytes a file, parsed an entry at a time), which ``json.dumps``
 still writes as the stored list (:meth:`Manifest.items`).
+
+**Memory** (issue 39, item 6). The manifest is read through a window
+(:mod:`bundles._format.textwindow`): :func:`parse_manifest_file` reads a file a window at a
+time, never whole; :func:`parse_manifest_bytes` decodes bytes a window at a time, never to one
+text. Either parse still reads every byte before the manifest is trusted (the "Extra data" check
+at the end, a bad media entry anywhere, a repeat). Only where the window gives up (any error) is
+the whole text parsed, so that a refusal's message and position are ``json.loads``'s, as before.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
-import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from bundles._errors import BundleError, BundleFormatError, UnsafeBundleError
+from bundles._format import textwindow
 from bundles._format.layout import (
     DIGEST_RE,
     FORMAT_NAME,
@@ -44,6 +49,7 @@ from bundles._format.layout import (
 )
 from bundles._format.limits import MAX_MANIFEST_BYTES, MAX_MEDIA_BYTES, MAX_MEDIA_COUNT
 from bundles._format.mediatable import MediaEntry, MediaTable
+from bundles._format.textwindow import DECODER, WHITESPACE, TextWindow, WindowGaveUp
 
 __all__ = [
     "Manifest",
@@ -132,17 +138,6 @@ def _is_int(v: Any) -> bool:
     return type(v) is int and 0 <= v <= MAX_INT
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text[:40]} overflows a float64")
-    return value
-
-
 def _manifest_text(raw: bytes, where: object) -> str:
     """``raw`` as text: UTF-8 without a byte order mark (see the module docstring)."""
     if raw.startswith(b"\xef\xbb\xbf"):
@@ -159,12 +154,6 @@ def _manifest_text(raw: bytes, where: object) -> str:
         raise BundleFormatError(f"{where}: not UTF-8: {e}") from None
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
-_WS = re.compile(r"[ \t\n\r]*")
-#: The decoder's scanner: one JSON value at an index of a text, and the index past it.
-_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
-
-
 def decode_manifest_json(raw: bytes, where: object) -> Any:
     """The JSON value in ``raw``, refusing what FORMAT.md §2 refuses (see the module docstring)."""
     return _decoded(_manifest_text(raw, where), where, None)
@@ -174,13 +163,13 @@ def _decoded(text: str, where: object, media: _MediaSink | None) -> Any:
     """The JSON value in ``text``; with ``media``, a top-level object's ``media`` array is handed
     to it an entry at a time (:func:`_members`) and stands as ``media`` in the result."""
     try:
-        start = _WS.match(text).end()  # type: ignore[union-attr]
+        start = WHITESPACE.match(text).end()  # type: ignore[union-attr]
         if media is None or not text.startswith("{", start):
-            value = _DECODER.decode(text)
+            value = DECODER.decode(text)
             if nesting_depth_exceeds(value, MAX_NESTING_DEPTH):
                 raise RecursionError
             return value
-        return _members(_Text(text), start + 1, media)
+        return _members(TextWindow(text), start + 1, media)
     except RecursionError:
         raise BundleFormatError(f"{where}: nested deeper than {MAX_NESTING_DEPTH} levels") from None
     except StopIteration as e:  # the scanner found no value where one must be
@@ -193,12 +182,13 @@ def _decoded(text: str, where: object, media: _MediaSink | None) -> Any:
 
 def _decoded_window(read: Callable[[int], bytes], media: _MediaSink) -> dict[str, Any] | None:
     """The manifest object that ``read(n)`` (up to ``n`` more bytes, ``b""`` at the end) yields,
-    read through a window (:class:`_Text`), its ``media`` handed to ``media``; None where the
-    whole-text parse must decide (anything short of a manifest object that parses whole:
-    its message and the position it names are then ``json.loads``'s, never a window's)."""
+    read through a window (:class:`~bundles._format.textwindow.TextWindow`), its ``media``
+    handed to ``media``; None where the whole-text parse must decide (anything short of a
+    manifest object that parses whole: its message and the position it names are then
+    ``json.loads``'s, never a window's)."""
     try:
-        text = _Text("", read)
-        text.more(0, WINDOW_BYTES)
+        text = TextWindow("", read)
+        text.more(0, textwindow.WINDOW_BYTES)
         if text.text.startswith("\ufeff"):  # a byte order mark: refused by the whole-text checks
             return None
         start = text.ws(0)
@@ -207,7 +197,7 @@ def _decoded_window(read: Callable[[int], bytes], media: _MediaSink) -> dict[str
         return _members(text, start + 1, media)
     except BundleError:
         raise  # the manifest cap, counted as the bytes are read
-    except (_Fallback, ValueError, StopIteration, RecursionError):  # UnicodeDecodeError is one
+    except (WindowGaveUp, ValueError, StopIteration, RecursionError):  # UnicodeDecodeError is one
         return None
 
 
@@ -215,73 +205,7 @@ def _error(message: str, text: str, at: int) -> json.JSONDecodeError:
     return json.JSONDecodeError(message, text, at)
 
 
-#: Bytes of a manifest decoded at a time when it is read through a window (:class:`_Text`).
-WINDOW_BYTES = 1 << 18
-#: A value scanned this close to a window's end may go on past it (``1.5e-`` is scanned as
-#: ``1.5``, two characters back): the window is refilled and the value scanned again.
-_MARGIN = 8
-
-
-class _Fallback(Exception):
-    """What the window leaves to the whole-text parse: a NUL byte, bytes that are not UTF-8."""
-
-
-class _Text:
-    """The text the scanner reads: a whole text (``read`` None), or a window over a manifest's
-    bytes decoded a few hundred KB at a time, so that a manifest of 100,000 screenshots (~11 MB)
-    is never held as text, nor as bytes when it is read from a file (issue 39, item 6).
-
-    Indices are into :attr:`text`, which changes only in :meth:`more` (called by :meth:`ws` and
-    :meth:`scan`, which return indices into the new text): it drops the text before an index
-    and appends what is read next, so the window holds the value being scanned and what
-    follows it. A value that meets the window's end (a string or an object cut short, ``12`` of
-    ``123``) is scanned again with more text, the reads doubling: every value is scanned whole,
-    by ``json``'s own scanner, as ``json.loads`` scans it. UTF-8 is decoded incrementally (a
-    character cut between two reads is decoded with the second), strictly, as ``bytes.decode``
-    does."""
-
-    __slots__ = ("_decoder", "_read", "done", "text")
-
-    def __init__(self, text: str, read: Callable[[int], bytes] | None = None) -> None:
-        self.text, self._read, self.done = text, read, read is None
-        self._decoder = codecs.getincrementaldecoder("utf-8")()
-
-    def more(self, i: int, n: int) -> int:
-        """Drop the text before ``i`` and append up to ``n`` more bytes' worth; return where
-        ``i`` is now."""
-        if self._read is None or self.done:
-            return i
-        chunk = self._read(n)
-        if b"\x00" in chunk:
-            raise _Fallback  # the whole-text checks name it
-        self.done = not chunk
-        self.text = self.text[i:] + self._decoder.decode(chunk, final=self.done)
-        return 0
-
-    def ws(self, i: int) -> int:
-        """The index past the whitespace at ``i``: of a character, unless the text is all read."""
-        while True:
-            i = _WS.match(self.text, i).end()  # type: ignore[union-attr]
-            if i < len(self.text) or self.done:
-                return i
-            i = self.more(i, WINDOW_BYTES)
-
-    def scan(self, i: int) -> tuple[Any, int]:
-        """The JSON value at ``i`` and the index past it (see the class docstring)."""
-        n = WINDOW_BYTES
-        while True:
-            try:
-                value, end = _SCAN(self.text, i)
-            except (StopIteration, ValueError, RecursionError):
-                if self.done:
-                    raise
-            else:
-                if self.done or end + _MARGIN < len(self.text):
-                    return value, end
-            i, n = self.more(i, n), 2 * n
-
-
-def _members(text: _Text, i: int, media: _MediaSink) -> dict[str, Any]:
+def _members(text: TextWindow, i: int, media: _MediaSink) -> dict[str, Any]:
     """The top-level object whose ``{`` ends before ``i``, decoded member by member with the
     ``json`` module's own scanner (the grammar, escapes, numbers and errors are ``json.loads``'s,
     a repeated key keeps its last value as there): the ``media`` array is scanned an entry at a
@@ -320,7 +244,7 @@ def _members(text: _Text, i: int, media: _MediaSink) -> dict[str, Any]:
     return out
 
 
-def _entries(text: _Text, i: int, media: _MediaSink) -> int:
+def _entries(text: TextWindow, i: int, media: _MediaSink) -> int:
     """Scan the array whose ``[`` ends before ``i`` into ``media``; return the index past its ``]``."""
     media.start()
     i = text.ws(i)
@@ -358,7 +282,7 @@ def _digest_field(ent: dict[str, Any], field: str, where: object) -> None:
 
 def parse_manifest_bytes(raw: bytes, where: object) -> Manifest:
     """Validate the manifest bytes ``raw`` (read from ``where``, which messages name); the one
-    place a manifest is parsed. The bytes are decoded through a window (:class:`_Text`): the
+    place a manifest is parsed. The bytes are decoded through a window (:class:`~bundles._format.textwindow.TextWindow`): the
     parse holds them and the media table, never their text as well."""
     at = 0
 
@@ -390,7 +314,7 @@ def parse_manifest_file(f: BinaryIO, where: object) -> Manifest:
         nonlocal total
         f.seek(start)
         total, data = 0, bytearray()
-        while chunk := read(WINDOW_BYTES):
+        while chunk := read(textwindow.WINDOW_BYTES):
             data += chunk
         return bytes(data)
 
