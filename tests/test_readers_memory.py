@@ -100,7 +100,7 @@ def test_a_shard_rewritten_between_its_check_and_its_decoding_is_refused_naming_
 # Open a bundle, verify it in full and iterate it with tracemalloc on; print the bytes held once
 # it is open, the peak while it opened (the manifest parsed) and the peak of open + verify --full.
 # The manifest window is made smaller than both bundles' manifests (55 and 555 KB), so that the
-# per-file figures below are not a window's constant (256 KiB) counted for one bundle only.
+# per-file figures below are not a window's constant (64 KiB) counted for one bundle only.
 MEDIA_CHILD = """
 import sys, tracemalloc
 import bundles
