@@ -187,8 +187,8 @@ class DirSource:
 
     def media_path(self, name: str) -> str:
         # Not ``self.path / name``: pathlib interns each component (``sys.intern``), and the
-        # interpreter's table of interned strings grows by a slot a media file and never
-        # shrinks (~1 MB at 100,000 distinct screenshots; issue 39, item 6).
+        # interpreter's table of interned strings, resized as 100,000 names come and go, never
+        # shrinks (~1 MB more at 100,000 distinct screenshots, traced; issue 39, item 6).
         return os.path.join(self.path, name)
 
     def open_manifest(self) -> BinaryIO:
