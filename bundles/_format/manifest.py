@@ -15,18 +15,24 @@ access is for compatibility with callers that treated the manifest as the dict i
 One item differs from the stored JSON: ``media`` is a :class:`~bundles._format.mediatable.MediaTable`
 (the entries as columns, ~44 bytes a file, parsed an entry at a time), which ``json.dumps``
 still writes as the stored list (:meth:`Manifest.items`).
+
+**Memory** (issue 39, item 6). The manifest is read through a window
+(:mod:`bundles._format.textwindow`): :func:`parse_manifest_file` reads a file a window at a
+time, never whole; :func:`parse_manifest_bytes` decodes bytes a window at a time, never to one
+text. Either parse still reads every byte before the manifest is trusted (the "Extra data" check
+at the end, a bad media entry anywhere, a repeat). Only where the window gives up (any error) is
+the whole text parsed, so that a refusal's message and position are ``json.loads``'s, as before.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from bundles._errors import BundleError, BundleFormatError, UnsafeBundleError
+from bundles._format import textwindow
 from bundles._format.layout import (
     DIGEST_RE,
     FORMAT_NAME,
@@ -41,8 +47,9 @@ from bundles._format.layout import (
     SUFFIX_RE,
     SUPPORTED_FORMAT_VERSIONS,
 )
-from bundles._format.limits import MAX_MEDIA_BYTES, MAX_MEDIA_COUNT
+from bundles._format.limits import MAX_MANIFEST_BYTES, MAX_MEDIA_BYTES, MAX_MEDIA_COUNT
 from bundles._format.mediatable import MediaEntry, MediaTable
+from bundles._format.textwindow import DECODER, WHITESPACE, TextWindow, WindowGaveUp
 
 __all__ = [
     "Manifest",
@@ -52,7 +59,7 @@ __all__ = [
     "nesting_depth_exceeds",
     "parse_format_version",
     "parse_manifest_bytes",
-    "parse_manifest_read",
+    "parse_manifest_file",
 ]
 
 
@@ -131,17 +138,6 @@ def _is_int(v: Any) -> bool:
     return type(v) is int and 0 <= v <= MAX_INT
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text[:40]} overflows a float64")
-    return value
-
-
 def _manifest_text(raw: bytes, where: object) -> str:
     """``raw`` as text: UTF-8 without a byte order mark (see the module docstring)."""
     if raw.startswith(b"\xef\xbb\xbf"):
@@ -158,12 +154,6 @@ def _manifest_text(raw: bytes, where: object) -> str:
         raise BundleFormatError(f"{where}: not UTF-8: {e}") from None
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
-_WS = re.compile(r"[ \t\n\r]*")
-#: The decoder's scanner: one JSON value at an index of a text, and the index past it.
-_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
-
-
 def decode_manifest_json(raw: bytes, where: object) -> Any:
     """The JSON value in ``raw``, refusing what FORMAT.md §2 refuses (see the module docstring)."""
     return _decoded(_manifest_text(raw, where), where, None)
@@ -173,13 +163,13 @@ def _decoded(text: str, where: object, media: _MediaSink | None) -> Any:
     """The JSON value in ``text``; with ``media``, a top-level object's ``media`` array is handed
     to it an entry at a time (:func:`_members`) and stands as ``media`` in the result."""
     try:
-        start = _WS.match(text).end()  # type: ignore[union-attr]
+        start = WHITESPACE.match(text).end()  # type: ignore[union-attr]
         if media is None or not text.startswith("{", start):
-            value = _DECODER.decode(text)
+            value = DECODER.decode(text)
             if nesting_depth_exceeds(value, MAX_NESTING_DEPTH):
                 raise RecursionError
             return value
-        return _members(text, start + 1, where, media)
+        return _members(TextWindow(text), start + 1, media)
     except RecursionError:
         raise BundleFormatError(f"{where}: nested deeper than {MAX_NESTING_DEPTH} levels") from None
     except StopIteration as e:  # the scanner found no value where one must be
@@ -190,67 +180,87 @@ def _decoded(text: str, where: object, media: _MediaSink | None) -> Any:
         raise BundleFormatError(f"{where}: not valid JSON: {e}") from None
 
 
+def _decoded_window(read: Callable[[int], bytes], media: _MediaSink) -> dict[str, Any] | None:
+    """The manifest object that ``read(n)`` (up to ``n`` more bytes, ``b""`` at the end) yields,
+    read through a window (:class:`~bundles._format.textwindow.TextWindow`), its ``media``
+    handed to ``media``; None where the whole-text parse must decide (anything short of a
+    manifest object that parses whole: its message and the position it names are then
+    ``json.loads``'s, never a window's)."""
+    try:
+        text = TextWindow("", read)
+        text.more(0, textwindow.WINDOW_BYTES)
+        if text.text.startswith("\ufeff"):  # a byte order mark: refused by the whole-text checks
+            return None
+        start = text.ws(0)
+        if not text.text.startswith("{", start):
+            return None
+        return _members(text, start + 1, media)
+    except BundleError:
+        raise  # the manifest cap, counted as the bytes are read
+    except (WindowGaveUp, ValueError, StopIteration, RecursionError):  # UnicodeDecodeError is one
+        return None
+
+
 def _error(message: str, text: str, at: int) -> json.JSONDecodeError:
     return json.JSONDecodeError(message, text, at)
 
 
-def _members(text: str, i: int, where: object, media: _MediaSink) -> dict[str, Any]:
+def _members(text: TextWindow, i: int, media: _MediaSink) -> dict[str, Any]:
     """The top-level object whose ``{`` ends before ``i``, decoded member by member with the
     ``json`` module's own scanner (the grammar, escapes, numbers and errors are ``json.loads``'s,
     a repeated key keeps its last value as there): the ``media`` array is scanned an entry at a
     time into ``media``, so that no list of parsed entries exists at any moment (issue 39, item
     6). Nesting is checked per value, counting the levels above it."""
-    scan, ws, out = _SCAN, _WS.match, {}
-    i = ws(text, i).end()  # type: ignore[union-attr]
-    if text.startswith("}", i):
+    out: dict[str, Any] = {}
+    i = text.ws(i)
+    if text.text.startswith("}", i):
         i += 1
     else:
         while True:
-            if not text.startswith('"', i):
-                raise _error("Expecting property name enclosed in double quotes", text, i)
-            key, i = scan(text, i)
-            i = ws(text, i).end()  # type: ignore[union-attr]
-            if not text.startswith(":", i):
-                raise _error("Expecting ':' delimiter", text, i)
-            i = ws(text, i + 1).end()  # type: ignore[union-attr]
-            if key == "media" and text.startswith("[", i):
+            if not text.text.startswith('"', i):
+                raise _error("Expecting property name enclosed in double quotes", text.text, i)
+            key, i = text.scan(i)
+            i = text.ws(i)
+            if not text.text.startswith(":", i):
+                raise _error("Expecting ':' delimiter", text.text, i)
+            i = text.ws(i + 1)
+            if key == "media" and text.text.startswith("[", i):
                 i = _entries(text, i + 1, media)
                 out[key] = media
             else:
-                out[key], i = scan(text, i)
+                out[key], i = text.scan(i)
                 if nesting_depth_exceeds(out[key], MAX_NESTING_DEPTH - 1):
                     raise RecursionError
-            i = ws(text, i).end()  # type: ignore[union-attr]
-            if text.startswith("}", i):
+            i = text.ws(i)
+            if text.text.startswith("}", i):
                 i += 1
                 break
-            if not text.startswith(",", i):
-                raise _error("Expecting ',' delimiter", text, i)
-            i = ws(text, i + 1).end()  # type: ignore[union-attr]
-    end = ws(text, i).end()  # type: ignore[union-attr]
-    if end != len(text):
-        raise _error("Extra data", text, end)
+            if not text.text.startswith(",", i):
+                raise _error("Expecting ',' delimiter", text.text, i)
+            i = text.ws(i + 1)
+    end = text.ws(i)
+    if end != len(text.text):
+        raise _error("Extra data", text.text, end)
     return out
 
 
-def _entries(text: str, i: int, media: _MediaSink) -> int:
+def _entries(text: TextWindow, i: int, media: _MediaSink) -> int:
     """Scan the array whose ``[`` ends before ``i`` into ``media``; return the index past its ``]``."""
-    scan, ws = _SCAN, _WS.match
     media.start()
-    i = ws(text, i).end()  # type: ignore[union-attr]
-    if text.startswith("]", i):
+    i = text.ws(i)
+    if text.text.startswith("]", i):
         return i + 1
     while True:
-        value, i = scan(text, i)
+        value, i = text.scan(i)
         if nesting_depth_exceeds(value, MAX_NESTING_DEPTH - 2):  # the object, the array above
             raise RecursionError
         media.add(value)
-        i = ws(text, i).end()  # type: ignore[union-attr]
-        if text.startswith("]", i):
+        i = text.ws(i)
+        if text.text.startswith("]", i):
             return i + 1
-        if not text.startswith(",", i):
-            raise _error("Expecting ',' delimiter", text, i)
-        i = ws(text, i + 1).end()  # type: ignore[union-attr]
+        if not text.text.startswith(",", i):
+            raise _error("Expecting ',' delimiter", text.text, i)
+        i = text.ws(i + 1)
 
 
 def _int_field(ent: dict[str, Any], key: str, field: str, where: object) -> int:
@@ -272,20 +282,66 @@ def _digest_field(ent: dict[str, Any], field: str, where: object) -> None:
 
 def parse_manifest_bytes(raw: bytes, where: object) -> Manifest:
     """Validate the manifest bytes ``raw`` (read from ``where``, which messages name); the one
-    place a manifest is parsed."""
-    return _parse(_manifest_text(raw, where), where)
+    place a manifest is parsed. The bytes are decoded through a window (:class:`~bundles._format.textwindow.TextWindow`): the
+    parse holds them and the media table, never their text as well."""
+    at = 0
+
+    def read(n: int) -> bytes:
+        nonlocal at
+        at += n
+        return raw[at - n : at]
+
+    return _parse(read, lambda: raw, where)
 
 
-def parse_manifest_read(read: Callable[[], bytes], where: object) -> Manifest:
-    """:func:`parse_manifest_bytes` of what ``read()`` returns, the bytes let go once decoded to
-    text: the parse holds the text and the media table, not the bytes as well (a manifest of
-    100,000 screenshots is ~11 MB of either)."""
-    return _parse(_manifest_text(read(), where), where)
+def parse_manifest_file(f: BinaryIO, where: object) -> Manifest:
+    """:func:`parse_manifest_bytes` of what the binary file ``f`` holds from its position on,
+    read a window at a time (issue 39, item 6: a manifest of 100,000 screenshots, ~11 MB, is
+    never in memory whole, as bytes or as text); more than MAX_MANIFEST_BYTES is refused as it
+    is read. Only a manifest the window cannot parse is read again whole, from the same file
+    (``f`` must be seekable), for the whole-text parse to name its problem."""
+    start, total = f.tell(), 0
+
+    def read(n: int) -> bytes:
+        nonlocal total
+        chunk = _read_up_to(f, n)
+        total += len(chunk)
+        if total > MAX_MANIFEST_BYTES:
+            raise UnsafeBundleError(f"{where}: exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes")
+        return chunk
+
+    def whole() -> bytes:
+        nonlocal total
+        f.seek(start)
+        total, data = 0, bytearray()
+        while chunk := read(textwindow.WINDOW_BYTES):
+            data += chunk
+        return bytes(data)
+
+    return _parse(read, whole, where)
 
 
-def _parse(text: str, where: object) -> Manifest:
+def _read_up_to(f: BinaryIO, n: int) -> bytes:
+    """``n`` bytes of ``f``, fewer only at its end (one read may return less)."""
+    chunk = f.read(n)
+    while chunk and len(chunk) < n:
+        rest = f.read(n - len(chunk))
+        if not rest:
+            break
+        chunk += rest
+    return chunk
+
+
+def _parse(read: Callable[[int], bytes], whole: Callable[[], bytes], where: object) -> Manifest:
+    """The manifest read through a window; the whole-text parse of ``whole()`` where the window
+    leaves it the decision (:func:`_decoded_window`): the same result and the same refusals,
+    the refusals with json.loads's positions. A window that parsed has read every byte: a bad
+    entry at the end, or a repeat, refuses the manifest all the same."""
     sink = _MediaSink(where)
-    manifest = _decoded(text, where, sink)
+    manifest = _decoded_window(read, sink)
+    if manifest is None:
+        sink = _MediaSink(where)  # the window's table let go before the whole text is made
+        manifest = _decoded(_manifest_text(whole(), where), where, sink)
     if not isinstance(manifest, dict):
         raise BundleFormatError(f"{where}: expected a JSON object, found {type(manifest).__name__}")
     kind = _check_top_fields(manifest, where)

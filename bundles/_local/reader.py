@@ -38,7 +38,7 @@ from bundles._errors import (
     UnsafeBundleError,
 )
 from bundles._format.layout import MANIFEST_NAME, MEDIA_DIR
-from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_read
+from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_bytes, parse_manifest_file
 from bundles._format.media import MediaRef
 from bundles._format.options import LinkMode, Verify
 from bundles._format.shards import Rehashed, ShardData, digest_problem, iter_shard
@@ -71,9 +71,16 @@ def read_at_most(f: BinaryIO, n: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def load_manifest(source: Source) -> Manifest:
-    """Read and validate the manifest of ``source`` (size capped before it is parsed)."""
-    return parse_manifest_read(source.read_manifest, source.where(MANIFEST_NAME))
+def load_manifest(source: Source, again: bool = False) -> Manifest:
+    """Read and validate the manifest of ``source`` (size capped before it is parsed); ``again``:
+    as the location holds it now (``Source.reread_manifest``). A directory's is read from its
+    file a window at a time, never whole; other sources' bytes are parsed through a window, never
+    as text whole (``bundles._format.manifest``)."""
+    where = source.where(MANIFEST_NAME)
+    if isinstance(source, DirSource):  # reread: the directory at the path now
+        with source.open_manifest() as f:
+            return parse_manifest_file(f, where)
+    return parse_manifest_bytes(source.reread_manifest() if again else source.read_manifest(), where)
 
 
 def parse_manifest(path: Path) -> Manifest:
@@ -253,7 +260,7 @@ class Bundle:
         if self._source.packed:
             return
         try:
-            current = parse_manifest_read(self._source.reread_manifest, self._source.where(MANIFEST_NAME))
+            current = load_manifest(self._source, again=True)
         except BundleError:
             current = None
         if current != self.manifest:
