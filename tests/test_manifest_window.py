@@ -282,3 +282,37 @@ def test_media_tables_compare_equal_exactly_when_their_lists_are() -> None:
     jpg = [[dict(e, suffix=".jpg") if k == j else e for k, e in enumerate(ENTRIES)] for j in (1, 2)]
     one, two = (parse_manifest_bytes(sized_manifest({}, media), WHERE).media for media in jpg)
     assert one != two  # the same suffixes, met in the same order, on other entries
+
+
+def test_a_value_past_the_cap_is_refused_having_read_the_cap_and_one_byte() -> None:
+    """A value larger than the window doubles the reads; the last one still stops at the cap + 1
+    (a manifest that grew after its size was checked: 2x the cap was read before, a review)."""
+    cap = 4096
+    raw = b'{"meta":{"s":"' + b"x" * (3 * cap) + b'"}}'
+    f = CountingFile(raw)
+    saved = manifest_module.MAX_MANIFEST_BYTES
+    manifest_module.MAX_MANIFEST_BYTES = cap
+    try:
+        with window(256), pytest.raises(UnsafeBundleError, match="exceeds the manifest cap of 4096 bytes"):
+            parse_manifest_file(f, WHERE)
+    finally:
+        manifest_module.MAX_MANIFEST_BYTES = saved
+    assert f.read_bytes == cap + 1
+
+
+def test_a_damaged_manifest_is_given_up_where_the_damage_is_not_read_to_its_end() -> None:
+    """A JSON error well inside the window (a control character in a string) hands the manifest
+    to the whole-text parse at once: the first pass reads one window, not the rest of the file
+    (a review: a 40 MB manifest damaged near its start was read whole twice)."""
+    raw = sized_manifest({"note": "bad-here", "pad": "x" * 20_000}, ENTRIES).replace(
+        b"bad-here", b"bad\x01here"
+    )
+    f = CountingFile(raw)
+    with window(256), pytest.raises(BundleFormatError) as refused:
+        parse_manifest_file(f, WHERE)
+    assert "Invalid control character" in str(refused.value)
+    assert f.read_bytes <= 256 + len(raw)  # one window, then the whole-text parse's own read
+    with window(256):
+        assert outcome(lambda r: parse_manifest_file(io.BytesIO(r), WHERE), raw) == outcome(
+            lambda r: parse_manifest_bytes(r, WHERE), raw
+        )

@@ -304,7 +304,7 @@ def parse_manifest_file(f: BinaryIO, where: object) -> Manifest:
 
     def read(n: int) -> bytes:
         nonlocal total
-        chunk = _read_up_to(f, n)
+        chunk = _read_up_to(f, min(n, MAX_MANIFEST_BYTES + 1 - total))  # never past the cap + 1
         total += len(chunk)
         if total > MAX_MANIFEST_BYTES:
             raise UnsafeBundleError(f"{where}: exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes")

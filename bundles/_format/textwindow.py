@@ -23,7 +23,8 @@ decodes it; a NUL byte raises :class:`WindowGaveUp`.
 ``json.loads``'s: the window never reports. Whatever goes wrong in it (a JSON error, bytes that
 are not UTF-8, a NUL, nesting) makes the parser give up and parse the whole text instead, which
 names the problem exactly as before. A manifest that parses is read once; a damaged one is read
-twice, and held whole while its problem is found: bounded by MAX_MANIFEST_BYTES, as before.
+twice, and held whole while its problem is found: bounded by MAX_MANIFEST_BYTES, as before. A JSON
+error well inside the window (not at its cut) gives up at once, before the rest is read.
 """
 
 from __future__ import annotations
@@ -66,6 +67,18 @@ WHITESPACE = re.compile(r"[ \t\n\r]*")
 SCAN: Callable[[str, int], tuple[Any, int]] = DECODER.scan_once  # type: ignore[attr-defined]
 
 
+def _inside(e: BaseException, length: int) -> bool:
+    """Whether the scanner's error ``e`` is one no more text can undo: a JSON error at a
+    position well inside the text (a control character, a missing comma), so that a damaged
+    manifest is given up at once, not read to its end first. Not "Unterminated string", which
+    names where the string starts, nor any other error (a cut number, a cut literal)."""
+    return (
+        isinstance(e, json.JSONDecodeError)
+        and not e.msg.startswith("Unterminated string")
+        and e.pos + MARGIN < length
+    )
+
+
 class WindowGaveUp(Exception):
     """What the window leaves to the whole-text parse: a NUL byte (its checks name it)."""
 
@@ -106,8 +119,8 @@ class TextWindow:
         while True:
             try:
                 value, end = SCAN(self.text, i)
-            except (StopIteration, ValueError, RecursionError):
-                if self.done:
+            except (StopIteration, ValueError, RecursionError) as e:
+                if self.done or _inside(e, len(self.text)):
                     raise
             else:
                 if self.done or end + MARGIN < len(self.text):

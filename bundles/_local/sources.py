@@ -207,8 +207,8 @@ class DirSource:
 
     def read_manifest(self) -> bytes:
         with self.open_manifest() as f:
-            # not the cap: an unbuffered read allocates what it is asked for
-            raw = f.read(os.fstat(f.fileno()).st_size + 1)
+            # an unbuffered read allocates what it is asked for: the size, never past the cap + 1
+            raw = f.read(min(os.fstat(f.fileno()).st_size, MAX_MANIFEST_BYTES) + 1)
         if len(raw) > MAX_MANIFEST_BYTES:
             raise UnsafeBundleError(
                 f"{self.where(MANIFEST_NAME)}: exceeds the manifest cap of {MAX_MANIFEST_BYTES} bytes"
