@@ -34,6 +34,7 @@ import base64
 import hashlib
 import json
 import math
+import struct
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -162,53 +163,38 @@ def _float(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-#: The number columns: their ``array`` typecode (C int, signed char and float: 32, 8 and 32 bits
-#: on every platform CPython supports) and their Arrow type's name.
+#: The number columns: their :mod:`struct` code (int32, int8 and float32, standard sizes in the
+#: machine's byte order, which is Arrow's).
 _NUMBER_COLUMNS = {"tokens": "i", "rollout_log_probs": "f", "loss_mask": "b"}
+_PACKERS: dict[tuple[str, int], struct.Struct] = {}
 
 
-def _numbers(v: Any, code: str) -> array.array[Any] | None:
-    """``v`` as the ``array`` of its column's C type (``code``: ``i`` int32, ``b`` int8, ``f``
+def _packer(code: str, n: int) -> struct.Struct:
+    """The ``struct.Struct`` packing ``n`` numbers of ``code`` (kept for the lengths met last)."""
+    packer = _PACKERS.get((code, n))
+    if packer is None:
+        if len(_PACKERS) >= 1024:
+            _PACKERS.clear()
+        packer = _PACKERS[(code, n)] = struct.Struct(f"={n}{code}")
+    return packer
+
+
+def _numbers(v: Any, code: str) -> bytes | None:
+    """``v`` as the bytes of its column's C type (``code``: ``i`` int32, ``b`` int8, ``f``
     float32), or None when it does not fit: a value that is not a number, an int out of range, or
-    a finite float beyond float32's (float32 would make it +-inf).
+    a finite float beyond float32's (float32 would make it +-inf; an infinity stays one).
 
-    Checked and converted at C speed by :mod:`array` (a value of another type or out of range
-    raises; a bool is its int), so a sample's 10^5 tokens cost no Python call each; the batch's
-    column is then these arrays' bytes, handed to Arrow without another pass (:class:`_Flat`)."""
+    Checked and converted at C speed by :mod:`struct` (a value of another type, an int out of
+    range or a float that overflows float32 raises; a bool is its int), so a sample's 10^5 tokens
+    cost no Python call each; the batch's column is then these bytes, handed to Arrow without
+    another pass (:class:`_Flat`)."""
     items = v if type(v) is list else _as_list(v)
     if items is None:
         return None
     try:
-        checked = array.array(code, items)
-    except (TypeError, OverflowError, ValueError):
+        return _packer(code, len(items)).pack(*items)
+    except (struct.error, TypeError, OverflowError, ValueError):
         return None
-    if code == "f" and _beyond_float32(checked, items):
-        return None
-    return checked
-
-
-#: float32's +inf and -inf as the bytes an ``array("f")`` holds them.
-_INFINITIES = tuple(array.array("f", [x]).tobytes() for x in (math.inf, -math.inf))
-
-
-def _beyond_float32(narrow: array.array[float], items: list[Any]) -> bool:
-    """Whether a finite value of ``items`` became +-inf in ``narrow`` (its float32 copy). Most
-    lists hold no infinity at all: the float32 bytes are searched for one (C speed, no float
-    object made); only when one is there are the infinities counted on both sides."""
-    raw = narrow.tobytes()
-    if not any(_at_item(raw, pattern) for pattern in _INFINITIES):
-        return False
-    inf = math.inf
-    narrowed = narrow.count(inf) + narrow.count(-inf)
-    return narrowed != 0 and narrowed != items.count(inf) + items.count(-inf)
-
-
-def _at_item(raw: bytes, pattern: bytes) -> bool:
-    """Whether ``pattern`` (one item's bytes) is in ``raw`` at an item's start."""
-    i = raw.find(pattern)
-    while i != -1 and i % len(pattern):
-        i = raw.find(pattern, i + 1)
-    return i != -1
 
 
 #: Values jsonable keeps as they are.
@@ -418,24 +404,27 @@ def _read_image(bundle: Any, ref: MediaRef) -> bytes:
 
 
 class _Flat:
-    """A number column being filled: every row's values in one ``array`` and the rows' offsets
+    """A number column being filled: every row's values in one buffer and the rows' offsets
     into it, handed to Arrow as buffers (no Python object per value)."""
 
     def __init__(self, code: str) -> None:
-        self.values: array.array[Any] = array.array(code)
+        self.values = bytearray()
+        self.size = struct.calcsize("=" + code)
+        self.count = 0
         self.offsets = array.array("i", [0])
         self.nulls: list[bool] = []
 
-    def add(self, v: array.array[Any] | None) -> None:
+    def add(self, v: bytes | None) -> None:
         if v is not None:
             self.values += v
-        self.offsets.append(len(self.values))
+            self.count += len(v) // self.size
+        self.offsets.append(self.count)
         self.nulls.append(v is None)
 
     def arrow(self, pa: Any, typ: Any) -> Any:
         n = len(self.nulls)
         offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(self.offsets)])
-        values = pa.Array.from_buffers(typ.value_type, len(self.values), [None, pa.py_buffer(self.values)])
+        values = pa.Array.from_buffers(typ.value_type, self.count, [None, pa.py_buffer(self.values)])
         mask = pa.array(self.nulls, pa.bool_()) if any(self.nulls) else None
         return pa.ListArray.from_arrays(offsets, values, type=typ, mask=mask)
 
@@ -465,7 +454,7 @@ class _Batch:
 
     @property
     def full_of_values(self) -> bool:
-        return any(len(f.values) >= _BATCH_VALUES for f in self.flat.values())
+        return any(f.count >= _BATCH_VALUES for f in self.flat.values())
 
     def column(self, pa: Any, name: str, typ: Any) -> Any:
         if name in self.flat:
