@@ -192,10 +192,22 @@ def _numbers(v: Any, code: str) -> bytes | None:
     items = v if type(v) is list else _as_list(v)
     if items is None:
         return None
+    n = len(items)
     try:
-        return _packer(code, len(items)).pack(*items)
+        if n <= _PACK_CHUNK:
+            return _packer(code, n).pack(*items)
+        # A long list a chunk at a time: ``pack(*items)`` passes its items as one tuple, which
+        # for a sample's 16 M tokens would be 128 MB of pointers more.
+        whole, rest = _packer(code, _PACK_CHUNK), n % _PACK_CHUNK
+        parts = [whole.pack(*items[i : i + _PACK_CHUNK]) for i in range(0, n - rest, _PACK_CHUNK)]
+        parts.append(_packer(code, rest).pack(*items[n - rest :]))
+        return b"".join(parts)
     except (struct.error, TypeError, OverflowError, ValueError):
         return None
+
+
+#: Numbers packed at a time (see :func:`_numbers`).
+_PACK_CHUNK = 1 << 14
 
 
 #: Values jsonable keeps as they are.
