@@ -371,19 +371,20 @@ def _turns(
     screenshots of ``multimodal_inputs.images`` in turn order."""
     mm = s.get("multimodal_inputs")
     raw = mm.get("images") if isinstance(mm, Mapping) else None
-    items = _as_list(raw)
+    items = raw if type(raw) is list else _as_list(raw)  # read, never changed: no copy of a list
     if items is None:
         items = [] if raw is None else [raw]
-    refs: list[MediaRef | None] = [_stored_ref(x, stored) for x in items]
-    actions = _as_list(md.get("actions")) if isinstance(md, Mapping) else None
-    actions = actions or []
-    n = max(len(refs), len(actions))
+    get = stored.get
+    refs: list[MediaRef | None] = [get(x) if type(x) is str else _stored_ref(x, stored) for x in items]
+    actions = md.get("actions") if isinstance(md, Mapping) else None
+    actions = (actions if type(actions) is list else _as_list(actions)) or []
+    n_refs, n_actions = len(refs), len(actions)
     turns = [
         {
-            "action": _text(actions[j]) if j < len(actions) else None,
-            "media": refs[j].digest if j < len(refs) and refs[j] is not None else None,  # type: ignore[union-attr]
+            "action": _text(actions[j]) if j < n_actions else None,
+            "media": refs[j].digest if j < n_refs and refs[j] is not None else None,  # type: ignore[union-attr]
         }
-        for j in range(n)
+        for j in range(max(n_refs, n_actions))
     ]
     return turns, [r for r in refs if r is not None]
 
