@@ -169,6 +169,35 @@ def test_a_log_prob_beyond_float32_is_kept_in_extra_never_written_infinite(tmp_p
     assert edge["rollout_log_probs"][:2] == [float("-inf"), pytest.approx(-3e38)] and edge["extra"] is None
 
 
+def test_number_columns_refuse_exactly_what_does_not_fit_their_type(tmp_path: Path) -> None:
+    """At each number type's edge: float32's largest finite value and a float that rounds to it
+    are written, one that rounds to infinity is not (null, kept in extra); int32 and int8 from
+    their least to their greatest are written, one past either end is not; a bool is its int; the
+    same for a list longer than a packing chunk."""
+    flt_max = 3.4028234663852886e38
+    rows = [
+        {"rollout_log_probs": [flt_max, -3.402823566783216e38], "tokens": [-(2**31), 2**31 - 1],
+         "loss_mask": [-128, 127, True]},
+        {"rollout_log_probs": [3.4028235677973366e38], "tokens": [2**31], "loss_mask": [128]},
+        {"rollout_log_probs": [-0.5, -3.4028235677973366e38], "tokens": [-(2**31) - 1], "loss_mask": [-129]},
+    ]  # fmt: skip
+    bundles.write_bundle(tmp_path / "b", rows)
+    with bundles.open_bundle(tmp_path / "b") as b:
+        fit, over, under = [r for x in b.to_arrow() for r in x.to_pylist()]
+    assert fit["rollout_log_probs"] == [flt_max, -flt_max] and fit["extra"] is None
+    assert fit["tokens"] == [-(2**31), 2**31 - 1] and fit["loss_mask"] == [-128, 127, 1]
+    for row, want in ((over, rows[1]), (under, rows[2])):
+        assert row["rollout_log_probs"] is None and row["tokens"] is None and row["loss_mask"] is None
+        assert json.loads(row["extra"]) == want
+    # lists longer than a packing chunk (2**14): whole, or refused for their last value
+    long = [{"tokens": list(range(40_000))}, {"tokens": [7] * 40_000 + [2**31]}]
+    bundles.write_bundle(tmp_path / "long", long)
+    with bundles.open_bundle(tmp_path / "long") as b:
+        whole, refused = [r for x in b.to_arrow() for r in x.to_pylist()]
+    assert whole["tokens"] == long[0]["tokens"] and whole["extra"] is None
+    assert refused["tokens"] is None and json.loads(refused["extra"]) == long[1]
+
+
 def test_keys_1_and_str_1_are_both_kept_as_pairs(tmp_path: Path) -> None:
     rows = [{"metadata": {1: "int", "1": "str"}, 2: "top int", "2": "top str"}]
     bundles.write_bundle(tmp_path / "b", rows)

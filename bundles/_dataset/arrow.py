@@ -34,7 +34,9 @@ import base64
 import hashlib
 import json
 import math
+import struct
 from collections.abc import Iterator, Mapping, Sequence
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 from bundles._errors import BundleError, BundleVerificationError
@@ -162,44 +164,72 @@ def _float(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-#: The number columns: their ``array`` typecode (C int, signed char and float: 32, 8 and 32 bits
-#: on every platform CPython supports) and their Arrow type's name.
+#: The number columns: their :mod:`struct` code (int32, int8 and float32, standard sizes in the
+#: machine's byte order, which is Arrow's).
 _NUMBER_COLUMNS = {"tokens": "i", "rollout_log_probs": "f", "loss_mask": "b"}
+_PACKERS: dict[tuple[str, int], struct.Struct] = {}
 
 
-def _numbers(v: Any, code: str) -> array.array[Any] | None:
-    """``v`` as the ``array`` of its column's C type (``code``: ``i`` int32, ``b`` int8, ``f``
+def _packer(code: str, n: int) -> struct.Struct:
+    """The ``struct.Struct`` packing ``n`` numbers of ``code`` (kept for the lengths met last)."""
+    packer = _PACKERS.get((code, n))
+    if packer is None:
+        if len(_PACKERS) >= 1024:
+            _PACKERS.clear()
+        packer = _PACKERS[(code, n)] = struct.Struct(f"={n}{code}")
+    return packer
+
+
+def _numbers(v: Any, code: str) -> bytes | None:
+    """``v`` as the bytes of its column's C type (``code``: ``i`` int32, ``b`` int8, ``f``
     float32), or None when it does not fit: a value that is not a number, an int out of range, or
-    a finite float beyond float32's (float32 would make it +-inf).
+    a finite float beyond float32's (float32 would make it +-inf; an infinity stays one).
 
-    Checked and converted at C speed by :mod:`array` (a value of another type or out of range
-    raises; a bool is its int), so a sample's 10^5 tokens cost no Python call each; the batch's
-    column is then these arrays' bytes, handed to Arrow without another pass (:class:`_Flat`)."""
+    Checked and converted at C speed by :mod:`struct` (a value of another type, an int out of
+    range or a float that overflows float32 raises; a bool is its int), so a sample's 10^5 tokens
+    cost no Python call each; the batch's column is then these bytes, handed to Arrow without
+    another pass (:class:`_Flat`)."""
     items = v if type(v) is list else _as_list(v)
     if items is None:
         return None
+    n = len(items)
     try:
-        checked = array.array(code, items)
-    except (TypeError, OverflowError, ValueError):
+        if n <= _PACK_CHUNK:
+            return _packer(code, n).pack(*items)
+        # A long list a chunk at a time: ``pack(*items)`` passes its items as one tuple, which
+        # for a sample's 16 M tokens would be 128 MB of pointers more.
+        whole, rest = _packer(code, _PACK_CHUNK), n % _PACK_CHUNK
+        parts = [whole.pack(*items[i : i + _PACK_CHUNK]) for i in range(0, n - rest, _PACK_CHUNK)]
+        parts.append(_packer(code, rest).pack(*items[n - rest :]))
+        return b"".join(parts)
+    except (struct.error, TypeError, OverflowError, ValueError):
         return None
-    if code == "f" and _beyond_float32(checked, items):
-        return None
-    return checked
 
 
-def _beyond_float32(narrow: array.array[float], items: list[Any]) -> bool:
-    """Whether a finite value of ``items`` became +-inf in ``narrow`` (its float32 copy): the
-    infinities counted at C speed on both sides."""
-    inf = math.inf
-    narrowed = narrow.count(inf) + narrow.count(-inf)
-    return narrowed != 0 and narrowed != items.count(inf) + items.count(-inf)
+#: Numbers packed at a time (see :func:`_numbers`).
+_PACK_CHUNK = 1 << 14
+
+
+#: Values jsonable keeps as they are.
+_KEPT = frozenset({int, bool, type(None)})
+
+
+def _plain(x: Any, stored: Mapping[str, MediaRef] | None) -> bool:
+    """Whether jsonable keeps ``x`` as it is: a str that names no stored file, a finite float."""
+    t = type(x)
+    if t is str:
+        return not (stored and x in stored)
+    return t is float and x - x == 0.0  # inf - inf and nan - nan are nan
 
 
 def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = None) -> Any:
     """``v`` as JSON (``extra``, ``metadata``): arrays as ``{"dtype", "shape", "data"}``, bytes as
     ``{"base64"}``, a media reference (or a path ``stored`` names) as its ``media/<name>``,
     non-finite floats as their text, a mapping with a key that is not a string as
-    ``[[key, value], ...]`` pairs (both keys of ``{1: .., "1": ..}`` kept)."""
+    ``[[key, value], ...]`` pairs (both keys of ``{1: .., "1": ..}`` kept).
+
+    A dict's or list's ints, bools, Nones and strings that name no stored file are kept without a
+    call each (a sample's metadata is mostly those); deeper than 64 levels is refused all the same."""
     if depth > 64:
         raise BundleError("nested deeper than 64 levels")
     t = type(v)
@@ -207,10 +237,17 @@ def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = Non
         return f"{MEDIA_DIR}/{stored[v].filename}" if stored and v in stored else v
     if t is int or t is bool or v is None:
         return v
+    inner = depth < 64  # a child at depth + 1 is refused by the call, so it must be made
     if t is dict and all(type(k) is str for k in v):
-        return {k: jsonable(x, depth + 1, stored) for k, x in v.items()}
+        return {
+            k: x if inner and (type(x) in _KEPT or _plain(x, stored)) else jsonable(x, depth + 1, stored)
+            for k, x in v.items()
+        }
     if t is list:
-        return [jsonable(x, depth + 1, stored) for x in v]
+        return [
+            x if inner and (type(x) in _KEPT or _plain(x, stored)) else jsonable(x, depth + 1, stored)
+            for x in v
+        ]
     if isinstance(v, str) and stored and v in stored:
         return f"{MEDIA_DIR}/{stored[v].filename}"
     if isinstance(v, (bool, int, str)):
@@ -254,10 +291,18 @@ def _utf8(text: str) -> str:
 
 #: jsonable's output is plain JSON values without cycles: no check for them on each call.
 _JSON = json.JSONEncoder(ensure_ascii=False, check_circular=False)
+#: ``_JSON``'s C encoder, made once: ``JSONEncoder.encode`` makes it anew on every call (~1 us, more
+#: than encoding a sample's metadata). The arguments are the ones ``JSONEncoder.iterencode`` passes
+#: it (the same on CPython 3.10 to 3.13); without the C module, ``_JSON`` itself.
+_C_JSON = None if c_make_encoder is None else c_make_encoder(
+    None, _JSON.default, encode_basestring, None, _JSON.key_separator, _JSON.item_separator,
+    False, False, True,
+)  # fmt: skip
 
 
 def _dumps(v: Any, stored: Mapping[str, MediaRef] | None = None) -> str:
-    return _utf8(_JSON.encode(jsonable(v, 0, stored)))
+    value = jsonable(v, 0, stored)
+    return _utf8(_JSON.encode(value) if _C_JSON is None else "".join(_C_JSON(value, 0)))
 
 
 def _text(v: Any) -> str | None:
@@ -267,64 +312,81 @@ def _text(v: Any) -> str | None:
     return _utf8(v) if isinstance(v, str) else _dumps(v)
 
 
-class _Row:
-    """One sample read into the columns; what does not fit a column goes to ``extra``."""
+def _row(
+    sample: Any, stored: Mapping[str, MediaRef]
+) -> tuple[dict[str, Any], dict[Any, Any], list[MediaRef]]:
+    """One sample read into the columns: its typed values (and ``turns``), its ``extra`` (every
+    field no column names, then each value that did not fit its column, kept whole) and the
+    stored screenshots it names. The common types are tested by identity first: this runs once
+    a sample, and its checks, not the numbers, are what Python spends here."""
+    if not isinstance(sample, Mapping):
+        return {"turns": []}, {"sample": sample}, []
+    extra = {k: v for k, v in sample.items() if k not in _TYPED}
+    get = sample.get
+    values: dict[str, Any] = {}
+    for key in ("index", "group_index", "response_length"):
+        v = get(key)
+        k = v if type(v) is int and -(2**63) <= v < 2**63 else _int(v)
+        values[key] = k
+        if k is None and v is not None:
+            extra[key] = v  # did not fit its column: kept whole
+    v = get("reward")
+    if type(v) is float or type(v) is int:
+        values["reward"] = float(v)
+    else:
+        values["reward"] = _reward(v)
+        if values["reward"] is None and v is not None:
+            extra["reward"] = v
+    v = get("status")
+    status = v if type(v) is str else getattr(v, "value", v)
+    values["status"] = _utf8(status) if isinstance(status, str) else None
+    if values["status"] is None and v is not None:
+        extra["status"] = v
+    for key in ("prompt", "response"):
+        v = get(key)
+        values[key] = _utf8(v) if type(v) is str else _text(v)
+    metadata = get("metadata")
+    values["metadata"] = None if metadata is None else _dumps(metadata)
+    for key, code in _NUMBER_COLUMNS.items():
+        v = get(key)
+        values[key] = numbers = None if v is None else _numbers(v, code)
+        if numbers is None and v is not None:
+            extra[key] = v
+    values["turns"], images = _turns(sample, metadata, stored)
+    return values, extra, images
 
-    def __init__(self, sample: Any, stored: Mapping[str, MediaRef]) -> None:
-        self.values: dict[str, Any] = {}
-        self.extra: dict[Any, Any] = {}
-        self.images: list[MediaRef] = []
-        if not isinstance(sample, Mapping):
-            self.extra["sample"] = sample
-            self.values["turns"] = []
-            return
-        for k, v in sample.items():
-            if k not in _TYPED:
-                self.extra[k] = v  # a key that is not a string: extra is [key, value] pairs
-        self._typed(sample)
-        self._turns(sample, stored)
 
-    def _put(self, sample: Mapping[str, Any], key: str, value: Any) -> None:
-        self.values[key] = value
-        if value is None and sample.get(key) is not None:
-            self.extra[key] = sample[key]  # did not fit its column: kept whole
+def _reward(v: Any) -> float | None:
+    """A reward that is not a plain float or int: a number (an int or float subclass, not a bool)
+    or a numpy scalar holding one, as a float; None for anything else."""
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    scalar = hasattr(v, "dtype") and getattr(v, "shape", None) == () and hasattr(v, "item")
+    return float(v) if number or (scalar and _float(v.item())) else None
 
-    def _typed(self, s: Mapping[str, Any]) -> None:
-        for key in ("index", "group_index", "response_length"):
-            self._put(s, key, _int(s.get(key)))
-        reward: Any = s.get("reward")
-        number = isinstance(reward, (int, float)) and not isinstance(reward, bool)
-        scalar = hasattr(reward, "dtype") and getattr(reward, "shape", None) == () and hasattr(reward, "item")
-        self._put(s, "reward", float(reward) if number or (scalar and _float(reward.item())) else None)
-        status = s.get("status")
-        status = getattr(status, "value", status)
-        self._put(s, "status", _utf8(status) if isinstance(status, str) else None)
-        for key in ("prompt", "response"):
-            self.values[key] = _text(s.get(key))
-        metadata = s.get("metadata")
-        self.values["metadata"] = None if metadata is None else _dumps(metadata)
-        for key, code in _NUMBER_COLUMNS.items():
-            self._put(s, key, _numbers(s.get(key), code))
 
-    def _turns(self, s: Mapping[str, Any], stored: Mapping[str, MediaRef]) -> None:
-        mm = s.get("multimodal_inputs")
-        raw = mm.get("images") if isinstance(mm, Mapping) else None
-        items = _as_list(raw)
-        if items is None:
-            items = [] if raw is None else [raw]
-        refs: list[MediaRef | None] = [_stored_ref(x, stored) for x in items]
-        self.images = [r for r in refs if r is not None]
-        md = s.get("metadata")
-        actions = _as_list(md.get("actions")) if isinstance(md, Mapping) else None
-        actions = actions or []
-        n = max(len(refs), len(actions))
-        self.values["turns"] = [
-            {
-                "action": _text(actions[j]) if j < len(actions) else None,
-                "media": refs[j].digest if j < len(refs) and refs[j] is not None else None,  # type: ignore[union-attr]
-            }
-            for j in range(n)
-        ]
+def _turns(
+    s: Mapping[str, Any], md: Any, stored: Mapping[str, MediaRef]
+) -> tuple[list[dict[str, Any]], list[MediaRef]]:
+    """The ``turns`` column (an action and a screenshot's digest a turn) and the stored
+    screenshots of ``multimodal_inputs.images`` in turn order."""
+    mm = s.get("multimodal_inputs")
+    raw = mm.get("images") if isinstance(mm, Mapping) else None
+    items = raw if type(raw) is list else _as_list(raw)  # read, never changed: no copy of a list
+    if items is None:
+        items = [] if raw is None else [raw]
+    get = stored.get
+    refs: list[MediaRef | None] = [get(x) if type(x) is str else _stored_ref(x, stored) for x in items]
+    actions = md.get("actions") if isinstance(md, Mapping) else None
+    actions = (actions if type(actions) is list else _as_list(actions)) or []
+    n_refs, n_actions = len(refs), len(actions)
+    turns = [
+        {
+            "action": _text(actions[j]) if j < n_actions else None,
+            "media": refs[j].digest if j < n_refs and refs[j] is not None else None,  # type: ignore[union-attr]
+        }
+        for j in range(max(n_refs, n_actions))
+    ]
+    return turns, [r for r in refs if r is not None]
 
 
 def _stored_ref(item: Any, stored: Mapping[str, MediaRef]) -> MediaRef | None:
@@ -364,66 +426,78 @@ def _read_image(bundle: Any, ref: MediaRef) -> bytes:
 
 
 class _Flat:
-    """A number column being filled: every row's values in one ``array`` and the rows' offsets
+    """A number column being filled: every row's values in one buffer and the rows' offsets
     into it, handed to Arrow as buffers (no Python object per value)."""
 
     def __init__(self, code: str) -> None:
-        self.values: array.array[Any] = array.array(code)
+        self.values = bytearray()
+        self.size = struct.calcsize("=" + code)
+        self.count = 0
         self.offsets = array.array("i", [0])
         self.nulls: list[bool] = []
 
-    def add(self, v: array.array[Any] | None) -> None:
+    def add(self, v: bytes | None) -> int:
+        """Add a row (None: null); the number of values it holds."""
+        n = 0
         if v is not None:
             self.values += v
-        self.offsets.append(len(self.values))
+            n = len(v) // self.size
+            self.count += n
+        self.offsets.append(self.count)
         self.nulls.append(v is None)
+        return n
 
     def arrow(self, pa: Any, typ: Any) -> Any:
         n = len(self.nulls)
         offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(self.offsets)])
-        values = pa.Array.from_buffers(typ.value_type, len(self.values), [None, pa.py_buffer(self.values)])
+        values = pa.Array.from_buffers(typ.value_type, self.count, [None, pa.py_buffer(self.values)])
         mask = pa.array(self.nulls, pa.bool_()) if any(self.nulls) else None
         return pa.ListArray.from_arrays(offsets, values, type=typ, mask=mask)
 
 
-#: A batch is cut early once its number columns hold this many values (Arrow's list offsets are
-#: 32-bit; a sample may hold up to MAX_SAMPLE_ITEMS).
+#: A batch is cut early once its number columns hold this many values together (Arrow's list
+#: offsets are 32-bit; a sample may hold up to MAX_SAMPLE_ITEMS).
 _BATCH_VALUES = 2**30
 
 
 class _Batch:
-    """Columns being filled, cut into a RecordBatch."""
+    """Columns being filled, cut into a RecordBatch; ``head`` holds the columns every row of a
+    bundle shares (its identity, path, kind and step), made whole when the batch is cut."""
 
-    def __init__(self, names: list[str]) -> None:
-        self.names = names
-        self.data: dict[str, list[Any]] = {n: [] for n in names if n not in _NUMBER_COLUMNS}
+    def __init__(self, names: list[str], head: Mapping[str, Any]) -> None:
+        self.head = {n: head[n] for n in names if n in head}
+        self.data: dict[str, list[Any]] = {n: [] for n in names if n not in _NUMBER_COLUMNS and n not in head}
         self.flat = {n: _Flat(_NUMBER_COLUMNS[n]) for n in names if n in _NUMBER_COLUMNS}
         self.rows = 0
         self.image_bytes = 0
+        self.values = 0  # in the number columns together
 
     def add(self, row: dict[str, Any]) -> None:
         for n, column in self.data.items():
             column.append(row.get(n))
         for n, flat in self.flat.items():
-            flat.add(row.get(n))
+            self.values += flat.add(row.get(n))
         self.rows += 1
 
-    @property
-    def full_of_values(self) -> bool:
-        return any(len(f.values) >= _BATCH_VALUES for f in self.flat.values())
+    def column(self, pa: Any, name: str, typ: Any) -> Any:
+        if name in self.flat:
+            return self.flat[name].arrow(pa, typ)
+        if name in self.head:
+            return pa.array([self.head[name]] * self.rows, typ)
+        return pa.array(self.data[name], typ)
 
 
-def _images(bundle: Any, row: _Row, position: int) -> tuple[list[dict[str, Any]], int]:
+def _images(bundle: Any, images: list[MediaRef], position: int) -> tuple[list[dict[str, Any]], int]:
     cache: dict[str, bytes] = {}
     total = 0
     out = []
-    for ref in row.images:
+    for ref in images:
         total += ref.size
         if total > MAX_EXPORT_SAMPLE_IMAGE_BYTES:
             raise BundleError(
                 f"{bundle.path}: sample {position}: multimodal_inputs.images: expected at most "
                 f"{MAX_EXPORT_SAMPLE_IMAGE_BYTES} bytes of screenshots (MAX_EXPORT_SAMPLE_IMAGE_BYTES), "
-                f"found more ({len(row.images)} references)"
+                f"found more ({len(images)} references)"
             )
         if ref.filename not in cache:
             cache[ref.filename] = _read_image(bundle, ref)
@@ -433,12 +507,7 @@ def _images(bundle: Any, row: _Row, position: int) -> tuple[list[dict[str, Any]]
 
 def _record_batch(pa: Any, batch: _Batch, sch: Any, bundle: Any, last: int) -> Any:
     try:
-        arrays = [
-            batch.flat[f.name].arrow(pa, f.type)
-            if f.name in batch.flat
-            else pa.array(batch.data[f.name], f.type)
-            for f in sch
-        ]
+        arrays = [batch.column(pa, f.name, f.type) for f in sch]
         return pa.RecordBatch.from_arrays(arrays, schema=sch)
     except (pa.ArrowException, ValueError, TypeError) as e:  # a value no check above foresaw
         raise BundleError(
@@ -489,21 +558,26 @@ def to_arrow(
         "step": step_of(bundle),
     }
     stored = _stored(bundle)
-    batch = _Batch(names)
+    batch = _Batch(names, head)
+    want_extra, want_images = "extra" in names, "images" in names
     for position, sample in _selected(bundle, shards):
-        row = _Row(sample, stored)
-        values = {**head, "position": position, **row.values}
-        if "extra" in names:
+        values, extra, images = _row(sample, stored)
+        values["position"] = position
+        if want_extra:
             try:
-                values["extra"] = _dumps(row.extra, stored) if row.extra else None
+                values["extra"] = _dumps(extra, stored) if extra else None
             except BundleError as e:
                 raise BundleError(f"{bundle.path}: sample {position}: extra: {e}") from None
-        if "images" in names:
-            values["images"], size = _images(bundle, row, position)
+        if want_images:
+            values["images"], size = _images(bundle, images, position)
             batch.image_bytes += size
         batch.add(values)
-        if batch.rows >= batch_rows or batch.image_bytes >= BATCH_IMAGE_BYTES or batch.full_of_values:
+        if (
+            batch.rows >= batch_rows
+            or batch.image_bytes >= BATCH_IMAGE_BYTES
+            or batch.values >= _BATCH_VALUES
+        ):
             yield _record_batch(pa, batch, sch, bundle, position)
-            batch = _Batch(names)
+            batch = _Batch(names, head)
     if batch.rows:
         yield _record_batch(pa, batch, sch, bundle, position)
