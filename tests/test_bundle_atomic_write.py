@@ -187,3 +187,28 @@ def test_concurrent_writers_of_one_file_never_tear_it(tmp_path):
     assert dest.read_bytes() in payloads
     assert seen and all(s in payloads for s in seen)
     assert _temps(tmp_path) == []
+
+
+def test_without_renameat2_a_file_is_published_by_a_link_that_never_replaces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ``renameat2(RENAME_NOREPLACE)`` is refused (NFS, CIFS), ``replace=False`` links the
+    file to its name: a file that appears after any check is still never replaced (the check and
+    the rename of the fallback were a race: the check is made to miss here)."""
+    from bundles._local import fs
+    from bundles._local.atomic import DestinationExistsError
+
+    monkeypatch.setattr(fs, "_call_renameat2", lambda *a: False)
+    dest = tmp_path / "part.parquet"
+    dest.write_bytes(b"mine")  # the user's (or the other writer's) file
+    monkeypatch.setattr(fs.os.path, "lexists", lambda p: False)  # the check sees nothing
+    with pytest.raises(DestinationExistsError) as e, atomic_writer(dest, replace=False) as f:
+        f.write(b"theirs")
+    assert e.value.filename == str(dest)
+    monkeypatch.undo()
+    assert dest.read_bytes() == b"mine" and os.listdir(tmp_path) == ["part.parquet"]
+    monkeypatch.setattr(fs, "_call_renameat2", lambda *a: False)
+    fresh = tmp_path / "fresh"
+    with atomic_writer(fresh, replace=False) as f:
+        f.write(b"new")
+    assert fresh.read_bytes() == b"new" and sorted(os.listdir(tmp_path)) == ["fresh", "part.parquet"]

@@ -400,6 +400,40 @@ def test_a_packed_bundle_given_as_the_root_is_exported_and_another_file_is_a_pro
     assert notes.read_text() == "mine"
 
 
+def test_an_eexist_while_a_part_is_written_is_a_problem_and_a_link_at_its_name_is_left(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    """Only the publishing rename finding the part there means "skipped": an EEXIST raised while
+    the part is written is the bundle's problem; a symbolic link (even dangling) at a part's name
+    is a problem too, and is left as it is."""
+    import errno
+
+    from bundles._commands.exporting import export_run
+
+    where = str(run["run"] / "rollout" / "fully_async_0")
+    out = tmp_path / "out"
+
+    def fail(rel: str) -> None:
+        raise OSError(errno.EEXIST, "File exists", "/somewhere/else")
+
+    with bundles.support.on_fault_point("export.written", fail):
+        report = export_run(where, str(out), progress=False)
+    assert report.skipped == [] and report.written == [] and report.rows == 0
+    ((location, message),) = report.problems
+    assert location == where and "File exists" in message
+    assert not [p for p in out.rglob("*") if p.is_file()]  # its temporary file removed
+    done = export_run(where, str(out), progress=False)
+    (part,) = (Path(p) for p in done.written)
+    part.unlink()
+    part.symlink_to(tmp_path / "gone.parquet")
+    again = export_run(where, str(out), progress=False)
+    assert again.skipped == [] and again.written == []
+    assert again.problems == [
+        (where, f"{part}: expected a part (a file) or nothing, found something else; left as it is")
+    ]
+    assert part.is_symlink() and os.readlink(part) == str(tmp_path / "gone.parquet")
+
+
 def test_jobs_below_one_is_refused(run: dict[str, Any], tmp_path: Path) -> None:
     done = cli(str(run["run"]), "-o", str(tmp_path / "x"), "--jobs", "0")
     assert done.returncode == 2 and "--jobs: expected an int >= 1, found '0'" in done.stderr

@@ -46,6 +46,7 @@ import argparse
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
@@ -60,7 +61,7 @@ from bundles._commands.output import location_shown, plural
 from bundles._dataset import COLUMNS, SCHEMA_VERSION, Conventions, identity, sft_rows, sft_schema, step_of
 from bundles._errors import BundleError
 from bundles._format.limits import MAX_EXPORT_PART_BYTES, MAX_FIND_DEPTH
-from bundles._local.atomic import atomic_writer
+from bundles._local.atomic import DestinationExistsError, atomic_writer
 from bundles._local.faults import fault_point
 from bundles._local.progress import Progress
 from bundles._urls import StoreURL
@@ -208,9 +209,20 @@ class _Out:
         return str(self.url.child(rel)) if self.store is not None else os.path.join(self.out, rel)
 
     def exists(self, rel: str) -> bool:
+        """Whether the part is there (a bundle already exported); locally anything but a regular
+        file at its name (a symbolic link, a directory) is a problem, left as it is."""
         if self.store is not None:
             return self.store.head(StoreURL(self.where(rel)).key) is not None
-        return os.path.exists(self.where(rel))
+        path = self.where(rel)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(mode):
+            raise BundleError(
+                f"{path}: expected a part (a file) or nothing, found something else; left as it is"
+            )
+        return True
 
     def publish(self, rel: str, write: Any, location: str) -> bool:
         """Write a part with ``write(f)`` and publish it whole, never over one that is there;
@@ -224,7 +236,7 @@ class _Out:
                 with atomic_writer(path, durable=True, replace=False) as f:
                     write(f)
                     fault_point("export.written", rel)
-            except FileExistsError:
+            except DestinationExistsError:  # published meanwhile: not an EEXIST while writing
                 return False
             return True
         with tempfile.TemporaryDirectory(prefix=".export-") as tmp:

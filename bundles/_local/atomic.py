@@ -47,7 +47,19 @@ from bundles._local.commit import remove_stale_staging, staging_name
 from bundles._local.faults import fault_point
 from bundles._local.fs import LINK_UNSUPPORTED_ERRNOS, fsync_dir, rename_noreplace
 
-__all__ = ["atomic_path", "atomic_write", "atomic_writer", "place_file", "remove_stale_temps"]
+__all__ = [
+    "DestinationExistsError",
+    "atomic_path",
+    "atomic_write",
+    "atomic_writer",
+    "place_file",
+    "remove_stale_temps",
+]
+
+
+class DestinationExistsError(FileExistsError):
+    """``replace=False`` found ``dest`` there at the rename: raised by that step only, so that a
+    caller can tell "someone published first" from an EEXIST while the content was written."""
 
 
 def _fsync_file(path: str | os.PathLike[str]) -> None:
@@ -83,7 +95,8 @@ def atomic_path(
 
     ``sweep=True`` first removes temporary files (and bundle staging leftovers) of provably dead
     writers in ``dest``'s directory: one ``scandir`` of it. ``replace=False`` never replaces an
-    existing ``dest``: ``FileExistsError`` naming it instead (step 3).
+    existing ``dest``: :class:`DestinationExistsError` (a ``FileExistsError``) naming it instead
+    (step 3).
     """
     dest = Path(dest)
     if sweep:
@@ -99,7 +112,10 @@ def atomic_path(
         if replace:
             os.replace(tmp, dest)
         else:
-            rename_noreplace(tmp, dest)  # EEXIST is a FileExistsError
+            try:
+                rename_noreplace(tmp, dest)
+            except FileExistsError as e:
+                raise DestinationExistsError(e.errno, e.strerror, os.fspath(dest)) from None
         fault_point("atomic_write.after-rename", dest)
         if durable:
             fsync_dir(dest.parent)

@@ -291,9 +291,21 @@ def exchange(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
 
 def rename_noreplace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
     """Rename, failing with EEXIST if ``dst`` exists, even as an empty directory (which a plain
-    rename would silently replace)."""
+    rename would silently replace). Where ``renameat2(RENAME_NOREPLACE)`` is refused (NFS, CIFS,
+    no such call), a file is hard-linked to ``dst`` (``link(2)`` never replaces, on NFS too) and
+    its old name unlinked; only a directory, or a file on a filesystem without hard links, falls
+    back to a check and a rename, which another process may race."""
     if _call_renameat2(src, dst, _RENAME_NOREPLACE):
         return
+    if not stat.S_ISDIR(os.lstat(src).st_mode):
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except OSError as e:
+            if e.errno not in LINK_UNSUPPORTED_ERRNOS:
+                raise  # EEXIST among them: dst is there
+        else:
+            os.unlink(src)
+            return
     if os.path.lexists(dst):
         raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(dst))
     os.rename(src, dst)
