@@ -242,3 +242,35 @@ def test_number_columns_match_each_rows_own_values_in_any_batch(
         fits = isinstance(lps, list)
         assert row["rollout_log_probs"] == (array.array("f", lps).tolist() if fits else None)  # float32
         assert ("rollout_log_probs" in extra) == (not fits and lps is not None)
+
+
+def test_a_log_prob_column_never_drops_what_struct_would(tmp_path: Path) -> None:
+    """Two values :mod:`struct` packs as float32 without an error but not faithfully stay out
+    of the column and in ``extra``: a numpy complex (its imaginary part dropped, with only a
+    warning) and, checked where it is made, a NaN packed as an infinity (CPython 3.14 packs a
+    signalling NaN with a low-bit payload as +-inf). A value too deep for a JSON column is
+    named with its bundle and sample (a review)."""
+    import struct
+    import warnings
+
+    import numpy as np
+
+    from bundles._dataset import arrow
+
+    signalling = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000001))[0]
+    packed = arrow._numbers([signalling, -0.5], "f")
+    assert packed is not None and struct.unpack("=2f", packed)[0] != struct.unpack("=2f", packed)[0]  # a NaN
+    assert arrow._float32_exact([signalling], struct.pack("=f", float("inf"))) is False  # as 3.14 packs it
+    assert arrow._float32_exact([float("-inf")], struct.pack("=f", float("-inf"))) is True
+    path = tmp_path / "b"
+    bundles.write_bundle(path, [{"rollout_log_probs": [np.complex128(-0.5 + 3j), np.float32(-1.5)]}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numpy's ComplexWarning, from struct's __float__
+        (row,) = next(bundles.open_bundle(path).to_arrow()).to_pylist()
+    assert row["rollout_log_probs"] is None
+    assert json.loads(row["extra"]) == {"rollout_log_probs": [{"repr": "(-0.5+3j)"}, -1.5]}
+    deep = tmp_path / "deep"
+    bundles.write_bundle(deep, [{"metadata": {"ok": 1}}, {"metadata": {"a": [np.zeros((1,) * 62)]}}])
+    with pytest.raises(bundles.BundleError) as e:
+        list(bundles.open_bundle(deep).to_arrow())
+    assert str(e.value) == f"{deep}: sample 1: nested deeper than 64 levels"

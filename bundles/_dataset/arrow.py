@@ -40,6 +40,7 @@ from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-
 from typing import Any
 
 from bundles._errors import BundleError, BundleVerificationError
+from bundles._format.codec import only_numbers
 from bundles._format.layout import MEDIA_DIR
 from bundles._format.limits import MAX_EXPORT_SAMPLE_IMAGE_BYTES
 from bundles._format.media import MediaRef
@@ -195,15 +196,40 @@ def _numbers(v: Any, code: str) -> bytes | None:
     n = len(items)
     try:
         if n <= _PACK_CHUNK:
-            return _packer(code, n).pack(*items)
-        # A long list a chunk at a time: ``pack(*items)`` passes its items as one tuple, which
-        # for a sample's 16 M tokens would be 128 MB of pointers more.
-        whole, rest = _packer(code, _PACK_CHUNK), n % _PACK_CHUNK
-        parts = [whole.pack(*items[i : i + _PACK_CHUNK]) for i in range(0, n - rest, _PACK_CHUNK)]
-        parts.append(_packer(code, rest).pack(*items[n - rest :]))
-        return b"".join(parts)
+            packed = _packer(code, n).pack(*items)
+        else:
+            # A long list a chunk at a time: ``pack(*items)`` passes its items as one tuple, which
+            # for a sample's 16 M tokens would be 128 MB of pointers more.
+            whole, rest = _packer(code, _PACK_CHUNK), n % _PACK_CHUNK
+            parts = [whole.pack(*items[i : i + _PACK_CHUNK]) for i in range(0, n - rest, _PACK_CHUNK)]
+            parts.append(_packer(code, rest).pack(*items[n - rest :]))
+            packed = b"".join(parts)
     except (struct.error, TypeError, OverflowError, ValueError):
         return None
+    if code == "f" and not _float32_exact(items, packed):
+        return None
+    return packed
+
+
+_INFINITIES32 = (struct.pack("=f", math.inf), struct.pack("=f", -math.inf))
+
+
+def _float32_exact(items: list[Any], packed: bytes) -> bool:
+    """Whether ``packed`` (``items`` as float32) dropped nothing :mod:`struct` lets through: a
+    numpy complex's imaginary part (``__float__`` keeps the real part, with only a warning), or
+    a NaN made an infinity (CPython 3.14 packs a signalling NaN keeping its bits, and one whose
+    payload is in the low bits becomes +-inf: gh-141042). Costs ~3 ns an item for Python
+    floats (:func:`only_numbers`); the rest only on a list holding numpy scalars or an infinity
+    (a misaligned match of its bytes included)."""
+    if not only_numbers(items):
+        for x in items:
+            dtype = getattr(x, "dtype", None)
+            if dtype is not None and dtype.kind not in "biuf":
+                return False
+    if _INFINITIES32[0] in packed or _INFINITIES32[1] in packed:
+        out = struct.unpack(f"={len(items)}f", packed)
+        return not any(math.isinf(o) and not math.isinf(float(x)) for x, o in zip(items, out, strict=True))
+    return True
 
 
 #: Numbers packed at a time (see :func:`_numbers`).
@@ -561,7 +587,10 @@ def to_arrow(
     batch = _Batch(names, head)
     want_extra, want_images = "extra" in names, "images" in names
     for position, sample in _selected(bundle, shards):
-        values, extra, images = _row(sample, stored)
+        try:
+            values, extra, images = _row(sample, stored)
+        except BundleError as e:  # a value too deep for its JSON column, named where it is
+            raise BundleError(f"{bundle.path}: sample {position}: {e}") from None
         values["position"] = position
         if want_extra:
             try:
