@@ -39,8 +39,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
+from bundles._dataset.numbers import as_list, pack_numbers
 from bundles._errors import BundleError, BundleVerificationError
-from bundles._format.codec import only_numbers
 from bundles._format.layout import MEDIA_DIR
 from bundles._format.limits import MAX_EXPORT_SAMPLE_IMAGE_BYTES
 from bundles._format.media import MediaRef
@@ -149,18 +149,6 @@ def step_of(bundle: Any) -> int | None:
     return None
 
 
-def _as_list(v: Any) -> list[Any] | None:
-    if isinstance(v, (list, tuple)):
-        return list(v)
-    if hasattr(v, "shape") and callable(getattr(v, "tolist", None)):
-        try:
-            out = v.tolist()
-        except Exception:  # a tensor on a device, a foreign array type: kept in extra
-            return None
-        return out if isinstance(out, list) else None
-    return None
-
-
 def _float(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -168,72 +156,6 @@ def _float(v: Any) -> bool:
 #: The number columns: their :mod:`struct` code (int32, int8 and float32, standard sizes in the
 #: machine's byte order, which is Arrow's).
 _NUMBER_COLUMNS = {"tokens": "i", "rollout_log_probs": "f", "loss_mask": "b"}
-_PACKERS: dict[tuple[str, int], struct.Struct] = {}
-
-
-def _packer(code: str, n: int) -> struct.Struct:
-    """The ``struct.Struct`` packing ``n`` numbers of ``code`` (kept for the lengths met last)."""
-    packer = _PACKERS.get((code, n))
-    if packer is None:
-        if len(_PACKERS) >= 1024:
-            _PACKERS.clear()
-        packer = _PACKERS[(code, n)] = struct.Struct(f"={n}{code}")
-    return packer
-
-
-def _numbers(v: Any, code: str) -> bytes | None:
-    """``v`` as the bytes of its column's C type (``code``: ``i`` int32, ``b`` int8, ``f``
-    float32), or None when it does not fit: a value that is not a number, an int out of range, or
-    a finite float beyond float32's (float32 would make it +-inf; an infinity stays one).
-
-    Checked and converted at C speed by :mod:`struct` (a value of another type, an int out of
-    range or a float that overflows float32 raises; a bool is its int), so a sample's 10^5 tokens
-    cost no Python call each; the batch's column is then these bytes, handed to Arrow without
-    another pass (:class:`_Flat`)."""
-    items = v if type(v) is list else _as_list(v)
-    if items is None:
-        return None
-    n = len(items)
-    try:
-        if n <= _PACK_CHUNK:
-            packed = _packer(code, n).pack(*items)
-        else:
-            # A long list a chunk at a time: ``pack(*items)`` passes its items as one tuple, which
-            # for a sample's 16 M tokens would be 128 MB of pointers more.
-            whole, rest = _packer(code, _PACK_CHUNK), n % _PACK_CHUNK
-            parts = [whole.pack(*items[i : i + _PACK_CHUNK]) for i in range(0, n - rest, _PACK_CHUNK)]
-            parts.append(_packer(code, rest).pack(*items[n - rest :]))
-            packed = b"".join(parts)
-    except (struct.error, TypeError, OverflowError, ValueError):
-        return None
-    if code == "f" and not _float32_exact(items, packed):
-        return None
-    return packed
-
-
-_INFINITIES32 = (struct.pack("=f", math.inf), struct.pack("=f", -math.inf))
-
-
-def _float32_exact(items: list[Any], packed: bytes) -> bool:
-    """Whether ``packed`` (``items`` as float32) dropped nothing :mod:`struct` lets through: a
-    numpy complex's imaginary part (``__float__`` keeps the real part, with only a warning), or
-    a NaN made an infinity (CPython 3.14 packs a signalling NaN keeping its bits, and one whose
-    payload is in the low bits becomes +-inf: gh-141042). Costs ~3 ns an item for Python
-    floats (:func:`only_numbers`); the rest only on a list holding numpy scalars or an infinity
-    (a misaligned match of its bytes included)."""
-    if not only_numbers(items):
-        for x in items:
-            dtype = getattr(x, "dtype", None)
-            if dtype is not None and dtype.kind not in "biuf":
-                return False
-    if _INFINITIES32[0] in packed or _INFINITIES32[1] in packed:
-        out = struct.unpack(f"={len(items)}f", packed)
-        return not any(math.isinf(o) and not math.isinf(float(x)) for x, o in zip(items, out, strict=True))
-    return True
-
-
-#: Numbers packed at a time (see :func:`_numbers`).
-_PACK_CHUNK = 1 << 14
 
 
 #: Values jsonable keeps as they are.
@@ -293,7 +215,7 @@ def jsonable(v: Any, depth: int = 0, stored: Mapping[str, MediaRef] | None = Non
     if isinstance(v, (bytes, bytearray, memoryview)):
         return {"base64": base64.b64encode(bytes(v)).decode("ascii")}
     if hasattr(v, "dtype") and hasattr(v, "shape"):
-        data = _as_list(v)
+        data = as_list(v)
         if data is None and hasattr(v, "item"):
             return jsonable(v.item(), depth + 1)  # a numpy scalar
         return {"dtype": str(v.dtype).removeprefix("torch."), "shape": [int(d) for d in v.shape],
@@ -375,7 +297,7 @@ def _row(
     values["metadata"] = None if metadata is None else _dumps(metadata)
     for key, code in _NUMBER_COLUMNS.items():
         v = get(key)
-        values[key] = numbers = None if v is None else _numbers(v, code)
+        values[key] = numbers = None if v is None else pack_numbers(v, code)
         if numbers is None and v is not None:
             extra[key] = v
     values["turns"], images = _turns(sample, metadata, stored)
@@ -397,13 +319,13 @@ def _turns(
     screenshots of ``multimodal_inputs.images`` in turn order."""
     mm = s.get("multimodal_inputs")
     raw = mm.get("images") if isinstance(mm, Mapping) else None
-    items = raw if type(raw) is list else _as_list(raw)  # read, never changed: no copy of a list
+    items = raw if type(raw) is list else as_list(raw)  # read, never changed: no copy of a list
     if items is None:
         items = [] if raw is None else [raw]
     get = stored.get
     refs: list[MediaRef | None] = [get(x) if type(x) is str else _stored_ref(x, stored) for x in items]
     actions = md.get("actions") if isinstance(md, Mapping) else None
-    actions = (actions if type(actions) is list else _as_list(actions)) or []
+    actions = (actions if type(actions) is list else as_list(actions)) or []
     n_refs, n_actions = len(refs), len(actions)
     turns = [
         {
