@@ -163,6 +163,27 @@ def test_ls_r_finds_a_runs_bundles_below_the_root(tmp_path: Path) -> None:
     assert [r["location"] for r in rows] == sorted(str(p) for p in deep)
 
 
+def test_ls_of_a_packed_bundle_lists_it_and_of_another_file_says_what_it_is(tmp_path: Path) -> None:
+    from bundles import pack_bundle
+
+    write_bundle(tmp_path / "b", [{"index": 0}])
+    pack_bundle(tmp_path / "b", tmp_path / "b.rbundle")
+    for flags in ([], ["-r"]):
+        done = cli("ls", *flags, str(tmp_path / "b.rbundle"))
+        assert done.returncode == 0 and text(done.stdout).splitlines() == [str(tmp_path / "b.rbundle")], (
+            done.stderr
+        )
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a user's file")
+    done = cli("ls", "-r", str(notes))
+    assert done.returncode == 1 and done.stdout == b""
+    assert (
+        text(done.stderr).strip()
+        == f"rollout-bundle ls: not listed: {notes}: not a bundle, nor a directory to look into"
+    )
+    assert notes.read_text() == "a user's file"
+
+
 def test_show_inspect_diff_and_verify_print_nothing_raw(tmp_path: Path) -> None:
     meta = {"note": "x\x1b]0;owned\x07y", "rtl": "\u202eabc", "lone": "\ud800", "c1": "\x9b31m"}
     a, b = tmp_path / "a\x1b[1m", tmp_path / "b"

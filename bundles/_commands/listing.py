@@ -21,9 +21,10 @@ def _ls(ns: argparse.Namespace) -> int:
     """Every bundle found is listed; every entry that could not be read is one line on stderr,
     and then the status is 1 (0 when every entry was listed)."""
     root = ns.root
-    if not Location.of(root).uploads and not os.path.isdir(root):  # a store prefix needs no directory
-        what = "does not exist" if not os.path.lexists(root) else "is not a directory"
-        raise common.CommandError(f"{os.path.abspath(root)}: {what}; ls lists the bundles in a directory")
+    if not Location.of(root).uploads and not os.path.lexists(root):  # a store prefix needs no directory
+        raise common.CommandError(
+            f"{os.path.abspath(root)}: does not exist; ls lists the bundles in a directory (or a packed bundle)"
+        )
     found = find_bundles(root, depth=MAX_FIND_DEPTH if ns.recursive else 0)
     problems = list(found.problems)
     rows: list[dict[str, Any]] = []
