@@ -42,7 +42,7 @@ from bundles._format.manifest import Manifest, ShardEntry, parse_manifest_bytes,
 from bundles._format.media import MediaRef
 from bundles._format.options import LinkMode, Verify
 from bundles._format.shards import Rehashed, ShardData, digest_problem, iter_shard
-from bundles._local.archive import PackedSource
+from bundles._local.archive import PackedMembers, PackedSource
 from bundles._local.atomic import atomic_path
 from bundles._local.commit import is_staging_name
 from bundles._local.fs import check_link_mode, copy_and_hash, ingest, make_read_only
@@ -74,10 +74,13 @@ def read_at_most(f: BinaryIO, n: int) -> bytes:
 def load_manifest(source: Source, again: bool = False) -> Manifest:
     """Read and validate the manifest of ``source`` (size capped before it is parsed); ``again``:
     as the location holds it now (``Source.reread_manifest``). A directory's is read from its
-    file a window at a time, never whole; other sources' bytes are parsed through a window, never
-    as text whole (``bundles._format.manifest``)."""
+    file a window at a time, never whole, and so is a packed file's from its member's range
+    (locally or on a store); a store's manifest object arrives as one ``bytes`` (the pointer's
+    digest is checked before it is parsed) and is parsed through a window, never as text whole
+    (``bundles._format.manifest``)."""
     where = source.where(MANIFEST_NAME)
-    if isinstance(source, DirSource):  # reread: the directory at the path now
+    # reread: the directory at the path now; the packed file opened (one object, read again)
+    if isinstance(source, (DirSource, PackedMembers)):
         with source.open_manifest() as f:
             return parse_manifest_file(f, where)
     return parse_manifest_bytes(source.reread_manifest() if again else source.read_manifest(), where)

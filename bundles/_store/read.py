@@ -32,6 +32,7 @@ from bundles._format.layout import (
     STORE_POINTER_NAME,
 )
 from bundles._format.media import MediaRef
+from bundles._format.mediatable import MediaTable
 from bundles._format.options import Verify
 from bundles._local.archive import PackedMembers, WindowFile, read_tar_index
 from bundles._local.atomic import atomic_write
@@ -48,15 +49,18 @@ class RangeFile(WindowFile):
     """A read-only binary file over ``size`` bytes at ``offset`` of one object, read with range
     requests of at least :data:`READ_WINDOW` bytes (a media file is usually one request)."""
 
-    def __init__(self, store: Store, key: str, offset: int, size: int, where: str) -> None:
+    def __init__(
+        self, store: Store, key: str, offset: int, size: int, where: str, window: int = READ_WINDOW
+    ) -> None:
         super().__init__(size)
         self._store, self._key, self._offset, self._where = store, key, offset, where
+        self._window = window
         self._buf = b""
         self._buf_start = 0
 
     def _fill(self, want: int) -> None:
         start = self._pos
-        end = min(self._size, start + max(want, READ_WINDOW))
+        end = min(self._size, start + max(want, self._window))
         try:
             with naming(self._where, "read"):
                 data = self._store.get_range(self._key, self._offset + start, self._offset + end)
@@ -135,7 +139,9 @@ class StoreSource(_StoreSourceBase):
         self._prefix = place
         self.path = place.url
         self._sizes: dict[str, int] | None = None
-        self._listed_media: set[str] = set()
+        #: The manifest's media table (set by :func:`open_on_store` once it is parsed): which
+        #: names of a shared media prefix are this bundle's, by binary search, no set of names.
+        self.media: MediaTable | None = None
 
     def where(self, name: str) -> str:
         """The URL of a bundle-relative name; for a media file, of the object itself (in a shared
@@ -170,13 +176,6 @@ class StoreSource(_StoreSourceBase):
                         f"{self.where(MANIFEST_NAME)}: digest: the pointer expects {p.pointer.manifest_digest}, found {digest}"
                     ],
                 )
-        try:  # which media names the listing should report (the pool also holds others' media)
-            listed = json.loads(data).get("media", [])
-            self._listed_media = {
-                f"{e['digest'][len(DIGEST_PREFIX) :]}{e['suffix']}" for e in listed if isinstance(e, dict)
-            }
-        except Exception:
-            self._listed_media = set()  # load_manifest names the problem
         return data
 
     def stored_size(self) -> int | None:
@@ -206,7 +205,9 @@ class StoreSource(_StoreSourceBase):
             name = m["path"][len(p.media_prefix) + 1 :]
             # The media prefix is shared (by a pool's bundles, or by the generations of one bundle):
             # only a plain layout owns its media/ alone, so only there is an unlisted file a problem.
-            if name in self._listed_media or p.pointer.generation is None:
+            # Which names are the bundle's: the parsed table's binary search (issue 39, item 6:
+            # not a set of the names, ~100 bytes each, from a second parse of the whole manifest).
+            if p.pointer.generation is None or (self.media is not None and self.media.find(name) >= 0):
                 sizes[f"{MEDIA_DIR}/{name}"] = m["size"]
         self._sizes = sizes
         return sizes
@@ -287,8 +288,7 @@ class StorePackedSource(PackedMembers, _StoreSourceBase):
         self.index_requests = reader.requests
 
     def read_manifest(self) -> bytes:
-        f, _ = self.open(MANIFEST_NAME)
-        with f:
+        with self.open_manifest() as f:
             return f.read()
 
     def reread_manifest(self) -> bytes:
@@ -297,9 +297,10 @@ class StorePackedSource(PackedMembers, _StoreSourceBase):
     def stored_size(self) -> int | None:
         return self.size
 
-    def open(self, name: str) -> tuple[BinaryIO, int]:
+    def open(self, name: str, window: int | None = None) -> tuple[BinaryIO, int]:
         m = self.member(name)
-        return RangeFile(self._store, self.path.key, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]
+        f = RangeFile(self._store, self.path.key, m.offset, m.size, self.where(name), window or READ_WINDOW)
+        return f, m.size  # type: ignore[return-value]
 
 
 def _check_bucket(store: Store, url: StoreURL) -> None:
@@ -407,6 +408,8 @@ def open_on_store(
     else:
         source = StoreSource(_bundle_prefix(url, storage_options, "read the pointer"))
     bundle = Bundle(source, load_manifest(source))
+    if isinstance(source, StoreSource):
+        source.media = bundle.manifest.media
     if verify is not Verify.NONE:
         bundle.verify(full=verify is Verify.FULL, progress=False)
     return bundle
