@@ -76,6 +76,26 @@ def test_iterating_ten_times_the_samples_peaks_at_about_the_same_traced_memory(
     assert peak_large < os.stat(shard).st_size / 2  # not the compressed shard held whole
 
 
+def test_a_store_shard_is_copied_to_a_temporary_file_not_held(
+    small_and_large: dict[int, Path], seaweed_s3: Any
+) -> None:
+    """A shard on a store is read once, in ranges, into an unnamed temporary file and decoded
+    from there as a local one: the peak holds a range (8 MiB), not the compressed shard (~35 MB
+    here; before, the shard's bytes, twice while they were copied)."""
+    url = f"s3://{seaweed_s3.bucket()}/b"
+    bundles.upload_bundle(small_and_large[20_000], url, storage_options=seaweed_s3.options())
+    shard = os.stat(small_and_large[20_000] / "samples" / "000000.msgpack.zst").st_size
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, url],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+        env={**os.environ, **seaweed_s3.env, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    count, peak = map(int, done.stdout.split())
+    assert count == 20_000
+    assert peak < shard / 2.5, (peak, shard)  # measured 11.5 MB of 35.5; before, 40.7
+
+
 def test_a_shard_rewritten_between_its_check_and_its_decoding_is_refused_naming_it(tmp_path: Path) -> None:
     path = Path(str(bundles.write_bundle(tmp_path / "b", _samples(2_000))))
     shard = path / "samples" / "000000.msgpack.zst"

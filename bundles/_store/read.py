@@ -74,6 +74,7 @@ class RangeFile(WindowFile):
 
     def _fill(self, want: int) -> None:
         start = self._pos
+        self._buf = b""  # not two windows at once
         self._buf = self._get(start, min(self._size, start + max(want, self._window)))
         self._buf_start = start
 
