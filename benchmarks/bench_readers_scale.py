@@ -1,7 +1,7 @@
 """The readers at scale: peak RSS and time per sample against the number of samples (not a test).
 
     python benchmarks/bench_readers_scale.py [--n 2000 10000 100000] [--dir bench-out] [--quick]
-        [--distinct-media] [--repeats K]
+        [--distinct-media] [--repeats K] [--source dir|packed|store]
 
 Bundles of N samples (3,000 tokens each as a list of ints, a reward, a status, a prompt and a
 response of a few words, one small screenshot: the same file for every sample, so dedup by
@@ -12,6 +12,14 @@ fresh subprocess (so every figure is that process's own peak):
 * ``open + iterate``: ``open_bundle(verify="none")`` and every sample of ``samples()``;
 * ``verify --full``: ``rollout-bundle verify --full --json`` through the CLI's ``main`` (the
   sample count read from its report, not from a second open).
+
+``--source`` picks what is read: ``dir`` (the default) the bundle directory; ``packed`` the
+same bundle packed into one ``.rbundle`` file by ``pack_bundle`` (cached beside it); ``store`` the
+bundle uploaded by ``upload_bundle(shared_media=True)`` to a SeaweedFS server on loopback
+(``tests/helpers/store.py``), one prefix per N, its media in the prefix's shared pool. The server
+runs in a child of its own for the whole run (started, filled and stopped there), so that the
+parent, whose RSS at each fork is a floor of its children's peaks, never imports boto3 or
+``bundles``; the upload is not cached (the server's disk is a temporary directory).
 
 Each line prints the child's peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) and its
 time per sample, and the ratios against the smallest N: issue 39, item 6 asks both ratios to stay
@@ -103,6 +111,44 @@ def ensure_bundle(root: Path, n: int, distinct: bool) -> Path:
     return dest
 
 
+def ensure_packed(dest: Path) -> Path:
+    """The cached bundle ``dest`` packed into one file beside it (in a subprocess, as writing)."""
+    packed = dest.with_suffix(".rbundle")
+    if not packed.exists():
+        t = time.perf_counter()
+        subprocess.run(
+            [sys.executable, __file__, "--child", "pack", str(dest)], check=True, stdin=subprocess.DEVNULL
+        )  # fmt: skip
+        print(f"  packed in {time.perf_counter() - t:.1f} s: {packed}", flush=True)
+    return packed
+
+
+def serve(paths: str) -> None:
+    """The ``store`` source's server child: SeaweedFS on loopback, each bundle of ``paths``
+    (``N=DIR`` joined by ``,``) uploaded to ``s3://bench/nN/b`` with a shared media pool; one line
+    of JSON (the credentials' environment and the URLs), then the server runs until stdin closes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from helpers.store import seaweed_server
+
+    import bundles
+
+    with seaweed_server() as server:
+        server.make_bucket("bench")
+        urls = {}
+        for item in paths.split(","):
+            n, path = item.split("=", 1)
+            t = time.perf_counter()
+            urls[n] = f"s3://bench/n{n}/b"
+            bundles.upload_bundle(path, urls[n], shared_media=True, storage_options=server.options())
+            print(
+                f"  uploaded {int(n):,} samples in {time.perf_counter() - t:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+        print(json.dumps({"env": server.env, "urls": urls}), flush=True)
+        sys.stdin.read()  # until the parent closes it
+
+
 def write(spec: str) -> None:
     import bundles
 
@@ -117,6 +163,14 @@ def write(spec: str) -> None:
 def child(op: str, path: str) -> None:
     if op == "write":
         write(path)
+        return
+    if op == "pack":
+        import bundles
+
+        bundles.pack_bundle(path, Path(path).with_suffix(".rbundle"), overwrite=True)
+        return
+    if op == "serve":
+        serve(path)
         return
     import bundles
 
@@ -144,7 +198,7 @@ def child(op: str, path: str) -> None:
     print(json.dumps({"samples": count, "seconds": seconds, "peak_mb": peak_kib / 1024}))
 
 
-def measure(op: str, path: Path, repeats: int) -> dict[str, float]:
+def measure(op: str, path: Path | str, repeats: int, env: dict[str, str] | None = None) -> dict[str, float]:
     """``repeats`` fresh children: the fastest time (the least disturbed by a loaded machine)
     and the highest peak."""
     runs = []
@@ -152,6 +206,7 @@ def measure(op: str, path: Path, repeats: int) -> dict[str, float]:
         done = subprocess.run(
             [sys.executable, __file__, "--child", op, str(path)],
             capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
         )  # fmt: skip
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return {"seconds": min(r["seconds"] for r in runs), "peak_mb": max(r["peak_mb"] for r in runs)}
@@ -168,6 +223,10 @@ def main() -> None:
     ap.add_argument(
         "--distinct-media", action="store_true", help="one screenshot file per sample instead of one for all"
     )
+    ap.add_argument(
+        "--source", choices=("dir", "packed", "store"), default="dir",
+        help="read the directory, its packed file, or its copy on SeaweedFS on loopback",
+    )  # fmt: skip
     ap.add_argument("--child", nargs=2, metavar=("OP", "PATH"), help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.child:
@@ -178,11 +237,38 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     shared = "one file each" if ns.distinct_media else "one file for all"
     print(f"samples of {TOKENS:,} tokens and one small screenshot ({shared})")
-    paths = {n: ensure_bundle(root, n, ns.distinct_media) for n in sizes}
+    paths: dict[int, Path | str] = {n: ensure_bundle(root, n, ns.distinct_media) for n in sizes}
+    env: dict[str, str] = {}
+    server = None
+    if ns.source == "packed":
+        paths = {n: ensure_packed(Path(p)) for n, p in paths.items()}
+    elif ns.source == "store":
+        print("source: the bundles uploaded to SeaweedFS on loopback (shared media pools)", flush=True)
+        server = subprocess.Popen(
+            [sys.executable, __file__, "--child", "serve", ",".join(f"{n}={p}" for n, p in paths.items())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        while line and not line.startswith('{"env"'):  # anything else the upload printed
+            line = server.stdout.readline()
+        if not line:
+            raise SystemExit(f"the store's server child exited with {server.wait()}")
+        ready = json.loads(line)
+        env, paths = ready["env"], {int(n): url for n, url in ready["urls"].items()}
+    try:
+        run_all(sizes, paths, env, ns.repeats)
+    finally:
+        if server is not None and server.stdin is not None:
+            server.stdin.close()
+            server.wait(timeout=60)
+
+
+def run_all(sizes: list[int], paths: dict[int, Path | str], env: dict[str, str], repeats: int) -> None:
     for op, label in (("iterate", "open + iterate"), ("verify", "verify --full")):
         base: dict[str, float] | None = None
         for n in sizes:
-            r = measure(op, paths[n], ns.repeats)
+            r = measure(op, paths[n], repeats, env)
             per = r["seconds"] / n * 1e6
             if base is None:
                 base = {"per": per, "peak": r["peak_mb"]}

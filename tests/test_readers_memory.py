@@ -76,6 +76,43 @@ def test_iterating_ten_times_the_samples_peaks_at_about_the_same_traced_memory(
     assert peak_large < os.stat(shard).st_size / 2  # not the compressed shard held whole
 
 
+def test_a_store_shard_is_copied_to_a_temporary_file_not_held(
+    small_and_large: dict[int, Path], seaweed_s3: Any
+) -> None:
+    """A shard on a store is read once, in ranges, into an unnamed temporary file and decoded
+    from there as a local one: the peak holds a range (8 MiB), not the compressed shard (~35 MB
+    here; before, the shard's bytes, twice while they were copied)."""
+    url = f"s3://{seaweed_s3.bucket()}/b"
+    bundles.upload_bundle(small_and_large[20_000], url, storage_options=seaweed_s3.options())
+    shard = os.stat(small_and_large[20_000] / "samples" / "000000.msgpack.zst").st_size
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, url],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+        env={**os.environ, **seaweed_s3.env, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    count, peak = map(int, done.stdout.split())
+    assert count == 20_000
+    assert peak < shard / 2.5, (peak, shard)  # measured 11.5 MB of 35.5; before, 40.7
+    # verify --full hashes it a range at a time too (before, read whole: 35.5 MB and a copy).
+    verify = (
+        "import sys, tracemalloc, bundles\n"
+        "b = bundles.open_bundle(sys.argv[1], verify='none')\n"
+        "tracemalloc.start()\n"
+        "problems = b.problems(full=True)\n"
+        "print(len(problems), tracemalloc.get_traced_memory()[1])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", verify, url],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+        env={**os.environ, **seaweed_s3.env, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    problems, peak = map(int, done.stdout.split())
+    assert problems == 0
+    assert peak < shard / 2.5, (peak, shard)  # measured 8.9 MB
+
+
 def test_a_shard_rewritten_between_its_check_and_its_decoding_is_refused_naming_it(tmp_path: Path) -> None:
     path = Path(str(bundles.write_bundle(tmp_path / "b", _samples(2_000))))
     shard = path / "samples" / "000000.msgpack.zst"
@@ -136,15 +173,15 @@ def distinct_media(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     return {n: _with_screenshots(root, n) for n in (500, 5_000)}
 
 
-def test_an_open_bundle_holds_under_100_bytes_a_distinct_media_file_and_peaks_there(
-    distinct_media: dict[int, Path],
-) -> None:
+def _per_file(paths: dict[int, str], env: dict[str, str] | None = None) -> tuple[float, float, float, str]:
+    """MEDIA_CHILD on the bundles of 500 and 5,000 media files: (held, opened, verified) bytes a
+    media file between them, and the figures as JSON for a failure's message."""
     figures = {}
-    for n, path in distinct_media.items():
+    for n, path in paths.items():
         done = subprocess.run(
-            [sys.executable, "-c", MEDIA_CHILD, str(path)],
+            [sys.executable, "-c", MEDIA_CHILD, path],
             capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)},
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         count, files, problems, *bytes_ = map(int, done.stdout.split())
@@ -153,6 +190,13 @@ def test_an_open_bundle_holds_under_100_bytes_a_distinct_media_file_and_peaks_th
     files = 5_000 - 500
     held, opened, verified = ((figures[5_000][k] - figures[500][k]) / files for k in range(3))
     shown = json.dumps({"figures": figures, "held": held, "opened": opened, "verified": verified})
+    return held, opened, verified, shown
+
+
+def test_an_open_bundle_holds_under_100_bytes_a_distinct_media_file_and_peaks_there(
+    distinct_media: dict[int, Path],
+) -> None:
+    held, opened, verified, shown = _per_file({n: str(p) for n, p in distinct_media.items()})
     # Held: the media table's columns (32 + 8 + 4 bytes an entry); before, ~1 KB of dicts,
     # strings, MediaEntry and MediaRef objects an entry.
     assert held <= 100, shown
@@ -162,6 +206,48 @@ def test_an_open_bundle_holds_under_100_bytes_a_distinct_media_file_and_peaks_th
     # json scanner's own buffers); before the table, ~1,200 (parsed objects an entry).
     assert opened <= 100, shown
     assert verified <= 100, shown
+
+
+def test_a_packed_bundle_holds_its_index_in_columns_and_reads_its_manifest_a_window_at_a_time(
+    distinct_media: dict[int, Path], tmp_path: Path
+) -> None:
+    """A packed file: its members' index keeps the media members in columns (before, a dict of
+    ``Member`` objects and their names, ~290 bytes a file), and its manifest is parsed from the
+    member's range, as a directory's from its file (before, read as one ``bytes`` first)."""
+    packed = {n: str(bundles.pack_bundle(p, tmp_path / f"b{n}.rbundle")) for n, p in distinct_media.items()}
+    held, opened, verified, shown = _per_file(packed)
+    # Held: the media table (44 bytes a file) and the index (52): measured 102; before, 326.
+    assert held <= 120, shown
+    # The open's and verify's peaks: nothing a file above what is held (measured 103 and 103;
+    # before, 497 and 399).
+    assert opened <= 120, shown
+    assert verified <= 120, shown
+
+
+def test_a_store_bundle_in_a_shared_pool_keeps_no_name_a_media_file(
+    distinct_media: dict[int, Path], seaweed_s3: Any
+) -> None:
+    """A bundle on a store whose media are in a pool shared with other bundles: which pooled
+    names are this bundle's is asked of the manifest's media table, not of a set of names built
+    from a second, whole ``json.loads`` of the manifest (~100 bytes a file held, ~1 KB at the
+    open's peak)."""
+    bucket = seaweed_s3.bucket()
+    options = seaweed_s3.options()
+    urls = {}
+    for n, path in distinct_media.items():
+        urls[n] = f"s3://{bucket}/run/b{n}"
+        bundles.upload_bundle(path, urls[n], shared_media=True, storage_options=options)
+    # Another bundle's media in the same pool: not this bundle's, not a problem of its verify.
+    other = _with_screenshots(Path(str(distinct_media[500].parent)), 7)
+    bundles.upload_bundle(other, f"s3://{bucket}/run/other", shared_media=True, storage_options=options)
+    held, opened, verified, shown = _per_file(urls, seaweed_s3.env)
+    assert held <= 100, shown  # the table: measured 47; before, 273 (the set of names)
+    # The manifest object arrives as one bytes (~111 a file here) beside the table: measured
+    # 159; before, 730 (the whole json.loads for the set).
+    assert opened <= 200, shown
+    # The listing of the bundle's objects and their sizes by name (O(bundle): the pool's others
+    # are dropped as they are listed): measured 162; before, 388.
+    assert verified <= 200, shown
 
 
 def _rewrite_manifest(path: Path, change: Any) -> None:
@@ -244,3 +330,56 @@ def test_one_digest_listed_with_many_suffixes_is_found_in_log_steps(tmp_path: Pa
         i, lines = lines_run(f"{digest[7:]}.s{k:05d}")
         assert table.suffix(i) == f".s{k:05d}" and lines < 1_000, lines
     assert table.find(f"{digest[7:]}.s99999") == -1
+
+
+def _repack(bundle: Path, dest: Path, media_order: Any = sorted, repeat: int | None = None) -> Path:
+    """``bundle`` as a packed file written by tarfile, its media members in ``media_order`` (and
+    the one at ``repeat`` written again after the others): another tool's archive."""
+    import tarfile
+
+    names = media_order(os.listdir(bundle / "media"))
+    if repeat is not None:
+        names.append(names[repeat])
+    with tarfile.open(dest, "w", format=tarfile.GNU_FORMAT) as tar:
+        tar.add(bundle / "manifest.json", "manifest.json")
+        tar.add(bundle / "media", "media", recursive=False)
+        for name in names:
+            tar.add(bundle / "media" / name, f"media/{name}")
+        tar.add(bundle / "samples", "samples")
+    return dest
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled"])
+def test_a_packed_bundle_in_any_member_order_reads_verifies_and_finds_every_media_member(
+    tmp_path: Path, order: str
+) -> None:
+    path = _with_screenshots(tmp_path, 30)
+    rng = np.random.default_rng(3)
+    orders: dict[str, Any] = {
+        "sorted": sorted,
+        "reversed": lambda n: sorted(n, reverse=True),
+        "shuffled": lambda n: [n[i] for i in rng.permutation(len(n))],
+    }
+    packed = _repack(path, tmp_path / "b.rbundle", orders[order])
+    with bundles.open_bundle(path) as plain, bundles.open_bundle(packed, verify="full") as b:
+        assert len(b.media) == 30 and b.problems(full=True) == []
+        for ref in plain.media:
+            with b.open_media(ref.filename) as f:
+                assert f.read() == (path / "media" / ref.filename).read_bytes()
+        with pytest.raises(bundles.MediaMissingError):
+            b.open_media("0" * 64 + ".png")
+    assert bundles.unpack_bundle(packed, tmp_path / "out") is not None
+    assert sorted(os.listdir(tmp_path / "out" / "media")) == sorted(os.listdir(path / "media"))
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_a_media_member_repeated_after_others_is_refused_in_any_order(tmp_path: Path, order: str) -> None:
+    """The index tells a repeat by the names' order while they increase (``pack``'s), and by a
+    set of the names read once they do not: a repeat is refused either way, naming it."""
+    path = _with_screenshots(tmp_path, 12)
+    media_order: Any = sorted if order == "sorted" else (lambda n: sorted(n, reverse=True))
+    packed = _repack(path, tmp_path / "b.rbundle", media_order, repeat=4)
+    name = media_order(os.listdir(path / "media"))[4]
+    with pytest.raises(bundles.UnsafeBundleError) as e:
+        bundles.open_bundle(packed, verify="none")
+    assert str(e.value) == f"{packed}: member 'media/{name}': appears twice"

@@ -24,18 +24,20 @@ import os
 import stat
 import tarfile
 import weakref
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from bundles._errors import BundleError, BundleIOError, BundleNotFoundError, UnsafeBundleError
 from bundles._format.layout import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
+    MEDIA_DIR,
 )
 from bundles._format.media import sha256_stream
-from bundles._local.sources import LAYOUT_DIRS, Entry, describe, kind_of, layout_name_ok
+from bundles._local.sources import LAYOUT_DIRS, Entry, describe, kind_of, layout_name_ok, media_name_ok
 
 if TYPE_CHECKING:
     from bundles._urls import StoreURL
@@ -44,6 +46,9 @@ _BLOCK = tarfile.BLOCKSIZE
 # Headers (ustar, and the pax/GNU extensions tarfile understands) are read through a file that
 # refuses any single read above this: an extended header declaring gigabytes is not buffered.
 _MAX_HEADER_READ = 1024 * 1024
+#: The read size of a packed manifest on a store (each a range request; the parser's window is
+#: 64 KiB): held while the manifest is parsed, not the whole member.
+MANIFEST_WINDOW = 1024 * 1024
 _REGULAR_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)
 _TYPE_NAMES = {
     tarfile.SYMTYPE: "a symlink",
@@ -56,7 +61,7 @@ _TYPE_NAMES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Member:
     """One member of a packed bundle: where its data starts in the file, and its size."""
 
@@ -64,6 +69,135 @@ class Member:
     is_dir: bool
     offset: int
     size: int
+
+
+_MEDIA = MEDIA_DIR + "/"
+
+
+def _media_key(name: str) -> tuple[bytes, str] | None:
+    """``media/<64 lowercase hex><suffix>`` as (32 raw bytes, suffix); None for any other name."""
+    if not name.startswith(_MEDIA) or not media_name_ok(name[len(_MEDIA) :]):
+        return None
+    return bytes.fromhex(name[len(_MEDIA) : len(_MEDIA) + 64]), name[len(_MEDIA) + 64 :]
+
+
+class MemberIndex(Mapping[str, Member]):
+    """A packed file's members by name, as :func:`read_tar_index` read them (its order).
+
+    The media members, one per distinct media file, are held in columns (issue 39, item 6): a
+    digest as 32 raw bytes, an offset and a size, a suffix by number, ~52 bytes a member where a
+    dict of :class:`Member` objects and their names held ~290 (29 MB at 100,000 screenshots). A
+    lookup is a binary search over (digest, suffix), in the archive's order when it is sorted
+    (``pack`` writes them so), else through an order built once the index is read. The
+    other members (the manifest, the two directories, the shards) are a dict. A ``Member`` is
+    built when asked for.
+    """
+
+    def __init__(self) -> None:
+        self._named: dict[str, Member] = {}
+        self._media_at = -1  # how many named members came before the first media member
+        self._digests = bytearray()
+        self._suffix = array("I")
+        self._suffixes: list[str] = []
+        self._suffix_ids: dict[str, int] = {}
+        self._offsets = array("q")
+        self._sizes = array("q")
+        self._order: array[int] | None = None
+
+    def add(self, m: Member) -> None:
+        key = None if m.is_dir else _media_key(m.name)
+        if key is None:
+            self._named[m.name] = m
+            return
+        if self._media_at < 0:
+            self._media_at = len(self._named)
+        n = len(self._sizes)
+        if self._order is None and n and key <= self._key(n - 1):
+            self._order = array("I")  # not in order: sorted in finish()
+        sid = self._suffix_ids.setdefault(key[1], len(self._suffixes))
+        if sid == len(self._suffixes):
+            self._suffixes.append(key[1])
+        self._digests += key[0]
+        self._suffix.append(sid)
+        self._offsets.append(m.offset)
+        self._sizes.append(m.size)
+
+    def finish(self) -> MemberIndex:
+        if self._order is not None:
+            self._order = array("I", sorted(range(len(self._sizes)), key=self._key))
+        return self
+
+    def _key(self, i: int) -> tuple[bytes, str]:
+        return bytes(self._digests[32 * i : 32 * i + 32]), self._suffixes[self._suffix[i]]
+
+    def _media(self, i: int) -> Member:
+        name = f"{_MEDIA}{self._digests[32 * i : 32 * i + 32].hex()}{self._suffixes[self._suffix[i]]}"
+        return Member(name, False, self._offsets[i], self._sizes[i])
+
+    def _find(self, key: tuple[bytes, str]) -> int:
+        order, n = self._order, len(self._sizes)
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._key(mid if order is None else order[mid]) < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        j = -1 if lo >= n else lo if order is None else order[lo]
+        return j if j >= 0 and self._key(j) == key else -1
+
+    def __getitem__(self, name: str) -> Member:
+        m = self._named.get(name)
+        if m is not None:
+            return m
+        key = _media_key(name)
+        i = -1 if key is None else self._find(key)
+        if i < 0:
+            raise KeyError(name)
+        return self._media(i)
+
+    def __iter__(self) -> Iterator[str]:
+        return (m.name for m in self.values())
+
+    def values(self) -> Iterator[Member]:  # type: ignore[override]
+        """The members in the archive's order (the media ones where the first of them was)."""
+        named = list(self._named.values())
+        at = len(named) if self._media_at < 0 else self._media_at
+        yield from named[:at]
+        yield from (self._media(i) for i in range(len(self._sizes)))
+        yield from named[at:]
+
+    def __len__(self) -> int:
+        return len(self._named) + len(self._sizes)
+
+
+class _Seen(Protocol):
+    def __contains__(self, name: object) -> bool: ...
+    def add(self, name: str) -> None: ...
+
+
+class _SeenNames:
+    """The names :func:`read_tar_index` has read, for :func:`check_member`'s "appears twice",
+    held as the index itself: while the names come in increasing order (``pack`` writes them
+    so), a name after the last cannot be a repeat; the first that is not turns this into a set
+    of every name read (a foreign archive's order costs a set while its index is read)."""
+
+    def __init__(self, index: MemberIndex) -> None:
+        self._index = index
+        self._last: str | None = None
+        self._set: set[str] | None = None
+
+    def __contains__(self, name: object) -> bool:
+        if self._set is None and (self._last is None or str(name) > self._last):
+            return False
+        if self._set is None:
+            self._set = set(self._index)
+        return name in self._set
+
+    def add(self, name: str) -> None:
+        if self._set is not None:
+            self._set.add(name)
+        self._last = name
 
 
 class WindowFile(io.RawIOBase):
@@ -180,7 +314,7 @@ def _type_name(info: tarfile.TarInfo) -> str:
     return _TYPE_NAMES.get(info.type, f"tar member type {info.type!r}")
 
 
-def check_member(info: tarfile.TarInfo, where: Path | str, seen: set[str], file_size: int) -> Member:
+def check_member(info: tarfile.TarInfo, where: Path | str, seen: _Seen, file_size: int) -> Member:
     """Check one tar header against the rules of docs/FORMAT.md §7; return the member it describes.
 
     The single implementation used by ``unpack_bundle`` and by the in-place reader.
@@ -241,7 +375,7 @@ def _legacy_hint(fd: Any, where: Path | str) -> str:
     )
 
 
-def read_tar_index(fd: Any, where: Path | str) -> dict[str, Member]:
+def read_tar_index(fd: Any, where: Path | str) -> MemberIndex:
     """Index the packed bundle open at ``fd`` (a descriptor, or an object with ``size`` and
     ``pread(n, pos)``): every member checked (see :func:`check_member`), in archive order, before
     any member's data is read.
@@ -252,8 +386,8 @@ def read_tar_index(fd: Any, where: Path | str) -> dict[str, Member]:
     """
     reader = _FdReader(fd) if isinstance(fd, int) else fd
     file_size = reader.size
-    members: dict[str, Member] = {}
-    seen: set[str] = set()
+    members = MemberIndex()
+    seen = _SeenNames(members)
     end = 0
     try:
         header_file: Any = _HeaderFile(reader, where)
@@ -264,7 +398,7 @@ def read_tar_index(fd: Any, where: Path | str) -> dict[str, Member]:
                 break
             tar.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every header; the index keeps only what it needs
             m = check_member(info, where, seen, file_size)
-            members[m.name] = m
+            members.add(m)
             end = m.offset + -(-m.size // _BLOCK) * _BLOCK
     except UnsafeBundleError:
         raise
@@ -277,7 +411,7 @@ def read_tar_index(fd: Any, where: Path | str) -> dict[str, Member]:
     if not members:
         raise UnsafeBundleError(f"{where}: not a packed bundle: the archive holds no members")
     _check_archive_end(reader, where, end, file_size)
-    return members
+    return members.finish()
 
 
 def _check_archive_end(reader: Any, where: Path | str, end: int, file_size: int) -> None:
@@ -307,7 +441,7 @@ class PackedMembers:
     a member before it is opened."""
 
     path: Path | StoreURL
-    members: dict[str, Member]
+    members: MemberIndex
 
     def where(self, name: str) -> str:
         return f"{self.path}/{name}"
@@ -320,6 +454,20 @@ class PackedMembers:
     def entries(self) -> Iterator[Entry]:
         for m in self.members.values():
             yield Entry(m.name, "dir" if m.is_dir else "file", m.size)
+
+    def open_manifest(self) -> BinaryIO:
+        """The manifest member, open (its size under the cap: :func:`check_member` refused a
+        larger one); the reader parses it a window at a time from the member's range, never as
+        one ``bytes`` (issue 39, item 6: ~11 MB at 100,000 media files)."""
+        try:
+            return self.open(MANIFEST_NAME, window=MANIFEST_WINDOW)[0]
+        except FileNotFoundError:
+            raise BundleNotFoundError(
+                f"{self.path}: not a bundle: the packed file holds no {MANIFEST_NAME}"
+            ) from None
+
+    def open(self, name: str, window: int | None = None) -> tuple[BinaryIO, int]:
+        raise NotImplementedError
 
     def member(self, name: str) -> Member:
         """The regular member ``name``: ``FileNotFoundError`` when the archive has none, a
@@ -369,16 +517,12 @@ class PackedSource(PackedMembers):
         return self._fd
 
     def read_manifest(self) -> bytes:
-        try:
-            f, _ = self.open(MANIFEST_NAME)
-        except FileNotFoundError:
-            raise BundleNotFoundError(
-                f"{self.path}: not a bundle: the packed file holds no {MANIFEST_NAME}"
-            ) from None
-        with f:
+        with self.open_manifest() as f:
             return f.read()  # the index capped its size
 
-    def open(self, name: str) -> tuple[BinaryIO, int]:
+    def open(self, name: str, window: int | None = None) -> tuple[BinaryIO, int]:
+        """The member ``name``, read by ``pread`` as asked (``window``: the store's read size,
+        nothing to do here)."""
         m = self.member(name)
         if self._fd < 0:
             raise BundleError(f"{self.path}: the bundle was closed")

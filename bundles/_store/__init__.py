@@ -40,9 +40,11 @@ directory with the local writer (so every check, hash and error of ``write_bundl
 unchanged; the scratch lies beside the first media root, so media are hard-linked, not copied)
 and then uploads it with :func:`upload_bundle`, concurrently (:data:`~bundles._store.client.CONCURRENCY` requests in flight).
 
-Reading. :class:`StoreSource` is a source for :class:`bundles._local.reader.Bundle`: the manifest and
-shards are read with single GETs, media lazily with range reads (:class:`RangeFile`), sizes come
-from one listing of the generation and of the media prefix. A packed ``.rbundle`` object is read
+Reading. :class:`StoreSource` is a source for :class:`bundles._local.reader.Bundle`: the manifest is
+read with a single GET, a shard once in 8 MiB ranges into an unnamed temporary file that is then
+hashed and decoded as a local shard (never held in memory), media lazily with range reads
+(:class:`RangeFile`), sizes from one listing of the generation and of the media prefix (of a
+shared pool, only the names the manifest's media table finds). A packed ``.rbundle`` object is read
 in place by :class:`StorePackedSource`: its tar headers are fetched by range reads, all at once
 where the packer's deterministic layout predicts them, and checked by the same
 :func:`bundles._local.archive.read_tar_index` as a local packed file.

@@ -31,7 +31,8 @@ from bundles._format.layout import (
     STORE_GENERATION_RE,
     STORE_POINTER_NAME,
 )
-from bundles._format.media import MediaRef
+from bundles._format.media import MediaRef, sha256_stream
+from bundles._format.mediatable import MediaTable
 from bundles._format.options import Verify
 from bundles._local.archive import PackedMembers, WindowFile, read_tar_index
 from bundles._local.atomic import atomic_write
@@ -48,15 +49,16 @@ class RangeFile(WindowFile):
     """A read-only binary file over ``size`` bytes at ``offset`` of one object, read with range
     requests of at least :data:`READ_WINDOW` bytes (a media file is usually one request)."""
 
-    def __init__(self, store: Store, key: str, offset: int, size: int, where: str) -> None:
+    def __init__(
+        self, store: Store, key: str, offset: int, size: int, where: str, window: int = READ_WINDOW
+    ) -> None:
         super().__init__(size)
         self._store, self._key, self._offset, self._where = store, key, offset, where
+        self._window = window
         self._buf = b""
         self._buf_start = 0
 
-    def _fill(self, want: int) -> None:
-        start = self._pos
-        end = min(self._size, start + max(want, READ_WINDOW))
+    def _get(self, start: int, end: int) -> bytes:
         try:
             with naming(self._where, "read"):
                 data = self._store.get_range(self._key, self._offset + start, self._offset + end)
@@ -68,7 +70,31 @@ class RangeFile(WindowFile):
             raise UnsafeBundleError(
                 f"{self._where}: truncated: asked for {end - start} bytes, got {len(data)}"
             )
-        self._buf, self._buf_start = data, start
+        return data
+
+    def _fill(self, want: int) -> None:
+        start = self._pos
+        self._buf = b""  # not two windows at once
+        self._buf = self._get(start, min(self._size, start + max(want, self._window)))
+        self._buf_start = start
+
+    def read(self, size: int | None = -1) -> bytes:
+        """``size`` bytes (all that is left when negative); what is left of the range, when it is
+        asked for whole and not buffered, is the answer's own bytes: no copy into a buffer and
+        another out of it (``RawIOBase.read``), three times a store shard's size at the peak of
+        its read (issue 39, item 6)."""
+        left = self._size - self._pos
+        rel = self._pos - self._buf_start
+        if size is None or size < 0 or size >= left:
+            if left <= 0:
+                return b""
+            if rel >= 0 and rel + left <= len(self._buf):
+                data = self._buf[rel : rel + left]
+            else:
+                data = self._get(self._pos, self._size)
+            self._pos = self._size
+            return data
+        return super().read(size) or b""
 
     def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         n = min(len(b), self._size - self._pos)
@@ -83,12 +109,7 @@ class RangeFile(WindowFile):
         return n
 
     def readall(self) -> bytes:
-        n = self._size - self._pos
-        if n <= 0:
-            return b""
-        out = bytearray(n)
-        got = self.readinto(out)
-        return bytes(out[:got])
+        return self.read(-1)
 
 
 class _StoreSourceBase:
@@ -98,10 +119,11 @@ class _StoreSourceBase:
         raise NotImplementedError
 
     def hash(self, name: str) -> tuple[str, int]:
+        """Hashed a range (8 MiB) at a time: verify hashes several objects at once, and a shard
+        read whole was ~50 MB each (issue 39, item 6); a media file is still one request."""
         f, _ = self.open(name)
         with f:
-            data = f.read()
-        return hashlib.sha256(data).hexdigest(), len(data)
+            return sha256_stream(f)
 
     def open_detached(self, name: str) -> BinaryIO:
         return self.open(name)[0]  # range reads: nothing to release at close()
@@ -135,7 +157,9 @@ class StoreSource(_StoreSourceBase):
         self._prefix = place
         self.path = place.url
         self._sizes: dict[str, int] | None = None
-        self._listed_media: set[str] = set()
+        #: The manifest's media table (set by :func:`open_on_store` once it is parsed): which
+        #: names of a shared media prefix are this bundle's, by binary search, no set of names.
+        self.media: MediaTable | None = None
 
     def where(self, name: str) -> str:
         """The URL of a bundle-relative name; for a media file, of the object itself (in a shared
@@ -170,13 +194,6 @@ class StoreSource(_StoreSourceBase):
                         f"{self.where(MANIFEST_NAME)}: digest: the pointer expects {p.pointer.manifest_digest}, found {digest}"
                     ],
                 )
-        try:  # which media names the listing should report (the pool also holds others' media)
-            listed = json.loads(data).get("media", [])
-            self._listed_media = {
-                f"{e['digest'][len(DIGEST_PREFIX) :]}{e['suffix']}" for e in listed if isinstance(e, dict)
-            }
-        except Exception:
-            self._listed_media = set()  # load_manifest names the problem
         return data
 
     def stored_size(self) -> int | None:
@@ -206,7 +223,9 @@ class StoreSource(_StoreSourceBase):
             name = m["path"][len(p.media_prefix) + 1 :]
             # The media prefix is shared (by a pool's bundles, or by the generations of one bundle):
             # only a plain layout owns its media/ alone, so only there is an unlisted file a problem.
-            if name in self._listed_media or p.pointer.generation is None:
+            # Which names are the bundle's: the parsed table's binary search (issue 39, item 6:
+            # not a set of the names, ~100 bytes each, from a second parse of the whole manifest).
+            if p.pointer.generation is None or (self.media is not None and self.media.find(name) >= 0):
                 sizes[f"{MEDIA_DIR}/{name}"] = m["size"]
         self._sizes = sizes
         return sizes
@@ -287,8 +306,7 @@ class StorePackedSource(PackedMembers, _StoreSourceBase):
         self.index_requests = reader.requests
 
     def read_manifest(self) -> bytes:
-        f, _ = self.open(MANIFEST_NAME)
-        with f:
+        with self.open_manifest() as f:
             return f.read()
 
     def reread_manifest(self) -> bytes:
@@ -297,9 +315,10 @@ class StorePackedSource(PackedMembers, _StoreSourceBase):
     def stored_size(self) -> int | None:
         return self.size
 
-    def open(self, name: str) -> tuple[BinaryIO, int]:
+    def open(self, name: str, window: int | None = None) -> tuple[BinaryIO, int]:
         m = self.member(name)
-        return RangeFile(self._store, self.path.key, m.offset, m.size, self.where(name)), m.size  # type: ignore[return-value]
+        f = RangeFile(self._store, self.path.key, m.offset, m.size, self.where(name), window or READ_WINDOW)
+        return f, m.size  # type: ignore[return-value]
 
 
 def _check_bucket(store: Store, url: StoreURL) -> None:
@@ -407,6 +426,8 @@ def open_on_store(
     else:
         source = StoreSource(_bundle_prefix(url, storage_options, "read the pointer"))
     bundle = Bundle(source, load_manifest(source))
+    if isinstance(source, StoreSource):
+        source.media = bundle.manifest.media
     if verify is not Verify.NONE:
         bundle.verify(full=verify is Verify.FULL, progress=False)
     return bundle
