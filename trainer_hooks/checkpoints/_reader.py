@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from argparse import Namespace
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,7 +173,7 @@ def _reset_for_retry(pending: list[list[Any]]) -> None:
                     reset()
 
 
-def _verify_placed_media(path: Location, media_dir: Path, refs: list[MediaRef]) -> None:
+def _verify_placed_media(path: Location, media_dir: Path, refs: Sequence[MediaRef]) -> None:
     """Hash every media file of the checkpoint where the resume placed it; raise listing every
     file whose bytes disagree with its digest."""
 
