@@ -3,8 +3,9 @@
 **Verify first.** No sample is decoded before the shard's compressed bytes have been checked
 against the manifest's digest: no sample of a damaged or tampered shard is ever yielded.
 (Hashing only while decoding would hand out samples before the damage is known.) A shard on an
-object store is read once into memory, one GET, and checked; the bytes decoded are the bytes
-verified.
+object store is copied once, in ranges, into an unnamed temporary file (``_spill`` in
+``bundles/_local/reader.py``), then read as a local shard is, below: memory holds a range, the
+disk the shard.
 
 **A local shard: verified by a first pass, decoded from a second.** A shard in a directory or a
 packed file is never held in memory: the reader hashes it in chunks of :data:`HASH_CHUNK`
