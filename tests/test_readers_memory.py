@@ -113,6 +113,44 @@ def test_a_store_shard_is_copied_to_a_temporary_file_not_held(
     assert peak < shard / 2.5, (peak, shard)  # measured 8.9 MB
 
 
+def test_a_store_shard_reads_without_a_usable_tmpdir_and_a_store_error_passes_as_it_is(
+    small_and_large: dict[int, Path], tmp_path: Path, weed: Any
+) -> None:
+    """No usable temporary directory (a read-only container; root can write anywhere here, so
+    the child hides every candidate from :mod:`tempfile`): the shard is held in memory, as before
+    the copy to a temporary file, and read. A store's error in the middle of the copy (the shard
+    removed after its first range was read) passes as it is, naming the shard, not a temporary
+    directory (a review: both were a copy's failure, the first a bare ``FileNotFoundError``)."""
+    import obstore
+
+    small = f"s3://{weed.current}/small"
+    bundles.upload_bundle(bundles.write_bundle(tmp_path / "b", _samples(50)), small)
+    child = (
+        "import sys, tempfile, bundles\n"
+        "tempfile.tempdir = None\n"
+        "tempfile._candidate_tempdir_list = lambda: ['/nonexistent-tmp']\n"
+        "b = bundles.open_bundle(sys.argv[1], verify='none')\n"
+        "print(sum(1 for _ in b.samples()))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child, small],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.split() == ["50"], done.stderr[-3000:]
+    url = f"s3://{weed.current}/large"
+    bundles.upload_bundle(small_and_large[20_000], url)  # a shard of ~35 MB: several ranges
+    shard = next(k for k in weed.contents("large/") if k.endswith(".msgpack.zst"))
+
+    def gone(where: str) -> None:
+        obstore.delete(weed.client(), shard)
+
+    b = bundles.open_bundle(url, verify="none")
+    with b, bundles.support.on_fault_point("read.spilled", gone), pytest.raises(bundles.BundleError) as e:
+        next(iter(b.samples()))
+    assert "temporary" not in str(e.value) and shard.rsplit("/", 1)[1] in str(e.value), str(e.value)
+
+
 def test_a_shard_rewritten_between_its_check_and_its_decoding_is_refused_naming_it(tmp_path: Path) -> None:
     path = Path(str(bundles.write_bundle(tmp_path / "b", _samples(2_000))))
     shard = path / "samples" / "000000.msgpack.zst"

@@ -44,6 +44,7 @@ from bundles._format.shards import Rehashed, ShardData, digest_problem, iter_sha
 from bundles._local.archive import PackedMembers, PackedSource
 from bundles._local.atomic import atomic_path
 from bundles._local.commit import is_staging_name
+from bundles._local.faults import fault_point
 from bundles._local.fs import check_link_mode, copy_and_hash, ingest, make_read_only
 from bundles._local.progress import Progress
 from bundles._local.sources import DirSource, RemoteSource, Source
@@ -89,25 +90,31 @@ def _spill(f: BinaryIO, size: int, where: str) -> BinaryIO:
     """A remote shard copied into an unnamed temporary file (``TMPDIR``), read once from the
     store in the source's ranges (8 MiB), at most ``size + 1`` bytes; it is then hashed and
     decoded as a local shard is. Memory holds a range, not the compressed shard (up to ~50 MB:
-    issue 39, item 6); the disk holds the shard while it is decoded, and one GET pass is made,
-    not two."""
+    issue 39, item 6); the disk holds the shard while it is decoded (on a tmpfs ``TMPDIR``,
+    memory again), and one GET pass is made, not two. Where no temporary file can be made (no
+    usable ``TMPDIR``: a read-only container) the shard is held in memory, as before. A store's
+    error while reading passes as it is; a failure to write the copy names the shard."""
+    import io
     import tempfile
 
+    spill: BinaryIO
     try:
         spill = tempfile.TemporaryFile(prefix="rollout-shard-")  # noqa: SIM115 (returned open)
-    except OSError as e:
-        f.close()
-        raise BundleIOError.wrap(tempfile.gettempdir(), f"make a temporary copy of {where}", e) from e
+    except OSError:
+        spill = io.BytesIO()
     try:
         with f:
             left = size + 1
             while left > 0 and (chunk := f.read(min(left, 1 << 20))):
-                spill.write(chunk)
+                try:
+                    spill.write(chunk)
+                except OSError as e:
+                    raise BundleIOError.wrap(
+                        where, "copy it into a temporary file (TMPDIR) to read it", e
+                    ) from e
                 left -= len(chunk)
+                fault_point("read.spilled", where)
         spill.seek(0)
-    except OSError as e:
-        spill.close()
-        raise BundleIOError.wrap(tempfile.gettempdir(), f"make a temporary copy of {where}", e) from e
     except BaseException:
         spill.close()
         raise
