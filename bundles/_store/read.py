@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+from array import array
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -156,7 +157,9 @@ class StoreSource(_StoreSourceBase):
     def __init__(self, place: _BundlePrefix) -> None:
         self._prefix = place
         self.path = place.url
-        self._sizes: dict[str, int] | None = None
+        #: What the last listing showed of the sizes (see :meth:`_list`).
+        self._media_sizes = array("q")
+        self._other_sizes: dict[str, int] = {}
         #: The manifest's media table (set by :func:`open_on_store` once it is parsed): which
         #: names of a shared media prefix are this bundle's, by binary search, no set of names.
         self.media: MediaTable | None = None
@@ -205,42 +208,62 @@ class StoreSource(_StoreSourceBase):
         fresh._prefix = _BundlePrefix(self._prefix.url, self._prefix.store, fresh._prefix.pointer)
         return fresh.read_manifest()
 
-    def _list(self) -> dict[str, int]:
+    def _list(self) -> Iterator[tuple[str, int]]:
+        """The bundle's objects as (bundle-relative name, size), streamed a listing page at a
+        time; each size is kept for :meth:`open` (no HEAD an object) by the manifest media
+        table's entry number (an ``array('q')``, -1 for not listed: 8 bytes a media file), or by
+        name for the few others (the manifest, the shards; issue 39, item 6). Before, the whole
+        listing of both prefixes was held as a dict an object (~900 bytes each, and a pool's
+        listing holds every other bundle's media too), then a dict of this bundle's names."""
         p = self._prefix
         base = p.url.key_of(p.pointer.generation) if p.pointer.generation else p.url.key
-        sizes: dict[str, int] = {}
-
+        table = self.media
+        media_sizes = array("q", [-1]) * (len(table) if table is not None else 0)
+        others: dict[str, int] = {}
+        self._media_sizes, self._other_sizes = media_sizes, others
         with naming(self.path, "list the bundle's objects"):
-            bundle_objects, media_objects = parallel(p.store.listing, [base, p.media_prefix])
-        for m in bundle_objects:
-            rel = m["path"][len(base) + 1 :] if base else m["path"]
-            if p.pointer.generation is None and (
-                rel == STORE_POINTER_NAME or rel.startswith(MEDIA_DIR + "/") or STORE_GENERATION_RE.match(rel)
-            ):
-                continue  # a plain layout: media are listed below; other generations are not ours
-            sizes[rel] = m["size"]
-        for m in media_objects:
-            name = m["path"][len(p.media_prefix) + 1 :]
-            # The media prefix is shared (by a pool's bundles, or by the generations of one bundle):
-            # only a plain layout owns its media/ alone, so only there is an unlisted file a problem.
-            # Which names are the bundle's: the parsed table's binary search (issue 39, item 6:
-            # not a set of the names, ~100 bytes each, from a second parse of the whole manifest).
-            if p.pointer.generation is None or (self.media is not None and self.media.find(name) >= 0):
-                sizes[f"{MEDIA_DIR}/{name}"] = m["size"]
-        self._sizes = sizes
-        return sizes
+            for page in p.store.listing_pages(base):
+                for path, size in page:
+                    rel = path[len(base) + 1 :] if base else path
+                    if p.pointer.generation is None and (
+                        rel == STORE_POINTER_NAME
+                        or rel.startswith(MEDIA_DIR + "/")
+                        or STORE_GENERATION_RE.match(rel)
+                    ):
+                        continue  # a plain layout: media are listed below; other generations are not ours
+                    others[rel] = size
+                    yield rel, size
+            for page in p.store.listing_pages(p.media_prefix):
+                for path, size in page:
+                    name = path[len(p.media_prefix) + 1 :]
+                    # The media prefix is shared (by a pool's bundles, or by the generations of
+                    # one bundle): only a plain layout owns its media/ alone, so only there is an
+                    # unlisted file a problem. Which names are the bundle's: the parsed table's
+                    # binary search, no set of names.
+                    k = table.find(name) if table is not None else -1
+                    if k >= 0:
+                        media_sizes[k] = size
+                    if k >= 0 or p.pointer.generation is None:
+                        yield f"{MEDIA_DIR}/{name}", size
 
     def entries(self) -> Iterator[Entry]:
         for d in LAYOUT_DIRS:
             yield Entry(d, "dir", 0)
-        for name, size in self._list().items():
+        for name, size in self._list():
             yield Entry(name, "file", size)
+
+    def _listed_size(self, name: str) -> int:
+        """``name``'s size as the last listing showed it; -1 when it did not (or none was made)."""
+        if name.startswith(MEDIA_DIR + "/") and self.media is not None:
+            k = self.media.find(name[len(MEDIA_DIR) + 1 :])
+            return self._media_sizes[k] if 0 <= k < len(self._media_sizes) else -1
+        return self._other_sizes.get(name, -1)
 
     def open(self, name: str) -> tuple[BinaryIO, int]:
         p = self._prefix
         key = p.key(name)
-        size = (self._sizes or {}).get(name)
-        if size is None:
+        size = self._listed_size(name)
+        if size < 0:
             meta = p.store.head(key)
             if meta is None:
                 raise FileNotFoundError(2, "listed in the manifest but missing", self.where(name))
