@@ -505,9 +505,14 @@ class ObstoreStore(Store):
     def listing_pages(self, prefix: str) -> Iterator[list[tuple[str, int]]]:
         # obstore asks for the next page as the iterator is advanced; a failure of any page is
         # translated here, as listing's is (the consumer's own errors never pass through here).
+        # Neither obstore's page (a dict an object, ~900 bytes) nor ours is still referenced here
+        # while the next is fetched: a loop variable would keep one until it is reassigned.
         with self._doing("list", prefix):
             for batch in self.obs.list(self.store, self._dir(prefix), chunk_size=LIST_PAGE):
-                yield [(str(m["path"]), int(m["size"])) for m in batch]
+                page = [(str(m["path"]), int(m["size"])) for m in batch]
+                del batch
+                yield page
+                del page
 
     def children(self, prefix: str) -> list[str]:
         with self._doing("list", prefix):

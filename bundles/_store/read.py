@@ -233,6 +233,7 @@ class StoreSource(_StoreSourceBase):
                         continue  # a plain layout: media are listed below; other generations are not ours
                     others[rel] = size
                     yield rel, size
+                del page  # not held while the next page is fetched
             for page in p.store.listing_pages(p.media_prefix):
                 for path, size in page:
                     name = path[len(p.media_prefix) + 1 :]
@@ -245,6 +246,7 @@ class StoreSource(_StoreSourceBase):
                         media_sizes[k] = size
                     if k >= 0 or p.pointer.generation is None:
                         yield f"{MEDIA_DIR}/{name}", size
+                del page
 
     def entries(self) -> Iterator[Entry]:
         for d in LAYOUT_DIRS:
