@@ -276,6 +276,34 @@ def test_a_store_verify_holds_one_listing_page_of_a_shared_pool_not_the_pool(
     assert per_foreign <= 100, (alone, pooled, per_foreign)
 
 
+def test_a_store_listing_reports_what_a_directory_listing_does(tmp_path: Path, seaweed_s3: Any) -> None:
+    """The streamed listing goes through the one comparison: a plain copy on a store with a
+    missing, a resized and an extra media file reports what the directory does, URL for path."""
+    local = _with_screenshots(tmp_path, 6)
+    bucket = seaweed_s3.bucket()
+    raw = seaweed_s3.client(bucket)
+    names = sorted(p.name for p in (local / "media").iterdir())
+    extra = "0" * 64 + ".png"
+    os.chmod(local / "media", 0o755)
+    (local / "media" / names[0]).unlink()
+    resized = local / "media" / names[1]
+    os.chmod(resized, 0o644)
+    resized.write_bytes(resized.read_bytes() + b"!")
+    (local / "media" / extra).write_bytes(b"not listed")
+    for f in sorted(p for p in local.rglob("*") if p.is_file()):
+        raw.put(f"plain/{f.relative_to(local)}", f.read_bytes())
+    url = f"s3://{bucket}/plain"
+    with bundles.open_bundle(local, verify="none") as b:
+        expected = [p.replace(str(local), url) for p in b.problems(full=False)]
+    with bundles.open_bundle(url, verify="none", storage_options=seaweed_s3.options()) as b:
+        found = b.problems(full=False)
+    assert sorted(found) == sorted(expected) and len(found) == 3, (found, expected)
+    assert f"{url}/media/{names[0]}: listed in the manifest but missing" in found
+    assert f"{url}/media/{extra}: file is not listed in the manifest" in found
+    size = resized.stat().st_size
+    assert f"{url}/media/{names[1]}: size: expected {size - 1} bytes, found {size}" in found
+
+
 def _rewrite_manifest(path: Path, change: Any) -> None:
     manifest = json.loads((path / "manifest.json").read_bytes())
     change(manifest)
