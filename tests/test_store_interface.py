@@ -68,6 +68,7 @@ def test_absent_and_existing_objects_are_values_or_one_class_each(store: Store) 
     assert store.put_swap("k", b"three", tag) is True
     assert store.get("k")[0] == b"three"
     assert store.files("") == ["k"] and [m["path"] for m in store.listing("")] == ["k"]
+    assert list(store.listing_pages("")) == [[("k", 5)]]
     store.delete(["k", "never-was"])  # an absent key is no error
     assert store.head("k") is None
 
@@ -80,11 +81,13 @@ def test_a_missing_bucket_is_named_by_every_request_and_naming_keeps_the_class(m
         "write the object": lambda: store.put("a/k", b"x"),
         "create the object": lambda: store.put_new("a/k", b"x"),
         "list": lambda: store.listing("a"),
+        "list ": lambda: list(store.listing_pages("a")),  # the pages: the same failure
     }
     for what, call in calls.items():
         with pytest.raises(StoreBucketNotFoundError) as e:
             call()
         assert isinstance(e.value, BucketNotFoundError)
+        what = what.strip()
         url = "s3://no-such-bucket-h9/a" if what == "list" else "s3://no-such-bucket-h9/a/k"
         assert str(e.value).startswith(
             f"{url}: cannot {what}: the bucket 'no-such-bucket-h9' does not exist (create it first"
@@ -124,6 +127,7 @@ def test_refused_credentials_are_one_class_from_every_method(seaweed_s3: Any) ->
         "get_ranges": lambda: store.get_ranges("k", [0], [1]),
         "head": lambda: store.head("k"),
         "listing": lambda: store.listing("p"),
+        "listing_pages": lambda: list(store.listing_pages("p")),
         "children": lambda: store.children("p"),
         "files": lambda: store.files("p"),
         "delete": lambda: store.delete(["k"]),

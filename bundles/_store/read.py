@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+from array import array
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -42,6 +43,9 @@ from bundles._local.sources import LAYOUT_DIRS, Entry
 from bundles._store.client import Store, get_store, naming, parallel
 from bundles._store.pointer import READ_WINDOW, _bundle_prefix, _BundlePrefix
 from bundles._urls import StoreURL
+
+#: The range a store object is hashed in (see :meth:`_StoreSourceBase.hash`).
+HASH_WINDOW = 2 * 1024 * 1024
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -115,13 +119,17 @@ class RangeFile(WindowFile):
 class _StoreSourceBase:
     """What both store sources share: hashing and rehydrating through their ``open``."""
 
-    def open(self, name: str) -> tuple[BinaryIO, int]:
+    def open(self, name: str, window: int | None = None) -> tuple[BinaryIO, int]:
         raise NotImplementedError
 
     def hash(self, name: str) -> tuple[str, int]:
-        """Hashed a range (8 MiB) at a time: verify hashes several objects at once, and a shard
-        read whole was ~50 MB each (issue 39, item 6); a media file is still one request."""
-        f, _ = self.open(name)
+        """Hashed a range of :data:`HASH_WINDOW` (2 MiB) at a time: verify hashes several objects
+        at once, and a shard read whole was ~50 MB each; in 8 MiB ranges (:data:`READ_WINDOW`)
+        two workers held ~25 MB (the answer's bytes and obstore's buffer each), the whole growth
+        of a store ``verify`` from 2,000 samples (one shard of 5 MB) to 100,000 (50 MB shards):
+        93.7 -> 70.3 MB peak RSS (issue 39, item 6). A 50 MB shard is 25 requests, not 7; a
+        media file is still one."""
+        f, _ = self.open(name, HASH_WINDOW)
         with f:
             return sha256_stream(f)
 
@@ -156,7 +164,9 @@ class StoreSource(_StoreSourceBase):
     def __init__(self, place: _BundlePrefix) -> None:
         self._prefix = place
         self.path = place.url
-        self._sizes: dict[str, int] | None = None
+        #: What the last listing showed of the sizes (see :meth:`_list`).
+        self._media_sizes = array("q")
+        self._other_sizes: dict[str, int] = {}
         #: The manifest's media table (set by :func:`open_on_store` once it is parsed): which
         #: names of a shared media prefix are this bundle's, by binary search, no set of names.
         self.media: MediaTable | None = None
@@ -205,47 +215,70 @@ class StoreSource(_StoreSourceBase):
         fresh._prefix = _BundlePrefix(self._prefix.url, self._prefix.store, fresh._prefix.pointer)
         return fresh.read_manifest()
 
-    def _list(self) -> dict[str, int]:
+    def _list(self) -> Iterator[tuple[str, int]]:
+        """The bundle's objects as (bundle-relative name, size), streamed a listing page at a
+        time; each size is kept for :meth:`open` (no HEAD an object) by the manifest media
+        table's entry number (an ``array('q')``, -1 for not listed: 8 bytes a media file), or by
+        name for the few others (the manifest, the shards; issue 39, item 6). Before, the whole
+        listing of both prefixes was held as a dict an object (~900 bytes each, and a pool's
+        listing holds every other bundle's media too), then a dict of this bundle's names."""
         p = self._prefix
         base = p.url.key_of(p.pointer.generation) if p.pointer.generation else p.url.key
-        sizes: dict[str, int] = {}
-
+        table = self.media
+        media_sizes = array("q", [-1]) * (len(table) if table is not None else 0)
+        others: dict[str, int] = {}
+        self._media_sizes, self._other_sizes = media_sizes, others
         with naming(self.path, "list the bundle's objects"):
-            bundle_objects, media_objects = parallel(p.store.listing, [base, p.media_prefix])
-        for m in bundle_objects:
-            rel = m["path"][len(base) + 1 :] if base else m["path"]
-            if p.pointer.generation is None and (
-                rel == STORE_POINTER_NAME or rel.startswith(MEDIA_DIR + "/") or STORE_GENERATION_RE.match(rel)
-            ):
-                continue  # a plain layout: media are listed below; other generations are not ours
-            sizes[rel] = m["size"]
-        for m in media_objects:
-            name = m["path"][len(p.media_prefix) + 1 :]
-            # The media prefix is shared (by a pool's bundles, or by the generations of one bundle):
-            # only a plain layout owns its media/ alone, so only there is an unlisted file a problem.
-            # Which names are the bundle's: the parsed table's binary search (issue 39, item 6:
-            # not a set of the names, ~100 bytes each, from a second parse of the whole manifest).
-            if p.pointer.generation is None or (self.media is not None and self.media.find(name) >= 0):
-                sizes[f"{MEDIA_DIR}/{name}"] = m["size"]
-        self._sizes = sizes
-        return sizes
+            for page in p.store.listing_pages(base):
+                for path, size in page:
+                    rel = path[len(base) + 1 :] if base else path
+                    if p.pointer.generation is None and (
+                        rel == STORE_POINTER_NAME
+                        or rel.startswith(MEDIA_DIR + "/")
+                        or STORE_GENERATION_RE.match(rel)
+                    ):
+                        continue  # a plain layout: media are listed below; other generations are not ours
+                    others[rel] = size
+                    yield rel, size
+                del page  # not held while the next page is fetched
+            for page in p.store.listing_pages(p.media_prefix):
+                for path, size in page:
+                    name = path[len(p.media_prefix) + 1 :]
+                    # The media prefix is shared (by a pool's bundles, or by the generations of
+                    # one bundle): only a plain layout owns its media/ alone, so only there is an
+                    # unlisted file a problem. Which names are the bundle's: the parsed table's
+                    # binary search, no set of names.
+                    k = table.find(name) if table is not None else -1
+                    if k >= 0:
+                        media_sizes[k] = size
+                    if k >= 0 or p.pointer.generation is None:
+                        yield f"{MEDIA_DIR}/{name}", size
+                del page
 
     def entries(self) -> Iterator[Entry]:
         for d in LAYOUT_DIRS:
             yield Entry(d, "dir", 0)
-        for name, size in self._list().items():
+        for name, size in self._list():
             yield Entry(name, "file", size)
 
-    def open(self, name: str) -> tuple[BinaryIO, int]:
+    def _listed_size(self, name: str) -> int:
+        """``name``'s size as the last listing showed it; -1 when it did not (or none was made)."""
+        if name.startswith(MEDIA_DIR + "/") and self.media is not None:
+            k = self.media.find(name[len(MEDIA_DIR) + 1 :])
+            return self._media_sizes[k] if 0 <= k < len(self._media_sizes) else -1
+        return self._other_sizes.get(name, -1)
+
+    def open(self, name: str, window: int | None = None) -> tuple[BinaryIO, int]:
         p = self._prefix
         key = p.key(name)
-        size = (self._sizes or {}).get(name)
-        if size is None:
+        size = self._listed_size(name)
+        if size < 0:
             meta = p.store.head(key)
             if meta is None:
                 raise FileNotFoundError(2, "listed in the manifest but missing", self.where(name))
             size = int(meta["size"])
-        return RangeFile(p.store, key, 0, size, self.where(name)), size  # type: ignore[return-value]
+        f = RangeFile(p.store, key, 0, size, self.where(name), window or READ_WINDOW)
+        return f, size  # type: ignore[return-value]
 
 
 class _StoreReader:
