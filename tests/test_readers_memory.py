@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -151,6 +152,52 @@ def test_a_store_shard_reads_without_a_usable_tmpdir_and_a_store_error_passes_as
     with b, bundles.support.on_fault_point("read.spilled", gone), pytest.raises(bundles.BundleError) as e:
         next(iter(b.samples()))
     assert "temporary" not in str(e.value) and shard.rsplit("/", 1)[1] in str(e.value), str(e.value)
+
+
+def test_a_store_shard_copy_leaves_nothing_in_tmpdir_and_a_full_tmpdir_names_the_shard(
+    small_and_large: dict[int, Path], tmp_path: Path, weed: Any
+) -> None:
+    """The copy of a store shard is an unnamed file: nothing is left in ``TMPDIR`` after a read,
+    nor after a SIGKILL in the middle of the copy. A ``TMPDIR`` that refuses the copy's bytes (a
+    file size limit: ``EFBIG``, as a full disk gives ``ENOSPC``) is a ``BundleIOError`` naming the
+    shard, for a shard smaller than the file's buffer (4 KiB) too (a review: its bytes were written only
+    at the seek, a bare ``OSError`` naming nothing)."""
+    small = f"s3://{weed.current}/small"
+    bundles.upload_bundle(bundles.write_bundle(tmp_path / "b", _samples(1)), small)  # a 2 KB shard
+    large = f"s3://{weed.current}/large"
+    bundles.upload_bundle(small_and_large[20_000], large)
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    child = (
+        "import resource, signal, sys, bundles\n"
+        "if len(sys.argv) > 2:\n"
+        "    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "    resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))\n"
+        "b = bundles.open_bundle(sys.argv[1], verify='none')\n"
+        "try:\n"
+        "    print(sum(1 for _ in b.samples()))\n"
+        "except bundles.BundleError as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", child, *args],
+            capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp), **(env or {})},
+        )  # fmt: skip
+
+    done = run(small)
+    assert done.returncode == 0 and done.stdout.split() == ["1"], done.stderr[-3000:]
+    assert list(tmp.iterdir()) == []
+    killed = run(large, env={bundles.support.KILL_ENV: "read.spilled@2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert list(tmp.iterdir()) == []
+    for url, limit in ((small, "16"), (large, str(1 << 20))):
+        done = run(url, limit)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.startswith("BundleIOError "), done.stdout + done.stderr[-3000:]
+        assert "samples/000000.msgpack.zst" in done.stdout and "TMPDIR" in done.stdout, done.stdout
 
 
 def test_a_shard_rewritten_between_its_check_and_its_decoding_is_refused_naming_it(tmp_path: Path) -> None:
@@ -340,6 +387,38 @@ def test_a_store_listing_reports_what_a_directory_listing_does(tmp_path: Path, s
     assert f"{url}/media/{extra}: file is not listed in the manifest" in found
     size = resized.stat().st_size
     assert f"{url}/media/{names[1]}: size: expected {size - 1} bytes, found {size}" in found
+
+
+def test_a_generations_own_media_objects_are_strays_never_the_pool_s(tmp_path: Path, seaweed_s3: Any) -> None:
+    """A pooled bundle reads its media from the pool, never from ``<generation>/media/``: an
+    object planted there under a pooled screenshot's name neither hides that screenshot's
+    absence (a same-size copy) nor makes an intact one look resized; each is reported under its
+    own URL."""
+    local = _with_screenshots(tmp_path, 4)
+    bucket = seaweed_s3.bucket()
+    raw = seaweed_s3.client(bucket)
+    url = f"s3://{bucket}/run/b"
+    options = seaweed_s3.options()
+    bundles.upload_bundle(local, url, shared_media=True, storage_options=options)
+    names = sorted(p.name for p in (local / "media").iterdir())
+    generation = json.loads(bytes(raw.get("run/b/bundle.json").bytes()))["generation"]
+    gone, intact = names[0], names[1]
+    pool = f"s3://{bucket}/run/.media"
+    planted = [f"run/b/{generation}/media/{gone}", f"run/b/{generation}/media/{intact}"]
+    raw.put(planted[0], bytes(raw.get(f"run/.media/{gone}").bytes()))  # the same bytes and size
+    raw.delete(f"run/.media/{gone}")
+    raw.put(planted[1], b"short")
+    with bundles.open_bundle(url, verify="none", storage_options=options) as b:
+        found = b.problems(full=False)
+    assert sorted(found) == sorted(
+        [f"{pool}/{gone}: listed in the manifest but missing"]
+        + [
+            f"s3://{bucket}/{key}: not read: a generation's media are those of the media prefix"
+            for key in planted
+        ]
+    ), found
+    with pytest.raises(bundles.BundleVerificationError, match=f"{gone}: listed in the manifest but missing"):
+        bundles.open_bundle(url, storage_options=options)
 
 
 def _rewrite_manifest(path: Path, change: Any) -> None:

@@ -18,6 +18,7 @@ members are checked by the rules ``unpack_bundle`` applies before anything is re
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import operator
 import os
@@ -106,19 +107,28 @@ def _spill(f: BinaryIO, size: int, where: str) -> BinaryIO:
         with f:
             left = size + 1
             while left > 0 and (chunk := f.read(min(left, 1 << 20))):
-                try:
-                    spill.write(chunk)
-                except OSError as e:
-                    raise BundleIOError.wrap(
-                        where, "copy it into a temporary file (TMPDIR) to read it", e
-                    ) from e
+                _spill_write(spill, chunk, where)
                 left -= len(chunk)
                 fault_point("read.spilled", where)
+        _spill_write(spill, b"", where)  # what the file's buffer still holds (a shard < 8 KiB)
         spill.seek(0)
     except BaseException:
-        spill.close()
+        with contextlib.suppress(OSError):  # its flush would fail again, hiding the error above
+            spill.close()
         raise
     return spill
+
+
+def _spill_write(spill: BinaryIO, chunk: bytes, where: str) -> None:
+    """``chunk`` written to the temporary copy (flushed when empty); a full or refused
+    ``TMPDIR`` names the shard and the directory."""
+    try:
+        if chunk:
+            spill.write(chunk)
+        else:
+            spill.flush()
+    except OSError as e:
+        raise BundleIOError.wrap(where, "copy it into a temporary file (TMPDIR) to read it", e) from e
 
 
 def parse_manifest(path: Path) -> Manifest:

@@ -47,7 +47,10 @@ class Entry:
     """One entry of a bundle: ``name`` relative to the bundle, ``kind`` ``"file"``, ``"dir"`` or a
     description of anything else (``"a symlink"``), ``size`` in bytes for files. ``kind``
     ``"unlistable"`` is a directory that could not be listed (``error`` says why, e.g.
-    ``Permission denied``): its files are unknown, not missing."""
+    ``Permission denied``): its files are unknown, not missing. ``"stray"`` is an object a reader
+    never reads that sits where a bundle's file could be mistaken for it (a store generation's own
+    ``media/``): ``name`` is its whole URL, ``error`` says why it is a problem; it never counts as
+    one of the bundle's files."""
 
     name: str
     kind: str

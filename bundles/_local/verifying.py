@@ -108,6 +108,9 @@ def listing_problems(src: Source, path: str, expected: Expected) -> tuple[list[s
             problems.append(f"{at}: cannot list the directory: {entry.error}")
             unlistable.add(rel)
             continue
+        if entry.kind == "stray":  # not under a bundle-relative name (see Entry): never counted
+            problems.append(f"{rel}: {entry.error}")
+            continue
         if entry.kind == "dir":
             if rel not in LAYOUT_DIRS:
                 problems.append(f"{src.where(rel)}: unexpected directory")

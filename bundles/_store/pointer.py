@@ -141,9 +141,13 @@ def _read_pointer(store: Store, url: StoreURL) -> Pointer | None:
     return parse_pointer(data, f"{url}/{STORE_POINTER_NAME}", meta.get("e_tag"))
 
 
-def _bundle_prefix(url_text: str, storage_options: Mapping[str, Any] | None, what: str) -> _BundlePrefix:
+def _bundle_prefix(
+    url_text: str, storage_options: Mapping[str, Any] | None, what: str, store: Store | None = None
+) -> _BundlePrefix:
+    """The bundle at ``url_text`` as its pointer names it now, through ``store`` (a reader's
+    own, with its credentials) or one made from ``storage_options``."""
     url = StoreURL(url_text)
-    store = get_store(url, storage_options)
+    store = store if store is not None else get_store(url, storage_options)
     with naming(url, what):
         pointer = _read_pointer(store, url)
     if pointer is None:

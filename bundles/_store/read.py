@@ -210,18 +210,25 @@ class StoreSource(_StoreSourceBase):
         return None
 
     def reread_manifest(self) -> bytes:
-        """The manifest the pointer names now (to tell a replaced bundle from a damaged one)."""
-        fresh = StoreSource(_bundle_prefix(str(self.path), None, "read the pointer"))
-        fresh._prefix = _BundlePrefix(self._prefix.url, self._prefix.store, fresh._prefix.pointer)
-        return fresh.read_manifest()
+        """The manifest the pointer names now (to tell a replaced bundle from a damaged one),
+        read through the reader's own store: one made from the environment would lack the
+        credentials the bundle was opened with, and every damaged bundle opened with
+        ``storage_options`` would be reported as replaced."""
+        p = self._prefix
+        return StoreSource(_bundle_prefix(str(self.path), None, "read the pointer", p.store)).read_manifest()
 
-    def _list(self) -> Iterator[tuple[str, int]]:
-        """The bundle's objects as (bundle-relative name, size), streamed a listing page at a
-        time; each size is kept for :meth:`open` (no HEAD an object) by the manifest media
+    def _list(self) -> Iterator[Entry]:
+        """The bundle's objects as entries (bundle-relative name, size), streamed a listing page
+        at a time; each size is kept for :meth:`open` (no HEAD an object) by the manifest media
         table's entry number (an ``array('q')``, -1 for not listed: 8 bytes a media file), or by
-        name for the few others (the manifest, the shards; issue 39, item 6). Before, the whole
-        listing of both prefixes was held as a dict an object (~900 bytes each, and a pool's
-        listing holds every other bundle's media too), then a dict of this bundle's names."""
+        name for the manifest and the shards (issue 39, item 6). Before, the whole listing of
+        both prefixes was held as a dict an object (~900 bytes each, and a pool's listing holds
+        every other bundle's media too), then a dict of this bundle's names.
+
+        A generation's media are read from the media prefix (the bundle's ``media/`` or the
+        pool), never from ``<generation>/media/``: an object there is a stray, reported under its
+        own URL, and never stands in for the media file of the same name (a missing or resized
+        pooled screenshot would otherwise pass a fast verify)."""
         p = self._prefix
         base = p.url.key_of(p.pointer.generation) if p.pointer.generation else p.url.key
         table = self.media
@@ -232,14 +239,23 @@ class StoreSource(_StoreSourceBase):
             for page in p.store.listing_pages(base):
                 for path, size in page:
                     rel = path[len(base) + 1 :] if base else path
+                    if rel.startswith(MEDIA_DIR + "/"):
+                        if p.pointer.generation is None:
+                            continue  # a plain layout: its media are listed below
+                        yield Entry(
+                            f"{p.url.scheme}://{p.url.bucket}/{path}",
+                            "stray",
+                            size,
+                            "not read: a generation's media are those of the media prefix",
+                        )
+                        continue
                     if p.pointer.generation is None and (
-                        rel == STORE_POINTER_NAME
-                        or rel.startswith(MEDIA_DIR + "/")
-                        or STORE_GENERATION_RE.match(rel)
+                        rel == STORE_POINTER_NAME or STORE_GENERATION_RE.match(rel)
                     ):
-                        continue  # a plain layout: media are listed below; other generations are not ours
-                    others[rel] = size
-                    yield rel, size
+                        continue  # other generations are not ours
+                    if rel == MANIFEST_NAME or rel.startswith(SHARDS_DIR + "/"):
+                        others[rel] = size  # only these are opened by name (not every stray)
+                    yield Entry(rel, "file", size)
                 del page  # not held while the next page is fetched
             for page in p.store.listing_pages(p.media_prefix):
                 for path, size in page:
@@ -252,14 +268,13 @@ class StoreSource(_StoreSourceBase):
                     if k >= 0:
                         media_sizes[k] = size
                     if k >= 0 or p.pointer.generation is None:
-                        yield f"{MEDIA_DIR}/{name}", size
+                        yield Entry(f"{MEDIA_DIR}/{name}", "file", size)
                 del page
 
     def entries(self) -> Iterator[Entry]:
         for d in LAYOUT_DIRS:
             yield Entry(d, "dir", 0)
-        for name, size in self._list():
-            yield Entry(name, "file", size)
+        yield from self._list()
 
     def _listed_size(self, name: str) -> int:
         """``name``'s size as the last listing showed it; -1 when it did not (or none was made)."""
