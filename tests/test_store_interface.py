@@ -156,6 +156,7 @@ class MemoryStore(Store):
         self.objects = self.buckets.setdefault(bucket, {})
         self.lock = threading.Lock()
         self.n = 0
+        self.heads = 0
 
     def _meta(self, key: str) -> dict[str, Any]:
         data, tag, when = self.objects[key]
@@ -208,6 +209,7 @@ class MemoryStore(Store):
 
     def head(self, key: str) -> dict[str, Any] | None:
         with self.lock:
+            self.heads += 1
             return self._meta(key) if key in self.objects else None
 
     def _under(self, prefix: str) -> list[str]:
@@ -274,6 +276,40 @@ def test_a_backend_is_one_class_the_whole_protocol_runs_on(
         report = collect_garbage("s3://mem/runs", older_than_s=0)
         pool = sorted(k for k in objects if k.startswith("runs/.media/"))
         assert len(report.media) == 1 and pool == [f"runs/.media/{kept}"], (report, pool)
+    finally:
+        clear_store_cache()
+        forget_verdicts()
+
+
+@pytest.mark.parametrize("n", [999, 1_000, 1_001])
+def test_a_store_verify_takes_every_size_from_its_listing_pages_at_their_boundaries(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, n: int
+) -> None:
+    """A pooled bundle of ``n`` media files, its pool listed in pages of LIST_PAGE (1,000): a full
+    verify asks no object's size (no HEAD: every size is the listing's, kept by the media
+    table's entry number), and a file missing from the last page is reported, once."""
+    monkeypatch.setitem(SCHEMES, "s3", Scheme("s3", ("AWS_",), (), "nothing", store=MemoryStore))
+    clear_store_cache()
+    forget_verdicts()
+    MemoryStore.buckets.clear()
+    try:
+        media = tmp_path / "media"
+        media.mkdir()
+        samples = []
+        for i in range(n):
+            (media / f"{i}.png").write_bytes(b"\x89PNG" + i.to_bytes(4, "big"))
+            samples.append({"index": i, "image": str(media / f"{i}.png")})
+        write_bundle("s3://mem/run/b", samples, media_roots=[media], shared_media=True)
+        objects = MemoryStore.buckets["mem"]
+        pool = sorted(k for k in objects if k.startswith("run/.media/"))
+        assert len(pool) == n
+        with open_bundle("s3://mem/run/b", verify="none") as b:
+            store = b._source._prefix.store
+            store.heads = 0
+            assert b.problems(full=True) == []
+            assert store.heads == 0
+            objects.pop(pool[-1])  # the last object of the last page
+            assert b.problems(full=False) == [f"s3://mem/{pool[-1]}: listed in the manifest but missing"]
     finally:
         clear_store_cache()
         forget_verdicts()
