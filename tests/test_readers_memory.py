@@ -8,6 +8,7 @@ that held a compressed shard (the one before) peaks at ~10x on the larger bundle
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -302,17 +303,20 @@ def test_an_open_bundle_holds_under_100_bytes_a_distinct_media_file_and_peaks_th
 def test_a_packed_bundle_holds_its_index_in_columns_and_reads_its_manifest_a_window_at_a_time(
     distinct_media: dict[int, Path], tmp_path: Path
 ) -> None:
-    """A packed file: its members' index keeps the media members in columns (before, a dict of
-    ``Member`` objects and their names, ~290 bytes a file), and its manifest is parsed from the
-    member's range, as a directory's from its file (before, read as one ``bytes`` first)."""
+    """A packed file: its members' index keeps the media members by the manifest's entry
+    numbers, an offset and a size (before, in columns that repeated the table's digests, 52
+    bytes a file; before that, a dict of ``Member`` objects and their names, ~290), and its
+    manifest is parsed from the member's range, as a directory's from its file (before, read as
+    one ``bytes`` first)."""
     packed = {n: str(bundles.pack_bundle(p, tmp_path / f"b{n}.rbundle")) for n, p in distinct_media.items()}
     held, opened, verified, shown = _per_file(packed)
-    # Held: the media table (44 bytes a file) and the index (52): measured 102; before, 326.
-    assert held <= 120, shown
-    # The open's and verify's peaks: nothing a file above what is held (measured 103 and 103;
-    # before, 497 and 399).
-    assert opened <= 120, shown
-    assert verified <= 120, shown
+    # Held: the media table (44 bytes a file) and the index (16): measured 63; before, 102
+    # (the index's own digests), 326 before that.
+    assert held <= 80, shown
+    # The open's and verify's peaks: nothing a file above what is held (measured 55 and 64;
+    # before, 103 and 103, and 497 and 399 before that).
+    assert opened <= 80, shown
+    assert verified <= 80, shown
 
 
 def test_a_store_bundle_in_a_shared_pool_keeps_no_name_a_media_file(
@@ -503,27 +507,46 @@ def test_one_digest_listed_with_many_suffixes_is_found_in_log_steps(tmp_path: Pa
     assert table.find(f"{digest[7:]}.s99999") == -1
 
 
-def _repack(bundle: Path, dest: Path, media_order: Any = sorted, repeat: int | None = None) -> Path:
+def _repack(
+    bundle: Path,
+    dest: Path,
+    media_order: Any = sorted,
+    repeat: int | None = None,
+    manifest: str = "first",
+    unlisted: dict[str, bytes] | None = None,
+) -> Path:
     """``bundle`` as a packed file written by tarfile, its media members in ``media_order`` (and
-    the one at ``repeat`` written again after the others): another tool's archive."""
+    the one at ``repeat`` written again after the others), ``manifest.json`` the first member or
+    the last, and the ``unlisted`` media members (name -> bytes) after the others: another
+    tool's archive."""
     import tarfile
 
     names = media_order(os.listdir(bundle / "media"))
     if repeat is not None:
         names.append(names[repeat])
     with tarfile.open(dest, "w", format=tarfile.GNU_FORMAT) as tar:
-        tar.add(bundle / "manifest.json", "manifest.json")
+        if manifest == "first":
+            tar.add(bundle / "manifest.json", "manifest.json")
         tar.add(bundle / "media", "media", recursive=False)
         for name in names:
             tar.add(bundle / "media" / name, f"media/{name}")
+        for name, data in (unlisted or {}).items():
+            info = tarfile.TarInfo(f"media/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
         tar.add(bundle / "samples", "samples")
+        if manifest == "last":
+            tar.add(bundle / "manifest.json", "manifest.json")
     return dest
 
 
+@pytest.mark.parametrize("manifest", ["first", "last"])
 @pytest.mark.parametrize("order", ["sorted", "reversed", "shuffled"])
 def test_a_packed_bundle_in_any_member_order_reads_verifies_and_finds_every_media_member(
-    tmp_path: Path, order: str
+    tmp_path: Path, order: str, manifest: str
 ) -> None:
+    """Media members in any order, the manifest the first member (its media members held by
+    its entry numbers) or the last (by name, as before)."""
     path = _with_screenshots(tmp_path, 30)
     rng = np.random.default_rng(3)
     orders: dict[str, Any] = {
@@ -531,7 +554,7 @@ def test_a_packed_bundle_in_any_member_order_reads_verifies_and_finds_every_medi
         "reversed": lambda n: sorted(n, reverse=True),
         "shuffled": lambda n: [n[i] for i in rng.permutation(len(n))],
     }
-    packed = _repack(path, tmp_path / "b.rbundle", orders[order])
+    packed = _repack(path, tmp_path / "b.rbundle", orders[order], manifest=manifest)
     with bundles.open_bundle(path) as plain, bundles.open_bundle(packed, verify="full") as b:
         assert len(b.media) == 30 and b.problems(full=True) == []
         for ref in plain.media:
@@ -543,14 +566,75 @@ def test_a_packed_bundle_in_any_member_order_reads_verifies_and_finds_every_medi
     assert sorted(os.listdir(tmp_path / "out" / "media")) == sorted(os.listdir(path / "media"))
 
 
+@pytest.mark.parametrize("manifest", ["first", "last"])
 @pytest.mark.parametrize("order", ["sorted", "reversed"])
-def test_a_media_member_repeated_after_others_is_refused_in_any_order(tmp_path: Path, order: str) -> None:
+def test_a_media_member_repeated_after_others_is_refused_in_any_order(
+    tmp_path: Path, order: str, manifest: str
+) -> None:
     """The index tells a repeat by the names' order while they increase (``pack``'s), and by a
-    set of the names read once they do not: a repeat is refused either way, naming it."""
+    set of the names read once they do not: a repeat is refused either way, naming it, whether
+    the media members are held by the manifest's entry numbers or by name."""
     path = _with_screenshots(tmp_path, 12)
     media_order: Any = sorted if order == "sorted" else (lambda n: sorted(n, reverse=True))
-    packed = _repack(path, tmp_path / "b.rbundle", media_order, repeat=4)
+    packed = _repack(path, tmp_path / "b.rbundle", media_order, repeat=4, manifest=manifest)
     name = media_order(os.listdir(path / "media"))[4]
     with pytest.raises(bundles.UnsafeBundleError) as e:
         bundles.open_bundle(packed, verify="none")
     assert str(e.value) == f"{packed}: member 'media/{name}': appears twice"
+
+
+@pytest.mark.parametrize("manifest", ["first", "last"])
+def test_a_packed_bundle_s_unlisted_missing_and_resized_media_members_are_reported(
+    tmp_path: Path, manifest: str
+) -> None:
+    """Beside the members the manifest lists: two it does not (one sorting before every listed
+    name, one after), one listed but absent, one resized. ``verify`` reports each as a directory's
+    would, and an unlisted member is not a media file of the bundle."""
+    path = _with_screenshots(tmp_path, 12)
+    names = sorted(os.listdir(path / "media"))
+    os.chmod(path / "media" / names[5], 0o644)
+    (path / "media" / names[5]).unlink()
+    resized = path / "media" / names[7]
+    os.chmod(resized, 0o644)
+    resized.write_bytes(resized.read_bytes() + b"!")
+    unlisted = {"0" * 64 + ".png": b"before", "f" * 64 + ".png": b"after"}
+    packed = _repack(path, tmp_path / "b.rbundle", manifest=manifest, unlisted=unlisted)
+    with bundles.open_bundle(packed, verify="none") as b:
+        problems = b.problems(full=True)
+        for name in unlisted:
+            with pytest.raises(bundles.MediaMissingError):
+                b.open_media(name)
+        with pytest.raises(bundles.MediaMissingError, match="listed in the manifest but missing"):
+            b.open_media(names[5])
+        with b.open_media(names[6]) as f:
+            assert f.read() == (path / "media" / names[6]).read_bytes()
+    size = resized.stat().st_size
+    assert sorted(problems) == sorted(
+        [
+            *(f"{packed}/media/{name}: file is not listed in the manifest" for name in unlisted),
+            f"{packed}/media/{names[7]}: size: expected {size - 1} bytes, found {size}",
+            f"{packed}/media/{names[5]}: listed in the manifest but missing",
+        ]
+    )
+    with pytest.raises(bundles.BundleVerificationError):
+        bundles.open_bundle(packed, verify="fast")
+
+
+def test_a_first_manifest_that_does_not_parse_yields_to_the_archive_s_own_problems(tmp_path: Path) -> None:
+    """The manifest, the first member, is parsed before the other headers are read; a header
+    refused after it is still the error (the archive's problems first, as when the manifest was
+    parsed after the index), and without one the manifest's own problem is, naming it."""
+    import tarfile
+
+    path = _with_screenshots(tmp_path, 3)
+    os.chmod(path / "manifest.json", 0o644)
+    (path / "manifest.json").write_bytes(b'{"format": "rollout-bundle", ')
+    packed = _repack(path, tmp_path / "b.rbundle")
+    with pytest.raises(bundles.BundleFormatError, match=rf"^{packed}/manifest.json: "):
+        bundles.open_bundle(packed, verify="none")
+    with tarfile.open(packed, "a") as tar:  # a link after the media members
+        link = tarfile.TarInfo("media/" + "a" * 64 + ".png")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    with pytest.raises(bundles.UnsafeBundleError, match="a symlink; links, sparse and special files"):
+        bundles.open_bundle(packed, verify="none")

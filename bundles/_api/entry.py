@@ -127,7 +127,7 @@ def open_bundle(
     Args:
         path: a bundle directory, or a packed bundle file (``.rbundle``). A packed file is read
             by member offsets without extracting it; its members are checked by the same rules
-            as :func:`unpack_bundle` before anything is read. Or an object-store URL
+            as :func:`unpack_bundle` before anything in them is used. Or an object-store URL
             (``s3://bucket/prefix``, needs ``rollout-bundles[s3]``): read in place, shards
             streamed and media fetched lazily with range reads (docs/FORMAT.md §9).
         storage_options: for a URL only, as in :func:`write_bundle`.

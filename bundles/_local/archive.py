@@ -2,7 +2,10 @@
 
 A packed file is indexed once, when it is opened, by :func:`read_tar_index`: the one
 implementation of the rules for tar members, which ``unpack_bundle`` uses too. Every header is
-checked before any member's bytes are read or written: names must be ones the layout allows
+checked before any member's bytes are used or written (the manifest, when it is the first
+member as ``pack`` writes it, is parsed as soon as its own header passed, so that the media
+members after it are indexed by its entry numbers, but nothing of it is used before the last
+header passed: see :func:`read_tar_index`): names must be ones the layout allows
 (no absolute names, no ``.``/``..`` parts, no backslashes), members must be regular files or the
 two layout directories (no links, devices, FIFOs or sparse files), no name may appear twice, the
 manifest must fit its cap, every member's data must lie inside the file, and the archive must end
@@ -24,20 +27,19 @@ import os
 import stat
 import tarfile
 import weakref
-from array import array
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from bundles._errors import BundleError, BundleIOError, BundleNotFoundError, UnsafeBundleError
 from bundles._format.layout import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
-    MEDIA_DIR,
 )
+from bundles._format.manifest import Manifest, parse_manifest_file
 from bundles._format.media import sha256_stream
-from bundles._local.sources import LAYOUT_DIRS, Entry, describe, kind_of, layout_name_ok, media_name_ok
+from bundles._local.memberindex import Member, MemberIndex, Seen, SeenNames
+from bundles._local.sources import LAYOUT_DIRS, Entry, describe, kind_of, layout_name_ok
 
 if TYPE_CHECKING:
     from bundles._urls import StoreURL
@@ -59,145 +61,6 @@ _TYPE_NAMES = {
     tarfile.CONTTYPE: "a contiguous file",
     tarfile.GNUTYPE_SPARSE: "a sparse file",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    """One member of a packed bundle: where its data starts in the file, and its size."""
-
-    name: str
-    is_dir: bool
-    offset: int
-    size: int
-
-
-_MEDIA = MEDIA_DIR + "/"
-
-
-def _media_key(name: str) -> tuple[bytes, str] | None:
-    """``media/<64 lowercase hex><suffix>`` as (32 raw bytes, suffix); None for any other name."""
-    if not name.startswith(_MEDIA) or not media_name_ok(name[len(_MEDIA) :]):
-        return None
-    return bytes.fromhex(name[len(_MEDIA) : len(_MEDIA) + 64]), name[len(_MEDIA) + 64 :]
-
-
-class MemberIndex(Mapping[str, Member]):
-    """A packed file's members by name, as :func:`read_tar_index` read them (its order).
-
-    The media members, one per distinct media file, are held in columns (issue 39, item 6): a
-    digest as 32 raw bytes, an offset and a size, a suffix by number, ~52 bytes a member where a
-    dict of :class:`Member` objects and their names held ~290 (29 MB at 100,000 screenshots). A
-    lookup is a binary search over (digest, suffix), in the archive's order when it is sorted
-    (``pack`` writes them so), else through an order built once the index is read. The
-    other members (the manifest, the two directories, the shards) are a dict. A ``Member`` is
-    built when asked for.
-    """
-
-    def __init__(self) -> None:
-        self._named: dict[str, Member] = {}
-        self._media_at = -1  # how many named members came before the first media member
-        self._digests = bytearray()
-        self._suffix = array("I")
-        self._suffixes: list[str] = []
-        self._suffix_ids: dict[str, int] = {}
-        self._offsets = array("q")
-        self._sizes = array("q")
-        self._order: array[int] | None = None
-
-    def add(self, m: Member) -> None:
-        key = None if m.is_dir else _media_key(m.name)
-        if key is None:
-            self._named[m.name] = m
-            return
-        if self._media_at < 0:
-            self._media_at = len(self._named)
-        n = len(self._sizes)
-        if self._order is None and n and key <= self._key(n - 1):
-            self._order = array("I")  # not in order: sorted in finish()
-        sid = self._suffix_ids.setdefault(key[1], len(self._suffixes))
-        if sid == len(self._suffixes):
-            self._suffixes.append(key[1])
-        self._digests += key[0]
-        self._suffix.append(sid)
-        self._offsets.append(m.offset)
-        self._sizes.append(m.size)
-
-    def finish(self) -> MemberIndex:
-        if self._order is not None:
-            self._order = array("I", sorted(range(len(self._sizes)), key=self._key))
-        return self
-
-    def _key(self, i: int) -> tuple[bytes, str]:
-        return bytes(self._digests[32 * i : 32 * i + 32]), self._suffixes[self._suffix[i]]
-
-    def _media(self, i: int) -> Member:
-        name = f"{_MEDIA}{self._digests[32 * i : 32 * i + 32].hex()}{self._suffixes[self._suffix[i]]}"
-        return Member(name, False, self._offsets[i], self._sizes[i])
-
-    def _find(self, key: tuple[bytes, str]) -> int:
-        order, n = self._order, len(self._sizes)
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._key(mid if order is None else order[mid]) < key:
-                lo = mid + 1
-            else:
-                hi = mid
-        j = -1 if lo >= n else lo if order is None else order[lo]
-        return j if j >= 0 and self._key(j) == key else -1
-
-    def __getitem__(self, name: str) -> Member:
-        m = self._named.get(name)
-        if m is not None:
-            return m
-        key = _media_key(name)
-        i = -1 if key is None else self._find(key)
-        if i < 0:
-            raise KeyError(name)
-        return self._media(i)
-
-    def __iter__(self) -> Iterator[str]:
-        return (m.name for m in self.values())
-
-    def values(self) -> Iterator[Member]:  # type: ignore[override]
-        """The members in the archive's order (the media ones where the first of them was)."""
-        named = list(self._named.values())
-        at = len(named) if self._media_at < 0 else self._media_at
-        yield from named[:at]
-        yield from (self._media(i) for i in range(len(self._sizes)))
-        yield from named[at:]
-
-    def __len__(self) -> int:
-        return len(self._named) + len(self._sizes)
-
-
-class _Seen(Protocol):
-    def __contains__(self, name: object) -> bool: ...
-    def add(self, name: str) -> None: ...
-
-
-class _SeenNames:
-    """The names :func:`read_tar_index` has read, for :func:`check_member`'s "appears twice",
-    held as the index itself: while the names come in increasing order (``pack`` writes them
-    so), a name after the last cannot be a repeat; the first that is not turns this into a set
-    of every name read (a foreign archive's order costs a set while its index is read)."""
-
-    def __init__(self, index: MemberIndex) -> None:
-        self._index = index
-        self._last: str | None = None
-        self._set: set[str] | None = None
-
-    def __contains__(self, name: object) -> bool:
-        if self._set is None and (self._last is None or str(name) > self._last):
-            return False
-        if self._set is None:
-            self._set = set(self._index)
-        return name in self._set
-
-    def add(self, name: str) -> None:
-        if self._set is not None:
-            self._set.add(name)
-        self._last = name
 
 
 class WindowFile(io.RawIOBase):
@@ -236,7 +99,9 @@ class MemberFile(WindowFile):
     indexed).
     """
 
-    def __init__(self, source: PackedSource | _Descriptor, offset: int, size: int, where: str) -> None:
+    def __init__(
+        self, source: PackedSource | _Descriptor | _FdReader, offset: int, size: int, where: str
+    ) -> None:
         super().__init__(size)
         self._source = source
         self._offset = offset
@@ -278,6 +143,10 @@ class _FdReader:
     def pread(self, n: int, pos: int) -> bytes:
         return os.pread(self.fd, n, pos)
 
+    def open_member(self, offset: int, size: int, where: str) -> BinaryIO:
+        """A file over ``size`` bytes at ``offset`` (the manifest, parsed as it is met)."""
+        return MemberFile(self, offset, size, where)  # type: ignore[return-value]
+
 
 class _HeaderFile:
     """The file object tarfile reads headers through: positioned reads, each capped at
@@ -314,7 +183,7 @@ def _type_name(info: tarfile.TarInfo) -> str:
     return _TYPE_NAMES.get(info.type, f"tar member type {info.type!r}")
 
 
-def check_member(info: tarfile.TarInfo, where: Path | str, seen: _Seen, file_size: int) -> Member:
+def check_member(info: tarfile.TarInfo, where: Path | str, seen: Seen, file_size: int) -> Member:
     """Check one tar header against the rules of docs/FORMAT.md §7; return the member it describes.
 
     The single implementation used by ``unpack_bundle`` and by the in-place reader.
@@ -375,10 +244,22 @@ def _legacy_hint(fd: Any, where: Path | str) -> str:
     )
 
 
-def read_tar_index(fd: Any, where: Path | str) -> MemberIndex:
+def read_tar_index(fd: Any, where: Path | str, manifest_first: bool = True) -> MemberIndex:
     """Index the packed bundle open at ``fd`` (a descriptor, or an object with ``size`` and
     ``pread(n, pos)``): every member checked (see :func:`check_member`), in archive order, before
-    any member's data is read.
+    any member's data is used.
+
+    One member's data is read before the others' headers are: where the first member is the
+    manifest (``pack``'s order) and ``manifest_first`` (the reader also has
+    ``open_member(offset, size, where)``), it is parsed as soon as its header passed, so that the
+    media members after it are held by the manifest's entry numbers (:meth:`MemberIndex.by_entry`:
+    16 bytes a file, not 52). Nothing of it is used before the whole archive passed, other than
+    to tell which entry a checked member's name is: every rule below applies as to any archive,
+    a header the rules refuse is refused whatever the manifest says, and the parsed manifest is
+    handed to the reader (:meth:`MemberIndex.take_manifest`) only once the index is complete. A
+    manifest that does not parse leaves the index by name, and is parsed again (and refused,
+    naming its problem) by :func:`bundles._local.reader.load_manifest` after the index: the
+    archive's problems come first, as when the manifest was read after the index.
 
     Raises:
         UnsafeBundleError: the file is not a well-formed tar, is truncated, or holds a member the
@@ -387,7 +268,7 @@ def read_tar_index(fd: Any, where: Path | str) -> MemberIndex:
     reader = _FdReader(fd) if isinstance(fd, int) else fd
     file_size = reader.size
     members = MemberIndex()
-    seen = _SeenNames(members)
+    seen = SeenNames(members)
     end = 0
     try:
         header_file: Any = _HeaderFile(reader, where)
@@ -397,9 +278,14 @@ def read_tar_index(fd: Any, where: Path | str) -> MemberIndex:
             if info is None:
                 break
             tar.members.clear()  # type: ignore[attr-defined]  # tarfile keeps every header; the index keeps only what it needs
+            first = not members
             m = check_member(info, where, seen, file_size)
             members.add(m)
             end = m.offset + -(-m.size // _BLOCK) * _BLOCK
+            if first and manifest_first and m.name == MANIFEST_NAME and not m.is_dir:
+                manifest = _parse_first_manifest(reader, m, where)
+                if manifest is not None:
+                    members.by_entry(manifest)
     except UnsafeBundleError:
         raise
     except (
@@ -412,6 +298,23 @@ def read_tar_index(fd: Any, where: Path | str) -> MemberIndex:
         raise UnsafeBundleError(f"{where}: not a packed bundle: the archive holds no members")
     _check_archive_end(reader, where, end, file_size)
     return members.finish()
+
+
+def _parse_first_manifest(reader: Any, m: Member, where: Path | str) -> Manifest | None:
+    """The manifest member ``m`` (its header checked, its size under the cap), parsed for
+    :func:`read_tar_index`; None when the reader cannot open a member, or when the parse fails
+    in any way: ``load_manifest`` parses it again after the index and raises then, as it did
+    when nothing was parsed before the index (a broken manifest is parsed twice; the same
+    error, of the same type, is raised, after the archive's own)."""
+    open_member = getattr(reader, "open_member", None)
+    if open_member is None:
+        return None
+    label = f"{where}/{MANIFEST_NAME}"
+    try:
+        with open_member(m.offset, m.size, label) as f:
+            return parse_manifest_file(f, label)
+    except Exception:
+        return None
 
 
 def _check_archive_end(reader: Any, where: Path | str, end: int, file_size: int) -> None:

@@ -12,7 +12,7 @@ holds exactly the listed regular files with their recorded sizes and that shard 
 
 The reader sees the bundle through a source (:mod:`bundles._local.sources`): a directory, or a packed
 file read in place by member offsets. Everything here works the same on both; a packed file's
-members are checked by the rules ``unpack_bundle`` applies before anything is read.
+members are checked by the rules ``unpack_bundle`` applies before anything in them is used.
 """
 
 from __future__ import annotations
@@ -78,8 +78,14 @@ def load_manifest(source: Source, again: bool = False) -> Manifest:
     file a window at a time, never whole, and so is a packed file's from its member's range
     (locally or on a store); a store's manifest object arrives as one ``bytes`` (the pointer's
     digest is checked before it is parsed) and is parsed through a window, never as text whole
-    (``bundles._format.manifest``)."""
+    (``bundles._format.manifest``). A packed file whose manifest is its first member had it
+    parsed while its index was read (:func:`bundles._local.archive.read_tar_index`): that one is
+    returned, once, and shares its media table with the index."""
     where = source.where(MANIFEST_NAME)
+    if isinstance(source, PackedMembers) and not again:
+        parsed = source.members.take_manifest()
+        if parsed is not None:
+            return parsed
     # reread: the directory at the path now; the packed file opened (one object, read again)
     if isinstance(source, (DirSource, PackedMembers)):
         with source.open_manifest() as f:
@@ -560,7 +566,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 def open_local(path: str | os.PathLike[str], level: Verify) -> Bundle:
     """:func:`bundles.open_bundle` for a local path: a bundle directory, or a packed file read in
-    place (its members checked by the unpack rules before anything is read)."""
+    place (its members checked by the unpack rules before anything in them is used)."""
     p = Path(os.path.abspath(path))
     if is_staging_name(p.name):
         raise BundleNotFoundError(f"{p}: is the staging directory of an unfinished write, not a bundle")

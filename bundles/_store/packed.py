@@ -107,7 +107,7 @@ def unpack_on_store(
         raise BundleExistsError(f"{dest}: output exists; pass overwrite=True to replace it")
     store = get_store(url, storage_options)
     try:
-        source = StorePackedSource(url, store)
+        source = StorePackedSource(url, store, manifest_first=False)  # the headers only, here
     except BundleNotFoundError:
         if not has_bundle_on_store(url, storage_options):
             raise

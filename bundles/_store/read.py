@@ -35,7 +35,7 @@ from bundles._format.layout import (
 from bundles._format.media import MediaRef, sha256_stream
 from bundles._format.mediatable import MediaTable
 from bundles._format.options import Verify
-from bundles._local.archive import PackedMembers, WindowFile, read_tar_index
+from bundles._local.archive import MANIFEST_WINDOW, PackedMembers, WindowFile, read_tar_index
 from bundles._local.atomic import atomic_write
 from bundles._local.progress import Progress
 from bundles._local.reader import Bundle, load_manifest
@@ -331,6 +331,11 @@ class _StoreReader:
         self._blocks[pos] = data
         return data[:n]
 
+    def open_member(self, offset: int, size: int, where: str) -> BinaryIO:
+        """A file over ``size`` bytes at ``offset`` (the manifest, parsed as it is met), read in
+        ``MANIFEST_WINDOW`` range requests, as ``open_manifest`` reads it."""
+        return RangeFile(self.store, self.key, offset, size, where, MANIFEST_WINDOW)  # type: ignore[return-value]
+
 
 class StorePackedSource(PackedMembers, _StoreSourceBase):
     """A packed ``.rbundle`` object read in place by member ranges (see the module docstring)."""
@@ -340,7 +345,10 @@ class StorePackedSource(PackedMembers, _StoreSourceBase):
     remote = True
     description = "packed file on an object store"
 
-    def __init__(self, url: StoreURL, store: Store) -> None:
+    def __init__(self, url: StoreURL, store: Store, manifest_first: bool = True) -> None:
+        """``manifest_first``: parse the manifest member as the index meets it
+        (:func:`read_tar_index`); an unpack, which downloads the object and reads it again,
+        passes False (no request for a manifest it does not use here)."""
         self.path = url
         self._store = store
         meta = store.head(url.key)
@@ -350,7 +358,7 @@ class StorePackedSource(PackedMembers, _StoreSourceBase):
         self.size = int(meta["size"])
         reader = _StoreReader(store, url.key, self.size, str(url))
         _prefetch_headers(reader)
-        self.members = read_tar_index(reader, url)
+        self.members = read_tar_index(reader, url, manifest_first)
         self.index_requests = reader.requests
 
     def read_manifest(self) -> bytes:
