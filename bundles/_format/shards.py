@@ -3,7 +3,7 @@
 **Verify first.** No sample is decoded before the shard's compressed bytes have been checked
 against the manifest's digest: no sample of a damaged or tampered shard is ever yielded.
 (Hashing only while decoding would hand out samples before the damage is known.) A shard on an
-object store is copied once, in ranges, into an unnamed temporary file (``_spill`` in
+object store is copied once, in ranges, into an unnamed temporary file (``spill_shard`` in
 ``bundles/_local/reader.py``), then read as a local shard is, below: memory holds a range, the
 disk the shard.
 

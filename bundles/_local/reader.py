@@ -18,7 +18,6 @@ members are checked by the rules ``unpack_bundle`` applies before anything in th
 from __future__ import annotations
 
 import bisect
-import contextlib
 import itertools
 import operator
 import os
@@ -45,10 +44,10 @@ from bundles._format.shards import Rehashed, ShardData, digest_problem, iter_sha
 from bundles._local.archive import PackedMembers, PackedSource
 from bundles._local.atomic import atomic_path
 from bundles._local.commit import is_staging_name
-from bundles._local.faults import fault_point
 from bundles._local.fs import check_link_mode, copy_and_hash, ingest, make_read_only
 from bundles._local.progress import Progress
 from bundles._local.sources import DirSource, RemoteSource, Source
+from bundles._local.spill import spill_shard
 from bundles._local.stored import MediaRefs, StoredMedia
 from bundles._local.verifying import Expected, digest_problems, listing_problems
 from bundles._urls import local_path_only
@@ -91,50 +90,6 @@ def load_manifest(source: Source, again: bool = False) -> Manifest:
         with source.open_manifest() as f:
             return parse_manifest_file(f, where)
     return parse_manifest_bytes(source.reread_manifest() if again else source.read_manifest(), where)
-
-
-def _spill(f: BinaryIO, size: int, where: str) -> BinaryIO:
-    """A remote shard copied into an unnamed temporary file (``TMPDIR``), read once from the
-    store in the source's ranges (8 MiB), at most ``size + 1`` bytes; it is then hashed and
-    decoded as a local shard is. Memory holds a range, not the compressed shard (up to ~50 MB:
-    issue 39, item 6); the disk holds the shard while it is decoded (on a tmpfs ``TMPDIR``,
-    memory again), and one GET pass is made, not two. Where no temporary file can be made (no
-    usable ``TMPDIR``: a read-only container) the shard is held in memory, as before. A store's
-    error while reading passes as it is; a failure to write the copy names the shard."""
-    import io
-    import tempfile
-
-    spill: BinaryIO
-    try:
-        spill = tempfile.TemporaryFile(prefix="rollout-shard-")  # noqa: SIM115 (returned open)
-    except OSError:
-        spill = io.BytesIO()
-    try:
-        with f:
-            left = size + 1
-            while left > 0 and (chunk := f.read(min(left, 1 << 20))):
-                _spill_write(spill, chunk, where)
-                left -= len(chunk)
-                fault_point("read.spilled", where)
-        _spill_write(spill, b"", where)  # what the file's buffer still holds (a shard < 8 KiB)
-        spill.seek(0)
-    except BaseException:
-        with contextlib.suppress(OSError):  # its flush would fail again, hiding the error above
-            spill.close()
-        raise
-    return spill
-
-
-def _spill_write(spill: BinaryIO, chunk: bytes, where: str) -> None:
-    """``chunk`` written to the temporary copy (flushed when empty); a full or refused
-    ``TMPDIR`` names the shard and the directory."""
-    try:
-        if chunk:
-            spill.write(chunk)
-        else:
-            spill.flush()
-    except OSError as e:
-        raise BundleIOError.wrap(where, "copy it into a temporary file (TMPDIR) to read it", e) from e
 
 
 def parse_manifest(path: Path) -> Manifest:
@@ -334,7 +289,7 @@ class Bundle:
     def _read_shard_unchecked(self, entry: ShardEntry) -> tuple[BinaryIO | None, ShardData]:
         """The shard checked against its digest: its open file and a function reading it again
         for the decoder, never held in memory (a store's first copied into a temporary file:
-        :func:`_spill`). See :mod:`bundles._format.shards`."""
+        :func:`bundles._local.spill.spill_shard`). See :mod:`bundles._format.shards`."""
         path = self._source.where(entry.path)
         try:
             f, size = self._source.open(entry.path)
@@ -348,7 +303,7 @@ class Bundle:
                     self.path, [f"{path}: size: expected {entry.size} bytes, found {size}"]
                 )
             if isinstance(self._source, RemoteSource):
-                f = _spill(f, entry.size, path)
+                f = spill_shard(f, entry.size, path)
             problem = digest_problem(f, entry, path)
             if problem:
                 raise BundleVerificationError(self.path, [problem])
