@@ -397,3 +397,42 @@ def test_a_released_run_directory_replaced_by_a_users_one_is_refused_again(tmp_p
     with pytest.raises(UnsafeRunDirError, match=r"holds 'notes.txt'"):
         store_media(args, b"y", suffix=".bin")
     assert os.listdir(tmp_path / "run-a") == ["notes.txt"]
+
+
+def test_a_marker_written_by_another_thread_while_the_directory_is_checked_is_taken(tmp_path: Path) -> None:
+    """Two threads of one run reach its directory at once (a resume placing media while the
+    rollout worker stores its first screenshot): the one that did not make it read no marker,
+    then the other wrote it, then the first listed the directory and found the marker. It must
+    take the directory as the run's, not refuse it as foreign (CI: a resumed fully-async run
+    killed by its own worker's UnsafeRunDirError). The interleaving is made exact with a FIFO
+    where the lease is read between the two looks."""
+    args = _args(tmp_path)
+    run_dir = tmp_path / "run-a"
+    run_dir.mkdir()  # made beforehand, empty, by the other thread's mkdir
+    os.mkfifo(run_dir / ".lease.json")
+    outcome: list[object] = []
+
+    def store() -> None:
+        try:
+            outcome.append(store_media(args, png_bytes(4, 4, (1, 2, 3))))
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=store)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while True:  # the thread has read no marker and now reads the lease: it holds the FIFO open
+        try:
+            fd = os.open(run_dir / ".lease.json", os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert time.monotonic() < deadline and thread.is_alive(), outcome
+            time.sleep(0.01)
+    marker = {"marker_version": 1, "run_id": "run-a", "created_at": time.time(), "pid": os.getpid()}
+    (run_dir / ".tmp-marker").write_text(json.dumps(marker))
+    os.rename(run_dir / ".tmp-marker", run_dir / ".run-media.json")  # the other thread's marker
+    os.write(fd, b"not a lease")
+    os.close(fd)
+    thread.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], MediaRef), outcome
+    assert Path(outcome[0].path).parent == run_dir

@@ -194,6 +194,12 @@ def create_run_dir(run_dir: Path, *, ensure_marker: bool = False) -> None:
             _write_run_marker(run_dir)
         return
     found = _entries_not_ours(run_dir)
+    if found and read_run_marker(run_dir) is not None:
+        # Written since it was read above, by another thread or process of this run that made
+        # the directory (a resume placing media while the rollout worker stores its first
+        # screenshot): what the listing shows came after a marker that names this directory.
+        _PROVEN.add(key)
+        return
     if found:
         shown = ", ".join(bounded_repr(name, 40) for name in found[:_SHOWN_ENTRIES])
         more = f" and {len(found) - _SHOWN_ENTRIES} more" if len(found) > _SHOWN_ENTRIES else ""
