@@ -332,9 +332,12 @@ def view_of(bundle: Path, out_dir: Path, limit: int) -> ViewRun:
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": PYTHONPATH})
     first: list[float] = []
+    ended = threading.Event()
 
     def watch() -> None:
-        while proc.poll() is None and not page.exists():
+        # Never proc.poll() here: it reaps the child when it has ended, and the wait4 below,
+        # which takes its peak RSS, then fails with ECHILD (CI, once, under load).
+        while not ended.is_set() and not page.exists():
             time.sleep(0.02)
         first.append(time.perf_counter() - t)
 
@@ -342,6 +345,8 @@ def view_of(bundle: Path, out_dir: Path, limit: int) -> ViewRun:
     w.start()
     _, status, usage = os.wait4(proc.pid, 0)
     total = time.perf_counter() - t
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    ended.set()
     w.join()
     if status != 0:
         raise SystemExit(f"view exited {status}")
