@@ -192,6 +192,20 @@ class Store(abc.ABC):
     def get_ranges_buffers(self, key: str, starts: list[int], ends: list[int]) -> list[Any]:
         """The ranges ``[starts[i], ends[i])`` of one object, as buffers (each supports ``memoryview``)."""
 
+    def read_chunks(self, key: str, start: int, end: int, chunk: int) -> Iterator[Any]:
+        """Bytes ``[start, end)`` of the object as buffers of about ``chunk`` bytes, each taken
+        before the next is asked for (for hashing an object without holding it: see
+        ``_StoreSourceBase.hash``). Here, one range request a chunk; a client that streams one
+        answer does better (:class:`ObstoreStore`). Fewer bytes than asked where the object is
+        shorter: the caller counts them."""
+        at = start
+        while at < end:
+            data = self.get_range(key, at, min(at + chunk, end))
+            if not data:
+                return
+            yield data
+            at += len(data)
+
     def get_ranges(self, key: str, starts: list[int], ends: list[int]) -> list[bytes]:
         return [bytes(b) for b in self.get_ranges_buffers(key, starts, ends)]
 
@@ -480,6 +494,25 @@ class ObstoreStore(Store):
     def get_range(self, key: str, start: int, end: int) -> bytes:
         with self._doing("read", key):
             return bytes(self.obs.get_range(self.store, key, start=start, end=end))
+
+    def read_chunks(self, key: str, start: int, end: int, chunk: int) -> Iterator[Any]:
+        # One GET of the range, its body taken in chunks of ``chunk`` bytes as they arrive: the
+        # buffers are small and short-lived (a range read of 2 MiB leaves 2 MiB blocks in each
+        # thread's malloc arena, since glibc raises its mmap threshold to the size of a freed
+        # block: ~4 MB of a store verify's peak RSS at 100,000 screenshots, issue 39, item 6).
+        if start >= end:
+            return
+        with self._doing("read", key):
+            result = self.obs.get(self.store, key, options={"range": (start, end)})
+            stream = result.stream(min_chunk_size=chunk)
+            del result
+        while True:
+            with self._doing("read", key):
+                buf = next(stream, None)
+            if buf is None:
+                return
+            yield buf
+            del buf
 
     def get_ranges_buffers(self, key: str, starts: list[int], ends: list[int]) -> list[Any]:
         with self._doing("read", key):
