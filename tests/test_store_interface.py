@@ -313,3 +313,32 @@ def test_a_store_verify_takes_every_size_from_its_listing_pages_at_their_boundar
     finally:
         clear_store_cache()
         forget_verdicts()
+
+
+def _hash_of(store: Store, key: str, size: int) -> tuple[str, int]:
+    from bundles._store.read import RangeFile
+
+    url = store.url_of(key)
+    return RangeFile(store, key, 0, size, url).sha256()
+
+
+def test_an_object_hashed_as_a_stream_is_counted_and_named(store: Store) -> None:
+    """A verify hashes an object as one streamed GET (``Store.read_chunks``): the bytes are
+    counted, so an object shorter than its listing said is ``truncated``, and one removed since
+    is ``missing``, each naming the object; on a real S3 server (moto) and through the interface's
+    fallback (one range request a chunk, the in-memory backend)."""
+    data = bytes(range(256)) * 4000  # ~1 MB: several 256 KiB chunks
+    MemoryStore.buckets.clear()
+    for backend in (store, MemoryStore("s3", "mem", None)):
+        backend.put("obj", data)
+        url = backend.url_of("obj")
+        assert _hash_of(backend, "obj", len(data)) == (hashlib.sha256(data).hexdigest(), len(data))
+        with pytest.raises(
+            BundleError, match=f"^{url}: truncated: asked for {len(data) + 7} bytes, got {len(data)}"
+        ):
+            _hash_of(backend, "obj", len(data) + 7)
+        with pytest.raises(
+            BundleError, match=f"{backend.url_of('gone')}: missing \\(removed while open\\?\\)"
+        ):
+            _hash_of(backend, "gone", 10)
+        assert _hash_of(backend, "gone", 0) == (hashlib.sha256().hexdigest(), 0)  # nothing asked
