@@ -11,7 +11,7 @@ import os
 from array import array
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from bundles._errors import (
     BucketNotFoundError,
@@ -32,7 +32,7 @@ from bundles._format.layout import (
     STORE_GENERATION_RE,
     STORE_POINTER_NAME,
 )
-from bundles._format.media import HASH_CHUNK, MediaRef, sha256_stream
+from bundles._format.media import HASH_CHUNK, MediaRef
 from bundles._format.mediatable import MediaTable
 from bundles._format.options import Verify
 from bundles._local.archive import MANIFEST_WINDOW, PackedMembers, WindowFile, read_tar_index
@@ -43,9 +43,6 @@ from bundles._local.sources import LAYOUT_DIRS, Entry
 from bundles._store.client import Store, get_store, naming, parallel
 from bundles._store.pointer import READ_WINDOW, _bundle_prefix, _BundlePrefix
 from bundles._urls import StoreURL
-
-#: The range a store object is hashed in (see :meth:`_StoreSourceBase.hash`).
-HASH_WINDOW = 2 * 1024 * 1024
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -148,16 +145,14 @@ class _StoreSourceBase:
 
     def hash(self, name: str) -> tuple[str, int]:
         """Hashed as one streamed GET, its body taken in chunks of ``HASH_CHUNK`` (256 KiB) as
-        they arrive (:meth:`RangeFile.sha256`): verify hashes several objects at once, and a
-        shard read whole was ~50 MB each; read in 8 MiB ranges two workers held ~25 MB, in 2 MiB
-        ranges (``HASH_WINDOW``, still a range file's window for other sources) ~6 MB that
-        glibc's arenas kept (peak RSS at 2,000 screenshots 57.6 -> 51.8 MB); a 50 MB shard is one
-        request, not 25 (issue 39, item 6)."""
-        f, _ = self.open(name, HASH_WINDOW)
+        they arrive (:meth:`RangeFile.sha256`; both store sources open a :class:`RangeFile`):
+        verify hashes several objects at once, and a shard read whole was ~50 MB each; read in 8
+        MiB ranges two workers held ~25 MB, in 2 MiB ranges ~6 MB that glibc's arenas kept (peak
+        RSS at 2,000 screenshots 57.6 -> 51.8 MB); a 50 MB shard is one request, not 25 (issue
+        39, item 6)."""
+        f, _ = self.open(name)
         with f:
-            if not isinstance(f, RangeFile):
-                return sha256_stream(f)
-            return f.sha256()
+            return cast(RangeFile, f).sha256()
 
     def open_detached(self, name: str) -> BinaryIO:
         return self.open(name)[0]  # range reads: nothing to release at close()
