@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from bundles._format.layout import MEDIA_DIR
+from bundles._format.mediatable import find_sorted
 from bundles._local.sources import media_name_ok
 
 if TYPE_CHECKING:
@@ -168,16 +169,7 @@ class MemberIndex(Mapping[str, Member]):
         return Member(_MEDIA + self._table.filename(j), False, self._entry_offsets[j], self._entry_sizes[j])
 
     def _find(self, key: tuple[bytes, str]) -> int:
-        order, n = self._order, len(self._sizes)
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self._key(mid if order is None else order[mid]) < key:
-                lo = mid + 1
-            else:
-                hi = mid
-        j = -1 if lo >= n else lo if order is None else order[lo]
-        return j if j >= 0 and self._key(j) == key else -1
+        return find_sorted(self._key, len(self._sizes), self._order, key)
 
     def __getitem__(self, name: str) -> Member:
         m = self._named.get(name)
